@@ -1,0 +1,1 @@
+//! Tidegate's admin API: resources, atomic change sets, watch, status and metrics over HTTP+JSON.

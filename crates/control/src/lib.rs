@@ -1,0 +1,1 @@
+//! Tidegate's configuration writer: the change queue, adaptive group commit, snapshot publication and the watch feed.

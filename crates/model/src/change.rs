@@ -1,0 +1,253 @@
+//! Change sets: atomic batches of operations.
+
+use serde::{Deserialize, Serialize};
+
+use crate::names::{BackendId, RouteName, ServiceName};
+use crate::route::RouteSpec;
+use crate::service::{BackendSpec, ServiceSpec};
+
+/// One operation on the configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Op {
+    /// Create or replace a service with all its backends.
+    PutService {
+        /// The service.
+        name: ServiceName,
+        /// Its settings and backends.
+        spec: ServiceSpec,
+    },
+    /// Remove a service; fails while routes still point at it.
+    DeleteService {
+        /// The service.
+        name: ServiceName,
+    },
+    /// Create or replace one backend of an existing service.
+    PutBackend {
+        /// The service.
+        service: ServiceName,
+        /// The backend's id within the service.
+        id: BackendId,
+        /// Address, weight, backup flag.
+        spec: BackendSpec,
+    },
+    /// Remove one backend of a service.
+    DeleteBackend {
+        /// The service.
+        service: ServiceName,
+        /// The backend's id.
+        id: BackendId,
+    },
+    /// Create or replace a route; its service must exist.
+    PutRoute {
+        /// The route.
+        name: RouteName,
+        /// Its conditions and target.
+        spec: RouteSpec,
+    },
+    /// Remove a route.
+    DeleteRoute {
+        /// The route.
+        name: RouteName,
+    },
+}
+
+// serde's internally tagged enums buffer their content and so lose the path
+// of a nested error; this hand-written form keeps it ("spec.backends[0].addr").
+impl<'de> Deserialize<'de> for Op {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut map = serde_json::Map::deserialize(d)?;
+        let tag = match map.remove("op") {
+            Some(serde_json::Value::String(tag)) => tag,
+            Some(_) => return Err(D::Error::custom("op: must be a string")),
+            None => return Err(D::Error::custom("missing field `op`")),
+        };
+        let body = serde_json::Value::Object(map);
+        let op = match tag.as_str() {
+            "put_service" => {
+                sub::<NameSpec<ServiceName, ServiceSpec>>(body).map(|w| Op::PutService {
+                    name: w.name,
+                    spec: w.spec,
+                })
+            }
+            "delete_service" => {
+                sub::<Named<ServiceName>>(body).map(|w| Op::DeleteService { name: w.name })
+            }
+            "put_backend" => sub::<BackendOp>(body).map(|w| Op::PutBackend {
+                service: w.service,
+                id: w.id,
+                spec: w.spec,
+            }),
+            "delete_backend" => sub::<BackendRef>(body).map(|w| Op::DeleteBackend {
+                service: w.service,
+                id: w.id,
+            }),
+            "put_route" => sub::<NameSpec<RouteName, RouteSpec>>(body).map(|w| Op::PutRoute {
+                name: w.name,
+                spec: w.spec,
+            }),
+            "delete_route" => {
+                sub::<Named<RouteName>>(body).map(|w| Op::DeleteRoute { name: w.name })
+            }
+            other => Err(format!(
+                "op: unknown op {other:?}; expected one of put_service, delete_service, \
+                 put_backend, delete_backend, put_route, delete_route"
+            )),
+        };
+        op.map_err(D::Error::custom)
+    }
+}
+
+fn sub<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T, String> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." {
+            e.inner().to_string()
+        } else {
+            format!("{path}: {}", e.inner())
+        }
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NameSpec<N, S> {
+    name: N,
+    spec: S,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Named<N> {
+    name: N,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BackendOp {
+    service: ServiceName,
+    id: BackendId,
+    spec: BackendSpec,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BackendRef {
+    service: ServiceName,
+    id: BackendId,
+}
+
+/// An atomic batch of operations (`POST /v1/changes`): all apply or none.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChangeSet {
+    /// Apply only if the configuration is at exactly this revision (409 otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub if_revision: Option<u64>,
+    /// The operations, applied in order.
+    pub ops: Vec<Op>,
+}
+
+/// A change set that could not be parsed: the message and the field at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct ParseError {
+    /// Index of the operation at fault, when the fault is inside `ops`.
+    pub op: Option<usize>,
+    /// Path of the field at fault, such as `ops[3].spec.backends[1].addr`
+    /// (`.` for the document itself).
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl ParseError {
+    /// Builds an error from a JSON parse failure, keeping the path serde saw.
+    pub fn from_path(err: serde_path_to_error::Error<serde_json::Error>) -> Self {
+        let mut field = err.path().to_string();
+        let mut message = err.inner().to_string();
+        // Validation messages may name a sub-field ("backends[1].id: ..."):
+        // fold it into the path so the field is complete.
+        while let Some((sub, rest)) = message.split_once(": ") {
+            if sub.is_empty()
+                || !sub
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_.[]".contains(c))
+            {
+                break;
+            }
+            {
+                field = match (field.as_str(), sub.starts_with('[')) {
+                    (".", _) => sub.to_string(),
+                    (_, true) => format!("{field}{sub}"),
+                    (_, false) => format!("{field}.{sub}"),
+                };
+                message = rest.to_string();
+            }
+        }
+        // serde_json appends " at line L column C": useful to people, keep it.
+        ParseError {
+            op: op_index(&field),
+            field,
+            message,
+        }
+    }
+}
+
+fn op_index(field: &str) -> Option<usize> {
+    let rest = field.strip_prefix("ops[")?;
+    rest.split(']').next()?.parse().ok()
+}
+
+/// Parses any JSON value of type `T`, naming the field at fault on error.
+pub fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ParseError> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(de).map_err(ParseError::from_path)?;
+    Ok(value)
+}
+
+/// Parses a change set from JSON, naming the op and field at fault on error.
+pub fn parse_change_set(bytes: &[u8]) -> Result<ChangeSet, ParseError> {
+    parse_json(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_op() {
+        let text = r#"{"if_revision":3,"ops":[
+            {"op":"put_service","name":"web","spec":{"backends":[{"id":"a","addr":"127.0.0.1:1"}]}},
+            {"op":"put_backend","service":"web","id":"b","spec":{"addr":"127.0.0.1:2","weight":2}},
+            {"op":"delete_backend","service":"web","id":"a"},
+            {"op":"put_route","name":"r","spec":{"match":{"path_prefix":"/"},"service":"web"}},
+            {"op":"delete_route","name":"r"},
+            {"op":"delete_service","name":"web"}]}"#;
+        let cs = parse_change_set(text.as_bytes()).unwrap();
+        assert_eq!(cs.if_revision, Some(3));
+        assert_eq!(cs.ops.len(), 6);
+    }
+
+    #[test]
+    fn errors_name_the_op_and_field() {
+        let text = r#"{"ops":[{"op":"delete_route","name":"r"},
+            {"op":"put_service","name":"web","spec":{"backends":[{"id":"a","addr":"nope"}]}}]}"#;
+        let err = parse_change_set(text.as_bytes()).unwrap_err();
+        assert_eq!(err.op, Some(1));
+        assert_eq!(err.field, "ops[1].spec.backends[0].addr");
+        assert!(err.message.contains("invalid address"), "{}", err.message);
+
+        let text = r#"{"ops":[{"op":"put_service","name":"web","spec":{"backends":[
+            {"id":"a","addr":"h:1"},{"id":"a","addr":"h:2"}]}}]}"#;
+        let err = parse_change_set(text.as_bytes()).unwrap_err();
+        assert_eq!(err.field, "ops[0].spec.backends[1].id", "{err:?}");
+
+        let err = parse_change_set(br#"{"ops":[{"op":"explode"}]}"#).unwrap_err();
+        assert_eq!(err.op, Some(0));
+        let err = parse_change_set(br#"{"ops":[], "extra": true}"#).unwrap_err();
+        assert!(err.message.contains("unknown field"), "{err:?}");
+        assert!(parse_change_set(b"{not json").is_err());
+    }
+}

@@ -1,0 +1,26 @@
+//! Tidegate's configuration model.
+//!
+//! Everything a user can say about the proxy is a value of a type in this crate:
+//! [`ServiceSpec`] (a pool of backends and how to balance them), [`RouteSpec`]
+//! (which requests go to which service or static directory) and [`ChangeSet`]
+//! (an atomic batch of operations on them). Values are validated once, at the
+//! edge, while they are parsed: a value of these types is always valid, and a
+//! parse error names the field at fault.
+//!
+//! [`ConfigState`] is the whole configuration as persistent (structurally shared)
+//! maps: applying a change set to it costs O(change), and a failed change set
+//! leaves it untouched.
+
+mod change;
+mod names;
+mod route;
+mod service;
+mod state;
+
+pub use change::{parse_change_set, parse_json, ChangeSet, Op, ParseError};
+pub use names::{BackendAddr, BackendId, NameError, RouteName, ServiceName};
+pub use route::{
+    HeaderMatch, HostPattern, PathPattern, RouteAction, RouteMatch, RouteSpec, StaticDir,
+};
+pub use service::{BackendSpec, PolicySpec, ServiceSettings, ServiceSpec, Timeouts, Weight};
+pub use state::{ChangeError, ChangeErrorKind, ConfigState, Delta};

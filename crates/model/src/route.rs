@@ -1,0 +1,335 @@
+//! Routes: which requests go where.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use http::{HeaderName, HeaderValue, Method};
+use serde::{Deserialize, Serialize};
+
+use crate::names::ServiceName;
+
+/// Which host a route matches.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum HostPattern {
+    /// Any host (no `host` given).
+    Any,
+    /// Exactly this host, lowercase, without port.
+    Exact(Arc<str>),
+    /// `*.example.com`: any host ending in `.example.com` (stored as the
+    /// suffix `.example.com`); does not match `example.com` itself.
+    Wildcard(Arc<str>),
+}
+
+/// Which paths a route matches.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum PathPattern {
+    /// Segment-wise prefix: `/api` matches `/api`, `/api/` and `/api/x`, not
+    /// `/apix`. Stored without a trailing slash (except `/`, which matches all).
+    Prefix(Arc<str>),
+    /// Exactly this path (the query string is ignored).
+    Exact(Arc<str>),
+}
+
+/// One header a request must carry, with exactly this value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderMatch {
+    /// The header's name (lowercase).
+    pub name: HeaderName,
+    /// The value it must have.
+    pub value: HeaderValue,
+}
+
+/// The conditions of a route. All given conditions must hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteMatch {
+    /// Host condition.
+    pub host: HostPattern,
+    /// Path condition.
+    pub path: PathPattern,
+    /// Allowed methods; empty means any.
+    pub methods: Vec<Method>,
+    /// Required headers.
+    pub headers: Vec<HeaderMatch>,
+}
+
+/// A static directory served by the proxy itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StaticDir {
+    /// The directory. The request path, less the route's path prefix, is
+    /// looked up below it; paths that would leave it are refused.
+    pub root: PathBuf,
+    /// The file served for a directory (default `index.html`).
+    #[serde(default = "default_index")]
+    pub index: String,
+}
+
+fn default_index() -> String {
+    "index.html".to_string()
+}
+
+/// What a matched request is given to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteAction {
+    /// Proxy to a service's backends.
+    Service(ServiceName),
+    /// Serve files from a directory.
+    Static(StaticDir),
+}
+
+/// A route (`PUT /v1/routes/{name}`).
+///
+/// Among the routes that match a request, the winner is the one with the
+/// highest `priority`; then the most specific host (exact, then the longest
+/// wildcard, then any); then the most specific path (exact, then the longest
+/// prefix); then the most method and header conditions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "RouteWire", into = "RouteWire")]
+pub struct RouteSpec {
+    /// The conditions.
+    pub matches: RouteMatch,
+    /// Where matched requests go.
+    pub action: RouteAction,
+    /// Higher wins over more specific (default 0).
+    pub priority: i32,
+}
+
+impl RouteSpec {
+    /// The service this route sends traffic to, if it proxies.
+    pub fn service(&self) -> Option<&ServiceName> {
+        match &self.action {
+            RouteAction::Service(s) => Some(s),
+            RouteAction::Static(_) => None,
+        }
+    }
+}
+
+/// The JSON form of a route.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RouteWire {
+    /// Conditions.
+    #[serde(rename = "match", default)]
+    matches: MatchWire,
+    /// Target service (exactly one of `service` and `static`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    service: Option<ServiceName>,
+    /// Target directory (exactly one of `service` and `static`).
+    #[serde(rename = "static", default, skip_serializing_if = "Option::is_none")]
+    static_dir: Option<StaticDir>,
+    #[serde(default)]
+    priority: i32,
+}
+
+#[derive(Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MatchWire {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    path_prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    path: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    methods: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    headers: BTreeMap<String, String>,
+}
+
+fn parse_host(h: &str) -> Result<HostPattern, String> {
+    let h = h.to_ascii_lowercase();
+    let (wild, rest) = match h.strip_prefix("*.") {
+        Some(rest) => (true, rest),
+        None => (false, h.as_str()),
+    };
+    let label_ok = |l: &str| {
+        !l.is_empty() && l.len() <= 63 && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+    };
+    if rest.is_empty() || rest.len() > 253 || !rest.split('.').all(label_ok) {
+        return Err(format!(
+            "match.host: {h:?} is not a host name or a `*.domain` wildcard"
+        ));
+    }
+    Ok(if wild {
+        HostPattern::Wildcard(Arc::from(format!(".{rest}")))
+    } else {
+        HostPattern::Exact(Arc::from(rest))
+    })
+}
+
+fn check_path(field: &str, p: &str) -> Result<(), String> {
+    if !p.starts_with('/') {
+        return Err(format!("{field}: {p:?} must start with '/'"));
+    }
+    if p.contains(['?', '#']) || p.chars().any(|c| c.is_ascii_control() || c == ' ') {
+        return Err(format!(
+            "{field}: {p:?} must be a plain path (no query, fragment, spaces)"
+        ));
+    }
+    Ok(())
+}
+
+impl TryFrom<RouteWire> for RouteSpec {
+    type Error = String;
+    fn try_from(w: RouteWire) -> Result<Self, String> {
+        let m = w.matches;
+        let host = match m.host.as_deref() {
+            None => HostPattern::Any,
+            Some(h) => parse_host(h)?,
+        };
+        let path = match (m.path_prefix, m.path) {
+            (Some(_), Some(_)) => {
+                return Err("match: give `path_prefix` or `path`, not both".to_string())
+            }
+            (None, Some(p)) => {
+                check_path("match.path", &p)?;
+                PathPattern::Exact(Arc::from(p))
+            }
+            (prefix, None) => {
+                let p = prefix.unwrap_or_else(|| "/".to_string());
+                check_path("match.path_prefix", &p)?;
+                let trimmed = p.trim_end_matches('/');
+                PathPattern::Prefix(Arc::from(if trimmed.is_empty() { "/" } else { trimmed }))
+            }
+        };
+        let mut methods = Vec::new();
+        for (i, name) in m.methods.iter().enumerate() {
+            let method = Method::from_bytes(name.to_ascii_uppercase().as_bytes())
+                .map_err(|_| format!("match.methods[{i}]: {name:?} is not an HTTP method"))?;
+            if !methods.contains(&method) {
+                methods.push(method);
+            }
+        }
+        let mut headers = Vec::new();
+        for (name, value) in &m.headers {
+            let hn = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| format!("match.headers: {name:?} is not a header name"))?;
+            let hv = HeaderValue::from_str(value)
+                .map_err(|_| format!("match.headers.{name}: {value:?} is not a header value"))?;
+            headers.push(HeaderMatch {
+                name: hn,
+                value: hv,
+            });
+        }
+        let action = match (w.service, w.static_dir) {
+            (Some(s), None) => RouteAction::Service(s),
+            (None, Some(d)) => {
+                if !d.root.is_absolute() {
+                    return Err("static.root: must be an absolute path".to_string());
+                }
+                if d.index.is_empty() || d.index.contains(['/', '\\']) || d.index == ".." {
+                    return Err("static.index: must be a plain file name".to_string());
+                }
+                RouteAction::Static(d)
+            }
+            _ => return Err("a route needs exactly one of `service` and `static`".to_string()),
+        };
+        Ok(RouteSpec {
+            matches: RouteMatch {
+                host,
+                path,
+                methods,
+                headers,
+            },
+            action,
+            priority: w.priority,
+        })
+    }
+}
+
+impl From<RouteSpec> for RouteWire {
+    fn from(r: RouteSpec) -> RouteWire {
+        let m = r.matches;
+        let host = match m.host {
+            HostPattern::Any => None,
+            HostPattern::Exact(h) => Some(h.to_string()),
+            HostPattern::Wildcard(s) => Some(format!("*{s}")),
+        };
+        let (path_prefix, path) = match m.path {
+            PathPattern::Prefix(p) => (Some(p.to_string()), None),
+            PathPattern::Exact(p) => (None, Some(p.to_string())),
+        };
+        let headers = m
+            .headers
+            .iter()
+            .map(|h| {
+                let v = String::from_utf8_lossy(h.value.as_bytes()).into_owned();
+                (h.name.to_string(), v)
+            })
+            .collect();
+        let (service, static_dir) = match r.action {
+            RouteAction::Service(s) => (Some(s), None),
+            RouteAction::Static(d) => (None, Some(d)),
+        };
+        RouteWire {
+            matches: MatchWire {
+                host,
+                path_prefix,
+                path,
+                methods: m.methods.iter().map(|m| m.to_string()).collect(),
+                headers,
+            },
+            service,
+            static_dir,
+            priority: r.priority,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<RouteSpec, String> {
+        serde_json::from_str(s).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn routes_are_normalized() {
+        let r =
+            parse(r#"{"match":{"host":"API.Example.com","path_prefix":"/api/"},"service":"web"}"#)
+                .unwrap();
+        assert_eq!(
+            r.matches.host,
+            HostPattern::Exact(Arc::from("api.example.com"))
+        );
+        assert_eq!(r.matches.path, PathPattern::Prefix(Arc::from("/api")));
+        let r = parse(r#"{"match":{"host":"*.example.com"},"service":"web"}"#).unwrap();
+        assert_eq!(
+            r.matches.host,
+            HostPattern::Wildcard(Arc::from(".example.com"))
+        );
+        assert_eq!(r.matches.path, PathPattern::Prefix(Arc::from("/")));
+    }
+
+    #[test]
+    fn bad_routes_name_the_field() {
+        let cases = [
+            (
+                r#"{"match":{"path_prefix":"api"},"service":"w"}"#,
+                "match.path_prefix",
+            ),
+            (r#"{"match":{"host":"a b"},"service":"w"}"#, "match.host"),
+            (
+                r#"{"match":{"methods":["G T"]},"service":"w"}"#,
+                "match.methods[0]",
+            ),
+            (r#"{"service":"w","static":{"root":"/x"}}"#, "exactly one"),
+            (r#"{"static":{"root":"rel"}}"#, "static.root"),
+            (r#"{"service":"w","extra":1}"#, "unknown field"),
+        ];
+        for (text, want) in cases {
+            let err = parse(text).unwrap_err();
+            assert!(err.contains(want), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_route_round_trips_through_json() {
+        let text = r#"{"match":{"host":"*.a.com","path":"/x","methods":["GET"],"headers":{"x-canary":"1"}},"service":"w","priority":5}"#;
+        let r = parse(text).unwrap();
+        let again = parse(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(r, again);
+    }
+}

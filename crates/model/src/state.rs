@@ -1,0 +1,339 @@
+//! The whole configuration as persistent maps, and how change sets apply to it.
+
+use std::sync::Arc;
+
+use imbl::{OrdMap, OrdSet};
+
+use crate::change::{ChangeSet, Op};
+use crate::names::{BackendId, RouteName, ServiceName};
+use crate::route::RouteSpec;
+use crate::service::ServiceSpec;
+
+/// What kind of failure a change set met.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeErrorKind {
+    /// The op refers to something that does not exist (404).
+    NotFound,
+    /// The op contradicts the current configuration (409), such as deleting a
+    /// service that routes still use, or a stale `if_revision`.
+    Conflict,
+}
+
+/// Why a change set was refused. Nothing of it was applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ChangeError {
+    /// The kind of failure.
+    pub kind: ChangeErrorKind,
+    /// Index of the op at fault (none for a revision mismatch).
+    pub op: Option<usize>,
+    /// The field at fault, such as `ops[2].service`.
+    pub field: Option<String>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl ChangeError {
+    fn at(kind: ChangeErrorKind, op: usize, field: &str, message: String) -> Self {
+        ChangeError {
+            kind,
+            op: Some(op),
+            field: Some(format!("ops[{op}].{field}")),
+            message,
+        }
+    }
+}
+
+/// What a change set touched, for incremental rebuilds and persistence.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Delta {
+    /// Services whose spec or backends changed (or that were deleted).
+    pub services: OrdSet<ServiceName>,
+    /// Routes that were put or deleted.
+    pub routes: OrdSet<RouteName>,
+}
+
+impl Delta {
+    /// Adds everything `other` touched.
+    pub fn merge(&mut self, other: Delta) {
+        self.services.extend(other.services);
+        self.routes.extend(other.routes);
+    }
+
+    /// True when nothing was touched.
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty() && self.routes.is_empty()
+    }
+}
+
+/// The configuration: services and routes. Cloning is O(1).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConfigState {
+    services: OrdMap<ServiceName, Arc<ServiceSpec>>,
+    routes: OrdMap<RouteName, Arc<RouteSpec>>,
+    /// Reverse index: which routes point at each service.
+    users: OrdMap<ServiceName, OrdSet<RouteName>>,
+}
+
+impl ConfigState {
+    /// All services, by name.
+    pub fn services(&self) -> &OrdMap<ServiceName, Arc<ServiceSpec>> {
+        &self.services
+    }
+
+    /// All routes, by name.
+    pub fn routes(&self) -> &OrdMap<RouteName, Arc<RouteSpec>> {
+        &self.routes
+    }
+
+    /// One service.
+    pub fn service(&self, name: &str) -> Option<&Arc<ServiceSpec>> {
+        self.services.get(name)
+    }
+
+    /// One route.
+    pub fn route(&self, name: &str) -> Option<&Arc<RouteSpec>> {
+        self.routes.get(name)
+    }
+
+    /// Applies a change set, returning the new state and what it touched.
+    /// On error `self` is unchanged and nothing of the change set applies.
+    /// `revision` is the current revision, checked against `if_revision`.
+    pub fn apply(
+        &self,
+        cs: &ChangeSet,
+        revision: u64,
+    ) -> Result<(ConfigState, Delta), ChangeError> {
+        if let Some(expected) = cs.if_revision {
+            if expected != revision {
+                return Err(ChangeError {
+                    kind: ChangeErrorKind::Conflict,
+                    op: None,
+                    field: Some("if_revision".to_string()),
+                    message: format!(
+                        "if_revision is {expected} but the configuration is at revision {revision}"
+                    ),
+                });
+            }
+        }
+        let mut next = self.clone();
+        let mut delta = Delta::default();
+        for (i, op) in cs.ops.iter().enumerate() {
+            next.apply_op(i, op, &mut delta)?;
+        }
+        Ok((next, delta))
+    }
+
+    fn apply_op(&mut self, i: usize, op: &Op, delta: &mut Delta) -> Result<(), ChangeError> {
+        use ChangeErrorKind::{Conflict, NotFound};
+        match op {
+            Op::PutService { name, spec } => {
+                self.services.insert(name.clone(), Arc::new(spec.clone()));
+                delta.services.insert(name.clone());
+            }
+            Op::DeleteService { name } => {
+                if let Some(users) = self.users.get(name).filter(|u| !u.is_empty()) {
+                    let list: Vec<&str> = users.iter().take(5).map(|r| r.as_str()).collect();
+                    return Err(ChangeError::at(
+                        Conflict,
+                        i,
+                        "name",
+                        format!(
+                            "service {name:?} is still used by {} route(s) ({}); delete or move them first",
+                            users.len(),
+                            list.join(", ")
+                        ),
+                    ));
+                }
+                if self.services.remove(name).is_none() {
+                    return Err(ChangeError::at(
+                        NotFound,
+                        i,
+                        "name",
+                        format!("no service {name:?}"),
+                    ));
+                }
+                delta.services.insert(name.clone());
+            }
+            Op::PutBackend { service, id, spec } => {
+                let svc = self.service_mut(i, service)?;
+                svc.backends.insert(id.clone(), spec.clone());
+                delta.services.insert(service.clone());
+            }
+            Op::DeleteBackend { service, id } => {
+                let svc = self.service_mut(i, service)?;
+                if svc.backends.remove(id).is_none() {
+                    return Err(no_backend(i, service, id));
+                }
+                delta.services.insert(service.clone());
+            }
+            Op::PutRoute { name, spec } => {
+                if let Some(target) = spec.service() {
+                    if !self.services.contains_key(target) {
+                        return Err(ChangeError::at(
+                            NotFound,
+                            i,
+                            "spec.service",
+                            format!(
+                                "route {name:?} points at service {target:?}, which does not exist"
+                            ),
+                        ));
+                    }
+                }
+                let old = self.routes.insert(name.clone(), Arc::new(spec.clone()));
+                self.unlink(name, old.as_deref());
+                if let Some(target) = spec.service() {
+                    self.users
+                        .entry(target.clone())
+                        .or_default()
+                        .insert(name.clone());
+                }
+                delta.routes.insert(name.clone());
+            }
+            Op::DeleteRoute { name } => {
+                let Some(old) = self.routes.remove(name) else {
+                    return Err(ChangeError::at(
+                        NotFound,
+                        i,
+                        "name",
+                        format!("no route {name:?}"),
+                    ));
+                };
+                self.unlink(name, Some(&old));
+                delta.routes.insert(name.clone());
+            }
+        }
+        Ok(())
+    }
+
+    fn service_mut(
+        &mut self,
+        i: usize,
+        name: &ServiceName,
+    ) -> Result<&mut ServiceSpec, ChangeError> {
+        match self.services.get_mut(name) {
+            Some(arc) => Ok(Arc::make_mut(arc)),
+            None => Err(ChangeError::at(
+                ChangeErrorKind::NotFound,
+                i,
+                "service",
+                format!("no service {name:?}"),
+            )),
+        }
+    }
+
+    fn unlink(&mut self, route: &RouteName, old: Option<&RouteSpec>) {
+        if let Some(target) = old.and_then(RouteSpec::service) {
+            if let Some(set) = self.users.get_mut(target) {
+                set.remove(route);
+                if set.is_empty() {
+                    self.users.remove(target);
+                }
+            }
+        }
+    }
+}
+
+fn no_backend(i: usize, service: &ServiceName, id: &BackendId) -> ChangeError {
+    ChangeError::at(
+        ChangeErrorKind::NotFound,
+        i,
+        "id",
+        format!("service {service:?} has no backend {id:?}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::change::parse_change_set;
+
+    fn cs(text: &str) -> ChangeSet {
+        parse_change_set(text.as_bytes()).unwrap()
+    }
+
+    fn web() -> ChangeSet {
+        cs(r#"{"ops":[
+            {"op":"put_service","name":"web","spec":{"backends":[{"id":"a","addr":"127.0.0.1:1"}]}},
+            {"op":"put_route","name":"r","spec":{"service":"web"}}]}"#)
+    }
+
+    #[test]
+    fn applies_in_order_and_reports_the_delta() {
+        let (s, delta) = ConfigState::default().apply(&web(), 0).unwrap();
+        assert_eq!(s.services().len(), 1);
+        assert_eq!(s.routes().len(), 1);
+        assert!(delta.services.contains("web") && delta.routes.contains("r"));
+    }
+
+    #[test]
+    fn a_failing_op_applies_nothing() {
+        let base = ConfigState::default();
+        let bad = cs(r#"{"ops":[
+            {"op":"put_service","name":"web","spec":{}},
+            {"op":"put_route","name":"r","spec":{"service":"missing"}}]}"#);
+        let err = base.apply(&bad, 0).unwrap_err();
+        assert_eq!(err.op, Some(1));
+        assert_eq!(err.field.as_deref(), Some("ops[1].spec.service"));
+        assert_eq!(err.kind, ChangeErrorKind::NotFound);
+        assert!(base.services().is_empty());
+    }
+
+    #[test]
+    fn services_in_use_cannot_be_deleted() {
+        let (s, _) = ConfigState::default().apply(&web(), 0).unwrap();
+        let err = s
+            .apply(&cs(r#"{"ops":[{"op":"delete_service","name":"web"}]}"#), 1)
+            .unwrap_err();
+        assert_eq!(err.kind, ChangeErrorKind::Conflict);
+        let ok = cs(
+            r#"{"ops":[{"op":"delete_route","name":"r"},{"op":"delete_service","name":"web"}]}"#,
+        );
+        let (s, _) = s.apply(&ok, 1).unwrap();
+        assert!(s.services().is_empty() && s.routes().is_empty());
+    }
+
+    #[test]
+    fn moving_a_route_updates_the_reverse_index() {
+        let (s, _) = ConfigState::default().apply(&web(), 0).unwrap();
+        let mv = cs(r#"{"ops":[{"op":"put_service","name":"api","spec":{}},
+            {"op":"put_route","name":"r","spec":{"service":"api"}},
+            {"op":"delete_service","name":"web"}]}"#);
+        let (s, _) = s.apply(&mv, 1).unwrap();
+        assert!(s.service("web").is_none());
+    }
+
+    #[test]
+    fn stale_revisions_conflict() {
+        let mut c = web();
+        c.if_revision = Some(7);
+        let err = ConfigState::default().apply(&c, 6).unwrap_err();
+        assert_eq!(err.kind, ChangeErrorKind::Conflict);
+        assert!(ConfigState::default().apply(&c, 7).is_ok());
+    }
+
+    #[test]
+    fn backend_ops_need_their_service_and_backend() {
+        let (s, _) = ConfigState::default().apply(&web(), 0).unwrap();
+        let put =
+            cs(r#"{"ops":[{"op":"put_backend","service":"web","id":"b","spec":{"addr":"h:2"}}]}"#);
+        let (s2, _) = s.apply(&put, 1).unwrap();
+        assert_eq!(s2.service("web").unwrap().backends.len(), 2);
+        assert_eq!(
+            s.service("web").unwrap().backends.len(),
+            1,
+            "old state untouched"
+        );
+        let del = cs(r#"{"ops":[{"op":"delete_backend","service":"web","id":"zz"}]}"#);
+        assert_eq!(
+            s2.apply(&del, 2).unwrap_err().kind,
+            ChangeErrorKind::NotFound
+        );
+        let nosvc =
+            cs(r#"{"ops":[{"op":"put_backend","service":"x","id":"b","spec":{"addr":"h:2"}}]}"#);
+        assert_eq!(
+            s2.apply(&nosvc, 2).unwrap_err().field.as_deref(),
+            Some("ops[0].service")
+        );
+    }
+}

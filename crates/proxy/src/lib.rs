@@ -1,0 +1,1 @@
+//! Tidegate's data plane: the hyper-based HTTP proxy, static files, retries and timeouts.

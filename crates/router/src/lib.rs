@@ -1,0 +1,1 @@
+//! Tidegate's route table: matches a request to a route in time independent of the number of routes.

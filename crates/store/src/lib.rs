@@ -1,0 +1,1 @@
+//! Tidegate's durable configuration store: the Store trait and its embedded (redb) implementation.
