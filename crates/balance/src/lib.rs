@@ -1,1 +1,155 @@
-//! Tidegate's load balancing: backends, live per-backend statistics, and the policies that pick a backend per request.
+//! Tidegate's load balancing.
+//!
+//! A [`Pool`] is the set of backends of one service, as of one snapshot. A
+//! [`Policy`] builds a [`Selector`] from a pool once, off the hot path; the
+//! selector then picks a backend per request without taking a lock. The
+//! caller passes an `accept` filter (healthy, not tried yet, ...) so that
+//! every policy honours the same exclusions.
+//!
+//! Live statistics ([`BackendStats`]) are shared by `Arc` and survive
+//! snapshot swaps: the snapshot builder hands the previous pool's stats to
+//! the next pool for backends that did not change address.
+
+mod policies;
+mod stats;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::uri::Authority;
+use http::HeaderMap;
+use tidegate_model::{BackendAddr, BackendId, BackendSpec, PolicySpec};
+
+pub use policies::{policy_for, LeastConn, RandomPolicy, RoundRobin};
+pub use stats::{BackendStats, InFlight, Outcome, StatsView};
+
+/// A backend as the data plane sees it.
+#[derive(Debug)]
+pub struct Backend {
+    /// Its id within the service.
+    pub id: BackendId,
+    /// Its address.
+    pub addr: BackendAddr,
+    /// The address as a URI authority, parsed once.
+    pub authority: Authority,
+    /// Relative share of traffic.
+    pub weight: u32,
+    /// Backups take traffic only when no primary can.
+    pub backup: bool,
+    /// Live statistics, shared across snapshots.
+    pub stats: Arc<BackendStats>,
+}
+
+impl Backend {
+    /// Builds a backend from its spec, reusing `stats` when given.
+    pub fn new(id: BackendId, spec: &BackendSpec, stats: Option<Arc<BackendStats>>) -> Backend {
+        // A validated BackendAddr is always a valid authority; fall back to a
+        // placeholder that cannot connect rather than panic.
+        let authority = Authority::try_from(spec.addr.as_str())
+            .unwrap_or_else(|_| Authority::from_static("invalid.invalid:1"));
+        Backend {
+            id,
+            addr: spec.addr.clone(),
+            authority,
+            weight: spec.weight.get(),
+            backup: spec.backup,
+            stats: stats.unwrap_or_default(),
+        }
+    }
+}
+
+/// The backends of one service (primaries or backups), in id order.
+#[derive(Debug, Default)]
+pub struct Pool {
+    backends: Vec<Arc<Backend>>,
+}
+
+impl Pool {
+    /// A pool of these backends.
+    pub fn new(backends: Vec<Arc<Backend>>) -> Pool {
+        Pool { backends }
+    }
+
+    /// The backends.
+    pub fn backends(&self) -> &[Arc<Backend>] {
+        &self.backends
+    }
+
+    /// Number of backends.
+    pub fn len(&self) -> usize {
+        self.backends.len()
+    }
+
+    /// True when the pool has no backend.
+    pub fn is_empty(&self) -> bool {
+        self.backends.is_empty()
+    }
+}
+
+/// What a policy may look at to choose a backend.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestCtx<'a> {
+    /// The client's address.
+    pub client: Option<SocketAddr>,
+    /// The request path (with query).
+    pub path: &'a str,
+    /// The request headers.
+    pub headers: &'a HeaderMap,
+}
+
+/// Builds selectors for pools. One value per configured policy kind.
+pub trait Policy: Send + Sync {
+    /// Builds a selector over `pool`. Called off the hot path, on every
+    /// change of the pool.
+    fn build(&self, pool: Arc<Pool>) -> Arc<dyn Selector>;
+}
+
+/// Picks a backend for a request. Must not block.
+pub trait Selector: Send + Sync + std::fmt::Debug {
+    /// The chosen backend among those `accept` allows, or `None` when it
+    /// allows none.
+    fn select(
+        &self,
+        ctx: &RequestCtx<'_>,
+        accept: &mut dyn FnMut(&Backend) -> bool,
+    ) -> Option<Arc<Backend>>;
+}
+
+/// A service's selection: primaries first; backups only when no primary is accepted.
+#[derive(Debug)]
+pub struct ServiceSelector {
+    primary: Arc<dyn Selector>,
+    backup: Option<Arc<dyn Selector>>,
+    all: Vec<Arc<Backend>>,
+}
+
+impl ServiceSelector {
+    /// Splits `backends` into primaries and backups and builds a selector for each.
+    pub fn new(policy: &PolicySpec, backends: Vec<Arc<Backend>>) -> ServiceSelector {
+        let policy = policy_for(policy);
+        let (backups, primaries): (Vec<_>, Vec<_>) =
+            backends.iter().cloned().partition(|b| b.backup);
+        let backup = (!backups.is_empty()).then(|| policy.build(Arc::new(Pool::new(backups))));
+        ServiceSelector {
+            primary: policy.build(Arc::new(Pool::new(primaries))),
+            backup,
+            all: backends,
+        }
+    }
+
+    /// Every backend, primaries and backups, in id order.
+    pub fn backends(&self) -> &[Arc<Backend>] {
+        &self.all
+    }
+
+    /// Picks a backend: a primary when one is accepted, else a backup.
+    pub fn select(
+        &self,
+        ctx: &RequestCtx<'_>,
+        accept: &mut dyn FnMut(&Backend) -> bool,
+    ) -> Option<Arc<Backend>> {
+        self.primary
+            .select(ctx, accept)
+            .or_else(|| self.backup.as_ref().and_then(|b| b.select(ctx, accept)))
+    }
+}

@@ -1,1 +1,253 @@
-//! Tidegate's route table: matches a request to a route in time independent of the number of routes.
+//! Tidegate's route table.
+//!
+//! [`Router`] answers "which route serves this request?" with a number of hash
+//! lookups that depends on the request (host labels, path segments), never on
+//! how many routes exist: exact hosts and wildcard suffixes are hash keys, and
+//! so are exact paths and segment-wise path prefixes. It is a persistent data
+//! structure: inserting or removing a route costs O(log n) plus the routes that
+//! share its host and path, and leaves older versions intact, so the writer can
+//! build the next snapshot's router from the current one without copying it.
+
+use std::cmp::Ordering;
+use std::sync::Arc;
+
+use http::{HeaderMap, Method};
+use imbl::HashMap;
+use tidegate_model::{HostPattern, PathPattern, RouteName, RouteSpec};
+
+/// A route as stored in the table.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// The route's name.
+    pub name: RouteName,
+    /// The route.
+    pub spec: Arc<RouteSpec>,
+}
+
+/// The routes at one (host, path) key, best first.
+type Bucket = Arc<Vec<Entry>>;
+
+/// The routes of one host pattern, keyed by path.
+#[derive(Debug, Clone, Default)]
+struct PathTable {
+    exact: HashMap<Arc<str>, Bucket>,
+    prefix: HashMap<Arc<str>, Bucket>,
+}
+
+/// What a request looks like to the router.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestView<'a> {
+    /// The host, lowercase, without port (empty if the request has none).
+    pub host: &'a str,
+    /// The path, without query.
+    pub path: &'a str,
+    /// The method.
+    pub method: &'a Method,
+    /// The headers.
+    pub headers: &'a HeaderMap,
+}
+
+/// An immutable, persistent route table.
+#[derive(Debug, Clone, Default)]
+pub struct Router {
+    exact_hosts: HashMap<Arc<str>, PathTable>,
+    wildcard_hosts: HashMap<Arc<str>, PathTable>,
+    any_host: PathTable,
+    by_name: HashMap<RouteName, Arc<RouteSpec>>,
+}
+
+impl Router {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Number of routes.
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
+    /// True when there are no routes.
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+
+    /// Inserts or replaces a route.
+    pub fn insert(&mut self, name: RouteName, spec: Arc<RouteSpec>) {
+        self.remove(&name);
+        let entry = Entry {
+            name: name.clone(),
+            spec: spec.clone(),
+        };
+        self.table_mut(&spec.matches.host).add(entry);
+        self.by_name.insert(name, spec);
+    }
+
+    /// Removes a route; returns whether it existed.
+    pub fn remove(&mut self, name: &RouteName) -> bool {
+        let Some(old) = self.by_name.remove(name) else {
+            return false;
+        };
+        let host = old.matches.host.clone();
+        let table = self.table_mut(&host);
+        table.drop_route(name, &old.matches.path);
+        let empty = table.exact.is_empty() && table.prefix.is_empty();
+        if empty {
+            match &host {
+                HostPattern::Any => {}
+                HostPattern::Exact(h) => {
+                    self.exact_hosts.remove(h);
+                }
+                HostPattern::Wildcard(s) => {
+                    self.wildcard_hosts.remove(s);
+                }
+            }
+        }
+        true
+    }
+
+    fn table_mut(&mut self, host: &HostPattern) -> &mut PathTable {
+        match host {
+            HostPattern::Any => &mut self.any_host,
+            HostPattern::Exact(h) => self.exact_hosts.entry(h.clone()).or_default(),
+            HostPattern::Wildcard(s) => self.wildcard_hosts.entry(s.clone()).or_default(),
+        }
+    }
+
+    /// The best route for a request, if any matches.
+    pub fn lookup(&self, req: &RequestView<'_>) -> Option<&Entry> {
+        let mut best: Option<(&Entry, Rank)> = None;
+        if !req.host.is_empty() {
+            if let Some(t) = self.exact_hosts.get(req.host) {
+                t.consider(req, u32::MAX, &mut best);
+            }
+            if !self.wildcard_hosts.is_empty() {
+                // Each dot starts a candidate suffix: a.b.example.com tries
+                // .b.example.com, .example.com, .com.
+                for (i, _) in req.host.match_indices('.') {
+                    let suffix = &req.host[i..];
+                    if let Some(t) = self.wildcard_hosts.get(suffix) {
+                        t.consider(req, suffix.len() as u32, &mut best);
+                    }
+                }
+            }
+        }
+        self.any_host.consider(req, 0, &mut best);
+        best.map(|(e, _)| e)
+    }
+}
+
+/// How specific a candidate is; the greatest wins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Rank {
+    priority: i32,
+    host: u32,
+    /// Exact paths rank above every prefix, then longer prefixes first.
+    path: u32,
+    conditions: usize,
+}
+
+impl Rank {
+    fn new(spec: &RouteSpec, host: u32, path: u32) -> Rank {
+        Rank {
+            priority: spec.priority,
+            host,
+            path,
+            conditions: usize::from(!spec.matches.methods.is_empty()) + spec.matches.headers.len(),
+        }
+    }
+}
+
+fn conditions_hold(spec: &RouteSpec, req: &RequestView<'_>) -> bool {
+    let m = &spec.matches;
+    (m.methods.is_empty() || m.methods.contains(req.method))
+        && m.headers
+            .iter()
+            .all(|h| req.headers.get_all(&h.name).iter().any(|v| v == h.value))
+}
+
+/// Orders a bucket: best first, ties broken by name for determinism.
+fn bucket_order(a: &Entry, b: &Entry) -> Ordering {
+    let ra = Rank::new(&a.spec, 0, 0);
+    let rb = Rank::new(&b.spec, 0, 0);
+    rb.cmp(&ra).then_with(|| a.name.cmp(&b.name))
+}
+
+impl PathTable {
+    fn map_for(&mut self, path: &PathPattern) -> (&mut HashMap<Arc<str>, Bucket>, Arc<str>) {
+        match path {
+            PathPattern::Exact(p) => (&mut self.exact, p.clone()),
+            PathPattern::Prefix(p) => (&mut self.prefix, p.clone()),
+        }
+    }
+
+    fn add(&mut self, entry: Entry) {
+        let (map, key) = self.map_for(&entry.spec.matches.path);
+        let bucket = map.entry(key).or_default();
+        let list = Arc::make_mut(bucket);
+        list.push(entry);
+        list.sort_by(bucket_order);
+    }
+
+    fn drop_route(&mut self, name: &RouteName, path: &PathPattern) {
+        let (map, key) = self.map_for(path);
+        if let Some(bucket) = map.get_mut(&key) {
+            Arc::make_mut(bucket).retain(|e| &e.name != name);
+            if bucket.is_empty() {
+                map.remove(&key);
+            }
+        }
+    }
+
+    /// Keeps in `best` the best of its current value and this table's matches.
+    fn consider<'t>(
+        &'t self,
+        req: &RequestView<'_>,
+        host_rank: u32,
+        best: &mut Option<(&'t Entry, Rank)>,
+    ) {
+        self.each_candidate(req.path, |entry, path_rank| {
+            if !conditions_hold(&entry.spec, req) {
+                return;
+            }
+            let rank = Rank::new(&entry.spec, host_rank, path_rank);
+            if best.as_ref().is_none_or(|(_, b)| rank > *b) {
+                *best = Some((entry, rank));
+            }
+        });
+    }
+
+    /// Calls `f` with every route whose path pattern matches `path`, and a
+    /// path rank: exact above all prefixes, longer prefixes above shorter.
+    fn each_candidate<'t>(&'t self, path: &str, mut f: impl FnMut(&'t Entry, u32)) {
+        if self.exact.is_empty() && self.prefix.is_empty() {
+            return;
+        }
+        if let Some(bucket) = self.exact.get(path) {
+            bucket.iter().for_each(|e| f(e, u32::MAX));
+        }
+        if self.prefix.is_empty() {
+            return;
+        }
+        // Segment-wise prefixes of "/a/b/c": "/a/b/c", "/a/b", "/a", "/".
+        let trimmed = path.trim_end_matches('/');
+        let mut probe = |prefix: &str| {
+            if let Some(bucket) = self.prefix.get(prefix) {
+                let rank = prefix.len() as u32;
+                bucket.iter().for_each(|e| f(e, rank));
+            }
+        };
+        if !trimmed.is_empty() {
+            probe(trimmed);
+            for (i, _) in trimmed.rmatch_indices('/') {
+                if i > 0 {
+                    probe(&trimmed[..i]);
+                }
+            }
+        }
+        probe("/");
+    }
+}
+
+#[cfg(test)]
+mod tests;

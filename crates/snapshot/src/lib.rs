@@ -1,1 +1,204 @@
-//! Tidegate's immutable data-plane snapshot: routes and per-service selectors, rebuilt incrementally.
+//! Tidegate's data-plane snapshot.
+//!
+//! A [`Snapshot`] is everything the proxy needs to serve a request, frozen at
+//! one configuration revision: the route table and, per service, its
+//! settings and a ready-to-use selector. The writer builds the next snapshot
+//! from the current one and the [`Delta`] of a commit, so the cost follows the
+//! size of the change, not of the configuration; the proxy reads the current
+//! one with a single atomic load.
+
+use std::sync::Arc;
+
+use imbl::HashMap;
+use tidegate_balance::{Backend, BackendStats, ServiceSelector};
+use tidegate_model::{BackendId, ConfigState, Delta, ServiceName, ServiceSettings, ServiceSpec};
+use tidegate_router::{Entry, RequestView, Router};
+
+/// One service, ready for traffic.
+#[derive(Debug)]
+pub struct ServiceRuntime {
+    /// The service's name.
+    pub name: ServiceName,
+    /// Policy, timeouts, retries.
+    pub settings: ServiceSettings,
+    /// Picks a backend per request.
+    pub selector: ServiceSelector,
+}
+
+impl ServiceRuntime {
+    /// Builds a service, carrying over the live statistics of `previous`'s
+    /// backends that kept their id and address.
+    pub fn build(
+        name: ServiceName,
+        spec: &ServiceSpec,
+        previous: Option<&ServiceRuntime>,
+    ) -> ServiceRuntime {
+        let old_stats = |id: &BackendId, addr: &str| -> Option<Arc<BackendStats>> {
+            let prev = previous?;
+            let b = prev.selector.backends().iter().find(|b| &b.id == id)?;
+            (b.addr.as_str() == addr).then(|| b.stats.clone())
+        };
+        let backends = spec
+            .backends
+            .iter()
+            .map(|(id, b)| Arc::new(Backend::new(id.clone(), b, old_stats(id, b.addr.as_str()))))
+            .collect();
+        ServiceRuntime {
+            name,
+            settings: spec.settings.clone(),
+            selector: ServiceSelector::new(&spec.settings.policy, backends),
+        }
+    }
+}
+
+/// Everything the data plane needs, at one revision. Immutable.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    revision: u64,
+    router: Router,
+    services: HashMap<ServiceName, Arc<ServiceRuntime>>,
+}
+
+impl Snapshot {
+    /// The empty snapshot at revision 0.
+    pub fn empty() -> Snapshot {
+        Snapshot::default()
+    }
+
+    /// Builds a snapshot of a whole configuration (at startup).
+    pub fn from_state(state: &ConfigState, revision: u64) -> Snapshot {
+        let delta = Delta {
+            services: state.services().keys().cloned().collect(),
+            routes: state.routes().keys().cloned().collect(),
+        };
+        Snapshot::empty().next(state, &delta, revision)
+    }
+
+    /// The snapshot after a commit: `state` is the new configuration and
+    /// `delta` what changed since `self`. Only the changed services and routes
+    /// are rebuilt.
+    pub fn next(&self, state: &ConfigState, delta: &Delta, revision: u64) -> Snapshot {
+        let mut next = self.clone();
+        next.revision = revision;
+        for name in &delta.services {
+            match state.service(name.as_str()) {
+                Some(spec) => {
+                    let prev = self.services.get(name).map(|s| &**s);
+                    let rt = ServiceRuntime::build(name.clone(), spec, prev);
+                    next.services.insert(name.clone(), Arc::new(rt));
+                }
+                None => {
+                    next.services.remove(name);
+                }
+            }
+        }
+        for name in &delta.routes {
+            match state.route(name.as_str()) {
+                Some(spec) => next.router.insert(name.clone(), spec.clone()),
+                None => {
+                    next.router.remove(name);
+                }
+            }
+        }
+        next
+    }
+
+    /// The configuration revision this snapshot shows.
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    /// The route for a request.
+    pub fn route(&self, req: &RequestView<'_>) -> Option<&Entry> {
+        self.router.lookup(req)
+    }
+
+    /// A service by name.
+    pub fn service(&self, name: &str) -> Option<&Arc<ServiceRuntime>> {
+        self.services.get(name)
+    }
+
+    /// All services (unordered).
+    pub fn services(&self) -> impl Iterator<Item = &Arc<ServiceRuntime>> {
+        self.services.values()
+    }
+
+    /// Number of routes.
+    pub fn route_count(&self) -> usize {
+        self.router.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{HeaderMap, Method};
+    use tidegate_model::parse_change_set;
+
+    fn apply(state: &ConfigState, rev: u64, text: &str) -> (ConfigState, Delta) {
+        state
+            .apply(&parse_change_set(text.as_bytes()).unwrap(), rev)
+            .unwrap()
+    }
+
+    #[test]
+    fn incremental_snapshots_match_full_builds_and_keep_stats() {
+        let (s1, _) = apply(
+            &ConfigState::default(),
+            0,
+            r#"{"ops":[
+            {"op":"put_service","name":"a","spec":{"backends":[{"id":"x","addr":"127.0.0.1:1"},{"id":"y","addr":"127.0.0.1:2"}]}},
+            {"op":"put_service","name":"b","spec":{}},
+            {"op":"put_route","name":"r","spec":{"match":{"path_prefix":"/a"},"service":"a"}}]}"#,
+        );
+        let snap1 = Snapshot::from_state(&s1, 1);
+        let stats_x = snap1.service("a").unwrap().selector.backends()[0]
+            .stats
+            .clone();
+        let stats_y = snap1.service("a").unwrap().selector.backends()[1]
+            .stats
+            .clone();
+        let untouched = snap1.service("b").unwrap().clone();
+
+        let (s2, d2) = apply(
+            &s1,
+            1,
+            r#"{"ops":[
+            {"op":"put_backend","service":"a","id":"y","spec":{"addr":"127.0.0.1:3"}},
+            {"op":"put_backend","service":"a","id":"z","spec":{"addr":"127.0.0.1:4"}}]}"#,
+        );
+        let snap2 = snap1.next(&s2, &d2, 2);
+        assert_eq!(snap2.revision(), 2);
+        let a = snap2.service("a").unwrap();
+        assert_eq!(a.selector.backends().len(), 3);
+        assert!(
+            Arc::ptr_eq(&a.selector.backends()[0].stats, &stats_x),
+            "same addr keeps stats"
+        );
+        assert!(
+            !Arc::ptr_eq(&a.selector.backends()[1].stats, &stats_y),
+            "new addr starts fresh"
+        );
+        assert!(
+            Arc::ptr_eq(snap2.service("b").unwrap(), &untouched),
+            "other services are not rebuilt"
+        );
+        assert_eq!(
+            snap1.service("a").unwrap().selector.backends().len(),
+            2,
+            "old snapshot intact"
+        );
+
+        let full = Snapshot::from_state(&s2, 2);
+        assert_eq!(full.services().count(), snap2.services().count());
+        let headers = HeaderMap::new();
+        let view = RequestView {
+            host: "",
+            path: "/a/1",
+            method: &Method::GET,
+            headers: &headers,
+        };
+        assert_eq!(snap2.route(&view).unwrap().name.as_str(), "r");
+        assert!(full.route(&view).is_some());
+    }
+}

@@ -1,0 +1,227 @@
+//! The policies of the core: smooth weighted round robin, weighted random,
+//! weighted least connections.
+
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+
+use tidegate_model::PolicySpec;
+
+use crate::{Backend, Policy, Pool, RequestCtx, Selector};
+
+/// The policy for a configured kind.
+pub fn policy_for(spec: &PolicySpec) -> &'static dyn Policy {
+    match spec {
+        PolicySpec::RoundRobin {} => &RoundRobin,
+        PolicySpec::Random {} => &RandomPolicy,
+        PolicySpec::LeastConn {} => &LeastConn,
+    }
+}
+
+/// Scans the pool from `start`, wrapping, for the first accepted backend.
+fn first_accepted(
+    pool: &Pool,
+    start: usize,
+    accept: &mut dyn FnMut(&Backend) -> bool,
+) -> Option<Arc<Backend>> {
+    let n = pool.len();
+    (0..n)
+        .map(|k| &pool.backends()[(start + k) % n])
+        .find(|b| b.weight > 0 && accept(b))
+        .cloned()
+}
+
+/// Smooth weighted round robin (nginx's algorithm), lock-free: the sequence
+/// the algorithm produces is computed once per pool, and each request takes
+/// the next position with one atomic increment.
+#[derive(Debug, Clone, Copy)]
+pub struct RoundRobin;
+
+/// The longest schedule kept; larger weight sums are scaled down to fit.
+const MAX_SCHEDULE: u64 = 1 << 16;
+
+#[derive(Debug)]
+struct RoundRobinSelector {
+    pool: Arc<Pool>,
+    schedule: Vec<u32>,
+    next: AtomicUsize,
+}
+
+/// The order smooth weighted round robin visits backends in, one cycle.
+fn smooth_schedule(weights: &[u32]) -> Vec<u32> {
+    let total: u64 = weights.iter().map(|&w| u64::from(w)).sum();
+    if total == 0 {
+        return Vec::new();
+    }
+    // Divide out the common factor, then scale down if still too long.
+    let g = weights.iter().fold(0u64, |g, &w| gcd(g, u64::from(w)));
+    let mut w: Vec<i64> = weights.iter().map(|&x| (u64::from(x) / g) as i64).collect();
+    let sum: i64 = w.iter().sum();
+    if sum as u64 > MAX_SCHEDULE {
+        let scale = MAX_SCHEDULE as f64 / sum as f64;
+        for x in w.iter_mut().filter(|x| **x > 0) {
+            *x = ((*x as f64 * scale).round() as i64).max(1);
+        }
+    }
+    let total: i64 = w.iter().sum();
+    let mut current = vec![0i64; w.len()];
+    let mut out = Vec::with_capacity(total as usize);
+    for _ in 0..total {
+        let mut best = 0;
+        for i in 0..w.len() {
+            current[i] += w[i];
+            if current[i] > current[best] {
+                best = i;
+            }
+        }
+        current[best] -= total;
+        out.push(best as u32);
+    }
+    out
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+impl Policy for RoundRobin {
+    fn build(&self, pool: Arc<Pool>) -> Arc<dyn Selector> {
+        let weights: Vec<u32> = pool.backends().iter().map(|b| b.weight).collect();
+        // Start at a random place so that many proxies do not move in lockstep.
+        let schedule = smooth_schedule(&weights);
+        let start = fastrand::usize(..schedule.len().max(1));
+        Arc::new(RoundRobinSelector {
+            pool,
+            schedule,
+            next: AtomicUsize::new(start),
+        })
+    }
+}
+
+impl Selector for RoundRobinSelector {
+    fn select(
+        &self,
+        _: &RequestCtx<'_>,
+        accept: &mut dyn FnMut(&Backend) -> bool,
+    ) -> Option<Arc<Backend>> {
+        if self.schedule.is_empty() {
+            return None;
+        }
+        // A rejected turn is given to whoever comes next in the shared
+        // sequence, so skipped backends' shares spread evenly over the rest.
+        // If accepted backends are rare, stop walking and scan.
+        let tries = self.schedule.len().min(self.pool.len() * 2);
+        let mut pos = 0;
+        for _ in 0..tries {
+            pos = self.next.fetch_add(1, Relaxed);
+            let b = &self.pool.backends()[self.schedule[pos % self.schedule.len()] as usize];
+            if accept(b) {
+                return Some(b.clone());
+            }
+        }
+        first_accepted(&self.pool, pos, accept)
+    }
+}
+
+/// Weighted random choice.
+#[derive(Debug, Clone, Copy)]
+pub struct RandomPolicy;
+
+#[derive(Debug)]
+struct RandomSelector {
+    pool: Arc<Pool>,
+    /// Running sums of weights, for a binary search.
+    cumulative: Vec<u64>,
+}
+
+impl Policy for RandomPolicy {
+    fn build(&self, pool: Arc<Pool>) -> Arc<dyn Selector> {
+        let cumulative = pool
+            .backends()
+            .iter()
+            .scan(0u64, |sum, b| {
+                *sum += u64::from(b.weight);
+                Some(*sum)
+            })
+            .collect();
+        Arc::new(RandomSelector { pool, cumulative })
+    }
+}
+
+impl Selector for RandomSelector {
+    fn select(
+        &self,
+        _: &RequestCtx<'_>,
+        accept: &mut dyn FnMut(&Backend) -> bool,
+    ) -> Option<Arc<Backend>> {
+        let total = *self.cumulative.last()?;
+        if total == 0 {
+            return None;
+        }
+        for _ in 0..3 {
+            let r = fastrand::u64(..total);
+            let i = self.cumulative.partition_point(|&c| c <= r);
+            let b = &self.pool.backends()[i];
+            if accept(b) {
+                return Some(b.clone());
+            }
+        }
+        first_accepted(&self.pool, fastrand::usize(..self.pool.len()), accept)
+    }
+}
+
+/// Weighted least connections: the fewest requests in flight per unit of
+/// weight; ties go to a random one among the tied.
+#[derive(Debug, Clone, Copy)]
+pub struct LeastConn;
+
+#[derive(Debug)]
+struct LeastConnSelector {
+    pool: Arc<Pool>,
+}
+
+impl Policy for LeastConn {
+    fn build(&self, pool: Arc<Pool>) -> Arc<dyn Selector> {
+        Arc::new(LeastConnSelector { pool })
+    }
+}
+
+impl Selector for LeastConnSelector {
+    fn select(
+        &self,
+        _: &RequestCtx<'_>,
+        accept: &mut dyn FnMut(&Backend) -> bool,
+    ) -> Option<Arc<Backend>> {
+        let n = self.pool.len();
+        if n == 0 {
+            return None;
+        }
+        let start = fastrand::usize(..n);
+        let mut best: Option<(&Arc<Backend>, u64, u64)> = None;
+        for k in 0..n {
+            let b = &self.pool.backends()[(start + k) % n];
+            if b.weight == 0 || !accept(b) {
+                continue;
+            }
+            let load = b.stats.in_flight();
+            let w = u64::from(b.weight);
+            // load/w < best_load/best_w  <=>  load*best_w < best_load*w
+            let better = match best {
+                None => true,
+                Some((_, bl, bw)) => {
+                    u128::from(load) * u128::from(bw) < u128::from(bl) * u128::from(w)
+                }
+            };
+            if better {
+                best = Some((b, load, w));
+            }
+        }
+        best.map(|(b, _, _)| b.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests;

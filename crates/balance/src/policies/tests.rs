@@ -1,0 +1,139 @@
+use super::*;
+use http::HeaderMap;
+use proptest::prelude::*;
+use tidegate_model::{BackendAddr, BackendId, BackendSpec, Weight};
+
+fn backend(i: usize, weight: u32) -> Arc<Backend> {
+    let spec = BackendSpec {
+        addr: BackendAddr::new(&format!("127.0.0.1:{}", 1000 + i)).unwrap(),
+        weight: Weight::try_from(weight).unwrap(),
+        backup: false,
+    };
+    Arc::new(Backend::new(
+        BackendId::new(&format!("b{i}")).unwrap(),
+        &spec,
+        None,
+    ))
+}
+
+fn pool(weights: &[u32]) -> Arc<Pool> {
+    Arc::new(Pool::new(
+        weights
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| backend(i, w))
+            .collect(),
+    ))
+}
+
+fn counts(
+    sel: &dyn Selector,
+    n: usize,
+    draws: usize,
+    accept: &mut dyn FnMut(&Backend) -> bool,
+) -> Vec<usize> {
+    let headers = HeaderMap::new();
+    let ctx = RequestCtx {
+        client: None,
+        path: "/",
+        headers: &headers,
+    };
+    let mut c = vec![0; n];
+    for _ in 0..draws {
+        if let Some(b) = sel.select(&ctx, accept) {
+            let i: usize = b.id.as_str()[1..].parse().unwrap();
+            c[i] += 1;
+        }
+    }
+    c
+}
+
+#[test]
+fn smooth_round_robin_interleaves() {
+    // nginx's documented example: weights 5, 1, 1 give a a b a c a a.
+    let s = smooth_schedule(&[5, 1, 1]);
+    assert_eq!(s, vec![0, 0, 1, 0, 2, 0, 0]);
+    assert!(smooth_schedule(&[0, 0]).is_empty());
+    assert_eq!(
+        smooth_schedule(&[10_000, 10_000]).len(),
+        2,
+        "common factors are divided out"
+    );
+}
+
+#[test]
+fn round_robin_skips_rejected_backends() {
+    let p = pool(&[1, 1, 1]);
+    let sel = RoundRobin.build(p);
+    let c = counts(&*sel, 3, 300, &mut |b: &Backend| b.id.as_str() != "b1");
+    assert_eq!(c[1], 0);
+    assert_eq!(c[0] + c[2], 300);
+    assert!(c[0].abs_diff(c[2]) <= 2, "{c:?}");
+    assert!(counts(&*sel, 3, 5, &mut |_: &Backend| false)
+        .iter()
+        .all(|&x| x == 0));
+}
+
+#[test]
+fn zero_weight_backends_get_nothing() {
+    for policy in [&RoundRobin as &dyn Policy, &RandomPolicy, &LeastConn] {
+        let sel = policy.build(pool(&[0, 3]));
+        let c = counts(&*sel, 2, 200, &mut |_: &Backend| true);
+        assert_eq!(c, vec![0, 200]);
+    }
+}
+
+#[test]
+fn least_conn_prefers_the_least_loaded_per_weight() {
+    let p = pool(&[1, 2]);
+    let _busy: Vec<_> = (0..3).map(|_| p.backends()[0].stats.start()).collect();
+    let _also: Vec<_> = (0..4).map(|_| p.backends()[1].stats.start()).collect();
+    // b0: 3/1, b1: 4/2 -> b1.
+    let sel = LeastConn.build(p);
+    assert_eq!(counts(&*sel, 2, 10, &mut |_: &Backend| true), vec![0, 10]);
+}
+
+proptest! {
+    #[test]
+    fn round_robin_honours_weights_exactly_per_cycle(weights in proptest::collection::vec(0u32..20, 1..8)) {
+        let total: u32 = weights.iter().sum();
+        prop_assume!(total > 0);
+        let n = weights.len();
+        let sel = RoundRobin.build(pool(&weights));
+        let g = weights.iter().fold(0u32, |g, &w| gcd(u64::from(g), u64::from(w)) as u32);
+        let cycle = (total / g) as usize;
+        let c = counts(&*sel, n, cycle * 3, &mut |_: &Backend| true);
+        for i in 0..n {
+            prop_assert_eq!(c[i] as u32, weights[i] / g * 3);
+        }
+    }
+
+    #[test]
+    fn random_honours_weights_within_tolerance(weights in proptest::collection::vec(1u32..10, 2..5)) {
+        let total: u32 = weights.iter().sum();
+        let draws = 20_000;
+        let sel = RandomPolicy.build(pool(&weights));
+        let c = counts(&*sel, weights.len(), draws, &mut |_: &Backend| true);
+        for (i, &w) in weights.iter().enumerate() {
+            let want = draws as f64 * f64::from(w) / f64::from(total);
+            prop_assert!((c[i] as f64 - want).abs() < want * 0.15 + 50.0, "{:?} vs {:?}", c, weights);
+        }
+    }
+
+    #[test]
+    fn no_policy_returns_a_rejected_backend(weights in proptest::collection::vec(0u32..5, 1..6), mask in any::<u8>()) {
+        for policy in [&RoundRobin as &dyn Policy, &RandomPolicy, &LeastConn] {
+            let sel = policy.build(pool(&weights));
+            let mut accept = |b: &Backend| {
+                let i: usize = b.id.as_str()[1..].parse().unwrap();
+                mask & (1 << i) != 0
+            };
+            let c = counts(&*sel, weights.len(), 50, &mut accept);
+            for (i, &n) in c.iter().enumerate() {
+                prop_assert!(n == 0 || (mask & (1 << i) != 0 && weights[i] > 0));
+            }
+            let any = weights.iter().enumerate().any(|(i, &w)| w > 0 && mask & (1 << i) != 0);
+            prop_assert_eq!(c.iter().sum::<usize>() == 50, any);
+        }
+    }
+}

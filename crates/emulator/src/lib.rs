@@ -1,0 +1,34 @@
+//! `tidegate-emulator`: a dev-only backend emulator for Tidegate's end-to-end
+//! tests and benchmarks.
+//!
+//! It runs as a real HTTP/1.1 (and h2c) backend on loopback and models
+//! capacity: a number of concurrent service slots, a bounded wait queue (503
+//! `queue full` beyond it) and a service-time distribution (`fixed`, `exp`,
+//! `lognormal`). Every response carries `x-backend: NAME`; with `--orca` it
+//! also carries an ORCA `endpoint-load-metrics` report.
+//!
+//! Paths:
+//! - any path: a normal request (takes a slot; `?delay_ms=N` forces the service time);
+//! - the health path (`/health`): `ok`, or 503 once set down;
+//! - `/echo`: JSON description of the request (method, path, headers);
+//! - `/upgrade` with `Upgrade: echo`: 101, then echoes bytes back;
+//! - `GET /_emulator/stats`, `POST /_emulator/slots?n=N`,
+//!   `POST /_emulator/health?up=true|false`: the control API.
+//!
+//! The binary prints `listening on ADDR` once bound; tests parse that line.
+
+pub mod admission;
+pub mod app;
+pub mod cli;
+pub mod dist;
+pub mod handler;
+pub mod rate;
+pub mod server;
+pub mod upgrade;
+
+#[cfg(test)]
+mod tests;
+
+pub use cli::Args;
+pub use dist::{parse_duration, ServiceTime};
+pub use server::{run, Emulator};

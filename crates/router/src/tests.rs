@@ -1,0 +1,167 @@
+use super::*;
+use http::HeaderValue;
+use proptest::prelude::*;
+
+fn route(json: &str) -> Arc<RouteSpec> {
+    Arc::new(serde_json::from_str(json).unwrap())
+}
+
+fn name(s: &str) -> RouteName {
+    RouteName::new(s).unwrap()
+}
+
+fn find<'r>(r: &'r Router, host: &str, path: &str) -> Option<&'r str> {
+    find_with(r, host, path, &Method::GET, &HeaderMap::new())
+}
+
+fn find_with<'r>(
+    r: &'r Router,
+    host: &str,
+    path: &str,
+    method: &Method,
+    headers: &HeaderMap,
+) -> Option<&'r str> {
+    let view = RequestView {
+        host,
+        path,
+        method,
+        headers,
+    };
+    r.lookup(&view).map(|e| e.name.as_str())
+}
+
+fn table() -> Router {
+    let mut r = Router::new();
+    r.insert(name("root"), route(r#"{"service":"s"}"#));
+    r.insert(
+        name("api"),
+        route(r#"{"match":{"path_prefix":"/api"},"service":"s"}"#),
+    );
+    r.insert(
+        name("api-v2"),
+        route(r#"{"match":{"path_prefix":"/api/v2/"},"service":"s"}"#),
+    );
+    r.insert(
+        name("health"),
+        route(r#"{"match":{"path":"/api/health"},"service":"s"}"#),
+    );
+    r.insert(
+        name("host"),
+        route(r#"{"match":{"host":"shop.example.com"},"service":"s"}"#),
+    );
+    r.insert(
+        name("wild"),
+        route(r#"{"match":{"host":"*.example.com","path_prefix":"/api"},"service":"s"}"#),
+    );
+    r
+}
+
+#[test]
+fn longest_segment_prefix_wins() {
+    let r = table();
+    assert_eq!(find(&r, "", "/"), Some("root"));
+    assert_eq!(find(&r, "", "/apix"), Some("root"));
+    assert_eq!(find(&r, "", "/api"), Some("api"));
+    assert_eq!(find(&r, "", "/api/"), Some("api"));
+    assert_eq!(find(&r, "", "/api/v2"), Some("api-v2"));
+    assert_eq!(find(&r, "", "/api/v2/users/7"), Some("api-v2"));
+    assert_eq!(find(&r, "", "/api/health"), Some("health"));
+    assert_eq!(find(&r, "", "/api/health/x"), Some("api"));
+}
+
+#[test]
+fn hosts_rank_exact_then_wildcard_then_any() {
+    let r = table();
+    assert_eq!(find(&r, "shop.example.com", "/api/x"), Some("host"));
+    assert_eq!(find(&r, "a.b.example.com", "/api/x"), Some("wild"));
+    assert_eq!(find(&r, "a.b.example.com", "/other"), Some("root"));
+    assert_eq!(find(&r, "example.com", "/api/x"), Some("api"));
+}
+
+#[test]
+fn priority_beats_specificity() {
+    let mut r = table();
+    r.insert(
+        name("maint"),
+        route(r#"{"match":{"path_prefix":"/"},"service":"s","priority":10}"#),
+    );
+    assert_eq!(find(&r, "shop.example.com", "/api/health"), Some("maint"));
+    assert!(r.remove(&name("maint")));
+    assert_eq!(find(&r, "", "/api/health"), Some("health"));
+}
+
+#[test]
+fn methods_and_headers_filter() {
+    let mut r = Router::new();
+    r.insert(
+        name("any"),
+        route(r#"{"match":{"path_prefix":"/x"},"service":"s"}"#),
+    );
+    r.insert(
+        name("post"),
+        route(r#"{"match":{"path_prefix":"/x","methods":["POST"]},"service":"s"}"#),
+    );
+    r.insert(
+        name("canary"),
+        route(r#"{"match":{"path_prefix":"/x","headers":{"x-canary":"1"}},"service":"s"}"#),
+    );
+    let mut h = HeaderMap::new();
+    assert_eq!(find_with(&r, "", "/x", &Method::GET, &h), Some("any"));
+    assert_eq!(find_with(&r, "", "/x", &Method::POST, &h), Some("post"));
+    h.insert("x-canary", HeaderValue::from_static("1"));
+    assert_eq!(find_with(&r, "", "/x", &Method::GET, &h), Some("canary"));
+}
+
+#[test]
+fn replacing_and_removing_routes() {
+    let mut r = table();
+    let before = r.clone();
+    r.insert(
+        name("api"),
+        route(r#"{"match":{"path_prefix":"/other"},"service":"s"}"#),
+    );
+    assert_eq!(find(&r, "", "/api/x"), Some("root"));
+    assert_eq!(find(&r, "", "/other"), Some("api"));
+    assert_eq!(
+        find(&before, "", "/api/x"),
+        Some("api"),
+        "older versions are untouched"
+    );
+    assert!(r.remove(&name("host")));
+    assert!(!r.remove(&name("host")));
+    assert_eq!(find(&r, "shop.example.com", "/z"), Some("root"));
+    assert_eq!(r.len(), 5);
+}
+
+/// A reference matcher: scan every route and keep the best by the documented rules.
+fn reference(routes: &[(String, String)], path: &str) -> Option<String> {
+    routes
+        .iter()
+        .filter(|(_, p)| {
+            let p = p.trim_end_matches('/');
+            p.is_empty() || path == p || path.starts_with(&format!("{p}/"))
+        })
+        .max_by_key(|(n, p)| (p.trim_end_matches('/').len(), std::cmp::Reverse(n.clone())))
+        .map(|(n, _)| n.clone())
+}
+
+proptest! {
+    #[test]
+    fn prefix_matching_agrees_with_a_linear_scan(
+        prefixes in proptest::collection::vec("(/[ab]{1,2}){0,3}", 1..12),
+        path in "(/[ab]{1,2}){0,4}/?",
+    ) {
+        let mut r = Router::new();
+        let mut routes = Vec::new();
+        for (i, p) in prefixes.iter().enumerate() {
+            let p = if p.is_empty() { "/".to_string() } else { p.clone() };
+            let n = format!("r{i:02}");
+            r.insert(name(&n), route(&format!(r#"{{"match":{{"path_prefix":"{p}"}},"service":"s"}}"#)));
+            routes.push((n, p));
+        }
+        let path = if path.is_empty() { "/".to_string() } else { path };
+        let got = find(&r, "", &path).map(str::to_string);
+        let want = reference(&routes, path.trim_end_matches('/'));
+        prop_assert_eq!(got, want);
+    }
+}
