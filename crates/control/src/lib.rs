@@ -1,1 +1,156 @@
-//! Tidegate's configuration writer: the change queue, adaptive group commit, snapshot publication and the watch feed.
+//! Tidegate's configuration writer.
+//!
+//! [`Control`] is the only way configuration changes. Submitters put change
+//! sets on a queue; one writer thread takes everything that queued while its
+//! previous commit ran (adaptive group commit: the batch grows with the load,
+//! and an idle writer commits a lone change at once), then
+//!
+//! 1. validates each change set on its own against the state left by the
+//!    ones before it (a bad one fails alone, with nothing of it applied),
+//! 2. persists all valid ones in one durable store transaction,
+//! 3. publishes one new [`Snapshot`], built incrementally from the delta,
+//! 4. answers every submitter with its revision and feeds watchers.
+//!
+//! So an answer means: durable and live in the data plane.
+
+mod watch;
+mod writer;
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use tidegate_model::{ChangeError, ChangeSet, ConfigState};
+use tidegate_snapshot::Snapshot;
+use tidegate_store::{AppliedChange, Store, StoreError};
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+pub use watch::WatchError;
+
+/// The configuration as of one revision, for readers.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigView {
+    /// The revision.
+    pub revision: u64,
+    /// The configuration.
+    pub state: ConfigState,
+}
+
+/// Why a change set was not applied.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// The change set is invalid or conflicts with the configuration.
+    #[error(transparent)]
+    Rejected(#[from] ChangeError),
+    /// The store failed to persist it; nothing was applied.
+    #[error("not persisted: {0}")]
+    Store(String),
+    /// The writer is shutting down.
+    #[error("the configuration writer has stopped")]
+    Closed,
+}
+
+/// Counters of the writer, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct WriterMetrics {
+    /// Durable commits (each may carry many change sets).
+    pub commits: AtomicU64,
+    /// Change sets applied.
+    pub change_sets: AtomicU64,
+    /// Change sets rejected.
+    pub rejected: AtomicU64,
+    /// Operations applied.
+    pub ops: AtomicU64,
+    /// Time spent in store commits, nanoseconds.
+    pub commit_nanos: AtomicU64,
+    /// Time from dequeue to publication of each group, nanoseconds.
+    pub apply_nanos: AtomicU64,
+}
+
+impl WriterMetrics {
+    fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Relaxed);
+    }
+}
+
+type Reply = oneshot::Sender<Result<u64, SubmitError>>;
+
+struct Pending {
+    change: ChangeSet,
+    reply: Reply,
+}
+
+/// Shared by the writer thread and the handles.
+struct Shared {
+    snapshot: Arc<ArcSwap<Snapshot>>,
+    config: ArcSwap<ConfigView>,
+    feed: broadcast::Sender<Arc<AppliedChange>>,
+    store: Arc<dyn Store>,
+    metrics: WriterMetrics,
+}
+
+/// A handle on the configuration: submit changes, read, watch. Cheap to clone.
+#[derive(Clone)]
+pub struct Control {
+    queue: mpsc::Sender<Pending>,
+    shared: Arc<Shared>,
+}
+
+/// How many change sets may wait for the writer before submitters wait too.
+const QUEUE_CAPACITY: usize = 65_536;
+/// How many applied change sets a slow watcher may fall behind.
+const FEED_CAPACITY: usize = 16_384;
+
+impl Control {
+    /// Loads the configuration from `store` and starts the writer thread.
+    pub fn start(store: Arc<dyn Store>) -> Result<Control, StoreError> {
+        let loaded = store.load()?;
+        let snapshot = Snapshot::from_state(&loaded.state, loaded.revision);
+        let (queue, rx) = mpsc::channel(QUEUE_CAPACITY);
+        let shared = Arc::new(Shared {
+            snapshot: Arc::new(ArcSwap::from_pointee(snapshot)),
+            config: ArcSwap::from_pointee(ConfigView {
+                revision: loaded.revision,
+                state: loaded.state,
+            }),
+            feed: broadcast::channel(FEED_CAPACITY).0,
+            store,
+            metrics: WriterMetrics::default(),
+        });
+        let writer = writer::Writer::new(shared.clone(), rx);
+        std::thread::Builder::new()
+            .name("tidegate-writer".into())
+            .spawn(move || writer.run())
+            .map_err(|e| StoreError::Backend(format!("cannot start the writer thread: {e}")))?;
+        Ok(Control { queue, shared })
+    }
+
+    /// Submits a change set; resolves once it is durable and live, with the
+    /// revision it produced.
+    pub async fn submit(&self, change: ChangeSet) -> Result<u64, SubmitError> {
+        let (reply, answer) = oneshot::channel();
+        self.queue
+            .send(Pending { change, reply })
+            .await
+            .map_err(|_| SubmitError::Closed)?;
+        answer.await.map_err(|_| SubmitError::Closed)?
+    }
+
+    /// The current configuration.
+    pub fn config(&self) -> Arc<ConfigView> {
+        self.shared.config.load_full()
+    }
+
+    /// The handle the data plane reads snapshots from.
+    pub fn snapshots(&self) -> Arc<ArcSwap<Snapshot>> {
+        self.shared.snapshot.clone()
+    }
+
+    /// The writer's counters.
+    pub fn metrics(&self) -> &WriterMetrics {
+        &self.shared.metrics
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,266 @@
+//! The embedded store, on redb.
+
+use std::path::Path;
+
+use redb::{
+    Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
+};
+use tidegate_model::{ChangeSet, ConfigState, Op, RouteSpec, ServiceSettings, ServiceSpec};
+
+use crate::{AppliedChange, Loaded, Store, StoreError};
+
+/// Service settings (without backends), by service name.
+const SERVICES: TableDefinition<&str, &[u8]> = TableDefinition::new("services");
+/// Backends, keyed `service \0 id`, so a service's backends are one key range
+/// and changing one backend writes one key.
+const BACKENDS: TableDefinition<&str, &[u8]> = TableDefinition::new("backends");
+/// Routes, by name.
+const ROUTES: TableDefinition<&str, &[u8]> = TableDefinition::new("routes");
+/// Applied change sets by revision, for watchers that reconnect.
+const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+/// `revision`: the revision of the stored configuration.
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+
+/// How many change sets the log keeps for replay.
+const LOG_RETAIN: u64 = 10_000;
+
+/// The embedded default store: one redb file in the data directory.
+pub struct RedbStore {
+    db: Database,
+}
+
+fn err<E: std::fmt::Display>(e: E) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+fn corrupt<E: std::fmt::Display>(e: E) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+fn json<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(v).map_err(corrupt)
+}
+
+fn backend_key(service: &str, id: &str) -> String {
+    format!("{service}\0{id}")
+}
+
+impl RedbStore {
+    /// Opens (creating if needed) the store file `path`.
+    pub fn open(path: &Path) -> Result<RedbStore, StoreError> {
+        let db = Database::create(path).map_err(err)?;
+        let txn = db.begin_write().map_err(err)?;
+        for t in [SERVICES, BACKENDS, ROUTES] {
+            txn.open_table(t).map_err(err)?;
+        }
+        txn.open_table(LOG).map_err(err)?;
+        txn.open_table(META).map_err(err)?;
+        txn.commit().map_err(err)?;
+        Ok(RedbStore { db })
+    }
+
+    fn write_op(txn: &WriteTransaction, op: &Op) -> Result<(), StoreError> {
+        let mut services = txn.open_table(SERVICES).map_err(err)?;
+        let mut backends = txn.open_table(BACKENDS).map_err(err)?;
+        let mut routes = txn.open_table(ROUTES).map_err(err)?;
+        let drop_backends = |backends: &mut redb::Table<&str, &[u8]>, service: &str| {
+            let (lo, hi) = (format!("{service}\0"), format!("{service}\u{1}"));
+            backends
+                .retain_in(lo.as_str()..hi.as_str(), |_, _| false)
+                .map_err(err)
+        };
+        match op {
+            Op::PutService { name, spec } => {
+                services
+                    .insert(name.as_str(), json(&spec.settings)?.as_slice())
+                    .map_err(err)?;
+                drop_backends(&mut backends, name.as_str())?;
+                for (id, b) in &spec.backends {
+                    let key = backend_key(name.as_str(), id.as_str());
+                    backends
+                        .insert(key.as_str(), json(b)?.as_slice())
+                        .map_err(err)?;
+                }
+            }
+            Op::DeleteService { name } => {
+                services.remove(name.as_str()).map_err(err)?;
+                drop_backends(&mut backends, name.as_str())?;
+            }
+            Op::PutBackend { service, id, spec } => {
+                let key = backend_key(service.as_str(), id.as_str());
+                backends
+                    .insert(key.as_str(), json(spec)?.as_slice())
+                    .map_err(err)?;
+            }
+            Op::DeleteBackend { service, id } => {
+                let key = backend_key(service.as_str(), id.as_str());
+                backends.remove(key.as_str()).map_err(err)?;
+            }
+            Op::PutRoute { name, spec } => {
+                routes
+                    .insert(name.as_str(), json(spec)?.as_slice())
+                    .map_err(err)?;
+            }
+            Op::DeleteRoute { name } => {
+                routes.remove(name.as_str()).map_err(err)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Store for RedbStore {
+    fn load(&self) -> Result<Loaded, StoreError> {
+        let txn = self.db.begin_read().map_err(err)?;
+        let revision = txn
+            .open_table(META)
+            .map_err(err)?
+            .get("revision")
+            .map_err(err)?
+            .map_or(0, |v| v.value());
+        // Rebuild through the model's own apply, so a stored configuration
+        // passes the same checks as a submitted one.
+        let mut ops = Vec::new();
+        let backends = txn.open_table(BACKENDS).map_err(err)?;
+        for row in txn.open_table(SERVICES).map_err(err)?.iter().map_err(err)? {
+            let (name, settings) = row.map_err(err)?;
+            let name = name.value().to_string();
+            let settings: ServiceSettings =
+                serde_json::from_slice(settings.value()).map_err(corrupt)?;
+            let mut spec = ServiceSpec {
+                settings,
+                backends: Default::default(),
+            };
+            let (lo, hi) = (format!("{name}\0"), format!("{name}\u{1}"));
+            for b in backends.range(lo.as_str()..hi.as_str()).map_err(err)? {
+                let (key, value) = b.map_err(err)?;
+                let id = key
+                    .value()
+                    .split_once('\0')
+                    .map(|(_, id)| id)
+                    .unwrap_or_default();
+                let id = tidegate_model::BackendId::new(id).map_err(corrupt)?;
+                spec.backends
+                    .insert(id, serde_json::from_slice(value.value()).map_err(corrupt)?);
+            }
+            let name = tidegate_model::ServiceName::new(&name).map_err(corrupt)?;
+            ops.push(Op::PutService { name, spec });
+        }
+        for row in txn.open_table(ROUTES).map_err(err)?.iter().map_err(err)? {
+            let (name, spec) = row.map_err(err)?;
+            let name = tidegate_model::RouteName::new(name.value()).map_err(corrupt)?;
+            let spec: RouteSpec = serde_json::from_slice(spec.value()).map_err(corrupt)?;
+            ops.push(Op::PutRoute { name, spec });
+        }
+        let all = ChangeSet {
+            if_revision: None,
+            ops,
+        };
+        let (state, _) = ConfigState::default().apply(&all, 0).map_err(corrupt)?;
+        Ok(Loaded { state, revision })
+    }
+
+    fn commit(&self, changes: &[AppliedChange]) -> Result<(), StoreError> {
+        let Some(last) = changes.last() else {
+            return Ok(());
+        };
+        let mut txn = self.db.begin_write().map_err(err)?;
+        txn.set_durability(Durability::Immediate).map_err(err)?;
+        for c in changes {
+            for op in &c.change.ops {
+                Self::write_op(&txn, op)?;
+            }
+        }
+        {
+            let mut log = txn.open_table(LOG).map_err(err)?;
+            for c in changes {
+                log.insert(c.revision, json(c)?.as_slice()).map_err(err)?;
+            }
+            let cutoff = last.revision.saturating_sub(LOG_RETAIN);
+            if cutoff > 0 {
+                log.retain_in(..=cutoff, |_, _| false).map_err(err)?;
+            }
+            let mut meta = txn.open_table(META).map_err(err)?;
+            meta.insert("revision", last.revision).map_err(err)?;
+        }
+        txn.commit().map_err(err)
+    }
+
+    fn changes_since(&self, after: u64, limit: usize) -> Result<Vec<AppliedChange>, StoreError> {
+        let txn = self.db.begin_read().map_err(err)?;
+        let log = txn.open_table(LOG).map_err(err)?;
+        let mut out = Vec::new();
+        let mut expected = after + 1;
+        for row in log.range(after + 1..).map_err(err)?.take(limit) {
+            let (rev, value) = row.map_err(err)?;
+            if rev.value() != expected {
+                return Err(StoreError::Compacted {
+                    oldest: rev.value(),
+                });
+            }
+            out.push(serde_json::from_slice(value.value()).map_err(corrupt)?);
+            expected += 1;
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidegate_model::parse_change_set;
+
+    fn applied(rev: u64, text: &str) -> AppliedChange {
+        AppliedChange {
+            revision: rev,
+            change: parse_change_set(text.as_bytes()).unwrap(),
+        }
+    }
+
+    #[test]
+    fn commits_survive_reopening_and_replay() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.redb");
+        let c1 = applied(
+            1,
+            r#"{"ops":[
+            {"op":"put_service","name":"web","spec":{"policy":{"kind":"least_conn"},"backends":[{"id":"a","addr":"127.0.0.1:1"},{"id":"b","addr":"127.0.0.1:2"}]}},
+            {"op":"put_service","name":"web2","spec":{"backends":[{"id":"a","addr":"127.0.0.1:9"}]}},
+            {"op":"put_route","name":"r","spec":{"match":{"host":"*.x.com"},"service":"web"}}]}"#,
+        );
+        let c2 = applied(
+            2,
+            r#"{"ops":[
+            {"op":"delete_backend","service":"web","id":"a"},
+            {"op":"put_backend","service":"web","id":"c","spec":{"addr":"127.0.0.1:3","weight":5}}]}"#,
+        );
+        let c3 = applied(
+            3,
+            r#"{"ops":[{"op":"put_service","name":"web2","spec":{}}]}"#,
+        );
+        let (want, _) = ConfigState::default().apply(&c1.change, 0).unwrap();
+        let (want, _) = want.apply(&c2.change, 1).unwrap();
+        let (want, _) = want.apply(&c3.change, 2).unwrap();
+        {
+            let store = RedbStore::open(&path).unwrap();
+            store.commit(&[c1.clone(), c2.clone()]).unwrap();
+            store.commit(&[c3.clone()]).unwrap();
+        }
+        let store = RedbStore::open(&path).unwrap();
+        let loaded = store.load().unwrap();
+        assert_eq!(loaded.revision, 3);
+        assert_eq!(loaded.state.services(), want.services());
+        assert_eq!(loaded.state.routes(), want.routes());
+        assert_eq!(store.changes_since(1, 10).unwrap(), vec![c2, c3]);
+        assert!(store.changes_since(3, 10).unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_empty_store_loads_revision_zero() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RedbStore::open(&dir.path().join("c.redb")).unwrap();
+        let loaded = store.load().unwrap();
+        assert_eq!(loaded.revision, 0);
+        assert!(loaded.state.services().is_empty());
+    }
+}
