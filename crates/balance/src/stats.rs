@@ -89,8 +89,10 @@ pub struct StatsView {
     pub latency_ewma_ms: Option<f64>,
 }
 
-/// A request in flight to a backend. Dropping it without `finish` counts it
-/// as finished without a latency sample (the client went away).
+/// A request in flight to a backend: counted in flight until dropped (the
+/// proxy drops it when the response body ends). [`InFlight::record`] takes
+/// the outcome and the latency to the response headers; dropping it without
+/// a record counts a request without a latency sample (the client went away).
 #[derive(Debug)]
 pub struct InFlight {
     stats: std::sync::Arc<BackendStats>,
@@ -99,10 +101,13 @@ pub struct InFlight {
 }
 
 impl InFlight {
-    /// Records the outcome and the latency since the start.
-    pub fn finish(mut self, outcome: Outcome) {
-        self.stats.record(outcome, self.started.elapsed());
-        self.done = true;
+    /// Records the outcome and the latency since the start (once; later
+    /// calls are ignored).
+    pub fn record(&mut self, outcome: Outcome) {
+        if !self.done {
+            self.stats.record(outcome, self.started.elapsed());
+            self.done = true;
+        }
     }
 }
 
@@ -123,11 +128,13 @@ mod tests {
     #[test]
     fn in_flight_and_outcomes_are_counted() {
         let s = Arc::new(BackendStats::default());
-        let a = s.start();
-        let b = s.start();
+        let mut a = s.start();
+        let mut b = s.start();
         assert_eq!(s.in_flight(), 2);
-        a.finish(Outcome::Success);
-        b.finish(Outcome::Failure);
+        a.record(Outcome::Success);
+        b.record(Outcome::Failure);
+        b.record(Outcome::Success);
+        drop((a, b));
         let v = s.view();
         assert_eq!((v.in_flight, v.requests, v.failures), (0, 2, 1));
         assert!(v.latency_ewma_ms.is_some());

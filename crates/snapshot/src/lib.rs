@@ -12,7 +12,8 @@ use std::sync::Arc;
 use imbl::HashMap;
 use tidegate_balance::{Backend, BackendStats, ServiceSelector};
 use tidegate_model::{BackendId, ConfigState, Delta, ServiceName, ServiceSettings, ServiceSpec};
-use tidegate_router::{Entry, RequestView, Router};
+use tidegate_router::Router;
+pub use tidegate_router::{Entry, RequestView};
 
 /// One service, ready for traffic.
 #[derive(Debug)]

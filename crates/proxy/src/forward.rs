@@ -1,0 +1,307 @@
+//! Forwarding to a backend: pooled clients, headers, timeouts, retries,
+//! upgrades.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::request::Parts;
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body::Body as _;
+use http_body_util::{BodyExt, Either, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tidegate_balance::{Backend, Outcome, RequestCtx};
+use tidegate_model::Timeouts;
+use tidegate_snapshot::ServiceRuntime;
+
+use crate::body::ProxyBody;
+use crate::errors::ProxyError;
+use crate::metrics::ProxyMetrics;
+
+/// The body sent upstream: buffered (replayable) or streamed through.
+type UpBody = Either<Full<Bytes>, Incoming>;
+type UpClient = Client<HttpConnector, UpBody>;
+
+/// Request bodies up to this size are buffered so a failed attempt can be
+/// replayed on another backend; larger ones stream and are not retried.
+const REPLAY_LIMIT: u64 = 64 * 1024;
+
+/// Pooled clients, one per distinct (connect, idle) timeout pair: connect and
+/// idle timeouts are properties of a hyper-util client's connector and pool.
+#[derive(Default)]
+pub(crate) struct Upstreams {
+    clients: ArcSwap<HashMap<(u64, u64), UpClient>>,
+}
+
+impl Upstreams {
+    fn client(&self, t: &Timeouts) -> UpClient {
+        let key = (t.connect_ms, t.idle_ms);
+        if let Some(c) = self.clients.load().get(&key) {
+            return c.clone();
+        }
+        let client = build_client(t);
+        self.clients.rcu(|map| {
+            let mut map = HashMap::clone(map);
+            map.entry(key).or_insert_with(|| client.clone());
+            map
+        });
+        client
+    }
+
+    /// Forwards `req` to a backend of `service`, trying others on failure.
+    pub(crate) async fn forward(
+        &self,
+        service: &ServiceRuntime,
+        mut req: Request<Incoming>,
+        client_addr: SocketAddr,
+        host: &str,
+        metrics: &ProxyMetrics,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let settings = &service.settings;
+        let client = self.client(&settings.timeouts);
+        let upgrade = wants_upgrade(&req);
+        let downstream_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+        let (mut parts, body) = req.into_parts();
+        let mut body = Replay::new(body).await?;
+        prepare_headers(&mut parts, client_addr, host, upgrade);
+        let idempotent = is_idempotent(&parts.method);
+        let path = parts
+            .uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_string();
+        let ctx = RequestCtx {
+            client: Some(client_addr),
+            path: &path,
+            headers: &parts.headers,
+        };
+        let response_timeout = Duration::from_millis(settings.timeouts.response_ms);
+        let mut tried: Vec<Arc<Backend>> = Vec::new();
+        let mut last_error = ProxyError::NoBackend;
+        for attempt in 0..=settings.retries {
+            let picked = {
+                let mut accept = |b: &Backend| !tried.iter().any(|t| std::ptr::eq(&**t, b));
+                service.selector.select(&ctx, &mut accept)
+            };
+            let Some(backend) = picked else {
+                break;
+            };
+            tried.push(backend.clone());
+            if attempt > 0 {
+                metrics.retry();
+            }
+            let Some(up_body) = body.take() else {
+                break;
+            };
+            let up = upstream_request(&parts, &backend, &path, up_body)?;
+            let mut guard = backend.stats.start();
+            match tokio::time::timeout(response_timeout, client.request(up)).await {
+                Ok(Ok(mut resp)) => {
+                    let failed = resp.status().is_server_error();
+                    guard.record(if failed {
+                        Outcome::Failure
+                    } else {
+                        Outcome::Success
+                    });
+                    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+                        if let Some(down) = downstream_upgrade {
+                            splice_upgrade(down, hyper::upgrade::on(&mut resp));
+                        }
+                        return Ok(resp.map(|_| ProxyBody::empty()));
+                    }
+                    strip_hop_by_hop(resp.headers_mut());
+                    return Ok(resp.map(|b| ProxyBody::Upstream {
+                        body: b,
+                        guard: Some(guard),
+                    }));
+                }
+                Ok(Err(e)) => {
+                    guard.record(Outcome::Failure);
+                    let connect = e.is_connect();
+                    tracing::debug!(backend = %backend.addr, error = %e, connect, "upstream attempt failed");
+                    last_error = if connect {
+                        ProxyError::ConnectFailed
+                    } else {
+                        ProxyError::UpstreamFailed
+                    };
+                    // Nothing was sent on a connect failure, so any method may go
+                    // elsewhere; after a send, only idempotent ones.
+                    if !(connect || idempotent) {
+                        break;
+                    }
+                }
+                Err(_) => {
+                    guard.record(Outcome::Failure);
+                    last_error = ProxyError::Timeout;
+                    break;
+                }
+            }
+        }
+        Err(last_error)
+    }
+}
+
+fn build_client(t: &Timeouts) -> UpClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(Duration::from_millis(t.connect_ms)));
+    connector.set_keepalive(Some(Duration::from_secs(60)));
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_millis(t.idle_ms))
+        .pool_max_idle_per_host(usize::MAX)
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .build(connector)
+}
+
+/// The request body, buffered when small so it can be sent more than once.
+enum Replay {
+    Buffered(Bytes),
+    Streaming(Option<Incoming>),
+}
+
+impl Replay {
+    async fn new(body: Incoming) -> Result<Replay, ProxyError> {
+        if body.is_end_stream() {
+            return Ok(Replay::Buffered(Bytes::new()));
+        }
+        match body.size_hint().exact() {
+            Some(n) if n <= REPLAY_LIMIT => {
+                let collected = Limited::new(body, REPLAY_LIMIT as usize)
+                    .collect()
+                    .await
+                    .map_err(|_| ProxyError::BadRequest)?;
+                Ok(Replay::Buffered(collected.to_bytes()))
+            }
+            _ => Ok(Replay::Streaming(Some(body))),
+        }
+    }
+
+    /// The body for one more attempt, if it can be sent again.
+    fn take(&mut self) -> Option<UpBody> {
+        match self {
+            Replay::Buffered(b) => Some(Either::Left(Full::new(b.clone()))),
+            Replay::Streaming(b) => b.take().map(Either::Right),
+        }
+    }
+}
+
+fn is_idempotent(m: &Method) -> bool {
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
+}
+
+fn wants_upgrade<B>(req: &Request<B>) -> bool {
+    req.version() == Version::HTTP_11
+        && req.headers().contains_key(header::UPGRADE)
+        && req.headers().get_all(header::CONNECTION).iter().any(|v| {
+            v.to_str().is_ok_and(|s| {
+                s.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+            })
+        })
+}
+
+static HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+];
+
+/// Removes hop-by-hop headers, including those named in `Connection`.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|s| s.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for h in HOP_BY_HOP.iter().chain(&named) {
+        headers.remove(h);
+    }
+    headers.remove(header::UPGRADE);
+}
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+fn prepare_headers(parts: &mut Parts, client: SocketAddr, host: &str, upgrade: bool) {
+    let h = &mut parts.headers;
+    let upgrade_value = h.get(header::UPGRADE).cloned();
+    strip_hop_by_hop(h);
+    if upgrade {
+        if let Some(v) = upgrade_value {
+            h.insert(header::UPGRADE, v);
+            h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        }
+    }
+    let ip = client.ip().to_string();
+    let xff = match h.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(prev) => format!("{prev}, {ip}"),
+        None => ip,
+    };
+    if let Ok(v) = HeaderValue::from_str(&xff) {
+        h.insert(X_FORWARDED_FOR.clone(), v);
+    }
+    h.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+    // HTTP/2 carries the host in the URI; HTTP/1.1 backends need the header.
+    let original_host = h.get(header::HOST).cloned().or_else(|| {
+        parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    });
+    if let Some(v) = original_host {
+        if !host.is_empty() {
+            h.insert(X_FORWARDED_HOST.clone(), v.clone());
+        }
+        h.insert(header::HOST, v);
+    }
+}
+
+fn upstream_request(
+    parts: &Parts,
+    backend: &Backend,
+    path: &str,
+    body: UpBody,
+) -> Result<Request<UpBody>, ProxyError> {
+    let uri = Uri::builder()
+        .scheme("http")
+        .authority(backend.authority.clone())
+        .path_and_query(path)
+        .build()
+        .map_err(|_| ProxyError::BadRequest)?;
+    let mut req = Request::new(body);
+    *req.method_mut() = parts.method.clone();
+    *req.uri_mut() = uri;
+    *req.version_mut() = Version::HTTP_11;
+    *req.headers_mut() = parts.headers.clone();
+    Ok(req)
+}
+
+/// Joins the client's and the backend's upgraded connections.
+fn splice_upgrade(down: hyper::upgrade::OnUpgrade, up: hyper::upgrade::OnUpgrade) {
+    tokio::spawn(async move {
+        let (Ok(down), Ok(up)) = tokio::join!(down, up) else {
+            return;
+        };
+        let mut down = TokioIo::new(down);
+        let mut up = TokioIo::new(up);
+        let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+    });
+}

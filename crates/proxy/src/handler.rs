@@ -1,0 +1,105 @@
+//! Per-request handling: snapshot, route, dispatch.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use http::{header, Request, Response};
+use hyper::body::Incoming;
+use tidegate_model::RouteAction;
+use tidegate_snapshot::RequestView;
+use tidegate_snapshot::Snapshot;
+
+use crate::body::ProxyBody;
+use crate::errors::ProxyError;
+use crate::forward::Upstreams;
+use crate::metrics::ProxyMetrics;
+use crate::static_files;
+
+/// The request handler. One per worker (or one shared, in the multi-thread
+/// runtime); holds the upstream connection pools.
+pub struct Proxy {
+    snapshots: Arc<ArcSwap<Snapshot>>,
+    upstreams: Upstreams,
+    metrics: Arc<ProxyMetrics>,
+}
+
+impl Proxy {
+    /// A handler reading snapshots from `snapshots`.
+    pub fn new(snapshots: Arc<ArcSwap<Snapshot>>, metrics: Arc<ProxyMetrics>) -> Proxy {
+        Proxy {
+            snapshots,
+            upstreams: Upstreams::default(),
+            metrics,
+        }
+    }
+
+    /// The counters this handler updates.
+    pub fn metrics(&self) -> &Arc<ProxyMetrics> {
+        &self.metrics
+    }
+
+    /// Serves one request.
+    pub async fn handle(&self, req: Request<Incoming>, client: SocketAddr) -> Response<ProxyBody> {
+        let resp = match self.dispatch(req, client).await {
+            Ok(resp) => resp,
+            Err(e) => {
+                self.metrics.error(e);
+                e.response()
+            }
+        };
+        self.metrics.response(resp.status());
+        resp
+    }
+
+    async fn dispatch(
+        &self,
+        req: Request<Incoming>,
+        client: SocketAddr,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let snapshot = self.snapshots.load_full();
+        let host = request_host(&req);
+        let view = RequestView {
+            host: &host,
+            path: req.uri().path(),
+            method: req.method(),
+            headers: req.headers(),
+        };
+        let route = snapshot.route(&view).ok_or(ProxyError::NoRoute)?;
+        match &route.spec.action {
+            RouteAction::Static(dir) => {
+                Ok(static_files::serve(dir, &route.spec.matches.path, &req).await)
+            }
+            RouteAction::Service(name) => {
+                let service = snapshot
+                    .service(name.as_str())
+                    .ok_or(ProxyError::NoBackend)?
+                    .clone();
+                drop(snapshot);
+                self.upstreams
+                    .forward(&service, req, client, &host, &self.metrics)
+                    .await
+            }
+        }
+    }
+}
+
+/// The request's host, lowercase and without port: from the URI (HTTP/2,
+/// absolute-form) or the Host header.
+fn request_host(req: &Request<Incoming>) -> String {
+    let raw = req
+        .uri()
+        .host()
+        .or_else(|| {
+            req.headers()
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+        })
+        .unwrap_or("");
+    let without_port = if raw.starts_with('[') {
+        raw.split_inclusive(']').next().unwrap_or(raw)
+    } else {
+        raw.rsplit_once(':').map_or(raw, |(h, _)| h)
+    };
+    without_port.to_ascii_lowercase()
+}

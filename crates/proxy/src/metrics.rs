@@ -1,0 +1,104 @@
+//! Data-plane counters, rendered in Prometheus' text format.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use http::StatusCode;
+
+use crate::errors::ProxyError;
+
+/// Counters of the data plane. Shared by all workers.
+#[derive(Debug, Default)]
+pub struct ProxyMetrics {
+    /// Responses by status class: 1xx, 2xx, 3xx, 4xx, 5xx.
+    responses: [AtomicU64; 5],
+    /// Requests answered by the proxy itself, by reason.
+    no_route: AtomicU64,
+    no_backend: AtomicU64,
+    connect_failed: AtomicU64,
+    upstream_failed: AtomicU64,
+    timeouts: AtomicU64,
+    /// Attempts beyond the first.
+    retries: AtomicU64,
+    /// Downstream connections accepted.
+    connections: AtomicU64,
+}
+
+impl ProxyMetrics {
+    pub(crate) fn response(&self, status: StatusCode) {
+        let class = (status.as_u16() / 100).clamp(1, 5) as usize - 1;
+        self.responses[class].fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn error(&self, e: ProxyError) {
+        let c = match e {
+            ProxyError::NoRoute => &self.no_route,
+            ProxyError::NoBackend => &self.no_backend,
+            ProxyError::ConnectFailed => &self.connect_failed,
+            ProxyError::UpstreamFailed | ProxyError::BadRequest => &self.upstream_failed,
+            ProxyError::Timeout => &self.timeouts,
+        };
+        c.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn retry(&self) {
+        self.retries.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn connection(&self) {
+        self.connections.fetch_add(1, Relaxed);
+    }
+
+    /// Appends the counters in Prometheus' text exposition format.
+    pub fn render(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "# HELP tidegate_responses_total Responses sent to clients, by status class."
+        );
+        let _ = writeln!(out, "# TYPE tidegate_responses_total counter");
+        for (i, c) in self.responses.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "tidegate_responses_total{{class=\"{}xx\"}} {}",
+                i + 1,
+                c.load(Relaxed)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP tidegate_proxy_errors_total Requests the proxy answered itself, by reason."
+        );
+        let _ = writeln!(out, "# TYPE tidegate_proxy_errors_total counter");
+        for (reason, c) in [
+            ("no_route", &self.no_route),
+            ("no_backend", &self.no_backend),
+            ("connect_failed", &self.connect_failed),
+            ("upstream_failed", &self.upstream_failed),
+            ("timeout", &self.timeouts),
+        ] {
+            let _ = writeln!(
+                out,
+                "tidegate_proxy_errors_total{{reason=\"{reason}\"}} {}",
+                c.load(Relaxed)
+            );
+        }
+        for (name, help, c) in [
+            (
+                "tidegate_retries_total",
+                "Upstream attempts beyond the first.",
+                &self.retries,
+            ),
+            (
+                "tidegate_connections_total",
+                "Client connections accepted.",
+                &self.connections,
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                c.load(Relaxed)
+            );
+        }
+    }
+}
