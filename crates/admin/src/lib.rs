@@ -1,1 +1,107 @@
-//! Tidegate's admin API: resources, atomic change sets, watch, status and metrics over HTTP+JSON.
+//! Tidegate's admin API: HTTP+JSON, bearer-token authenticated.
+//!
+//! Resource endpoints (`/v1/services`, `/v1/services/{s}/backends/{id}`,
+//! `/v1/routes`) and the atomic change-set endpoint (`POST /v1/changes`) all
+//! become change sets for the writer; every write answers `{"revision": N}`
+//! only once that revision is durable and live. Reads: `/v1/config`,
+//! `/v1/status`, `/v1/watch` (server-sent events), `/metrics` (Prometheus).
+//! Every error is JSON naming what is wrong and, for bodies, the field.
+
+mod error;
+mod handlers;
+mod status;
+mod watch;
+
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::header::AUTHORIZATION;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::Router;
+use tidegate_control::Control;
+
+pub use error::ApiError;
+
+/// Appends extra Prometheus text (the data plane's counters) to `/metrics`.
+pub type MetricsHook = Arc<dyn Fn(&mut String) + Send + Sync>;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct AdminState {
+    control: Control,
+    token: Arc<str>,
+    extra_metrics: MetricsHook,
+}
+
+/// The largest request body accepted (a batch of ~100,000 ops).
+pub const BODY_LIMIT: usize = 32 * 1024 * 1024;
+
+impl AdminState {
+    /// State for the API: the configuration handle, the token every request
+    /// must present, and the data plane's metrics.
+    pub fn new(control: Control, token: &str, extra_metrics: MetricsHook) -> AdminState {
+        AdminState {
+            control,
+            token: Arc::from(token),
+            extra_metrics,
+        }
+    }
+}
+
+/// The admin API's routes.
+pub fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/v1/services", get(handlers::list_services))
+        .route(
+            "/v1/services/{name}",
+            put(handlers::put_service)
+                .get(handlers::get_service)
+                .delete(handlers::delete_service),
+        )
+        .route(
+            "/v1/services/{name}/backends/{id}",
+            put(handlers::put_backend)
+                .get(handlers::get_backend)
+                .delete(handlers::delete_backend),
+        )
+        .route("/v1/routes", get(handlers::list_routes))
+        .route(
+            "/v1/routes/{name}",
+            put(handlers::put_route)
+                .get(handlers::get_route)
+                .delete(handlers::delete_route),
+        )
+        .route("/v1/changes", post(handlers::post_changes))
+        .route("/v1/config", get(handlers::get_config))
+        .route("/v1/status", get(status::get_status))
+        .route("/v1/watch", get(watch::get_watch))
+        .route("/metrics", get(status::get_metrics))
+        .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .layer(middleware::from_fn_with_state(state.clone(), authenticate))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(state)
+}
+
+/// Rejects requests without `Authorization: Bearer <token>`.
+async fn authenticate(State(state): State<AdminState>, req: Request, next: Next) -> Response {
+    let presented = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if !constant_time_eq(presented.as_bytes(), state.token.as_bytes()) {
+        return ApiError::unauthorized().into_response();
+    }
+    next.run(req).await
+}
+
+/// Compares without an early exit, so timing does not reveal the prefix.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

@@ -190,8 +190,8 @@ impl Store for RedbStore {
         let txn = self.db.begin_read().map_err(err)?;
         let log = txn.open_table(LOG).map_err(err)?;
         let mut out = Vec::new();
-        let mut expected = after + 1;
-        for row in log.range(after + 1..).map_err(err)?.take(limit) {
+        let rows = log.range(after + 1..).map_err(err)?.take(limit);
+        for (expected, row) in (after + 1..).zip(rows) {
             let (rev, value) = row.map_err(err)?;
             if rev.value() != expected {
                 return Err(StoreError::Compacted {
@@ -199,7 +199,6 @@ impl Store for RedbStore {
                 });
             }
             out.push(serde_json::from_slice(value.value()).map_err(corrupt)?);
-            expected += 1;
         }
         Ok(out)
     }
@@ -244,7 +243,7 @@ mod tests {
         {
             let store = RedbStore::open(&path).unwrap();
             store.commit(&[c1.clone(), c2.clone()]).unwrap();
-            store.commit(&[c3.clone()]).unwrap();
+            store.commit(std::slice::from_ref(&c3)).unwrap();
         }
         let store = RedbStore::open(&path).unwrap();
         let loaded = store.load().unwrap();

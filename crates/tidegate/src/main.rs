@@ -1,1 +1,24 @@
-fn main() {}
+//! The `tidegate` binary: `tidegate serve` runs the proxy, `tidegate ctl`
+//! talks to a running one through its admin API.
+
+mod cli;
+mod config_file;
+mod ctl;
+mod serve;
+
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let args = cli::Cli::parse();
+    let result = match args.command {
+        cli::Command::Serve(opts) => serve::run(opts),
+        cli::Command::Ctl(opts) => ctl::run(opts),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("tidegate: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

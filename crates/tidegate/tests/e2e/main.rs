@@ -1,1 +1,9 @@
-//! e2e
+//! End-to-end tests: the real `tidegate` binary and real backend processes
+//! (the `tidegate-emulator` dev binary), all on 127.0.0.1 ports chosen by
+//! the OS. One test binary with modules, to link the dependency tree once.
+
+mod support;
+
+mod admin;
+mod durability;
+mod proxying;

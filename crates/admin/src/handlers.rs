@@ -1,0 +1,196 @@
+//! Resource and change-set endpoints.
+
+use std::collections::BTreeMap;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::Json;
+use serde::Serialize;
+use serde_json::{json, Value};
+use tidegate_model::{
+    parse_change_set, parse_json, BackendId, BackendSpec, ChangeSet, Op, RouteName, RouteSpec,
+    ServiceName, ServiceSpec,
+};
+
+use crate::{AdminState, ApiError};
+
+type Answer = Result<Json<Value>, ApiError>;
+
+fn service_name(s: &str) -> Result<ServiceName, ApiError> {
+    ServiceName::new(s).map_err(|e| ApiError::bad_field("path.name", e.to_string()))
+}
+
+fn route_name(s: &str) -> Result<RouteName, ApiError> {
+    RouteName::new(s).map_err(|e| ApiError::bad_field("path.name", e.to_string()))
+}
+
+fn backend_id(s: &str) -> Result<BackendId, ApiError> {
+    BackendId::new(s).map_err(|e| ApiError::bad_field("path.id", e.to_string()))
+}
+
+/// Parses a resource body, naming fields as in the equivalent change set.
+fn body<T: serde::de::DeserializeOwned>(
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
+    let bytes = bytes.map_err(ApiError::body)?;
+    parse_json(&bytes).map_err(|e| ApiError::parse(e, Some("spec")))
+}
+
+async fn submit(state: &AdminState, ops: Vec<Op>) -> Answer {
+    let revision = state
+        .control
+        .submit(ChangeSet {
+            if_revision: None,
+            ops,
+        })
+        .await?;
+    Ok(Json(json!({ "revision": revision })))
+}
+
+fn with_revision<T: Serialize>(revision: u64, key: &str, value: &T) -> Answer {
+    let value = serde_json::to_value(value).map_err(|e| ApiError::bad_field(".", e.to_string()))?;
+    Ok(Json(json!({ "revision": revision, key: value })))
+}
+
+pub(crate) async fn put_service(
+    State(state): State<AdminState>,
+    Path(name): Path<String>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Answer {
+    let name = service_name(&name)?;
+    let spec: ServiceSpec = body(bytes)?;
+    submit(&state, vec![Op::PutService { name, spec }]).await
+}
+
+pub(crate) async fn delete_service(
+    State(state): State<AdminState>,
+    Path(name): Path<String>,
+) -> Answer {
+    let name = service_name(&name)?;
+    submit(&state, vec![Op::DeleteService { name }]).await
+}
+
+pub(crate) async fn get_service(
+    State(state): State<AdminState>,
+    Path(name): Path<String>,
+) -> Answer {
+    let view = state.control.config();
+    let spec = view
+        .state
+        .service(&name)
+        .ok_or_else(|| ApiError::not_found(format!("no service {name:?}")))?;
+    with_revision(view.revision, "spec", &**spec)
+}
+
+pub(crate) async fn list_services(State(state): State<AdminState>) -> Answer {
+    let view = state.control.config();
+    let all: BTreeMap<&str, &ServiceSpec> = view
+        .state
+        .services()
+        .iter()
+        .map(|(k, v)| (k.as_str(), &**v))
+        .collect();
+    with_revision(view.revision, "services", &all)
+}
+
+pub(crate) async fn put_backend(
+    State(state): State<AdminState>,
+    Path((service, id)): Path<(String, String)>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Answer {
+    let service = service_name(&service)?;
+    let id = backend_id(&id)?;
+    let spec: BackendSpec = body(bytes)?;
+    submit(&state, vec![Op::PutBackend { service, id, spec }]).await
+}
+
+pub(crate) async fn delete_backend(
+    State(state): State<AdminState>,
+    Path((service, id)): Path<(String, String)>,
+) -> Answer {
+    let service = service_name(&service)?;
+    let id = backend_id(&id)?;
+    submit(&state, vec![Op::DeleteBackend { service, id }]).await
+}
+
+pub(crate) async fn get_backend(
+    State(state): State<AdminState>,
+    Path((service, id)): Path<(String, String)>,
+) -> Answer {
+    let view = state.control.config();
+    let spec = view
+        .state
+        .service(&service)
+        .and_then(|s| s.backends.get(id.as_str()))
+        .ok_or_else(|| ApiError::not_found(format!("no backend {id:?} in service {service:?}")))?;
+    with_revision(view.revision, "spec", spec)
+}
+
+pub(crate) async fn put_route(
+    State(state): State<AdminState>,
+    Path(name): Path<String>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Answer {
+    let name = route_name(&name)?;
+    let spec: RouteSpec = body(bytes)?;
+    submit(&state, vec![Op::PutRoute { name, spec }]).await
+}
+
+pub(crate) async fn delete_route(
+    State(state): State<AdminState>,
+    Path(name): Path<String>,
+) -> Answer {
+    let name = route_name(&name)?;
+    submit(&state, vec![Op::DeleteRoute { name }]).await
+}
+
+pub(crate) async fn get_route(State(state): State<AdminState>, Path(name): Path<String>) -> Answer {
+    let view = state.control.config();
+    let spec = view
+        .state
+        .route(&name)
+        .ok_or_else(|| ApiError::not_found(format!("no route {name:?}")))?;
+    with_revision(view.revision, "spec", &**spec)
+}
+
+pub(crate) async fn list_routes(State(state): State<AdminState>) -> Answer {
+    let view = state.control.config();
+    let all: BTreeMap<&str, &RouteSpec> = view
+        .state
+        .routes()
+        .iter()
+        .map(|(k, v)| (k.as_str(), &**v))
+        .collect();
+    with_revision(view.revision, "routes", &all)
+}
+
+pub(crate) async fn post_changes(
+    State(state): State<AdminState>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Answer {
+    let bytes = bytes.map_err(ApiError::body)?;
+    let change = parse_change_set(&bytes).map_err(|e| ApiError::parse(e, None))?;
+    let ops = change.ops.len();
+    let revision = state.control.submit(change).await?;
+    Ok(Json(json!({ "revision": revision, "ops": ops })))
+}
+
+pub(crate) async fn get_config(State(state): State<AdminState>) -> Answer {
+    let view = state.control.config();
+    let services: BTreeMap<&str, &ServiceSpec> = view
+        .state
+        .services()
+        .iter()
+        .map(|(k, v)| (k.as_str(), &**v))
+        .collect();
+    let routes: BTreeMap<&str, &RouteSpec> = view
+        .state
+        .routes()
+        .iter()
+        .map(|(k, v)| (k.as_str(), &**v))
+        .collect();
+    Ok(Json(
+        json!({ "revision": view.revision, "services": services, "routes": routes }),
+    ))
+}

@@ -1,0 +1,148 @@
+//! Live status and Prometheus metrics.
+
+use std::fmt::Write;
+use std::sync::atomic::Ordering::Relaxed;
+
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::IntoResponse;
+use axum::Json;
+use serde_json::{json, Value};
+use tidegate_snapshot::ServiceRuntime;
+
+use crate::AdminState;
+
+fn service_status(s: &ServiceRuntime) -> Value {
+    let backends: Vec<Value> = s
+        .selector
+        .backends()
+        .iter()
+        .map(|b| {
+            let v = b.stats.view();
+            json!({
+                "id": b.id,
+                "addr": b.addr,
+                "weight": b.weight,
+                "backup": b.backup,
+                // Active health checks come with the balancing work; until
+                // then every configured backend is eligible.
+                "health": "unchecked",
+                "in_flight": v.in_flight,
+                "requests": v.requests,
+                "failures": v.failures,
+                "latency_ewma_ms": v.latency_ewma_ms,
+            })
+        })
+        .collect();
+    json!({ "policy": s.settings.policy, "backends": backends })
+}
+
+pub(crate) async fn get_status(State(state): State<AdminState>) -> Json<Value> {
+    let snapshot = state.control.snapshots().load_full();
+    let mut services: Vec<(&str, Value)> = snapshot
+        .services()
+        .map(|s| (s.name.as_str(), service_status(s)))
+        .collect();
+    services.sort_by(|a, b| a.0.cmp(b.0));
+    let services: serde_json::Map<String, Value> = services
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    Json(json!({
+        "revision": snapshot.revision(),
+        "routes": snapshot.route_count(),
+        "services": services,
+    }))
+}
+
+pub(crate) async fn get_metrics(State(state): State<AdminState>) -> impl IntoResponse {
+    let mut out = String::new();
+    let m = state.control.metrics();
+    let snapshot = state.control.snapshots().load_full();
+    let _ = writeln!(
+        out,
+        "# HELP tidegate_config_revision Revision of the live configuration."
+    );
+    let _ = writeln!(
+        out,
+        "# TYPE tidegate_config_revision gauge\ntidegate_config_revision {}",
+        snapshot.revision()
+    );
+    for (name, help, v) in [
+        (
+            "tidegate_config_commits_total",
+            "Durable configuration commits.",
+            m.commits.load(Relaxed),
+        ),
+        (
+            "tidegate_config_change_sets_total",
+            "Change sets applied.",
+            m.change_sets.load(Relaxed),
+        ),
+        (
+            "tidegate_config_rejected_total",
+            "Change sets rejected.",
+            m.rejected.load(Relaxed),
+        ),
+        (
+            "tidegate_config_ops_total",
+            "Operations applied.",
+            m.ops.load(Relaxed),
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+        );
+    }
+    for (name, help, nanos) in [
+        (
+            "tidegate_config_commit_seconds_total",
+            "Time spent in durable commits.",
+            &m.commit_nanos,
+        ),
+        (
+            "tidegate_config_apply_seconds_total",
+            "Time from dequeue to publication.",
+            &m.apply_nanos,
+        ),
+    ] {
+        let secs = nanos.load(Relaxed) as f64 / 1e9;
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {secs}"
+        );
+    }
+    (state.extra_metrics)(&mut out);
+    let _ = writeln!(
+        out,
+        "# HELP tidegate_backend_in_flight Requests in flight per backend."
+    );
+    let _ = writeln!(out, "# TYPE tidegate_backend_in_flight gauge");
+    let mut rows = String::new();
+    for s in snapshot.services() {
+        for b in s.selector.backends() {
+            let v = b.stats.view();
+            let labels = format!("service=\"{}\",backend=\"{}\"", s.name, b.id);
+            let _ = writeln!(
+                out,
+                "tidegate_backend_in_flight{{{labels}}} {}",
+                v.in_flight
+            );
+            let _ = writeln!(
+                rows,
+                "tidegate_backend_requests_total{{{labels}}} {}",
+                v.requests
+            );
+            let _ = writeln!(
+                rows,
+                "tidegate_backend_failures_total{{{labels}}} {}",
+                v.failures
+            );
+        }
+    }
+    let _ = writeln!(out, "# TYPE tidegate_backend_requests_total counter");
+    let _ = writeln!(out, "# TYPE tidegate_backend_failures_total counter");
+    out.push_str(&rows);
+    ([(CONTENT_TYPE, "text/plain; version=0.0.4")], out)
+}

@@ -1,0 +1,189 @@
+//! Command-line arguments.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Tidegate: an elastic reverse proxy whose routes and pools change at runtime.
+#[derive(Parser, Debug)]
+#[command(name = "tidegate", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the proxy and its admin API.
+    Serve(ServeArgs),
+    /// Talk to a running Tidegate through its admin API.
+    Ctl(CtlArgs),
+}
+
+/// Thread model of the data plane.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RuntimeArg {
+    /// One current-thread runtime and SO_REUSEPORT listener per worker.
+    PerCore,
+    /// One multi-thread runtime shared by all workers.
+    MultiThread,
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address the proxy listens on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Address of the admin API (keep it on loopback or a private network).
+    #[arg(long, default_value = "127.0.0.1:9900")]
+    pub admin: SocketAddr,
+    /// Directory for the store and the generated admin token.
+    #[arg(long, default_value = "./tidegate-data")]
+    pub data_dir: PathBuf,
+    /// Declarative configuration (YAML or JSON) applied when the store is empty.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Configuration store: the embedded default, or etcd://HOST:PORT/PREFIX.
+    #[arg(long)]
+    pub store: Option<String>,
+    /// Data-plane worker threads (default: one per core).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Data-plane thread model.
+    #[arg(long, value_enum, default_value = "per-core")]
+    pub runtime: RuntimeArg,
+    /// Seconds a client may take to send request headers.
+    #[arg(long, default_value_t = 30)]
+    pub header_timeout_s: u64,
+    /// Seconds open connections may take to finish at shutdown.
+    #[arg(long, default_value_t = 10)]
+    pub drain_timeout_s: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct CtlArgs {
+    /// Admin API address.
+    #[arg(long, env = "TIDEGATE_ADMIN", default_value = "127.0.0.1:9900")]
+    pub admin: SocketAddr,
+    /// Admin token (default: TIDEGATE_ADMIN_TOKEN, else DATA_DIR/admin-token).
+    #[arg(long, env = "TIDEGATE_ADMIN_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Data directory to read the admin token from.
+    #[arg(long, default_value = "./tidegate-data")]
+    pub data_dir: PathBuf,
+    #[command(subcommand)]
+    pub command: CtlCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CtlCommand {
+    /// Apply a batch atomically: a change set (`ops`) or a declarative file
+    /// (`services`, `routes`), YAML or JSON.
+    Apply {
+        /// The file (`-` for standard input).
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+        /// Apply only if the configuration is at this revision.
+        #[arg(long)]
+        if_revision: Option<u64>,
+    },
+    /// Print the whole configuration with its revision.
+    Config,
+    /// Print live status: per backend in flight, latency, failures.
+    Status,
+    /// Print Prometheus metrics.
+    Metrics,
+    /// Stream applied change sets (from a revision, else from now).
+    Watch {
+        /// Start after this revision.
+        #[arg(long)]
+        from: Option<u64>,
+    },
+    /// Services.
+    #[command(subcommand)]
+    Service(ServiceCommand),
+    /// Backends of a service.
+    #[command(subcommand)]
+    Backend(BackendCommand),
+    /// Routes.
+    #[command(subcommand)]
+    Route(RouteCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ServiceCommand {
+    /// List services.
+    List,
+    /// Show one service.
+    Get { name: String },
+    /// Create or replace a service.
+    Put {
+        name: String,
+        /// The spec as a YAML/JSON file; otherwise built from the flags.
+        #[arg(short = 'f', long = "file", conflicts_with_all = ["policy", "backend"])]
+        file: Option<PathBuf>,
+        /// Policy kind (round_robin, random, least_conn).
+        #[arg(long)]
+        policy: Option<String>,
+        /// A backend as ID=HOST:PORT[@WEIGHT]; repeat for more.
+        #[arg(long = "backend")]
+        backend: Vec<String>,
+    },
+    /// Delete a service (its routes must be gone).
+    Delete { name: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BackendCommand {
+    /// Show one backend.
+    Get { service: String, id: String },
+    /// Create or replace a backend.
+    Put {
+        service: String,
+        id: String,
+        /// HOST:PORT.
+        #[arg(long)]
+        addr: String,
+        /// Relative weight.
+        #[arg(long, default_value_t = 1)]
+        weight: u32,
+        /// Use only when no primary backend is available.
+        #[arg(long)]
+        backup: bool,
+    },
+    /// Delete a backend.
+    Delete { service: String, id: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RouteCommand {
+    /// List routes.
+    List,
+    /// Show one route.
+    Get { name: String },
+    /// Create or replace a route.
+    Put {
+        name: String,
+        /// The spec as a YAML/JSON file; otherwise built from the flags.
+        #[arg(short = 'f', long = "file", conflicts_with_all = ["service", "host", "path_prefix", "path"])]
+        file: Option<PathBuf>,
+        /// Target service.
+        #[arg(long)]
+        service: Option<String>,
+        /// Host (exact, or *.domain).
+        #[arg(long)]
+        host: Option<String>,
+        /// Segment-wise path prefix.
+        #[arg(long)]
+        path_prefix: Option<String>,
+        /// Exact path.
+        #[arg(long)]
+        path: Option<String>,
+        /// Higher wins over more specific.
+        #[arg(long, default_value_t = 0)]
+        priority: i32,
+    },
+    /// Delete a route.
+    Delete { name: String },
+}

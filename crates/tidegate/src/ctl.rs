@@ -1,0 +1,234 @@
+//! `tidegate ctl`: a thin client of the admin API.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{json, Value};
+
+use crate::cli::{BackendCommand, CtlArgs, CtlCommand, RouteCommand, ServiceCommand};
+use crate::config_file;
+
+struct Admin {
+    base: String,
+    token: String,
+    client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+}
+
+pub fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
+    let token = match args.token {
+        Some(t) => t,
+        None => std::fs::read_to_string(args.data_dir.join("admin-token"))
+            .with_context(|| {
+                format!(
+                    "no token: set TIDEGATE_ADMIN_TOKEN or pass --token, or --data-dir pointing at the server's data dir ({} has no admin-token)",
+                    args.data_dir.display()
+                )
+            })?
+            .trim()
+            .to_string(),
+    };
+    let admin = Admin {
+        base: format!("http://{}", args.admin),
+        token,
+        client: Client::builder(TokioExecutor::new()).build_http(),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(admin.dispatch(args.command))
+}
+
+fn spec_file(file: &Path) -> anyhow::Result<Value> {
+    config_file::read_value(file)
+}
+
+impl Admin {
+    async fn dispatch(&self, cmd: CtlCommand) -> anyhow::Result<ExitCode> {
+        use Method as M;
+        let (method, path, body) = match cmd {
+            CtlCommand::Apply { file, if_revision } => {
+                let cs =
+                    config_file::to_change_set_json(config_file::read_value(&file)?, if_revision)?;
+                (M::POST, "/v1/changes".to_string(), Some(cs))
+            }
+            CtlCommand::Config => (M::GET, "/v1/config".into(), None),
+            CtlCommand::Status => (M::GET, "/v1/status".into(), None),
+            CtlCommand::Metrics => return self.print_raw("/metrics").await,
+            CtlCommand::Watch { from } => {
+                let q = from.map(|f| format!("?from={f}")).unwrap_or_default();
+                return self.print_raw(&format!("/v1/watch{q}")).await;
+            }
+            CtlCommand::Service(c) => match c {
+                ServiceCommand::List => (M::GET, "/v1/services".into(), None),
+                ServiceCommand::Get { name } => (M::GET, format!("/v1/services/{name}"), None),
+                ServiceCommand::Delete { name } => {
+                    (M::DELETE, format!("/v1/services/{name}"), None)
+                }
+                ServiceCommand::Put {
+                    name,
+                    file,
+                    policy,
+                    backend,
+                } => {
+                    let spec = match file {
+                        Some(f) => spec_file(&f)?,
+                        None => service_from_flags(policy, &backend)?,
+                    };
+                    (M::PUT, format!("/v1/services/{name}"), Some(spec))
+                }
+            },
+            CtlCommand::Backend(c) => match c {
+                BackendCommand::Get { service, id } => (
+                    M::GET,
+                    format!("/v1/services/{service}/backends/{id}"),
+                    None,
+                ),
+                BackendCommand::Delete { service, id } => (
+                    M::DELETE,
+                    format!("/v1/services/{service}/backends/{id}"),
+                    None,
+                ),
+                BackendCommand::Put {
+                    service,
+                    id,
+                    addr,
+                    weight,
+                    backup,
+                } => (
+                    M::PUT,
+                    format!("/v1/services/{service}/backends/{id}"),
+                    Some(json!({ "addr": addr, "weight": weight, "backup": backup })),
+                ),
+            },
+            CtlCommand::Route(c) => match c {
+                RouteCommand::List => (M::GET, "/v1/routes".into(), None),
+                RouteCommand::Get { name } => (M::GET, format!("/v1/routes/{name}"), None),
+                RouteCommand::Delete { name } => (M::DELETE, format!("/v1/routes/{name}"), None),
+                RouteCommand::Put {
+                    name,
+                    file,
+                    service,
+                    host,
+                    path_prefix,
+                    path,
+                    priority,
+                } => {
+                    let spec = match file {
+                        Some(f) => spec_file(&f)?,
+                        None => {
+                            let Some(service) = service else {
+                                bail!("route put needs --service (or -f FILE)");
+                            };
+                            let mut m = serde_json::Map::new();
+                            for (k, v) in
+                                [("host", host), ("path_prefix", path_prefix), ("path", path)]
+                            {
+                                if let Some(v) = v {
+                                    m.insert(k.into(), json!(v));
+                                }
+                            }
+                            json!({ "match": m, "service": service, "priority": priority })
+                        }
+                    };
+                    (M::PUT, format!("/v1/routes/{name}"), Some(spec))
+                }
+            },
+        };
+        let (status, value) = self.call(method, &path, body).await?;
+        println!("{}", serde_json::to_string_pretty(&value)?);
+        Ok(if status.is_success() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        })
+    }
+
+    fn request(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<Request<Full<Bytes>>> {
+        let bytes = match body {
+            Some(v) => Bytes::from(serde_json::to_vec(&v)?),
+            None => Bytes::new(),
+        };
+        Ok(Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base))
+            .header("authorization", format!("Bearer {}", self.token))
+            .header("content-type", "application/json")
+            .body(Full::new(bytes))?)
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<(StatusCode, Value)> {
+        let resp = self
+            .client
+            .request(self.request(method, path, body)?)
+            .await
+            .with_context(|| format!("cannot reach the admin API at {}", self.base))?;
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        let value = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| json!(String::from_utf8_lossy(&bytes)));
+        Ok((status, value))
+    }
+
+    /// Streams a response body to stdout as it arrives.
+    async fn print_raw(&self, path: &str) -> anyhow::Result<ExitCode> {
+        use std::io::Write;
+        let resp = self
+            .client
+            .request(self.request(Method::GET, path, None)?)
+            .await
+            .with_context(|| format!("cannot reach the admin API at {}", self.base))?;
+        let ok = resp.status().is_success();
+        let mut body = resp.into_body();
+        let mut out = std::io::stdout();
+        while let Some(frame) = body.frame().await {
+            if let Some(data) = frame?.data_ref() {
+                out.write_all(data)?;
+                out.flush()?;
+            }
+        }
+        Ok(if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        })
+    }
+}
+
+fn service_from_flags(policy: Option<String>, backends: &[String]) -> anyhow::Result<Value> {
+    let mut list = Vec::new();
+    for b in backends {
+        let Some((id, rest)) = b.split_once('=') else {
+            bail!("--backend {b:?}: expected ID=HOST:PORT[@WEIGHT]");
+        };
+        let (addr, weight) = match rest.rsplit_once('@') {
+            Some((a, w)) => (
+                a,
+                w.parse::<u32>()
+                    .with_context(|| format!("--backend {b:?}: bad weight"))?,
+            ),
+            None => (rest, 1),
+        };
+        list.push(json!({ "id": id, "addr": addr, "weight": weight }));
+    }
+    let mut spec = json!({ "backends": list });
+    if let Some(kind) = policy {
+        spec["policy"] = json!({ "kind": kind });
+    }
+    Ok(spec)
+}

@@ -1,0 +1,154 @@
+//! `tidegate serve`: store, writer, data plane and admin API.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use tidegate_admin::AdminState;
+use tidegate_control::Control;
+use tidegate_proxy::{ProxyMetrics, RuntimeMode, ServerOptions};
+use tidegate_store::RedbStore;
+
+use crate::cli::{RuntimeArg, ServeArgs};
+use crate::config_file;
+
+pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TIDEGATE_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if let Some(store) = &args.store {
+        bail!("--store {store}: only the embedded store is available in this version (etcd cluster mode is planned)");
+    }
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("creating data directory {}", args.data_dir.display()))?;
+    let token = admin_token(&args.data_dir)?;
+    let store = RedbStore::open(&args.data_dir.join("config.redb"))
+        .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
+    let control = Control::start(Arc::new(store))?;
+
+    let workers = args
+        .workers
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let metrics = Arc::new(ProxyMetrics::default());
+    let proxy = tidegate_proxy::serve(
+        ServerOptions {
+            listen: args.listen,
+            workers,
+            mode: match args.runtime {
+                RuntimeArg::PerCore => RuntimeMode::PerCore,
+                RuntimeArg::MultiThread => RuntimeMode::MultiThread,
+            },
+            header_read_timeout: Duration::from_secs(args.header_timeout_s.max(1)),
+            drain_timeout: Duration::from_secs(args.drain_timeout_s),
+        },
+        control.snapshots(),
+        metrics.clone(),
+    )
+    .with_context(|| format!("listening on {}", args.listen))?;
+
+    // The admin API and the writer's submitters share one small runtime,
+    // apart from the data plane, so configuration stays responsive under load.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        if let Some(path) = &args.config {
+            load_initial_config(&control, path).await?;
+        }
+        let listener = tokio::net::TcpListener::bind(args.admin)
+            .await
+            .with_context(|| format!("admin API on {}", args.admin))?;
+        let admin_addr = listener.local_addr()?;
+        let hook_metrics = metrics.clone();
+        let state = AdminState::new(control.clone(), &token, Arc::new(move |out: &mut String| hook_metrics.render(out)));
+        tracing::info!(proxy = %proxy.local_addr(), admin = %admin_addr, revision = control.config().revision, workers, "tidegate ready");
+        // One machine-readable line for scripts and tests.
+        println!("tidegate ready proxy={} admin={} revision={}", proxy.local_addr(), admin_addr, control.config().revision);
+        let _ = std::io::stdout().flush();
+        axum::serve(listener, tidegate_admin::router(state))
+            .with_graceful_shutdown(shutdown_signal())
+            .await?;
+        anyhow::Ok(())
+    })?;
+    tracing::info!("shutting down: draining client connections");
+    proxy.shutdown();
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn load_initial_config(control: &Control, path: &Path) -> anyhow::Result<()> {
+    let revision = control.config().revision;
+    if revision > 0 {
+        tracing::warn!(
+            file = %path.display(),
+            revision,
+            "--config ignored: the store already holds a configuration; use `tidegate ctl apply -f` to change it"
+        );
+        return Ok(());
+    }
+    let change = config_file::load_change_set(path)?;
+    let ops = change.ops.len();
+    let revision = control
+        .submit(change)
+        .await
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    tracing::info!(file = %path.display(), ops, revision, "initial configuration applied");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers, run until killed.
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// The admin token: `TIDEGATE_ADMIN_TOKEN`, else `DIR/admin-token`, created
+/// with 32 random bytes and mode 0600 on first start.
+fn admin_token(dir: &Path) -> anyhow::Result<String> {
+    if let Ok(t) = std::env::var("TIDEGATE_ADMIN_TOKEN") {
+        if t.trim().is_empty() {
+            bail!("TIDEGATE_ADMIN_TOKEN is set but empty");
+        }
+        return Ok(t.trim().to_string());
+    }
+    let path = dir.join("admin-token");
+    if let Ok(t) = std::fs::read_to_string(&path) {
+        let t = t.trim().to_string();
+        if !t.is_empty() {
+            return Ok(t);
+        }
+    }
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .context("reading /dev/urandom for the admin token")?;
+    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    writeln!(f, "{token}")?;
+    f.sync_all()?;
+    tracing::info!(path = %path.display(), "generated the admin token");
+    Ok(token)
+}

@@ -1,0 +1,267 @@
+//! The admin API and the CLI: auth, atomic batches, revisions, bad input,
+//! watch, declarative files.
+
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_requests_get_401_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let body = br#"{"backends":[]}"#.to_vec();
+    for token in [None, Some("wrong")] {
+        let r = send(
+            "PUT",
+            &tg.admin_url("/v1/services/web"),
+            token,
+            body.clone(),
+            &[],
+        )
+        .await;
+        assert_eq!(r.status, 401);
+        assert!(r.text().contains("admin token"));
+        assert_eq!(
+            send("GET", &tg.admin_url("/v1/config"), token, vec![], &[])
+                .await
+                .status,
+            401
+        );
+    }
+    let (_, config) = tg.api("GET", "/v1/config", None).await;
+    assert_eq!(config["revision"], 0);
+    assert_eq!(config["services"], json!({}));
+}
+
+fn big_batch(n: usize, addr_of: impl Fn(usize) -> String) -> Value {
+    let mut ops = vec![json!({"op": "put_service", "name": "big", "spec": {}})];
+    for i in 1..n {
+        ops.push(json!({"op": "put_backend", "service": "big", "id": format!("b{i}"), "spec": {"addr": addr_of(i)}}));
+    }
+    json!({ "ops": ops })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2000_op_batch_applies_whole_or_not_at_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let (s, v) = tg
+        .api(
+            "POST",
+            "/v1/changes",
+            Some(big_batch(2000, |i| format!("127.0.0.1:{}", 10000 + i))),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["revision"], 1);
+    let (_, svc) = tg.api("GET", "/v1/services/big", None).await;
+    assert_eq!(svc["spec"]["backends"].as_array().unwrap().len(), 1999);
+
+    // One invalid op among 2,000: a 400 naming it, nothing applied.
+    let bad = big_batch(2000, |i| {
+        if i == 1500 {
+            "not-an-address".into()
+        } else {
+            format!("127.0.0.2:{}", 10000 + i)
+        }
+    });
+    let (s, v) = tg.api("POST", "/v1/changes", Some(bad)).await;
+    assert_eq!(s, 400, "{v}");
+    assert_eq!(v["error"]["op"], 1500);
+    assert_eq!(v["error"]["field"], "ops[1500].spec.addr");
+    // One op that fails on the configuration (not its syntax): 404, nothing applied.
+    let mut missing = big_batch(2000, |i| format!("127.0.0.3:{}", 10000 + i));
+    missing["ops"][1999] = json!({"op": "delete_backend", "service": "big", "id": "nope"});
+    let (s, v) = tg.api("POST", "/v1/changes", Some(missing)).await;
+    assert_eq!(s, 404, "{v}");
+    assert_eq!(v["error"]["op"], 1999);
+    let (_, config) = tg.api("GET", "/v1/config", None).await;
+    assert_eq!(config["revision"], 1);
+    let first = &config["services"]["big"]["backends"][0]["addr"];
+    assert!(first.as_str().unwrap().starts_with("127.0.0.1:"), "{first}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_if_revision_gets_409() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let put = |rev: u64| json!({"if_revision": rev, "ops": [{"op": "put_service", "name": "s", "spec": {}}]});
+    let (s, v) = tg.api("POST", "/v1/changes", Some(put(0))).await;
+    assert_eq!((s, v["revision"].as_u64()), (200, Some(1)));
+    let (s, v) = tg.api("POST", "/v1/changes", Some(put(0))).await;
+    assert_eq!(s, 409, "{v}");
+    assert_eq!(v["error"]["field"], "if_revision");
+    let (s, _) = tg.api("POST", "/v1/changes", Some(put(1))).await;
+    assert_eq!(s, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let raw = |path: &'static str, method: &'static str, body: &'static str| {
+        let url = tg.admin_url(path);
+        async move { send(method, &url, Some(TOKEN), body.as_bytes().to_vec(), &[]).await }
+    };
+    let cases: [(&str, &str, &str, u16, &str); 7] = [
+        ("/v1/changes", "POST", "{not json", 400, "."),
+        (
+            "/v1/changes",
+            "POST",
+            r#"{"ops":[],"surprise":1}"#,
+            400,
+            ".",
+        ),
+        (
+            "/v1/services/web",
+            "PUT",
+            r#"{"backends":[{"id":"a","addr":"127.0.0.1:1","colour":"red"}]}"#,
+            400,
+            "spec.backends[0]",
+        ),
+        (
+            "/v1/services/web",
+            "PUT",
+            r#"{"backends":[{"id":"a","addr":"127.0.0.1:1"},{"id":"a","addr":"127.0.0.1:2"}]}"#,
+            400,
+            "spec.backends[1].id",
+        ),
+        (
+            "/v1/services/web",
+            "PUT",
+            r#"{"backends":[{"id":"a","addr":"300.1.1.1"}]}"#,
+            400,
+            "spec.backends[0].addr",
+        ),
+        (
+            "/v1/routes/r",
+            "PUT",
+            r#"{"service":"missing"}"#,
+            404,
+            "ops[0].spec.service",
+        ),
+        ("/v1/services/bad%20name", "PUT", "{}", 400, "path.name"),
+    ];
+    for (path, method, body, status, field) in cases {
+        let r = raw(path, method, body).await;
+        let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+        assert_eq!(r.status, status, "{method} {path} {body}: {v}");
+        let got = v["error"]["field"].as_str().unwrap_or("");
+        assert!(
+            got.starts_with(field) || field == ".",
+            "{body}: field {got:?}, wanted {field:?}"
+        );
+        assert!(!v["error"]["message"].as_str().unwrap_or("").is_empty());
+    }
+    // An oversized body is refused before it is parsed.
+    let huge = vec![b' '; 33 * 1024 * 1024];
+    let r = send("POST", &tg.admin_url("/v1/changes"), Some(TOKEN), huge, &[]).await;
+    assert_eq!(r.status, 413);
+    // Still alive, still empty.
+    let (s, config) = tg.api("GET", "/v1/config", None).await;
+    assert_eq!((s, config["revision"].as_u64()), (200, Some(0)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_streams_applied_change_sets() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let (s, _) = tg.api("PUT", "/v1/services/a", Some(json!({}))).await;
+    assert_eq!(s, 200);
+    let admin = tg.admin;
+    let reader = tokio::task::spawn_blocking(move || {
+        use std::io::{BufRead, BufReader, Write};
+        let mut s = std::net::TcpStream::connect(admin).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        write!(
+            s,
+            "GET /v1/watch?from=0 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"
+        )
+        .unwrap();
+        let mut ids = Vec::new();
+        for line in BufReader::new(s).lines() {
+            let line = line.unwrap();
+            if let Some(id) = line.strip_prefix("id: ") {
+                ids.push(id.parse::<u64>().unwrap());
+                if ids.len() == 2 {
+                    break;
+                }
+            }
+        }
+        ids
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let (s, _) = tg.api("PUT", "/v1/services/b", Some(json!({}))).await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        reader.await.unwrap(),
+        vec![1, 2],
+        "history first, then live"
+    );
+    let (s, v) = tg.api("GET", "/v1/watch?from=99", None).await;
+    assert_eq!(s, 400, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_and_declarative_files_cover_the_same_operations() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Backend::start("cli", &[]);
+    let file = dir.path().join("initial.yaml");
+    std::fs::write(
+        &file,
+        format!("services:\n  web:\n    backends:\n      - {{id: a, addr: \"{}\"}}\nroutes:\n  web:\n    match: {{path_prefix: /}}\n    service: web\n", b.addr),
+    )
+    .unwrap();
+    let data = dir.path().join("data");
+    let tg = Tidegate::start_with(&data, &["--config", file.to_str().unwrap()]);
+    assert_eq!(
+        served_by(&get(&tg.url("/")).await),
+        "cli",
+        "--config loads the file into an empty store"
+    );
+
+    let ok = |out: std::process::Output| {
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<Value>(&out.stdout).unwrap_or(Value::Null)
+    };
+    let addr = b.addr.to_string();
+    ok(tg.ctl(&[
+        "service",
+        "put",
+        "api",
+        "--policy",
+        "least_conn",
+        "--backend",
+        &format!("x={addr}@3"),
+    ]));
+    ok(tg.ctl(&["backend", "put", "api", "y", "--addr", &addr, "--backup"]));
+    ok(tg.ctl(&[
+        "route",
+        "put",
+        "api",
+        "--service",
+        "api",
+        "--path-prefix",
+        "/api",
+    ]));
+    let batch = dir.path().join("batch.json");
+    std::fs::write(
+        &batch,
+        r#"{"ops":[{"op":"delete_route","name":"api"},{"op":"delete_service","name":"api"}]}"#,
+    )
+    .unwrap();
+    let v = ok(tg.ctl(&["apply", "-f", batch.to_str().unwrap()]));
+    assert_eq!(v["revision"], 5);
+    let config = ok(tg.ctl(&["config"]));
+    assert!(config["services"].get("api").is_none());
+    assert!(config["services"].get("web").is_some());
+    let failed = tg.ctl(&["backend", "delete", "web", "nope"]);
+    assert!(!failed.status.success());
+    assert!(String::from_utf8_lossy(&failed.stdout).contains("no backend"));
+}

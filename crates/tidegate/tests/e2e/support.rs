@@ -1,0 +1,269 @@
+//! Starting processes and talking HTTP to them.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+pub const TOKEN: &str = "e2e-secret-token";
+
+fn bin_dir() -> PathBuf {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_tidegate"));
+    exe.parent().expect("binary has a directory").to_path_buf()
+}
+
+/// Spawns `cmd`, reads its first stdout line, and kills it on drop.
+fn spawn_reading_first_line(mut cmd: Command) -> (Child, String) {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
+    let mut child = cmd.spawn().expect("spawn");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut reader = BufReader::new(stdout);
+    let mut line = String::new();
+    reader.read_line(&mut line).expect("read first line");
+    // Keep draining stdout so the child never blocks on a full pipe.
+    std::thread::spawn(move || for _ in reader.lines() {});
+    (child, line.trim().to_string())
+}
+
+/// A running Tidegate.
+pub struct Tidegate {
+    child: Child,
+    pub proxy: SocketAddr,
+    pub admin: SocketAddr,
+    pub data_dir: PathBuf,
+}
+
+impl Tidegate {
+    pub fn start(data_dir: &Path) -> Tidegate {
+        Self::start_with(data_dir, &[])
+    }
+
+    pub fn start_with(data_dir: &Path, extra: &[&str]) -> Tidegate {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidegate"));
+        cmd.args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--workers",
+            "2",
+        ])
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(extra)
+        .env("TIDEGATE_ADMIN_TOKEN", TOKEN)
+        .env("TIDEGATE_LOG", "warn");
+        let (child, line) = spawn_reading_first_line(cmd);
+        // "tidegate ready proxy=ADDR admin=ADDR revision=N"
+        let field = |name: &str| -> SocketAddr {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(name))
+                .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+                .parse()
+                .expect("address")
+        };
+        Tidegate {
+            proxy: field("proxy="),
+            admin: field("admin="),
+            child,
+            data_dir: data_dir.to_path_buf(),
+        }
+    }
+
+    /// Kills the process with SIGKILL, no chance to flush anything.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.proxy)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin)
+    }
+
+    /// An admin request with the token; returns status and JSON.
+    pub async fn api(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let body = body.map(|v| v.to_string()).unwrap_or_default();
+        let r = send(
+            method,
+            &self.admin_url(path),
+            Some(TOKEN),
+            body.into_bytes(),
+            &[],
+        )
+        .await;
+        let value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+        (r.status, value)
+    }
+
+    /// Runs `tidegate ctl` against this instance.
+    pub fn ctl(&self, args: &[&str]) -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_tidegate"))
+            .arg("ctl")
+            .arg("--admin")
+            .arg(self.admin.to_string())
+            .args(args)
+            .env("TIDEGATE_ADMIN_TOKEN", TOKEN)
+            .output()
+            .expect("run ctl")
+    }
+}
+
+impl Drop for Tidegate {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A backend emulator process.
+pub struct Backend {
+    child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Backend {
+    pub fn start(name: &str, extra: &[&str]) -> Backend {
+        let mut cmd = Command::new(bin_dir().join("tidegate-emulator"));
+        cmd.args(["--listen", "127.0.0.1:0", "--threads", "1", "--name", name])
+            .args(extra);
+        let (child, line) = spawn_reading_first_line(cmd);
+        let addr = line
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| {
+                panic!(
+                    "unexpected emulator line {line:?} (build it with `cargo build --workspace`)"
+                )
+            })
+            .parse()
+            .expect("address");
+        Backend { child, addr }
+    }
+
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub struct Reply {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+thread_local! {
+    static CLIENT: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(5)).build_http();
+}
+
+pub async fn send(
+    method: &str,
+    url: &str,
+    token: Option<&str>,
+    body: Vec<u8>,
+    headers: &[(&str, &str)],
+) -> Reply {
+    try_send(method, url, token, body, headers)
+        .await
+        .unwrap_or_else(|e| panic!("{method} {url}: {e}"))
+}
+
+pub async fn try_send(
+    method: &str,
+    url: &str,
+    token: Option<&str>,
+    body: Vec<u8>,
+    headers: &[(&str, &str)],
+) -> Result<Reply, String> {
+    let mut req = http::Request::builder().method(method).uri(url);
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| e.to_string())?;
+    let client = CLIENT.with(|c| c.clone());
+    let resp = tokio::time::timeout(Duration::from_secs(20), client.request(req))
+        .await
+        .map_err(|_| "timed out".to_string())?
+        .map_err(|e| format!("{e:?}"))?;
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok(Reply {
+        status,
+        headers,
+        body,
+    })
+}
+
+pub async fn get(url: &str) -> Reply {
+    send("GET", url, None, Vec::new(), &[]).await
+}
+
+/// A service over these backends plus a catch-all route to it.
+pub async fn route_to(tg: &Tidegate, service: &str, backends: &[&Backend], policy: &str) {
+    let list: Vec<Value> = backends
+        .iter()
+        .enumerate()
+        .map(|(i, b)| serde_json::json!({ "id": format!("b{i}"), "addr": b.addr.to_string() }))
+        .collect();
+    let (s, v) = tg
+        .api(
+            "PUT",
+            &format!("/v1/services/{service}"),
+            Some(serde_json::json!({ "policy": { "kind": policy }, "backends": list })),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = tg
+        .api(
+            "PUT",
+            &format!("/v1/routes/{service}"),
+            Some(serde_json::json!({ "match": { "path_prefix": "/" }, "service": service })),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+}
+
+/// Which backend answered (the emulator's `x-backend` header).
+pub fn served_by(r: &Reply) -> String {
+    r.headers
+        .get("x-backend")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string()
+}
