@@ -10,6 +10,7 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
+use http::uri::{PathAndQuery, Scheme};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
 use http_body_util::{BodyExt, Either, Full, Limited};
@@ -37,16 +38,16 @@ const REPLAY_LIMIT: u64 = 64 * 1024;
 /// idle timeouts are properties of a hyper-util client's connector and pool.
 #[derive(Default)]
 pub(crate) struct Upstreams {
-    clients: ArcSwap<HashMap<(u64, u64), UpClient>>,
+    clients: ArcSwap<HashMap<(u64, u64), Arc<UpClient>>>,
 }
 
 impl Upstreams {
-    fn client(&self, t: &Timeouts) -> UpClient {
+    fn client(&self, t: &Timeouts) -> Arc<UpClient> {
         let key = (t.connect_ms, t.idle_ms);
         if let Some(c) = self.clients.load().get(&key) {
             return c.clone();
         }
-        let client = build_client(t);
+        let client = Arc::new(build_client(t));
         self.clients.rcu(|map| {
             let mut map = HashMap::clone(map);
             map.entry(key).or_insert_with(|| client.clone());
@@ -61,7 +62,6 @@ impl Upstreams {
         service: &ServiceRuntime,
         mut req: Request<Incoming>,
         client_addr: SocketAddr,
-        host: &str,
         metrics: &ProxyMetrics,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let settings = &service.settings;
@@ -70,16 +70,16 @@ impl Upstreams {
         let downstream_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
         let mut body = Replay::new(body).await?;
-        prepare_headers(&mut parts, client_addr, host, upgrade);
+        prepare_headers(&mut parts, client_addr, upgrade);
         let idempotent = is_idempotent(&parts.method);
-        let path = parts
+        let path_and_query = parts
             .uri
             .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .to_string();
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
         let ctx = RequestCtx {
             client: Some(client_addr),
-            path: &path,
+            path: path_and_query.as_str(),
             headers: &parts.headers,
         };
         let response_timeout = Duration::from_millis(settings.timeouts.response_ms);
@@ -100,7 +100,7 @@ impl Upstreams {
             let Some(up_body) = body.take() else {
                 break;
             };
-            let up = upstream_request(&parts, &backend, &path, up_body)?;
+            let up = upstream_request(&parts, &backend, &path_and_query, up_body)?;
             let mut guard = backend.stats.start();
             match tokio::time::timeout(response_timeout, client.request(up)).await {
                 Ok(Ok(mut resp)) => {
@@ -240,7 +240,7 @@ static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
-fn prepare_headers(parts: &mut Parts, client: SocketAddr, host: &str, upgrade: bool) {
+fn prepare_headers(parts: &mut Parts, client: SocketAddr, upgrade: bool) {
     let h = &mut parts.headers;
     let upgrade_value = h.get(header::UPGRADE).cloned();
     strip_hop_by_hop(h);
@@ -267,9 +267,7 @@ fn prepare_headers(parts: &mut Parts, client: SocketAddr, host: &str, upgrade: b
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
     });
     if let Some(v) = original_host {
-        if !host.is_empty() {
-            h.insert(X_FORWARDED_HOST.clone(), v.clone());
-        }
+        h.insert(X_FORWARDED_HOST.clone(), v.clone());
         h.insert(header::HOST, v);
     }
 }
@@ -277,15 +275,14 @@ fn prepare_headers(parts: &mut Parts, client: SocketAddr, host: &str, upgrade: b
 fn upstream_request(
     parts: &Parts,
     backend: &Backend,
-    path: &str,
+    path_and_query: &PathAndQuery,
     body: UpBody,
 ) -> Result<Request<UpBody>, ProxyError> {
-    let uri = Uri::builder()
-        .scheme("http")
-        .authority(backend.authority.clone())
-        .path_and_query(path)
-        .build()
-        .map_err(|_| ProxyError::BadRequest)?;
+    let mut uri = http::uri::Parts::default();
+    uri.scheme = Some(Scheme::HTTP);
+    uri.authority = Some(backend.authority.clone());
+    uri.path_and_query = Some(path_and_query.clone());
+    let uri = Uri::from_parts(uri).map_err(|_| ProxyError::BadRequest)?;
     let mut req = Request::new(body);
     *req.method_mut() = parts.method.clone();
     *req.uri_mut() = uri;

@@ -1,5 +1,6 @@
 //! Per-request handling: snapshot, route, dispatch.
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -77,7 +78,7 @@ impl Proxy {
                     .clone();
                 drop(snapshot);
                 self.upstreams
-                    .forward(&service, req, client, &host, &self.metrics)
+                    .forward(&service, req, client, &self.metrics)
                     .await
             }
         }
@@ -85,8 +86,8 @@ impl Proxy {
 }
 
 /// The request's host, lowercase and without port: from the URI (HTTP/2,
-/// absolute-form) or the Host header.
-fn request_host(req: &Request<Incoming>) -> String {
+/// absolute-form) or the Host header. Borrowed unless it had capitals.
+fn request_host(req: &Request<Incoming>) -> Cow<'_, str> {
     let raw = req
         .uri()
         .host()
@@ -101,5 +102,9 @@ fn request_host(req: &Request<Incoming>) -> String {
     } else {
         raw.rsplit_once(':').map_or(raw, |(h, _)| h)
     };
-    without_port.to_ascii_lowercase()
+    if without_port.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(without_port.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(without_port)
+    }
 }
