@@ -1,7 +1,6 @@
 //! Forwarding to a backend: pooled clients, headers, timeouts, retries,
 //! upgrades.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +25,24 @@ use crate::body::ProxyBody;
 use crate::errors::ProxyError;
 use crate::metrics::ProxyMetrics;
 
+/// The client end of a connection, prepared once per connection.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    /// The client's address.
+    pub addr: SocketAddr,
+    /// Its IP as a header value, for `X-Forwarded-For`.
+    pub ip_header: HeaderValue,
+}
+
+impl Peer {
+    /// Describes a client connection.
+    pub fn new(addr: SocketAddr) -> Peer {
+        let ip_header = HeaderValue::from_str(&addr.ip().to_string())
+            .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+        Peer { addr, ip_header }
+    }
+}
+
 /// The body sent upstream: buffered (replayable) or streamed through.
 type UpBody = Either<Full<Bytes>, Incoming>;
 type UpClient = Client<HttpConnector, UpBody>;
@@ -36,22 +53,25 @@ const REPLAY_LIMIT: u64 = 64 * 1024;
 
 /// Pooled clients, one per distinct (connect, idle) timeout pair: connect and
 /// idle timeouts are properties of a hyper-util client's connector and pool.
+/// A handful of distinct pairs is the norm, so a list scan beats hashing.
 #[derive(Default)]
 pub(crate) struct Upstreams {
-    clients: ArcSwap<HashMap<(u64, u64), Arc<UpClient>>>,
+    clients: ArcSwap<Vec<((u64, u64), Arc<UpClient>)>>,
 }
 
 impl Upstreams {
     fn client(&self, t: &Timeouts) -> Arc<UpClient> {
         let key = (t.connect_ms, t.idle_ms);
-        if let Some(c) = self.clients.load().get(&key) {
+        if let Some((_, c)) = self.clients.load().iter().find(|(k, _)| *k == key) {
             return c.clone();
         }
         let client = Arc::new(build_client(t));
-        self.clients.rcu(|map| {
-            let mut map = HashMap::clone(map);
-            map.entry(key).or_insert_with(|| client.clone());
-            map
+        self.clients.rcu(|list| {
+            let mut list = Vec::clone(list);
+            if !list.iter().any(|(k, _)| *k == key) {
+                list.push((key, client.clone()));
+            }
+            list
         });
         client
     }
@@ -61,7 +81,7 @@ impl Upstreams {
         &self,
         service: &ServiceRuntime,
         mut req: Request<Incoming>,
-        client_addr: SocketAddr,
+        peer: &Peer,
         metrics: &ProxyMetrics,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let settings = &service.settings;
@@ -70,7 +90,7 @@ impl Upstreams {
         let downstream_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
         let mut body = Replay::new(body).await?;
-        prepare_headers(&mut parts, client_addr, upgrade);
+        prepare_headers(&mut parts, peer, upgrade);
         let idempotent = is_idempotent(&parts.method);
         let path_and_query = parts
             .uri
@@ -78,7 +98,7 @@ impl Upstreams {
             .cloned()
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
         let ctx = RequestCtx {
-            client: Some(client_addr),
+            client: Some(peer.addr),
             path: path_and_query.as_str(),
             headers: &parts.headers,
         };
@@ -240,7 +260,7 @@ static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
-fn prepare_headers(parts: &mut Parts, client: SocketAddr, upgrade: bool) {
+fn prepare_headers(parts: &mut Parts, peer: &Peer, upgrade: bool) {
     let h = &mut parts.headers;
     let upgrade_value = h.get(header::UPGRADE).cloned();
     strip_hop_by_hop(h);
@@ -250,12 +270,11 @@ fn prepare_headers(parts: &mut Parts, client: SocketAddr, upgrade: bool) {
             h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         }
     }
-    let ip = client.ip().to_string();
     let xff = match h.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(prev) => format!("{prev}, {ip}"),
-        None => ip,
+        Some(prev) => HeaderValue::from_str(&format!("{prev}, {}", peer.addr.ip())).ok(),
+        None => Some(peer.ip_header.clone()),
     };
-    if let Ok(v) = HeaderValue::from_str(&xff) {
+    if let Some(v) = xff {
         h.insert(X_FORWARDED_FOR.clone(), v);
     }
     h.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));

@@ -1,7 +1,6 @@
 //! Per-request handling: snapshot, route, dispatch.
 
 use std::borrow::Cow;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -13,7 +12,7 @@ use tidegate_snapshot::Snapshot;
 
 use crate::body::ProxyBody;
 use crate::errors::ProxyError;
-use crate::forward::Upstreams;
+use crate::forward::{Peer, Upstreams};
 use crate::metrics::ProxyMetrics;
 use crate::static_files;
 
@@ -41,7 +40,7 @@ impl Proxy {
     }
 
     /// Serves one request.
-    pub async fn handle(&self, req: Request<Incoming>, client: SocketAddr) -> Response<ProxyBody> {
+    pub async fn handle(&self, req: Request<Incoming>, client: &Peer) -> Response<ProxyBody> {
         let resp = match self.dispatch(req, client).await {
             Ok(resp) => resp,
             Err(e) => {
@@ -56,7 +55,7 @@ impl Proxy {
     async fn dispatch(
         &self,
         req: Request<Incoming>,
-        client: SocketAddr,
+        client: &Peer,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let snapshot = self.snapshots.load_full();
         let host = request_host(&req);

@@ -20,6 +20,7 @@ mod server;
 mod static_files;
 
 pub use body::ProxyBody;
+pub use forward::Peer;
 pub use handler::Proxy;
 pub use metrics::ProxyMetrics;
 pub use server::{serve, RuntimeMode, ServerHandle, ServerOptions};

@@ -15,6 +15,7 @@ use tidegate_snapshot::Snapshot;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::forward::Peer;
 use crate::handler::Proxy;
 use crate::metrics::ProxyMetrics;
 
@@ -166,9 +167,11 @@ async fn accept_loop(
                 let _ = stream.set_nodelay(true);
                 proxy.metrics().connection();
                 let proxy = proxy.clone();
+                let peer = Arc::new(Peer::new(peer));
                 let service = service_fn(move |req| {
                     let proxy = proxy.clone();
-                    async move { Ok::<_, Infallible>(proxy.handle(req, peer).await) }
+                    let peer = peer.clone();
+                    async move { Ok::<_, Infallible>(proxy.handle(req, &peer).await) }
                 });
                 let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
                 let conn = graceful.watch(conn);

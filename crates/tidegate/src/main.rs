@@ -8,6 +8,11 @@ mod serve;
 
 use clap::Parser;
 
+/// mimalloc: measurably fewer cycles per proxied request than glibc's
+/// allocator (see docs/benchmarks.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     let args = cli::Cli::parse();
     let result = match args.command {

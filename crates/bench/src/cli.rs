@@ -1,0 +1,214 @@
+//! Command-line options.
+
+use std::net::SocketAddr;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Options of the `tidegate-bench` binary.
+#[derive(Debug, Parser)]
+#[command(
+    name = "tidegate-bench",
+    version,
+    about = "Benchmark driver for an already running Tidegate; prints one JSON object"
+)]
+pub struct Cli {
+    /// Where Tidegate runs and how to talk to it.
+    #[command(flatten)]
+    pub target: Target,
+
+    /// The scenario to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The Tidegate instance under test (loopback addresses only).
+#[derive(Debug, Clone, Args)]
+pub struct Target {
+    /// Admin API address.
+    #[arg(long, global = true, default_value = "127.0.0.1:9900")]
+    pub admin: SocketAddr,
+
+    /// Proxy (data plane) address.
+    #[arg(long, global = true, default_value = "127.0.0.1:8080")]
+    pub proxy: SocketAddr,
+
+    /// Admin bearer token.
+    #[arg(
+        long,
+        global = true,
+        env = "TIDEGATE_ADMIN_TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
+
+    /// Per-request timeout in milliseconds (admin and proxy requests).
+    #[arg(long, global = true, default_value_t = 5000)]
+    pub timeout_ms: u64,
+
+    /// Runtime worker threads of the driver itself (0 = one per core).
+    #[arg(long, global = true, default_value_t = 1)]
+    pub threads: usize,
+}
+
+/// The scenarios.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create the service, its catch-all route, and optionally a preload.
+    Setup(SetupArgs),
+    /// Open-loop route churn: time until each new route answers on the proxy.
+    Churn(ChurnArgs),
+    /// Closed-loop admin saturation with concurrent keep-alive clients.
+    Saturate(SaturateArgs),
+    /// Open-loop GET load against the proxy.
+    Traffic(TrafficArgs),
+}
+
+/// Options of `setup`.
+#[derive(Debug, Args)]
+pub struct SetupArgs {
+    /// Service to create (replaced if it exists).
+    #[arg(long, default_value = "web")]
+    pub service: String,
+
+    /// Its single backend (`id` "a"), a loopback `IP:PORT`.
+    #[arg(long)]
+    pub backend: SocketAddr,
+
+    /// Do not create the catch-all route `/` to the service.
+    #[arg(long)]
+    pub no_catch_all: bool,
+
+    /// Extra services `pre-{i}` to preload.
+    #[arg(long, default_value_t = 0)]
+    pub preload_services: u64,
+
+    /// Backends per preloaded service (127.0.0.2:{10000+j}, never contacted).
+    #[arg(long, default_value_t = 1)]
+    pub backends_per_service: u64,
+
+    /// Routes `/pre/{i}` (path prefix) to `pre-{i}`; at most --preload-services.
+    #[arg(long, default_value_t = 0)]
+    pub preload_routes: u64,
+
+    /// Operations per `POST /v1/changes` during the preload.
+    #[arg(long, default_value_t = 5000)]
+    pub batch_ops: u64,
+}
+
+/// Options of `churn`.
+#[derive(Debug, Args)]
+pub struct ChurnArgs {
+    /// Changes per second (open loop).
+    #[arg(long)]
+    pub rate: f64,
+
+    /// Length of the sending window in seconds.
+    #[arg(long)]
+    pub duration_s: f64,
+
+    /// Service the new routes point at; must exist.
+    #[arg(long, default_value = "web")]
+    pub service: String,
+
+    /// Run tag in route names and paths (`churn-{tag}-{i}`, `/churn/{tag}/{i}`);
+    /// defaults to the start time in milliseconds so runs never collide.
+    /// Pass an empty string for the bare `churn-{i}` / `/churn/{i}` names.
+    #[arg(long)]
+    pub tag: Option<String>,
+
+    /// Count a proxy answer as effective only if its `x-backend` header
+    /// (set by tidegate-emulator) equals this; needed when a catch-all route
+    /// would otherwise answer 200 before the new route is live.
+    #[arg(long)]
+    pub expect_backend: Option<String>,
+
+    /// Changes in flight at most; beyond it a change is skipped and counted.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_in_flight: usize,
+}
+
+/// Options of `saturate`.
+#[derive(Debug, Args)]
+pub struct SaturateArgs {
+    /// Concurrent keep-alive clients, each in a closed loop.
+    #[arg(long)]
+    pub clients: usize,
+
+    /// Length of the run in seconds.
+    #[arg(long)]
+    pub duration_s: f64,
+
+    /// Operations per change set: 1 = `PUT .../backends/{id}`, more = `POST /v1/changes`.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+
+    /// Service whose backends are written; must exist.
+    #[arg(long, default_value = "web")]
+    pub service: String,
+
+    /// Address written into every `sat-*` backend (loopback).
+    #[arg(long, default_value = "127.0.0.2:10000")]
+    pub addr: SocketAddr,
+
+    /// Weight of every `sat-*` backend. With the default 1, traffic routed
+    /// to the service is balanced onto `--addr` too (502s if nothing listens
+    /// there); 0 keeps them configured but drained.
+    #[arg(long, default_value_t = 1)]
+    pub weight: u32,
+
+    /// Change sets per client at most.
+    #[arg(long, default_value_t = 10_000_000)]
+    pub max_per_client: u64,
+}
+
+/// Options of `traffic`.
+#[derive(Debug, Args)]
+pub struct TrafficArgs {
+    /// Requests per second (open loop).
+    #[arg(long)]
+    pub rate: f64,
+
+    /// Length of the sending window in seconds.
+    #[arg(long)]
+    pub duration_s: f64,
+
+    /// Path to GET on the proxy.
+    #[arg(long, default_value = "/")]
+    pub path: String,
+
+    /// Count a 200 whose `x-backend` differs from this as an error.
+    #[arg(long)]
+    pub expect_backend: Option<String>,
+
+    /// Requests in flight at most; beyond it a request is skipped and counted.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_in_flight: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn global_target_flags_go_after_the_subcommand() {
+        let cli = Cli::try_parse_from([
+            "tidegate-bench",
+            "churn",
+            "--rate",
+            "100",
+            "--duration-s",
+            "2",
+            "--admin",
+            "127.0.0.1:1",
+            "--proxy",
+            "127.0.0.1:2",
+            "--token",
+            "t",
+        ])
+        .unwrap();
+        assert_eq!(cli.target.admin.port(), 1);
+        assert_eq!(cli.target.proxy.port(), 2);
+        assert_eq!(cli.target.token.as_deref(), Some("t"));
+        assert!(matches!(cli.command, Command::Churn(ref c) if c.service == "web"));
+    }
+}

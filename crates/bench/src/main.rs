@@ -1,0 +1,74 @@
+//! `tidegate-bench`: a dev-only benchmark driver for an already running
+//! Tidegate on loopback.
+//!
+//! Subcommands (each prints one JSON object on stdout; latencies are in
+//! microseconds):
+//! - `setup`: create the service under test, its catch-all route, and an
+//!   optional preload of many services and routes (`POST /v1/changes`);
+//! - `churn`: open-loop route creation at a fixed rate; time from each
+//!   change's scheduled send until the proxy serves the new route;
+//! - `saturate`: closed-loop admin writes from concurrent keep-alive clients;
+//! - `traffic`: open-loop GETs against the proxy, to run next to the others.
+//!
+//! Open-loop latencies are measured from the scheduled send time, so a slow
+//! answer cannot hide the requests it would otherwise have delayed. Server
+//! errors are counted, never fatal; only an unusable setup (no token, a
+//! missing service, a non-loopback address) ends a run early, with
+//! `{"error": ...}` on stdout and exit status 1.
+
+mod churn;
+mod cli;
+mod client;
+mod open_loop;
+mod report;
+mod saturate;
+mod schedule;
+mod setup;
+mod traffic;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use serde::Serialize;
+
+use crate::cli::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if cli.target.threads > 0 {
+        builder.worker_threads(cli.target.threads);
+    }
+    let result = builder
+        .enable_all()
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(run(&cli)));
+    match result {
+        Ok(json) => {
+            println!("{json}");
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("tidegate-bench: {err:#}");
+            println!("{}", serde_json::json!({ "error": format!("{err:#}") }));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the chosen scenario and renders its report.
+async fn run(cli: &Cli) -> anyhow::Result<String> {
+    client::require_loopback("--admin", cli.target.admin)?;
+    client::require_loopback("--proxy", cli.target.proxy)?;
+    match &cli.command {
+        Command::Setup(args) => render(&setup::run(&cli.target, args).await?),
+        Command::Churn(args) => render(&churn::run(&cli.target, args).await?),
+        Command::Saturate(args) => render(&saturate::run(&cli.target, args).await?),
+        Command::Traffic(args) => render(&traffic::run(&cli.target, args).await?),
+    }
+}
+
+fn render<T: Serialize>(report: &T) -> anyhow::Result<String> {
+    Ok(serde_json::to_string(report)?)
+}
