@@ -7,7 +7,7 @@ use serde::Serialize;
 use tidegate_control::SubmitError;
 use tidegate_model::{ChangeErrorKind, ParseError};
 
-/// An error answer: `{"error": {"status", "message", "op"?, "field"?}}`.
+/// An error answer: `{"error": {"message", "op"?, "field"?}, "status"}`.
 #[derive(Debug, Serialize)]
 pub struct ApiError {
     #[serde(skip)]
@@ -38,6 +38,14 @@ impl ApiError {
     /// 404.
     pub fn not_found(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::NOT_FOUND, message)
+    }
+
+    /// 405.
+    pub fn method_not_allowed() -> ApiError {
+        ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "this endpoint does not take that method",
+        )
     }
 
     /// 401.

@@ -79,6 +79,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/watch", get(watch::get_watch))
         .route("/metrics", get(status::get_metrics))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(state)

@@ -114,35 +114,46 @@ pub(crate) async fn get_metrics(State(state): State<AdminState>) -> impl IntoRes
         );
     }
     (state.extra_metrics)(&mut out);
-    let _ = writeln!(
-        out,
-        "# HELP tidegate_backend_in_flight Requests in flight per backend."
-    );
-    let _ = writeln!(out, "# TYPE tidegate_backend_in_flight gauge");
-    let mut rows = String::new();
-    for s in snapshot.services() {
-        for b in s.selector.backends() {
-            let v = b.stats.view();
-            let labels = format!("service=\"{}\",backend=\"{}\"", s.name, b.id);
-            let _ = writeln!(
-                out,
-                "tidegate_backend_in_flight{{{labels}}} {}",
-                v.in_flight
-            );
-            let _ = writeln!(
-                rows,
-                "tidegate_backend_requests_total{{{labels}}} {}",
-                v.requests
-            );
-            let _ = writeln!(
-                rows,
-                "tidegate_backend_failures_total{{{labels}}} {}",
-                v.failures
-            );
+    render_backends(&mut out, &snapshot);
+    ([(CONTENT_TYPE, "text/plain; version=0.0.4")], out)
+}
+
+/// Per-backend series, each metric's samples grouped under its HELP and TYPE.
+fn render_backends(out: &mut String, snapshot: &tidegate_snapshot::Snapshot) {
+    type Pick = fn(&tidegate_balance::StatsView) -> u64;
+    let metrics: [(&str, &str, &str, Pick); 3] = [
+        (
+            "tidegate_backend_in_flight",
+            "gauge",
+            "Requests in flight per backend.",
+            |v| v.in_flight,
+        ),
+        (
+            "tidegate_backend_requests_total",
+            "counter",
+            "Requests finished per backend.",
+            |v| v.requests,
+        ),
+        (
+            "tidegate_backend_failures_total",
+            "counter",
+            "Failed requests per backend.",
+            |v| v.failures,
+        ),
+    ];
+    let views: Vec<(String, tidegate_balance::StatsView)> = snapshot
+        .services()
+        .flat_map(|s| {
+            s.selector.backends().iter().map(move |b| {
+                let labels = format!("service=\"{}\",backend=\"{}\"", s.name, b.id);
+                (labels, b.stats.view())
+            })
+        })
+        .collect();
+    for (name, kind, help, value) in metrics {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, v) in &views {
+            let _ = writeln!(out, "{name}{{{labels}}} {}", value(v));
         }
     }
-    let _ = writeln!(out, "# TYPE tidegate_backend_requests_total counter");
-    let _ = writeln!(out, "# TYPE tidegate_backend_failures_total counter");
-    out.push_str(&rows);
-    ([(CONTENT_TYPE, "text/plain; version=0.0.4")], out)
 }

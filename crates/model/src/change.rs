@@ -165,7 +165,10 @@ pub struct ParseError {
 impl ParseError {
     /// Builds an error from a JSON parse failure, keeping the path serde saw.
     pub fn from_path(err: serde_path_to_error::Error<serde_json::Error>) -> Self {
-        let mut field = err.path().to_string();
+        let mut field = match err.path().to_string() {
+            p if p == "?" => ".".to_string(),
+            p => p,
+        };
         let mut message = err.inner().to_string();
         // Validation messages may name a sub-field ("backends[1].id: ..."):
         // fold it into the path so the field is complete.

@@ -18,6 +18,11 @@ fn check_name(kind: &str, s: &str) -> Result<(), NameError> {
             "{kind} must be 1 to {MAX_NAME_LEN} characters long"
         )));
     }
+    if s.chars().all(|c| c == '.') {
+        return Err(NameError(format!(
+            "{kind} {s:?} must not consist of dots only"
+        )));
+    }
     if let Some(c) = s
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
@@ -175,6 +180,7 @@ mod tests {
         assert!(ServiceName::new("web-1.prod_a").is_ok());
         assert!(ServiceName::new("").is_err());
         assert!(ServiceName::new("a/b").is_err());
+        assert!(ServiceName::new("..").is_err());
         assert!(ServiceName::new(&"x".repeat(129)).is_err());
     }
 

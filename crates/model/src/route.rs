@@ -107,7 +107,7 @@ impl RouteSpec {
 
 /// The JSON form of a route.
 #[derive(Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename = "RouteSpec")]
 struct RouteWire {
     /// Conditions.
     #[serde(rename = "match", default)]

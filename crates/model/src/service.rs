@@ -169,7 +169,7 @@ pub struct ServiceSpec {
 }
 
 #[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename = "ServiceSpec")]
 struct ServiceWire {
     #[serde(default)]
     policy: PolicySpec,

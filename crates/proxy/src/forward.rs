@@ -46,6 +46,8 @@ impl Peer {
 /// The body sent upstream: buffered (replayable) or streamed through.
 type UpBody = Either<Full<Bytes>, Incoming>;
 type UpClient = Client<HttpConnector, UpBody>;
+/// Clients by (connect_ms, idle_ms).
+type ClientList = Vec<((u64, u64), Arc<UpClient>)>;
 
 /// Request bodies up to this size are buffered so a failed attempt can be
 /// replayed on another backend; larger ones stream and are not retried.
@@ -56,7 +58,7 @@ const REPLAY_LIMIT: u64 = 64 * 1024;
 /// A handful of distinct pairs is the norm, so a list scan beats hashing.
 #[derive(Default)]
 pub(crate) struct Upstreams {
-    clients: ArcSwap<Vec<((u64, u64), Arc<UpClient>)>>,
+    clients: ArcSwap<ClientList>,
 }
 
 impl Upstreams {
@@ -114,12 +116,12 @@ impl Upstreams {
                 break;
             };
             tried.push(backend.clone());
-            if attempt > 0 {
-                metrics.retry();
-            }
             let Some(up_body) = body.take() else {
                 break;
             };
+            if attempt > 0 {
+                metrics.retry();
+            }
             let up = upstream_request(&parts, &backend, &path_and_query, up_body)?;
             let mut guard = backend.stats.start();
             match tokio::time::timeout(response_timeout, client.request(up)).await {

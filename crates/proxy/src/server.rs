@@ -96,7 +96,17 @@ pub fn serve(
     let (stop, stop_rx) = watch::channel(false);
     let mut threads = Vec::new();
     let per_core = opts.mode == RuntimeMode::PerCore;
-    let first = bind(opts.listen, per_core)?;
+    // SO_REUSEPORT would let a second instance share the port silently: a
+    // probe bound without it fails with "address in use" if anyone listens.
+    let listen = if per_core {
+        let probe = bind(opts.listen, false)?;
+        let addr = probe.local_addr()?;
+        drop(probe);
+        addr
+    } else {
+        opts.listen
+    };
+    let first = bind(listen, per_core)?;
     let local_addr = first.local_addr()?;
     let mut listeners = vec![first];
     if per_core {

@@ -111,7 +111,9 @@ fn safe_relative(path: &str) -> Option<PathBuf> {
     }
     let mut out = PathBuf::new();
     for seg in decoded.split('/').filter(|s| !s.is_empty()) {
-        if seg == "." || seg == ".." {
+        // "." and ".." would climb; other dot-names are hidden files
+        // (.env, .git) that a static route should never publish.
+        if seg.starts_with('.') {
             return None;
         }
         out.push(seg);
@@ -317,6 +319,8 @@ mod tests {
         assert_eq!(safe_relative("/"), Some(PathBuf::new()));
         for bad in [
             "/../etc/passwd",
+            "/.env",
+            "/a/.git/config",
             "/a/%2e%2e/x",
             "/a\\b",
             "/%00",

@@ -10,8 +10,8 @@
 use std::sync::Arc;
 
 use imbl::HashMap;
-use tidegate_balance::{Backend, BackendStats, ServiceSelector};
-use tidegate_model::{BackendId, ConfigState, Delta, ServiceName, ServiceSettings, ServiceSpec};
+use tidegate_balance::{Backend, ServiceSelector};
+use tidegate_model::{ConfigState, Delta, ServiceName, ServiceSettings, ServiceSpec};
 use tidegate_router::Router;
 pub use tidegate_router::{Entry, RequestView};
 
@@ -34,15 +34,24 @@ impl ServiceRuntime {
         spec: &ServiceSpec,
         previous: Option<&ServiceRuntime>,
     ) -> ServiceRuntime {
-        let old_stats = |id: &BackendId, addr: &str| -> Option<Arc<BackendStats>> {
-            let prev = previous?;
-            let b = prev.selector.backends().iter().find(|b| &b.id == id)?;
-            (b.addr.as_str() == addr).then(|| b.stats.clone())
-        };
+        // Both sides are in id order: carry stats over with one merge pass,
+        // so a rebuild costs O(backends), not O(backends²).
+        let mut old = previous
+            .map(|p| p.selector.backends())
+            .unwrap_or_default()
+            .iter()
+            .peekable();
         let backends = spec
             .backends
             .iter()
-            .map(|(id, b)| Arc::new(Backend::new(id.clone(), b, old_stats(id, b.addr.as_str()))))
+            .map(|(id, b)| {
+                while old.next_if(|o| &o.id < id).is_some() {}
+                let stats = old
+                    .next_if(|o| &o.id == id)
+                    .filter(|o| o.addr == b.addr)
+                    .map(|o| o.stats.clone());
+                Arc::new(Backend::new(id.clone(), b, stats))
+            })
             .collect();
         ServiceRuntime {
             name,

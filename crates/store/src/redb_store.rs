@@ -2,9 +2,7 @@
 
 use std::path::Path;
 
-use redb::{
-    Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
-};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use tidegate_model::{ChangeSet, ConfigState, Op, RouteSpec, ServiceSettings, ServiceSpec};
 
 use crate::{AppliedChange, Loaded, Store, StoreError};
@@ -23,6 +21,13 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
 /// How many change sets the log keeps for replay.
 const LOG_RETAIN: u64 = 10_000;
+
+/// The resource tables of one write transaction.
+struct Tables<'txn> {
+    services: redb::Table<'txn, &'static str, &'static [u8]>,
+    backends: redb::Table<'txn, &'static str, &'static [u8]>,
+    routes: redb::Table<'txn, &'static str, &'static [u8]>,
+}
 
 /// The embedded default store: one redb file in the data directory.
 pub struct RedbStore {
@@ -59,10 +64,13 @@ impl RedbStore {
         Ok(RedbStore { db })
     }
 
-    fn write_op(txn: &WriteTransaction, op: &Op) -> Result<(), StoreError> {
-        let mut services = txn.open_table(SERVICES).map_err(err)?;
-        let mut backends = txn.open_table(BACKENDS).map_err(err)?;
-        let mut routes = txn.open_table(ROUTES).map_err(err)?;
+    /// Writes one op into the tables of an open transaction.
+    fn write_op(tables: &mut Tables<'_>, op: &Op) -> Result<(), StoreError> {
+        let Tables {
+            services,
+            backends,
+            routes,
+        } = tables;
         let drop_backends = |backends: &mut redb::Table<&str, &[u8]>, service: &str| {
             let (lo, hi) = (format!("{service}\0"), format!("{service}\u{1}"));
             backends
@@ -74,7 +82,7 @@ impl RedbStore {
                 services
                     .insert(name.as_str(), json(&spec.settings)?.as_slice())
                     .map_err(err)?;
-                drop_backends(&mut backends, name.as_str())?;
+                drop_backends(backends, name.as_str())?;
                 for (id, b) in &spec.backends {
                     let key = backend_key(name.as_str(), id.as_str());
                     backends
@@ -84,7 +92,7 @@ impl RedbStore {
             }
             Op::DeleteService { name } => {
                 services.remove(name.as_str()).map_err(err)?;
-                drop_backends(&mut backends, name.as_str())?;
+                drop_backends(backends, name.as_str())?;
             }
             Op::PutBackend { service, id, spec } => {
                 let key = backend_key(service.as_str(), id.as_str());
@@ -166,9 +174,14 @@ impl Store for RedbStore {
         };
         let mut txn = self.db.begin_write().map_err(err)?;
         txn.set_durability(Durability::Immediate).map_err(err)?;
-        for c in changes {
-            for op in &c.change.ops {
-                Self::write_op(&txn, op)?;
+        {
+            let mut tables = Tables {
+                services: txn.open_table(SERVICES).map_err(err)?,
+                backends: txn.open_table(BACKENDS).map_err(err)?,
+                routes: txn.open_table(ROUTES).map_err(err)?,
+            };
+            for op in changes.iter().flat_map(|c| &c.change.ops) {
+                Self::write_op(&mut tables, op)?;
             }
         }
         {

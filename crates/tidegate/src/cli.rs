@@ -166,7 +166,7 @@ pub enum RouteCommand {
     Put {
         name: String,
         /// The spec as a YAML/JSON file; otherwise built from the flags.
-        #[arg(short = 'f', long = "file", conflicts_with_all = ["service", "host", "path_prefix", "path"])]
+        #[arg(short = 'f', long = "file", conflicts_with_all = ["service", "host", "path_prefix", "path", "priority"])]
         file: Option<PathBuf>,
         /// Target service.
         #[arg(long)]
@@ -180,9 +180,9 @@ pub enum RouteCommand {
         /// Exact path.
         #[arg(long)]
         path: Option<String>,
-        /// Higher wins over more specific.
-        #[arg(long, default_value_t = 0)]
-        priority: i32,
+        /// Higher wins over more specific (default 0).
+        #[arg(long)]
+        priority: Option<i32>,
     },
     /// Delete a route.
     Delete { name: String },

@@ -39,6 +39,8 @@ pub fn to_change_set_json(doc: Value, if_revision: Option<u64>) -> anyhow::Resul
             Some(_) => bail!("`{key}` must be a mapping from name to spec"),
         }
     };
+    // `ctl config` output carries its revision; applying it back is fine.
+    doc.remove("revision");
     let services = take(&mut doc, "services")?;
     let routes = take(&mut doc, "routes")?;
     if let Some(extra) = doc.keys().next() {

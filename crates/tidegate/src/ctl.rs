@@ -22,7 +22,7 @@ struct Admin {
 
 pub fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
     let token = match args.token {
-        Some(t) => t,
+        Some(t) => t.trim().to_string(),
         None => std::fs::read_to_string(args.data_dir.join("admin-token"))
             .with_context(|| {
                 format!(
@@ -133,7 +133,7 @@ impl Admin {
                                     m.insert(k.into(), json!(v));
                                 }
                             }
-                            json!({ "match": m, "service": service, "priority": priority })
+                            json!({ "match": m, "service": service, "priority": priority.unwrap_or(0) })
                         }
                     };
                     (M::PUT, format!("/v1/routes/{name}"), Some(spec))
@@ -141,7 +141,7 @@ impl Admin {
             },
         };
         let (status, value) = self.call(method, &path, body).await?;
-        println!("{}", serde_json::to_string_pretty(&value)?);
+        print_out(&serde_json::to_string_pretty(&value)?);
         Ok(if status.is_success() {
             ExitCode::SUCCESS
         } else {
@@ -198,8 +198,9 @@ impl Admin {
         let mut out = std::io::stdout();
         while let Some(frame) = body.frame().await {
             if let Some(data) = frame?.data_ref() {
-                out.write_all(data)?;
-                out.flush()?;
+                if out.write_all(data).and_then(|()| out.flush()).is_err() {
+                    break; // the reader went away
+                }
             }
         }
         Ok(if ok {
@@ -208,6 +209,13 @@ impl Admin {
             ExitCode::FAILURE
         })
     }
+}
+
+/// Prints to stdout; a closed pipe (`| head`) ends output quietly.
+fn print_out(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{text}").and_then(|()| out.flush());
 }
 
 fn service_from_flags(policy: Option<String>, backends: &[String]) -> anyhow::Result<Value> {

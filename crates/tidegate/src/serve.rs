@@ -22,15 +22,17 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     if let Some(store) = &args.store {
         bail!("--store {store}: only the embedded store is available in this version (etcd cluster mode is planned)");
     }
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating data directory {}", args.data_dir.display()))?;
-    let token = admin_token(&args.data_dir)?;
+    // The store locks the data directory; only then may the token be written.
     let store = RedbStore::open(&args.data_dir.join("config.redb"))
         .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
+    let token = admin_token(&args.data_dir)?;
     let control = Control::start(Arc::new(store))?;
 
     let workers = args
@@ -72,9 +74,21 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         // One machine-readable line for scripts and tests.
         println!("tidegate ready proxy={} admin={} revision={}", proxy.local_addr(), admin_addr, control.config().revision);
         let _ = std::io::stdout().flush();
-        axum::serve(listener, tidegate_admin::router(state))
-            .with_graceful_shutdown(shutdown_signal())
-            .await?;
+        let (stopping_tx, stopping) = tokio::sync::watch::channel(false);
+        let server = axum::serve(listener, tidegate_admin::router(state)).with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            let _ = stopping_tx.send(true);
+        });
+        // Watch streams never end by themselves: give open admin requests a
+        // moment after the signal, then stop regardless.
+        let mut stopping = stopping;
+        tokio::select! {
+            result = server => result?,
+            _ = async {
+                let _ = stopping.wait_for(|s| *s).await;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            } => {}
+        }
         anyhow::Ok(())
     })?;
     tracing::info!("shutting down: draining client connections");
