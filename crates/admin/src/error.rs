@@ -27,12 +27,7 @@ struct Envelope<'a> {
 
 impl ApiError {
     fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            message: message.into(),
-            op: None,
-            field: None,
-        }
+        ApiError { status, message: message.into(), op: None, field: None }
     }
 
     /// 404.
@@ -42,18 +37,12 @@ impl ApiError {
 
     /// 405.
     pub fn method_not_allowed() -> ApiError {
-        ApiError::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "this endpoint does not take that method",
-        )
+        ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "this endpoint does not take that method")
     }
 
     /// 401.
     pub fn unauthorized() -> ApiError {
-        ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "missing or wrong admin token; send `Authorization: Bearer <token>`",
-        )
+        ApiError::new(StatusCode::UNAUTHORIZED, "missing or wrong admin token; send `Authorization: Bearer <token>`")
     }
 
     /// 400 naming a field.
@@ -71,12 +60,7 @@ impl ApiError {
             Some(p) => format!("{p}.{}", e.field),
             None => e.field,
         };
-        ApiError {
-            status: StatusCode::BAD_REQUEST,
-            message: e.message,
-            op: e.op,
-            field: Some(field),
-        }
+        ApiError { status: StatusCode::BAD_REQUEST, message: e.message, op: e.op, field: Some(field) }
     }
 
     /// 413, 400 or 415 for a body that could not be read.
@@ -105,10 +89,7 @@ impl From<SubmitError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = Json(Envelope {
-            error: &self,
-            status: self.status.as_u16(),
-        });
+        let body = Json(Envelope { error: &self, status: self.status.as_u16() });
         (self.status, body).into_response()
     }
 }

@@ -9,8 +9,7 @@ use axum::Json;
 use serde::Serialize;
 use serde_json::{json, Value};
 use tidegate_model::{
-    parse_change_set, parse_json, BackendId, BackendSpec, ChangeSet, Op, RouteName, RouteSpec,
-    ServiceName, ServiceSpec,
+    parse_change_set, parse_json, BackendId, BackendSpec, ChangeSet, Op, RouteName, RouteSpec, ServiceName, ServiceSpec,
 };
 
 use crate::{AdminState, ApiError};
@@ -30,21 +29,13 @@ fn backend_id(s: &str) -> Result<BackendId, ApiError> {
 }
 
 /// Parses a resource body, naming fields as in the equivalent change set.
-fn body<T: serde::de::DeserializeOwned>(
-    bytes: Result<Bytes, BytesRejection>,
-) -> Result<T, ApiError> {
+fn body<T: serde::de::DeserializeOwned>(bytes: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
     let bytes = bytes.map_err(ApiError::body)?;
     parse_json(&bytes).map_err(|e| ApiError::parse(e, Some("spec")))
 }
 
 async fn submit(state: &AdminState, ops: Vec<Op>) -> Answer {
-    let revision = state
-        .control
-        .submit(ChangeSet {
-            if_revision: None,
-            ops,
-        })
-        .await?;
+    let revision = state.control.submit(ChangeSet { if_revision: None, ops }).await?;
     Ok(Json(json!({ "revision": revision })))
 }
 
@@ -63,34 +54,20 @@ pub(crate) async fn put_service(
     submit(&state, vec![Op::PutService { name, spec }]).await
 }
 
-pub(crate) async fn delete_service(
-    State(state): State<AdminState>,
-    Path(name): Path<String>,
-) -> Answer {
+pub(crate) async fn delete_service(State(state): State<AdminState>, Path(name): Path<String>) -> Answer {
     let name = service_name(&name)?;
     submit(&state, vec![Op::DeleteService { name }]).await
 }
 
-pub(crate) async fn get_service(
-    State(state): State<AdminState>,
-    Path(name): Path<String>,
-) -> Answer {
+pub(crate) async fn get_service(State(state): State<AdminState>, Path(name): Path<String>) -> Answer {
     let view = state.control.config();
-    let spec = view
-        .state
-        .service(&name)
-        .ok_or_else(|| ApiError::not_found(format!("no service {name:?}")))?;
+    let spec = view.state.service(&name).ok_or_else(|| ApiError::not_found(format!("no service {name:?}")))?;
     with_revision(view.revision, "spec", &**spec)
 }
 
 pub(crate) async fn list_services(State(state): State<AdminState>) -> Answer {
     let view = state.control.config();
-    let all: BTreeMap<&str, &ServiceSpec> = view
-        .state
-        .services()
-        .iter()
-        .map(|(k, v)| (k.as_str(), &**v))
-        .collect();
+    let all: BTreeMap<&str, &ServiceSpec> = view.state.services().iter().map(|(k, v)| (k.as_str(), &**v)).collect();
     with_revision(view.revision, "services", &all)
 }
 
@@ -137,38 +114,24 @@ pub(crate) async fn put_route(
     submit(&state, vec![Op::PutRoute { name, spec }]).await
 }
 
-pub(crate) async fn delete_route(
-    State(state): State<AdminState>,
-    Path(name): Path<String>,
-) -> Answer {
+pub(crate) async fn delete_route(State(state): State<AdminState>, Path(name): Path<String>) -> Answer {
     let name = route_name(&name)?;
     submit(&state, vec![Op::DeleteRoute { name }]).await
 }
 
 pub(crate) async fn get_route(State(state): State<AdminState>, Path(name): Path<String>) -> Answer {
     let view = state.control.config();
-    let spec = view
-        .state
-        .route(&name)
-        .ok_or_else(|| ApiError::not_found(format!("no route {name:?}")))?;
+    let spec = view.state.route(&name).ok_or_else(|| ApiError::not_found(format!("no route {name:?}")))?;
     with_revision(view.revision, "spec", &**spec)
 }
 
 pub(crate) async fn list_routes(State(state): State<AdminState>) -> Answer {
     let view = state.control.config();
-    let all: BTreeMap<&str, &RouteSpec> = view
-        .state
-        .routes()
-        .iter()
-        .map(|(k, v)| (k.as_str(), &**v))
-        .collect();
+    let all: BTreeMap<&str, &RouteSpec> = view.state.routes().iter().map(|(k, v)| (k.as_str(), &**v)).collect();
     with_revision(view.revision, "routes", &all)
 }
 
-pub(crate) async fn post_changes(
-    State(state): State<AdminState>,
-    bytes: Result<Bytes, BytesRejection>,
-) -> Answer {
+pub(crate) async fn post_changes(State(state): State<AdminState>, bytes: Result<Bytes, BytesRejection>) -> Answer {
     let bytes = bytes.map_err(ApiError::body)?;
     let change = parse_change_set(&bytes).map_err(|e| ApiError::parse(e, None))?;
     let ops = change.ops.len();
@@ -178,19 +141,8 @@ pub(crate) async fn post_changes(
 
 pub(crate) async fn get_config(State(state): State<AdminState>) -> Answer {
     let view = state.control.config();
-    let services: BTreeMap<&str, &ServiceSpec> = view
-        .state
-        .services()
-        .iter()
-        .map(|(k, v)| (k.as_str(), &**v))
-        .collect();
-    let routes: BTreeMap<&str, &RouteSpec> = view
-        .state
-        .routes()
-        .iter()
-        .map(|(k, v)| (k.as_str(), &**v))
-        .collect();
-    Ok(Json(
-        json!({ "revision": view.revision, "services": services, "routes": routes }),
-    ))
+    let services: BTreeMap<&str, &ServiceSpec> =
+        view.state.services().iter().map(|(k, v)| (k.as_str(), &**v)).collect();
+    let routes: BTreeMap<&str, &RouteSpec> = view.state.routes().iter().map(|(k, v)| (k.as_str(), &**v)).collect();
+    Ok(Json(json!({ "revision": view.revision, "services": services, "routes": routes })))
 }

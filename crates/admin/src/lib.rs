@@ -42,11 +42,7 @@ impl AdminState {
     /// State for the API: the configuration handle, the token every request
     /// must present, and the data plane's metrics.
     pub fn new(control: Control, token: &str, extra_metrics: MetricsHook) -> AdminState {
-        AdminState {
-            control,
-            token: Arc::from(token),
-            extra_metrics,
-        }
+        AdminState { control, token: Arc::from(token), extra_metrics }
     }
 }
 
@@ -56,23 +52,14 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/services", get(handlers::list_services))
         .route(
             "/v1/services/{name}",
-            put(handlers::put_service)
-                .get(handlers::get_service)
-                .delete(handlers::delete_service),
+            put(handlers::put_service).get(handlers::get_service).delete(handlers::delete_service),
         )
         .route(
             "/v1/services/{name}/backends/{id}",
-            put(handlers::put_backend)
-                .get(handlers::get_backend)
-                .delete(handlers::delete_backend),
+            put(handlers::put_backend).get(handlers::get_backend).delete(handlers::delete_backend),
         )
         .route("/v1/routes", get(handlers::list_routes))
-        .route(
-            "/v1/routes/{name}",
-            put(handlers::put_route)
-                .get(handlers::get_route)
-                .delete(handlers::delete_route),
-        )
+        .route("/v1/routes/{name}", put(handlers::put_route).get(handlers::get_route).delete(handlers::delete_route))
         .route("/v1/changes", post(handlers::post_changes))
         .route("/v1/config", get(handlers::get_config))
         .route("/v1/status", get(status::get_status))

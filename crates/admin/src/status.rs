@@ -39,15 +39,9 @@ fn service_status(s: &ServiceRuntime) -> Value {
 
 pub(crate) async fn get_status(State(state): State<AdminState>) -> Json<Value> {
     let snapshot = state.control.snapshots().load_full();
-    let mut services: Vec<(&str, Value)> = snapshot
-        .services()
-        .map(|s| (s.name.as_str(), service_status(s)))
-        .collect();
+    let mut services: Vec<(&str, Value)> = snapshot.services().map(|s| (s.name.as_str(), service_status(s))).collect();
     services.sort_by(|a, b| a.0.cmp(b.0));
-    let services: serde_json::Map<String, Value> = services
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
+    let services: serde_json::Map<String, Value> = services.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     Json(json!({
         "revision": snapshot.revision(),
         "routes": snapshot.route_count(),
@@ -59,59 +53,22 @@ pub(crate) async fn get_metrics(State(state): State<AdminState>) -> impl IntoRes
     let mut out = String::new();
     let m = state.control.metrics();
     let snapshot = state.control.snapshots().load_full();
-    let _ = writeln!(
-        out,
-        "# HELP tidegate_config_revision Revision of the live configuration."
-    );
-    let _ = writeln!(
-        out,
-        "# TYPE tidegate_config_revision gauge\ntidegate_config_revision {}",
-        snapshot.revision()
-    );
+    let _ = writeln!(out, "# HELP tidegate_config_revision Revision of the live configuration.");
+    let _ = writeln!(out, "# TYPE tidegate_config_revision gauge\ntidegate_config_revision {}", snapshot.revision());
     for (name, help, v) in [
-        (
-            "tidegate_config_commits_total",
-            "Durable configuration commits.",
-            m.commits.load(Relaxed),
-        ),
-        (
-            "tidegate_config_change_sets_total",
-            "Change sets applied.",
-            m.change_sets.load(Relaxed),
-        ),
-        (
-            "tidegate_config_rejected_total",
-            "Change sets rejected.",
-            m.rejected.load(Relaxed),
-        ),
-        (
-            "tidegate_config_ops_total",
-            "Operations applied.",
-            m.ops.load(Relaxed),
-        ),
+        ("tidegate_config_commits_total", "Durable configuration commits.", m.commits.load(Relaxed)),
+        ("tidegate_config_change_sets_total", "Change sets applied.", m.change_sets.load(Relaxed)),
+        ("tidegate_config_rejected_total", "Change sets rejected.", m.rejected.load(Relaxed)),
+        ("tidegate_config_ops_total", "Operations applied.", m.ops.load(Relaxed)),
     ] {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
-        );
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
     }
     for (name, help, nanos) in [
-        (
-            "tidegate_config_commit_seconds_total",
-            "Time spent in durable commits.",
-            &m.commit_nanos,
-        ),
-        (
-            "tidegate_config_apply_seconds_total",
-            "Time from dequeue to publication.",
-            &m.apply_nanos,
-        ),
+        ("tidegate_config_commit_seconds_total", "Time spent in durable commits.", &m.commit_nanos),
+        ("tidegate_config_apply_seconds_total", "Time from dequeue to publication.", &m.apply_nanos),
     ] {
         let secs = nanos.load(Relaxed) as f64 / 1e9;
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {secs}"
-        );
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {secs}");
     }
     (state.extra_metrics)(&mut out);
     render_backends(&mut out, &snapshot);
@@ -122,24 +79,9 @@ pub(crate) async fn get_metrics(State(state): State<AdminState>) -> impl IntoRes
 fn render_backends(out: &mut String, snapshot: &tidegate_snapshot::Snapshot) {
     type Pick = fn(&tidegate_balance::StatsView) -> u64;
     let metrics: [(&str, &str, &str, Pick); 3] = [
-        (
-            "tidegate_backend_in_flight",
-            "gauge",
-            "Requests in flight per backend.",
-            |v| v.in_flight,
-        ),
-        (
-            "tidegate_backend_requests_total",
-            "counter",
-            "Requests finished per backend.",
-            |v| v.requests,
-        ),
-        (
-            "tidegate_backend_failures_total",
-            "counter",
-            "Failed requests per backend.",
-            |v| v.failures,
-        ),
+        ("tidegate_backend_in_flight", "gauge", "Requests in flight per backend.", |v| v.in_flight),
+        ("tidegate_backend_requests_total", "counter", "Requests finished per backend.", |v| v.requests),
+        ("tidegate_backend_failures_total", "counter", "Failed requests per backend.", |v| v.failures),
     ];
     let views: Vec<(String, tidegate_balance::StatsView)> = snapshot
         .services()

@@ -53,12 +53,5 @@ pub(crate) async fn get_watch(
         };
         Some((Ok(Bytes::from(event)), Some(rx)))
     });
-    Ok((
-        [
-            (CONTENT_TYPE, "text/event-stream"),
-            (CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(stream),
-    )
-        .into_response())
+    Ok(([(CONTENT_TYPE, "text/event-stream"), (CACHE_CONTROL, "no-cache")], Body::from_stream(stream)).into_response())
 }

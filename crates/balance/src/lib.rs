@@ -10,8 +10,16 @@
 //! snapshot swaps: the snapshot builder hands the previous pool's stats to
 //! the next pool for backends that did not change address.
 
+pub mod clock;
+mod feedback;
+mod hashing;
+mod health;
+mod latency;
+pub mod orca;
 mod policies;
 mod stats;
+#[cfg(test)]
+mod testing;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,8 +28,12 @@ use http::uri::Authority;
 use http::HeaderMap;
 use tidegate_model::{BackendAddr, BackendId, BackendSpec, PolicySpec};
 
+pub use feedback::{feedback_weights, orca_weight, DynamicFeedback, OrcaWrr, Signals};
+pub use hashing::{hash_bytes, ConsistentHash, HashKey};
+pub use health::record_outcome;
+pub use latency::{LeastTime, P2cEwma};
 pub use policies::{policy_for, LeastConn, RandomPolicy, RoundRobin};
-pub use stats::{BackendStats, InFlight, Outcome, StatsView};
+pub use stats::{ActiveState, AtomicF64, BackendStats, InFlight, LoadReport, Outcome, StatsView};
 
 /// A backend as the data plane sees it.
 #[derive(Debug)]
@@ -45,8 +57,8 @@ impl Backend {
     pub fn new(id: BackendId, spec: &BackendSpec, stats: Option<Arc<BackendStats>>) -> Backend {
         // A validated BackendAddr is always a valid authority; fall back to a
         // placeholder that cannot connect rather than panic.
-        let authority = Authority::try_from(spec.addr.as_str())
-            .unwrap_or_else(|_| Authority::from_static("invalid.invalid:1"));
+        let authority =
+            Authority::try_from(spec.addr.as_str()).unwrap_or_else(|_| Authority::from_static("invalid.invalid:1"));
         Backend {
             id,
             addr: spec.addr.clone(),
@@ -108,11 +120,16 @@ pub trait Policy: Send + Sync {
 pub trait Selector: Send + Sync + std::fmt::Debug {
     /// The chosen backend among those `accept` allows, or `None` when it
     /// allows none.
-    fn select(
-        &self,
-        ctx: &RequestCtx<'_>,
-        accept: &mut dyn FnMut(&Backend) -> bool,
-    ) -> Option<Arc<Backend>>;
+    fn select(&self, ctx: &RequestCtx<'_>, accept: &mut dyn FnMut(&Backend) -> bool) -> Option<Arc<Backend>>;
+
+    /// Recomputes weights from load signals; called in the background about
+    /// every 100 ms. Policies without dynamic weights ignore it.
+    fn refresh(&self, _now_ms: u64) {}
+
+    /// The dynamic weights in effect, one per backend, if the policy has them.
+    fn weights(&self) -> Option<Vec<f64>> {
+        None
+    }
 }
 
 /// A service's selection: primaries first; backups only when no primary is accepted.
@@ -120,6 +137,7 @@ pub trait Selector: Send + Sync + std::fmt::Debug {
 pub struct ServiceSelector {
     primary: Arc<dyn Selector>,
     backup: Option<Arc<dyn Selector>>,
+    primaries_len: usize,
     all: Vec<Arc<Backend>>,
 }
 
@@ -127,14 +145,28 @@ impl ServiceSelector {
     /// Splits `backends` into primaries and backups and builds a selector for each.
     pub fn new(policy: &PolicySpec, backends: Vec<Arc<Backend>>) -> ServiceSelector {
         let policy = policy_for(policy);
-        let (backups, primaries): (Vec<_>, Vec<_>) =
-            backends.iter().cloned().partition(|b| b.backup);
+        let (backups, primaries): (Vec<_>, Vec<_>) = backends.iter().cloned().partition(|b| b.backup);
         let backup = (!backups.is_empty()).then(|| policy.build(Arc::new(Pool::new(backups))));
-        ServiceSelector {
-            primary: policy.build(Arc::new(Pool::new(primaries))),
-            backup,
-            all: backends,
+        let primaries_len = primaries.len();
+        ServiceSelector { primary: policy.build(Arc::new(Pool::new(primaries))), backup, primaries_len, all: backends }
+    }
+
+    /// Recomputes dynamic weights (see [`Selector::refresh`]).
+    pub fn refresh(&self, now_ms: u64) {
+        self.primary.refresh(now_ms);
+        if let Some(b) = &self.backup {
+            b.refresh(now_ms);
         }
+    }
+
+    /// Dynamic weights of the primaries, in the order of [`Self::primaries`].
+    pub fn weights(&self) -> Option<Vec<f64>> {
+        self.primary.weights()
+    }
+
+    /// The primary backends, in id order.
+    pub fn primaries(&self) -> impl Iterator<Item = &Arc<Backend>> {
+        self.all.iter().filter(|b| !b.backup).take(self.primaries_len)
     }
 
     /// Every backend, primaries and backups, in id order.
@@ -143,13 +175,7 @@ impl ServiceSelector {
     }
 
     /// Picks a backend: a primary when one is accepted, else a backup.
-    pub fn select(
-        &self,
-        ctx: &RequestCtx<'_>,
-        accept: &mut dyn FnMut(&Backend) -> bool,
-    ) -> Option<Arc<Backend>> {
-        self.primary
-            .select(ctx, accept)
-            .or_else(|| self.backup.as_ref().and_then(|b| b.select(ctx, accept)))
+    pub fn select(&self, ctx: &RequestCtx<'_>, accept: &mut dyn FnMut(&Backend) -> bool) -> Option<Arc<Backend>> {
+        self.primary.select(ctx, accept).or_else(|| self.backup.as_ref().and_then(|b| b.select(ctx, accept)))
     }
 }

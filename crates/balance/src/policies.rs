@@ -6,28 +6,40 @@ use std::sync::Arc;
 
 use tidegate_model::PolicySpec;
 
+use crate::feedback::{DynamicFeedback, OrcaWrr};
+use crate::hashing::{ConsistentHash, HashKey};
+use crate::latency::{LeastTime, P2cEwma};
 use crate::{Backend, Policy, Pool, RequestCtx, Selector};
 
 /// The policy for a configured kind.
-pub fn policy_for(spec: &PolicySpec) -> &'static dyn Policy {
+pub fn policy_for(spec: &PolicySpec) -> Arc<dyn Policy> {
     match spec {
-        PolicySpec::RoundRobin {} => &RoundRobin,
-        PolicySpec::Random {} => &RandomPolicy,
-        PolicySpec::LeastConn {} => &LeastConn,
+        PolicySpec::RoundRobin {} | PolicySpec::External(_) => Arc::new(RoundRobin),
+        PolicySpec::Random {} => Arc::new(RandomPolicy),
+        PolicySpec::LeastConn {} => Arc::new(LeastConn),
+        PolicySpec::LeastTime {} => Arc::new(LeastTime),
+        PolicySpec::P2cEwma { decay_ms } => Arc::new(P2cEwma { decay_ns: *decay_ms as f64 * 1e6 }),
+        PolicySpec::IpHash { balance_factor } => Arc::new(ConsistentHash::new(HashKey::ClientIp, *balance_factor)),
+        PolicySpec::UriHash { balance_factor } => Arc::new(ConsistentHash::new(HashKey::Uri, *balance_factor)),
+        PolicySpec::HeaderHash { header, balance_factor } => {
+            Arc::new(ConsistentHash::new(HashKey::header(header), *balance_factor))
+        }
+        PolicySpec::CookieHash { cookie, balance_factor } => {
+            Arc::new(ConsistentHash::new(HashKey::Cookie(cookie.as_str().to_string()), *balance_factor))
+        }
+        PolicySpec::DynamicFeedback(spec) => Arc::new(DynamicFeedback(spec.clone())),
+        PolicySpec::OrcaWrr(spec) => Arc::new(OrcaWrr(spec.clone())),
     }
 }
 
 /// Scans the pool from `start`, wrapping, for the first accepted backend.
-fn first_accepted(
+pub(crate) fn first_accepted(
     pool: &Pool,
     start: usize,
     accept: &mut dyn FnMut(&Backend) -> bool,
 ) -> Option<Arc<Backend>> {
     let n = pool.len();
-    (0..n)
-        .map(|k| &pool.backends()[(start + k) % n])
-        .find(|b| b.weight > 0 && accept(b))
-        .cloned()
+    (0..n).map(|k| &pool.backends()[(start + k) % n]).find(|b| b.weight > 0 && accept(b)).cloned()
 }
 
 /// Smooth weighted round robin (nginx's algorithm), lock-free: the sequence
@@ -40,14 +52,14 @@ pub struct RoundRobin;
 const MAX_SCHEDULE: u64 = 1 << 16;
 
 #[derive(Debug)]
-struct RoundRobinSelector {
+pub(crate) struct RoundRobinSelector {
     pool: Arc<Pool>,
     schedule: Vec<u32>,
     next: AtomicUsize,
 }
 
 /// The order smooth weighted round robin visits backends in, one cycle.
-fn smooth_schedule(weights: &[u32]) -> Vec<u32> {
+pub(crate) fn smooth_schedule(weights: &[u32]) -> Vec<u32> {
     let total: u64 = weights.iter().map(|&w| u64::from(w)).sum();
     if total == 0 {
         return Vec::new();
@@ -87,26 +99,25 @@ fn gcd(a: u64, b: u64) -> u64 {
     }
 }
 
+impl RoundRobinSelector {
+    /// A round robin over `pool` with these weights (one per backend).
+    pub(crate) fn new(pool: Arc<Pool>, weights: &[u32]) -> RoundRobinSelector {
+        // Start at a random place so that many proxies do not move in lockstep.
+        let schedule = smooth_schedule(weights);
+        let start = fastrand::usize(..schedule.len().max(1));
+        RoundRobinSelector { pool, schedule, next: AtomicUsize::new(start) }
+    }
+}
+
 impl Policy for RoundRobin {
     fn build(&self, pool: Arc<Pool>) -> Arc<dyn Selector> {
         let weights: Vec<u32> = pool.backends().iter().map(|b| b.weight).collect();
-        // Start at a random place so that many proxies do not move in lockstep.
-        let schedule = smooth_schedule(&weights);
-        let start = fastrand::usize(..schedule.len().max(1));
-        Arc::new(RoundRobinSelector {
-            pool,
-            schedule,
-            next: AtomicUsize::new(start),
-        })
+        Arc::new(RoundRobinSelector::new(pool, &weights))
     }
 }
 
 impl Selector for RoundRobinSelector {
-    fn select(
-        &self,
-        _: &RequestCtx<'_>,
-        accept: &mut dyn FnMut(&Backend) -> bool,
-    ) -> Option<Arc<Backend>> {
+    fn select(&self, _: &RequestCtx<'_>, accept: &mut dyn FnMut(&Backend) -> bool) -> Option<Arc<Backend>> {
         if self.schedule.is_empty() {
             return None;
         }
@@ -152,11 +163,7 @@ impl Policy for RandomPolicy {
 }
 
 impl Selector for RandomSelector {
-    fn select(
-        &self,
-        _: &RequestCtx<'_>,
-        accept: &mut dyn FnMut(&Backend) -> bool,
-    ) -> Option<Arc<Backend>> {
+    fn select(&self, _: &RequestCtx<'_>, accept: &mut dyn FnMut(&Backend) -> bool) -> Option<Arc<Backend>> {
         let total = *self.cumulative.last()?;
         if total == 0 {
             return None;
@@ -190,11 +197,7 @@ impl Policy for LeastConn {
 }
 
 impl Selector for LeastConnSelector {
-    fn select(
-        &self,
-        _: &RequestCtx<'_>,
-        accept: &mut dyn FnMut(&Backend) -> bool,
-    ) -> Option<Arc<Backend>> {
+    fn select(&self, _: &RequestCtx<'_>, accept: &mut dyn FnMut(&Backend) -> bool) -> Option<Arc<Backend>> {
         let n = self.pool.len();
         if n == 0 {
             return None;
@@ -211,9 +214,7 @@ impl Selector for LeastConnSelector {
             // load/w < best_load/best_w  <=>  load*best_w < best_load*w
             let better = match best {
                 None => true,
-                Some((_, bl, bw)) => {
-                    u128::from(load) * u128::from(bw) < u128::from(bl) * u128::from(w)
-                }
+                Some((_, bl, bw)) => u128::from(load) * u128::from(bw) < u128::from(bl) * u128::from(w),
             };
             if better {
                 best = Some((b, load, w));

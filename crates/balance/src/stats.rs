@@ -1,16 +1,119 @@
-//! Live per-backend statistics, updated with atomics on the request path.
+//! Live per-backend state, updated with atomics on the request path and by
+//! background tasks (health probes, load sources).
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Counters and gauges of one backend. Shared across snapshots by `Arc`.
+use crate::clock;
+
+/// A backend's state as seen by active health checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ActiveState {
+    /// No active check configured, or no result yet: available.
+    Unchecked = 0,
+    /// Passing.
+    Up = 1,
+    /// Failing: takes no traffic.
+    Down = 2,
+}
+
+/// An f64 in an atomic (NaN means "unknown").
+#[derive(Debug)]
+pub struct AtomicF64(AtomicU64);
+
+impl AtomicF64 {
+    fn new(v: f64) -> AtomicF64 {
+        AtomicF64(AtomicU64::new(v.to_bits()))
+    }
+
+    /// The value (NaN when unknown).
+    pub fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(Relaxed))
+    }
+
+    /// Sets the value.
+    pub fn set(&self, v: f64) {
+        self.0.store(v.to_bits(), Relaxed);
+    }
+}
+
+impl Default for AtomicF64 {
+    fn default() -> Self {
+        AtomicF64::new(f64::NAN)
+    }
+}
+
+/// What a backend (or its host) reports about its load, written by the load
+/// sources in the background. Utilizations are 0..=1; NaN means unknown.
 #[derive(Debug, Default)]
+pub struct LoadReport {
+    /// CPU utilization.
+    pub cpu: AtomicF64,
+    /// Memory utilization.
+    pub memory: AtomicF64,
+    /// Network utilization of the link.
+    pub network: AtomicF64,
+    /// ORCA requests per second.
+    pub qps: AtomicF64,
+    /// ORCA errors per second.
+    pub eps: AtomicF64,
+    /// When the first report arrived (ms on [`clock`]), 0 if never.
+    pub first_ms: AtomicU64,
+    /// When the latest report arrived.
+    pub last_ms: AtomicU64,
+}
+
+impl LoadReport {
+    /// Marks a report as received now.
+    pub fn touch(&self, now_ms: u64) {
+        let _ = self.first_ms.compare_exchange(0, now_ms.max(1), Relaxed, Relaxed);
+        self.last_ms.store(now_ms.max(1), Relaxed);
+    }
+}
+
+/// Counters and gauges of one backend. Shared across snapshots by `Arc`.
+#[derive(Debug)]
 pub struct BackendStats {
     in_flight: AtomicU64,
     requests: AtomicU64,
     failures: AtomicU64,
-    /// Latency EWMA in nanoseconds, as f64 bits (0 = no sample yet).
-    latency_ewma: AtomicU64,
+    /// Latency EWMA in nanoseconds (0 = no sample yet).
+    latency_ewma: AtomicF64,
+    /// Peak-EWMA latency (ns) and when it was last updated (ns on [`clock`]).
+    peak_ewma: AtomicF64,
+    peak_stamp_ns: AtomicU64,
+    pub(crate) active: AtomicU8,
+    pub(crate) probe_passes: AtomicU32,
+    pub(crate) probe_fails: AtomicU32,
+    pub(crate) consecutive_failures: AtomicU32,
+    pub(crate) ejections: AtomicU32,
+    pub(crate) ejected_until_ms: AtomicU64,
+    pub(crate) available_since_ms: AtomicU64,
+    /// Load reports from the backend or its host.
+    pub load: LoadReport,
+}
+
+impl Default for BackendStats {
+    fn default() -> Self {
+        BackendStats {
+            in_flight: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            latency_ewma: AtomicF64::new(0.0),
+            peak_ewma: AtomicF64::new(0.0),
+            peak_stamp_ns: AtomicU64::new(0),
+            active: AtomicU8::new(ActiveState::Unchecked as u8),
+            probe_passes: AtomicU32::new(0),
+            probe_fails: AtomicU32::new(0),
+            consecutive_failures: AtomicU32::new(0),
+            ejections: AtomicU32::new(0),
+            ejected_until_ms: AtomicU64::new(0),
+            available_since_ms: AtomicU64::new(clock::now_ms()),
+            load: LoadReport::default(),
+        }
+    }
 }
 
 /// How an upstream attempt ended.
@@ -22,19 +125,18 @@ pub enum Outcome {
     Failure,
 }
 
-/// Weight of a new latency sample in the EWMA.
+/// Weight of a new latency sample in the plain EWMA.
 const EWMA_ALPHA: f64 = 0.2;
 
+/// The peak-EWMA time constant used when a sample is recorded; policies
+/// that read it pass their own (see [`BackendStats::peak_ewma_ns`]).
+const PEAK_DECAY_NS: f64 = 10e9;
+
 impl BackendStats {
-    /// Marks a request as started; the guard marks it finished when dropped
-    /// or when [`InFlight::finish`] records its outcome.
-    pub fn start(self: &std::sync::Arc<Self>) -> InFlight {
+    /// Marks a request as started; the guard marks it finished when dropped.
+    pub fn start(self: &Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Relaxed);
-        InFlight {
-            stats: self.clone(),
-            started: Instant::now(),
-            done: false,
-        }
+        InFlight { stats: self.clone(), started: Instant::now(), done: false }
     }
 
     /// Requests in flight now.
@@ -42,10 +144,33 @@ impl BackendStats {
         self.in_flight.load(Relaxed)
     }
 
+    /// Requests finished so far.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Relaxed)
+    }
+
     /// Latency EWMA, if any sample was recorded.
     pub fn latency_ewma(&self) -> Option<Duration> {
-        let ns = f64::from_bits(self.latency_ewma.load(Relaxed));
+        let ns = self.latency_ewma.get();
         (ns > 0.0).then(|| Duration::from_nanos(ns as u64))
+    }
+
+    /// The active-check state.
+    pub fn active_state(&self) -> ActiveState {
+        match self.active.load(Relaxed) {
+            1 => ActiveState::Up,
+            2 => ActiveState::Down,
+            _ => ActiveState::Unchecked,
+        }
+    }
+
+    /// Peak-EWMA latency in ns at `now_ns`, decayed toward zero since the
+    /// last sample with time constant `decay_ns` (so an idle backend slowly
+    /// looks cheaper and gets probed again).
+    pub fn peak_ewma_ns(&self, now_ns: u64, decay_ns: f64) -> f64 {
+        let cost = self.peak_ewma.get();
+        let age = now_ns.saturating_sub(self.peak_stamp_ns.load(Relaxed)) as f64;
+        cost * (-age / decay_ns).exp()
     }
 
     fn record(&self, outcome: Outcome, latency: Duration) {
@@ -53,25 +178,33 @@ impl BackendStats {
         if outcome == Outcome::Failure {
             self.failures.fetch_add(1, Relaxed);
         }
-        let sample = latency.as_nanos() as f64;
-        let _ = self.latency_ewma.fetch_update(Relaxed, Relaxed, |bits| {
-            let old = f64::from_bits(bits);
-            let new = if old > 0.0 {
-                old + EWMA_ALPHA * (sample - old)
-            } else {
-                sample.max(1.0)
-            };
-            Some(new.to_bits())
-        });
+        let sample = (latency.as_nanos() as f64).max(1.0);
+        let old = self.latency_ewma.get();
+        self.latency_ewma.set(if old > 0.0 { old + EWMA_ALPHA * (sample - old) } else { sample });
+        // Peak EWMA: jumps up to a slower sample at once, decays otherwise.
+        let now = clock::now_ns();
+        let age = now.saturating_sub(self.peak_stamp_ns.swap(now, Relaxed)) as f64;
+        let cost = self.peak_ewma.get();
+        let next = if sample > cost {
+            sample
+        } else {
+            let w = (-age / PEAK_DECAY_NS).exp();
+            cost * w + sample * (1.0 - w)
+        };
+        self.peak_ewma.set(next);
     }
 
-    /// A consistent-enough copy for status pages.
+    /// A copy for status pages.
     pub fn view(&self) -> StatsView {
+        let now = clock::now_ms();
         StatsView {
             in_flight: self.in_flight(),
-            requests: self.requests.load(Relaxed),
+            requests: self.requests(),
             failures: self.failures.load(Relaxed),
             latency_ewma_ms: self.latency_ewma().map(|d| d.as_secs_f64() * 1e3),
+            active: self.active_state(),
+            ejected_for_ms: self.ejected_until_ms.load(Relaxed).saturating_sub(now),
+            ejections: self.ejections.load(Relaxed),
         }
     }
 }
@@ -87,6 +220,12 @@ pub struct StatsView {
     pub failures: u64,
     /// Latency EWMA in milliseconds.
     pub latency_ewma_ms: Option<f64>,
+    /// Active-check state.
+    pub active: ActiveState,
+    /// Remaining ejection time (0 when not ejected).
+    pub ejected_for_ms: u64,
+    /// Ejections in the current streak.
+    pub ejections: u32,
 }
 
 /// A request in flight to a backend: counted in flight until dropped (the
@@ -95,7 +234,7 @@ pub struct StatsView {
 /// a record counts a request without a latency sample (the client went away).
 #[derive(Debug)]
 pub struct InFlight {
-    stats: std::sync::Arc<BackendStats>,
+    stats: Arc<BackendStats>,
     started: Instant,
     done: bool,
 }
@@ -123,7 +262,6 @@ impl Drop for InFlight {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     #[test]
     fn in_flight_and_outcomes_are_counted() {
@@ -140,5 +278,15 @@ mod tests {
         assert!(v.latency_ewma_ms.is_some());
         drop(s.start());
         assert_eq!(s.view().requests, 3);
+    }
+
+    #[test]
+    fn peak_ewma_jumps_up_and_decays() {
+        let s = BackendStats::default();
+        s.record(Outcome::Success, Duration::from_millis(100));
+        let now = clock::now_ns();
+        let peak = s.peak_ewma_ns(now, 1e9);
+        assert!(peak > 90e6, "{peak}");
+        assert!(s.peak_ewma_ns(now + 2_000_000_000, 1e9) < peak / 5.0);
     }
 }

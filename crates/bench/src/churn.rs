@@ -70,13 +70,7 @@ enum Outcome {
     /// The admin API did not answer 200.
     AdminFailed(String),
     /// Accepted, then served by the proxy.
-    Effective {
-        admin: Duration,
-        effective: Duration,
-        after_admin: Duration,
-        retries: u32,
-        first_miss: Option<String>,
-    },
+    Effective { admin: Duration, effective: Duration, after_admin: Duration, retries: u32, first_miss: Option<String> },
     /// Accepted, but the proxy never served it within the window.
     NeverEffective { admin: Duration, last_miss: String },
 }
@@ -115,13 +109,8 @@ pub async fn run(target: &Target, args: &ChurnArgs) -> anyhow::Result<ChurnRepor
     client::expect_ok("GET service (create it with `setup`)", reply)?;
 
     let tag = args.tag.clone().unwrap_or_else(default_tag);
-    let ctx = Arc::new(Ctx {
-        admin,
-        proxy,
-        service: args.service.clone(),
-        tag,
-        expect_backend: args.expect_backend.clone(),
-    });
+    let ctx =
+        Arc::new(Ctx { admin, proxy, service: args.service.clone(), tag, expect_backend: args.expect_backend.clone() });
 
     let mut warnings = Vec::new();
     let probe = ctx.proxy.get(&format!("{}-probe", ctx.path(0))).await;
@@ -150,10 +139,7 @@ pub async fn run(target: &Target, args: &ChurnArgs) -> anyhow::Result<ChurnRepor
         agg.errors.bump("unfinished");
     }
     if agg.needed_retry > 0 {
-        warnings.push(format!(
-            "{} change(s) were not yet served when the admin API had answered",
-            agg.needed_retry
-        ));
+        warnings.push(format!("{} change(s) were not yet served when the admin API had answered", agg.needed_retry));
     }
 
     Ok(ChurnReport {
@@ -184,10 +170,7 @@ pub async fn run(target: &Target, args: &ChurnArgs) -> anyhow::Result<ChurnRepor
 /// One change: PUT the route, then GET it on the proxy until it answers.
 async fn change(ctx: Arc<Ctx>, i: u64, scheduled: Instant) -> Outcome {
     let body = json!({ "match": { "path": ctx.path(i) }, "service": ctx.service });
-    let reply = ctx
-        .admin
-        .put_json(&format!("/v1/routes/{}", ctx.route_name(i)), &body)
-        .await;
+    let reply = ctx.admin.put_json(&format!("/v1/routes/{}", ctx.route_name(i)), &body).await;
     match reply {
         Ok(r) if r.status == StatusCode::OK => {}
         Ok(r) => return Outcome::AdminFailed(format!("admin_status_{}", r.status.as_u16())),
@@ -212,10 +195,7 @@ async fn change(ctx: Arc<Ctx>, i: u64, scheduled: Instant) -> Outcome {
             };
         };
         if answered.elapsed() >= EFFECTIVE_WINDOW || attempts >= MAX_ATTEMPTS {
-            return Outcome::NeverEffective {
-                admin,
-                last_miss: miss,
-            };
+            return Outcome::NeverEffective { admin, last_miss: miss };
         }
         first_miss.get_or_insert(miss);
         tokio::time::sleep(RETRY_EVERY).await;
@@ -242,13 +222,7 @@ impl Aggregate {
     fn add(&mut self, outcome: Outcome) {
         match outcome {
             Outcome::AdminFailed(label) => self.errors.bump(label),
-            Outcome::Effective {
-                admin,
-                effective,
-                after_admin,
-                retries,
-                first_miss,
-            } => {
+            Outcome::Effective { admin, effective, after_admin, retries, first_miss } => {
                 self.changes_ok += 1;
                 self.effective += 1;
                 self.admin.record(admin);
@@ -307,10 +281,7 @@ fn route_path(tag: &str, i: u64) -> String {
 /// The start time in milliseconds since the epoch, so that runs against the
 /// same instance create new routes rather than replace live ones.
 fn default_tag() -> String {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis().to_string())
-        .unwrap_or_else(|_| "0".to_owned())
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis().to_string()).unwrap_or_else(|_| "0".to_owned())
 }
 
 #[cfg(test)]
@@ -340,19 +311,10 @@ mod tests {
     fn a_miss_is_anything_but_a_200_from_the_expected_backend() {
         assert_eq!(miss_label(&reply(200, None), None), None);
         assert_eq!(miss_label(&reply(200, Some("x")), Some("x")), None);
-        assert_eq!(
-            miss_label(&reply(200, Some("y")), Some("x")).as_deref(),
-            Some("wrong_backend")
-        );
-        assert_eq!(
-            miss_label(&reply(200, None), Some("x")).as_deref(),
-            Some("wrong_backend")
-        );
+        assert_eq!(miss_label(&reply(200, Some("y")), Some("x")).as_deref(), Some("wrong_backend"));
+        assert_eq!(miss_label(&reply(200, None), Some("x")).as_deref(), Some("wrong_backend"));
         assert_eq!(miss_label(&reply(404, None), None).as_deref(), Some("404"));
-        assert_eq!(
-            miss_label(&Err(Failure::Timeout), None).as_deref(),
-            Some("timeout")
-        );
+        assert_eq!(miss_label(&Err(Failure::Timeout), None).as_deref(), Some("timeout"));
     }
 
     #[test]
@@ -373,10 +335,7 @@ mod tests {
             first_miss: Some("404".to_owned()),
         });
         agg.add(Outcome::AdminFailed("admin_status_503".to_owned()));
-        agg.add(Outcome::NeverEffective {
-            admin: Duration::from_micros(500),
-            last_miss: "404".to_owned(),
-        });
+        agg.add(Outcome::NeverEffective { admin: Duration::from_micros(500), last_miss: "404".to_owned() });
         assert_eq!(agg.changes_ok, 3);
         assert_eq!(agg.effective, 2);
         assert_eq!(agg.needed_retry, 1);

@@ -33,12 +33,7 @@ pub struct Target {
     pub proxy: SocketAddr,
 
     /// Admin bearer token.
-    #[arg(
-        long,
-        global = true,
-        env = "TIDEGATE_ADMIN_TOKEN",
-        hide_env_values = true
-    )]
+    #[arg(long, global = true, env = "TIDEGATE_ADMIN_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
 
     /// Per-request timeout in milliseconds (admin and proxy requests).

@@ -73,15 +73,8 @@ impl Http {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(timeout));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build(connector);
-        Ok(Http {
-            client,
-            base: format!("http://{addr}"),
-            token: token.map(str::to_owned),
-            timeout,
-        })
+        let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector);
+        Ok(Http { client, base: format!("http://{addr}"), token: token.map(str::to_owned), timeout })
     }
 
     /// `GET path`.
@@ -99,15 +92,8 @@ impl Http {
         self.send(Method::POST, path, Some(body)).await
     }
 
-    async fn send(
-        &self,
-        method: Method,
-        path: &str,
-        json: Option<&serde_json::Value>,
-    ) -> Result<Reply, Failure> {
-        let mut builder = Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.base));
+    async fn send(&self, method: Method, path: &str, json: Option<&serde_json::Value>) -> Result<Reply, Failure> {
+        let mut builder = Request::builder().method(method).uri(format!("{}{path}", self.base));
         if let Some(token) = &self.token {
             builder = builder.header(AUTHORIZATION, format!("Bearer {token}"));
         }
@@ -118,9 +104,7 @@ impl Http {
             }
             None => Bytes::new(),
         };
-        let request = builder
-            .body(Full::new(body))
-            .map_err(|_| Failure::Transport)?;
+        let request = builder.body(Full::new(body)).map_err(|_| Failure::Transport)?;
         let exchange = async {
             let response = self.client.request(request).await.map_err(|e| {
                 if e.is_connect() {
@@ -130,21 +114,9 @@ impl Http {
                 }
             })?;
             let (parts, body) = response.into_parts();
-            let body = body
-                .collect()
-                .await
-                .map_err(|_| Failure::Transport)?
-                .to_bytes();
-            let backend = parts
-                .headers
-                .get("x-backend")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned);
-            Ok(Reply {
-                status: parts.status,
-                backend,
-                body,
-            })
+            let body = body.collect().await.map_err(|_| Failure::Transport)?.to_bytes();
+            let backend = parts.headers.get("x-backend").and_then(|v| v.to_str().ok()).map(str::to_owned);
+            Ok(Reply { status: parts.status, backend, body })
         };
         match tokio::time::timeout(self.timeout, exchange).await {
             Ok(result) => result,

@@ -39,11 +39,7 @@ fn main() -> ExitCode {
     if cli.target.threads > 0 {
         builder.worker_threads(cli.target.threads);
     }
-    let result = builder
-        .enable_all()
-        .build()
-        .map_err(anyhow::Error::from)
-        .and_then(|rt| rt.block_on(run(&cli)));
+    let result = builder.enable_all().build().map_err(anyhow::Error::from).and_then(|rt| rt.block_on(run(&cli)));
     match result {
         Ok(json) => {
             println!("{json}");

@@ -67,42 +67,33 @@ where
     let max_in_flight = max_in_flight.max(1);
 
     let counter = Arc::clone(&in_flight);
-    std::thread::Builder::new()
-        .name("bench-schedule".to_owned())
-        .spawn(move || {
-            // `start_one` may build runtime objects (timers) right away.
-            let _runtime = handle.enter();
-            let start = Instant::now();
-            let mut sched = Scheduled {
-                sent: 0,
-                skipped: 0,
-                lag: Latency::new(),
-                window: Duration::ZERO,
-            };
-            for i in 0..plan.count {
-                let at = start + plan.offset(i);
-                sleep_until(at);
-                if counter.load(Ordering::Acquire) >= max_in_flight {
-                    sched.skipped += 1;
-                    continue;
-                }
-                counter.fetch_add(1, Ordering::AcqRel);
-                let fut = start_one(i, at);
-                let tx = results_tx.clone();
-                let counter = Arc::clone(&counter);
-                handle.spawn(async move {
-                    let value = fut.await;
-                    counter.fetch_sub(1, Ordering::AcqRel);
-                    let _ = tx.send(value);
-                });
-                sched
-                    .lag
-                    .record(Instant::now().saturating_duration_since(at));
-                sched.sent += 1;
+    std::thread::Builder::new().name("bench-schedule".to_owned()).spawn(move || {
+        // `start_one` may build runtime objects (timers) right away.
+        let _runtime = handle.enter();
+        let start = Instant::now();
+        let mut sched = Scheduled { sent: 0, skipped: 0, lag: Latency::new(), window: Duration::ZERO };
+        for i in 0..plan.count {
+            let at = start + plan.offset(i);
+            sleep_until(at);
+            if counter.load(Ordering::Acquire) >= max_in_flight {
+                sched.skipped += 1;
+                continue;
             }
-            sched.window = start.elapsed();
-            let _ = stats_tx.send(sched);
-        })?;
+            counter.fetch_add(1, Ordering::AcqRel);
+            let fut = start_one(i, at);
+            let tx = results_tx.clone();
+            let counter = Arc::clone(&counter);
+            handle.spawn(async move {
+                let value = fut.await;
+                counter.fetch_sub(1, Ordering::AcqRel);
+                let _ = tx.send(value);
+            });
+            sched.lag.record(Instant::now().saturating_duration_since(at));
+            sched.sent += 1;
+        }
+        sched.window = start.elapsed();
+        let _ = stats_tx.send(sched);
+    })?;
 
     let mut scheduled: Option<Scheduled> = None;
     let mut deadline: Option<tokio::time::Instant> = None;
@@ -130,9 +121,7 @@ where
     // sending its stats; a break on the grace deadline comes after them too.
     let sched = match scheduled {
         Some(s) => s,
-        None => stats_rx
-            .await
-            .map_err(|_| anyhow::anyhow!("the scheduling thread died"))?,
+        None => stats_rx.await.map_err(|_| anyhow::anyhow!("the scheduling thread died"))?,
     };
     Ok(Sending {
         planned: plan.count,
@@ -187,15 +176,10 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn the_in_flight_cap_skips_instead_of_waiting() {
         let plan = Plan::new(100.0, 0.1).unwrap();
-        let sending = run(
-            plan,
-            3,
-            Duration::from_secs(2),
-            |_, _| tokio::time::sleep(Duration::from_millis(500)),
-            |()| {},
-        )
-        .await
-        .unwrap();
+        let sending =
+            run(plan, 3, Duration::from_secs(2), |_, _| tokio::time::sleep(Duration::from_millis(500)), |()| {})
+                .await
+                .unwrap();
         assert_eq!(sending.sent, 3);
         assert_eq!(sending.skipped_in_flight_cap, 7);
     }

@@ -51,14 +51,8 @@ pub struct SaturateReport {
 
 /// Runs `saturate`.
 pub async fn run(target: &Target, args: &SaturateArgs) -> anyhow::Result<SaturateReport> {
-    ensure!(
-        (1..=MAX_CLIENTS).contains(&args.clients),
-        "--clients must be within 1..={MAX_CLIENTS}"
-    );
-    ensure!(
-        (1..=MAX_BATCH).contains(&args.batch),
-        "--batch must be within 1..={MAX_BATCH}"
-    );
+    ensure!((1..=MAX_CLIENTS).contains(&args.clients), "--clients must be within 1..={MAX_CLIENTS}");
+    ensure!((1..=MAX_BATCH).contains(&args.batch), "--batch must be within 1..={MAX_BATCH}");
     client::require_loopback("--addr", args.addr)?;
     let length = schedule::run_length(args.duration_s)?;
     let timeout = Duration::from_millis(target.timeout_ms);
@@ -145,11 +139,7 @@ impl Writer {
             let reply = if self.batch == 1 {
                 let id = backend_id(self.client, k, 1, 0);
                 let path = format!("/v1/services/{}/backends/{id}", self.service);
-                http.put_json(
-                    &path,
-                    &json!({ "addr": self.addr.to_string(), "weight": self.weight }),
-                )
-                .await
+                http.put_json(&path, &json!({ "addr": self.addr.to_string(), "weight": self.weight })).await
             } else {
                 http.post_json("/v1/changes", &self.change_set(k)).await
             };
@@ -160,9 +150,7 @@ impl Writer {
                 }
                 Ok(r) => {
                     totals.latency.record(sent.elapsed());
-                    totals
-                        .errors
-                        .bump(format!("admin_status_{}", r.status.as_u16()));
+                    totals.errors.bump(format!("admin_status_{}", r.status.as_u16()));
                 }
                 Err(f) => {
                     totals.errors.bump(format!("admin_{}", f.label()));

@@ -22,10 +22,7 @@ pub struct Plan {
 impl Plan {
     /// The schedule for `rate` events per second during `duration_s` seconds.
     pub fn new(rate: f64, duration_s: f64) -> anyhow::Result<Plan> {
-        ensure!(
-            rate.is_finite() && rate > 0.0,
-            "rate must be a positive number, got {rate}"
-        );
+        ensure!(rate.is_finite() && rate > 0.0, "rate must be a positive number, got {rate}");
         run_length(duration_s)?;
         let events = (rate * duration_s).floor();
         if events > MAX_EVENTS as f64 {

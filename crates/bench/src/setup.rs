@@ -56,13 +56,9 @@ pub async fn run(target: &Target, args: &SetupArgs) -> anyhow::Result<SetupRepor
         args.preload_routes,
         args.preload_services
     );
+    ensure!(args.preload_services <= MAX_PRELOAD, "--preload-services is limited to {MAX_PRELOAD}");
     ensure!(
-        args.preload_services <= MAX_PRELOAD,
-        "--preload-services is limited to {MAX_PRELOAD}"
-    );
-    ensure!(
-        args.preload_services == 0
-            || (1..=MAX_BACKENDS_PER_SERVICE).contains(&args.backends_per_service),
+        args.preload_services == 0 || (1..=MAX_BACKENDS_PER_SERVICE).contains(&args.backends_per_service),
         "--backends-per-service must be within 1..={MAX_BACKENDS_PER_SERVICE}"
     );
     ensure!(args.batch_ops > 0, "--batch-ops must be positive");
@@ -72,9 +68,7 @@ pub async fn run(target: &Target, args: &SetupArgs) -> anyhow::Result<SetupRepor
     let admin = Http::new(target.admin, Some(client::token(target)?), timeout)?;
 
     let service_body = json!({ "backends": [{ "id": "a", "addr": args.backend.to_string() }] });
-    let reply = admin
-        .put_json(&format!("/v1/services/{}", args.service), &service_body)
-        .await;
+    let reply = admin.put_json(&format!("/v1/services/{}", args.service), &service_body).await;
     let mut revision = revision_of(&client::expect_ok("PUT service", reply)?.body);
 
     let catch_all_route = if args.no_catch_all {
@@ -87,11 +81,7 @@ pub async fn run(target: &Target, args: &SetupArgs) -> anyhow::Result<SetupRepor
         Some(name)
     };
 
-    let preload = if args.preload_services > 0 {
-        Some(preload(&admin, args).await)
-    } else {
-        None
-    };
+    let preload = if args.preload_services > 0 { Some(preload(&admin, args).await) } else { None };
     if let Some(r) = preload.as_ref().and_then(|p| p.last_revision) {
         revision = Some(r);
     }
@@ -120,9 +110,8 @@ async fn preload(admin: &Http, args: &SetupArgs) -> PreloadReport {
     let mut next = 0;
     while next < total {
         let end = (next + args.batch_ops).min(total);
-        let ops: Vec<Value> = (next..end)
-            .map(|k| preload_op(k, args.preload_services, args.backends_per_service))
-            .collect();
+        let ops: Vec<Value> =
+            (next..end).map(|k| preload_op(k, args.preload_services, args.backends_per_service)).collect();
         let body = json!({ "ops": ops });
         let sent = Instant::now();
         let reply = admin.post_json("/v1/changes", &body).await;
@@ -188,10 +177,7 @@ fn preload_op(k: u64, services: u64, backends_per_service: u64) -> Value {
 
 /// The `revision` field of an admin answer.
 fn revision_of(body: &[u8]) -> Option<u64> {
-    serde_json::from_slice::<Value>(body)
-        .ok()?
-        .get("revision")?
-        .as_u64()
+    serde_json::from_slice::<Value>(body).ok()?.get("revision")?.as_u64()
 }
 
 #[cfg(test)]

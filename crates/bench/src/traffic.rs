@@ -158,9 +158,6 @@ mod tests {
         assert_eq!(agg.errors.total(), 2);
         assert_eq!(agg.latency.count(), 3);
         assert_eq!(agg.ok_latency.count(), 1);
-        assert_eq!(
-            serde_json::to_string(&agg.statuses).unwrap(),
-            r#"{"200":2,"502":1}"#
-        );
+        assert_eq!(serde_json::to_string(&agg.statuses).unwrap(), r#"{"200":2,"502":1}"#);
     }
 }

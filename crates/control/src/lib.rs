@@ -109,10 +109,7 @@ impl Control {
         let (queue, rx) = mpsc::channel(QUEUE_CAPACITY);
         let shared = Arc::new(Shared {
             snapshot: Arc::new(ArcSwap::from_pointee(snapshot)),
-            config: ArcSwap::from_pointee(ConfigView {
-                revision: loaded.revision,
-                state: loaded.state,
-            }),
+            config: ArcSwap::from_pointee(ConfigView { revision: loaded.revision, state: loaded.state }),
             feed: broadcast::channel(FEED_CAPACITY).0,
             store,
             metrics: WriterMetrics::default(),
@@ -129,10 +126,7 @@ impl Control {
     /// revision it produced.
     pub async fn submit(&self, change: ChangeSet) -> Result<u64, SubmitError> {
         let (reply, answer) = oneshot::channel();
-        self.queue
-            .send(Pending { change, reply })
-            .await
-            .map_err(|_| SubmitError::Closed)?;
+        self.queue.send(Pending { change, reply }).await.map_err(|_| SubmitError::Closed)?;
         answer.await.map_err(|_| SubmitError::Closed)?
     }
 

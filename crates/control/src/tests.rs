@@ -22,12 +22,7 @@ fn put_backend(i: usize) -> ChangeSet {
 async fn concurrent_submissions_each_get_a_distinct_revision_and_are_live() {
     let dir = tempfile::tempdir().unwrap();
     let control = start(&dir);
-    let rev = control
-        .submit(cs(
-            r#"{"ops":[{"op":"put_service","name":"web","spec":{}}]}"#,
-        ))
-        .await
-        .unwrap();
+    let rev = control.submit(cs(r#"{"ops":[{"op":"put_service","name":"web","spec":{}}]}"#)).await.unwrap();
     assert_eq!(rev, 1);
     let tasks: Vec<_> = (0..200)
         .map(|i| {
@@ -70,12 +65,7 @@ async fn acknowledged_changes_survive_a_restart_and_replay_to_watchers() {
     let dir = tempfile::tempdir().unwrap();
     {
         let control = start(&dir);
-        control
-            .submit(cs(
-                r#"{"ops":[{"op":"put_service","name":"web","spec":{}}]}"#,
-            ))
-            .await
-            .unwrap();
+        control.submit(cs(r#"{"ops":[{"op":"put_service","name":"web","spec":{}}]}"#)).await.unwrap();
         for i in 0..5 {
             control.submit(put_backend(i)).await.unwrap();
         }
@@ -88,17 +78,7 @@ async fn acknowledged_changes_survive_a_restart_and_replay_to_watchers() {
         }
     };
     assert_eq!(control.config().revision, 6);
-    assert_eq!(
-        control
-            .snapshots()
-            .load()
-            .service("web")
-            .unwrap()
-            .selector
-            .backends()
-            .len(),
-        5
-    );
+    assert_eq!(control.snapshots().load().service("web").unwrap().selector.backends().len(), 5);
 
     let mut watch = control.watch(3);
     for want in 4..=6 {

@@ -41,8 +41,7 @@ impl Control {
             let mut last = after;
             loop {
                 let store = store.clone();
-                let page =
-                    tokio::task::spawn_blocking(move || store.changes_since(last, PAGE)).await;
+                let page = tokio::task::spawn_blocking(move || store.changes_since(last, PAGE)).await;
                 let page = match page {
                     Ok(Ok(p)) => p,
                     Ok(Err(StoreError::Compacted { oldest })) => {

@@ -77,9 +77,7 @@ impl Writer {
 
         let snapshot = self.shared.snapshot.load().next(&state, &delta, revision);
         self.shared.snapshot.store(Arc::new(snapshot));
-        self.shared
-            .config
-            .store(Arc::new(crate::ConfigView { revision, state }));
+        self.shared.config.store(Arc::new(crate::ConfigView { revision, state }));
 
         WriterMetrics::add(&m.commits, 1);
         WriterMetrics::add(&m.change_sets, applied.len() as u64);

@@ -115,15 +115,7 @@ impl Inner {
 impl Admission {
     /// Creates a controller with `slots` slots (0 = unlimited) and a queue of `max_queue`.
     pub fn new(slots: usize, max_queue: usize) -> Arc<Self> {
-        Arc::new(Self {
-            inner: Mutex::new(Inner {
-                slots,
-                max_queue,
-                busy: 0,
-                next_id: 0,
-                waiters: VecDeque::new(),
-            }),
-        })
+        Arc::new(Self { inner: Mutex::new(Inner { slots, max_queue, busy: 0, next_id: 0, waiters: VecDeque::new() }) })
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -141,11 +133,7 @@ impl Admission {
             Entry::Full => return Err(QueueFull),
             Entry::Wait(id, rx) => (id, rx),
         };
-        let mut guard = WaitGuard {
-            admission: self,
-            id,
-            armed: true,
-        };
+        let mut guard = WaitGuard { admission: self, id, armed: true };
         let granted = rx.await.is_ok();
         guard.armed = false;
         if granted {
@@ -165,11 +153,7 @@ impl Admission {
     /// Current slot count, busy slots and queue length.
     pub fn load(&self) -> Load {
         let inner = self.lock();
-        Load {
-            slots: inner.slots,
-            busy: inner.busy,
-            queued: inner.waiters.len(),
-        }
+        Load { slots: inner.slots, busy: inner.busy, queued: inner.waiters.len() }
     }
 }
 
@@ -217,11 +201,7 @@ mod tests {
     }
 
     fn load(slots: usize, busy: usize, queued: usize) -> Load {
-        Load {
-            slots,
-            busy,
-            queued,
-        }
+        Load { slots, busy, queued }
     }
 
     #[tokio::test]

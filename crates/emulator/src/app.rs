@@ -51,12 +51,8 @@ pub struct AppState {
 impl AppState {
     /// Builds the state from the options; fails if the name is not a valid header value.
     pub fn new(args: &Args) -> io::Result<Arc<Self>> {
-        let name_header = HeaderValue::from_str(&args.name).map_err(|_| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "--name must be a valid header value",
-            )
-        })?;
+        let name_header = HeaderValue::from_str(&args.name)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "--name must be a valid header value"))?;
         let body = match args.body_size {
             Some(n) => Bytes::from(vec![b'x'; n]),
             None => Bytes::from(format!("{}\n", args.name)),
@@ -112,10 +108,7 @@ impl AppState {
 pub fn text(status: StatusCode, body: impl Into<Bytes>) -> Resp {
     let mut resp = Response::new(Full::new(body.into()));
     *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
+    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
     resp
 }
 
@@ -125,18 +118,13 @@ pub fn json(status: StatusCode, value: &serde_json::Value) -> Resp {
     body.push(b'\n');
     let mut resp = Response::new(Full::new(Bytes::from(body)));
     *resp.status_mut() = status;
-    resp.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     resp
 }
 
 /// The value of query parameter `key`, if present (no percent-decoding).
 pub fn query_param<'a>(query: Option<&'a str>, key: &str) -> Option<&'a str> {
-    query?
-        .split('&')
-        .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
-        .find(|(k, _)| *k == key)
-        .map(|(_, v)| v)
+    query?.split('&').map(|pair| pair.split_once('=').unwrap_or((pair, ""))).find(|(k, _)| *k == key).map(|(_, v)| v)
 }
 
 #[cfg(test)]
@@ -155,16 +143,9 @@ mod tests {
 
     #[test]
     fn orca_report_reflects_load() {
-        let args = Args {
-            slots: 2,
-            orca: true,
-            ..Args::default()
-        };
+        let args = Args { slots: 2, orca: true, ..Args::default() };
         let state = AppState::new(&args).expect("state");
-        assert_eq!(
-            state.load_report(),
-            "TEXT cpu_utilization=0.000, rps_fractional=0.000"
-        );
+        assert_eq!(state.load_report(), "TEXT cpu_utilization=0.000, rps_fractional=0.000");
         let mut resp = text(StatusCode::OK, "x");
         state.decorate(&mut resp);
         assert_eq!(resp.headers()[X_BACKEND], "emu");
@@ -173,19 +154,10 @@ mod tests {
 
     #[test]
     fn body_size_overrides_the_name_line() {
-        let sized = Args {
-            body_size: Some(5),
-            ..Args::default()
-        };
+        let sized = Args { body_size: Some(5), ..Args::default() };
         assert_eq!(AppState::new(&sized).expect("state").body, "xxxxx");
-        assert_eq!(
-            AppState::new(&Args::default()).expect("state").body,
-            "emu\n"
-        );
-        let bad = Args {
-            name: "bad\nname".to_owned(),
-            ..Args::default()
-        };
+        assert_eq!(AppState::new(&Args::default()).expect("state").body, "emu\n");
+        let bad = Args { name: "bad\nname".to_owned(), ..Args::default() };
         assert!(AppState::new(&bad).is_err());
     }
 }

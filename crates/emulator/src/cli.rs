@@ -9,11 +9,7 @@ use crate::dist::{parse_duration, ServiceTime};
 
 /// Options of the `tidegate-emulator` binary; also the in-process configuration.
 #[derive(Debug, Clone, Parser)]
-#[command(
-    name = "tidegate-emulator",
-    version,
-    about = "Backend emulator for Tidegate tests and benchmarks"
-)]
+#[command(name = "tidegate-emulator", version, about = "Backend emulator for Tidegate tests and benchmarks")]
 pub struct Args {
     /// Address to listen on; port 0 picks a free port.
     #[arg(long, default_value = "127.0.0.1:0")]

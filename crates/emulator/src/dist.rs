@@ -35,15 +35,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, ParseError> {
     if text == "0" {
         return Ok(Duration::ZERO);
     }
-    let (number, scale) = split_unit(text)
-        .ok_or_else(|| ParseError::new(format!("duration `{text}` needs a unit: us, ms or s")))?;
-    let value: f64 = number
-        .parse()
-        .map_err(|_| ParseError::new(format!("duration `{text}` has no valid number")))?;
+    let (number, scale) =
+        split_unit(text).ok_or_else(|| ParseError::new(format!("duration `{text}` needs a unit: us, ms or s")))?;
+    let value: f64 = number.parse().map_err(|_| ParseError::new(format!("duration `{text}` has no valid number")))?;
     if !value.is_finite() || value < 0.0 {
-        return Err(ParseError::new(format!(
-            "duration `{text}` must be finite and >= 0"
-        )));
+        return Err(ParseError::new(format!("duration `{text}` must be finite and >= 0")));
     }
     Duration::try_from_secs_f64(value * scale)
         .map_err(|_| ParseError::new(format!("duration `{text}` is out of range")))
@@ -92,13 +88,8 @@ impl FromStr for ServiceTime {
         let parts: Vec<&str> = text.trim().split(':').collect();
         match parts.as_slice() {
             ["fixed", d] => Ok(Self::Fixed(parse_duration(d)?)),
-            ["exp", d] => Ok(Self::Exp {
-                mean: parse_duration(d)?,
-            }),
-            ["lognormal", d, sigma] => Ok(Self::LogNormal {
-                mean: parse_duration(d)?,
-                sigma: parse_sigma(sigma)?,
-            }),
+            ["exp", d] => Ok(Self::Exp { mean: parse_duration(d)? }),
+            ["lognormal", d, sigma] => Ok(Self::LogNormal { mean: parse_duration(d)?, sigma: parse_sigma(sigma)? }),
             _ => Err(ParseError::new(format!(
                 "service time `{text}`: expected fixed:D, exp:MEAN or lognormal:MEAN:SIGMA"
             ))),
@@ -109,9 +100,7 @@ impl FromStr for ServiceTime {
 fn parse_sigma(text: &str) -> Result<f64, ParseError> {
     match text.trim().parse::<f64>() {
         Ok(sigma) if sigma.is_finite() && sigma >= 0.0 => Ok(sigma),
-        _ => Err(ParseError::new(format!(
-            "sigma `{text}` must be a finite number >= 0"
-        ))),
+        _ => Err(ParseError::new(format!("sigma `{text}` must be a finite number >= 0"))),
     }
 }
 
@@ -145,9 +134,7 @@ fn standard_normal(rng: &mut fastrand::Rng) -> f64 {
 
 /// Converts seconds to a duration, clamped to `0..=MAX_SAMPLE`.
 fn seconds(secs: f64) -> Duration {
-    Duration::try_from_secs_f64(secs)
-        .unwrap_or(Duration::ZERO)
-        .min(MAX_SAMPLE)
+    Duration::try_from_secs_f64(secs).unwrap_or(Duration::ZERO).min(MAX_SAMPLE)
 }
 
 #[cfg(test)]
@@ -166,51 +153,28 @@ mod tests {
 
     #[test]
     fn bad_durations_are_rejected() {
-        for bad in [
-            "", "5", "ms", "-1ms", "5m", "infs", "NaNms", "1e400s", "5 min",
-        ] {
+        for bad in ["", "5", "ms", "-1ms", "5m", "infs", "NaNms", "1e400s", "5 min"] {
             assert!(parse_duration(bad).is_err(), "{bad} should not parse");
         }
     }
 
     #[test]
     fn distributions_parse() {
-        assert_eq!(
-            "fixed:5ms".parse(),
-            Ok(ServiceTime::Fixed(Duration::from_millis(5)))
-        );
-        assert_eq!(
-            "exp:2ms".parse(),
-            Ok(ServiceTime::Exp {
-                mean: Duration::from_millis(2)
-            })
-        );
+        assert_eq!("fixed:5ms".parse(), Ok(ServiceTime::Fixed(Duration::from_millis(5))));
+        assert_eq!("exp:2ms".parse(), Ok(ServiceTime::Exp { mean: Duration::from_millis(2) }));
         assert_eq!(
             "lognormal:5ms:0.5".parse(),
-            Ok(ServiceTime::LogNormal {
-                mean: Duration::from_millis(5),
-                sigma: 0.5
-            })
+            Ok(ServiceTime::LogNormal { mean: Duration::from_millis(5), sigma: 0.5 })
         );
         assert_eq!(ServiceTime::default(), ServiceTime::Fixed(Duration::ZERO));
     }
 
     #[test]
     fn bad_distributions_are_rejected() {
-        for bad in [
-            "",
-            "fixed",
-            "fixed:",
-            "exp:5ms:1",
-            "lognormal:5ms",
-            "lognormal:5ms:-1",
-            "lognormal:5ms:x",
-            "uniform:5ms",
-        ] {
-            assert!(
-                bad.parse::<ServiceTime>().is_err(),
-                "{bad} should not parse"
-            );
+        for bad in
+            ["", "fixed", "fixed:", "exp:5ms:1", "lognormal:5ms", "lognormal:5ms:-1", "lognormal:5ms:x", "uniform:5ms"]
+        {
+            assert!(bad.parse::<ServiceTime>().is_err(), "{bad} should not parse");
         }
     }
 
@@ -224,29 +188,18 @@ mod tests {
     fn samples_have_the_requested_mean() {
         let fixed = ServiceTime::Fixed(Duration::from_millis(3));
         assert!((mean_of(fixed, 10) - 0.003).abs() < 1e-12);
-        let exp = ServiceTime::Exp {
-            mean: Duration::from_millis(10),
-        };
+        let exp = ServiceTime::Exp { mean: Duration::from_millis(10) };
         assert!((mean_of(exp, 50_000) / 0.010 - 1.0).abs() < 0.03);
-        let logn = ServiceTime::LogNormal {
-            mean: Duration::from_millis(10),
-            sigma: 0.5,
-        };
+        let logn = ServiceTime::LogNormal { mean: Duration::from_millis(10), sigma: 0.5 };
         assert!((mean_of(logn, 50_000) / 0.010 - 1.0).abs() < 0.03);
     }
 
     #[test]
     fn zero_means_sample_zero() {
         let mut rng = fastrand::Rng::with_seed(1);
-        for dist in [
-            ServiceTime::Exp {
-                mean: Duration::ZERO,
-            },
-            ServiceTime::LogNormal {
-                mean: Duration::ZERO,
-                sigma: 1.0,
-            },
-        ] {
+        for dist in
+            [ServiceTime::Exp { mean: Duration::ZERO }, ServiceTime::LogNormal { mean: Duration::ZERO, sigma: 1.0 }]
+        {
             assert_eq!(dist.sample(&mut rng), Duration::ZERO);
         }
     }

@@ -55,9 +55,8 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Result<Resp
 
 /// A normal request: take a slot, hold it for the service time, answer 200.
 async fn serve(state: &AppState, req: Request<Incoming>) -> Resp {
-    let forced = query_param(req.uri().query(), "delay_ms")
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(Duration::from_millis);
+    let forced =
+        query_param(req.uri().query(), "delay_ms").and_then(|v| v.parse::<u64>().ok()).map(Duration::from_millis);
     drain(req.into_body()).await;
     let Ok(slot) = state.admission.acquire().await else {
         state.rejected.fetch_add(1, Ordering::Relaxed);
@@ -100,10 +99,7 @@ async fn drain(mut body: Incoming) -> u64 {
 /// version, headers and body length.
 async fn echo(req: Request<Incoming>) -> Resp {
     let (parts, body) = req.into_parts();
-    let path = parts
-        .uri
-        .path_and_query()
-        .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned());
+    let path = parts.uri.path_and_query().map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned());
     let body_bytes = drain(body).await;
     let doc = serde_json::json!({
         "method": parts.method.as_str(),
@@ -121,11 +117,8 @@ fn header_map(headers: &HeaderMap) -> BTreeMap<String, String> {
     headers
         .keys()
         .map(|name| {
-            let values: Vec<String> = headers
-                .get_all(name)
-                .iter()
-                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-                .collect();
+            let values: Vec<String> =
+                headers.get_all(name).iter().map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()).collect();
             (name.as_str().to_owned(), values.join(", "))
         })
         .collect()
@@ -138,9 +131,7 @@ fn control(state: &AppState, rest: &str, req: &Request<Incoming>) -> Resp {
         (&Method::GET, "stats") => json(StatusCode::OK, &state.stats()),
         (&Method::POST, "slots") => set_slots(state, query_param(query, "n")),
         (&Method::POST, "health") => set_health(state, query_param(query, "up")),
-        (_, "stats" | "slots" | "health") => {
-            text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
-        }
+        (_, "stats" | "slots" | "health") => text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
         _ => text(StatusCode::NOT_FOUND, "unknown control endpoint\n"),
     }
 }

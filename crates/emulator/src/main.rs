@@ -11,10 +11,7 @@ fn main() -> ExitCode {
     if args.threads > 0 {
         builder.worker_threads(args.threads);
     }
-    let result = builder
-        .enable_all()
-        .build()
-        .and_then(|rt| rt.block_on(run(args)));
+    let result = builder.enable_all().build().and_then(|rt| rt.block_on(run(args)));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

@@ -27,11 +27,7 @@ impl Window {
         if second <= self.second {
             return;
         }
-        self.previous = if second == self.second + 1 {
-            self.current
-        } else {
-            0
-        };
+        self.previous = if second == self.second + 1 { self.current } else { 0 };
         self.current = 0;
         self.second = second;
     }
@@ -50,10 +46,7 @@ impl RateMeter {
     }
 
     fn starting_at(origin: Instant) -> Self {
-        Self {
-            origin,
-            window: Mutex::new(Window::default()),
-        }
+        Self { origin, window: Mutex::new(Window::default()) }
     }
 
     /// Records one event now.

@@ -49,24 +49,15 @@ impl Reply {
 /// Sends one request with `Connection: close` and reads the whole reply.
 async fn send(addr: SocketAddr, method: &str, target: &str, extra: &str) -> Reply {
     let mut stream = TcpStream::connect(addr).await.expect("connect");
-    let req = format!(
-        "{method} {target} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n{extra}Content-Length: 0\r\n\r\n"
-    );
+    let req =
+        format!("{method} {target} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n{extra}Content-Length: 0\r\n\r\n");
     stream.write_all(req.as_bytes()).await.expect("write");
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).await.expect("read");
     let raw = String::from_utf8(raw).expect("utf8 reply");
     let (head, body) = raw.split_once("\r\n\r\n").expect("complete reply");
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status");
-    Reply {
-        status,
-        head: head.to_owned(),
-        body: body.to_owned(),
-    }
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("status");
+    Reply { status, head: head.to_owned(), body: body.to_owned() }
 }
 
 async fn stats(addr: SocketAddr) -> serde_json::Value {
@@ -94,10 +85,7 @@ async fn serves_rejects_and_echoes() {
     assert_eq!(ok.header("x-backend"), Some("b1"));
     assert_eq!(ok.body, "b1\n");
     let orca = ok.header("endpoint-load-metrics").expect("orca header");
-    assert!(
-        orca.starts_with("TEXT cpu_utilization=1.000, rps_fractional="),
-        "{orca}"
-    );
+    assert!(orca.starts_with("TEXT cpu_utilization=1.000, rps_fractional="), "{orca}");
 
     let addr = emu.addr;
     let long = tokio::spawn(async move { send(addr, "GET", "/slow?delay_ms=400", "").await });
@@ -109,13 +97,7 @@ async fn serves_rejects_and_echoes() {
     // Health and control never take a slot.
     assert_eq!(send(addr, "GET", "/health", "").await.body, "ok");
 
-    let echo = send(
-        addr,
-        "POST",
-        "/echo?x=1",
-        "X-Forwarded-For: 10.0.0.1\r\nX-Multi: a\r\nX-Multi: b\r\n",
-    )
-    .await;
+    let echo = send(addr, "POST", "/echo?x=1", "X-Forwarded-For: 10.0.0.1\r\nX-Multi: a\r\nX-Multi: b\r\n").await;
     let doc: serde_json::Value = serde_json::from_str(&echo.body).expect("echo json");
     assert_eq!(doc["method"], "POST");
     assert_eq!(doc["path"], "/echo?x=1");
@@ -124,14 +106,8 @@ async fn serves_rejects_and_echoes() {
 
     assert_eq!(long.await.expect("join").status, 200);
     let s = stats(addr).await;
-    assert_eq!(
-        (s["served"].as_u64(), s["rejected"].as_u64()),
-        (Some(2), Some(1))
-    );
-    assert_eq!(
-        (s["slots"].as_u64(), s["queued"].as_u64()),
-        (Some(1), Some(0))
-    );
+    assert_eq!((s["served"].as_u64(), s["rejected"].as_u64()), (Some(2), Some(1)));
+    assert_eq!((s["slots"].as_u64(), s["queued"].as_u64()), (Some(1), Some(0)));
     let _ = emu.stop.send(());
     emu.task.await.expect("join").expect("serve ok");
 }
@@ -142,20 +118,9 @@ async fn control_api_changes_slots_and_health() {
     let grown = send(emu.addr, "POST", "/_emulator/slots?n=3", "").await;
     assert_eq!(grown.status, 200);
     assert_eq!(stats(emu.addr).await["slots"], 3);
-    assert_eq!(
-        send(emu.addr, "POST", "/_emulator/slots", "").await.status,
-        400
-    );
-    assert_eq!(
-        send(emu.addr, "GET", "/_emulator/slots?n=1", "")
-            .await
-            .status,
-        405
-    );
-    assert_eq!(
-        send(emu.addr, "GET", "/_emulator/nope", "").await.status,
-        404
-    );
+    assert_eq!(send(emu.addr, "POST", "/_emulator/slots", "").await.status, 400);
+    assert_eq!(send(emu.addr, "GET", "/_emulator/slots?n=1", "").await.status, 405);
+    assert_eq!(send(emu.addr, "GET", "/_emulator/nope", "").await.status, 404);
 
     assert_eq!(send(emu.addr, "GET", "/ready", "").await.status, 200);
     let down = send(emu.addr, "POST", "/_emulator/health?up=false", "").await;
@@ -175,10 +140,7 @@ async fn upgrade_echoes_bytes() {
     stream.write_all(req.as_bytes()).await.expect("write");
     let head = read_head(&mut stream).await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-    assert!(
-        head.to_ascii_lowercase().contains("upgrade: echo"),
-        "{head}"
-    );
+    assert!(head.to_ascii_lowercase().contains("upgrade: echo"), "{head}");
     stream.write_all(b"hello").await.expect("write");
     let mut got = [0u8; 5];
     stream.read_exact(&mut got).await.expect("echo");

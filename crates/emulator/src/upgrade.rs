@@ -33,10 +33,7 @@ pub fn wants_echo(headers: &HeaderMap) -> bool {
 /// Answers `/upgrade`: 101 and an echo task, or 400 without the right headers.
 pub fn respond(req: Request<Incoming>) -> Resp {
     if !wants_echo(req.headers()) {
-        return text(
-            StatusCode::BAD_REQUEST,
-            "expected Connection: upgrade and Upgrade: echo\n",
-        );
+        return text(StatusCode::BAD_REQUEST, "expected Connection: upgrade and Upgrade: echo\n");
     }
     tokio::spawn(async move {
         if let Ok(upgraded) = hyper::upgrade::on(req).await {

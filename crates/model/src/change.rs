@@ -66,30 +66,17 @@ impl<'de> Deserialize<'de> for Op {
         let body = serde_json::Value::Object(map);
         let op = match tag.as_str() {
             "put_service" => {
-                sub::<NameSpec<ServiceName, ServiceSpec>>(body).map(|w| Op::PutService {
-                    name: w.name,
-                    spec: w.spec,
-                })
+                sub::<NameSpec<ServiceName, ServiceSpec>>(body).map(|w| Op::PutService { name: w.name, spec: w.spec })
             }
-            "delete_service" => {
-                sub::<Named<ServiceName>>(body).map(|w| Op::DeleteService { name: w.name })
+            "delete_service" => sub::<Named<ServiceName>>(body).map(|w| Op::DeleteService { name: w.name }),
+            "put_backend" => {
+                sub::<BackendOp>(body).map(|w| Op::PutBackend { service: w.service, id: w.id, spec: w.spec })
             }
-            "put_backend" => sub::<BackendOp>(body).map(|w| Op::PutBackend {
-                service: w.service,
-                id: w.id,
-                spec: w.spec,
-            }),
-            "delete_backend" => sub::<BackendRef>(body).map(|w| Op::DeleteBackend {
-                service: w.service,
-                id: w.id,
-            }),
-            "put_route" => sub::<NameSpec<RouteName, RouteSpec>>(body).map(|w| Op::PutRoute {
-                name: w.name,
-                spec: w.spec,
-            }),
-            "delete_route" => {
-                sub::<Named<RouteName>>(body).map(|w| Op::DeleteRoute { name: w.name })
+            "delete_backend" => sub::<BackendRef>(body).map(|w| Op::DeleteBackend { service: w.service, id: w.id }),
+            "put_route" => {
+                sub::<NameSpec<RouteName, RouteSpec>>(body).map(|w| Op::PutRoute { name: w.name, spec: w.spec })
             }
+            "delete_route" => sub::<Named<RouteName>>(body).map(|w| Op::DeleteRoute { name: w.name }),
             other => Err(format!(
                 "op: unknown op {other:?}; expected one of put_service, delete_service, \
                  put_backend, delete_backend, put_route, delete_route"
@@ -173,11 +160,7 @@ impl ParseError {
         // Validation messages may name a sub-field ("backends[1].id: ..."):
         // fold it into the path so the field is complete.
         while let Some((sub, rest)) = message.split_once(": ") {
-            if sub.is_empty()
-                || !sub
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "_.[]".contains(c))
-            {
+            if sub.is_empty() || !sub.chars().all(|c| c.is_ascii_alphanumeric() || "_.[]".contains(c)) {
                 break;
             }
             {
@@ -190,11 +173,7 @@ impl ParseError {
             }
         }
         // serde_json appends " at line L column C": useful to people, keep it.
-        ParseError {
-            op: op_index(&field),
-            field,
-            message,
-        }
+        ParseError { op: op_index(&field), field, message }
     }
 }
 

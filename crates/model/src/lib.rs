@@ -19,8 +19,10 @@ mod state;
 
 pub use change::{parse_change_set, parse_json, ChangeSet, Op, ParseError};
 pub use names::{BackendAddr, BackendId, NameError, RouteName, ServiceName};
-pub use route::{
-    HeaderMatch, HostPattern, PathPattern, RouteAction, RouteMatch, RouteSpec, StaticDir,
+pub use route::{HeaderMatch, HostPattern, PathPattern, RouteAction, RouteMatch, RouteSpec, StaticDir};
+pub use service::{
+    ActiveCheck, BackendSpec, BalanceFactor, CheckKind, ExternalSpec, FeedbackFormula, FeedbackSpec, Gammas,
+    GangliaSource, HeaderKey, HealthSpec, LoadSources, NodeExporterSource, OrcaSpec, PassiveCheck, PolicySpec,
+    RetryBudget, ServiceSettings, ServiceSpec, Timeouts, Weight,
 };
-pub use service::{BackendSpec, PolicySpec, ServiceSettings, ServiceSpec, Timeouts, Weight};
 pub use state::{ChangeError, ChangeErrorKind, ConfigState, Delta};

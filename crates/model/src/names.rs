@@ -14,19 +14,12 @@ const MAX_NAME_LEN: usize = 128;
 
 fn check_name(kind: &str, s: &str) -> Result<(), NameError> {
     if s.is_empty() || s.len() > MAX_NAME_LEN {
-        return Err(NameError(format!(
-            "{kind} must be 1 to {MAX_NAME_LEN} characters long"
-        )));
+        return Err(NameError(format!("{kind} must be 1 to {MAX_NAME_LEN} characters long")));
     }
     if s.chars().all(|c| c == '.') {
-        return Err(NameError(format!(
-            "{kind} {s:?} must not consist of dots only"
-        )));
+        return Err(NameError(format!("{kind} {s:?} must not consist of dots only")));
     }
-    if let Some(c) = s
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
-    {
+    if let Some(c) = s.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))) {
         return Err(NameError(format!(
             "{kind} {s:?} contains {c:?}; allowed are ASCII letters, digits, '-', '_' and '.'"
         )));
@@ -117,9 +110,7 @@ impl BackendAddr {
         if s.parse::<std::net::SocketAddr>().is_ok() {
             return Ok(Self(Arc::from(s)));
         }
-        let (host, port) = s
-            .rsplit_once(':')
-            .ok_or_else(|| bad("expected HOST:PORT"))?;
+        let (host, port) = s.rsplit_once(':').ok_or_else(|| bad("expected HOST:PORT"))?;
         match port.parse::<u16>() {
             Ok(0) | Err(_) => return Err(bad("port must be 1..65535")),
             Ok(_) => {}
@@ -186,23 +177,10 @@ mod tests {
 
     #[test]
     fn addresses_need_a_host_and_a_port() {
-        for ok in [
-            "127.0.0.1:80",
-            "[::1]:8080",
-            "backend.internal:9000",
-            "localhost:1",
-        ] {
+        for ok in ["127.0.0.1:80", "[::1]:8080", "backend.internal:9000", "localhost:1"] {
             assert!(BackendAddr::new(ok).is_ok(), "{ok}");
         }
-        for bad in [
-            "127.0.0.1",
-            "host:0",
-            "host:70000",
-            ":80",
-            "a b:80",
-            "-x.com:80",
-            "http://x:80",
-        ] {
+        for bad in ["127.0.0.1", "host:0", "host:70000", ":80", "a b:80", "-x.com:80", "http://x:80"] {
             assert!(BackendAddr::new(bad).is_err(), "{bad}");
         }
     }

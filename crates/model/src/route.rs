@@ -143,19 +143,11 @@ fn parse_host(h: &str) -> Result<HostPattern, String> {
         Some(rest) => (true, rest),
         None => (false, h.as_str()),
     };
-    let label_ok = |l: &str| {
-        !l.is_empty() && l.len() <= 63 && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-    };
+    let label_ok = |l: &str| !l.is_empty() && l.len() <= 63 && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
     if rest.is_empty() || rest.len() > 253 || !rest.split('.').all(label_ok) {
-        return Err(format!(
-            "match.host: {h:?} is not a host name or a `*.domain` wildcard"
-        ));
+        return Err(format!("match.host: {h:?} is not a host name or a `*.domain` wildcard"));
     }
-    Ok(if wild {
-        HostPattern::Wildcard(Arc::from(format!(".{rest}")))
-    } else {
-        HostPattern::Exact(Arc::from(rest))
-    })
+    Ok(if wild { HostPattern::Wildcard(Arc::from(format!(".{rest}"))) } else { HostPattern::Exact(Arc::from(rest)) })
 }
 
 fn check_path(field: &str, p: &str) -> Result<(), String> {
@@ -163,9 +155,7 @@ fn check_path(field: &str, p: &str) -> Result<(), String> {
         return Err(format!("{field}: {p:?} must start with '/'"));
     }
     if p.contains(['?', '#']) || p.chars().any(|c| c.is_ascii_control() || c == ' ') {
-        return Err(format!(
-            "{field}: {p:?} must be a plain path (no query, fragment, spaces)"
-        ));
+        return Err(format!("{field}: {p:?} must be a plain path (no query, fragment, spaces)"));
     }
     Ok(())
 }
@@ -179,9 +169,7 @@ impl TryFrom<RouteWire> for RouteSpec {
             Some(h) => parse_host(h)?,
         };
         let path = match (m.path_prefix, m.path) {
-            (Some(_), Some(_)) => {
-                return Err("match: give `path_prefix` or `path`, not both".to_string())
-            }
+            (Some(_), Some(_)) => return Err("match: give `path_prefix` or `path`, not both".to_string()),
             (None, Some(p)) => {
                 check_path("match.path", &p)?;
                 PathPattern::Exact(Arc::from(p))
@@ -207,10 +195,7 @@ impl TryFrom<RouteWire> for RouteSpec {
                 .map_err(|_| format!("match.headers: {name:?} is not a header name"))?;
             let hv = HeaderValue::from_str(value)
                 .map_err(|_| format!("match.headers.{name}: {value:?} is not a header value"))?;
-            headers.push(HeaderMatch {
-                name: hn,
-                value: hv,
-            });
+            headers.push(HeaderMatch { name: hn, value: hv });
         }
         let action = match (w.service, w.static_dir) {
             (Some(s), None) => RouteAction::Service(s),
@@ -225,16 +210,7 @@ impl TryFrom<RouteWire> for RouteSpec {
             }
             _ => return Err("a route needs exactly one of `service` and `static`".to_string()),
         };
-        Ok(RouteSpec {
-            matches: RouteMatch {
-                host,
-                path,
-                methods,
-                headers,
-            },
-            action,
-            priority: w.priority,
-        })
+        Ok(RouteSpec { matches: RouteMatch { host, path, methods, headers }, action, priority: w.priority })
     }
 }
 
@@ -287,34 +263,20 @@ mod tests {
 
     #[test]
     fn routes_are_normalized() {
-        let r =
-            parse(r#"{"match":{"host":"API.Example.com","path_prefix":"/api/"},"service":"web"}"#)
-                .unwrap();
-        assert_eq!(
-            r.matches.host,
-            HostPattern::Exact(Arc::from("api.example.com"))
-        );
+        let r = parse(r#"{"match":{"host":"API.Example.com","path_prefix":"/api/"},"service":"web"}"#).unwrap();
+        assert_eq!(r.matches.host, HostPattern::Exact(Arc::from("api.example.com")));
         assert_eq!(r.matches.path, PathPattern::Prefix(Arc::from("/api")));
         let r = parse(r#"{"match":{"host":"*.example.com"},"service":"web"}"#).unwrap();
-        assert_eq!(
-            r.matches.host,
-            HostPattern::Wildcard(Arc::from(".example.com"))
-        );
+        assert_eq!(r.matches.host, HostPattern::Wildcard(Arc::from(".example.com")));
         assert_eq!(r.matches.path, PathPattern::Prefix(Arc::from("/")));
     }
 
     #[test]
     fn bad_routes_name_the_field() {
         let cases = [
-            (
-                r#"{"match":{"path_prefix":"api"},"service":"w"}"#,
-                "match.path_prefix",
-            ),
+            (r#"{"match":{"path_prefix":"api"},"service":"w"}"#, "match.path_prefix"),
             (r#"{"match":{"host":"a b"},"service":"w"}"#, "match.host"),
-            (
-                r#"{"match":{"methods":["G T"]},"service":"w"}"#,
-                "match.methods[0]",
-            ),
+            (r#"{"match":{"methods":["G T"]},"service":"w"}"#, "match.methods[0]"),
             (r#"{"service":"w","static":{"root":"/x"}}"#, "exactly one"),
             (r#"{"static":{"root":"rel"}}"#, "static.root"),
             (r#"{"service":"w","extra":1}"#, "unknown field"),

@@ -62,7 +62,9 @@ pub struct BackendSpec {
 
 /// How a service picks a backend for each request.
 ///
-/// Selected by `"kind"`; each kind documents its own parameters.
+/// Selected by `"kind"`; each kind documents its own parameters. Every
+/// policy only picks among backends that are available (healthy, not
+/// ejected, not already tried for this request).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum PolicySpec {
@@ -73,6 +75,282 @@ pub enum PolicySpec {
     Random {},
     /// The backend with the fewest requests in flight relative to its weight.
     LeastConn {},
+    /// The papers' "fair": the shortest expected response time, latency
+    /// EWMA x (in flight + 1) / weight, over all backends.
+    LeastTime {},
+    /// Power of two choices on peak-EWMA latency x (in flight + 1) / weight
+    /// (Finagle, linkerd): two random backends, the cheaper one wins.
+    /// Recommended for backends of unknown or changing capacity.
+    P2cEwma {
+        /// Time constant of the latency average's decay, ms (default 10000).
+        #[serde(default = "default_decay_ms")]
+        decay_ms: u64,
+    },
+    /// Consistent hash of the client IP, with bounded loads.
+    IpHash {
+        /// No backend takes more than this factor times the average load
+        /// (in flight); over it, the key moves to the next backend on the
+        /// ring (default 1.25; 1.0..=10.0).
+        #[serde(default)]
+        balance_factor: BalanceFactor,
+    },
+    /// Consistent hash of the request path and query, with bounded loads.
+    UriHash {
+        /// See `ip_hash`.
+        #[serde(default)]
+        balance_factor: BalanceFactor,
+    },
+    /// Consistent hash of a request header's value, with bounded loads.
+    /// Requests without the header are spread by round robin.
+    HeaderHash {
+        /// The header's name.
+        header: HeaderKey,
+        /// See `ip_hash`.
+        #[serde(default)]
+        balance_factor: BalanceFactor,
+    },
+    /// Consistent hash of a cookie's value (session affinity that works
+    /// behind NAT and several front ends), with bounded loads. Requests
+    /// without the cookie are spread by round robin.
+    CookieHash {
+        /// The cookie's name.
+        cookie: HeaderKey,
+        /// See `ip_hash`.
+        #[serde(default)]
+        balance_factor: BalanceFactor,
+    },
+    /// Dynamic feedback (paper S3): traffic in proportion to each backend's
+    /// expected capacity from its load signals, recomputed in the background.
+    DynamicFeedback(FeedbackSpec),
+    /// Weights from backends' ORCA `endpoint-load-metrics` response headers
+    /// (qps / (cpu utilization + error penalty)), as gRPC's weighted round robin.
+    OrcaWrr(OrcaSpec),
+    /// Ask an external distributor over UDP for each request (paper S4).
+    External(ExternalSpec),
+}
+
+fn default_decay_ms() -> u64 {
+    10_000
+}
+
+/// A factor of 1.0 to 10.0 (equality and hashing by value).
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Serialize, Deserialize)]
+#[serde(try_from = "f64", into = "f64")]
+pub struct BalanceFactor(f64);
+
+impl Eq for BalanceFactor {}
+
+impl BalanceFactor {
+    /// The factor.
+    pub fn get(self) -> f64 {
+        self.0
+    }
+}
+
+impl Default for BalanceFactor {
+    fn default() -> Self {
+        BalanceFactor(1.25)
+    }
+}
+
+impl TryFrom<f64> for BalanceFactor {
+    type Error = String;
+    fn try_from(v: f64) -> Result<Self, String> {
+        if (1.0..=10.0).contains(&v) {
+            Ok(BalanceFactor(v))
+        } else {
+            Err(format!("balance_factor must be 1.0..=10.0, got {v}"))
+        }
+    }
+}
+
+impl From<BalanceFactor> for f64 {
+    fn from(b: BalanceFactor) -> f64 {
+        b.0
+    }
+}
+
+/// A header or cookie name: 1..=128 visible ASCII characters, stored lowercase
+/// for headers (cookies keep their case).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct HeaderKey(String);
+
+impl HeaderKey {
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for HeaderKey {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        let ok = !s.is_empty()
+            && s.len() <= 128
+            && s.bytes().all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b));
+        if ok {
+            Ok(HeaderKey(s))
+        } else {
+            Err(format!("{s:?} is not a valid header or cookie name"))
+        }
+    }
+}
+
+impl From<HeaderKey> for String {
+    fn from(k: HeaderKey) -> String {
+        k.0
+    }
+}
+
+/// Parameters of the dynamic feedback policy (paper S3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeedbackSpec {
+    /// Exponents of the five load parameters; they must sum to 1.
+    #[serde(default)]
+    pub gamma: Gammas,
+    /// `spare` (default): w = alpha x R_all / (1 + Q), traffic follows spare
+    /// capacity. `paper`: w = Q / (1 + Q) x alpha x R_all as printed in the
+    /// paper, which in M/M/1 terms is the utilization and so favours busy
+    /// backends; kept for reproducing the paper.
+    #[serde(default)]
+    pub formula: FeedbackFormula,
+    /// How often weights are recomputed, ms (default 500).
+    #[serde(default = "default_feedback_interval")]
+    pub interval_ms: u64,
+}
+
+fn default_feedback_interval() -> u64 {
+    500
+}
+
+impl Default for FeedbackSpec {
+    fn default() -> Self {
+        FeedbackSpec {
+            gamma: Gammas::default(),
+            formula: FeedbackFormula::default(),
+            interval_ms: default_feedback_interval(),
+        }
+    }
+}
+
+/// Which form of the S3 weight formula to use.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FeedbackFormula {
+    /// Traffic follows spare capacity.
+    #[default]
+    Spare,
+    /// The paper's formula as printed.
+    Paper,
+}
+
+/// Exponents of R1 service rate, R2 CPU, R3 memory, R4 network, R5 response
+/// time (each 0..=1, summing to 1; default 0.2 each).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "GammaWire", into = "GammaWire")]
+pub struct Gammas {
+    /// R1: service rate.
+    pub rate: f64,
+    /// R2: CPU availability.
+    pub cpu: f64,
+    /// R3: memory availability.
+    pub memory: f64,
+    /// R4: network availability.
+    pub network: f64,
+    /// R5: response time.
+    pub time: f64,
+}
+
+impl Eq for Gammas {}
+
+impl Default for Gammas {
+    fn default() -> Self {
+        Gammas { rate: 0.2, cpu: 0.2, memory: 0.2, network: 0.2, time: 0.2 }
+    }
+}
+
+#[derive(Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GammaWire {
+    rate: f64,
+    cpu: f64,
+    memory: f64,
+    network: f64,
+    time: f64,
+}
+
+impl TryFrom<GammaWire> for Gammas {
+    type Error = String;
+    fn try_from(g: GammaWire) -> Result<Self, String> {
+        let all = [g.rate, g.cpu, g.memory, g.network, g.time];
+        if all.iter().any(|x| !(0.0..=1.0).contains(x)) {
+            return Err("gamma: each exponent must be 0..=1".into());
+        }
+        let sum: f64 = all.iter().sum();
+        if (sum - 1.0).abs() > 1e-6 {
+            return Err(format!("gamma: exponents must sum to 1, they sum to {sum}"));
+        }
+        Ok(Gammas { rate: g.rate, cpu: g.cpu, memory: g.memory, network: g.network, time: g.time })
+    }
+}
+
+impl From<Gammas> for GammaWire {
+    fn from(g: Gammas) -> GammaWire {
+        GammaWire { rate: g.rate, cpu: g.cpu, memory: g.memory, network: g.network, time: g.time }
+    }
+}
+
+/// Parameters of the ORCA weighted round robin policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrcaSpec {
+    /// A backend's reports are used only after it has reported for this
+    /// long, ms (default 10000), so one early sample cannot swing traffic.
+    #[serde(default = "default_blackout")]
+    pub blackout_ms: u64,
+    /// Reports older than this are ignored, ms (default 180000); a backend
+    /// without fresh reports gets the mean weight.
+    #[serde(default = "default_expiry")]
+    pub expiry_ms: u64,
+    /// Weight of the error rate in the cost, in hundredths (default 100 = 1.0).
+    #[serde(default = "default_penalty")]
+    pub error_penalty_pct: u32,
+}
+
+fn default_blackout() -> u64 {
+    10_000
+}
+fn default_expiry() -> u64 {
+    180_000
+}
+fn default_penalty() -> u32 {
+    100
+}
+
+/// Parameters of the external distributor policy (paper S4).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExternalSpec {
+    /// The distributor's UDP address.
+    pub addr: std::net::SocketAddr,
+    /// The policy name sent with each query (the distributor's choice).
+    pub policy: String,
+    /// How long to wait for each answer, ms (default 20).
+    #[serde(default = "default_external_timeout")]
+    pub timeout_ms: u64,
+    /// Queries per request before falling back (default 3: the paper's
+    /// "two more tries"). Then a backup backend is used, or round robin.
+    #[serde(default = "default_external_tries")]
+    pub tries: u32,
+}
+
+fn default_external_timeout() -> u64 {
+    20
+}
+fn default_external_tries() -> u32 {
+    3
 }
 
 impl Default for PolicySpec {
@@ -97,12 +375,181 @@ pub struct Timeouts {
 
 impl Default for Timeouts {
     fn default() -> Self {
-        Timeouts {
-            connect_ms: 2_000,
-            response_ms: 60_000,
-            idle_ms: 90_000,
+        Timeouts { connect_ms: 2_000, response_ms: 60_000, idle_ms: 90_000 }
+    }
+}
+
+/// Active health checks: the proxy probes each backend on its own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActiveCheck {
+    /// `http` (default): GET `path`, healthy on an expected status. `tcp`:
+    /// healthy when a connection opens.
+    #[serde(default)]
+    pub kind: CheckKind,
+    /// Path of the HTTP probe (default `/`).
+    #[serde(default = "default_check_path")]
+    pub path: String,
+    /// Statuses that count as healthy (default: any 2xx or 3xx).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub expect_status: Vec<u16>,
+    /// Time between probes of one backend, ms (default 2000).
+    #[serde(default = "default_check_interval")]
+    pub interval_ms: u64,
+    /// Time a probe may take, ms (default 1000).
+    #[serde(default = "default_check_timeout")]
+    pub timeout_ms: u64,
+    /// Consecutive passing probes that bring a down backend up (default 2).
+    #[serde(default = "default_rise")]
+    pub rise: u32,
+    /// Consecutive failing probes that take a backend down (default 3).
+    #[serde(default = "default_fall")]
+    pub fall: u32,
+}
+
+/// The kind of an active probe.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckKind {
+    /// An HTTP GET.
+    #[default]
+    Http,
+    /// A TCP connect.
+    Tcp,
+}
+
+fn default_check_path() -> String {
+    "/".into()
+}
+fn default_check_interval() -> u64 {
+    2_000
+}
+fn default_check_timeout() -> u64 {
+    1_000
+}
+fn default_rise() -> u32 {
+    2
+}
+fn default_fall() -> u32 {
+    3
+}
+
+/// Passive outlier detection: backends that fail real requests are ejected
+/// for a while, longer each time they are ejected again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PassiveCheck {
+    /// Consecutive failures (connect errors, resets, 5xx, timeouts) that
+    /// eject a backend (default 5; 0 turns ejection off).
+    pub consecutive_failures: u32,
+    /// First ejection time, ms (default 5000); doubled for each ejection
+    /// that follows soon after the previous one.
+    pub base_ejection_ms: u64,
+    /// Longest ejection, ms (default 120000).
+    pub max_ejection_ms: u64,
+    /// At most this share of a service's backends is ejected at once, in
+    /// percent (default 50), so ejection cannot empty a pool.
+    pub max_ejected_percent: u32,
+}
+
+impl Default for PassiveCheck {
+    fn default() -> Self {
+        PassiveCheck {
+            consecutive_failures: 5,
+            base_ejection_ms: 5_000,
+            max_ejection_ms: 120_000,
+            max_ejected_percent: 50,
         }
     }
+}
+
+/// Health of a service's backends.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthSpec {
+    /// Active probes (off unless given). A backend starts available and
+    /// is taken out after `fall` failed probes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active: Option<ActiveCheck>,
+    /// Passive outlier detection (on by default).
+    #[serde(default)]
+    pub passive: PassiveCheck,
+    /// New and recovered backends ramp up their share of traffic over this
+    /// long, ms (default 0: at once).
+    #[serde(default)]
+    pub slow_start_ms: u64,
+}
+
+/// How many retries may be in flight, relative to requests in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryBudget {
+    /// Retries in flight may be at most this percent of the service's
+    /// requests in flight (default 20), so retries cannot multiply an outage.
+    pub percent: u32,
+    /// ... but at least this many at once (default 3).
+    pub min_concurrent: u32,
+}
+
+impl Default for RetryBudget {
+    fn default() -> Self {
+        RetryBudget { percent: 20, min_concurrent: 3 }
+    }
+}
+
+/// Where backends' load reports come from, besides what the proxy observes.
+/// All sources run in the background; policies read the latest values.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadSources {
+    /// Read ORCA `endpoint-load-metrics` response headers (TEXT or JSON).
+    #[serde(default)]
+    pub orca: bool,
+    /// Scrape Prometheus `node_exporter` on each backend's host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_exporter: Option<NodeExporterSource>,
+    /// Read Ganglia `gmond` XML (paper S4's monitor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ganglia: Option<GangliaSource>,
+}
+
+/// A `node_exporter` per backend host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeExporterSource {
+    /// The exporter's port on each backend's host (default 9100).
+    #[serde(default = "default_node_exporter_port")]
+    pub port: u16,
+    /// Scrape interval, ms (default 1000).
+    #[serde(default = "default_source_interval")]
+    pub interval_ms: u64,
+    /// Link capacity for network utilization, bytes/s (default 125000000 = 1 Gbit/s).
+    #[serde(default = "default_link")]
+    pub link_bytes_per_s: u64,
+}
+
+/// A `gmond` that reports on the backends' hosts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GangliaSource {
+    /// The gmond TCP address (its XML port).
+    pub addr: std::net::SocketAddr,
+    /// Poll interval, ms (default 1000).
+    #[serde(default = "default_source_interval")]
+    pub interval_ms: u64,
+    /// Link capacity for network utilization, bytes/s (default 125000000).
+    #[serde(default = "default_link")]
+    pub link_bytes_per_s: u64,
+}
+
+fn default_node_exporter_port() -> u16 {
+    9100
+}
+fn default_source_interval() -> u64 {
+    1_000
+}
+fn default_link() -> u64 {
+    125_000_000
 }
 
 /// Everything about a service except its backends.
@@ -120,6 +567,15 @@ pub struct ServiceSettings {
     /// only for idempotent methods with a replayable body.
     #[serde(default = "default_retries")]
     pub retries: u32,
+    /// Retries in flight relative to requests in flight.
+    #[serde(default)]
+    pub retry_budget: RetryBudget,
+    /// Active and passive health checks, slow start.
+    #[serde(default)]
+    pub health: HealthSpec,
+    /// Load reports from backends (ORCA, node_exporter, Ganglia).
+    #[serde(default)]
+    pub load_metrics: LoadSources,
 }
 
 fn default_retries() -> u32 {
@@ -132,6 +588,9 @@ impl Default for ServiceSettings {
             policy: PolicySpec::default(),
             timeouts: Timeouts::default(),
             retries: default_retries(),
+            retry_budget: RetryBudget::default(),
+            health: HealthSpec::default(),
+            load_metrics: LoadSources::default(),
         }
     }
 }
@@ -151,6 +610,61 @@ impl ServiceSettings {
         }
         if self.retries > 10 {
             return Err(format!("retries: must be 0..=10, got {}", self.retries));
+        }
+        if self.retry_budget.percent > 100 {
+            return Err("retry_budget.percent: must be 0..=100".into());
+        }
+        let h = &self.health;
+        if let Some(a) = &h.active {
+            if !a.path.starts_with('/') || a.path.contains(char::is_whitespace) {
+                return Err(format!("health.active.path: {:?} must be a path starting with '/'", a.path));
+            }
+            for (field, v) in [("interval_ms", a.interval_ms), ("timeout_ms", a.timeout_ms)] {
+                if !(10..=DAY_MS).contains(&v) {
+                    return Err(format!("health.active.{field}: must be 10..={DAY_MS}, got {v}"));
+                }
+            }
+            if a.rise == 0 || a.fall == 0 || a.rise > 100 || a.fall > 100 {
+                return Err("health.active: rise and fall must be 1..=100".into());
+            }
+            if let Some(bad) = a.expect_status.iter().find(|s| !(100..=599).contains(*s)) {
+                return Err(format!("health.active.expect_status: {bad} is not an HTTP status"));
+            }
+        }
+        let p = &h.passive;
+        if p.max_ejected_percent > 100 {
+            return Err("health.passive.max_ejected_percent: must be 0..=100".into());
+        }
+        if p.base_ejection_ms == 0 || p.base_ejection_ms > p.max_ejection_ms || p.max_ejection_ms > DAY_MS {
+            return Err("health.passive: need 0 < base_ejection_ms <= max_ejection_ms <= 1 day".into());
+        }
+        if h.slow_start_ms > DAY_MS {
+            return Err("health.slow_start_ms: at most one day".into());
+        }
+        match &self.policy {
+            PolicySpec::P2cEwma { decay_ms } if !(1..=DAY_MS).contains(decay_ms) => {
+                return Err("policy.decay_ms: must be 1..=86400000".into());
+            }
+            PolicySpec::DynamicFeedback(f) if !(10..=DAY_MS).contains(&f.interval_ms) => {
+                return Err("policy.interval_ms: must be 10..=86400000".into());
+            }
+            PolicySpec::External(e) => {
+                if !(1..=10_000).contains(&e.timeout_ms) || !(1..=10).contains(&e.tries) {
+                    return Err("policy: external needs timeout_ms 1..=10000 and tries 1..=10".into());
+                }
+                if e.policy.is_empty() || e.policy.len() > 64 {
+                    return Err("policy.policy: the distributor policy name must be 1..=64 characters".into());
+                }
+            }
+            _ => {}
+        }
+        for (field, v) in [
+            ("load_metrics.node_exporter.interval_ms", self.load_metrics.node_exporter.as_ref().map(|n| n.interval_ms)),
+            ("load_metrics.ganglia.interval_ms", self.load_metrics.ganglia.as_ref().map(|g| g.interval_ms)),
+        ] {
+            if let Some(v) = v.filter(|v| !(100..=DAY_MS).contains(v)) {
+                return Err(format!("{field}: must be 100..={DAY_MS}, got {v}"));
+            }
         }
         Ok(())
     }
@@ -177,6 +691,12 @@ struct ServiceWire {
     timeouts: Timeouts,
     #[serde(default = "default_retries")]
     retries: u32,
+    #[serde(default)]
+    retry_budget: RetryBudget,
+    #[serde(default)]
+    health: HealthSpec,
+    #[serde(default)]
+    load_metrics: LoadSources,
     #[serde(default)]
     backends: BackendList,
 }
@@ -214,11 +734,7 @@ impl<'de> Deserialize<'de> for BackendList {
                             b.id.as_str()
                         )));
                     }
-                    let spec = BackendSpec {
-                        addr: b.addr,
-                        weight: b.weight,
-                        backup: b.backup,
-                    };
+                    let spec = BackendSpec { addr: b.addr, weight: b.weight, backup: b.backup };
                     map.insert(b.id, spec);
                     index += 1;
                 }
@@ -247,21 +763,25 @@ impl<'de> Deserialize<'de> for ServiceSpec {
             policy: w.policy,
             timeouts: w.timeouts,
             retries: w.retries,
+            retry_budget: w.retry_budget,
+            health: w.health,
+            load_metrics: w.load_metrics,
         };
         settings.validate().map_err(de::Error::custom)?;
-        Ok(ServiceSpec {
-            settings,
-            backends: w.backends.0,
-        })
+        Ok(ServiceSpec { settings, backends: w.backends.0 })
     }
 }
 
 impl Serialize for ServiceSpec {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let st = &self.settings;
         ServiceWire {
-            policy: self.settings.policy.clone(),
-            timeouts: self.settings.timeouts,
-            retries: self.settings.retries,
+            policy: st.policy.clone(),
+            timeouts: st.timeouts,
+            retries: st.retries,
+            retry_budget: st.retry_budget,
+            health: st.health.clone(),
+            load_metrics: st.load_metrics.clone(),
             backends: BackendList(self.backends.clone()),
         }
         .serialize(s)
@@ -274,8 +794,7 @@ mod tests {
 
     #[test]
     fn a_minimal_service_gets_defaults() {
-        let s: ServiceSpec =
-            serde_json::from_str(r#"{"backends":[{"id":"a","addr":"127.0.0.1:9001"}]}"#).unwrap();
+        let s: ServiceSpec = serde_json::from_str(r#"{"backends":[{"id":"a","addr":"127.0.0.1:9001"}]}"#).unwrap();
         assert_eq!(s.settings.policy, PolicySpec::RoundRobin {});
         assert_eq!(s.backends.len(), 1);
         let b = s.backends.values().next().unwrap();
@@ -285,17 +804,12 @@ mod tests {
 
     #[test]
     fn duplicate_ids_unknown_fields_and_bad_values_are_rejected() {
-        let dup =
-            r#"{"backends":[{"id":"a","addr":"127.0.0.1:1"},{"id":"a","addr":"127.0.0.1:2"}]}"#;
-        let err = serde_json::from_str::<ServiceSpec>(dup)
-            .unwrap_err()
-            .to_string();
+        let dup = r#"{"backends":[{"id":"a","addr":"127.0.0.1:1"},{"id":"a","addr":"127.0.0.1:2"}]}"#;
+        let err = serde_json::from_str::<ServiceSpec>(dup).unwrap_err().to_string();
         assert!(err.contains("[1].id: duplicate"), "{err}");
         assert!(serde_json::from_str::<ServiceSpec>(r#"{"bogus":1}"#).is_err());
         assert!(serde_json::from_str::<ServiceSpec>(r#"{"policy":{"kind":"nope"}}"#).is_err());
-        assert!(
-            serde_json::from_str::<ServiceSpec>(r#"{"policy":{"kind":"random","x":1}}"#).is_err()
-        );
+        assert!(serde_json::from_str::<ServiceSpec>(r#"{"policy":{"kind":"random","x":1}}"#).is_err());
         assert!(serde_json::from_str::<ServiceSpec>(r#"{"timeouts":{"connect_ms":0}}"#).is_err());
         let heavy = r#"{"backends":[{"id":"a","addr":"127.0.0.1:1","weight":10001}]}"#;
         assert!(serde_json::from_str::<ServiceSpec>(heavy).is_err());

@@ -35,12 +35,7 @@ pub struct ChangeError {
 
 impl ChangeError {
     fn at(kind: ChangeErrorKind, op: usize, field: &str, message: String) -> Self {
-        ChangeError {
-            kind,
-            op: Some(op),
-            field: Some(format!("ops[{op}].{field}")),
-            message,
-        }
+        ChangeError { kind, op: Some(op), field: Some(format!("ops[{op}].{field}")), message }
     }
 }
 
@@ -99,20 +94,14 @@ impl ConfigState {
     /// Applies a change set, returning the new state and what it touched.
     /// On error `self` is unchanged and nothing of the change set applies.
     /// `revision` is the current revision, checked against `if_revision`.
-    pub fn apply(
-        &self,
-        cs: &ChangeSet,
-        revision: u64,
-    ) -> Result<(ConfigState, Delta), ChangeError> {
+    pub fn apply(&self, cs: &ChangeSet, revision: u64) -> Result<(ConfigState, Delta), ChangeError> {
         if let Some(expected) = cs.if_revision {
             if expected != revision {
                 return Err(ChangeError {
                     kind: ChangeErrorKind::Conflict,
                     op: None,
                     field: Some("if_revision".to_string()),
-                    message: format!(
-                        "if_revision is {expected} but the configuration is at revision {revision}"
-                    ),
+                    message: format!("if_revision is {expected} but the configuration is at revision {revision}"),
                 });
             }
         }
@@ -146,12 +135,7 @@ impl ConfigState {
                     ));
                 }
                 if self.services.remove(name).is_none() {
-                    return Err(ChangeError::at(
-                        NotFound,
-                        i,
-                        "name",
-                        format!("no service {name:?}"),
-                    ));
+                    return Err(ChangeError::at(NotFound, i, "name", format!("no service {name:?}")));
                 }
                 delta.services.insert(name.clone());
             }
@@ -174,30 +158,20 @@ impl ConfigState {
                             NotFound,
                             i,
                             "spec.service",
-                            format!(
-                                "route {name:?} points at service {target:?}, which does not exist"
-                            ),
+                            format!("route {name:?} points at service {target:?}, which does not exist"),
                         ));
                     }
                 }
                 let old = self.routes.insert(name.clone(), Arc::new(spec.clone()));
                 self.unlink(name, old.as_deref());
                 if let Some(target) = spec.service() {
-                    self.users
-                        .entry(target.clone())
-                        .or_default()
-                        .insert(name.clone());
+                    self.users.entry(target.clone()).or_default().insert(name.clone());
                 }
                 delta.routes.insert(name.clone());
             }
             Op::DeleteRoute { name } => {
                 let Some(old) = self.routes.remove(name) else {
-                    return Err(ChangeError::at(
-                        NotFound,
-                        i,
-                        "name",
-                        format!("no route {name:?}"),
-                    ));
+                    return Err(ChangeError::at(NotFound, i, "name", format!("no route {name:?}")));
                 };
                 self.unlink(name, Some(&old));
                 delta.routes.insert(name.clone());
@@ -206,19 +180,10 @@ impl ConfigState {
         Ok(())
     }
 
-    fn service_mut(
-        &mut self,
-        i: usize,
-        name: &ServiceName,
-    ) -> Result<&mut ServiceSpec, ChangeError> {
+    fn service_mut(&mut self, i: usize, name: &ServiceName) -> Result<&mut ServiceSpec, ChangeError> {
         match self.services.get_mut(name) {
             Some(arc) => Ok(Arc::make_mut(arc)),
-            None => Err(ChangeError::at(
-                ChangeErrorKind::NotFound,
-                i,
-                "service",
-                format!("no service {name:?}"),
-            )),
+            None => Err(ChangeError::at(ChangeErrorKind::NotFound, i, "service", format!("no service {name:?}"))),
         }
     }
 
@@ -235,12 +200,7 @@ impl ConfigState {
 }
 
 fn no_backend(i: usize, service: &ServiceName, id: &BackendId) -> ChangeError {
-    ChangeError::at(
-        ChangeErrorKind::NotFound,
-        i,
-        "id",
-        format!("service {service:?} has no backend {id:?}"),
-    )
+    ChangeError::at(ChangeErrorKind::NotFound, i, "id", format!("service {service:?} has no backend {id:?}"))
 }
 
 #[cfg(test)]
@@ -282,13 +242,9 @@ mod tests {
     #[test]
     fn services_in_use_cannot_be_deleted() {
         let (s, _) = ConfigState::default().apply(&web(), 0).unwrap();
-        let err = s
-            .apply(&cs(r#"{"ops":[{"op":"delete_service","name":"web"}]}"#), 1)
-            .unwrap_err();
+        let err = s.apply(&cs(r#"{"ops":[{"op":"delete_service","name":"web"}]}"#), 1).unwrap_err();
         assert_eq!(err.kind, ChangeErrorKind::Conflict);
-        let ok = cs(
-            r#"{"ops":[{"op":"delete_route","name":"r"},{"op":"delete_service","name":"web"}]}"#,
-        );
+        let ok = cs(r#"{"ops":[{"op":"delete_route","name":"r"},{"op":"delete_service","name":"web"}]}"#);
         let (s, _) = s.apply(&ok, 1).unwrap();
         assert!(s.services().is_empty() && s.routes().is_empty());
     }
@@ -315,25 +271,13 @@ mod tests {
     #[test]
     fn backend_ops_need_their_service_and_backend() {
         let (s, _) = ConfigState::default().apply(&web(), 0).unwrap();
-        let put =
-            cs(r#"{"ops":[{"op":"put_backend","service":"web","id":"b","spec":{"addr":"h:2"}}]}"#);
+        let put = cs(r#"{"ops":[{"op":"put_backend","service":"web","id":"b","spec":{"addr":"h:2"}}]}"#);
         let (s2, _) = s.apply(&put, 1).unwrap();
         assert_eq!(s2.service("web").unwrap().backends.len(), 2);
-        assert_eq!(
-            s.service("web").unwrap().backends.len(),
-            1,
-            "old state untouched"
-        );
+        assert_eq!(s.service("web").unwrap().backends.len(), 1, "old state untouched");
         let del = cs(r#"{"ops":[{"op":"delete_backend","service":"web","id":"zz"}]}"#);
-        assert_eq!(
-            s2.apply(&del, 2).unwrap_err().kind,
-            ChangeErrorKind::NotFound
-        );
-        let nosvc =
-            cs(r#"{"ops":[{"op":"put_backend","service":"x","id":"b","spec":{"addr":"h:2"}}]}"#);
-        assert_eq!(
-            s2.apply(&nosvc, 2).unwrap_err().field.as_deref(),
-            Some("ops[0].service")
-        );
+        assert_eq!(s2.apply(&del, 2).unwrap_err().kind, ChangeErrorKind::NotFound);
+        let nosvc = cs(r#"{"ops":[{"op":"put_backend","service":"x","id":"b","spec":{"addr":"h:2"}}]}"#);
+        assert_eq!(s2.apply(&nosvc, 2).unwrap_err().field.as_deref(), Some("ops[0].service"));
     }
 }

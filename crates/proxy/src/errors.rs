@@ -25,26 +25,11 @@ impl ProxyError {
     fn parts(self) -> (StatusCode, &'static str) {
         match self {
             ProxyError::NoRoute => (StatusCode::NOT_FOUND, "404 no route matches this request\n"),
-            ProxyError::NoBackend => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "503 no backend available for this service\n",
-            ),
-            ProxyError::ConnectFailed => (
-                StatusCode::BAD_GATEWAY,
-                "502 could not connect to a backend\n",
-            ),
-            ProxyError::UpstreamFailed => (
-                StatusCode::BAD_GATEWAY,
-                "502 the backend failed to answer\n",
-            ),
-            ProxyError::Timeout => (
-                StatusCode::GATEWAY_TIMEOUT,
-                "504 the backend did not answer in time\n",
-            ),
-            ProxyError::BadRequest => (
-                StatusCode::BAD_REQUEST,
-                "400 the request cannot be forwarded\n",
-            ),
+            ProxyError::NoBackend => (StatusCode::SERVICE_UNAVAILABLE, "503 no backend available for this service\n"),
+            ProxyError::ConnectFailed => (StatusCode::BAD_GATEWAY, "502 could not connect to a backend\n"),
+            ProxyError::UpstreamFailed => (StatusCode::BAD_GATEWAY, "502 the backend failed to answer\n"),
+            ProxyError::Timeout => (StatusCode::GATEWAY_TIMEOUT, "504 the backend did not answer in time\n"),
+            ProxyError::BadRequest => (StatusCode::BAD_REQUEST, "400 the request cannot be forwarded\n"),
         }
     }
 
@@ -59,9 +44,6 @@ impl ProxyError {
 pub fn plain(status: StatusCode, text: &'static str) -> Response<ProxyBody> {
     let mut resp = Response::new(ProxyBody::text(text));
     *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
+    resp.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain; charset=utf-8"));
     resp
 }

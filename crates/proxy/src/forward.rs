@@ -37,8 +37,8 @@ pub struct Peer {
 impl Peer {
     /// Describes a client connection.
     pub fn new(addr: SocketAddr) -> Peer {
-        let ip_header = HeaderValue::from_str(&addr.ip().to_string())
-            .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+        let ip_header =
+            HeaderValue::from_str(&addr.ip().to_string()).unwrap_or_else(|_| HeaderValue::from_static("unknown"));
         Peer { addr, ip_header }
     }
 }
@@ -94,16 +94,8 @@ impl Upstreams {
         let mut body = Replay::new(body).await?;
         prepare_headers(&mut parts, peer, upgrade);
         let idempotent = is_idempotent(&parts.method);
-        let path_and_query = parts
-            .uri
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| PathAndQuery::from_static("/"));
-        let ctx = RequestCtx {
-            client: Some(peer.addr),
-            path: path_and_query.as_str(),
-            headers: &parts.headers,
-        };
+        let path_and_query = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+        let ctx = RequestCtx { client: Some(peer.addr), path: path_and_query.as_str(), headers: &parts.headers };
         let response_timeout = Duration::from_millis(settings.timeouts.response_ms);
         let mut tried: Vec<Arc<Backend>> = Vec::new();
         let mut last_error = ProxyError::NoBackend;
@@ -127,11 +119,7 @@ impl Upstreams {
             match tokio::time::timeout(response_timeout, client.request(up)).await {
                 Ok(Ok(mut resp)) => {
                     let failed = resp.status().is_server_error();
-                    guard.record(if failed {
-                        Outcome::Failure
-                    } else {
-                        Outcome::Success
-                    });
+                    guard.record(if failed { Outcome::Failure } else { Outcome::Success });
                     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
                         if let Some(down) = downstream_upgrade {
                             splice_upgrade(down, hyper::upgrade::on(&mut resp));
@@ -139,20 +127,13 @@ impl Upstreams {
                         return Ok(resp.map(|_| ProxyBody::empty()));
                     }
                     strip_hop_by_hop(resp.headers_mut());
-                    return Ok(resp.map(|b| ProxyBody::Upstream {
-                        body: b,
-                        guard: Some(guard),
-                    }));
+                    return Ok(resp.map(|b| ProxyBody::Upstream { body: b, guard: Some(guard) }));
                 }
                 Ok(Err(e)) => {
                     guard.record(Outcome::Failure);
                     let connect = e.is_connect();
                     tracing::debug!(backend = %backend.addr, error = %e, connect, "upstream attempt failed");
-                    last_error = if connect {
-                        ProxyError::ConnectFailed
-                    } else {
-                        ProxyError::UpstreamFailed
-                    };
+                    last_error = if connect { ProxyError::ConnectFailed } else { ProxyError::UpstreamFailed };
                     // Nothing was sent on a connect failure, so any method may go
                     // elsewhere; after a send, only idempotent ones.
                     if !(connect || idempotent) {
@@ -196,10 +177,8 @@ impl Replay {
         }
         match body.size_hint().exact() {
             Some(n) if n <= REPLAY_LIMIT => {
-                let collected = Limited::new(body, REPLAY_LIMIT as usize)
-                    .collect()
-                    .await
-                    .map_err(|_| ProxyError::BadRequest)?;
+                let collected =
+                    Limited::new(body, REPLAY_LIMIT as usize).collect().await.map_err(|_| ProxyError::BadRequest)?;
                 Ok(Replay::Buffered(collected.to_bytes()))
             }
             _ => Ok(Replay::Streaming(Some(body))),
@@ -216,21 +195,17 @@ impl Replay {
 }
 
 fn is_idempotent(m: &Method) -> bool {
-    matches!(
-        *m,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
-    )
+    matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE)
 }
 
 fn wants_upgrade<B>(req: &Request<B>) -> bool {
     req.version() == Version::HTTP_11
         && req.headers().contains_key(header::UPGRADE)
-        && req.headers().get_all(header::CONNECTION).iter().any(|v| {
-            v.to_str().is_ok_and(|s| {
-                s.split(',')
-                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
-            })
-        })
+        && req
+            .headers()
+            .get_all(header::CONNECTION)
+            .iter()
+            .any(|v| v.to_str().is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case("upgrade"))))
 }
 
 static HOP_BY_HOP: [HeaderName; 7] = [
@@ -281,12 +256,10 @@ fn prepare_headers(parts: &mut Parts, peer: &Peer, upgrade: bool) {
     }
     h.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
     // HTTP/2 carries the host in the URI; HTTP/1.1 backends need the header.
-    let original_host = h.get(header::HOST).cloned().or_else(|| {
-        parts
-            .uri
-            .authority()
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-    });
+    let original_host = h
+        .get(header::HOST)
+        .cloned()
+        .or_else(|| parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
     if let Some(v) = original_host {
         h.insert(X_FORWARDED_HOST.clone(), v.clone());
         h.insert(header::HOST, v);

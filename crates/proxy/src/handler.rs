@@ -27,11 +27,7 @@ pub struct Proxy {
 impl Proxy {
     /// A handler reading snapshots from `snapshots`.
     pub fn new(snapshots: Arc<ArcSwap<Snapshot>>, metrics: Arc<ProxyMetrics>) -> Proxy {
-        Proxy {
-            snapshots,
-            upstreams: Upstreams::default(),
-            metrics,
-        }
+        Proxy { snapshots, upstreams: Upstreams::default(), metrics }
     }
 
     /// The counters this handler updates.
@@ -52,33 +48,17 @@ impl Proxy {
         resp
     }
 
-    async fn dispatch(
-        &self,
-        req: Request<Incoming>,
-        client: &Peer,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
+    async fn dispatch(&self, req: Request<Incoming>, client: &Peer) -> Result<Response<ProxyBody>, ProxyError> {
         let snapshot = self.snapshots.load_full();
         let host = request_host(&req);
-        let view = RequestView {
-            host: &host,
-            path: req.uri().path(),
-            method: req.method(),
-            headers: req.headers(),
-        };
+        let view = RequestView { host: &host, path: req.uri().path(), method: req.method(), headers: req.headers() };
         let route = snapshot.route(&view).ok_or(ProxyError::NoRoute)?;
         match &route.spec.action {
-            RouteAction::Static(dir) => {
-                Ok(static_files::serve(dir, &route.spec.matches.path, &req).await)
-            }
+            RouteAction::Static(dir) => Ok(static_files::serve(dir, &route.spec.matches.path, &req).await),
             RouteAction::Service(name) => {
-                let service = snapshot
-                    .service(name.as_str())
-                    .ok_or(ProxyError::NoBackend)?
-                    .clone();
+                let service = snapshot.service(name.as_str()).ok_or(ProxyError::NoBackend)?.clone();
                 drop(snapshot);
-                self.upstreams
-                    .forward(&service, req, client, &self.metrics)
-                    .await
+                self.upstreams.forward(&service, req, client, &self.metrics).await
             }
         }
     }
@@ -87,15 +67,7 @@ impl Proxy {
 /// The request's host, lowercase and without port: from the URI (HTTP/2,
 /// absolute-form) or the Host header. Borrowed unless it had capitals.
 fn request_host(req: &Request<Incoming>) -> Cow<'_, str> {
-    let raw = req
-        .uri()
-        .host()
-        .or_else(|| {
-            req.headers()
-                .get(header::HOST)
-                .and_then(|h| h.to_str().ok())
-        })
-        .unwrap_or("");
+    let raw = req.uri().host().or_else(|| req.headers().get(header::HOST).and_then(|h| h.to_str().ok())).unwrap_or("");
     let without_port = if raw.starts_with('[') {
         raw.split_inclusive(']').next().unwrap_or(raw)
     } else {

@@ -51,23 +51,12 @@ impl ProxyMetrics {
 
     /// Appends the counters in Prometheus' text exposition format.
     pub fn render(&self, out: &mut String) {
-        let _ = writeln!(
-            out,
-            "# HELP tidegate_responses_total Responses sent to clients, by status class."
-        );
+        let _ = writeln!(out, "# HELP tidegate_responses_total Responses sent to clients, by status class.");
         let _ = writeln!(out, "# TYPE tidegate_responses_total counter");
         for (i, c) in self.responses.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "tidegate_responses_total{{class=\"{}xx\"}} {}",
-                i + 1,
-                c.load(Relaxed)
-            );
+            let _ = writeln!(out, "tidegate_responses_total{{class=\"{}xx\"}} {}", i + 1, c.load(Relaxed));
         }
-        let _ = writeln!(
-            out,
-            "# HELP tidegate_proxy_errors_total Requests the proxy answered itself, by reason."
-        );
+        let _ = writeln!(out, "# HELP tidegate_proxy_errors_total Requests the proxy answered itself, by reason.");
         let _ = writeln!(out, "# TYPE tidegate_proxy_errors_total counter");
         for (reason, c) in [
             ("no_route", &self.no_route),
@@ -76,29 +65,13 @@ impl ProxyMetrics {
             ("upstream_failed", &self.upstream_failed),
             ("timeout", &self.timeouts),
         ] {
-            let _ = writeln!(
-                out,
-                "tidegate_proxy_errors_total{{reason=\"{reason}\"}} {}",
-                c.load(Relaxed)
-            );
+            let _ = writeln!(out, "tidegate_proxy_errors_total{{reason=\"{reason}\"}} {}", c.load(Relaxed));
         }
         for (name, help, c) in [
-            (
-                "tidegate_retries_total",
-                "Upstream attempts beyond the first.",
-                &self.retries,
-            ),
-            (
-                "tidegate_connections_total",
-                "Client connections accepted.",
-                &self.connections,
-            ),
+            ("tidegate_retries_total", "Upstream attempts beyond the first.", &self.retries),
+            ("tidegate_connections_total", "Client connections accepted.", &self.connections),
         ] {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
-                c.load(Relaxed)
-            );
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", c.load(Relaxed));
         }
     }
 }

@@ -70,11 +70,7 @@ impl ServerHandle {
 }
 
 fn bind(addr: SocketAddr, reuse_port: bool) -> std::io::Result<std::net::TcpListener> {
-    let socket = socket2::Socket::new(
-        socket2::Domain::for_address(addr),
-        socket2::Type::STREAM,
-        None,
-    )?;
+    let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
     socket.set_reuse_address(true)?;
     if reuse_port {
         socket.set_reuse_port(true)?;
@@ -116,9 +112,7 @@ pub fn serve(
     }
     for (i, listener) in listeners.into_iter().enumerate() {
         let runtime = if per_core {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?
+            tokio::runtime::Builder::new_current_thread().enable_all().build()?
         } else {
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(workers)
@@ -129,38 +123,23 @@ pub fn serve(
         let proxy = Arc::new(Proxy::new(snapshots.clone(), metrics.clone()));
         let stop_rx = stop_rx.clone();
         let opts = opts.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("tidegate-worker-{i}"))
-            .spawn(move || {
-                runtime.block_on(async move {
-                    match TcpListener::from_std(listener) {
-                        Ok(l) => accept_loop(l, proxy, stop_rx, &opts).await,
-                        Err(e) => tracing::error!(error = %e, "cannot register the listener"),
-                    }
-                });
-            })?;
+        let thread = std::thread::Builder::new().name(format!("tidegate-worker-{i}")).spawn(move || {
+            runtime.block_on(async move {
+                match TcpListener::from_std(listener) {
+                    Ok(l) => accept_loop(l, proxy, stop_rx, &opts).await,
+                    Err(e) => tracing::error!(error = %e, "cannot register the listener"),
+                }
+            });
+        })?;
         threads.push(thread);
     }
-    Ok(ServerHandle {
-        local_addr,
-        stop,
-        threads,
-    })
+    Ok(ServerHandle { local_addr, stop, threads })
 }
 
-async fn accept_loop(
-    listener: TcpListener,
-    proxy: Arc<Proxy>,
-    mut stop: watch::Receiver<bool>,
-    opts: &ServerOptions,
-) {
+async fn accept_loop(listener: TcpListener, proxy: Arc<Proxy>, mut stop: watch::Receiver<bool>, opts: &ServerOptions) {
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(opts.header_read_timeout)
-        .keep_alive(true);
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(opts.header_read_timeout).keep_alive(true);
     builder.http2().timer(TokioTimer::new());
     loop {
         tokio::select! {

@@ -29,10 +29,7 @@ impl Body for FileBody {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let Some(stream) = self.stream.as_mut() else {
             return Poll::Ready(None);
         };
@@ -61,25 +58,15 @@ impl Body for FileBody {
 
 /// Serves `req` from `dir`; the route's path prefix is removed from the
 /// request path first (`/static/a.css` under prefix `/static` is `a.css`).
-pub(crate) async fn serve<B>(
-    dir: &StaticDir,
-    pattern: &PathPattern,
-    req: &Request<B>,
-) -> Response<ProxyBody> {
+pub(crate) async fn serve<B>(dir: &StaticDir, pattern: &PathPattern, req: &Request<B>) -> Response<ProxyBody> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
-        let mut resp = plain(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "405 only GET and HEAD are allowed here\n",
-        );
-        resp.headers_mut()
-            .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+        let mut resp = plain(StatusCode::METHOD_NOT_ALLOWED, "405 only GET and HEAD are allowed here\n");
+        resp.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
         return resp;
     }
     let path = req.uri().path();
     let rest = match pattern {
-        PathPattern::Prefix(p) if p.as_ref() != "/" => {
-            path.strip_prefix(p.as_ref()).unwrap_or(path)
-        }
+        PathPattern::Prefix(p) if p.as_ref() != "/" => path.strip_prefix(p.as_ref()).unwrap_or(path),
         _ => path,
     };
     let Some(relative) = safe_relative(rest) else {
@@ -175,17 +162,12 @@ async fn resolve(root: &Path, relative: &Path, index: &str) -> Option<Resolved> 
 
 /// A strong validator from size and modification time.
 fn etag(len: u64, modified: SystemTime) -> String {
-    let secs = modified
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let secs = modified.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     format!("\"{len:x}-{secs:x}\"")
 }
 
 fn not_modified(headers: &HeaderMap, tag: &str, modified: SystemTime) -> bool {
-    if let Some(inm) = headers
-        .get(header::IF_NONE_MATCH)
-        .and_then(|v| v.to_str().ok())
-    {
+    if let Some(inm) = headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()) {
         return inm.split(',').any(|t| {
             let t = t.trim();
             t == "*" || t.trim_start_matches("W/") == tag
@@ -197,10 +179,7 @@ fn not_modified(headers: &HeaderMap, tag: &str, modified: SystemTime) -> bool {
         .and_then(|s| httpdate::parse_http_date(s).ok());
     match since {
         Some(since) => {
-            let secs = |t: SystemTime| {
-                t.duration_since(SystemTime::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs())
-            };
+            let secs = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
             secs(modified) <= secs(since)
         }
         None => false,
@@ -240,11 +219,7 @@ fn parse_range(value: &str, len: u64) -> RangeAnswer {
     }
 }
 
-async fn send_file(
-    path: &Path,
-    headers: &HeaderMap,
-    head: bool,
-) -> std::io::Result<Response<ProxyBody>> {
+async fn send_file(path: &Path, headers: &HeaderMap, head: bool) -> std::io::Result<Response<ProxyBody>> {
     let mut file = tokio::fs::File::open(path).await?;
     let meta = file.metadata().await?;
     let len = meta.len();
@@ -269,10 +244,7 @@ async fn send_file(
         *resp.status_mut() = StatusCode::NOT_MODIFIED;
         return Ok(resp);
     }
-    let if_range_ok = headers
-        .get(header::IF_RANGE)
-        .and_then(|v| v.to_str().ok())
-        .is_none_or(|v| v == tag);
+    let if_range_ok = headers.get(header::IF_RANGE).and_then(|v| v.to_str().ok()).is_none_or(|v| v == tag);
     let range = match headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
         Some(r) if if_range_ok => parse_range(r, len),
         _ => RangeAnswer::Whole,
@@ -287,18 +259,14 @@ async fn send_file(
             (s, e - s + 1)
         }
         RangeAnswer::Unsatisfiable => {
-            let mut r = plain(
-                StatusCode::RANGE_NOT_SATISFIABLE,
-                "416 range not satisfiable\n",
-            );
+            let mut r = plain(StatusCode::RANGE_NOT_SATISFIABLE, "416 range not satisfiable\n");
             if let Ok(v) = HeaderValue::from_str(&format!("bytes */{len}")) {
                 r.headers_mut().insert(header::CONTENT_RANGE, v);
             }
             return Ok(r);
         }
     };
-    resp.headers_mut()
-        .insert(header::CONTENT_LENGTH, HeaderValue::from(count));
+    resp.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(count));
     if !head && count > 0 {
         file.seek(SeekFrom::Start(start)).await?;
         *resp.body_mut() = ProxyBody::File(FileBody {
@@ -317,16 +285,7 @@ mod tests {
     fn unsafe_paths_are_refused() {
         assert_eq!(safe_relative("/a/b.css"), Some(PathBuf::from("a/b.css")));
         assert_eq!(safe_relative("/"), Some(PathBuf::new()));
-        for bad in [
-            "/../etc/passwd",
-            "/.env",
-            "/a/.git/config",
-            "/a/%2e%2e/x",
-            "/a\\b",
-            "/%00",
-            "/%zz",
-            "/./a",
-        ] {
+        for bad in ["/../etc/passwd", "/.env", "/a/.git/config", "/a/%2e%2e/x", "/a\\b", "/%00", "/%zz", "/./a"] {
             assert_eq!(safe_relative(bad), None, "{bad}");
         }
     }
@@ -349,10 +308,7 @@ mod tests {
         std::fs::write(dir.path().join("a.txt"), "hello world").unwrap();
         std::fs::create_dir(dir.path().join("sub")).unwrap();
         std::fs::write(dir.path().join("sub/index.html"), "<p>hi</p>").unwrap();
-        let sd = StaticDir {
-            root: dir.path().to_path_buf(),
-            index: "index.html".into(),
-        };
+        let sd = StaticDir { root: dir.path().to_path_buf(), index: "index.html".into() };
         let prefix = PathPattern::Prefix("/s".into());
         let get = |path: &str, headers: &[(&str, &str)]| {
             let mut b = Request::builder().uri(path);
@@ -365,39 +321,19 @@ mod tests {
         assert_eq!(r.status(), 200);
         assert_eq!(r.headers()[header::CONTENT_TYPE], "text/plain");
         let tag = r.headers()[header::ETAG].to_str().unwrap().to_string();
-        let body = http_body_util::BodyExt::collect(r.into_body())
-            .await
-            .unwrap()
-            .to_bytes();
+        let body = http_body_util::BodyExt::collect(r.into_body()).await.unwrap().to_bytes();
         assert_eq!(&body[..], b"hello world");
 
-        assert_eq!(
-            serve(&sd, &prefix, &get("/s/a.txt", &[("if-none-match", &tag)]))
-                .await
-                .status(),
-            304
-        );
+        assert_eq!(serve(&sd, &prefix, &get("/s/a.txt", &[("if-none-match", &tag)])).await.status(), 304);
         let r = serve(&sd, &prefix, &get("/s/a.txt", &[("range", "bytes=6-")])).await;
         assert_eq!(r.status(), 206);
         assert_eq!(r.headers()[header::CONTENT_RANGE], "bytes 6-10/11");
-        let body = http_body_util::BodyExt::collect(r.into_body())
-            .await
-            .unwrap()
-            .to_bytes();
+        let body = http_body_util::BodyExt::collect(r.into_body()).await.unwrap().to_bytes();
         assert_eq!(&body[..], b"world");
 
         assert_eq!(serve(&sd, &prefix, &get("/s/sub", &[])).await.status(), 301);
-        assert_eq!(
-            serve(&sd, &prefix, &get("/s/sub/", &[])).await.status(),
-            200
-        );
-        assert_eq!(
-            serve(&sd, &prefix, &get("/s/missing", &[])).await.status(),
-            404
-        );
-        assert_eq!(
-            serve(&sd, &prefix, &get("/s/../x", &[])).await.status(),
-            400
-        );
+        assert_eq!(serve(&sd, &prefix, &get("/s/sub/", &[])).await.status(), 200);
+        assert_eq!(serve(&sd, &prefix, &get("/s/missing", &[])).await.status(), 404);
+        assert_eq!(serve(&sd, &prefix, &get("/s/../x", &[])).await.status(), 400);
     }
 }

@@ -75,10 +75,7 @@ impl Router {
     /// Inserts or replaces a route.
     pub fn insert(&mut self, name: RouteName, spec: Arc<RouteSpec>) {
         self.remove(&name);
-        let entry = Entry {
-            name: name.clone(),
-            spec: spec.clone(),
-        };
+        let entry = Entry { name: name.clone(), spec: spec.clone() };
         self.table_mut(&spec.matches.host).add(entry);
         self.by_name.insert(name, spec);
     }
@@ -161,9 +158,7 @@ impl Rank {
 fn conditions_hold(spec: &RouteSpec, req: &RequestView<'_>) -> bool {
     let m = &spec.matches;
     (m.methods.is_empty() || m.methods.contains(req.method))
-        && m.headers
-            .iter()
-            .all(|h| req.headers.get_all(&h.name).iter().any(|v| v == h.value))
+        && m.headers.iter().all(|h| req.headers.get_all(&h.name).iter().any(|v| v == h.value))
 }
 
 /// Orders a bucket: best first, ties broken by name for determinism.
@@ -200,12 +195,7 @@ impl PathTable {
     }
 
     /// Keeps in `best` the best of its current value and this table's matches.
-    fn consider<'t>(
-        &'t self,
-        req: &RequestView<'_>,
-        host_rank: u32,
-        best: &mut Option<(&'t Entry, Rank)>,
-    ) {
+    fn consider<'t>(&'t self, req: &RequestView<'_>, host_rank: u32, best: &mut Option<(&'t Entry, Rank)>) {
         self.each_candidate(req.path, |entry, path_rank| {
             if !conditions_hold(&entry.spec, req) {
                 return;

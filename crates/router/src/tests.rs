@@ -14,45 +14,19 @@ fn find<'r>(r: &'r Router, host: &str, path: &str) -> Option<&'r str> {
     find_with(r, host, path, &Method::GET, &HeaderMap::new())
 }
 
-fn find_with<'r>(
-    r: &'r Router,
-    host: &str,
-    path: &str,
-    method: &Method,
-    headers: &HeaderMap,
-) -> Option<&'r str> {
-    let view = RequestView {
-        host,
-        path,
-        method,
-        headers,
-    };
+fn find_with<'r>(r: &'r Router, host: &str, path: &str, method: &Method, headers: &HeaderMap) -> Option<&'r str> {
+    let view = RequestView { host, path, method, headers };
     r.lookup(&view).map(|e| e.name.as_str())
 }
 
 fn table() -> Router {
     let mut r = Router::new();
     r.insert(name("root"), route(r#"{"service":"s"}"#));
-    r.insert(
-        name("api"),
-        route(r#"{"match":{"path_prefix":"/api"},"service":"s"}"#),
-    );
-    r.insert(
-        name("api-v2"),
-        route(r#"{"match":{"path_prefix":"/api/v2/"},"service":"s"}"#),
-    );
-    r.insert(
-        name("health"),
-        route(r#"{"match":{"path":"/api/health"},"service":"s"}"#),
-    );
-    r.insert(
-        name("host"),
-        route(r#"{"match":{"host":"shop.example.com"},"service":"s"}"#),
-    );
-    r.insert(
-        name("wild"),
-        route(r#"{"match":{"host":"*.example.com","path_prefix":"/api"},"service":"s"}"#),
-    );
+    r.insert(name("api"), route(r#"{"match":{"path_prefix":"/api"},"service":"s"}"#));
+    r.insert(name("api-v2"), route(r#"{"match":{"path_prefix":"/api/v2/"},"service":"s"}"#));
+    r.insert(name("health"), route(r#"{"match":{"path":"/api/health"},"service":"s"}"#));
+    r.insert(name("host"), route(r#"{"match":{"host":"shop.example.com"},"service":"s"}"#));
+    r.insert(name("wild"), route(r#"{"match":{"host":"*.example.com","path_prefix":"/api"},"service":"s"}"#));
     r
 }
 
@@ -81,10 +55,7 @@ fn hosts_rank_exact_then_wildcard_then_any() {
 #[test]
 fn priority_beats_specificity() {
     let mut r = table();
-    r.insert(
-        name("maint"),
-        route(r#"{"match":{"path_prefix":"/"},"service":"s","priority":10}"#),
-    );
+    r.insert(name("maint"), route(r#"{"match":{"path_prefix":"/"},"service":"s","priority":10}"#));
     assert_eq!(find(&r, "shop.example.com", "/api/health"), Some("maint"));
     assert!(r.remove(&name("maint")));
     assert_eq!(find(&r, "", "/api/health"), Some("health"));
@@ -93,18 +64,9 @@ fn priority_beats_specificity() {
 #[test]
 fn methods_and_headers_filter() {
     let mut r = Router::new();
-    r.insert(
-        name("any"),
-        route(r#"{"match":{"path_prefix":"/x"},"service":"s"}"#),
-    );
-    r.insert(
-        name("post"),
-        route(r#"{"match":{"path_prefix":"/x","methods":["POST"]},"service":"s"}"#),
-    );
-    r.insert(
-        name("canary"),
-        route(r#"{"match":{"path_prefix":"/x","headers":{"x-canary":"1"}},"service":"s"}"#),
-    );
+    r.insert(name("any"), route(r#"{"match":{"path_prefix":"/x"},"service":"s"}"#));
+    r.insert(name("post"), route(r#"{"match":{"path_prefix":"/x","methods":["POST"]},"service":"s"}"#));
+    r.insert(name("canary"), route(r#"{"match":{"path_prefix":"/x","headers":{"x-canary":"1"}},"service":"s"}"#));
     let mut h = HeaderMap::new();
     assert_eq!(find_with(&r, "", "/x", &Method::GET, &h), Some("any"));
     assert_eq!(find_with(&r, "", "/x", &Method::POST, &h), Some("post"));
@@ -116,17 +78,10 @@ fn methods_and_headers_filter() {
 fn replacing_and_removing_routes() {
     let mut r = table();
     let before = r.clone();
-    r.insert(
-        name("api"),
-        route(r#"{"match":{"path_prefix":"/other"},"service":"s"}"#),
-    );
+    r.insert(name("api"), route(r#"{"match":{"path_prefix":"/other"},"service":"s"}"#));
     assert_eq!(find(&r, "", "/api/x"), Some("root"));
     assert_eq!(find(&r, "", "/other"), Some("api"));
-    assert_eq!(
-        find(&before, "", "/api/x"),
-        Some("api"),
-        "older versions are untouched"
-    );
+    assert_eq!(find(&before, "", "/api/x"), Some("api"), "older versions are untouched");
     assert!(r.remove(&name("host")));
     assert!(!r.remove(&name("host")));
     assert_eq!(find(&r, "shop.example.com", "/z"), Some("root"));

@@ -29,27 +29,16 @@ pub struct ServiceRuntime {
 impl ServiceRuntime {
     /// Builds a service, carrying over the live statistics of `previous`'s
     /// backends that kept their id and address.
-    pub fn build(
-        name: ServiceName,
-        spec: &ServiceSpec,
-        previous: Option<&ServiceRuntime>,
-    ) -> ServiceRuntime {
+    pub fn build(name: ServiceName, spec: &ServiceSpec, previous: Option<&ServiceRuntime>) -> ServiceRuntime {
         // Both sides are in id order: carry stats over with one merge pass,
         // so a rebuild costs O(backends), not O(backends²).
-        let mut old = previous
-            .map(|p| p.selector.backends())
-            .unwrap_or_default()
-            .iter()
-            .peekable();
+        let mut old = previous.map(|p| p.selector.backends()).unwrap_or_default().iter().peekable();
         let backends = spec
             .backends
             .iter()
             .map(|(id, b)| {
                 while old.next_if(|o| &o.id < id).is_some() {}
-                let stats = old
-                    .next_if(|o| &o.id == id)
-                    .filter(|o| o.addr == b.addr)
-                    .map(|o| o.stats.clone());
+                let stats = old.next_if(|o| &o.id == id).filter(|o| o.addr == b.addr).map(|o| o.stats.clone());
                 Arc::new(Backend::new(id.clone(), b, stats))
             })
             .collect();
@@ -146,9 +135,7 @@ mod tests {
     use tidegate_model::parse_change_set;
 
     fn apply(state: &ConfigState, rev: u64, text: &str) -> (ConfigState, Delta) {
-        state
-            .apply(&parse_change_set(text.as_bytes()).unwrap(), rev)
-            .unwrap()
+        state.apply(&parse_change_set(text.as_bytes()).unwrap(), rev).unwrap()
     }
 
     #[test]
@@ -162,12 +149,8 @@ mod tests {
             {"op":"put_route","name":"r","spec":{"match":{"path_prefix":"/a"},"service":"a"}}]}"#,
         );
         let snap1 = Snapshot::from_state(&s1, 1);
-        let stats_x = snap1.service("a").unwrap().selector.backends()[0]
-            .stats
-            .clone();
-        let stats_y = snap1.service("a").unwrap().selector.backends()[1]
-            .stats
-            .clone();
+        let stats_x = snap1.service("a").unwrap().selector.backends()[0].stats.clone();
+        let stats_y = snap1.service("a").unwrap().selector.backends()[1].stats.clone();
         let untouched = snap1.service("b").unwrap().clone();
 
         let (s2, d2) = apply(
@@ -181,33 +164,15 @@ mod tests {
         assert_eq!(snap2.revision(), 2);
         let a = snap2.service("a").unwrap();
         assert_eq!(a.selector.backends().len(), 3);
-        assert!(
-            Arc::ptr_eq(&a.selector.backends()[0].stats, &stats_x),
-            "same addr keeps stats"
-        );
-        assert!(
-            !Arc::ptr_eq(&a.selector.backends()[1].stats, &stats_y),
-            "new addr starts fresh"
-        );
-        assert!(
-            Arc::ptr_eq(snap2.service("b").unwrap(), &untouched),
-            "other services are not rebuilt"
-        );
-        assert_eq!(
-            snap1.service("a").unwrap().selector.backends().len(),
-            2,
-            "old snapshot intact"
-        );
+        assert!(Arc::ptr_eq(&a.selector.backends()[0].stats, &stats_x), "same addr keeps stats");
+        assert!(!Arc::ptr_eq(&a.selector.backends()[1].stats, &stats_y), "new addr starts fresh");
+        assert!(Arc::ptr_eq(snap2.service("b").unwrap(), &untouched), "other services are not rebuilt");
+        assert_eq!(snap1.service("a").unwrap().selector.backends().len(), 2, "old snapshot intact");
 
         let full = Snapshot::from_state(&s2, 2);
         assert_eq!(full.services().count(), snap2.services().count());
         let headers = HeaderMap::new();
-        let view = RequestView {
-            host: "",
-            path: "/a/1",
-            method: &Method::GET,
-            headers: &headers,
-        };
+        let view = RequestView { host: "", path: "/a/1", method: &Method::GET, headers: &headers };
         assert_eq!(snap2.route(&view).unwrap().name.as_str(), "r");
         assert!(full.route(&view).is_some());
     }

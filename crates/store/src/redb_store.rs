@@ -66,28 +66,18 @@ impl RedbStore {
 
     /// Writes one op into the tables of an open transaction.
     fn write_op(tables: &mut Tables<'_>, op: &Op) -> Result<(), StoreError> {
-        let Tables {
-            services,
-            backends,
-            routes,
-        } = tables;
+        let Tables { services, backends, routes } = tables;
         let drop_backends = |backends: &mut redb::Table<&str, &[u8]>, service: &str| {
             let (lo, hi) = (format!("{service}\0"), format!("{service}\u{1}"));
-            backends
-                .retain_in(lo.as_str()..hi.as_str(), |_, _| false)
-                .map_err(err)
+            backends.retain_in(lo.as_str()..hi.as_str(), |_, _| false).map_err(err)
         };
         match op {
             Op::PutService { name, spec } => {
-                services
-                    .insert(name.as_str(), json(&spec.settings)?.as_slice())
-                    .map_err(err)?;
+                services.insert(name.as_str(), json(&spec.settings)?.as_slice()).map_err(err)?;
                 drop_backends(backends, name.as_str())?;
                 for (id, b) in &spec.backends {
                     let key = backend_key(name.as_str(), id.as_str());
-                    backends
-                        .insert(key.as_str(), json(b)?.as_slice())
-                        .map_err(err)?;
+                    backends.insert(key.as_str(), json(b)?.as_slice()).map_err(err)?;
                 }
             }
             Op::DeleteService { name } => {
@@ -96,18 +86,14 @@ impl RedbStore {
             }
             Op::PutBackend { service, id, spec } => {
                 let key = backend_key(service.as_str(), id.as_str());
-                backends
-                    .insert(key.as_str(), json(spec)?.as_slice())
-                    .map_err(err)?;
+                backends.insert(key.as_str(), json(spec)?.as_slice()).map_err(err)?;
             }
             Op::DeleteBackend { service, id } => {
                 let key = backend_key(service.as_str(), id.as_str());
                 backends.remove(key.as_str()).map_err(err)?;
             }
             Op::PutRoute { name, spec } => {
-                routes
-                    .insert(name.as_str(), json(spec)?.as_slice())
-                    .map_err(err)?;
+                routes.insert(name.as_str(), json(spec)?.as_slice()).map_err(err)?;
             }
             Op::DeleteRoute { name } => {
                 routes.remove(name.as_str()).map_err(err)?;
@@ -120,12 +106,7 @@ impl RedbStore {
 impl Store for RedbStore {
     fn load(&self) -> Result<Loaded, StoreError> {
         let txn = self.db.begin_read().map_err(err)?;
-        let revision = txn
-            .open_table(META)
-            .map_err(err)?
-            .get("revision")
-            .map_err(err)?
-            .map_or(0, |v| v.value());
+        let revision = txn.open_table(META).map_err(err)?.get("revision").map_err(err)?.map_or(0, |v| v.value());
         // Rebuild through the model's own apply, so a stored configuration
         // passes the same checks as a submitted one.
         let mut ops = Vec::new();
@@ -133,23 +114,14 @@ impl Store for RedbStore {
         for row in txn.open_table(SERVICES).map_err(err)?.iter().map_err(err)? {
             let (name, settings) = row.map_err(err)?;
             let name = name.value().to_string();
-            let settings: ServiceSettings =
-                serde_json::from_slice(settings.value()).map_err(corrupt)?;
-            let mut spec = ServiceSpec {
-                settings,
-                backends: Default::default(),
-            };
+            let settings: ServiceSettings = serde_json::from_slice(settings.value()).map_err(corrupt)?;
+            let mut spec = ServiceSpec { settings, backends: Default::default() };
             let (lo, hi) = (format!("{name}\0"), format!("{name}\u{1}"));
             for b in backends.range(lo.as_str()..hi.as_str()).map_err(err)? {
                 let (key, value) = b.map_err(err)?;
-                let id = key
-                    .value()
-                    .split_once('\0')
-                    .map(|(_, id)| id)
-                    .unwrap_or_default();
+                let id = key.value().split_once('\0').map(|(_, id)| id).unwrap_or_default();
                 let id = tidegate_model::BackendId::new(id).map_err(corrupt)?;
-                spec.backends
-                    .insert(id, serde_json::from_slice(value.value()).map_err(corrupt)?);
+                spec.backends.insert(id, serde_json::from_slice(value.value()).map_err(corrupt)?);
             }
             let name = tidegate_model::ServiceName::new(&name).map_err(corrupt)?;
             ops.push(Op::PutService { name, spec });
@@ -160,10 +132,7 @@ impl Store for RedbStore {
             let spec: RouteSpec = serde_json::from_slice(spec.value()).map_err(corrupt)?;
             ops.push(Op::PutRoute { name, spec });
         }
-        let all = ChangeSet {
-            if_revision: None,
-            ops,
-        };
+        let all = ChangeSet { if_revision: None, ops };
         let (state, _) = ConfigState::default().apply(&all, 0).map_err(corrupt)?;
         Ok(Loaded { state, revision })
     }
@@ -207,9 +176,7 @@ impl Store for RedbStore {
         for (expected, row) in (after + 1..).zip(rows) {
             let (rev, value) = row.map_err(err)?;
             if rev.value() != expected {
-                return Err(StoreError::Compacted {
-                    oldest: rev.value(),
-                });
+                return Err(StoreError::Compacted { oldest: rev.value() });
             }
             out.push(serde_json::from_slice(value.value()).map_err(corrupt)?);
         }
@@ -223,10 +190,7 @@ mod tests {
     use tidegate_model::parse_change_set;
 
     fn applied(rev: u64, text: &str) -> AppliedChange {
-        AppliedChange {
-            revision: rev,
-            change: parse_change_set(text.as_bytes()).unwrap(),
-        }
+        AppliedChange { revision: rev, change: parse_change_set(text.as_bytes()).unwrap() }
     }
 
     #[test]
@@ -246,10 +210,7 @@ mod tests {
             {"op":"delete_backend","service":"web","id":"a"},
             {"op":"put_backend","service":"web","id":"c","spec":{"addr":"127.0.0.1:3","weight":5}}]}"#,
         );
-        let c3 = applied(
-            3,
-            r#"{"ops":[{"op":"put_service","name":"web2","spec":{}}]}"#,
-        );
+        let c3 = applied(3, r#"{"ops":[{"op":"put_service","name":"web2","spec":{}}]}"#);
         let (want, _) = ConfigState::default().apply(&c1.change, 0).unwrap();
         let (want, _) = want.apply(&c2.change, 1).unwrap();
         let (want, _) = want.apply(&c3.change, 2).unwrap();

@@ -14,8 +14,8 @@ pub fn read_value(path: &Path) -> anyhow::Result<Value> {
     } else {
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
     };
-    let value: Value = serde_yaml::from_str(&text)
-        .with_context(|| format!("{} is neither valid YAML nor JSON", path.display()))?;
+    let value: Value =
+        serde_yaml::from_str(&text).with_context(|| format!("{} is neither valid YAML nor JSON", path.display()))?;
     Ok(value)
 }
 
@@ -63,8 +63,7 @@ pub fn to_change_set_json(doc: Value, if_revision: Option<u64>) -> anyhow::Resul
 pub fn load_change_set(path: &Path) -> anyhow::Result<ChangeSet> {
     let value = to_change_set_json(read_value(path)?, None)?;
     let bytes = serde_json::to_vec(&value)?;
-    parse_change_set(&bytes)
-        .map_err(|e| anyhow::anyhow!("{}: {}: {}", path.display(), e.field, e.message))
+    parse_change_set(&bytes).map_err(|e| anyhow::anyhow!("{}: {}: {}", path.display(), e.field, e.message))
 }
 
 #[cfg(test)]

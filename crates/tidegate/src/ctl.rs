@@ -38,9 +38,7 @@ pub fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
         token,
         client: Client::builder(TokioExecutor::new()).build_http(),
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(admin.dispatch(args.command))
 }
 
@@ -53,8 +51,7 @@ impl Admin {
         use Method as M;
         let (method, path, body) = match cmd {
             CtlCommand::Apply { file, if_revision } => {
-                let cs =
-                    config_file::to_change_set_json(config_file::read_value(&file)?, if_revision)?;
+                let cs = config_file::to_change_set_json(config_file::read_value(&file)?, if_revision)?;
                 (M::POST, "/v1/changes".to_string(), Some(cs))
             }
             CtlCommand::Config => (M::GET, "/v1/config".into(), None),
@@ -67,15 +64,8 @@ impl Admin {
             CtlCommand::Service(c) => match c {
                 ServiceCommand::List => (M::GET, "/v1/services".into(), None),
                 ServiceCommand::Get { name } => (M::GET, format!("/v1/services/{name}"), None),
-                ServiceCommand::Delete { name } => {
-                    (M::DELETE, format!("/v1/services/{name}"), None)
-                }
-                ServiceCommand::Put {
-                    name,
-                    file,
-                    policy,
-                    backend,
-                } => {
+                ServiceCommand::Delete { name } => (M::DELETE, format!("/v1/services/{name}"), None),
+                ServiceCommand::Put { name, file, policy, backend } => {
                     let spec = match file {
                         Some(f) => spec_file(&f)?,
                         None => service_from_flags(policy, &backend)?,
@@ -84,23 +74,11 @@ impl Admin {
                 }
             },
             CtlCommand::Backend(c) => match c {
-                BackendCommand::Get { service, id } => (
-                    M::GET,
-                    format!("/v1/services/{service}/backends/{id}"),
-                    None,
-                ),
-                BackendCommand::Delete { service, id } => (
-                    M::DELETE,
-                    format!("/v1/services/{service}/backends/{id}"),
-                    None,
-                ),
-                BackendCommand::Put {
-                    service,
-                    id,
-                    addr,
-                    weight,
-                    backup,
-                } => (
+                BackendCommand::Get { service, id } => (M::GET, format!("/v1/services/{service}/backends/{id}"), None),
+                BackendCommand::Delete { service, id } => {
+                    (M::DELETE, format!("/v1/services/{service}/backends/{id}"), None)
+                }
+                BackendCommand::Put { service, id, addr, weight, backup } => (
                     M::PUT,
                     format!("/v1/services/{service}/backends/{id}"),
                     Some(json!({ "addr": addr, "weight": weight, "backup": backup })),
@@ -110,15 +88,7 @@ impl Admin {
                 RouteCommand::List => (M::GET, "/v1/routes".into(), None),
                 RouteCommand::Get { name } => (M::GET, format!("/v1/routes/{name}"), None),
                 RouteCommand::Delete { name } => (M::DELETE, format!("/v1/routes/{name}"), None),
-                RouteCommand::Put {
-                    name,
-                    file,
-                    service,
-                    host,
-                    path_prefix,
-                    path,
-                    priority,
-                } => {
+                RouteCommand::Put { name, file, service, host, path_prefix, path, priority } => {
                     let spec = match file {
                         Some(f) => spec_file(&f)?,
                         None => {
@@ -126,9 +96,7 @@ impl Admin {
                                 bail!("route put needs --service (or -f FILE)");
                             };
                             let mut m = serde_json::Map::new();
-                            for (k, v) in
-                                [("host", host), ("path_prefix", path_prefix), ("path", path)]
-                            {
+                            for (k, v) in [("host", host), ("path_prefix", path_prefix), ("path", path)] {
                                 if let Some(v) = v {
                                     m.insert(k.into(), json!(v));
                                 }
@@ -142,19 +110,10 @@ impl Admin {
         };
         let (status, value) = self.call(method, &path, body).await?;
         print_out(&serde_json::to_string_pretty(&value)?);
-        Ok(if status.is_success() {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        })
+        Ok(if status.is_success() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
     }
 
-    fn request(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> anyhow::Result<Request<Full<Bytes>>> {
+    fn request(&self, method: Method, path: &str, body: Option<Value>) -> anyhow::Result<Request<Full<Bytes>>> {
         let bytes = match body {
             Some(v) => Bytes::from(serde_json::to_vec(&v)?),
             None => Bytes::new(),
@@ -167,12 +126,7 @@ impl Admin {
             .body(Full::new(bytes))?)
     }
 
-    async fn call(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> anyhow::Result<(StatusCode, Value)> {
+    async fn call(&self, method: Method, path: &str, body: Option<Value>) -> anyhow::Result<(StatusCode, Value)> {
         let resp = self
             .client
             .request(self.request(method, path, body)?)
@@ -180,8 +134,7 @@ impl Admin {
             .with_context(|| format!("cannot reach the admin API at {}", self.base))?;
         let status = resp.status();
         let bytes = resp.into_body().collect().await?.to_bytes();
-        let value = serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| json!(String::from_utf8_lossy(&bytes)));
+        let value = serde_json::from_slice(&bytes).unwrap_or_else(|_| json!(String::from_utf8_lossy(&bytes)));
         Ok((status, value))
     }
 
@@ -203,11 +156,7 @@ impl Admin {
                 }
             }
         }
-        Ok(if ok {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        })
+        Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
     }
 }
 
@@ -225,11 +174,7 @@ fn service_from_flags(policy: Option<String>, backends: &[String]) -> anyhow::Re
             bail!("--backend {b:?}: expected ID=HOST:PORT[@WEIGHT]");
         };
         let (addr, weight) = match rest.rsplit_once('@') {
-            Some((a, w)) => (
-                a,
-                w.parse::<u32>()
-                    .with_context(|| format!("--backend {b:?}: bad weight"))?,
-            ),
+            Some((a, w)) => (a, w.parse::<u32>().with_context(|| format!("--backend {b:?}: bad weight"))?),
             None => (rest, 1),
         };
         list.push(json!({ "id": id, "addr": addr, "weight": weight }));

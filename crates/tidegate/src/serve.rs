@@ -17,10 +17,7 @@ use crate::config_file;
 
 pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TIDEGATE_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("TIDEGATE_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
@@ -35,9 +32,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let token = admin_token(&args.data_dir)?;
     let control = Control::start(Arc::new(store))?;
 
-    let workers = args
-        .workers
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let workers = args.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let metrics = Arc::new(ProxyMetrics::default());
     let proxy = tidegate_proxy::serve(
         ServerOptions {
@@ -57,9 +52,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 
     // The admin API and the writer's submitters share one small runtime,
     // apart from the data plane, so configuration stays responsive under load.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
         if let Some(path) = &args.config {
             load_initial_config(&control, path).await?;
@@ -108,20 +101,14 @@ async fn load_initial_config(control: &Control, path: &Path) -> anyhow::Result<(
     }
     let change = config_file::load_change_set(path)?;
     let ops = change.ops.len();
-    let revision = control
-        .submit(change)
-        .await
-        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let revision = control.submit(change).await.map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     tracing::info!(file = %path.display(), ops, revision, "initial configuration applied");
     Ok(())
 }
 
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
         // Without signal handlers, run until killed.
         std::future::pending::<()>().await;
         return;

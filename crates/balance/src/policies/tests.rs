@@ -1,52 +1,6 @@
 use super::*;
-use http::HeaderMap;
+use crate::testing::{counts, pool};
 use proptest::prelude::*;
-use tidegate_model::{BackendAddr, BackendId, BackendSpec, Weight};
-
-fn backend(i: usize, weight: u32) -> Arc<Backend> {
-    let spec = BackendSpec {
-        addr: BackendAddr::new(&format!("127.0.0.1:{}", 1000 + i)).unwrap(),
-        weight: Weight::try_from(weight).unwrap(),
-        backup: false,
-    };
-    Arc::new(Backend::new(
-        BackendId::new(&format!("b{i}")).unwrap(),
-        &spec,
-        None,
-    ))
-}
-
-fn pool(weights: &[u32]) -> Arc<Pool> {
-    Arc::new(Pool::new(
-        weights
-            .iter()
-            .enumerate()
-            .map(|(i, &w)| backend(i, w))
-            .collect(),
-    ))
-}
-
-fn counts(
-    sel: &dyn Selector,
-    n: usize,
-    draws: usize,
-    accept: &mut dyn FnMut(&Backend) -> bool,
-) -> Vec<usize> {
-    let headers = HeaderMap::new();
-    let ctx = RequestCtx {
-        client: None,
-        path: "/",
-        headers: &headers,
-    };
-    let mut c = vec![0; n];
-    for _ in 0..draws {
-        if let Some(b) = sel.select(&ctx, accept) {
-            let i: usize = b.id.as_str()[1..].parse().unwrap();
-            c[i] += 1;
-        }
-    }
-    c
-}
 
 #[test]
 fn smooth_round_robin_interleaves() {
@@ -54,11 +8,7 @@ fn smooth_round_robin_interleaves() {
     let s = smooth_schedule(&[5, 1, 1]);
     assert_eq!(s, vec![0, 0, 1, 0, 2, 0, 0]);
     assert!(smooth_schedule(&[0, 0]).is_empty());
-    assert_eq!(
-        smooth_schedule(&[10_000, 10_000]).len(),
-        2,
-        "common factors are divided out"
-    );
+    assert_eq!(smooth_schedule(&[10_000, 10_000]).len(), 2, "common factors are divided out");
 }
 
 #[test]
@@ -69,9 +19,7 @@ fn round_robin_skips_rejected_backends() {
     assert_eq!(c[1], 0);
     assert_eq!(c[0] + c[2], 300);
     assert!(c[0].abs_diff(c[2]) <= 2, "{c:?}");
-    assert!(counts(&*sel, 3, 5, &mut |_: &Backend| false)
-        .iter()
-        .all(|&x| x == 0));
+    assert!(counts(&*sel, 3, 5, &mut |_: &Backend| false).iter().all(|&x| x == 0));
 }
 
 #[test]

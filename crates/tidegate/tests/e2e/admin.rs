@@ -11,22 +11,10 @@ async fn unauthenticated_requests_get_401_and_change_nothing() {
     let tg = Tidegate::start(dir.path());
     let body = br#"{"backends":[]}"#.to_vec();
     for token in [None, Some("wrong")] {
-        let r = send(
-            "PUT",
-            &tg.admin_url("/v1/services/web"),
-            token,
-            body.clone(),
-            &[],
-        )
-        .await;
+        let r = send("PUT", &tg.admin_url("/v1/services/web"), token, body.clone(), &[]).await;
         assert_eq!(r.status, 401);
         assert!(r.text().contains("admin token"));
-        assert_eq!(
-            send("GET", &tg.admin_url("/v1/config"), token, vec![], &[])
-                .await
-                .status,
-            401
-        );
+        assert_eq!(send("GET", &tg.admin_url("/v1/config"), token, vec![], &[]).await.status, 401);
     }
     let (_, config) = tg.api("GET", "/v1/config", None).await;
     assert_eq!(config["revision"], 0);
@@ -45,26 +33,14 @@ fn big_batch(n: usize, addr_of: impl Fn(usize) -> String) -> Value {
 async fn a_2000_op_batch_applies_whole_or_not_at_all() {
     let dir = tempfile::tempdir().unwrap();
     let tg = Tidegate::start(dir.path());
-    let (s, v) = tg
-        .api(
-            "POST",
-            "/v1/changes",
-            Some(big_batch(2000, |i| format!("127.0.0.1:{}", 10000 + i))),
-        )
-        .await;
+    let (s, v) = tg.api("POST", "/v1/changes", Some(big_batch(2000, |i| format!("127.0.0.1:{}", 10000 + i)))).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["revision"], 1);
     let (_, svc) = tg.api("GET", "/v1/services/big", None).await;
     assert_eq!(svc["spec"]["backends"].as_array().unwrap().len(), 1999);
 
     // One invalid op among 2,000: a 400 naming it, nothing applied.
-    let bad = big_batch(2000, |i| {
-        if i == 1500 {
-            "not-an-address".into()
-        } else {
-            format!("127.0.0.2:{}", 10000 + i)
-        }
-    });
+    let bad = big_batch(2000, |i| if i == 1500 { "not-an-address".into() } else { format!("127.0.0.2:{}", 10000 + i) });
     let (s, v) = tg.api("POST", "/v1/changes", Some(bad)).await;
     assert_eq!(s, 400, "{v}");
     assert_eq!(v["error"]["op"], 1500);
@@ -105,13 +81,7 @@ async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
     };
     let cases: [(&str, &str, &str, u16, &str); 7] = [
         ("/v1/changes", "POST", "{not json", 400, "."),
-        (
-            "/v1/changes",
-            "POST",
-            r#"{"ops":[],"surprise":1}"#,
-            400,
-            ".",
-        ),
+        ("/v1/changes", "POST", r#"{"ops":[],"surprise":1}"#, 400, "."),
         (
             "/v1/services/web",
             "PUT",
@@ -126,20 +96,8 @@ async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
             400,
             "spec.backends[1].id",
         ),
-        (
-            "/v1/services/web",
-            "PUT",
-            r#"{"backends":[{"id":"a","addr":"300.1.1.1"}]}"#,
-            400,
-            "spec.backends[0].addr",
-        ),
-        (
-            "/v1/routes/r",
-            "PUT",
-            r#"{"service":"missing"}"#,
-            404,
-            "ops[0].spec.service",
-        ),
+        ("/v1/services/web", "PUT", r#"{"backends":[{"id":"a","addr":"300.1.1.1"}]}"#, 400, "spec.backends[0].addr"),
+        ("/v1/routes/r", "PUT", r#"{"service":"missing"}"#, 404, "ops[0].spec.service"),
         ("/v1/services/bad%20name", "PUT", "{}", 400, "path.name"),
     ];
     for (path, method, body, status, field) in cases {
@@ -147,10 +105,7 @@ async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
         let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
         assert_eq!(r.status, status, "{method} {path} {body}: {v}");
         let got = v["error"]["field"].as_str().unwrap_or("");
-        assert!(
-            got.starts_with(field) || field == ".",
-            "{body}: field {got:?}, wanted {field:?}"
-        );
+        assert!(got.starts_with(field) || field == ".", "{body}: field {got:?}, wanted {field:?}");
         assert!(!v["error"]["message"].as_str().unwrap_or("").is_empty());
     }
     // An oversized body is refused before it is parsed.
@@ -172,13 +127,8 @@ async fn watch_streams_applied_change_sets() {
     let reader = tokio::task::spawn_blocking(move || {
         use std::io::{BufRead, BufReader, Write};
         let mut s = std::net::TcpStream::connect(admin).unwrap();
-        s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
-            .unwrap();
-        write!(
-            s,
-            "GET /v1/watch?from=0 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"
-        )
-        .unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+        write!(s, "GET /v1/watch?from=0 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n").unwrap();
         let mut ids = Vec::new();
         for line in BufReader::new(s).lines() {
             let line = line.unwrap();
@@ -194,11 +144,7 @@ async fn watch_streams_applied_change_sets() {
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     let (s, _) = tg.api("PUT", "/v1/services/b", Some(json!({}))).await;
     assert_eq!(s, 200);
-    assert_eq!(
-        reader.await.unwrap(),
-        vec![1, 2],
-        "history first, then live"
-    );
+    assert_eq!(reader.await.unwrap(), vec![1, 2], "history first, then live");
     let (s, v) = tg.api("GET", "/v1/watch?from=99", None).await;
     assert_eq!(s, 400, "{v}");
 }
@@ -215,11 +161,7 @@ async fn the_cli_and_declarative_files_cover_the_same_operations() {
     .unwrap();
     let data = dir.path().join("data");
     let tg = Tidegate::start_with(&data, &["--config", file.to_str().unwrap()]);
-    assert_eq!(
-        served_by(&get(&tg.url("/")).await),
-        "cli",
-        "--config loads the file into an empty store"
-    );
+    assert_eq!(served_by(&get(&tg.url("/")).await), "cli", "--config loads the file into an empty store");
 
     let ok = |out: std::process::Output| {
         assert!(
@@ -231,31 +173,12 @@ async fn the_cli_and_declarative_files_cover_the_same_operations() {
         serde_json::from_slice::<Value>(&out.stdout).unwrap_or(Value::Null)
     };
     let addr = b.addr.to_string();
-    ok(tg.ctl(&[
-        "service",
-        "put",
-        "api",
-        "--policy",
-        "least_conn",
-        "--backend",
-        &format!("x={addr}@3"),
-    ]));
+    ok(tg.ctl(&["service", "put", "api", "--policy", "least_conn", "--backend", &format!("x={addr}@3")]));
     ok(tg.ctl(&["backend", "put", "api", "y", "--addr", &addr, "--backup"]));
-    ok(tg.ctl(&[
-        "route",
-        "put",
-        "api",
-        "--service",
-        "api",
-        "--path-prefix",
-        "/api",
-    ]));
+    ok(tg.ctl(&["route", "put", "api", "--service", "api", "--path-prefix", "/api"]));
     let batch = dir.path().join("batch.json");
-    std::fs::write(
-        &batch,
-        r#"{"ops":[{"op":"delete_route","name":"api"},{"op":"delete_service","name":"api"}]}"#,
-    )
-    .unwrap();
+    std::fs::write(&batch, r#"{"ops":[{"op":"delete_route","name":"api"},{"op":"delete_service","name":"api"}]}"#)
+        .unwrap();
     let v = ok(tg.ctl(&["apply", "-f", batch.to_str().unwrap()]));
     assert_eq!(v["revision"], 5);
     let config = ok(tg.ctl(&["config"]));

@@ -17,12 +17,7 @@ async fn kill_9_then_restart_restores_every_acknowledged_change() {
         let tg = tg.clone();
         tasks.push(tokio::spawn(async move {
             let body = json!({"addr": format!("127.0.0.1:{}", 20000 + i)});
-            tg.api(
-                "PUT",
-                &format!("/v1/services/web/backends/n{i}"),
-                Some(body),
-            )
-            .await
+            tg.api("PUT", &format!("/v1/services/web/backends/n{i}"), Some(body)).await
         }));
     }
     let mut acked = 0;
@@ -38,13 +33,7 @@ async fn kill_9_then_restart_restores_every_acknowledged_change() {
     let tg = Tidegate::start(&data);
     let (_, config) = tg.api("GET", "/v1/config", None).await;
     assert_eq!(config["revision"], 2 + acked);
-    assert_eq!(
-        config["services"]["web"]["backends"]
-            .as_array()
-            .unwrap()
-            .len(),
-        301
-    );
+    assert_eq!(config["services"]["web"]["backends"].as_array().unwrap().len(), 301);
     // Routes are live again, and the emulator's backend b0 still serves.
     let (s, _) = tg.api("DELETE", "/v1/services/web", None).await;
     assert_eq!(s, 409, "the route still uses it");

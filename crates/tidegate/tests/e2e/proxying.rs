@@ -27,15 +27,11 @@ async fn a_route_answers_as_soon_as_its_put_is_acknowledged() {
 async fn round_robin_shares_evenly_and_deleted_backends_get_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let tg = Tidegate::start(dir.path());
-    let bs: Vec<Backend> = (0..3)
-        .map(|i| Backend::start(&format!("b{i}"), &[]))
-        .collect();
+    let bs: Vec<Backend> = (0..3).map(|i| Backend::start(&format!("b{i}"), &[])).collect();
     route_to(&tg, "web", &bs.iter().collect::<Vec<_>>(), "round_robin").await;
     let mut counts: HashMap<String, usize> = HashMap::new();
     for _ in 0..300 {
-        *counts
-            .entry(served_by(&get(&tg.url("/")).await))
-            .or_default() += 1;
+        *counts.entry(served_by(&get(&tg.url("/")).await)).or_default() += 1;
     }
     for name in ["b0", "b1", "b2"] {
         let n = counts.get(name).copied().unwrap_or(0);
@@ -73,16 +69,11 @@ async fn proxy_errors_are_short_and_say_which() {
     let dir = tempfile::tempdir().unwrap();
     let tg = Tidegate::start(dir.path());
     let r = get(&tg.url("/")).await;
-    assert_eq!(
-        (r.status, r.text().as_str()),
-        (404, "404 no route matches this request\n")
-    );
+    assert_eq!((r.status, r.text().as_str()), (404, "404 no route matches this request\n"));
 
     let (s, _) = tg.api("PUT", "/v1/services/empty", Some(json!({}))).await;
     assert_eq!(s, 200);
-    let (s, _) = tg
-        .api("PUT", "/v1/routes/empty", Some(json!({"service": "empty"})))
-        .await;
+    let (s, _) = tg.api("PUT", "/v1/routes/empty", Some(json!({"service": "empty"}))).await;
     assert_eq!(s, 200);
     let r = get(&tg.url("/")).await;
     assert_eq!(r.status, 503);
@@ -107,11 +98,7 @@ async fn forwarding_headers_and_h2c() {
         &tg.url("/echo"),
         None,
         vec![],
-        &[
-            ("x-forwarded-for", "10.1.1.1"),
-            ("connection", "x-drop"),
-            ("x-drop", "1"),
-        ],
+        &[("x-forwarded-for", "10.1.1.1"), ("connection", "x-drop"), ("x-drop", "1")],
     )
     .await;
     let echo: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
@@ -119,10 +106,7 @@ async fn forwarding_headers_and_h2c() {
     assert_eq!(h["x-forwarded-for"], "10.1.1.1, 127.0.0.1");
     assert_eq!(h["x-forwarded-proto"], "http");
     assert_eq!(h["x-forwarded-host"], tg.proxy.to_string());
-    assert!(
-        h.get("x-drop").is_none(),
-        "headers named in Connection are hop-by-hop: {h}"
-    );
+    assert!(h.get("x-drop").is_none(), "headers named in Connection are hop-by-hop: {h}");
 
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .http2_only(true)
@@ -141,12 +125,8 @@ async fn upgraded_connections_pass_through() {
     let proxy = tg.proxy;
     tokio::task::spawn_blocking(move || {
         let mut s = std::net::TcpStream::connect(proxy).unwrap();
-        s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
-            .unwrap();
-        s.write_all(
-            b"GET /upgrade HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: echo\r\n\r\n",
-        )
-        .unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+        s.write_all(b"GET /upgrade HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: echo\r\n\r\n").unwrap();
         let mut head = Vec::new();
         let mut byte = [0u8; 1];
         while !head.ends_with(b"\r\n\r\n") {
@@ -177,14 +157,7 @@ async fn static_directories_are_served_by_the_proxy() {
     assert_eq!(r.status, 200);
     assert_eq!(r.headers["content-type"], "text/css");
     assert_eq!(r.text(), "body{}");
-    let r = send(
-        "GET",
-        &tg.url("/static/app.css"),
-        None,
-        vec![],
-        &[("range", "bytes=0-3")],
-    )
-    .await;
+    let r = send("GET", &tg.url("/static/app.css"), None, vec![], &[("range", "bytes=0-3")]).await;
     assert_eq!((r.status, r.text().as_str()), (206, "body"));
     assert_eq!(get(&tg.url("/static/%2e%2e/etc/passwd")).await.status, 400);
 }
@@ -195,9 +168,7 @@ async fn static_directories_are_served_by_the_proxy() {
 async fn traffic_sees_no_error_during_1000_config_changes() {
     let dir = tempfile::tempdir().unwrap();
     let tg = Arc::new(Tidegate::start(dir.path()));
-    let bs: Vec<Backend> = (0..3)
-        .map(|i| Backend::start(&format!("b{i}"), &[]))
-        .collect();
+    let bs: Vec<Backend> = (0..3).map(|i| Backend::start(&format!("b{i}"), &[])).collect();
     route_to(&tg, "web", &[&bs[0], &bs[1]], "round_robin").await;
     let stop = Arc::new(AtomicBool::new(false));
     let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
@@ -220,10 +191,7 @@ async fn traffic_sees_no_error_during_1000_config_changes() {
     for i in 0..1000 {
         let (path, body) = match i % 3 {
             0 => ("/v1/services/web/backends/b2", Some(json!({"addr": extra}))),
-            1 => (
-                "/v1/services/web/backends/b0",
-                Some(json!({"addr": bs[0].addr.to_string(), "weight": 1 + i % 7})),
-            ),
+            1 => ("/v1/services/web/backends/b0", Some(json!({"addr": bs[0].addr.to_string(), "weight": 1 + i % 7}))),
             _ => ("/v1/services/web/backends/b2", None),
         };
         let method = if body.is_some() { "PUT" } else { "DELETE" };

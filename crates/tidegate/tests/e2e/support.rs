@@ -47,20 +47,12 @@ impl Tidegate {
 
     pub fn start_with(data_dir: &Path, extra: &[&str]) -> Tidegate {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidegate"));
-        cmd.args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin",
-            "127.0.0.1:0",
-            "--workers",
-            "2",
-        ])
-        .arg("--data-dir")
-        .arg(data_dir)
-        .args(extra)
-        .env("TIDEGATE_ADMIN_TOKEN", TOKEN)
-        .env("TIDEGATE_LOG", "warn");
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--workers", "2"])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(extra)
+            .env("TIDEGATE_ADMIN_TOKEN", TOKEN)
+            .env("TIDEGATE_LOG", "warn");
         let (child, line) = spawn_reading_first_line(cmd);
         // "tidegate ready proxy=ADDR admin=ADDR revision=N"
         let field = |name: &str| -> SocketAddr {
@@ -70,12 +62,7 @@ impl Tidegate {
                 .parse()
                 .expect("address")
         };
-        Tidegate {
-            proxy: field("proxy="),
-            admin: field("admin="),
-            child,
-            data_dir: data_dir.to_path_buf(),
-        }
+        Tidegate { proxy: field("proxy="), admin: field("admin="), child, data_dir: data_dir.to_path_buf() }
     }
 
     /// Kills the process with SIGKILL, no chance to flush anything.
@@ -95,14 +82,7 @@ impl Tidegate {
     /// An admin request with the token; returns status and JSON.
     pub async fn api(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
         let body = body.map(|v| v.to_string()).unwrap_or_default();
-        let r = send(
-            method,
-            &self.admin_url(path),
-            Some(TOKEN),
-            body.into_bytes(),
-            &[],
-        )
-        .await;
+        let r = send(method, &self.admin_url(path), Some(TOKEN), body.into_bytes(), &[]).await;
         let value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
         (r.status, value)
     }
@@ -136,16 +116,11 @@ pub struct Backend {
 impl Backend {
     pub fn start(name: &str, extra: &[&str]) -> Backend {
         let mut cmd = Command::new(bin_dir().join("tidegate-emulator"));
-        cmd.args(["--listen", "127.0.0.1:0", "--threads", "1", "--name", name])
-            .args(extra);
+        cmd.args(["--listen", "127.0.0.1:0", "--threads", "1", "--name", name]).args(extra);
         let (child, line) = spawn_reading_first_line(cmd);
         let addr = line
             .strip_prefix("listening on ")
-            .unwrap_or_else(|| {
-                panic!(
-                    "unexpected emulator line {line:?} (build it with `cargo build --workspace`)"
-                )
-            })
+            .unwrap_or_else(|| panic!("unexpected emulator line {line:?} (build it with `cargo build --workspace`)"))
             .parse()
             .expect("address");
         Backend { child, addr }
@@ -181,16 +156,8 @@ thread_local! {
         Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(5)).build_http();
 }
 
-pub async fn send(
-    method: &str,
-    url: &str,
-    token: Option<&str>,
-    body: Vec<u8>,
-    headers: &[(&str, &str)],
-) -> Reply {
-    try_send(method, url, token, body, headers)
-        .await
-        .unwrap_or_else(|e| panic!("{method} {url}: {e}"))
+pub async fn send(method: &str, url: &str, token: Option<&str>, body: Vec<u8>, headers: &[(&str, &str)]) -> Reply {
+    try_send(method, url, token, body, headers).await.unwrap_or_else(|e| panic!("{method} {url}: {e}"))
 }
 
 pub async fn try_send(
@@ -207,9 +174,7 @@ pub async fn try_send(
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
-    let req = req
-        .body(Full::new(Bytes::from(body)))
-        .map_err(|e| e.to_string())?;
+    let req = req.body(Full::new(Bytes::from(body))).map_err(|e| e.to_string())?;
     let client = CLIENT.with(|c| c.clone());
     let resp = tokio::time::timeout(Duration::from_secs(20), client.request(req))
         .await
@@ -217,17 +182,8 @@ pub async fn try_send(
         .map_err(|e| format!("{e:?}"))?;
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    Ok(Reply {
-        status,
-        headers,
-        body,
-    })
+    let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+    Ok(Reply { status, headers, body })
 }
 
 pub async fn get(url: &str) -> Reply {
@@ -261,9 +217,5 @@ pub async fn route_to(tg: &Tidegate, service: &str, backends: &[&Backend], polic
 
 /// Which backend answered (the emulator's `x-backend` header).
 pub fn served_by(r: &Reply) -> String {
-    r.headers
-        .get("x-backend")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string()
+    r.headers.get("x-backend").and_then(|v| v.to_str().ok()).unwrap_or("").to_string()
 }
