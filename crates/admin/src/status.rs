@@ -8,33 +8,68 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 use axum::Json;
 use serde_json::{json, Value};
+use tidegate_balance::{clock, ActiveState};
 use tidegate_snapshot::ServiceRuntime;
 
 use crate::AdminState;
 
 fn service_status(s: &ServiceRuntime) -> Value {
+    let now = clock::now_ms();
+    let dynamic = s.selector.weights();
+    let mut primary_index = 0;
     let backends: Vec<Value> = s
         .selector
         .backends()
         .iter()
         .map(|b| {
             let v = b.stats.view();
+            // Dynamic weights are reported for primaries, in id order.
+            let effective = if b.backup {
+                None
+            } else {
+                primary_index += 1;
+                dynamic.as_ref().and_then(|w| w.get(primary_index - 1).copied())
+            };
+            let health = match v.active {
+                _ if v.ejected_for_ms > 0 => "ejected",
+                ActiveState::Down => "down",
+                ActiveState::Up => "up",
+                ActiveState::Unchecked => "unchecked",
+            };
+            let load = &b.stats.load;
+            let num = |x: f64| (!x.is_nan()).then_some(x);
             json!({
                 "id": b.id,
                 "addr": b.addr,
                 "weight": b.weight,
+                "effective_weight": effective,
                 "backup": b.backup,
-                // Active health checks come with the balancing work; until
-                // then every configured backend is eligible.
-                "health": "unchecked",
+                "health": health,
+                "available": b.stats.is_available(now),
+                "ejected_for_ms": v.ejected_for_ms,
+                "ejections": v.ejections,
+                "slow_start_factor": b.stats.slow_start_factor(now, s.settings.health.slow_start_ms),
                 "in_flight": v.in_flight,
                 "requests": v.requests,
                 "failures": v.failures,
                 "latency_ewma_ms": v.latency_ewma_ms,
+                "load": {
+                    "cpu": num(load.cpu.get()),
+                    "memory": num(load.memory.get()),
+                    "network": num(load.network.get()),
+                    "qps": num(load.qps.get()),
+                    "age_ms": (load.last_ms.load(Relaxed) > 0).then(|| now.saturating_sub(load.last_ms.load(Relaxed))),
+                },
             })
         })
         .collect();
-    json!({ "policy": s.settings.policy, "backends": backends })
+    json!({
+        "policy": s.settings.policy,
+        "in_flight": s.live.in_flight.load(Relaxed),
+        "retries_in_flight": s.live.retries_in_flight.load(Relaxed),
+        "retries_refused": s.live.retries_refused.load(Relaxed),
+        "backends": backends,
+    })
 }
 
 pub(crate) async fn get_status(State(state): State<AdminState>) -> Json<Value> {

@@ -109,7 +109,7 @@ struct HashSelector {
 /// a backend keeps its points when others come and go.
 fn build_ring(pool: &Pool) -> Vec<(u64, u32)> {
     let total: u64 = pool.backends().iter().map(|b| u64::from(b.weight)).sum();
-    let per_weight = if total == 0 { 0 } else { (MAX_POINTS / total).clamp(1, u64::from(POINTS_PER_WEIGHT)) };
+    let per_weight = MAX_POINTS.checked_div(total).map_or(0, |p| p.clamp(1, u64::from(POINTS_PER_WEIGHT)));
     let mut ring = Vec::new();
     for (i, b) in pool.backends().iter().enumerate() {
         for p in 0..u64::from(b.weight) * per_weight {

@@ -56,6 +56,25 @@ pub enum Command {
     Saturate(SaturateArgs),
     /// Open-loop GET load against the proxy.
     Traffic(TrafficArgs),
+    /// A closed loop of concurrent users against any proxy (paper S3).
+    Users(UsersArgs),
+}
+
+/// Options of `users`.
+#[derive(Debug, Args)]
+pub struct UsersArgs {
+    /// Concurrent users.
+    #[arg(long, default_value_t = 500)]
+    pub users: usize,
+    /// How long to run, seconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub duration_s: f64,
+    /// Path to request.
+    #[arg(long, default_value = "/")]
+    pub path: String,
+    /// Pause between a user's answer and its next request, ms.
+    #[arg(long, default_value_t = 0)]
+    pub think_ms: u64,
 }
 
 /// Options of `setup`.

@@ -25,6 +25,7 @@ mod saturate;
 mod schedule;
 mod setup;
 mod traffic;
+mod users;
 
 use std::process::ExitCode;
 
@@ -62,6 +63,7 @@ async fn run(cli: &Cli) -> anyhow::Result<String> {
         Command::Churn(args) => render(&churn::run(&cli.target, args).await?),
         Command::Saturate(args) => render(&saturate::run(&cli.target, args).await?),
         Command::Traffic(args) => render(&traffic::run(&cli.target, args).await?),
+        Command::Users(args) => render(&users::run(&cli.target, args).await?),
     }
 }
 

@@ -624,6 +624,9 @@ impl ServiceSettings {
                     return Err(format!("health.active.{field}: must be 10..={DAY_MS}, got {v}"));
                 }
             }
+            if a.timeout_ms > a.interval_ms {
+                return Err("health.active.timeout_ms: must not exceed interval_ms".into());
+            }
             if a.rise == 0 || a.fall == 0 || a.rise > 100 || a.fall > 100 {
                 return Err("health.active: rise and fall must be 1..=100".into());
             }

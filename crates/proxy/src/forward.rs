@@ -17,9 +17,11 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tidegate_balance::{Backend, Outcome, RequestCtx};
-use tidegate_model::Timeouts;
-use tidegate_snapshot::ServiceRuntime;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use tidegate_balance::{clock, orca, record_outcome, Backend, Outcome, RequestCtx};
+use tidegate_model::{PolicySpec, Timeouts};
+use tidegate_snapshot::{ServiceLive, ServiceRuntime};
 
 use crate::body::ProxyBody;
 use crate::errors::ProxyError;
@@ -97,14 +99,22 @@ impl Upstreams {
         let path_and_query = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
         let ctx = RequestCtx { client: Some(peer.addr), path: path_and_query.as_str(), headers: &parts.headers };
         let response_timeout = Duration::from_millis(settings.timeouts.response_ms);
+        let _in_flight = Counted::new(&service.live.in_flight);
+        let mut _retry_token = None;
+        let reads_orca = settings.load_metrics.orca || matches!(settings.policy, PolicySpec::OrcaWrr(_));
         let mut tried: Vec<Arc<Backend>> = Vec::new();
         let mut last_error = ProxyError::NoBackend;
         for attempt in 0..=settings.retries {
-            let picked = {
-                let mut accept = |b: &Backend| !tried.iter().any(|t| std::ptr::eq(&**t, b));
-                service.selector.select(&ctx, &mut accept)
-            };
-            let Some(backend) = picked else {
+            // The budget bounds the extra work retries put on backends; a
+            // connect failure put none there, so its retry is not counted.
+            if attempt > 0 && last_error != ProxyError::ConnectFailed {
+                if !service.live.try_retry(&settings.retry_budget) {
+                    break;
+                }
+                _retry_token = Some(RetryToken(&service.live));
+            }
+            let now = clock::now_ms();
+            let Some(backend) = pick(service, &ctx, &tried, now) else {
                 break;
             };
             tried.push(backend.clone());
@@ -116,10 +126,21 @@ impl Upstreams {
             }
             let up = upstream_request(&parts, &backend, &path_and_query, up_body)?;
             let mut guard = backend.stats.start();
-            match tokio::time::timeout(response_timeout, client.request(up)).await {
+            let result = tokio::time::timeout(response_timeout, client.request(up)).await;
+            let outcome = match &result {
+                Ok(Ok(resp)) if !resp.status().is_server_error() => Outcome::Success,
+                _ => Outcome::Failure,
+            };
+            guard.record(outcome);
+            let pool = service.selector.backends();
+            if record_outcome(&backend, outcome, clock::now_ms(), &settings.health.passive, pool) {
+                tracing::warn!(service = %service.name, backend = %backend.id, addr = %backend.addr, "backend ejected after consecutive failures");
+            }
+            match result {
                 Ok(Ok(mut resp)) => {
-                    let failed = resp.status().is_server_error();
-                    guard.record(if failed { Outcome::Failure } else { Outcome::Success });
+                    if reads_orca {
+                        read_orca(&resp, &backend);
+                    }
                     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
                         if let Some(down) = downstream_upgrade {
                             splice_upgrade(down, hyper::upgrade::on(&mut resp));
@@ -130,7 +151,6 @@ impl Upstreams {
                     return Ok(resp.map(|b| ProxyBody::Upstream { body: b, guard: Some(guard) }));
                 }
                 Ok(Err(e)) => {
-                    guard.record(Outcome::Failure);
                     let connect = e.is_connect();
                     tracing::debug!(backend = %backend.addr, error = %e, connect, "upstream attempt failed");
                     last_error = if connect { ProxyError::ConnectFailed } else { ProxyError::UpstreamFailed };
@@ -141,13 +161,64 @@ impl Upstreams {
                     }
                 }
                 Err(_) => {
-                    guard.record(Outcome::Failure);
                     last_error = ProxyError::Timeout;
                     break;
                 }
             }
         }
         Err(last_error)
+    }
+}
+
+/// Picks a backend not tried yet for this request: preferably one that is
+/// available (active checks pass, not ejected), admitted by slow start's
+/// ramp; else any available one; else, when every backend is unavailable,
+/// any untried one (panic mode: health data may be wrong, an attempt costs
+/// less than a certain 503).
+fn pick(service: &ServiceRuntime, ctx: &RequestCtx<'_>, tried: &[Arc<Backend>], now: u64) -> Option<Arc<Backend>> {
+    let untried = |b: &Backend| !tried.iter().any(|t| std::ptr::eq(&**t, b));
+    let available = |b: &Backend| untried(b) && b.stats.is_available(now);
+    let ramp = service.settings.health.slow_start_ms;
+    let sel = &service.selector;
+    if ramp > 0 {
+        let mut ramped = |b: &Backend| available(b) && fastrand::f64() < b.stats.slow_start_factor(now, ramp);
+        if let Some(b) = sel.select(ctx, &mut ramped) {
+            return Some(b);
+        }
+    }
+    sel.select(ctx, &mut |b: &Backend| available(b)).or_else(|| sel.select(ctx, &mut |b: &Backend| untried(b)))
+}
+
+/// Stores an ORCA load report carried by a response.
+fn read_orca<B>(resp: &Response<B>, backend: &Backend) {
+    let report = resp.headers().get(orca::ORCA_HEADER).and_then(|v| v.to_str().ok()).and_then(orca::parse);
+    if let Some(r) = report {
+        r.apply(&backend.stats.load, clock::now_ms());
+    }
+}
+
+/// Counts a request in a gauge while alive.
+struct Counted<'a>(&'a AtomicU64);
+
+impl<'a> Counted<'a> {
+    fn new(gauge: &'a AtomicU64) -> Self {
+        gauge.fetch_add(1, Relaxed);
+        Counted(gauge)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
+
+/// A retry admitted by the service's retry budget, returned when dropped.
+struct RetryToken<'a>(&'a ServiceLive);
+
+impl Drop for RetryToken<'_> {
+    fn drop(&mut self) {
+        self.0.retry_done();
     }
 }
 

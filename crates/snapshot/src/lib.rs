@@ -7,13 +7,44 @@
 //! size of the change, not of the configuration; the proxy reads the current
 //! one with a single atomic load.
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use imbl::HashMap;
 use tidegate_balance::{Backend, ServiceSelector};
-use tidegate_model::{ConfigState, Delta, ServiceName, ServiceSettings, ServiceSpec};
+use tidegate_model::{ConfigState, Delta, RetryBudget, ServiceName, ServiceSettings, ServiceSpec};
 use tidegate_router::Router;
 pub use tidegate_router::{Entry, RequestView};
+
+/// Live counters of a service, shared across snapshots like backend stats.
+#[derive(Debug, Default)]
+pub struct ServiceLive {
+    /// Requests in flight to the service.
+    pub in_flight: AtomicU64,
+    /// Retries in flight (for the retry budget).
+    pub retries_in_flight: AtomicU64,
+    /// Retries refused by the budget.
+    pub retries_refused: AtomicU64,
+}
+
+impl ServiceLive {
+    /// Takes a retry token if the budget allows: retries in flight stay at
+    /// most `percent` of requests in flight, or `min_concurrent`.
+    pub fn try_retry(&self, budget: &RetryBudget) -> bool {
+        let in_flight = self.in_flight.load(Relaxed);
+        let allowed = (in_flight * u64::from(budget.percent) / 100).max(u64::from(budget.min_concurrent));
+        let taken = self.retries_in_flight.fetch_update(Relaxed, Relaxed, |r| (r < allowed).then_some(r + 1)).is_ok();
+        if !taken {
+            self.retries_refused.fetch_add(1, Relaxed);
+        }
+        taken
+    }
+
+    /// Returns a retry token.
+    pub fn retry_done(&self) {
+        self.retries_in_flight.fetch_sub(1, Relaxed);
+    }
+}
 
 /// One service, ready for traffic.
 #[derive(Debug)]
@@ -24,6 +55,8 @@ pub struct ServiceRuntime {
     pub settings: ServiceSettings,
     /// Picks a backend per request.
     pub selector: ServiceSelector,
+    /// Live counters, carried over from the previous snapshot.
+    pub live: Arc<ServiceLive>,
 }
 
 impl ServiceRuntime {
@@ -46,6 +79,7 @@ impl ServiceRuntime {
             name,
             settings: spec.settings.clone(),
             selector: ServiceSelector::new(&spec.settings.policy, backends),
+            live: previous.map(|p| p.live.clone()).unwrap_or_default(),
         }
     }
 }
@@ -165,6 +199,7 @@ mod tests {
         let a = snap2.service("a").unwrap();
         assert_eq!(a.selector.backends().len(), 3);
         assert!(Arc::ptr_eq(&a.selector.backends()[0].stats, &stats_x), "same addr keeps stats");
+        assert!(Arc::ptr_eq(&a.live, &snap1.service("a").unwrap().live), "service counters survive");
         assert!(!Arc::ptr_eq(&a.selector.backends()[1].stats, &stats_y), "new addr starts fresh");
         assert!(Arc::ptr_eq(snap2.service("b").unwrap(), &untouched), "other services are not rebuilt");
         assert_eq!(snap1.service("a").unwrap().selector.backends().len(), 2, "old snapshot intact");
@@ -175,5 +210,24 @@ mod tests {
         let view = RequestView { host: "", path: "/a/1", method: &Method::GET, headers: &headers };
         assert_eq!(snap2.route(&view).unwrap().name.as_str(), "r");
         assert!(full.route(&view).is_some());
+    }
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::*;
+
+    #[test]
+    fn the_retry_budget_scales_with_traffic() {
+        let live = ServiceLive::default();
+        let budget = RetryBudget { percent: 20, min_concurrent: 2 };
+        assert!(live.try_retry(&budget) && live.try_retry(&budget));
+        assert!(!live.try_retry(&budget), "min_concurrent when idle");
+        live.in_flight.store(100, Relaxed);
+        let more = (0..30).filter(|_| live.try_retry(&budget)).count();
+        assert_eq!(more, 18, "20% of 100 in flight, 2 already taken");
+        live.retry_done();
+        assert!(live.try_retry(&budget));
+        assert_eq!(live.retries_refused.load(Relaxed), 13);
     }
 }

@@ -5,5 +5,6 @@
 mod support;
 
 mod admin;
+mod balancing;
 mod durability;
 mod proxying;

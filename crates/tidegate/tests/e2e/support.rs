@@ -116,7 +116,10 @@ pub struct Backend {
 impl Backend {
     pub fn start(name: &str, extra: &[&str]) -> Backend {
         let mut cmd = Command::new(bin_dir().join("tidegate-emulator"));
-        cmd.args(["--listen", "127.0.0.1:0", "--threads", "1", "--name", name]).args(extra);
+        if !extra.contains(&"--listen") {
+            cmd.args(["--listen", "127.0.0.1:0"]);
+        }
+        cmd.args(["--threads", "1", "--name", name]).args(extra);
         let (child, line) = spawn_reading_first_line(cmd);
         let addr = line
             .strip_prefix("listening on ")

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Paper S3's experiment: three backends of capacity 1:2:4 (tidegate-emulator:
+# 1, 2 and 4 service slots, exponential service time, bounded queue that
+# answers 503 when full), a closed loop of concurrent users, and every
+# Tidegate policy next to nginx (round robin, weighted 1:2:4, least_conn,
+# ip_hash) and HAProxy (roundrobin, leastconn, leastconn + maxconn), all in the
+# same run against the same backends. Prints a table; writes JSON lines to OUT.
+#
+#   bench/heterogeneous.sh [--users 500] [--think-ms 800] [--duration 10] [--out FILE]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+USERS=500 THINK=800 DURATION=10 SERVICE="exp:10ms" QUEUE=20 OUT=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --users) USERS=$2; shift 2;;
+    --think-ms) THINK=$2; shift 2;;
+    --duration) DURATION=$2; shift 2;;
+    --service-time) SERVICE=$2; shift 2;;
+    --queue) QUEUE=$2; shift 2;;
+    --out) OUT=$2; shift 2;;
+    *) echo "unknown option $1" >&2; exit 2;;
+  esac
+done
+mkdir -p bench/results
+OUT=${OUT:-bench/results/heterogeneous-$(date +%Y%m%d-%H%M%S).jsonl}
+export PATH=$PATH:/usr/sbin
+command -v nginx >/dev/null && command -v haproxy >/dev/null || {
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx haproxy; }
+for b in tidegate tidegate-emulator tidegate-bench; do
+  [ -x "target/release/$b" ] || { cargo build --release -p tidegate -p tidegate-emulator -p tidegate-bench; break; }
+done
+WORK=$(mktemp -d /tmp/tidegate-s3.XXXXXX)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; sleep 0.3; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+declare -A ADDR
+for spec in c1:1 c2:2 c4:4; do
+  name=${spec%%:*}; slots=${spec#*:}
+  target/release/tidegate-emulator --listen 127.0.0.1:0 --name "$name" --threads 1 --slots "$slots" \
+    --queue "$QUEUE" --service-time "$SERVICE" > "$WORK/$name.out" & PIDS+=($!)
+done
+for name in c1 c2 c4; do
+  for _ in $(seq 50); do grep -q listening "$WORK/$name.out" 2>/dev/null && break; sleep 0.05; done
+  ADDR[$name]=$(sed 's/listening on //' "$WORK/$name.out")
+done
+
+# nginx: one instance per variant, each on its own port.
+port=19300
+declare -A PEER_PORT
+nginx_variant() { # name upstream-options server-suffix-c1 c2 c4
+  local name=$1 opts=$2; port=$((port + 1)); PEER_PORT[$name]=$port
+  cat > "$WORK/$name.conf" <<CONF
+worker_processes 2; daemon off; pid $WORK/$name.pid; error_log $WORK/$name.err warn;
+events { worker_connections 4096; }
+http { access_log off;
+  upstream app { $opts server ${ADDR[c1]} $3; server ${ADDR[c2]} $4; server ${ADDR[c4]} $5; keepalive 256; }
+  server { listen 127.0.0.1:$port; location / { proxy_pass http://app; proxy_http_version 1.1;
+    proxy_set_header Connection ""; proxy_next_upstream error timeout http_503; } } }
+CONF
+  nginx -c "$WORK/$name.conf" & PIDS+=($!)
+}
+nginx_variant nginx-rr "" "" "" ""
+nginx_variant nginx-weighted "" "weight=1" "weight=2" "weight=4"
+nginx_variant nginx-least_conn "least_conn;" "" "" ""
+nginx_variant nginx-ip_hash "ip_hash;" "" "" ""
+
+# HAProxy: one process, a frontend per variant.
+{
+  echo "global"; echo "  nbthread 2"; echo "  maxconn 8000"
+  echo "defaults"; echo "  mode http"; echo "  timeout connect 5s"; echo "  timeout client 30s"
+  echo "  timeout server 30s"; echo "  timeout queue 5s"; echo "  option http-keep-alive"; echo "  http-reuse always"
+  echo "  retry-on conn-failure response-timeout 503"; echo "  retries 2"; echo "  option redispatch"
+  for v in "haproxy-roundrobin:roundrobin:" "haproxy-leastconn:leastconn:" "haproxy-leastconn-maxconn:leastconn:maxconn"; do
+    IFS=: read -r name algo extra <<<"$v"; port=$((port + 1)); PEER_PORT[$name]=$port
+    echo "frontend f-$name"; echo "  bind 127.0.0.1:$port"; echo "  default_backend b-$name"
+    echo "backend b-$name"; echo "  balance $algo"
+    for s in c1:1 c2:2 c4:4; do
+      n=${s%%:*}; slots=${s#*:}
+      if [ -n "$extra" ]; then echo "  server $n ${ADDR[$n]} maxconn $slots"; else echo "  server $n ${ADDR[$n]}"; fi
+    done
+  done
+} > "$WORK/haproxy.cfg"
+haproxy -f "$WORK/haproxy.cfg" -db > /dev/null 2>&1 & PIDS+=($!)
+
+TIDEGATE_ADMIN_TOKEN=bench TIDEGATE_LOG=warn target/release/tidegate serve --listen 127.0.0.1:0 --admin 127.0.0.1:0 \
+  --data-dir "$WORK/tg" > "$WORK/tg.out" & PIDS+=($!)
+for _ in $(seq 100); do grep -q ready "$WORK/tg.out" 2>/dev/null && break; sleep 0.05; done
+line=$(head -1 "$WORK/tg.out"); TG_PROXY=${line#*proxy=}; TG_PROXY=${TG_PROXY%% *}; TG_ADMIN=${line#*admin=}; TG_ADMIN=${TG_ADMIN%% *}
+sleep 0.5
+
+tg_policy() { # policy-json weights(c1 c2 c4)
+  local w=($2)
+  curl -sf -XPUT -H "Authorization: Bearer bench" "http://$TG_ADMIN/v1/services/app" -d "{\"policy\": $1,
+    \"backends\": [{\"id\":\"c1\",\"addr\":\"${ADDR[c1]}\",\"weight\":${w[0]}},
+                   {\"id\":\"c2\",\"addr\":\"${ADDR[c2]}\",\"weight\":${w[1]}},
+                   {\"id\":\"c4\",\"addr\":\"${ADDR[c4]}\",\"weight\":${w[2]}}]}" > /dev/null
+  curl -sf -XPUT -H "Authorization: Bearer bench" "http://$TG_ADMIN/v1/routes/app" -d '{"service":"app"}' > /dev/null
+}
+
+run() { # label proxy-addr
+  sleep 1  # let backend queues drain between runs
+  target/release/tidegate-bench --proxy "$2" --threads 2 --timeout-ms 10000 users --users "$USERS" \
+    --duration-s "$DURATION" --think-ms "$THINK" \
+  | python3 -c 'import json,sys; d=json.load(sys.stdin); d["label"]=sys.argv[1]; print(json.dumps(d))' "$1" | tee -a "$OUT" > /dev/null
+  python3 - "$OUT" <<'PY'
+import json, sys
+d = [json.loads(l) for l in open(sys.argv[1])][-1]
+lat = d["latency_us"]; share = d["share"]; total = sum(share.values()) or 1
+print(f'{d["label"]:28} fail {d["failure_pct"]:6.2f}%  p50 {lat["p50"]/1e3:7.1f}  p99 {lat["p99"]/1e3:7.1f}  max {lat["max"]/1e3:7.1f} ms  '
+      f'rps {d["requests_per_s"]:6.0f}  share ' + " ".join(f'{k}:{v*100/total:4.1f}%' for k, v in sorted(share.items())))
+PY
+}
+
+echo "S3: capacities 1:2:4 (slots), service $SERVICE, queue $QUEUE, $USERS users, think ${THINK} ms, ${DURATION}s per run"
+for p in round_robin least_conn least_time p2c_ewma dynamic_feedback ip_hash; do
+  tg_policy "{\"kind\":\"$p\"}" "1 1 1"; run "tidegate-$p" "$TG_PROXY"
+done
+tg_policy '{"kind":"round_robin"}' "1 2 4"; run "tidegate-round_robin-weighted" "$TG_PROXY"
+for name in nginx-rr nginx-weighted nginx-least_conn nginx-ip_hash haproxy-roundrobin haproxy-leastconn haproxy-leastconn-maxconn; do
+  run "$name" "127.0.0.1:${PEER_PORT[$name]}"
+done
+echo "results: $OUT"

@@ -1,0 +1,220 @@
+//! Balancing and health with real emulated backends: heterogeneous capacity,
+//! failures under load, ejection and recovery, active checks, backups.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+/// Results of a closed loop of concurrent users.
+#[derive(Debug)]
+struct LoadResult {
+    ok: usize,
+    failed: usize,
+    p99_ms: f64,
+}
+
+/// `users` clients, each sending GETs back to back for `secs`.
+async fn closed_loop(tg: &Arc<Tidegate>, users: usize, secs: f64) -> LoadResult {
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let mut tasks = Vec::new();
+    for _ in 0..users {
+        let tg = tg.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut failed = 0;
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                match try_send("GET", &tg.url("/"), None, vec![], &[]).await {
+                    Ok(r) if r.status == 200 => lat.push(t.elapsed().as_secs_f64() * 1e3),
+                    _ => failed += 1,
+                }
+            }
+            (lat, failed)
+        }));
+    }
+    let (mut all, mut failed) = (Vec::new(), 0);
+    for t in tasks {
+        let (lat, f) = t.await.expect("user task");
+        all.extend(lat);
+        failed += f;
+    }
+    all.sort_by(f64::total_cmp);
+    let p99 = all.get(all.len() * 99 / 100).copied().unwrap_or(f64::INFINITY);
+    LoadResult { ok: all.len(), failed, p99_ms: p99 }
+}
+
+fn service(backends: &[(&str, &Backend)], policy: Value, extra: Value) -> Value {
+    let list: Vec<Value> = backends.iter().map(|(id, b)| json!({"id": id, "addr": b.addr.to_string()})).collect();
+    let mut spec = json!({"policy": policy, "backends": list});
+    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
+        s.extend(e.clone());
+    }
+    spec
+}
+
+async fn put(tg: &Tidegate, spec: Value) {
+    let (s, v) = tg.api("PUT", "/v1/services/web", Some(spec)).await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = tg.api("PUT", "/v1/routes/web", Some(json!({"service": "web"}))).await;
+    assert_eq!(s, 200, "{v}");
+}
+
+/// Paper S3's setting, scaled down: capacities 1:2:4 (service slots of a
+/// 20 ms job, short queues that answer 503 when full), a closed loop of
+/// users. Latency-aware policies must fail less and have a lower p99 than
+/// round robin, without being told the capacities.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_aware_policies_beat_round_robin_on_heterogeneous_backends() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Arc::new(Tidegate::start(dir.path()));
+    let common = ["--service-time", "fixed:20ms", "--queue", "6"];
+    let b1 = Backend::start("c1", &[&["--slots", "1"], &common[..]].concat());
+    let b2 = Backend::start("c2", &[&["--slots", "2"], &common[..]].concat());
+    let b4 = Backend::start("c4", &[&["--slots", "4"], &common[..]].concat());
+    let pool = [("c1", &b1), ("c2", &b2), ("c4", &b4)];
+    // Passive ejection would hide round robin's overload: measure policies alone.
+    let no_ejection = json!({"health": {"passive": {"consecutive_failures": 0}}, "retries": 0});
+    let mut results = Vec::new();
+    for policy in ["round_robin", "p2c_ewma", "least_time", "dynamic_feedback"] {
+        put(&tg, service(&pool, json!({"kind": policy}), no_ejection.clone())).await;
+        closed_loop(&tg, 14, 0.7).await; // warm up latency estimates
+        let r = closed_loop(&tg, 14, 2.5).await;
+        eprintln!("{policy}: {r:?}");
+        results.push((policy, r));
+    }
+    let rr = &results[0].1;
+    assert!(rr.failed > 0 || rr.p99_ms > 100.0, "round robin should overload the small backend: {rr:?}");
+    for (policy, r) in &results[1..] {
+        assert!(r.ok > 0, "{policy} served nothing");
+        assert!(r.failed <= rr.failed, "{policy} failed {} vs round robin {}", r.failed, rr.failed);
+        assert!(r.p99_ms < rr.p99_ms, "{policy} p99 {:.1} ms vs round robin {:.1} ms", r.p99_ms, rr.p99_ms);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_killed_under_load_costs_no_failed_get() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Arc::new(Tidegate::start(dir.path()));
+    let a = Backend::start("a", &["--service-time", "fixed:5ms"]);
+    let b = Backend::start("b", &["--service-time", "fixed:5ms"]);
+    let victim = Backend::start("victim", &["--service-time", "fixed:5ms"]);
+    put(&tg, service(&[("a", &a), ("b", &b), ("victim", &victim)], json!({"kind": "round_robin"}), json!({}))).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let failed = Arc::new(AtomicU64::new(0));
+    let ok = Arc::new(AtomicU64::new(0));
+    let mut clients = Vec::new();
+    for _ in 0..6 {
+        let (tg, stop, failed, ok) = (tg.clone(), stop.clone(), failed.clone(), ok.clone());
+        clients.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                match try_send("GET", &tg.url("/"), None, vec![], &[]).await {
+                    Ok(r) if r.status == 200 => ok.fetch_add(1, Ordering::Relaxed),
+                    other => {
+                        eprintln!("failed: {:?}", other.map(|r| (r.status, r.text())));
+                        failed.fetch_add(1, Ordering::Relaxed)
+                    }
+                };
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    victim.kill();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.await.unwrap();
+    }
+    assert_eq!(failed.load(Ordering::Relaxed), 0, "ok: {}", ok.load(Ordering::Relaxed));
+    let (_, status) = tg.api("GET", "/v1/status", None).await;
+    let victim = &status["services"]["web"]["backends"][2];
+    assert_eq!(victim["health"], "ejected", "{victim}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ejected_backend_returns_after_its_backoff() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let a = Backend::start("a", &[]);
+    let flaky = Backend::start("flaky", &[]);
+    let port = flaky.addr;
+    let passive = json!({"health": {"passive": {"consecutive_failures": 2, "base_ejection_ms": 400}}});
+    put(&tg, service(&[("a", &a), ("flaky", &flaky)], json!({"kind": "round_robin"}), passive)).await;
+    flaky.kill();
+    for _ in 0..10 {
+        assert_eq!(get(&tg.url("/")).await.status, 200);
+    }
+    let (_, status) = tg.api("GET", "/v1/status", None).await;
+    assert_eq!(status["services"]["web"]["backends"][1]["health"], "ejected");
+    // It comes back on the same address; after the backoff it serves again.
+    let _back = Backend::start("flaky", &["--listen", &port.to_string()]);
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let mut served = 0;
+    for _ in 0..20 {
+        if served_by(&get(&tg.url("/")).await) == "flaky" {
+            served += 1;
+        }
+    }
+    assert!(served >= 5, "the recovered backend served {served} of 20");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn active_checks_take_backends_out_and_back_and_backups_wait_their_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let a = Backend::start("a", &[]);
+    let b = Backend::start("b", &[]);
+    let spare = Backend::start("spare", &[]);
+    let spec = json!({
+        "policy": {"kind": "round_robin"},
+        "health": {"active": {"path": "/health", "interval_ms": 60, "timeout_ms": 60, "rise": 1, "fall": 2}},
+        "backends": [
+            {"id": "a", "addr": a.addr.to_string()},
+            {"id": "b", "addr": b.addr.to_string()},
+            {"id": "spare", "addr": spare.addr.to_string(), "backup": true},
+        ],
+    });
+    put(&tg, spec).await;
+    let who = |tg: &Tidegate| {
+        let url = tg.url("/");
+        async move {
+            let mut seen = std::collections::BTreeMap::<String, usize>::new();
+            for _ in 0..30 {
+                *seen.entry(served_by(&get(&url).await)).or_default() += 1;
+            }
+            seen
+        }
+    };
+    let seen = who(&tg).await;
+    assert!(!seen.contains_key("spare"), "backups idle while primaries serve: {seen:?}");
+    // Take b's health down: it leaves rotation.
+    let r = send("POST", &format!("http://{}/_emulator/health?up=false", b.addr), None, vec![], &[]).await;
+    assert_eq!(r.status, 200);
+    wait_for(&tg, "b", "down").await;
+    let seen = who(&tg).await;
+    assert_eq!(seen.get("a"), Some(&30), "{seen:?}");
+    // Both primaries down: the backup serves.
+    send("POST", &format!("http://{}/_emulator/health?up=false", a.addr), None, vec![], &[]).await;
+    wait_for(&tg, "a", "down").await;
+    assert_eq!(who(&tg).await.get("spare"), Some(&30));
+    // b recovers and takes over again.
+    send("POST", &format!("http://{}/_emulator/health?up=true", b.addr), None, vec![], &[]).await;
+    wait_for(&tg, "b", "up").await;
+    assert_eq!(who(&tg).await.get("b"), Some(&30));
+}
+
+/// Polls `/v1/status` until backend `id` of `web` has this health (5 s at most).
+async fn wait_for(tg: &Tidegate, id: &str, health: &str) {
+    for _ in 0..100 {
+        let (_, status) = tg.api("GET", "/v1/status", None).await;
+        let backends = status["services"]["web"]["backends"].as_array().cloned().unwrap_or_default();
+        if backends.iter().any(|b| b["id"] == id && b["health"] == health) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("backend {id} never became {health}");
+}
