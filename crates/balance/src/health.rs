@@ -114,6 +114,7 @@ mod tests {
                     addr: BackendAddr::new(&format!("127.0.0.1:{}", 1000 + i)).unwrap(),
                     weight: Weight::default(),
                     backup: false,
+                    max_conns: None,
                 };
                 Arc::new(Backend::new(BackendId::new(&format!("b{i}")).unwrap(), &spec, None))
             })

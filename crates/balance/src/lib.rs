@@ -48,11 +48,18 @@ pub struct Backend {
     pub weight: u32,
     /// Backups take traffic only when no primary can.
     pub backup: bool,
+    /// Most requests in flight at once, if limited.
+    pub max_conns: Option<u64>,
     /// Live statistics, shared across snapshots.
     pub stats: Arc<BackendStats>,
 }
 
 impl Backend {
+    /// Whether the backend is below its `max_conns` (always, when unlimited).
+    pub fn has_room(&self) -> bool {
+        self.max_conns.is_none_or(|m| self.stats.in_flight() < m)
+    }
+
     /// Builds a backend from its spec, reusing `stats` when given.
     pub fn new(id: BackendId, spec: &BackendSpec, stats: Option<Arc<BackendStats>>) -> Backend {
         // A validated BackendAddr is always a valid authority; fall back to a
@@ -65,6 +72,7 @@ impl Backend {
             authority,
             weight: spec.weight.get(),
             backup: spec.backup,
+            max_conns: spec.max_conns.map(|m| u64::from(m.get())),
             stats: stats.unwrap_or_default(),
         }
     }

@@ -18,6 +18,7 @@ pub fn pool(weights: &[u32]) -> Arc<Pool> {
                     addr: BackendAddr::new(&format!("127.0.0.1:{}", 1000 + i)).unwrap(),
                     weight: Weight::try_from(w).unwrap(),
                     backup: false,
+                    max_conns: None,
                 };
                 Arc::new(Backend::new(BackendId::new(&format!("b{i}")).unwrap(), &spec, None))
             })

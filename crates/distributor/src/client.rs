@@ -224,16 +224,24 @@ impl DistributorClient {
 /// Reads answers and dispatches each to the query waiting for its id.
 async fn receive(shared: Arc<Shared>) {
     let mut buf = vec![0u8; MAX_DATAGRAM + 1];
+    let mut errors = 0u32;
     loop {
         let (n, from) = match shared.socket.recv_from(&mut buf).await {
             Ok(received) => received,
             Err(e) => {
-                // Transient on UDP (e.g. an ICMP error reported late); keep reading.
+                // Transient on UDP (e.g. an ICMP error reported late): keep
+                // reading, but never spin on an error that persists.
                 tracing::debug!(error = %e, "distributor client: receive failed");
-                tokio::task::yield_now().await;
+                errors = errors.saturating_add(1);
+                if errors > 16 {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                } else {
+                    tokio::task::yield_now().await;
+                }
                 continue;
             }
         };
+        errors = 0;
         let delivered = n <= MAX_DATAGRAM
             && decode_answer(&buf[..n]).is_ok_and(|answer| {
                 let waiter = {

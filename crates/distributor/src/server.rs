@@ -149,7 +149,8 @@ impl Server {
 
     /// Answers queries until the socket fails repeatedly (then the last error).
     /// Malformed datagrams are counted and ignored; a failed send is dropped
-    /// (the proxy retries).
+    /// (the proxy retries). Several tasks may run it at once on a
+    /// multi-thread runtime to answer on several threads.
     pub async fn run(&self) -> io::Result<()> {
         let mut buf = vec![0u8; MAX_DATAGRAM + 1];
         let mut answer = Vec::with_capacity(128);

@@ -22,7 +22,7 @@ pub use names::{BackendAddr, BackendId, NameError, RouteName, ServiceName};
 pub use route::{HeaderMatch, HostPattern, PathPattern, RouteAction, RouteMatch, RouteSpec, StaticDir};
 pub use service::{
     ActiveCheck, BackendSpec, BalanceFactor, CheckKind, ExternalSpec, FeedbackFormula, FeedbackSpec, Gammas,
-    GangliaSource, HeaderKey, HealthSpec, LoadSources, NodeExporterSource, OrcaSpec, PassiveCheck, PolicySpec,
-    RetryBudget, ServiceSettings, ServiceSpec, Timeouts, Weight,
+    GangliaSource, HeaderKey, HealthSpec, LoadSources, MaxConns, NodeExporterSource, OrcaSpec, PassiveCheck,
+    PolicySpec, QueueSpec, RetryBudget, ServiceSettings, ServiceSpec, Timeouts, Weight,
 };
 pub use state::{ChangeError, ChangeErrorKind, ConfigState, Delta};

@@ -58,6 +58,56 @@ pub struct BackendSpec {
     /// A backup backend receives traffic only when no primary backend can take it.
     #[serde(default)]
     pub backup: bool,
+    /// At most this many requests in flight to the backend (HAProxy's
+    /// `maxconn`); more wait in the service's queue. Unlimited when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_conns: Option<MaxConns>,
+}
+
+/// A per-backend connection limit, 1..=100000.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "u32", into = "u32")]
+pub struct MaxConns(u32);
+
+impl MaxConns {
+    /// The limit.
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl TryFrom<u32> for MaxConns {
+    type Error = String;
+    fn try_from(v: u32) -> Result<Self, String> {
+        if (1..=100_000).contains(&v) {
+            Ok(MaxConns(v))
+        } else {
+            Err(format!("max_conns must be 1..=100000, got {v}"))
+        }
+    }
+}
+
+impl From<MaxConns> for u32 {
+    fn from(m: MaxConns) -> u32 {
+        m.0
+    }
+}
+
+/// Requests waiting for a backend under its `max_conns`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueSpec {
+    /// Most requests waiting at once (default 0: no waiting, answer 503 at
+    /// once when every backend is at its limit).
+    pub max: u32,
+    /// Longest wait, ms (default 1000); then 503.
+    pub timeout_ms: u64,
+}
+
+impl Default for QueueSpec {
+    fn default() -> Self {
+        QueueSpec { max: 0, timeout_ms: 1_000 }
+    }
 }
 
 /// How a service picks a backend for each request.
@@ -576,6 +626,9 @@ pub struct ServiceSettings {
     /// Load reports from backends (ORCA, node_exporter, Ganglia).
     #[serde(default)]
     pub load_metrics: LoadSources,
+    /// Waiting for backends at their `max_conns`.
+    #[serde(default)]
+    pub queue: QueueSpec,
 }
 
 fn default_retries() -> u32 {
@@ -591,6 +644,7 @@ impl Default for ServiceSettings {
             retry_budget: RetryBudget::default(),
             health: HealthSpec::default(),
             load_metrics: LoadSources::default(),
+            queue: QueueSpec::default(),
         }
     }
 }
@@ -610,6 +664,9 @@ impl ServiceSettings {
         }
         if self.retries > 10 {
             return Err(format!("retries: must be 0..=10, got {}", self.retries));
+        }
+        if self.queue.timeout_ms == 0 || self.queue.timeout_ms > DAY_MS || self.queue.max > 1_000_000 {
+            return Err("queue: need max <= 1000000 and 0 < timeout_ms <= 1 day".into());
         }
         if self.retry_budget.percent > 100 {
             return Err("retry_budget.percent: must be 0..=100".into());
@@ -701,6 +758,8 @@ struct ServiceWire {
     #[serde(default)]
     load_metrics: LoadSources,
     #[serde(default)]
+    queue: QueueSpec,
+    #[serde(default)]
     backends: BackendList,
 }
 
@@ -714,6 +773,8 @@ struct ListedBackend {
     weight: Weight,
     #[serde(default)]
     backup: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_conns: Option<MaxConns>,
 }
 
 #[derive(Default)]
@@ -737,7 +798,7 @@ impl<'de> Deserialize<'de> for BackendList {
                             b.id.as_str()
                         )));
                     }
-                    let spec = BackendSpec { addr: b.addr, weight: b.weight, backup: b.backup };
+                    let spec = BackendSpec { addr: b.addr, weight: b.weight, backup: b.backup, max_conns: b.max_conns };
                     map.insert(b.id, spec);
                     index += 1;
                 }
@@ -755,6 +816,7 @@ impl Serialize for BackendList {
             addr: b.addr.clone(),
             weight: b.weight,
             backup: b.backup,
+            max_conns: b.max_conns,
         }))
     }
 }
@@ -769,6 +831,7 @@ impl<'de> Deserialize<'de> for ServiceSpec {
             retry_budget: w.retry_budget,
             health: w.health,
             load_metrics: w.load_metrics,
+            queue: w.queue,
         };
         settings.validate().map_err(de::Error::custom)?;
         Ok(ServiceSpec { settings, backends: w.backends.0 })
@@ -785,6 +848,7 @@ impl Serialize for ServiceSpec {
             retry_budget: st.retry_budget,
             health: st.health.clone(),
             load_metrics: st.load_metrics.clone(),
+            queue: st.queue,
             backends: BackendList(self.backends.clone()),
         }
         .serialize(s)

@@ -7,8 +7,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use tidegate_balance::InFlight;
 
+use crate::forward::Slot;
 use crate::static_files::FileBody;
 
 /// Errors while streaming a body.
@@ -22,7 +22,7 @@ pub enum ProxyBody {
         /// The body.
         body: Incoming,
         /// Dropped when the body ends (or the client goes away).
-        guard: Option<InFlight>,
+        guard: Option<Slot>,
     },
     /// A body held in memory.
     Full(Full<Bytes>),

@@ -19,6 +19,10 @@ pub enum ProxyError {
     Timeout,
     /// The request itself could not be forwarded (bad URI, oversized, ...).
     BadRequest,
+    /// Every backend is at its `max_conns` and the queue is full (or off).
+    QueueFull,
+    /// The request waited in the queue for `queue.timeout_ms` in vain.
+    QueueTimeout,
 }
 
 impl ProxyError {
@@ -30,6 +34,13 @@ impl ProxyError {
             ProxyError::UpstreamFailed => (StatusCode::BAD_GATEWAY, "502 the backend failed to answer\n"),
             ProxyError::Timeout => (StatusCode::GATEWAY_TIMEOUT, "504 the backend did not answer in time\n"),
             ProxyError::BadRequest => (StatusCode::BAD_REQUEST, "400 the request cannot be forwarded\n"),
+            ProxyError::QueueFull => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "503 every backend is at its connection limit and the queue is full\n",
+            ),
+            ProxyError::QueueTimeout => {
+                (StatusCode::SERVICE_UNAVAILABLE, "503 no backend had room within the queue timeout\n")
+            }
         }
     }
 

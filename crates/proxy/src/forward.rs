@@ -19,8 +19,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use tidegate_balance::{clock, orca, record_outcome, Backend, Outcome, RequestCtx};
-use tidegate_model::{PolicySpec, Timeouts};
+use tidegate_balance::{clock, orca, record_outcome, Backend, InFlight, Outcome, RequestCtx};
+use tidegate_distributor::{DistributorClient, Query};
+use tidegate_model::{ExternalSpec, PolicySpec, Timeouts};
 use tidegate_snapshot::{ServiceLive, ServiceRuntime};
 
 use crate::body::ProxyBody;
@@ -61,6 +62,8 @@ const REPLAY_LIMIT: u64 = 64 * 1024;
 #[derive(Default)]
 pub(crate) struct Upstreams {
     clients: ArcSwap<ClientList>,
+    /// Asks external distributors (paper S4); one per worker.
+    distributor: DistributorClient,
 }
 
 impl Upstreams {
@@ -103,6 +106,11 @@ impl Upstreams {
         let mut _retry_token = None;
         let reads_orca = settings.load_metrics.orca || matches!(settings.policy, PolicySpec::OrcaWrr(_));
         let mut tried: Vec<Arc<Backend>> = Vec::new();
+        let mut queue = Queue::new(settings.queue.timeout_ms);
+        let mut first = match &settings.policy {
+            PolicySpec::External(spec) => self.ask_distributor(spec, service, &parts, &path_and_query, peer).await,
+            _ => None,
+        };
         let mut last_error = ProxyError::NoBackend;
         for attempt in 0..=settings.retries {
             // The budget bounds the extra work retries put on backends; a
@@ -113,10 +121,14 @@ impl Upstreams {
                 }
                 _retry_token = Some(RetryToken(&service.live));
             }
-            let now = clock::now_ms();
-            let Some(backend) = pick(service, &ctx, &tried, now) else {
+            let picked = match first.take() {
+                Some(b) => Some(b),
+                None => pick_or_wait(service, &ctx, &tried, &mut queue).await?,
+            };
+            let Some(backend) = picked else {
                 break;
             };
+            queue.waiting = None; // no longer waiting: free the queue place
             tried.push(backend.clone());
             let Some(up_body) = body.take() else {
                 break;
@@ -125,7 +137,8 @@ impl Upstreams {
                 metrics.retry();
             }
             let up = upstream_request(&parts, &backend, &path_and_query, up_body)?;
-            let mut guard = backend.stats.start();
+            let limited = backend.max_conns.is_some();
+            let mut guard = Slot { guard: Some(backend.stats.start()), live: limited.then(|| service.live.clone()) };
             let result = tokio::time::timeout(response_timeout, client.request(up)).await;
             let outcome = match &result {
                 Ok(Ok(resp)) if !resp.status().is_server_error() => Outcome::Success,
@@ -170,23 +183,125 @@ impl Upstreams {
     }
 }
 
+/// What a pick found.
+enum Pick {
+    /// A backend to try.
+    Backend(Arc<Backend>),
+    /// Available backends exist, but all are at their `max_conns`.
+    Full,
+    /// No untried backend at all.
+    Nothing,
+}
+
 /// Picks a backend not tried yet for this request: preferably one that is
-/// available (active checks pass, not ejected), admitted by slow start's
-/// ramp; else any available one; else, when every backend is unavailable,
-/// any untried one (panic mode: health data may be wrong, an attempt costs
-/// less than a certain 503).
-fn pick(service: &ServiceRuntime, ctx: &RequestCtx<'_>, tried: &[Arc<Backend>], now: u64) -> Option<Arc<Backend>> {
+/// available (active checks pass, not ejected) with room under its
+/// `max_conns`, admitted by slow start's ramp; else any available one with
+/// room. If available backends exist but are all full, that is `Full`. When
+/// no backend is available at all, any untried one with room is tried
+/// (panic mode: health data may be wrong, an attempt costs less than a
+/// certain 503).
+fn pick(service: &ServiceRuntime, ctx: &RequestCtx<'_>, tried: &[Arc<Backend>], now: u64) -> Pick {
     let untried = |b: &Backend| !tried.iter().any(|t| std::ptr::eq(&**t, b));
     let available = |b: &Backend| untried(b) && b.stats.is_available(now);
     let ramp = service.settings.health.slow_start_ms;
     let sel = &service.selector;
     if ramp > 0 {
-        let mut ramped = |b: &Backend| available(b) && fastrand::f64() < b.stats.slow_start_factor(now, ramp);
+        let mut ramped =
+            |b: &Backend| available(b) && b.has_room() && fastrand::f64() < b.stats.slow_start_factor(now, ramp);
         if let Some(b) = sel.select(ctx, &mut ramped) {
-            return Some(b);
+            return Pick::Backend(b);
         }
     }
-    sel.select(ctx, &mut |b: &Backend| available(b)).or_else(|| sel.select(ctx, &mut |b: &Backend| untried(b)))
+    if let Some(b) = sel.select(ctx, &mut |b: &Backend| available(b) && b.has_room()) {
+        return Pick::Backend(b);
+    }
+    if sel.backends().iter().any(|b| available(b)) {
+        return Pick::Full;
+    }
+    match sel.select(ctx, &mut |b: &Backend| untried(b) && b.has_room()) {
+        Some(b) => Pick::Backend(b),
+        None if sel.backends().iter().any(|b| untried(b)) => Pick::Full,
+        None => Pick::Nothing,
+    }
+}
+
+/// A request's place in its service's queue.
+struct Queue<'a> {
+    timeout: Duration,
+    deadline: Option<tokio::time::Instant>,
+    waiting: Option<Waiting<'a>>,
+}
+
+impl Queue<'_> {
+    fn new(timeout_ms: u64) -> Self {
+        Queue { timeout: Duration::from_millis(timeout_ms), deadline: None, waiting: None }
+    }
+}
+
+/// Counts a request in `queued` while it waits.
+struct Waiting<'a>(&'a ServiceLive);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.queued.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Picks a backend, waiting in the service's bounded queue while every
+/// available backend is at its `max_conns` (HAProxy's maxconn queue).
+async fn pick_or_wait<'a>(
+    service: &'a ServiceRuntime,
+    ctx: &RequestCtx<'_>,
+    tried: &[Arc<Backend>],
+    queue: &mut Queue<'a>,
+) -> Result<Option<Arc<Backend>>, ProxyError> {
+    let live = &*service.live;
+    loop {
+        match pick(service, ctx, tried, clock::now_ms()) {
+            Pick::Backend(b) => return Ok(Some(b)),
+            Pick::Nothing => return Ok(None),
+            Pick::Full => {}
+        }
+        if queue.waiting.is_none() {
+            let max = u64::from(service.settings.queue.max);
+            if live.queued.fetch_add(1, Relaxed) >= max {
+                live.queued.fetch_sub(1, Relaxed);
+                return Err(ProxyError::QueueFull);
+            }
+            queue.waiting = Some(Waiting(live));
+        }
+        let deadline = *queue.deadline.get_or_insert_with(|| tokio::time::Instant::now() + queue.timeout);
+        // A slot freed between the pick and here left a permit: no lost wake-up.
+        if tokio::time::timeout_at(deadline, live.freed.notified()).await.is_err() {
+            return Err(ProxyError::QueueTimeout);
+        }
+    }
+}
+
+/// One attempt's hold on a backend: counted in flight until dropped; for a
+/// backend with `max_conns`, dropping it also wakes a queued request.
+#[derive(Debug)]
+pub struct Slot {
+    guard: Option<InFlight>,
+    live: Option<Arc<ServiceLive>>,
+}
+
+impl Slot {
+    fn record(&mut self, outcome: Outcome) {
+        if let Some(g) = &mut self.guard {
+            g.record(outcome);
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // Free the slot first, so the woken request finds room.
+        drop(self.guard.take());
+        if let Some(live) = &self.live {
+            live.freed.notify_one();
+        }
+    }
 }
 
 /// Stores an ORCA load report carried by a response.
@@ -219,6 +334,45 @@ struct RetryToken<'a>(&'a ServiceLive);
 impl Drop for RetryToken<'_> {
     fn drop(&mut self) {
         self.0.retry_done();
+    }
+}
+
+impl Upstreams {
+    /// The backend an external distributor names for this request, if it
+    /// answers with one of the service's available backends with room; on no
+    /// answer, a backup backend (the paper's fallback), else `None` (the
+    /// local policy decides).
+    async fn ask_distributor(
+        &self,
+        spec: &ExternalSpec,
+        service: &ServiceRuntime,
+        parts: &Parts,
+        path: &PathAndQuery,
+        peer: &Peer,
+    ) -> Option<Arc<Backend>> {
+        let query = Query {
+            policy: &spec.policy,
+            client: peer.addr,
+            method: parts.method.as_str(),
+            path: path.as_str(),
+            host: parts.uri.authority().map(|a| a.as_str()),
+            headers: &parts.headers,
+        };
+        let timeout = Duration::from_millis(spec.timeout_ms);
+        let answer = self.distributor.query(spec.addr, &query, timeout, spec.tries).await;
+        let now = clock::now_ms();
+        let usable = |b: &Backend| b.stats.is_available(now) && b.has_room();
+        let backends = service.selector.backends();
+        match answer {
+            Some(addr) => {
+                let found = backends.iter().find(|b| b.addr.as_str().parse::<SocketAddr>().ok() == Some(addr));
+                if found.is_none() {
+                    tracing::debug!(service = %service.name, %addr, "distributor named a backend outside the pool");
+                }
+                found.filter(|b| usable(b)).cloned()
+            }
+            None => backends.iter().filter(|b| b.backup && usable(b)).min_by_key(|b| b.stats.in_flight()).cloned(),
+        }
     }
 }
 

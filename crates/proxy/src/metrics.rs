@@ -33,7 +33,7 @@ impl ProxyMetrics {
     pub(crate) fn error(&self, e: ProxyError) {
         let c = match e {
             ProxyError::NoRoute => &self.no_route,
-            ProxyError::NoBackend => &self.no_backend,
+            ProxyError::NoBackend | ProxyError::QueueFull | ProxyError::QueueTimeout => &self.no_backend,
             ProxyError::ConnectFailed => &self.connect_failed,
             ProxyError::UpstreamFailed | ProxyError::BadRequest => &self.upstream_failed,
             ProxyError::Timeout => &self.timeouts,

@@ -25,6 +25,10 @@ pub struct ServiceLive {
     pub retries_in_flight: AtomicU64,
     /// Retries refused by the budget.
     pub retries_refused: AtomicU64,
+    /// Requests waiting for a backend under its `max_conns`.
+    pub queued: AtomicU64,
+    /// Signalled when a request to a limited backend finishes.
+    pub freed: tokio::sync::Notify,
 }
 
 impl ServiceLive {

@@ -19,6 +19,9 @@ pub enum Command {
     Serve(ServeArgs),
     /// Talk to a running Tidegate through its admin API.
     Ctl(CtlArgs),
+    /// Run the reference external distributor (paper S4): answers proxies'
+    /// UDP queries with a backend.
+    Distributor(tidegate_distributor::ServeOptions),
 }
 
 /// Thread model of the data plane.

@@ -18,6 +18,7 @@ fn main() -> std::process::ExitCode {
     let result = match args.command {
         cli::Command::Serve(opts) => serve::run(opts),
         cli::Command::Ctl(opts) => ctl::run(opts),
+        cli::Command::Distributor(opts) => distributor(opts),
     };
     match result {
         Ok(code) => code,
@@ -26,4 +27,12 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// `tidegate distributor`: the reference external distributor.
+fn distributor(opts: tidegate_distributor::ServeOptions) -> anyhow::Result<std::process::ExitCode> {
+    serve::init_logs();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(tidegate_distributor::serve(opts))?;
+    Ok(std::process::ExitCode::SUCCESS)
 }

@@ -15,12 +15,18 @@ use tidegate_store::RedbStore;
 use crate::cli::{RuntimeArg, ServeArgs};
 use crate::config_file;
 
-pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+/// Logs to stderr, filtered by `TIDEGATE_LOG` (default `info`), in colour
+/// only on a terminal.
+pub fn init_logs() {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("TIDEGATE_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    init_logs();
     if let Some(store) = &args.store {
         bail!("--store {store}: only the embedded store is available in this version (etcd cluster mode is planned)");
     }

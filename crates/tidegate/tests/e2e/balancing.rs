@@ -218,3 +218,40 @@ async fn wait_for(tg: &Tidegate, id: &str, health: &str) {
     }
     panic!("backend {id} never became {health}");
 }
+
+/// HAProxy's maxconn: requests over a backend's limit wait in a bounded
+/// queue, then either get a slot or a clear 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_limits_queue_requests_and_bound_the_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Arc::new(Tidegate::start(dir.path()));
+    let b = Backend::start("one", &[]);
+    let spec = json!({
+        "queue": {"max": 1, "timeout_ms": 3000},
+        "backends": [{"id": "one", "addr": b.addr.to_string(), "max_conns": 1}],
+    });
+    put(&tg, spec).await;
+    let slow = |tg: Arc<Tidegate>| tokio::spawn(async move { get(&tg.url("/?delay_ms=300")).await });
+    let first = slow(tg.clone());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = slow(tg.clone()); // waits in the queue
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let third = get(&tg.url("/?delay_ms=300")).await; // queue full
+    assert_eq!(third.status, 503);
+    assert!(third.text().contains("queue is full"), "{}", third.text());
+    assert_eq!(first.await.unwrap().status, 200);
+    let second = second.await.unwrap();
+    assert_eq!(second.status, 200, "the queued request got the freed slot");
+    // A wait longer than the queue timeout ends in 503 too.
+    let spec = json!({
+        "queue": {"max": 5, "timeout_ms": 100},
+        "backends": [{"id": "one", "addr": b.addr.to_string(), "max_conns": 1}],
+    });
+    put(&tg, spec).await;
+    let busy = slow(tg.clone());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let r = get(&tg.url("/")).await;
+    assert_eq!(r.status, 503);
+    assert!(r.text().contains("queue timeout") || r.text().contains("within the queue timeout"), "{}", r.text());
+    assert_eq!(busy.await.unwrap().status, 200);
+}

@@ -7,4 +7,5 @@ mod support;
 mod admin;
 mod balancing;
 mod durability;
+mod external;
 mod proxying;
