@@ -31,36 +31,55 @@ pub struct Signals {
     pub alpha: f64,
 }
 
-impl Signals {
-    fn known(&self) -> bool {
-        [self.rate, self.cpu, self.memory, self.network, self.time].iter().any(Option::is_some)
+/// The S3 capacity of each backend, beta = alpha x R_all with
+/// R_all = prod R_i^gamma_i over the parameters that some backend reports;
+/// `None` when no backend reports any (fall back to configured weights).
+pub fn capacities(signals: &[Signals], gamma: &Gammas) -> Option<Vec<f64>> {
+    // Exponents count only for parameters some backend reports, renormalized
+    // to sum to 1: a parameter nobody measures must not flatten the others.
+    let reported = |f: fn(&Signals) -> Option<f64>| signals.iter().any(|s| f(s).is_some());
+    let parts: [(f64, fn(&Signals) -> Option<f64>); 5] = [
+        (gamma.rate, |s| s.rate),
+        (gamma.cpu, |s| s.cpu),
+        (gamma.memory, |s| s.memory),
+        (gamma.network, |s| s.network),
+        (gamma.time, |s| s.time),
+    ];
+    let used: Vec<(f64, fn(&Signals) -> Option<f64>)> =
+        parts.into_iter().filter(|(g, f)| *g > 0.0 && reported(*f)).collect();
+    let total: f64 = used.iter().map(|(g, _)| g).sum();
+    if total <= 0.0 {
+        return None;
+    }
+    Some(
+        signals
+            .iter()
+            .map(|s| {
+                let r_all: f64 =
+                    used.iter().map(|(g, f)| f(s).unwrap_or(1.0).clamp(0.05, 1.0).powf(g / total)).product();
+                s.alpha * r_all
+            })
+            .collect(),
+    )
+}
+
+/// The S3 weight of a backend of capacity `beta` with `queue` requests in
+/// flight. `spare`: w = beta / (1 + Q), traffic follows spare capacity.
+/// `paper`: w = Q / (1 + Q) x beta as printed, which equals the M/M/1
+/// utilization times the capacity and so sends more to busier backends.
+pub fn feedback_weight(beta: f64, queue: f64, formula: FeedbackFormula) -> f64 {
+    match formula {
+        FeedbackFormula::Spare => beta / (1.0 + queue),
+        FeedbackFormula::Paper => beta * queue / (1.0 + queue),
     }
 }
 
-/// The S3 weights: R_all = prod R_i^gamma_i, then
-/// `spare`: w = alpha R_all / (1 + Q) (traffic follows spare capacity), or
-/// `paper`: w = Q / (1 + Q) alpha R_all as printed, which equals the M/M/1
-/// utilization times the capacity and so sends more to busier backends.
-/// `None` when no backend has any known signal (fall back to weights).
+/// Both steps at once, for a set of signals (their `queue` included).
 pub fn feedback_weights(signals: &[Signals], gamma: &Gammas, formula: FeedbackFormula) -> Option<Vec<f64>> {
-    if !signals.iter().any(Signals::known) {
-        return None;
-    }
-    let avail = |x: Option<f64>| x.unwrap_or(1.0).clamp(0.05, 1.0);
-    let w: Vec<f64> = signals
+    let w: Vec<f64> = capacities(signals, gamma)?
         .iter()
-        .map(|s| {
-            let r_all = avail(s.rate).powf(gamma.rate)
-                * avail(s.cpu).powf(gamma.cpu)
-                * avail(s.memory).powf(gamma.memory)
-                * avail(s.network).powf(gamma.network)
-                * avail(s.time).powf(gamma.time);
-            let capacity = s.alpha * r_all;
-            match formula {
-                FeedbackFormula::Spare => capacity / (1.0 + s.queue),
-                FeedbackFormula::Paper => capacity * s.queue / (1.0 + s.queue),
-            }
-        })
+        .zip(signals)
+        .map(|(beta, s)| feedback_weight(*beta, s.queue, formula))
         .collect();
     (w.iter().sum::<f64>() > 0.0).then_some(w)
 }
@@ -79,7 +98,10 @@ struct Sampler {
 struct FeedbackSelector {
     pool: Arc<Pool>,
     spec: FeedbackSpec,
-    /// Cumulative weights, or empty to use the fallback.
+    /// Capacities (beta) from the last refresh, or empty to use the fallback.
+    /// The queue factor is applied live at each selection: sampling queues
+    /// only at refresh time makes every proxy flood whichever backend
+    /// happened to be idle at that instant.
     table: ArcSwap<Vec<f64>>,
     fallback: RoundRobinSelector,
     sampler: Mutex<Sampler>,
@@ -143,21 +165,38 @@ impl FeedbackSelector {
     }
 }
 
+impl FeedbackSelector {
+    /// Live weights: each capacity times the queue factor of now.
+    fn live_weights(&self, capacities: &[f64]) -> Vec<f64> {
+        capacities
+            .iter()
+            .zip(self.pool.backends())
+            .map(|(beta, b)| feedback_weight(*beta, b.stats.in_flight() as f64, self.spec.formula))
+            .collect()
+    }
+}
+
 impl Selector for FeedbackSelector {
     fn select(&self, ctx: &RequestCtx<'_>, accept: &mut dyn FnMut(&Backend) -> bool) -> Option<Arc<Backend>> {
-        let table = self.table.load();
-        let total = table.last().copied().unwrap_or(0.0);
-        if total > 0.0 && self.misses.load(Relaxed) < MAX_MISSES {
-            for _ in 0..3 {
-                let r = fastrand::f64() * total;
-                let i = table.partition_point(|&c| c <= r).min(table.len() - 1);
-                let b = &self.pool.backends()[i];
-                if b.weight > 0 && accept(b) {
-                    self.misses.store(0, Relaxed);
-                    return Some(b.clone());
+        let capacities = self.table.load();
+        if !capacities.is_empty() && self.misses.load(Relaxed) < MAX_MISSES {
+            let weights = self.live_weights(&capacities);
+            let total: f64 = weights.iter().sum();
+            if total > 0.0 {
+                for _ in 0..3 {
+                    let mut r = fastrand::f64() * total;
+                    let i = weights.iter().position(|w| {
+                        r -= w;
+                        r < 0.0
+                    });
+                    let b = &self.pool.backends()[i.unwrap_or(weights.len() - 1)];
+                    if b.weight > 0 && accept(b) {
+                        self.misses.store(0, Relaxed);
+                        return Some(b.clone());
+                    }
                 }
+                self.misses.fetch_add(1, Relaxed);
             }
-            self.misses.fetch_add(1, Relaxed);
         }
         self.fallback.select(ctx, accept)
     }
@@ -175,33 +214,14 @@ impl Selector for FeedbackSelector {
         if first {
             return; // rates need two samples
         }
-        let table = feedback_weights(&signals, &self.spec.gamma, self.spec.formula)
-            .map(|w| {
-                w.iter()
-                    .scan(0.0, |sum, x| {
-                        *sum += x;
-                        Some(*sum)
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let table = capacities(&signals, &self.spec.gamma).unwrap_or_default();
         self.table.store(Arc::new(table));
         self.misses.store(0, Relaxed);
     }
 
     fn weights(&self) -> Option<Vec<f64>> {
-        let table = self.table.load();
-        (!table.is_empty()).then(|| {
-            let mut prev = 0.0;
-            table
-                .iter()
-                .map(|c| {
-                    let w = c - prev;
-                    prev = *c;
-                    w
-                })
-                .collect()
-        })
+        let capacities = self.table.load();
+        (!capacities.is_empty()).then(|| self.live_weights(&capacities))
     }
 }
 

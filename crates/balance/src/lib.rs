@@ -28,7 +28,7 @@ use http::uri::Authority;
 use http::HeaderMap;
 use tidegate_model::{BackendAddr, BackendId, BackendSpec, PolicySpec};
 
-pub use feedback::{feedback_weights, orca_weight, DynamicFeedback, OrcaWrr, Signals};
+pub use feedback::{capacities, feedback_weight, feedback_weights, orca_weight, DynamicFeedback, OrcaWrr, Signals};
 pub use hashing::{hash_bytes, ConsistentHash, HashKey};
 pub use health::record_outcome;
 pub use latency::{LeastTime, P2cEwma};

@@ -726,6 +726,13 @@ impl ServiceSettings {
                 return Err(format!("{field}: must be 100..={DAY_MS}, got {v}"));
             }
         }
+        let links = [
+            self.load_metrics.node_exporter.as_ref().map(|n| n.link_bytes_per_s),
+            self.load_metrics.ganglia.as_ref().map(|g| g.link_bytes_per_s),
+        ];
+        if links.iter().flatten().any(|&l| l == 0) {
+            return Err("load_metrics: link_bytes_per_s must be above 0".into());
+        }
         Ok(())
     }
 }

@@ -46,8 +46,9 @@ pub(crate) async fn run(client: HttpClient, key: NodeKey, mut target: watch::Rec
     let uri: Uri = match format!("http://{name}/metrics").parse() {
         Ok(uri) => uri,
         Err(e) => {
+            // Stay alive so that the supervisor does not restart (and log) it.
             tracing::warn!(source = SOURCE, target = name, error = %e, "cannot build the scrape URL");
-            return;
+            return std::future::pending().await;
         }
     };
     let mut prev: Option<(NodeSample, Instant)> = None;
@@ -82,11 +83,11 @@ async fn scrape(client: &HttpClient, uri: &Uri, timeout: Duration) -> Result<Nod
         .body(Empty::new())
         .map_err(|e| e.to_string())?;
     let fetch = async {
-        let response = client.request(request).await.map_err(|e| format!("{e:?}"))?;
+        let response = client.request(request).await.map_err(|e| with_sources(&e))?;
         if !response.status().is_success() {
             return Err(format!("HTTP status {}", response.status()));
         }
-        let body = Limited::new(response.into_body(), MAX_BODY).collect().await.map_err(|e| e.to_string())?;
+        let body = Limited::new(response.into_body(), MAX_BODY).collect().await.map_err(|e| with_sources(&*e))?;
         Ok(body.to_bytes())
     };
     let body = tokio::time::timeout(timeout, fetch).await.map_err(|_| format!("no answer within {timeout:?}"))??;
@@ -96,4 +97,16 @@ async fn scrape(client: &HttpClient, uri: &Uri, timeout: Duration) -> Result<Nod
         return Err("the answer has no node_exporter CPU, memory or network metrics".into());
     }
     Ok(sample)
+}
+
+/// An error and its causes, `outer: inner: ...`.
+fn with_sources(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }

@@ -148,7 +148,7 @@ async fn node_exporter_feeds_every_backend_on_its_host_from_one_scrape_loop() {
     let before = hits.load(SeqCst);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let scrapes = hits.load(SeqCst) - before;
-    assert!((5..=14).contains(&scrapes), "{scrapes} scrapes in one second");
+    assert!((3..=14).contains(&scrapes), "{scrapes} scrapes in one second");
 
     // The exporter goes away: after three intervals the values are unknown.
     server.abort();

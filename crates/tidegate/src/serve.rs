@@ -60,8 +60,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // apart from the data plane, so configuration stays responsive under load.
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
-        // Background work that follows the snapshots: active health probes.
+        // Background work that follows the snapshots: active health probes,
+        // load sources, and the refresh of policies' dynamic weights.
         let _health = tidegate_health::spawn(control.snapshots());
+        let _sources = tidegate_sources::spawn(control.snapshots());
         if let Some(path) = &args.config {
             load_initial_config(&control, path).await?;
         }

@@ -9,3 +9,4 @@ mod balancing;
 mod durability;
 mod external;
 mod proxying;
+mod sources;
