@@ -31,6 +31,9 @@ pub struct Signals {
     pub alpha: f64,
 }
 
+/// Reads one load parameter from a backend's signals.
+type Param = fn(&Signals) -> Option<f64>;
+
 /// The S3 capacity of each backend, beta = alpha x R_all with
 /// R_all = prod R_i^gamma_i over the parameters that some backend reports;
 /// `None` when no backend reports any (fall back to configured weights).
@@ -38,15 +41,14 @@ pub fn capacities(signals: &[Signals], gamma: &Gammas) -> Option<Vec<f64>> {
     // Exponents count only for parameters some backend reports, renormalized
     // to sum to 1: a parameter nobody measures must not flatten the others.
     let reported = |f: fn(&Signals) -> Option<f64>| signals.iter().any(|s| f(s).is_some());
-    let parts: [(f64, fn(&Signals) -> Option<f64>); 5] = [
+    let parts: [(f64, Param); 5] = [
         (gamma.rate, |s| s.rate),
         (gamma.cpu, |s| s.cpu),
         (gamma.memory, |s| s.memory),
         (gamma.network, |s| s.network),
         (gamma.time, |s| s.time),
     ];
-    let used: Vec<(f64, fn(&Signals) -> Option<f64>)> =
-        parts.into_iter().filter(|(g, f)| *g > 0.0 && reported(*f)).collect();
+    let used: Vec<(f64, Param)> = parts.into_iter().filter(|(g, f)| *g > 0.0 && reported(*f)).collect();
     let total: f64 = used.iter().map(|(g, _)| g).sum();
     if total <= 0.0 {
         return None;
