@@ -68,9 +68,15 @@ pub fn record_outcome(
     pool: &[Arc<Backend>],
 ) -> bool {
     let s = &backend.stats;
-    if outcome == Outcome::Success {
-        s.consecutive_failures.store(0, Relaxed);
-        return false;
+    match outcome {
+        Outcome::Success => {
+            s.consecutive_failures.store(0, Relaxed);
+            return false;
+        }
+        // Shedding load is not breakage: ejecting an overloaded backend
+        // would only pile its share onto the others.
+        Outcome::Overloaded => return false,
+        Outcome::Failure => {}
     }
     let n = s.consecutive_failures.fetch_add(1, Relaxed).saturating_add(1);
     if passive.consecutive_failures == 0 || n < passive.consecutive_failures || s.is_ejected(now_ms) {
@@ -143,7 +149,13 @@ mod tests {
         assert!(!fail(1_100) && !fail(1_100) && fail(1_100));
         assert!(!b.stats.is_available(2_900));
         assert!(b.stats.is_available(3_100));
+        // Shed requests (503) neither count nor reset.
+        assert!(!fail(4_000) && !fail(4_000));
+        assert!(!record_outcome(b, Outcome::Overloaded, 4_000, &passive(), &p));
+        assert!(fail(4_000), "503s do not interrupt the streak either");
         // A success resets the count of consecutive failures.
+        let b = &p[1];
+        let fail = |now| record_outcome(b, Outcome::Failure, now, &passive(), &p);
         assert!(!fail(4_000) && !fail(4_000));
         record_outcome(b, Outcome::Success, 4_000, &passive(), &p);
         assert!(!fail(4_000));

@@ -121,8 +121,11 @@ impl Default for BackendStats {
 pub enum Outcome {
     /// A response came back (any status below 500).
     Success,
-    /// The backend answered 5xx, reset, or timed out.
+    /// The backend answered 5xx (but 503), reset, or timed out.
     Failure,
+    /// The backend shed the request (503 or 429): counted as a failed
+    /// request, but not as a sign of a broken backend.
+    Overloaded,
 }
 
 /// Weight of a new latency sample in the plain EWMA.
@@ -175,7 +178,7 @@ impl BackendStats {
 
     fn record(&self, outcome: Outcome, latency: Duration) {
         self.requests.fetch_add(1, Relaxed);
-        if outcome == Outcome::Failure {
+        if outcome != Outcome::Success {
             self.failures.fetch_add(1, Relaxed);
         }
         let sample = (latency.as_nanos() as f64).max(1.0);

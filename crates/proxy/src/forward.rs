@@ -112,10 +112,11 @@ impl Upstreams {
             _ => None,
         };
         let mut last_error = ProxyError::NoBackend;
+        let mut shed: Option<Response<ProxyBody>> = None;
         for attempt in 0..=settings.retries {
             // The budget bounds the extra work retries put on backends; a
             // connect failure put none there, so its retry is not counted.
-            if attempt > 0 && last_error != ProxyError::ConnectFailed {
+            if attempt > 0 && (shed.is_some() || last_error != ProxyError::ConnectFailed) {
                 if !service.live.try_retry(&settings.retry_budget) {
                     break;
                 }
@@ -141,6 +142,7 @@ impl Upstreams {
             let mut guard = Slot { guard: Some(backend.stats.start()), live: limited.then(|| service.live.clone()) };
             let result = tokio::time::timeout(response_timeout, client.request(up)).await;
             let outcome = match &result {
+                Ok(Ok(resp)) if matches!(resp.status().as_u16(), 429 | 503) => Outcome::Overloaded,
                 Ok(Ok(resp)) if !resp.status().is_server_error() => Outcome::Success,
                 _ => Outcome::Failure,
             };
@@ -161,7 +163,15 @@ impl Upstreams {
                         return Ok(resp.map(|_| ProxyBody::empty()));
                     }
                     strip_hop_by_hop(resp.headers_mut());
-                    return Ok(resp.map(|b| ProxyBody::Upstream { body: b, guard: Some(guard) }));
+                    let resp = resp.map(|b| ProxyBody::Upstream { body: b, guard: Some(guard) });
+                    // A backend that shed the request (503) did not process it:
+                    // an idempotent request may try another one; if none can
+                    // take it, the client gets this 503.
+                    if resp.status() == StatusCode::SERVICE_UNAVAILABLE && idempotent && attempt < settings.retries {
+                        shed = Some(resp);
+                        continue;
+                    }
+                    return Ok(resp);
                 }
                 Ok(Err(e)) => {
                     let connect = e.is_connect();
@@ -179,7 +189,7 @@ impl Upstreams {
                 }
             }
         }
-        Err(last_error)
+        shed.map_or(Err(last_error), Ok)
     }
 }
 
