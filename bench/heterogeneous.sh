@@ -45,7 +45,9 @@ for name in c1 c2 c4; do
   ADDR[$name]=$(sed 's/listening on //' "$WORK/$name.out")
 done
 
-# nginx: one instance per variant, each on its own port.
+# nginx: one instance per variant, each on its own port. A 503 (queue full)
+# goes to the next server (as HAProxy's retry-on 503); max_fails=0 keeps nginx
+# from counting those 503s as server failures and disabling servers.
 port=19300
 declare -A PEER_PORT
 nginx_variant() { # name upstream-options server-suffix-c1 c2 c4
@@ -54,7 +56,8 @@ nginx_variant() { # name upstream-options server-suffix-c1 c2 c4
 worker_processes 2; daemon off; pid $WORK/$name.pid; error_log $WORK/$name.err warn;
 events { worker_connections 4096; }
 http { access_log off;
-  upstream app { $opts server ${ADDR[c1]} $3; server ${ADDR[c2]} $4; server ${ADDR[c4]} $5; keepalive 256; }
+  upstream app { $opts server ${ADDR[c1]} max_fails=0 $3; server ${ADDR[c2]} max_fails=0 $4;
+    server ${ADDR[c4]} max_fails=0 $5; keepalive 256; }
   server { listen 127.0.0.1:$port; location / { proxy_pass http://app; proxy_http_version 1.1;
     proxy_set_header Connection ""; proxy_next_upstream error timeout http_503; } } }
 CONF
@@ -89,12 +92,15 @@ for _ in $(seq 100); do grep -q ready "$WORK/tg.out" 2>/dev/null && break; sleep
 line=$(head -1 "$WORK/tg.out"); TG_PROXY=${line#*proxy=}; TG_PROXY=${TG_PROXY%% *}; TG_ADMIN=${line#*admin=}; TG_ADMIN=${TG_ADMIN%% *}
 sleep 0.5
 
-tg_policy() { # policy-json weights(c1 c2 c4)
-  local w=($2)
+tg_policy() { # policy-json weights(c1 c2 c4) [max_conns(c1 c2 c4)]
+  local w=($2) m=(${3:-})
+  local lim=("" "" "")
+  if [ ${#m[@]} -eq 3 ]; then lim=(",\"max_conns\":${m[0]}" ",\"max_conns\":${m[1]}" ",\"max_conns\":${m[2]}"); fi
   curl -sf -XPUT -H "Authorization: Bearer bench" "http://$TG_ADMIN/v1/services/app" -d "{\"policy\": $1,
-    \"backends\": [{\"id\":\"c1\",\"addr\":\"${ADDR[c1]}\",\"weight\":${w[0]}},
-                   {\"id\":\"c2\",\"addr\":\"${ADDR[c2]}\",\"weight\":${w[1]}},
-                   {\"id\":\"c4\",\"addr\":\"${ADDR[c4]}\",\"weight\":${w[2]}}]}" > /dev/null
+    \"queue\": {\"max\": 10000, \"timeout_ms\": 5000},
+    \"backends\": [{\"id\":\"c1\",\"addr\":\"${ADDR[c1]}\",\"weight\":${w[0]}${lim[0]}},
+                   {\"id\":\"c2\",\"addr\":\"${ADDR[c2]}\",\"weight\":${w[1]}${lim[1]}},
+                   {\"id\":\"c4\",\"addr\":\"${ADDR[c4]}\",\"weight\":${w[2]}${lim[2]}}]}" > /dev/null
   curl -sf -XPUT -H "Authorization: Bearer bench" "http://$TG_ADMIN/v1/routes/app" -d '{"service":"app"}' > /dev/null
 }
 
@@ -117,6 +123,7 @@ for p in round_robin least_conn least_time p2c_ewma dynamic_feedback ip_hash; do
   tg_policy "{\"kind\":\"$p\"}" "1 1 1"; run "tidegate-$p" "$TG_PROXY"
 done
 tg_policy '{"kind":"round_robin"}' "1 2 4"; run "tidegate-round_robin-weighted" "$TG_PROXY"
+tg_policy '{"kind":"least_conn"}' "1 1 1" "1 2 4"; run "tidegate-least_conn-max_conns" "$TG_PROXY"
 for name in nginx-rr nginx-weighted nginx-least_conn nginx-ip_hash haproxy-roundrobin haproxy-leastconn haproxy-leastconn-maxconn; do
   run "$name" "127.0.0.1:${PEER_PORT[$name]}"
 done

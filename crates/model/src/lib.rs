@@ -21,8 +21,9 @@ pub use change::{parse_change_set, parse_json, ChangeSet, Op, ParseError};
 pub use names::{BackendAddr, BackendId, NameError, RouteName, ServiceName};
 pub use route::{HeaderMatch, HostPattern, PathPattern, RouteAction, RouteMatch, RouteSpec, StaticDir};
 pub use service::{
-    ActiveCheck, BackendSpec, BalanceFactor, CheckKind, ExternalSpec, FeedbackFormula, FeedbackSpec, Gammas,
-    GangliaSource, HeaderKey, HealthSpec, LoadSources, MaxConns, NodeExporterSource, OrcaSpec, PassiveCheck,
-    PolicySpec, QueueSpec, RetryBudget, ServiceSettings, ServiceSpec, Timeouts, Weight,
+    ActiveCheck, AutoscaleSpec, BackendSpec, BalanceFactor, CheckKind, ExternalSpec, FeedbackFormula, FeedbackSpec,
+    Gammas, GangliaSource, HeaderKey, HealthSpec, LoadSources, MaxConns, NodeExporterSource, OrcaSpec, PassiveCheck,
+    PolicySpec, PortRange, ProviderSpec, QueueSpec, ReadySpec, RetryBudget, ServiceSettings, ServiceSpec, Timeouts,
+    Weight,
 };
 pub use state::{ChangeError, ChangeErrorKind, ConfigState, Delta};

@@ -62,6 +62,13 @@ pub struct BackendSpec {
     /// `maxconn`); more wait in the service's queue. Unlimited when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_conns: Option<MaxConns>,
+    /// Created and owned by the autoscaler (which may drain and remove it).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub autoscaled: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !b
 }
 
 /// A per-backend connection limit, 1..=100000.
@@ -602,6 +609,210 @@ fn default_link() -> u64 {
     125_000_000
 }
 
+/// Autoscaling: Tidegate keeps between `min` and `max` instances of the
+/// service, started and stopped through a provider (paper S1).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AutoscaleSpec {
+    /// How instances are started and stopped.
+    pub provider: ProviderSpec,
+    /// Fewest instances (default 1). Backends not created by the
+    /// autoscaler count toward it.
+    #[serde(default = "default_min")]
+    pub min: u32,
+    /// Most instances (default 4).
+    #[serde(default = "default_max")]
+    pub max: u32,
+    /// Response time over which the service is under pressure, ms (S1's 50 ms).
+    #[serde(default = "default_latency_threshold")]
+    pub latency_threshold_ms: u64,
+    /// Requests in flight one instance should carry (default 8).
+    #[serde(default = "default_target_in_flight")]
+    pub target_in_flight: u32,
+    /// Load must stay low this long before an instance is removed, s (S1's 300).
+    #[serde(default = "default_peak_hold")]
+    pub peak_hold_s: u64,
+    /// The readiness probe a new instance must pass before it gets traffic.
+    #[serde(default)]
+    pub ready: ReadySpec,
+    /// Longest wait for a draining instance's requests to finish, s (default 30).
+    #[serde(default = "default_drain")]
+    pub drain_timeout_s: u64,
+    /// Window over which demand is averaged for scaling in, s (default 60).
+    #[serde(default = "default_stable_window")]
+    pub stable_window_s: u64,
+    /// Short window: demand at twice the ready capacity over it scales out
+    /// at once and forbids scaling in, s (default 6).
+    #[serde(default = "default_panic_window")]
+    pub panic_window_s: u64,
+    /// Operator override: make no scaling decision while true.
+    #[serde(default)]
+    pub paused: bool,
+    /// Operator override: keep exactly this many instances.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned: Option<u32>,
+}
+
+fn default_min() -> u32 {
+    1
+}
+fn default_max() -> u32 {
+    4
+}
+fn default_latency_threshold() -> u64 {
+    50
+}
+fn default_target_in_flight() -> u32 {
+    8
+}
+fn default_peak_hold() -> u64 {
+    300
+}
+fn default_drain() -> u64 {
+    30
+}
+fn default_stable_window() -> u64 {
+    60
+}
+fn default_panic_window() -> u64 {
+    6
+}
+
+/// A new instance's readiness probe: GET `path` every `interval_ms` until
+/// it answers 2xx/3xx, for at most `timeout_s`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReadySpec {
+    /// Path of the probe (default `/`).
+    pub path: String,
+    /// Give up (stop the instance, retry later) after this long, s (default 30).
+    pub timeout_s: u64,
+    /// Time between probes, ms (default 200).
+    pub interval_ms: u64,
+}
+
+impl Default for ReadySpec {
+    fn default() -> Self {
+        ReadySpec { path: "/".into(), timeout_s: 30, interval_ms: 200 }
+    }
+}
+
+/// How the autoscaler starts and stops instances.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ProviderSpec {
+    /// Local processes (the embedded default): `command` with `{port}` and
+    /// `{id}` replaced, a port from `ports`, each in its own process group.
+    Process {
+        /// The program and its arguments.
+        command: Vec<String>,
+        /// Ports to hand out, `FROM-TO`.
+        ports: PortRange,
+        /// Seconds between SIGTERM and SIGKILL when stopping (default 10).
+        #[serde(default = "default_grace")]
+        grace_s: u64,
+    },
+    /// User scripts that speak JSON on stdout (VMs, Nomad, a cloud CLI...).
+    Command {
+        /// Starts one instance; argument placeholders `{service}`, `{id}`.
+        start: Vec<String>,
+        /// Stops one; placeholders `{service}`, `{id}`, `{addr}`.
+        stop: Vec<String>,
+        /// Lists running instances (optional).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        list: Option<Vec<String>>,
+    },
+    /// An infrastructure service called over HTTP (paper S1), requests
+    /// signed with HMAC-SHA256 of the body.
+    Webhook {
+        /// Where to POST start and stop requests (http://).
+        url: String,
+        /// Shared secret for the `X-Tidegate-Signature` header.
+        secret: String,
+        /// How often to poll an accepted (202) start, ms (default 500).
+        #[serde(default = "default_poll")]
+        poll_interval_ms: u64,
+    },
+}
+
+fn default_grace() -> u64 {
+    10
+}
+fn default_poll() -> u64 {
+    500
+}
+
+/// An inclusive range of TCP ports, written `FROM-TO`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct PortRange {
+    /// First port.
+    pub from: u16,
+    /// Last port.
+    pub to: u16,
+}
+
+impl TryFrom<String> for PortRange {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        let bad = || format!("ports: {s:?} is not FROM-TO with 1 <= FROM <= TO <= 65535");
+        let (a, b) = s.split_once('-').ok_or_else(bad)?;
+        let (from, to) = (a.trim().parse::<u16>().map_err(|_| bad())?, b.trim().parse::<u16>().map_err(|_| bad())?);
+        if from == 0 || from > to {
+            return Err(bad());
+        }
+        Ok(PortRange { from, to })
+    }
+}
+
+impl From<PortRange> for String {
+    fn from(r: PortRange) -> String {
+        format!("{}-{}", r.from, r.to)
+    }
+}
+
+impl AutoscaleSpec {
+    fn validate(&self) -> Result<(), String> {
+        if self.min > self.max || self.max == 0 || self.max > 1_000 {
+            return Err(format!("autoscale: need min <= max and 1 <= max <= 1000, got {}..{}", self.min, self.max));
+        }
+        if let Some(p) = self.pinned.filter(|p| *p > 1_000) {
+            return Err(format!("autoscale.pinned: at most 1000, got {p}"));
+        }
+        if self.target_in_flight == 0 || self.latency_threshold_ms == 0 {
+            return Err("autoscale: target_in_flight and latency_threshold_ms must be above 0".into());
+        }
+        if self.panic_window_s == 0 || self.panic_window_s > self.stable_window_s || self.stable_window_s > 3_600 {
+            return Err("autoscale: need 0 < panic_window_s <= stable_window_s <= 3600".into());
+        }
+        if self.peak_hold_s > 86_400 || self.drain_timeout_s > 3_600 {
+            return Err("autoscale: peak_hold_s at most 86400, drain_timeout_s at most 3600".into());
+        }
+        let r = &self.ready;
+        if !r.path.starts_with('/')
+            || r.timeout_s == 0
+            || r.timeout_s > 3_600
+            || !(10..=60_000).contains(&r.interval_ms)
+        {
+            return Err(
+                "autoscale.ready: need a path starting with '/', 0 < timeout_s <= 3600, interval_ms 10..=60000".into(),
+            );
+        }
+        match &self.provider {
+            ProviderSpec::Process { command, .. } if command.is_empty() || command[0].is_empty() => {
+                Err("autoscale.provider.command: needs a program".into())
+            }
+            ProviderSpec::Command { start, stop, .. } if start.is_empty() || stop.is_empty() => {
+                Err("autoscale.provider: `start` and `stop` need a program each".into())
+            }
+            ProviderSpec::Webhook { url, secret, .. } if !url.starts_with("http://") || secret.is_empty() => {
+                Err("autoscale.provider: webhook needs an http:// url and a non-empty secret".into())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 /// Everything about a service except its backends.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -629,6 +840,9 @@ pub struct ServiceSettings {
     /// Waiting for backends at their `max_conns`.
     #[serde(default)]
     pub queue: QueueSpec,
+    /// Autoscaling (off unless given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscale: Option<AutoscaleSpec>,
 }
 
 fn default_retries() -> u32 {
@@ -645,6 +859,7 @@ impl Default for ServiceSettings {
             health: HealthSpec::default(),
             load_metrics: LoadSources::default(),
             queue: QueueSpec::default(),
+            autoscale: None,
         }
     }
 }
@@ -664,6 +879,9 @@ impl ServiceSettings {
         }
         if self.retries > 10 {
             return Err(format!("retries: must be 0..=10, got {}", self.retries));
+        }
+        if let Some(a) = &self.autoscale {
+            a.validate()?;
         }
         if self.queue.timeout_ms == 0 || self.queue.timeout_ms > DAY_MS || self.queue.max > 1_000_000 {
             return Err("queue: need max <= 1000000 and 0 < timeout_ms <= 1 day".into());
@@ -766,6 +984,8 @@ struct ServiceWire {
     load_metrics: LoadSources,
     #[serde(default)]
     queue: QueueSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    autoscale: Option<AutoscaleSpec>,
     #[serde(default)]
     backends: BackendList,
 }
@@ -782,6 +1002,8 @@ struct ListedBackend {
     backup: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     max_conns: Option<MaxConns>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    autoscaled: bool,
 }
 
 #[derive(Default)]
@@ -805,7 +1027,13 @@ impl<'de> Deserialize<'de> for BackendList {
                             b.id.as_str()
                         )));
                     }
-                    let spec = BackendSpec { addr: b.addr, weight: b.weight, backup: b.backup, max_conns: b.max_conns };
+                    let spec = BackendSpec {
+                        addr: b.addr,
+                        weight: b.weight,
+                        backup: b.backup,
+                        max_conns: b.max_conns,
+                        autoscaled: b.autoscaled,
+                    };
                     map.insert(b.id, spec);
                     index += 1;
                 }
@@ -824,6 +1052,7 @@ impl Serialize for BackendList {
             weight: b.weight,
             backup: b.backup,
             max_conns: b.max_conns,
+            autoscaled: b.autoscaled,
         }))
     }
 }
@@ -839,6 +1068,7 @@ impl<'de> Deserialize<'de> for ServiceSpec {
             health: w.health,
             load_metrics: w.load_metrics,
             queue: w.queue,
+            autoscale: w.autoscale,
         };
         settings.validate().map_err(de::Error::custom)?;
         Ok(ServiceSpec { settings, backends: w.backends.0 })
@@ -856,6 +1086,7 @@ impl Serialize for ServiceSpec {
             health: st.health.clone(),
             load_metrics: st.load_metrics.clone(),
             queue: st.queue,
+            autoscale: st.autoscale.clone(),
             backends: BackendList(self.backends.clone()),
         }
         .serialize(s)

@@ -216,8 +216,14 @@ fn pick(service: &ServiceRuntime, ctx: &RequestCtx<'_>, tried: &[Arc<Backend>], 
     let ramp = service.settings.health.slow_start_ms;
     let sel = &service.selector;
     if ramp > 0 {
-        let mut ramped =
-            |b: &Backend| available(b) && b.has_room() && fastrand::f64() < b.stats.slow_start_factor(now, ramp);
+        // A primary held back by its ramp must not hand its turn to a backup.
+        let primary_open = sel.primaries().any(|b| b.weight > 0 && available(b) && b.has_room());
+        let mut ramped = |b: &Backend| {
+            available(b)
+                && b.has_room()
+                && (!b.backup || !primary_open)
+                && fastrand::f64() < b.stats.slow_start_factor(now, ramp)
+        };
         if let Some(b) = sel.select(ctx, &mut ramped) {
             return Pick::Backend(b);
         }
@@ -225,12 +231,12 @@ fn pick(service: &ServiceRuntime, ctx: &RequestCtx<'_>, tried: &[Arc<Backend>], 
     if let Some(b) = sel.select(ctx, &mut |b: &Backend| available(b) && b.has_room()) {
         return Pick::Backend(b);
     }
-    if sel.backends().iter().any(|b| available(b)) {
+    if sel.backends().iter().any(|b| b.weight > 0 && available(b) && !b.has_room()) {
         return Pick::Full;
     }
     match sel.select(ctx, &mut |b: &Backend| untried(b) && b.has_room()) {
         Some(b) => Pick::Backend(b),
-        None if sel.backends().iter().any(|b| untried(b)) => Pick::Full,
+        None if sel.backends().iter().any(|b| b.weight > 0 && untried(b) && !b.has_room()) => Pick::Full,
         None => Pick::Nothing,
     }
 }

@@ -1,0 +1,515 @@
+//! The IO loop around [`decide`](crate::decide::decide): one task per
+//! autoscaled service, ticking every second.
+//!
+//! Each tick: notice instances that died; sample the service's live
+//! statistics; decide; then act on the difference between the desired and
+//! the current count: restore a draining instance or start new ones (they
+//! become backends, `autoscaled: true`, only once their readiness probe
+//! passes), or drain one instance (weight 0: no new requests) and remove it
+//! when its requests are done or the drain timeout passes. Configuration
+//! changes go through the writer like any other change set.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+use tidegate_balance::clock;
+use tidegate_control::Control;
+use tidegate_model::{
+    ActiveCheck, AutoscaleSpec, BackendAddr, BackendId, BackendSpec, ChangeSet, CheckKind, Op, ProviderSpec,
+    ServiceName, Weight,
+};
+use tidegate_snapshot::ServiceRuntime;
+use tokio::task::JoinHandle;
+
+use crate::decide::{decide, Counts, Decision, History, Params, Reason, Sample};
+use crate::{provider_for, EventKind, Events, Instance, Provider, StartRequest};
+
+/// One instance's phase as the autoscaler tracks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Started, readiness probe not passed yet; no traffic.
+    Starting,
+    /// A backend taking traffic.
+    Ready,
+    /// Weight 0: finishing its requests before it is stopped.
+    Draining,
+}
+
+/// What `/v1/status` shows of a service's scaling.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ScalingStatus {
+    /// The count the autoscaler works toward.
+    pub desired: u32,
+    /// Instances by phase.
+    pub counts: Counts,
+    /// In panic mode (no scale-in).
+    pub panic: bool,
+    /// Operator overrides.
+    pub paused: bool,
+    /// Operator overrides.
+    pub pinned: Option<u32>,
+    /// The latest decision.
+    pub last_decision: Option<Decision>,
+    /// The instances the autoscaler owns, by id: address and phase.
+    pub instances: BTreeMap<String, (String, Phase)>,
+}
+
+/// Shared view of every autoscaled service's status.
+pub type StatusBoard = Arc<Mutex<BTreeMap<String, ScalingStatus>>>;
+
+struct Tracked {
+    instance: Instance,
+    phase: Phase,
+    /// When the phase began (ms on [`clock`]).
+    since_ms: u64,
+    /// The start-and-probe task, while starting.
+    starting: Option<JoinHandle<Result<(), String>>>,
+}
+
+struct Scaler {
+    name: ServiceName,
+    control: Control,
+    events: Arc<Events>,
+    provider: Arc<dyn Provider>,
+    provider_spec: ProviderSpec,
+    instances: BTreeMap<String, Tracked>,
+    history: History,
+    /// Start failures in a row, and no new start before this time.
+    failures: u32,
+    retry_at_ms: u64,
+    board: StatusBoard,
+}
+
+/// Time between ticks.
+const TICK: Duration = Duration::from_secs(1);
+
+/// Runs the autoscaler until aborted: a supervisor that keeps one scaler
+/// task per service with an `autoscale` block.
+pub fn spawn(control: Control, events: Arc<Events>, state_dir: PathBuf, board: StatusBoard) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut scalers: BTreeMap<ServiceName, (ProviderSpec, JoinHandle<()>)> = BTreeMap::new();
+        let mut tick = tokio::time::interval(TICK);
+        loop {
+            tick.tick().await;
+            let config = control.config();
+            let wanted: BTreeMap<ServiceName, ProviderSpec> = config
+                .state
+                .services()
+                .iter()
+                .filter_map(|(n, s)| s.settings.autoscale.as_ref().map(|a| (n.clone(), a.provider.clone())))
+                .collect();
+            // A scaler whose service or provider changed ends by itself;
+            // forget finished ones so they can be started afresh.
+            scalers.retain(|name, (spec, task)| !task.is_finished() && wanted.get(name) == Some(spec));
+            for (name, spec) in wanted {
+                if scalers.contains_key(&name) {
+                    continue;
+                }
+                let provider = provider_for(&spec, name.as_str(), &state_dir);
+                let scaler = Scaler {
+                    name: name.clone(),
+                    control: control.clone(),
+                    events: events.clone(),
+                    provider,
+                    provider_spec: spec.clone(),
+                    instances: BTreeMap::new(),
+                    history: History::default(),
+                    failures: 0,
+                    retry_at_ms: 0,
+                    board: board.clone(),
+                };
+                scalers.insert(name, (spec, tokio::spawn(scaler.run())));
+            }
+            if let Ok(mut b) = board.lock() {
+                b.retain(|name, _| scalers.keys().any(|n| n.as_str() == name));
+            }
+        }
+    })
+}
+
+impl Scaler {
+    async fn run(mut self) {
+        self.adopt().await;
+        let mut tick = tokio::time::interval(TICK);
+        loop {
+            tick.tick().await;
+            let Some(spec) = self.spec() else {
+                self.shutdown().await;
+                return;
+            };
+            self.tick(&spec).await;
+        }
+    }
+
+    /// The current autoscale block, if the service still has this provider.
+    fn spec(&self) -> Option<AutoscaleSpec> {
+        let config = self.control.config();
+        let a = config.state.service(self.name.as_str())?.settings.autoscale.clone()?;
+        (a.provider == self.provider_spec).then_some(a)
+    }
+
+    fn runtime(&self) -> Option<Arc<ServiceRuntime>> {
+        self.control.snapshots().load().service(self.name.as_str()).cloned()
+    }
+
+    async fn tick(&mut self, spec: &AutoscaleSpec) {
+        self.reap_starting().await;
+        self.notice_deaths().await;
+        self.finish_drains(spec).await;
+        let Some(rt) = self.runtime() else { return };
+        let (sample, counts) = self.observe(&rt);
+        let p = Params::from(spec);
+        let d = decide(&p, &mut self.history, sample, counts);
+        let current = counts.current();
+        if d.desired > current {
+            self.scale_out(spec, d, d.desired - current).await;
+        } else if d.desired < current && d.reason != Reason::Paused {
+            self.scale_in(d, &rt).await;
+        }
+        self.publish(spec, d);
+    }
+
+    /// Ready = serving primaries (static ones included); their requests in
+    /// flight and mean latency are the signals.
+    fn observe(&self, rt: &ServiceRuntime) -> (Sample, Counts) {
+        let now = clock::now_ms();
+        let serving: Vec<_> = rt.selector.primaries().filter(|b| b.weight > 0 && b.stats.is_available(now)).collect();
+        let in_flight: f64 = serving.iter().map(|b| b.stats.in_flight() as f64).sum();
+        let latencies: Vec<f64> =
+            serving.iter().filter_map(|b| b.stats.latency_ewma()).map(|d| d.as_secs_f64() * 1e3).collect();
+        let latency_ms = (!latencies.is_empty()).then(|| latencies.iter().sum::<f64>() / latencies.len() as f64);
+        let count = |phase| self.instances.values().filter(|t| t.phase == phase).count() as u32;
+        let counts =
+            Counts { ready: serving.len() as u32, starting: count(Phase::Starting), draining: count(Phase::Draining) };
+        (Sample { at_ms: now, in_flight, latency_ms }, counts)
+    }
+
+    async fn scale_out(&mut self, spec: &AutoscaleSpec, d: Decision, mut k: u32) {
+        self.event(EventKind::ScaleOut, None, format!("{} -> {}", d.desired - k, d.desired), Some(d));
+        // Load came back during a drain: that instance serves again first.
+        let draining: Vec<String> =
+            self.instances.iter().filter(|(_, t)| t.phase == Phase::Draining).map(|(id, _)| id.clone()).collect();
+        for id in draining.into_iter().take(k as usize) {
+            if self.put_backend(&id, 1).await {
+                if let Some(t) = self.instances.get_mut(&id) {
+                    t.phase = Phase::Ready;
+                }
+                self.event(EventKind::Restored, Some(&id), "load returned during the drain".into(), None);
+                k -= 1;
+            }
+        }
+        if clock::now_ms() < self.retry_at_ms {
+            return; // backing off after failed starts
+        }
+        for _ in 0..k {
+            self.start_one(spec);
+        }
+    }
+
+    fn start_one(&mut self, spec: &AutoscaleSpec) {
+        let id = format!("{}-{:06x}", self.name, fastrand::u32(..0x100_0000));
+        let provider = self.provider.clone();
+        let control = self.control.clone();
+        let events = self.events.clone();
+        let (service, ready) = (self.name.clone(), spec.ready.clone());
+        let req = StartRequest { service: service.to_string(), id: id.clone() };
+        let placeholder = Instance { id: id.clone(), addr: String::new(), handle: None };
+        let task_id = id.clone();
+        let task = tokio::spawn(async move {
+            let instance = provider.start(req).await.map_err(|e| format!("start failed: {e}"))?;
+            events.record(service.as_str(), EventKind::Started, Some(&task_id), format!("at {}", instance.addr), None);
+            let outcome = wait_ready(&instance, &ready).await;
+            match outcome {
+                Ok(()) => {
+                    let op = backend_op(&service, &instance, 1).ok_or("bad instance address")?;
+                    control.submit(ChangeSet { if_revision: None, ops: vec![op] }).await.map_err(|e| e.to_string())?;
+                    events.record(
+                        service.as_str(),
+                        EventKind::Ready,
+                        Some(&task_id),
+                        format!("serving at {}", instance.addr),
+                        None,
+                    );
+                    Ok(())
+                }
+                Err(e) => {
+                    let _ = provider.stop(&instance).await;
+                    Err(e)
+                }
+            }
+        });
+        self.instances.insert(
+            id,
+            Tracked { instance: placeholder, phase: Phase::Starting, since_ms: clock::now_ms(), starting: Some(task) },
+        );
+    }
+
+    /// Collects finished start tasks: ready instances, or failures (backoff).
+    async fn reap_starting(&mut self) {
+        let done: Vec<String> = self
+            .instances
+            .iter()
+            .filter(|(_, t)| t.starting.as_ref().is_some_and(JoinHandle::is_finished))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in done {
+            let Some(mut t) = self.instances.remove(&id) else { continue };
+            let result = match t.starting.take() {
+                Some(task) => task.await.unwrap_or_else(|e| Err(e.to_string())),
+                None => continue,
+            };
+            match result {
+                Ok(()) => {
+                    let addr = self.backend_addr(&id).unwrap_or_default();
+                    t.instance.addr = addr;
+                    t.phase = Phase::Ready;
+                    t.since_ms = clock::now_ms();
+                    self.failures = 0;
+                    self.instances.insert(id, t);
+                }
+                Err(e) => {
+                    self.failures += 1;
+                    let backoff = 1_000u64 << self.failures.min(6);
+                    self.retry_at_ms = clock::now_ms() + backoff;
+                    self.event(
+                        EventKind::StartFailed,
+                        Some(&id),
+                        format!("{e}; next try in {} s", backoff / 1_000),
+                        None,
+                    );
+                }
+            }
+        }
+        // Learn handles of running instances (for stop) from the provider.
+        if self.instances.values().any(|t| t.phase != Phase::Starting && t.instance.handle.is_none()) {
+            if let Ok(list) = self.provider.list().await {
+                for i in list {
+                    if let Some(t) = self.instances.get_mut(&i.id) {
+                        t.instance = i;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Instances that exited are removed from the configuration at once.
+    async fn notice_deaths(&mut self) {
+        let mut dead = Vec::new();
+        for (id, t) in &self.instances {
+            if t.phase != Phase::Starting && self.provider.alive(&t.instance).await == Some(false) {
+                dead.push(id.clone());
+            }
+        }
+        for id in dead {
+            self.instances.remove(&id);
+            self.delete_backend(&id).await;
+            self.event(EventKind::Died, Some(&id), "the instance exited; it will be replaced if needed".into(), None);
+        }
+    }
+
+    /// Picks the ready autoscaled instance with the fewest requests in
+    /// flight and drains it.
+    async fn scale_in(&mut self, d: Decision, rt: &ServiceRuntime) {
+        if self.instances.values().any(|t| t.phase == Phase::Draining) {
+            return; // one at a time
+        }
+        let in_flight =
+            |id: &str| rt.selector.backends().iter().find(|b| b.id.as_str() == id).map_or(0, |b| b.stats.in_flight());
+        let victim = self
+            .instances
+            .iter()
+            .filter(|(_, t)| t.phase == Phase::Ready)
+            .min_by_key(|(id, _)| in_flight(id))
+            .map(|(id, _)| id.clone());
+        let Some(id) = victim else { return };
+        self.event(EventKind::ScaleIn, Some(&id), format!("{} -> {}", d.desired + 1, d.desired), Some(d));
+        if self.put_backend(&id, 0).await {
+            if let Some(t) = self.instances.get_mut(&id) {
+                t.phase = Phase::Draining;
+                t.since_ms = clock::now_ms();
+            }
+            self.event(EventKind::Draining, Some(&id), "no new requests; waiting for in-flight ones".into(), None);
+        }
+    }
+
+    /// Stops drained instances: no request in flight, or the timeout passed.
+    async fn finish_drains(&mut self, spec: &AutoscaleSpec) {
+        let Some(rt) = self.runtime() else { return };
+        let now = clock::now_ms();
+        let finished: Vec<String> = self
+            .instances
+            .iter()
+            .filter(|(_, t)| t.phase == Phase::Draining)
+            .filter(|(id, t)| {
+                let idle = rt
+                    .selector
+                    .backends()
+                    .iter()
+                    .find(|b| b.id.as_str() == id.as_str())
+                    .is_none_or(|b| b.stats.in_flight() == 0);
+                // Give the weight change a moment to reach every request path.
+                (idle && now - t.since_ms >= 500) || now - t.since_ms >= spec.drain_timeout_s * 1_000
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in finished {
+            let Some(t) = self.instances.remove(&id) else { continue };
+            self.delete_backend(&id).await;
+            let stopped = self.provider.stop(&t.instance).await;
+            let detail = match stopped {
+                Ok(()) => format!("drained in {} ms and stopped", now - t.since_ms),
+                Err(e) => format!("drained; stopping failed: {e}"),
+            };
+            self.event(EventKind::Stopped, Some(&id), detail, None);
+        }
+    }
+
+    /// Takes over instances from before a restart: those the provider
+    /// lists and the configuration knows become ready again; strays are
+    /// stopped; autoscaled backends without an instance are removed.
+    async fn adopt(&mut self) {
+        let listed = self.provider.list().await.unwrap_or_default();
+        let config = self.control.config();
+        let owned: BTreeMap<String, BackendSpec> = config
+            .state
+            .service(self.name.as_str())
+            .map(|s| {
+                s.backends.iter().filter(|(_, b)| b.autoscaled).map(|(id, b)| (id.to_string(), b.clone())).collect()
+            })
+            .unwrap_or_default();
+        for inst in listed {
+            if owned.contains_key(&inst.id) {
+                let phase = if owned[&inst.id].weight.get() == 0 { Phase::Draining } else { Phase::Ready };
+                self.event(EventKind::Adopted, Some(&inst.id), format!("running at {}", inst.addr), None);
+                let id = inst.id.clone();
+                self.instances.insert(id, Tracked { instance: inst, phase, since_ms: clock::now_ms(), starting: None });
+            } else {
+                let _ = self.provider.stop(&inst).await;
+                self.event(EventKind::Stopped, Some(&inst.id), "left over from before a restart".into(), None);
+            }
+        }
+        for (id, b) in owned {
+            if !self.instances.contains_key(&id) {
+                if matches!(self.provider_spec, ProviderSpec::Process { .. }) {
+                    self.delete_backend(&id).await;
+                } else {
+                    // Providers that cannot list: trust the configuration.
+                    let inst = Instance { id: id.clone(), addr: b.addr.to_string(), handle: None };
+                    self.instances.insert(
+                        id,
+                        Tracked { instance: inst, phase: Phase::Ready, since_ms: clock::now_ms(), starting: None },
+                    );
+                }
+            }
+        }
+    }
+
+    /// The autoscale block is gone: stop everything this scaler owns.
+    async fn shutdown(&mut self) {
+        for (id, mut t) in std::mem::take(&mut self.instances) {
+            if let Some(task) = t.starting.take() {
+                task.abort();
+                if let Ok(list) = self.provider.list().await {
+                    if let Some(i) = list.into_iter().find(|i| i.id == id) {
+                        t.instance = i;
+                    }
+                }
+            }
+            self.delete_backend(&id).await;
+            let _ = self.provider.stop(&t.instance).await;
+            self.event(EventKind::Stopped, Some(&id), "autoscaling was turned off for the service".into(), None);
+        }
+    }
+
+    fn backend_addr(&self, id: &str) -> Option<String> {
+        let config = self.control.config();
+        config.state.service(self.name.as_str())?.backends.get(id).map(|b| b.addr.to_string())
+    }
+
+    async fn put_backend(&self, id: &str, weight: u32) -> bool {
+        let Some(t) = self.instances.get(id) else { return false };
+        let Some(op) = backend_op(&self.name, &t.instance, weight) else { return false };
+        self.submit(op).await
+    }
+
+    async fn delete_backend(&self, id: &str) {
+        let Ok(id) = BackendId::new(id) else { return };
+        if self.control.config().state.service(self.name.as_str()).is_some_and(|s| s.backends.contains_key(&id)) {
+            self.submit(Op::DeleteBackend { service: self.name.clone(), id }).await;
+        }
+    }
+
+    async fn submit(&self, op: Op) -> bool {
+        match self.control.submit(ChangeSet { if_revision: None, ops: vec![op] }).await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!(service = %self.name, error = %e, "autoscaler change refused");
+                false
+            }
+        }
+    }
+
+    fn event(&self, kind: EventKind, instance: Option<&str>, detail: String, d: Option<Decision>) {
+        self.events.record(self.name.as_str(), kind, instance, detail, d);
+    }
+
+    fn publish(&self, spec: &AutoscaleSpec, d: Decision) {
+        let status = ScalingStatus {
+            desired: d.desired,
+            counts: self.runtime().map(|rt| self.observe(&rt).1).unwrap_or_default(),
+            panic: d.panic,
+            paused: spec.paused,
+            pinned: spec.pinned,
+            last_decision: Some(d),
+            instances: self.instances.iter().map(|(id, t)| (id.clone(), (t.instance.addr.clone(), t.phase))).collect(),
+        };
+        if let Ok(mut b) = self.board.lock() {
+            b.insert(self.name.to_string(), status);
+        }
+    }
+}
+
+/// A put_backend op for an instance, marked as the autoscaler's.
+fn backend_op(service: &ServiceName, instance: &Instance, weight: u32) -> Option<Op> {
+    Some(Op::PutBackend {
+        service: service.clone(),
+        id: BackendId::new(&instance.id).ok()?,
+        spec: BackendSpec {
+            addr: BackendAddr::new(&instance.addr).ok()?,
+            weight: Weight::try_from(weight).ok()?,
+            backup: false,
+            max_conns: None,
+            autoscaled: true,
+        },
+    })
+}
+
+/// Probes a new instance until it is ready (S1's probe request).
+async fn wait_ready(instance: &Instance, ready: &tidegate_model::ReadySpec) -> Result<(), String> {
+    let addr = BackendAddr::new(&instance.addr).map_err(|e| e.to_string())?;
+    let check = ActiveCheck {
+        kind: CheckKind::Http,
+        path: ready.path.clone(),
+        expect_status: Vec::new(),
+        interval_ms: ready.interval_ms,
+        timeout_ms: ready.interval_ms.clamp(100, 2_000),
+        rise: 1,
+        fall: 1,
+    };
+    let client = tidegate_health::ProbeClient::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(ready.timeout_s);
+    let mut last = String::from("no probe answered");
+    while tokio::time::Instant::now() < deadline {
+        let verdict = tidegate_health::probe(&client, &addr, &check).await;
+        if verdict.passed {
+            return Ok(());
+        }
+        last = verdict.detail;
+        tokio::time::sleep(Duration::from_millis(ready.interval_ms)).await;
+    }
+    Err(format!("not ready after {} s: {last}", ready.timeout_s))
+}
