@@ -6,10 +6,10 @@
 # ip_hash) and HAProxy (roundrobin, leastconn, leastconn + maxconn), all in the
 # same run against the same backends. Prints a table; writes JSON lines to OUT.
 #
-#   bench/heterogeneous.sh [--users 500] [--think-ms 800] [--duration 10] [--out FILE]
+#   bench/heterogeneous.sh [--users 500] [--think-ms 1800] [--duration 10] [--out FILE]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-USERS=500 THINK=800 DURATION=10 SERVICE="exp:10ms" QUEUE=20 OUT=""
+USERS=500 THINK=1800 DURATION=10 SERVICE="exp:20ms" QUEUE=20 OUT=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --users) USERS=$2; shift 2;;

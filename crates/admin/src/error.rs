@@ -40,6 +40,14 @@ impl ApiError {
         ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "this endpoint does not take that method")
     }
 
+    /// 413.
+    pub fn too_large() -> ApiError {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body over the limit of {} bytes; split the batch", crate::BODY_LIMIT),
+        )
+    }
+
     /// 401.
     pub fn unauthorized() -> ApiError {
         ApiError::new(StatusCode::UNAUTHORIZED, "missing or wrong admin token; send `Authorization: Bearer <token>`")

@@ -51,7 +51,7 @@ pub(crate) async fn put_service(
 ) -> Answer {
     let name = service_name(&name)?;
     let spec: ServiceSpec = body(bytes)?;
-    submit(&state, vec![Op::PutService { name, spec }]).await
+    submit(&state, vec![Op::PutService { name, spec: Box::new(spec) }]).await
 }
 
 pub(crate) async fn delete_service(State(state): State<AdminState>, Path(name): Path<String>) -> Answer {

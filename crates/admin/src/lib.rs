@@ -7,6 +7,7 @@
 //! `/v1/status`, `/v1/watch` (server-sent events), `/metrics` (Prometheus).
 //! Every error is JSON naming what is wrong and, for bodies, the field.
 
+mod autoscale;
 mod error;
 mod handlers;
 mod status;
@@ -15,11 +16,12 @@ mod watch;
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::header::AUTHORIZATION;
+use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::Router;
+use tidegate_autoscale::{Events, StatusBoard};
 use tidegate_control::Control;
 
 pub use error::ApiError;
@@ -33,6 +35,8 @@ pub struct AdminState {
     control: Control,
     token: Arc<str>,
     extra_metrics: MetricsHook,
+    events: Arc<Events>,
+    scaling: StatusBoard,
 }
 
 /// The largest request body accepted (a batch of ~100,000 ops).
@@ -42,7 +46,20 @@ impl AdminState {
     /// State for the API: the configuration handle, the token every request
     /// must present, and the data plane's metrics.
     pub fn new(control: Control, token: &str, extra_metrics: MetricsHook) -> AdminState {
-        AdminState { control, token: Arc::from(token), extra_metrics }
+        AdminState {
+            control,
+            token: Arc::from(token),
+            extra_metrics,
+            events: Arc::default(),
+            scaling: StatusBoard::default(),
+        }
+    }
+
+    /// Shows the autoscaler's events and per-service scaling state.
+    pub fn with_autoscaler(mut self, events: Arc<Events>, scaling: StatusBoard) -> AdminState {
+        self.events = events;
+        self.scaling = scaling;
+        self
     }
 }
 
@@ -60,6 +77,8 @@ pub fn router(state: AdminState) -> Router {
         )
         .route("/v1/routes", get(handlers::list_routes))
         .route("/v1/routes/{name}", put(handlers::put_route).get(handlers::get_route).delete(handlers::delete_route))
+        .route("/v1/services/{name}/autoscale", post(autoscale::post_override))
+        .route("/v1/events", get(autoscale::get_events))
         .route("/v1/changes", post(handlers::post_changes))
         .route("/v1/config", get(handlers::get_config))
         .route("/v1/status", get(status::get_status))
@@ -82,6 +101,11 @@ async fn authenticate(State(state): State<AdminState>, req: Request, next: Next)
         .unwrap_or("");
     if !constant_time_eq(presented.as_bytes(), state.token.as_bytes()) {
         return ApiError::unauthorized().into_response();
+    }
+    // Refuse a body declared too large before reading any of it.
+    let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > BODY_LIMIT as u64) {
+        return ApiError::too_large().into_response();
     }
     next.run(req).await
 }

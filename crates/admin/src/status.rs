@@ -74,9 +74,18 @@ fn service_status(s: &ServiceRuntime) -> Value {
 
 pub(crate) async fn get_status(State(state): State<AdminState>) -> Json<Value> {
     let snapshot = state.control.snapshots().load_full();
+    let scaling = state.scaling.lock().map(|b| b.clone()).unwrap_or_default();
     let mut services: Vec<(&str, Value)> = snapshot.services().map(|s| (s.name.as_str(), service_status(s))).collect();
     services.sort_by(|a, b| a.0.cmp(b.0));
-    let services: serde_json::Map<String, Value> = services.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    let services: serde_json::Map<String, Value> = services
+        .into_iter()
+        .map(|(k, mut v)| {
+            if let (Some(s), Some(obj)) = (scaling.get(k), v.as_object_mut()) {
+                obj.insert("scaling".into(), serde_json::to_value(s).unwrap_or(Value::Null));
+            }
+            (k.to_string(), v)
+        })
+        .collect();
     Json(json!({
         "revision": snapshot.revision(),
         "routes": snapshot.route_count(),
@@ -106,6 +115,7 @@ pub(crate) async fn get_metrics(State(state): State<AdminState>) -> impl IntoRes
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {secs}");
     }
     (state.extra_metrics)(&mut out);
+    state.events.render(&mut out);
     render_backends(&mut out, &snapshot);
     ([(CONTENT_TYPE, "text/plain; version=0.0.4")], out)
 }

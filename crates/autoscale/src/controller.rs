@@ -66,8 +66,8 @@ struct Tracked {
     phase: Phase,
     /// When the phase began (ms on [`clock`]).
     since_ms: u64,
-    /// The start-and-probe task, while starting.
-    starting: Option<JoinHandle<Result<(), String>>>,
+    /// The start-and-probe task, while starting: the ready instance, or why not.
+    starting: Option<JoinHandle<Result<Instance, String>>>,
 }
 
 struct Scaler {
@@ -225,16 +225,20 @@ impl Scaler {
             let outcome = wait_ready(&instance, &ready).await;
             match outcome {
                 Ok(()) => {
-                    let op = backend_op(&service, &instance, 1).ok_or("bad instance address")?;
-                    control.submit(ChangeSet { if_revision: None, ops: vec![op] }).await.map_err(|e| e.to_string())?;
-                    events.record(
-                        service.as_str(),
-                        EventKind::Ready,
-                        Some(&task_id),
-                        format!("serving at {}", instance.addr),
-                        None,
-                    );
-                    Ok(())
+                    let added = match backend_op(&service, &instance, 1) {
+                        Some(op) => control
+                            .submit(ChangeSet { if_revision: None, ops: vec![op] })
+                            .await
+                            .map_err(|e| e.to_string()),
+                        None => Err(format!("bad instance address {:?}", instance.addr)),
+                    };
+                    if let Err(e) = added {
+                        let _ = provider.stop(&instance).await;
+                        return Err(e);
+                    }
+                    let detail = format!("serving at {}", instance.addr);
+                    events.record(service.as_str(), EventKind::Ready, Some(&task_id), detail, None);
+                    Ok(instance)
                 }
                 Err(e) => {
                     let _ = provider.stop(&instance).await;
@@ -263,9 +267,8 @@ impl Scaler {
                 None => continue,
             };
             match result {
-                Ok(()) => {
-                    let addr = self.backend_addr(&id).unwrap_or_default();
-                    t.instance.addr = addr;
+                Ok(instance) => {
+                    t.instance = instance;
                     t.phase = Phase::Ready;
                     t.since_ms = clock::now_ms();
                     self.failures = 0;
@@ -284,16 +287,6 @@ impl Scaler {
                 }
             }
         }
-        // Learn handles of running instances (for stop) from the provider.
-        if self.instances.values().any(|t| t.phase != Phase::Starting && t.instance.handle.is_none()) {
-            if let Ok(list) = self.provider.list().await {
-                for i in list {
-                    if let Some(t) = self.instances.get_mut(&i.id) {
-                        t.instance = i;
-                    }
-                }
-            }
-        }
     }
 
     /// Instances that exited are removed from the configuration at once.
@@ -305,8 +298,11 @@ impl Scaler {
             }
         }
         for id in dead {
-            self.instances.remove(&id);
+            let Some(t) = self.instances.remove(&id) else { continue };
             self.delete_backend(&id).await;
+            // Clean up what is left of it (its process group, its record).
+            let provider = self.provider.clone();
+            tokio::spawn(async move { provider.stop(&t.instance).await });
             self.event(EventKind::Died, Some(&id), "the instance exited; it will be replaced if needed".into(), None);
         }
     }
@@ -359,12 +355,16 @@ impl Scaler {
         for id in finished {
             let Some(t) = self.instances.remove(&id) else { continue };
             self.delete_backend(&id).await;
-            let stopped = self.provider.stop(&t.instance).await;
-            let detail = match stopped {
-                Ok(()) => format!("drained in {} ms and stopped", now - t.since_ms),
-                Err(e) => format!("drained; stopping failed: {e}"),
-            };
-            self.event(EventKind::Stopped, Some(&id), detail, None);
+            // Stopping may take the provider's grace period: not on the tick.
+            let (provider, events, service) = (self.provider.clone(), self.events.clone(), self.name.clone());
+            let drained_ms = now - t.since_ms;
+            tokio::spawn(async move {
+                let detail = match provider.stop(&t.instance).await {
+                    Ok(()) => format!("drained in {drained_ms} ms and stopped"),
+                    Err(e) => format!("drained; stopping failed: {e}"),
+                };
+                events.record(service.as_str(), EventKind::Stopped, Some(&id), detail, None);
+            });
         }
     }
 
@@ -423,11 +423,6 @@ impl Scaler {
             let _ = self.provider.stop(&t.instance).await;
             self.event(EventKind::Stopped, Some(&id), "autoscaling was turned off for the service".into(), None);
         }
-    }
-
-    fn backend_addr(&self, id: &str) -> Option<String> {
-        let config = self.control.config();
-        config.state.service(self.name.as_str())?.backends.get(id).map(|b| b.addr.to_string())
     }
 
     async fn put_backend(&self, id: &str, weight: u32) -> bool {

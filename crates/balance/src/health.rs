@@ -121,6 +121,7 @@ mod tests {
                     weight: Weight::default(),
                     backup: false,
                     max_conns: None,
+                    autoscaled: false,
                 };
                 Arc::new(Backend::new(BackendId::new(&format!("b{i}")).unwrap(), &spec, None))
             })

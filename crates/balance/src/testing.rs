@@ -19,6 +19,7 @@ pub fn pool(weights: &[u32]) -> Arc<Pool> {
                     weight: Weight::try_from(w).unwrap(),
                     backup: false,
                     max_conns: None,
+                    autoscaled: false,
                 };
                 Arc::new(Backend::new(BackendId::new(&format!("b{i}")).unwrap(), &spec, None))
             })

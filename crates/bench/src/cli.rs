@@ -72,7 +72,8 @@ pub struct UsersArgs {
     /// Path to request.
     #[arg(long, default_value = "/")]
     pub path: String,
-    /// Pause between a user's answer and its next request, ms.
+    /// Mean pause between a user's answer and its next request, ms
+    /// (exponentially distributed; users start spread over one mean).
     #[arg(long, default_value_t = 0)]
     pub think_ms: u64,
 }

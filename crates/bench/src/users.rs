@@ -84,9 +84,16 @@ pub async fn run(target: &Target, args: &UsersArgs) -> anyhow::Result<UsersRepor
     })
 }
 
+/// Think times are exponential with the given mean, and users start at
+/// uniformly spread times within one think time: with fixed think times,
+/// users that start together stay together and hit the backends in waves.
 async fn user(proxy: &Http, path: &str, deadline: Instant, think: Duration) -> UserResult {
     let mut r =
         UserResult { latency: Latency::new(), outcomes: Counts::default(), share: Counts::default(), ok: 0, failed: 0 };
+    let mut rng = fastrand::Rng::new();
+    if !think.is_zero() {
+        tokio::time::sleep(think.mul_f64(rng.f64())).await;
+    }
     while Instant::now() < deadline {
         let sent = Instant::now();
         match proxy.get(path).await {
@@ -108,7 +115,9 @@ async fn user(proxy: &Http, path: &str, deadline: Instant, think: Duration) -> U
             }
         }
         if !think.is_zero() {
-            tokio::time::sleep(think).await;
+            // Exponential: -ln(U) x mean, capped at 10 means.
+            let factor = (-(1.0 - rng.f64()).ln()).min(10.0);
+            tokio::time::sleep(think.mul_f64(factor)).await;
         }
     }
     r

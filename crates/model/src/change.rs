@@ -15,7 +15,7 @@ pub enum Op {
         /// The service.
         name: ServiceName,
         /// Its settings and backends.
-        spec: ServiceSpec,
+        spec: Box<ServiceSpec>,
     },
     /// Remove a service; fails while routes still point at it.
     DeleteService {
@@ -65,9 +65,8 @@ impl<'de> Deserialize<'de> for Op {
         };
         let body = serde_json::Value::Object(map);
         let op = match tag.as_str() {
-            "put_service" => {
-                sub::<NameSpec<ServiceName, ServiceSpec>>(body).map(|w| Op::PutService { name: w.name, spec: w.spec })
-            }
+            "put_service" => sub::<NameSpec<ServiceName, ServiceSpec>>(body)
+                .map(|w| Op::PutService { name: w.name, spec: Box::new(w.spec) }),
             "delete_service" => sub::<Named<ServiceName>>(body).map(|w| Op::DeleteService { name: w.name }),
             "put_backend" => {
                 sub::<BackendOp>(body).map(|w| Op::PutBackend { service: w.service, id: w.id, spec: w.spec })

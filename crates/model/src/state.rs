@@ -117,7 +117,7 @@ impl ConfigState {
         use ChangeErrorKind::{Conflict, NotFound};
         match op {
             Op::PutService { name, spec } => {
-                self.services.insert(name.clone(), Arc::new(spec.clone()));
+                self.services.insert(name.clone(), Arc::new(ServiceSpec::clone(spec)));
                 delta.services.insert(name.clone());
             }
             Op::DeleteService { name } => {

@@ -189,7 +189,7 @@ impl Upstreams {
                 }
             }
         }
-        shed.map_or(Err(last_error), Ok)
+        shed.ok_or(last_error)
     }
 }
 

@@ -124,7 +124,7 @@ impl Store for RedbStore {
                 spec.backends.insert(id, serde_json::from_slice(value.value()).map_err(corrupt)?);
             }
             let name = tidegate_model::ServiceName::new(&name).map_err(corrupt)?;
-            ops.push(Op::PutService { name, spec });
+            ops.push(Op::PutService { name, spec: Box::new(spec) });
         }
         for row in txn.open_table(ROUTES).map_err(err)?.iter().map_err(err)? {
             let (name, spec) = row.map_err(err)?;

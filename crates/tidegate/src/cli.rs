@@ -103,6 +103,29 @@ pub enum CtlCommand {
         #[arg(long)]
         from: Option<u64>,
     },
+    /// Print the autoscaler's recent events.
+    Events {
+        /// Only events after this sequence number.
+        #[arg(long, default_value_t = 0)]
+        after: u64,
+    },
+    /// Override a service's autoscaling: pin the instance count, or pause.
+    Scale {
+        /// The service.
+        service: String,
+        /// Keep exactly this many instances.
+        #[arg(long, conflicts_with = "unpin")]
+        pin: Option<u32>,
+        /// Let the autoscaler decide the count again.
+        #[arg(long)]
+        unpin: bool,
+        /// Make no scaling decisions.
+        #[arg(long, conflicts_with = "resume")]
+        pause: bool,
+        /// Resume scaling decisions.
+        #[arg(long)]
+        resume: bool,
+    },
     /// Services.
     #[command(subcommand)]
     Service(ServiceCommand),
@@ -154,6 +177,9 @@ pub enum BackendCommand {
         /// Use only when no primary backend is available.
         #[arg(long)]
         backup: bool,
+        /// Most requests in flight to it at once.
+        #[arg(long)]
+        max_conns: Option<u32>,
     },
     /// Delete a backend.
     Delete { service: String, id: String },

@@ -55,6 +55,23 @@ impl Admin {
                 (M::POST, "/v1/changes".to_string(), Some(cs))
             }
             CtlCommand::Config => (M::GET, "/v1/config".into(), None),
+            CtlCommand::Events { after } => (M::GET, format!("/v1/events?after={after}"), None),
+            CtlCommand::Scale { service, pin, unpin, pause, resume } => {
+                let mut o = serde_json::Map::new();
+                if let Some(n) = pin {
+                    o.insert("pinned".into(), json!(n));
+                }
+                if unpin {
+                    o.insert("pinned".into(), Value::Null);
+                }
+                if pause || resume {
+                    o.insert("paused".into(), json!(pause));
+                }
+                if o.is_empty() {
+                    bail!("scale needs --pin N, --unpin, --pause or --resume");
+                }
+                (M::POST, format!("/v1/services/{service}/autoscale"), Some(Value::Object(o)))
+            }
             CtlCommand::Status => (M::GET, "/v1/status".into(), None),
             CtlCommand::Metrics => return self.print_raw("/metrics").await,
             CtlCommand::Watch { from } => {
@@ -78,11 +95,13 @@ impl Admin {
                 BackendCommand::Delete { service, id } => {
                     (M::DELETE, format!("/v1/services/{service}/backends/{id}"), None)
                 }
-                BackendCommand::Put { service, id, addr, weight, backup } => (
-                    M::PUT,
-                    format!("/v1/services/{service}/backends/{id}"),
-                    Some(json!({ "addr": addr, "weight": weight, "backup": backup })),
-                ),
+                BackendCommand::Put { service, id, addr, weight, backup, max_conns } => {
+                    let mut spec = json!({ "addr": addr, "weight": weight, "backup": backup });
+                    if let Some(m) = max_conns {
+                        spec["max_conns"] = json!(m);
+                    }
+                    (M::PUT, format!("/v1/services/{service}/backends/{id}"), Some(spec))
+                }
             },
             CtlCommand::Route(c) => match c {
                 RouteCommand::List => (M::GET, "/v1/routes".into(), None),

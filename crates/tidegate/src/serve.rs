@@ -64,6 +64,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         // load sources, and the refresh of policies' dynamic weights.
         let _health = tidegate_health::spawn(control.snapshots());
         let _sources = tidegate_sources::spawn(control.snapshots());
+        let events = Arc::new(tidegate_autoscale::Events::default());
+        let scaling = tidegate_autoscale::StatusBoard::default();
+        let _autoscaler =
+            tidegate_autoscale::spawn(control.clone(), events.clone(), args.data_dir.join("instances"), scaling.clone());
         if let Some(path) = &args.config {
             load_initial_config(&control, path).await?;
         }
@@ -72,7 +76,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("admin API on {}", args.admin))?;
         let admin_addr = listener.local_addr()?;
         let hook_metrics = metrics.clone();
-        let state = AdminState::new(control.clone(), &token, Arc::new(move |out: &mut String| hook_metrics.render(out)));
+        let state = AdminState::new(control.clone(), &token, Arc::new(move |out: &mut String| hook_metrics.render(out)))
+            .with_autoscaler(events, scaling);
         tracing::info!(proxy = %proxy.local_addr(), admin = %admin_addr, revision = control.config().revision, workers, "tidegate ready");
         // One machine-readable line for scripts and tests.
         println!("tidegate ready proxy={} admin={} revision={}", proxy.local_addr(), admin_addr, control.config().revision);

@@ -106,7 +106,7 @@ impl ProcessProvider {
         let taken: HashSet<u16> =
             children.values().filter(|c| c.running()).map(|c| c.port).chain(live.iter().map(|r| r.port)).collect();
         let port = (self.ports.from..=self.ports.to)
-            .find(|p| !taken.contains(p) && TcpListener::bind(("127.0.0.1", *p)).is_ok())
+            .find(|p| *p != 0 && !taken.contains(p) && TcpListener::bind(("127.0.0.1", *p)).is_ok())
             .ok_or_else(|| err(format!("no free port in {}-{}", self.ports.from, self.ports.to)))?;
 
         let port_text = port.to_string();
@@ -211,7 +211,11 @@ impl ProcessProvider {
         // Children whose record could not be written.
         for (id, c) in children.iter() {
             if c.running() && seen.insert(id.clone()) {
-                out.push(Instance { id: id.clone(), addr: format!("127.0.0.1:{}", c.port), handle: Some(c.pid.to_string()) });
+                out.push(Instance {
+                    id: id.clone(),
+                    addr: format!("127.0.0.1:{}", c.port),
+                    handle: Some(c.pid.to_string()),
+                });
             }
         }
         out
@@ -243,5 +247,182 @@ impl Provider for ProcessProvider {
     /// file; `None` for ids it never heard of.
     fn alive<'a>(&'a self, instance: &'a Instance) -> BoxFuture<'a, Option<bool>> {
         Box::pin(async move { self.is_alive(instance) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::signal::{killpg, Signal};
+    use nix::unistd::Pid;
+    use std::net::TcpStream;
+    use std::time::Instant;
+
+    /// Kills the process groups of the instances a test started, whatever
+    /// happens to the test.
+    #[derive(Default)]
+    struct Cleanup(Vec<i32>);
+
+    impl Cleanup {
+        fn add(&mut self, instance: &Instance) -> i32 {
+            let pid = instance.handle.as_deref().unwrap().parse().unwrap();
+            self.0.push(pid);
+            pid
+        }
+    }
+
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            for pid in &self.0 {
+                let _ = killpg(Pid::from_raw(*pid), Signal::SIGKILL);
+            }
+        }
+    }
+
+    fn provider(dir: &Path, command: &[&str], from: u16, grace_s: u64) -> ProcessProvider {
+        let command = command.iter().map(|s| s.to_string()).collect();
+        ProcessProvider::new("web", command, PortRange { from, to: from + 9 }, grace_s, dir)
+    }
+
+    fn req(id: &str) -> StartRequest {
+        StartRequest { service: "web".into(), id: id.into() }
+    }
+
+    async fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+        super::super::unix::wait_until(limit, &mut f).await
+    }
+
+    fn gone(pid: i32) -> bool {
+        nix::sys::signal::kill(Pid::from_raw(pid), None).is_err()
+    }
+
+    #[tokio::test]
+    async fn serves_on_its_port_until_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cleanup = Cleanup::default();
+        let command = ["python3", "-m", "http.server", "{port}", "--bind", "127.0.0.1"];
+        let p = provider(dir.path(), &command, 47_100, 5);
+        // A port in use is skipped.
+        let busy = TcpListener::bind("127.0.0.1:47100");
+        let a = p.start(req("a")).await.unwrap();
+        let a_pid = cleanup.add(&a);
+        if busy.is_ok() {
+            assert_ne!(a.addr, "127.0.0.1:47100");
+        }
+        let b = p.start(req("b")).await.unwrap();
+        cleanup.add(&b);
+        assert_ne!(a.addr, b.addr);
+        assert!(a.addr.starts_with("127.0.0.1:471"), "{}", a.addr);
+        assert!(eventually(Duration::from_secs(5), || TcpStream::connect(&a.addr).is_ok()).await, "nobody answers");
+        assert_eq!(p.alive(&a).await, Some(true));
+        let mut listed: Vec<String> = p.list().await.unwrap().into_iter().map(|i| i.id).collect();
+        listed.sort();
+        assert_eq!(listed, ["a", "b"]);
+        assert!(p.start(req("a")).await.is_err(), "the same id twice");
+        let log = std::fs::read_to_string(p.log_path("a")).unwrap();
+        assert!(log.contains("starting instance a"), "{log}");
+
+        p.stop(&a).await.unwrap();
+        assert!(gone(a_pid));
+        assert!(TcpListener::bind(&a.addr).is_ok(), "the port is still taken");
+        assert_eq!(p.list().await.unwrap().len(), 1);
+        p.stop(&b).await.unwrap();
+        assert!(p.list().await.unwrap().is_empty());
+        // Stopping twice is fine.
+        p.stop(&b).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_instance_that_exits_is_not_alive() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cleanup = Cleanup::default();
+        let p = provider(dir.path(), &["sh", "-c", "echo bye {id} {service} {port}; exit 3"], 47_110, 1);
+        let i = p.start(req("x")).await.unwrap();
+        cleanup.add(&i);
+        let mut alive = Some(true);
+        for _ in 0..100 {
+            alive = p.alive(&i).await;
+            if alive == Some(false) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(alive, Some(false));
+        assert!(p.list().await.unwrap().is_empty());
+        let log = std::fs::read_to_string(p.log_path("x")).unwrap();
+        assert!(log.contains(&format!("bye x web {}", &i.addr[10..])), "{log}");
+        p.stop(&i).await.unwrap();
+        let unknown = Instance { id: "nobody".into(), addr: "127.0.0.1:1".into(), handle: None };
+        assert_eq!(p.alive(&unknown).await, None);
+    }
+
+    #[tokio::test]
+    async fn a_missing_program_fails_to_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = provider(dir.path(), &["/nonexistent/tidegate-server", "{port}"], 47_120, 1);
+        let e = p.start(req("x")).await.unwrap_err().0;
+        assert!(e.contains("tidegate-server"), "{e}");
+        assert!(p.list().await.unwrap().is_empty());
+        let empty = ProcessProvider::new("web", vec![], PortRange { from: 47_120, to: 47_121 }, 1, dir.path());
+        assert!(empty.start(req("x")).await.is_err());
+        for (from, to) in [(0, 0), (47_122, 47_121)] {
+            let none = ProcessProvider::new("web", vec!["true".into()], PortRange { from, to }, 1, dir.path());
+            assert!(none.start(req("x")).await.unwrap_err().0.contains("no free port"));
+        }
+    }
+
+    #[tokio::test]
+    async fn sigterm_is_followed_by_sigkill_after_the_grace_period() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cleanup = Cleanup::default();
+        let p = provider(dir.path(), &["sh", "-c", "trap '' TERM; sleep 60; true"], 47_130, 1);
+        let i = p.start(req("stubborn")).await.unwrap();
+        let pid = cleanup.add(&i);
+        // Let the shell install its trap.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let began = Instant::now();
+        p.stop(&i).await.unwrap();
+        let took = began.elapsed();
+        assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(4), "{took:?}");
+        assert!(gone(pid));
+        assert!(!super::super::unix::group_alive(pid));
+    }
+
+    #[tokio::test]
+    async fn a_new_provider_adopts_what_the_state_file_lists() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cleanup = Cleanup::default();
+        let first = provider(dir.path(), &["sh", "-c", "sleep 30; true"], 47_140, 2);
+        let i = first.start(req("kept")).await.unwrap();
+        let pid = cleanup.add(&i);
+        let state = std::fs::read_to_string(dir.path().join("web.instances.json")).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&state).unwrap();
+        assert_eq!(json["instances"][0]["id"], "kept");
+        assert_eq!(json["instances"][0]["pid"], pid);
+        assert_eq!(json["instances"][0]["addr"], i.addr.as_str());
+
+        // "Restart": a new provider on the same directory.
+        let second = provider(dir.path(), &["sh", "-c", "sleep 30; true"], 47_140, 2);
+        assert_eq!(second.list().await.unwrap(), vec![i.clone()]);
+        assert_eq!(second.alive(&i).await, Some(true));
+        // It does not hand out the adopted instance's port again.
+        let other = second.start(req("other")).await.unwrap();
+        cleanup.add(&other);
+        assert_ne!(other.addr, i.addr);
+        second.stop(&i).await.unwrap();
+        // Gone, though in this test it is still the first provider's child to reap.
+        assert!(!leader_alive(pid, None));
+        assert!(eventually(Duration::from_secs(2), || gone(pid)).await);
+        assert_eq!(second.list().await.unwrap(), vec![other.clone()]);
+        assert!(eventually(Duration::from_secs(2), || first.is_alive(&i) == Some(false)).await);
+        second.stop(&other).await.unwrap();
+
+        // A recorded pid that now belongs to another process is not adopted.
+        let store = StateStore::new(dir.path(), "web");
+        let me = nix::unistd::getpid().as_raw();
+        let start_time = proc_info(me).map(|info| info.start + 1);
+        let stale = |id: &str, pid| Record { id: id.into(), addr: "127.0.0.1:1".into(), port: 1, pid, start_time };
+        store.update(|r| r.extend([stale("reused", me), stale("init", 1), stale("gone", i32::MAX)])).unwrap();
+        assert!(provider(dir.path(), &["true"], 47_140, 1).list().await.unwrap().is_empty());
     }
 }

@@ -5,6 +5,7 @@
 mod support;
 
 mod admin;
+mod autoscale;
 mod balancing;
 mod durability;
 mod external;

@@ -14,7 +14,8 @@ use serde_json::Value;
 
 pub const TOKEN: &str = "e2e-secret-token";
 
-fn bin_dir() -> PathBuf {
+/// Where the workspace's binaries are (the emulator among them).
+pub fn bin_dir() -> PathBuf {
     let exe = PathBuf::from(env!("CARGO_BIN_EXE_tidegate"));
     exe.parent().expect("binary has a directory").to_path_buf()
 }

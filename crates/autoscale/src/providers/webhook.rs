@@ -1,0 +1,436 @@
+//! The `webhook` provider: an infrastructure service over HTTP, as in paper
+//! S1 where a web service on the cloud controller starts and shuts down
+//! virtual machines for the middleware.
+//!
+//! Every request carries `X-Tidegate-Signature: sha256=<hex>`, the
+//! HMAC-SHA256 of the exact request body (empty for a GET) keyed with the
+//! shared secret; [`signature`] computes it and [`verify_signature`] checks
+//! it, for services written in Rust.
+//!
+//! - start: `POST url` `{"action": "start", "service": S, "id": I}`. The
+//!   service answers `200 {"addr": "host:port", "handle": ...}` (handle
+//!   optional), or `202 {"poll": URL}` (absolute `http://` or a path on the
+//!   same server) when starting takes a while; the provider then GETs that
+//!   URL every `poll_interval_ms` until it answers 200 with the address.
+//!   `202` means still starting; any other status fails the start;
+//!   connection errors while polling are retried. The whole start is
+//!   bounded by [`START_TIMEOUT`].
+//! - stop: `POST url` `{"action": "stop", "service", "id", "addr", "handle"}`
+//!   (handle `null` when there is none); any 2xx is success.
+//! - list: `POST url` `{"action": "list", "service"}`; `200` with
+//!   `[{"id", "addr", "handle"?}]`, or `404` when listing is not supported
+//!   (no instances known).
+//! - `alive` cannot tell: `None`.
+//!
+//! Only `http://` URLs; every request is bounded by [`REQUEST_TIMEOUT`] and
+//! answers are read up to 1 MiB.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use hmac::{Hmac, Mac};
+use http::header::{CONTENT_TYPE, USER_AGENT};
+use http::{Method, Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use serde::Deserialize;
+use serde_json::json;
+use sha2::Sha256;
+use tokio::time::Instant;
+
+use super::{first_line, parse_list, parse_started};
+use crate::provider::{BoxFuture, Instance, Provider, ProviderError, StartRequest};
+
+/// The header that carries the signature.
+pub const SIGNATURE_HEADER: &str = "x-tidegate-signature";
+
+/// The longest a start may take, polling included.
+pub const START_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The longest one request may take.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Answers are read up to this size.
+const MAX_ANSWER: usize = 1024 * 1024;
+
+/// `sha256=<hex HMAC-SHA256 of body keyed with secret>`.
+pub fn signature(secret: &[u8], body: &[u8]) -> String {
+    match Hmac::<Sha256>::new_from_slice(secret) {
+        Ok(mut mac) => {
+            mac.update(body);
+            format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+        }
+        // HMAC takes keys of any length; this cannot happen.
+        Err(_) => String::new(),
+    }
+}
+
+/// Whether `header` is the signature of `body` with `secret`, compared in
+/// constant time.
+pub fn verify_signature(secret: &[u8], body: &[u8], header: &str) -> bool {
+    let Some(Ok(expected)) = header.trim().strip_prefix("sha256=").map(hex::decode) else {
+        return false;
+    };
+    match Hmac::<Sha256>::new_from_slice(secret) {
+        Ok(mut mac) => {
+            mac.update(body);
+            mac.verify_slice(&expected).is_ok()
+        }
+        Err(_) => false,
+    }
+}
+
+/// An infrastructure service over HTTP.
+pub struct WebhookProvider {
+    service: String,
+    url: String,
+    secret: Vec<u8>,
+    poll_interval: Duration,
+    start_timeout: Duration,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl WebhookProvider {
+    /// A provider for `service` calling `url` (http://) with requests signed
+    /// with `secret`, polling pending starts every `poll_interval_ms`
+    /// (clamped to 10 ms..60 s). Needs no runtime to be built.
+    pub fn new(service: &str, url: &str, secret: &str, poll_interval_ms: u64) -> Self {
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(5))
+            .pool_max_idle_per_host(2)
+            .pool_timer(TokioTimer::new())
+            .build(HttpConnector::new());
+        WebhookProvider {
+            service: service.to_string(),
+            url: url.to_string(),
+            secret: secret.as_bytes().to_vec(),
+            poll_interval: Duration::from_millis(poll_interval_ms.clamp(10, 60_000)),
+            start_timeout: START_TIMEOUT,
+            client,
+        }
+    }
+
+    fn err(&self, msg: String) -> ProviderError {
+        ProviderError(format!("webhook for {}: {msg}", self.service))
+    }
+
+    /// Sends one signed request; answers its status and body. Bounded by
+    /// [`REQUEST_TIMEOUT`] and by `deadline`.
+    async fn send(
+        &self,
+        method: Method,
+        uri: &Uri,
+        body: Bytes,
+        deadline: Instant,
+    ) -> Result<(StatusCode, Bytes), String> {
+        let mut request = Request::builder()
+            .method(method.clone())
+            .uri(uri.clone())
+            .header(SIGNATURE_HEADER, signature(&self.secret, &body))
+            .header(USER_AGENT, "tidegate-autoscale");
+        if method == Method::POST {
+            request = request.header(CONTENT_TYPE, "application/json");
+        }
+        let request = request.body(Full::new(body)).map_err(|e| format!("building the request to {uri}: {e}"))?;
+        let exchange = async {
+            let response = self.client.request(request).await.map_err(|e| format!("{method} {uri}: {}", chain(&e)))?;
+            let status = response.status();
+            let body = Limited::new(response.into_body(), MAX_ANSWER)
+                .collect()
+                .await
+                .map_err(|e| format!("reading the answer of {method} {uri}: {e}"))?
+                .to_bytes();
+            Ok((status, body))
+        };
+        let limit = REQUEST_TIMEOUT.min(deadline.saturating_duration_since(Instant::now()));
+        tokio::time::timeout(limit, exchange)
+            .await
+            .unwrap_or_else(|_| Err(format!("{method} {uri}: no answer within {} s", limit.as_secs_f64())))
+    }
+
+    /// POSTs a JSON action to the configured URL.
+    async fn post(&self, action: serde_json::Value, deadline: Instant) -> Result<(StatusCode, Bytes), ProviderError> {
+        let uri = parse_http(&self.url).map_err(|e| self.err(e))?;
+        self.send(Method::POST, &uri, Bytes::from(action.to_string()), deadline).await.map_err(|e| self.err(e))
+    }
+
+    async fn start_instance(&self, req: &StartRequest) -> Result<Instance, ProviderError> {
+        let deadline = Instant::now() + self.start_timeout;
+        let action = json!({"action": "start", "service": self.service, "id": req.id});
+        let (status, body) = self.post(action, deadline).await?;
+        match status {
+            StatusCode::OK | StatusCode::CREATED => self.started(&req.id, &body),
+            StatusCode::ACCEPTED => {
+                #[derive(Deserialize)]
+                struct Accepted {
+                    poll: String,
+                }
+                let accepted: Accepted = serde_json::from_slice(&body)
+                    .map_err(|e| self.err(format!("202 without {{\"poll\": URL}}: {e}")))?;
+                let poll = self.poll_uri(&accepted.poll).map_err(|e| self.err(e))?;
+                self.poll(&req.id, &poll, deadline).await
+            }
+            other => Err(self.err(format!("start answered {other}: {}", first_line(&body)))),
+        }
+    }
+
+    /// GETs `uri` until it answers 200 with the address.
+    async fn poll(&self, id: &str, uri: &Uri, deadline: Instant) -> Result<Instance, ProviderError> {
+        let mut last = String::from("no answer yet");
+        loop {
+            let now = Instant::now();
+            if now + self.poll_interval >= deadline {
+                return Err(self
+                    .err(format!("instance {id} not started within {} s ({last})", self.start_timeout.as_secs_f64())));
+            }
+            tokio::time::sleep(self.poll_interval).await;
+            match self.send(Method::GET, uri, Bytes::new(), deadline).await {
+                Ok((StatusCode::OK, body)) => return self.started(id, &body),
+                Ok((StatusCode::ACCEPTED, _)) => last = "still starting".into(),
+                Ok((status, body)) => {
+                    return Err(self.err(format!("polling {uri} answered {status}: {}", first_line(&body))));
+                }
+                Err(e) => last = e,
+            }
+        }
+    }
+
+    fn started(&self, id: &str, body: &[u8]) -> Result<Instance, ProviderError> {
+        parse_started(id, body).map_err(|e| self.err(format!("bad start answer ({e})")))
+    }
+
+    /// The URL to poll: absolute `http://`, or a path on the webhook's server.
+    fn poll_uri(&self, poll: &str) -> Result<Uri, String> {
+        if poll.starts_with('/') {
+            let base = parse_http(&self.url)?;
+            let authority = base.authority().map(|a| a.as_str()).unwrap_or_default();
+            return parse_http(&format!("http://{authority}{poll}"));
+        }
+        parse_http(poll)
+    }
+}
+
+/// Parses an `http://` URL with a host.
+fn parse_http(url: &str) -> Result<Uri, String> {
+    let uri: Uri = url.parse().map_err(|e| format!("bad URL {url:?}: {e}"))?;
+    if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+        return Err(format!("bad URL {url:?}: only http://host[:port]/... is supported"));
+    }
+    Ok(uri)
+}
+
+/// An error with its causes, which is where hyper says what went wrong.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+impl Provider for WebhookProvider {
+    fn start(&self, req: StartRequest) -> BoxFuture<'_, Result<Instance, ProviderError>> {
+        Box::pin(async move { self.start_instance(&req).await })
+    }
+
+    fn stop<'a>(&'a self, instance: &'a Instance) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            let action = json!({
+                "action": "stop", "service": self.service, "id": instance.id,
+                "addr": instance.addr, "handle": instance.handle,
+            });
+            let (status, body) = self.post(action, Instant::now() + REQUEST_TIMEOUT).await?;
+            if status.is_success() {
+                Ok(())
+            } else {
+                Err(self.err(format!("stop of {} answered {status}: {}", instance.id, first_line(&body))))
+            }
+        })
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<Instance>, ProviderError>> {
+        Box::pin(async move {
+            let action = json!({"action": "list", "service": self.service});
+            let (status, body) = self.post(action, Instant::now() + REQUEST_TIMEOUT).await?;
+            match status {
+                StatusCode::OK => parse_list(&body).map_err(|e| self.err(format!("bad list answer ({e})"))),
+                StatusCode::NOT_FOUND => Ok(Vec::new()),
+                other => Err(self.err(format!("list answered {other}: {}", first_line(&body)))),
+            }
+        })
+    }
+
+    fn alive<'a>(&'a self, _instance: &'a Instance) -> BoxFuture<'a, Option<bool>> {
+        Box::pin(async { None })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::convert::Infallible;
+    use std::net::SocketAddr;
+    use std::sync::{Arc, Mutex};
+
+    use hyper::body::Incoming;
+    use hyper::server::conn::http1;
+    use hyper::service::service_fn;
+    use hyper::Response;
+    use hyper_util::rt::TokioIo;
+    use serde_json::Value;
+
+    const SECRET: &str = "s3cret";
+
+    /// What the test infrastructure service saw.
+    #[derive(Default)]
+    struct Seen {
+        actions: Vec<Value>,
+        polls: HashMap<String, u32>,
+    }
+
+    fn reply(status: u16, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+        let mut response = Response::new(Full::new(body.into()));
+        *response.status_mut() = StatusCode::from_u16(status).unwrap();
+        response
+    }
+
+    /// An infrastructure service: checks every signature (401 when wrong);
+    /// starts answer 202 and a poll path that answers 202 once, then 200;
+    /// `/nolist` does not support listing; `/fail/...` polls answer 500.
+    async fn handle(req: Request<Incoming>, seen: Arc<Mutex<Seen>>) -> Result<Response<Full<Bytes>>, Infallible> {
+        let (method, path) = (req.method().clone(), req.uri().path().to_string());
+        let signature = req.headers().get(SIGNATURE_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+        let json_body = req.headers().get(CONTENT_TYPE).is_some_and(|v| v == "application/json");
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        if !verify_signature(SECRET.as_bytes(), &body, &signature) {
+            return Ok(reply(401, "bad signature"));
+        }
+        if method == Method::GET {
+            let id = path.rsplit('/').next().unwrap_or("").to_string();
+            if path.starts_with("/fail/") {
+                return Ok(reply(500, "boom\nmore"));
+            }
+            let mut seen = seen.lock().unwrap();
+            let polls = seen.polls.entry(id.clone()).or_default();
+            *polls += 1;
+            if *polls < 2 || id == "never" {
+                return Ok(reply(202, "{}"));
+            }
+            return Ok(reply(200, format!(r#"{{"addr": "10.1.1.1:8080", "handle": "vm-{id}"}}"#)));
+        }
+        assert!(json_body, "POST without a JSON content type");
+        let action: Value = serde_json::from_slice(&body).unwrap();
+        seen.lock().unwrap().actions.push(action.clone());
+        let id = action["id"].as_str().unwrap_or("");
+        Ok(match action["action"].as_str() {
+            Some("start") if id == "direct" => reply(200, r#"{"addr": "10.1.1.2:80"}"#),
+            Some("start") if id == "broken" => reply(202, format!(r#"{{"poll": "http://{}/fail/x"}}"#, "127.0.0.1:1")),
+            Some("start") if id == "failing" => reply(202, r#"{"poll": "/fail/x"}"#),
+            Some("start") => reply(202, format!(r#"{{"poll": "/poll/{id}"}}"#)),
+            Some("stop") => reply(204, ""),
+            Some("list") if path == "/nolist" => reply(404, "not here"),
+            Some("list") => reply(200, r#"[{"id": "a", "addr": "10.1.1.1:8080", "handle": "vm-a"}]"#),
+            _ => reply(400, "unknown action"),
+        })
+    }
+
+    async fn server() -> (SocketAddr, Arc<Mutex<Seen>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let shared = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let seen = shared.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| handle(req, seen.clone()));
+                    let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                });
+            }
+        });
+        (addr, seen)
+    }
+
+    fn req(id: &str) -> StartRequest {
+        StartRequest { service: "web".into(), id: id.into() }
+    }
+
+    #[test]
+    fn signatures_are_hmac_sha256_in_hex() {
+        let quick = b"The quick brown fox jumps over the lazy dog";
+        let expected = "sha256=f7bc83f430538424b13298e6aa6fb143ef4d59a14946175997479dbc2d1a3cd8";
+        assert_eq!(signature(b"key", quick), expected);
+        assert!(verify_signature(b"key", quick, expected));
+        assert!(verify_signature(b"key", quick, &format!(" {expected}\n")));
+        assert!(!verify_signature(b"kee", quick, expected));
+        assert!(!verify_signature(b"key", b"The quick brown fox jumps over the lazy cat", expected));
+        assert!(!verify_signature(b"key", quick, &expected[7..]));
+        assert!(!verify_signature(b"key", quick, "sha256=zz"));
+        assert!(!verify_signature(b"key", quick, "sha256="));
+        assert!(!verify_signature(b"key", quick, ""));
+        assert!(signature(b"", b"").starts_with("sha256="));
+    }
+
+    #[tokio::test]
+    async fn start_polls_until_the_instance_is_up() {
+        let (addr, seen) = server().await;
+        let p = WebhookProvider::new("web", &format!("http://{addr}/hook"), SECRET, 10);
+        let i = p.start(req("i1")).await.unwrap();
+        assert_eq!(i, Instance { id: "i1".into(), addr: "10.1.1.1:8080".into(), handle: Some("vm-i1".into()) });
+        assert_eq!(seen.lock().unwrap().polls["i1"], 2);
+        let direct = p.start(req("direct")).await.unwrap();
+        assert_eq!((direct.addr.as_str(), direct.handle), ("10.1.1.2:80", None));
+        p.stop(&i).await.unwrap();
+        let listed = p.list().await.unwrap();
+        assert_eq!(
+            listed,
+            vec![Instance { id: "a".into(), addr: "10.1.1.1:8080".into(), handle: Some("vm-a".into()) }]
+        );
+        let actions = seen.lock().unwrap().actions.clone();
+        assert_eq!(actions[0], json!({"action": "start", "service": "web", "id": "i1"}));
+        assert_eq!(
+            actions[2],
+            json!({"action": "stop", "service": "web", "id": "i1", "addr": "10.1.1.1:8080", "handle": "vm-i1"})
+        );
+        assert_eq!(actions[3], json!({"action": "list", "service": "web"}));
+        let no_list = WebhookProvider::new("web", &format!("http://{addr}/nolist"), SECRET, 10);
+        assert!(no_list.list().await.unwrap().is_empty());
+        assert_eq!(p.alive(&i).await, None);
+    }
+
+    #[tokio::test]
+    async fn failures_are_errors() {
+        let (addr, _) = server().await;
+        let url = format!("http://{addr}/hook");
+        let wrong = WebhookProvider::new("web", &url, "not the secret", 10);
+        let e = wrong.start(req("i1")).await.unwrap_err().0;
+        assert!(e.contains("401") && e.contains("bad signature"), "{e}");
+        let p = WebhookProvider::new("web", &url, SECRET, 10);
+        let e = p.start(req("failing")).await.unwrap_err().0;
+        assert!(e.contains("500") && e.contains("boom") && !e.contains("more"), "{e}");
+
+        let mut slow = WebhookProvider::new("web", &url, SECRET, 10);
+        slow.start_timeout = Duration::from_millis(300);
+        let e = slow.start(req("never")).await.unwrap_err().0;
+        assert!(e.contains("not started within"), "{e}");
+        // A poll URL nobody answers is retried until the deadline.
+        let e = slow.start(req("broken")).await.unwrap_err().0;
+        assert!(e.contains("not started within"), "{e}");
+
+        let down = WebhookProvider::new("web", "http://127.0.0.1:1/hook", SECRET, 10);
+        assert!(down.start(req("i1")).await.is_err());
+        let instance = Instance { id: "i1".into(), addr: "h:1".into(), handle: None };
+        assert!(down.stop(&instance).await.is_err());
+        assert!(down.list().await.is_err());
+        for url in ["https://127.0.0.1/hook", "not a url", "/relative", ""] {
+            let bad = WebhookProvider::new("web", url, SECRET, 10);
+            assert!(bad.start(req("i1")).await.unwrap_err().0.contains("URL"), "{url}");
+        }
+    }
+}
