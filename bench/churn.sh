@@ -5,21 +5,36 @@
 # runs during the open-loop churn and must see no error.
 # Writes one JSON line per measurement to OUT (default bench/results/churn-<time>.jsonl).
 #
-#   bench/churn.sh [--duration S] [--out FILE]
+#   bench/churn.sh [--duration S] [--out FILE] [--rates "100 600 2000"] [--suites "empty loaded"]
+#                  [--preload N] [--live-rate R] [--clients N] [--bin-dir DIR]
+#
+# --preload: services (10 backends each) and routes of the "loaded" suite;
+# --bin-dir: where the binaries are (default target/release, built when missing).
+# The comparison with nginx (reload) and HAProxy (runtime API) is
+# bench/churn_peers.py, run next to this script by scripts/bench.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DURATION=10 OUT=""
+DURATION=10 OUT="" RATES="100 600 2000" SUITES="empty loaded" PRELOAD=10000 LIVE_RATE=1000 CLIENTS=64 BIN_DIR=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --duration) DURATION=$2; shift 2;;
     --out) OUT=$2; shift 2;;
+    --rates) RATES=$2; shift 2;;
+    --suites) SUITES=$2; shift 2;;
+    --preload) PRELOAD=$2; shift 2;;
+    --live-rate) LIVE_RATE=$2; shift 2;;
+    --clients) CLIENTS=$2; shift 2;;
+    --bin-dir) BIN_DIR=$2; shift 2;;
     *) echo "unknown option $1" >&2; exit 2;;
   esac
 done
 mkdir -p bench/results
 OUT=${OUT:-bench/results/churn-$(date +%Y%m%d-%H%M%S).jsonl}
+BIN=${BIN_DIR:-target/release}
 for b in tidegate tidegate-emulator tidegate-bench; do
-  [ -x "target/release/$b" ] || { cargo build --release -p tidegate -p tidegate-emulator -p tidegate-bench; break; }
+  [ -x "$BIN/$b" ] && continue
+  [ -z "$BIN_DIR" ] || { echo "no $BIN/$b" >&2; exit 1; }
+  cargo build --release -p tidegate -p tidegate-emulator -p tidegate-bench; break
 done
 WORK=$(mktemp -d /tmp/tidegate-churn.XXXXXX)
 PIDS=()
@@ -27,7 +42,7 @@ cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; sleep
 trap cleanup EXIT
 
 start_emulator() { # name -> prints address
-  target/release/tidegate-emulator --listen 127.0.0.1:0 --name "$1" --threads 1 > "$WORK/$1.out" & PIDS+=($!)
+  "$BIN/tidegate-emulator" --listen 127.0.0.1:0 --name "$1" --threads 1 > "$WORK/$1.out" & PIDS+=($!)
   for _ in $(seq 50); do grep -q listening "$WORK/$1.out" 2>/dev/null && break; sleep 0.05; done
 }
 start_emulator churn; start_emulator live
@@ -35,29 +50,28 @@ CHURN_ADDR=$(sed 's/listening on //' "$WORK/churn.out"); LIVE_ADDR=$(sed 's/list
 
 run_suite() { # label
   local label=$1
-  TIDEGATE_ADMIN_TOKEN=bench TIDEGATE_LOG=warn target/release/tidegate serve --listen 127.0.0.1:0 --admin 127.0.0.1:0 \
+  TIDEGATE_ADMIN_TOKEN=bench TIDEGATE_LOG=warn "$BIN/tidegate" serve --listen 127.0.0.1:0 --admin 127.0.0.1:0 \
     --data-dir "$WORK/data-$label" > "$WORK/tg-$label.out" & local tg=$!; PIDS+=($tg)
   for _ in $(seq 100); do grep -q ready "$WORK/tg-$label.out" 2>/dev/null && break; sleep 0.05; done
   local line; line=$(head -1 "$WORK/tg-$label.out")
   local proxy=${line#*proxy=}; proxy=${proxy%% *}; local admin=${line#*admin=}; admin=${admin%% *}
-  local B="target/release/tidegate-bench --admin $admin --proxy $proxy --token bench"
+  local B="$BIN/tidegate-bench --admin $admin --proxy $proxy --token bench"
   emit() { python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); d["suite"]=sys.argv[1]; d["label"]=sys.argv[2]; print(json.dumps(d))' "$label" "$1" | tee -a "$OUT" | cut -c1-300; }
   $B setup --service live --backend "$LIVE_ADDR" | emit setup-live
   $B setup --service churnsvc --backend "$CHURN_ADDR" --no-catch-all | emit setup-churn
   if [ "$label" = loaded ]; then
     $B setup --service churnsvc --backend "$CHURN_ADDR" --no-catch-all \
-      --preload-services 10000 --backends-per-service 10 --preload-routes 10000 | emit preload
+      --preload-services "$PRELOAD" --backends-per-service 10 --preload-routes "$PRELOAD" | emit preload
   fi
-  for rate in 100 600 2000; do
-    $B traffic --rate 1000 --duration-s "$DURATION" --path / --expect-backend live > "$WORK/traffic.json" &
+  for rate in $RATES; do
+    $B traffic --rate "$LIVE_RATE" --duration-s "$DURATION" --path / --expect-backend live > "$WORK/traffic.json" &
     local tp=$!
     $B churn --rate "$rate" --duration-s "$DURATION" --service churnsvc --expect-backend churn | emit "churn-$rate"
     wait $tp; emit "traffic-during-churn-$rate" < "$WORK/traffic.json"
   done
-  $B saturate --clients 64 --duration-s "$DURATION" --service churnsvc --weight 0 | emit saturate-single
-  $B saturate --clients 64 --duration-s "$DURATION" --service churnsvc --weight 0 --batch 1000 | emit saturate-batch-1000
+  $B saturate --clients "$CLIENTS" --duration-s "$DURATION" --service churnsvc --weight 0 | emit saturate-single
+  $B saturate --clients "$CLIENTS" --duration-s "$DURATION" --service churnsvc --weight 0 --batch 1000 | emit saturate-batch-1000
   kill $tg; wait $tg 2>/dev/null || true
 }
-run_suite empty
-run_suite loaded
+for suite in $SUITES; do run_suite "$suite"; done
 echo "results: $OUT"

@@ -4,14 +4,26 @@
 # answers 503 when full), a closed loop of concurrent users, and every
 # Tidegate policy next to nginx (round robin, weighted 1:2:4, least_conn,
 # ip_hash) and HAProxy (roundrobin, leastconn, leastconn + maxconn), all in the
-# same run against the same backends. Prints a table; writes JSON lines to OUT.
+# same run against the same backends. Then, per variant, an open-loop Poisson
+# sweep (tidegate-bench ramp --poisson) at fractions of the total capacity
+# (7 slots / mean service time). Prints a table; writes JSON lines to OUT
+# ("mode": "users" or "sweep").
 #
 #   bench/heterogeneous.sh [--users 500] [--think-ms 1800] [--duration 10] [--out FILE]
+#                          [--sweep "0.5 0.8 0.95 1.05"] [--sweep-duration S] [--pause S]
+#                          [--variants "tidegate-round_robin nginx-rr ..."] [--bin-dir DIR] [--port-base N]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 USERS=500 THINK=1800 DURATION=10 SERVICE="exp:20ms" QUEUE=20 OUT=""
+SWEEP="0.5 0.8 0.95 1.05" SWEEP_DURATION="" PAUSE=1 VARIANTS="" BIN_DIR="" PORT_BASE=19300
 while [ $# -gt 0 ]; do
   case "$1" in
+    --sweep) SWEEP=$2; shift 2;;
+    --sweep-duration) SWEEP_DURATION=$2; shift 2;;
+    --pause) PAUSE=$2; shift 2;;
+    --variants) VARIANTS=$2; shift 2;;
+    --bin-dir) BIN_DIR=$2; shift 2;;
+    --port-base) PORT_BASE=$2; shift 2;;
     --users) USERS=$2; shift 2;;
     --think-ms) THINK=$2; shift 2;;
     --duration) DURATION=$2; shift 2;;
@@ -23,12 +35,17 @@ while [ $# -gt 0 ]; do
 done
 mkdir -p bench/results
 OUT=${OUT:-bench/results/heterogeneous-$(date +%Y%m%d-%H%M%S).jsonl}
+SWEEP_DURATION=${SWEEP_DURATION:-$DURATION}
 export PATH=$PATH:/usr/sbin
 command -v nginx >/dev/null && command -v haproxy >/dev/null || {
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx haproxy; }
+  apt-get update -qq && RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx haproxy; }
+BIN=${BIN_DIR:-target/release}
 for b in tidegate tidegate-emulator tidegate-bench; do
-  [ -x "target/release/$b" ] || { cargo build --release -p tidegate -p tidegate-emulator -p tidegate-bench; break; }
+  [ -x "$BIN/$b" ] && continue
+  [ -z "$BIN_DIR" ] || { echo "no $BIN/$b" >&2; exit 1; }
+  cargo build --release -p tidegate -p tidegate-emulator -p tidegate-bench; break
 done
+wanted() { [ -z "$VARIANTS" ] || [[ " $VARIANTS " == *" $1 "* ]]; }
 WORK=$(mktemp -d /tmp/tidegate-s3.XXXXXX)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; sleep 0.3; rm -rf "$WORK"; }
@@ -37,7 +54,7 @@ trap cleanup EXIT
 declare -A ADDR
 for spec in c1:1 c2:2 c4:4; do
   name=${spec%%:*}; slots=${spec#*:}
-  target/release/tidegate-emulator --listen 127.0.0.1:0 --name "$name" --threads 1 --slots "$slots" \
+  "$BIN/tidegate-emulator" --listen 127.0.0.1:0 --name "$name" --threads 1 --slots "$slots" \
     --queue "$QUEUE" --service-time "$SERVICE" > "$WORK/$name.out" & PIDS+=($!)
 done
 for name in c1 c2 c4; do
@@ -48,7 +65,7 @@ done
 # nginx: one instance per variant, each on its own port. A 503 (queue full)
 # goes to the next server (as HAProxy's retry-on 503); max_fails=0 keeps nginx
 # from counting those 503s as server failures and disabling servers.
-port=19300
+port=$PORT_BASE
 declare -A PEER_PORT
 nginx_variant() { # name upstream-options server-suffix-c1 c2 c4
   local name=$1 opts=$2; port=$((port + 1)); PEER_PORT[$name]=$port
@@ -86,7 +103,7 @@ nginx_variant nginx-ip_hash "ip_hash;" "" "" ""
 } > "$WORK/haproxy.cfg"
 haproxy -f "$WORK/haproxy.cfg" -db > /dev/null 2>&1 & PIDS+=($!)
 
-TIDEGATE_ADMIN_TOKEN=bench TIDEGATE_LOG=warn target/release/tidegate serve --listen 127.0.0.1:0 --admin 127.0.0.1:0 \
+TIDEGATE_ADMIN_TOKEN=bench TIDEGATE_LOG=warn "$BIN/tidegate" serve --listen 127.0.0.1:0 --admin 127.0.0.1:0 \
   --data-dir "$WORK/tg" > "$WORK/tg.out" & PIDS+=($!)
 for _ in $(seq 100); do grep -q ready "$WORK/tg.out" 2>/dev/null && break; sleep 0.05; done
 line=$(head -1 "$WORK/tg.out"); TG_PROXY=${line#*proxy=}; TG_PROXY=${TG_PROXY%% *}; TG_ADMIN=${line#*admin=}; TG_ADMIN=${TG_ADMIN%% *}
@@ -104,11 +121,16 @@ tg_policy() { # policy-json weights(c1 c2 c4) [max_conns(c1 c2 c4)]
   curl -sf -XPUT -H "Authorization: Bearer bench" "http://$TG_ADMIN/v1/routes/app" -d '{"service":"app"}' > /dev/null
 }
 
+# Total capacity in requests/s: 7 slots over the mean service time.
+CAPACITY=$(python3 -c 'import re,sys; m=re.search(r"([\d.]+)(us|ms|s)", sys.argv[1]); \
+  print(7 / (float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1}[m.group(2)]))' "$SERVICE")
+
 run() { # label proxy-addr
-  sleep 1  # let backend queues drain between runs
-  target/release/tidegate-bench --proxy "$2" --threads 2 --timeout-ms 10000 users --users "$USERS" \
+  wanted "$1" || return 0
+  sleep "$PAUSE"  # let backend queues drain between runs
+  "$BIN/tidegate-bench" --proxy "$2" --threads 2 --timeout-ms 10000 users --users "$USERS" \
     --duration-s "$DURATION" --think-ms "$THINK" \
-  | python3 -c 'import json,sys; d=json.load(sys.stdin); d["label"]=sys.argv[1]; print(json.dumps(d))' "$1" | tee -a "$OUT" > /dev/null
+  | python3 -c 'import json,sys; d=json.load(sys.stdin); d["label"]=sys.argv[1]; d["mode"]="users"; print(json.dumps(d))' "$1" | tee -a "$OUT" > /dev/null
   python3 - "$OUT" <<'PY'
 import json, sys
 d = [json.loads(l) for l in open(sys.argv[1])][-1]
@@ -116,14 +138,36 @@ lat = d["latency_us"]; share = d["share"]; total = sum(share.values()) or 1
 print(f'{d["label"]:28} fail {d["failure_pct"]:6.2f}%  p50 {lat["p50"]/1e3:7.1f}  p99 {lat["p99"]/1e3:7.1f}  max {lat["max"]/1e3:7.1f} ms  '
       f'rps {d["requests_per_s"]:6.0f}  share ' + " ".join(f'{k}:{v*100/total:4.1f}%' for k, v in sorted(share.items())))
 PY
+  for load in $SWEEP; do
+    sleep "$PAUSE"
+    local rate; rate=$(python3 -c 'import sys; print(round(float(sys.argv[1]) * float(sys.argv[2]), 1))' "$load" "$CAPACITY")
+    "$BIN/tidegate-bench" --proxy "$2" --threads 2 --timeout-ms 10000 ramp --poisson --steps "$rate:$SWEEP_DURATION" \
+    | python3 -c '
+import json, sys
+d = json.load(sys.stdin); t = d["total"]; n = t["planned"] or 1
+row = {"label": sys.argv[1], "mode": "sweep", "load": float(sys.argv[2]), "rate": float(sys.argv[3]),
+       "requests": t["planned"], "ok": t["ok"], "failed": t["failed"] + t["missing"],
+       "failure_pct": round((t["failed"] + t["missing"]) * 100 / n, 3), "latency_us": t["latency_us"],
+       "outcomes": t["outcomes"], "share": t["share"], "sending": d["sending"]}
+print(json.dumps(row))
+lat = row["latency_us"]
+print("%-28s load %4.2f (%5.0f/s) fail %6.2f%%  p50 %7.1f  p99 %7.1f  max %7.1f ms" % (row["label"], row["load"],
+      row["rate"], row["failure_pct"], lat["p50"] / 1e3, lat["p99"] / 1e3, lat["max"] / 1e3), file=sys.stderr)
+' "$1" "$load" "$rate" >> "$OUT"
+  done
 }
 
-echo "S3: capacities 1:2:4 (slots), service $SERVICE, queue $QUEUE, $USERS users, think ${THINK} ms, ${DURATION}s per run"
+echo "S3: capacities 1:2:4 (slots), service $SERVICE, queue $QUEUE, $USERS users, think ${THINK} ms, ${DURATION}s per run; sweep ${SWEEP:-none} x ${CAPACITY} req/s"
 for p in round_robin least_conn least_time p2c_ewma dynamic_feedback ip_hash; do
+  wanted "tidegate-$p" || continue
   tg_policy "{\"kind\":\"$p\"}" "1 1 1"; run "tidegate-$p" "$TG_PROXY"
 done
-tg_policy '{"kind":"round_robin"}' "1 2 4"; run "tidegate-round_robin-weighted" "$TG_PROXY"
-tg_policy '{"kind":"least_conn"}' "1 1 1" "1 2 4"; run "tidegate-least_conn-max_conns" "$TG_PROXY"
+if wanted tidegate-round_robin-weighted; then
+  tg_policy '{"kind":"round_robin"}' "1 2 4"; run "tidegate-round_robin-weighted" "$TG_PROXY"
+fi
+if wanted tidegate-least_conn-max_conns; then
+  tg_policy '{"kind":"least_conn"}' "1 1 1" "1 2 4"; run "tidegate-least_conn-max_conns" "$TG_PROXY"
+fi
 for name in nginx-rr nginx-weighted nginx-least_conn nginx-ip_hash haproxy-roundrobin haproxy-leastconn haproxy-leastconn-maxconn; do
   run "$name" "127.0.0.1:${PEER_PORT[$name]}"
 done

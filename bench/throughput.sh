@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# Proxy throughput, Tidegate vs nginx vs HAProxy (paper S2's setup, scaled to
-# this machine): three backends (one nginx process serving a fixed 13-byte body
-# on three ports), each proxy with the same worker count, wrk closed loop at
-# each concurrency, runs alternated, REPS repetitions; prints one line per run
-# and a median summary. Everything on 127.0.0.1; every process it starts is
+# Proxy throughput, Tidegate vs nginx vs HAProxy vs direct (paper S2's setup,
+# scaled to this machine): three backends (one nginx process serving a fixed
+# 13-byte body on three ports), each proxy with the same worker count, wrk
+# closed loop at each concurrency, runs alternated, REPS repetitions; prints
+# one line per run and a median summary. Per run it also samples each
+# proxy's resident memory (all its processes) and CPU use (cores busy during
+# the run, from /proc). Everything on 127.0.0.1; every process it starts is
 # stopped at exit.
 #
 #   bench/throughput.sh [--reps N] [--duration S] [--conns "64 256"] [--workers N]
+#                       [--out FILE.jsonl] [--bin-dir DIR] [--port-base N]
+#
+# --bin-dir: where the tidegate binary is (default target/release, built
+# when missing; TIDEGATE_BIN still overrides the binary itself).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-REPS=3 DURATION=10 CONNS="64 256" WORKERS=2 OUT=""
+REPS=3 DURATION=10 CONNS="64 256" WORKERS=2 OUT="" BIN_DIR="" PORT_BASE=19100
 while [ $# -gt 0 ]; do
   case "$1" in
     --reps) REPS=$2; shift 2;;
@@ -17,21 +23,27 @@ while [ $# -gt 0 ]; do
     --conns) CONNS=$2; shift 2;;
     --workers) WORKERS=$2; shift 2;;
     --out) OUT=$2; shift 2;;
+    --bin-dir) BIN_DIR=$2; shift 2;;
+    --port-base) PORT_BASE=$2; shift 2;;
     *) echo "unknown option $1" >&2; exit 2;;
   esac
 done
+export PATH=$PATH:/usr/sbin
 for tool in nginx haproxy wrk; do
-  command -v $tool >/dev/null || PATH=$PATH:/usr/sbin
-  command -v $tool >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx haproxy wrk; break; }
+  command -v $tool >/dev/null || { apt-get update -qq && RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx haproxy wrk; break; }
 done
-TG=${TIDEGATE_BIN:-target/release/tidegate}
-[ -x "$TG" ] || cargo build --release -p tidegate
+TG=${TIDEGATE_BIN:-${BIN_DIR:-target/release}/tidegate}
+if [ ! -x "$TG" ]; then
+  [ -z "$BIN_DIR" ] && [ -z "${TIDEGATE_BIN:-}" ] || { echo "no $TG" >&2; exit 1; }
+  cargo build --release -p tidegate
+fi
 WORK=$(mktemp -d /tmp/tidegate-bench.XXXXXX)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; sleep 0.3; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-B1=19101 B2=19102 B3=19103 P_NGINX=19180 P_HAPROXY=19181 P_TG=19182 A_TG=19190
+B1=$((PORT_BASE + 1)) B2=$((PORT_BASE + 2)) B3=$((PORT_BASE + 3))
+P_NGINX=$((PORT_BASE + 80)) P_HAPROXY=$((PORT_BASE + 81)) P_TG=$((PORT_BASE + 82)) A_TG=$((PORT_BASE + 90))
 cat > "$WORK/backends.conf" <<CONF
 worker_processes 2;
 daemon off; pid $WORK/backends.pid; error_log $WORK/backends.err warn;
@@ -70,54 +82,84 @@ backend app
   server b3 127.0.0.1:$B3
 CONF
 nginx -c "$WORK/backends.conf" & PIDS+=($!)
-nginx -c "$WORK/nginx.conf" & PIDS+=($!)
-haproxy -f "$WORK/haproxy.cfg" -db >/dev/null 2>&1 & PIDS+=($!)
+nginx -c "$WORK/nginx.conf" & PID_NGINX=$!; PIDS+=($PID_NGINX)
+haproxy -f "$WORK/haproxy.cfg" -db >/dev/null 2>&1 & PID_HAPROXY=$!; PIDS+=($PID_HAPROXY)
 TIDEGATE_ADMIN_TOKEN=bench TIDEGATE_LOG=warn "$TG" serve --listen 127.0.0.1:$P_TG --admin 127.0.0.1:$A_TG \
-  --data-dir "$WORK/tg" --workers "$WORKERS" ${TG_ARGS:-} > "$WORK/tg.out" & PIDS+=($!)
-for _ in $(seq 50); do grep -q ready "$WORK/tg.out" 2>/dev/null && break; sleep 0.1; done
+  --data-dir "$WORK/tg" --workers "$WORKERS" ${TG_ARGS:-} > "$WORK/tg.out" & PID_TG=$!; PIDS+=($PID_TG)
+for _ in $(seq 100); do grep -q ready "$WORK/tg.out" 2>/dev/null && break; sleep 0.1; done
 curl -sf -XPOST -H "Authorization: Bearer bench" "127.0.0.1:$A_TG/v1/changes" -d "{\"ops\":[
  {\"op\":\"put_service\",\"name\":\"app\",\"spec\":{\"backends\":[{\"id\":\"b1\",\"addr\":\"127.0.0.1:$B1\"},{\"id\":\"b2\",\"addr\":\"127.0.0.1:$B2\"},{\"id\":\"b3\",\"addr\":\"127.0.0.1:$B3\"}]}},
  {\"op\":\"put_route\",\"name\":\"app\",\"spec\":{\"match\":{\"path_prefix\":\"/\"},\"service\":\"app\"}}]}" >/dev/null
 sleep 0.5
-for p in $P_NGINX $P_HAPROXY $P_TG; do curl -sf "127.0.0.1:$p/" >/dev/null || { echo "proxy on $p not answering" >&2; exit 1; }; done
+for p in $B1 $P_NGINX $P_HAPROXY $P_TG; do curl -sf "127.0.0.1:$p/" >/dev/null || { echo "server on $p not answering" >&2; exit 1; }; done
 
-RESULTS="$WORK/results.txt"; : > "$RESULTS"
-run() { # name port conns
-  local out rps p99 errs
+# A process and its children (nginx master + workers), for RSS and CPU.
+family() { echo "$1"; cat /proc/"$1"/task/*/children 2>/dev/null | tr ' ' '\n' | grep . || true; }
+cpu_ticks() { local t=0; for p in $(family "$1"); do t=$((t + $(awk '{print $14 + $15}' /proc/"$p"/stat 2>/dev/null || echo 0))); done; echo $t; }
+rss_kb() { local t=0; for p in $(family "$1"); do t=$((t + $(awk '/^VmRSS/ {print $2}' /proc/"$p"/status 2>/dev/null || echo 0))); done; echo $t; }
+HZ=$(getconf CLK_TCK)
+
+RESULTS="$WORK/results.jsonl"; : > "$RESULTS"
+run() { # name port conns rep pid
+  local out before after rss
+  before=$(cpu_ticks "$5")
   out=$(wrk -t2 -c"$3" -d"${DURATION}s" --latency "http://127.0.0.1:$2/" 2>&1)
-  rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
-  p99=$(awk '$1=="99%" {print $2}' <<<"$out")
-  errs=$(awk '/Non-2xx|Socket errors/ {print}' <<<"$out" | tr '\n' ' ')
-  echo "$1 c=$3 rps=$rps p99=$p99 ${errs}" | tee -a "$RESULTS"
+  after=$(cpu_ticks "$5"); rss=$(rss_kb "$5")
+  python3 - "$1" "$3" "$4" "$DURATION" "$((after - before))" "$HZ" "$rss" "$out" <<'PY' | tee -a "$RESULTS" | cut -c1-200
+import json, re, sys
+name, conns, rep, duration, ticks, hz, rss, out = sys.argv[1:]
+def ms(v):
+    m = re.match(r"([\d.]+)(us|ms|s)$", v)
+    return round(float(m.group(1)) * {"us": 0.001, "ms": 1, "s": 1000}[m.group(2)], 3) if m else None
+lat = {}
+for line in out.splitlines():
+    f = line.split()
+    if len(f) >= 2 and f[0] in ("50%", "75%", "90%", "99%"):
+        lat["p" + f[0][:-1] + "_ms"] = ms(f[1])
+    if len(f) >= 2 and f[0] == "Latency" and "mean_ms" not in lat:
+        lat["mean_ms"] = ms(f[1])
+rps = re.search(r"Requests/sec:\s*([\d.]+)", out)
+requests = re.search(r"(\d+) requests in", out)
+non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+errors = (int(non2xx.group(1)) if non2xx else 0) + (sum(int(x) for x in sock.groups()) if sock else 0)
+print(json.dumps({"proxy": name, "conns": int(conns), "rep": int(rep), "duration_s": float(duration),
+                  "rps": float(rps.group(1)) if rps else 0.0, "requests": int(requests.group(1)) if requests else 0,
+                  **lat, "errors": errors, "rss_kb": int(rss),
+                  "cpu_cores": round(int(ticks) / int(hz) / float(duration), 3)}))
+PY
 }
 for c in $CONNS; do
   for r in $(seq "$REPS"); do
     # Alternate the order each repetition so no proxy always runs first.
     case $((r % 3)) in
-      1) order="tidegate nginx haproxy";; 2) order="nginx haproxy tidegate";; 0) order="haproxy tidegate nginx";;
+      1) order="tidegate nginx haproxy direct";; 2) order="nginx haproxy direct tidegate";; 0) order="haproxy direct tidegate nginx";;
     esac
     for name in $order; do
-      case $name in tidegate) port=$P_TG;; nginx) port=$P_NGINX;; haproxy) port=$P_HAPROXY;; esac
-      run "$name" "$port" "$c"
+      case $name in
+        tidegate) run tidegate $P_TG "$c" "$r" $PID_TG;;
+        nginx) run nginx $P_NGINX "$c" "$r" $PID_NGINX;;
+        haproxy) run haproxy $P_HAPROXY "$c" "$r" $PID_HAPROXY;;
+        direct) run direct $B1 "$c" "$r" 0;;
+      esac
     done
   done
 done
 echo "== medians (requests/s, p99) over $REPS runs of ${DURATION}s, $WORKERS workers each"
 python3 - "$RESULTS" <<'PY'
-import re, statistics, sys
+import json, statistics, sys
 rows = {}
-def ms(v):
-    m = re.match(r"([\d.]+)(us|ms|s)", v)
-    return float(m.group(1)) * {"us": 0.001, "ms": 1, "s": 1000}[m.group(2)] if m else float("nan")
 for line in open(sys.argv[1]):
-    f = dict(kv.split("=", 1) for kv in line.split()[1:3] + [line.split()[3]])
-    rows.setdefault((line.split()[0], f["c"]), []).append((float(f["rps"]), ms(f["p99"])))
-for c in sorted({k[1] for k in rows}, key=int):
-    base = statistics.median(r for r, _ in rows.get(("nginx", c), [(float("nan"), 0)]))
-    for name in ("tidegate", "nginx", "haproxy"):
+    d = json.loads(line)
+    rows.setdefault((d["proxy"], d["conns"]), []).append(d)
+med = lambda v, k: statistics.median(x.get(k) or 0 for x in v)
+for c in sorted({k[1] for k in rows}):
+    base = med(rows.get(("nginx", c), [{}]), "rps") or float("nan")
+    for name in ("tidegate", "nginx", "haproxy", "direct"):
         v = rows.get((name, c))
         if not v: continue
-        rps = statistics.median(r for r, _ in v); p99 = statistics.median(p for _, p in v)
-        print(f"c={c:>4} {name:9} {rps:10.0f} req/s  p99 {p99:7.2f} ms  ({rps/base:5.2f}x nginx)")
+        rps = med(v, "rps")
+        print(f"c={c:>4} {name:9} {rps:10.0f} req/s  p99 {med(v, 'p99_ms'):7.2f} ms  ({rps/base:5.2f}x nginx)"
+              f"  rss {med(v, 'rss_kb')/1024:6.1f} MiB  cpu {med(v, 'cpu_cores'):4.2f} cores")
 PY
 [ -n "$OUT" ] && cp "$RESULTS" "$OUT" || true

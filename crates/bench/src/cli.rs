@@ -58,6 +58,55 @@ pub enum Command {
     Traffic(TrafficArgs),
     /// A closed loop of concurrent users against any proxy (paper S3).
     Users(UsersArgs),
+    /// Open-loop GETs whose rate follows steps (paper S1's peak); any proxy.
+    Ramp(RampArgs),
+    /// One GET at a time over one keep-alive connection (paper S4's overhead); any target.
+    Sequential(SequentialArgs),
+}
+
+/// Options of `ramp`.
+#[derive(Debug, Args)]
+pub struct RampArgs {
+    /// The timetable: `RATE:SECONDS[,RATE:SECONDS...]` (requests per second
+    /// during each step, back to back; a rate of 0 is a pause).
+    #[arg(long)]
+    pub steps: String,
+    /// Path to GET.
+    #[arg(long, default_value = "/")]
+    pub path: String,
+    /// Poisson arrivals (exponential gaps) instead of evenly spaced ones.
+    #[arg(long)]
+    pub poisson: bool,
+    /// Seed of the Poisson arrivals.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Timeline bin width, seconds.
+    #[arg(long, default_value_t = 1.0)]
+    pub bin_s: f64,
+    /// Write one CSV line per request here
+    /// (`due_unix_ms,done_unix_ms,latency_us,outcome,backend`).
+    #[arg(long)]
+    pub log: Option<std::path::PathBuf>,
+    /// Requests in flight at most; beyond it a request is skipped and counted.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_in_flight: usize,
+}
+
+/// Options of `sequential`.
+#[derive(Debug, Args)]
+pub struct SequentialArgs {
+    /// Measured requests.
+    #[arg(long, default_value_t = 2000)]
+    pub requests: u64,
+    /// Requests sent first and not measured.
+    #[arg(long, default_value_t = 100)]
+    pub warmup: u64,
+    /// Path to GET.
+    #[arg(long, default_value = "/")]
+    pub path: String,
+    /// Count a 2xx whose `x-backend` differs from this as an error.
+    #[arg(long)]
+    pub expect_backend: Option<String>,
 }
 
 /// Options of `users`.

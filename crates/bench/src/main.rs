@@ -8,7 +8,12 @@
 //! - `churn`: open-loop route creation at a fixed rate; time from each
 //!   change's scheduled send until the proxy serves the new route;
 //! - `saturate`: closed-loop admin writes from concurrent keep-alive clients;
-//! - `traffic`: open-loop GETs against the proxy, to run next to the others.
+//! - `traffic`: open-loop GETs against the proxy, to run next to the others;
+//! - `users`: a closed loop of concurrent users against any proxy;
+//! - `ramp`: open-loop GETs whose rate follows a timetable of steps, with a
+//!   per-step and per-second report (and an optional per-request CSV);
+//! - `sequential`: one GET at a time against any target, exact mean,
+//!   deviation and percentiles.
 //!
 //! Open-loop latencies are measured from the scheduled send time, so a slow
 //! answer cannot hide the requests it would otherwise have delayed. Server
@@ -20,9 +25,11 @@ mod churn;
 mod cli;
 mod client;
 mod open_loop;
+mod ramp;
 mod report;
 mod saturate;
 mod schedule;
+mod sequential;
 mod setup;
 mod traffic;
 mod users;
@@ -64,6 +71,8 @@ async fn run(cli: &Cli) -> anyhow::Result<String> {
         Command::Saturate(args) => render(&saturate::run(&cli.target, args).await?),
         Command::Traffic(args) => render(&traffic::run(&cli.target, args).await?),
         Command::Users(args) => render(&users::run(&cli.target, args).await?),
+        Command::Ramp(args) => render(&ramp::run(&cli.target, args).await?),
+        Command::Sequential(args) => render(&sequential::run(&cli.target, args).await?),
     }
 }
 

@@ -16,7 +16,7 @@ use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::report::{self, Latency, Summary};
-use crate::schedule::Plan;
+use crate::schedule::Schedule;
 
 /// How the sending went, independent of what was sent.
 #[derive(Debug, Serialize)]
@@ -49,7 +49,7 @@ struct Scheduled {
 /// timing thread and spawns the future it returns; `done` receives every
 /// result. Waits at most `grace` after the last start for stragglers.
 pub async fn run<T, F, Fut>(
-    plan: Plan,
+    plan: impl Schedule,
     max_in_flight: usize,
     grace: Duration,
     start_one: F,
@@ -60,6 +60,7 @@ where
     F: Fn(u64, Instant) -> Fut + Send + 'static,
     Fut: Future<Output = T> + Send + 'static,
 {
+    let planned = plan.count();
     let handle = tokio::runtime::Handle::current();
     let (results_tx, mut results) = mpsc::unbounded_channel::<T>();
     let (stats_tx, mut stats_rx) = oneshot::channel::<Scheduled>();
@@ -72,7 +73,7 @@ where
         let _runtime = handle.enter();
         let start = Instant::now();
         let mut sched = Scheduled { sent: 0, skipped: 0, lag: Latency::new(), window: Duration::ZERO };
-        for i in 0..plan.count {
+        for i in 0..plan.count() {
             let at = start + plan.offset(i);
             sleep_until(at);
             if counter.load(Ordering::Acquire) >= max_in_flight {
@@ -124,7 +125,7 @@ where
         None => stats_rx.await.map_err(|_| anyhow::anyhow!("the scheduling thread died"))?,
     };
     Ok(Sending {
-        planned: plan.count,
+        planned,
         sent: sched.sent,
         skipped_in_flight_cap: sched.skipped,
         unfinished: in_flight.load(Ordering::Acquire) as u64,
@@ -148,6 +149,7 @@ fn sleep_until(at: Instant) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::schedule::Plan;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn slow_events_do_not_delay_later_ones() {
