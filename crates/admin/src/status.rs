@@ -65,7 +65,7 @@ fn service_status(s: &ServiceRuntime) -> Value {
         .collect();
     json!({
         "policy": s.settings.policy,
-        "in_flight": s.live.in_flight.load(Relaxed),
+        "in_flight": s.selector.backends().iter().map(|b| b.stats.in_flight()).sum::<u64>(),
         "retries_in_flight": s.live.retries_in_flight.load(Relaxed),
         "retries_refused": s.live.retries_refused.load(Relaxed),
         "backends": backends,

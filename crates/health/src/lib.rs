@@ -360,7 +360,7 @@ mod tests {
         let mut world = World::new();
         let snap = world.apply(&format!(
             r#"{{"op":"put_service","name":"web","spec":{{
-                "health":{{"active":{{"path":"/healthz?deep=1","interval_ms":20,"timeout_ms":500,"rise":2,"fall":3}}}},
+                "health":{{"active":{{"path":"/healthz?deep=1","interval_ms":100,"timeout_ms":100,"rise":2,"fall":3}}}},
                 "backends":[{{"id":"a","addr":"{}"}}]}}}}"#,
             server.addr
         ));
@@ -395,7 +395,7 @@ mod tests {
         let mut world = World::new();
         let snap = world.apply(&format!(
             r#"{{"op":"put_service","name":"tea","spec":{{
-                "health":{{"active":{{"expect_status":[418],"interval_ms":20,"timeout_ms":500,"rise":1,"fall":1}}}},
+                "health":{{"active":{{"expect_status":[418],"interval_ms":100,"timeout_ms":100,"rise":1,"fall":1}}}},
                 "backends":[{{"id":"pot","addr":"{}"}}]}}}}"#,
             server.addr
         ));
@@ -414,7 +414,7 @@ mod tests {
         let mut world = World::new();
         let snapshots = Arc::new(ArcSwap::new(world.apply(&format!(
             r#"{{"op":"put_service","name":"db","spec":{{
-                "health":{{"active":{{"kind":"tcp","interval_ms":20,"timeout_ms":200,"fall":2}}}},
+                "health":{{"active":{{"kind":"tcp","interval_ms":100,"timeout_ms":100,"fall":2}}}},
                 "backends":[{{"id":"a","addr":"{addr}"}}]}}}}"#
         ))));
         let stats = world.stats("db", "a");

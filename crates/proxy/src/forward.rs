@@ -17,7 +17,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 
 use tidegate_balance::{clock, orca, record_outcome, Backend, InFlight, Outcome, RequestCtx};
 use tidegate_distributor::{DistributorClient, Query};
@@ -26,7 +26,7 @@ use tidegate_snapshot::{ServiceLive, ServiceRuntime};
 
 use crate::body::ProxyBody;
 use crate::errors::ProxyError;
-use crate::metrics::ProxyMetrics;
+use crate::metrics::Counters;
 
 /// The client end of a connection, prepared once per connection.
 #[derive(Debug, Clone)]
@@ -89,7 +89,7 @@ impl Upstreams {
         service: &ServiceRuntime,
         mut req: Request<Incoming>,
         peer: &Peer,
-        metrics: &ProxyMetrics,
+        metrics: &Counters,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let settings = &service.settings;
         let client = self.client(&settings.timeouts);
@@ -102,7 +102,6 @@ impl Upstreams {
         let path_and_query = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
         let ctx = RequestCtx { client: Some(peer.addr), path: path_and_query.as_str(), headers: &parts.headers };
         let response_timeout = Duration::from_millis(settings.timeouts.response_ms);
-        let _in_flight = Counted::new(&service.live.in_flight);
         let mut _retry_token = None;
         let reads_orca = settings.load_metrics.orca || matches!(settings.policy, PolicySpec::OrcaWrr(_));
         let mut tried: Vec<Arc<Backend>> = Vec::new();
@@ -117,7 +116,8 @@ impl Upstreams {
             // The budget bounds the extra work retries put on backends; a
             // connect failure put none there, so its retry is not counted.
             if attempt > 0 && (shed.is_some() || last_error != ProxyError::ConnectFailed) {
-                if !service.live.try_retry(&settings.retry_budget) {
+                let in_flight = service.selector.backends().iter().map(|b| b.stats.in_flight()).sum();
+                if !service.live.try_retry(&settings.retry_budget, in_flight) {
                     break;
                 }
                 _retry_token = Some(RetryToken(&service.live));
@@ -325,22 +325,6 @@ fn read_orca<B>(resp: &Response<B>, backend: &Backend) {
     let report = resp.headers().get(orca::ORCA_HEADER).and_then(|v| v.to_str().ok()).and_then(orca::parse);
     if let Some(r) = report {
         r.apply(&backend.stats.load, clock::now_ms());
-    }
-}
-
-/// Counts a request in a gauge while alive.
-struct Counted<'a>(&'a AtomicU64);
-
-impl<'a> Counted<'a> {
-    fn new(gauge: &'a AtomicU64) -> Self {
-        gauge.fetch_add(1, Relaxed);
-        Counted(gauge)
-    }
-}
-
-impl Drop for Counted<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Relaxed);
     }
 }
 

@@ -13,7 +13,7 @@ use tidegate_snapshot::Snapshot;
 use crate::body::ProxyBody;
 use crate::errors::ProxyError;
 use crate::forward::{Peer, Upstreams};
-use crate::metrics::ProxyMetrics;
+use crate::metrics::{Counters, ProxyMetrics};
 use crate::static_files;
 
 /// The request handler. One per worker (or one shared, in the multi-thread
@@ -21,17 +21,17 @@ use crate::static_files;
 pub struct Proxy {
     snapshots: Arc<ArcSwap<Snapshot>>,
     upstreams: Upstreams,
-    metrics: Arc<ProxyMetrics>,
+    metrics: Arc<Counters>,
 }
 
 impl Proxy {
     /// A handler reading snapshots from `snapshots`.
-    pub fn new(snapshots: Arc<ArcSwap<Snapshot>>, metrics: Arc<ProxyMetrics>) -> Proxy {
-        Proxy { snapshots, upstreams: Upstreams::default(), metrics }
+    pub fn new(snapshots: Arc<ArcSwap<Snapshot>>, metrics: &ProxyMetrics) -> Proxy {
+        Proxy { snapshots, upstreams: Upstreams::default(), metrics: metrics.worker() }
     }
 
     /// The counters this handler updates.
-    pub fn metrics(&self) -> &Arc<ProxyMetrics> {
+    pub(crate) fn metrics(&self) -> &Arc<Counters> {
         &self.metrics
     }
 

@@ -2,14 +2,44 @@
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 
 use http::StatusCode;
 
 use crate::errors::ProxyError;
 
-/// Counters of the data plane. Shared by all workers.
+/// Counters of the data plane: one shard per worker, so workers never write
+/// the same cache line; summed when rendered.
 #[derive(Debug, Default)]
 pub struct ProxyMetrics {
+    shards: Mutex<Vec<Arc<Counters>>>,
+}
+
+impl ProxyMetrics {
+    /// A new shard for one worker.
+    pub(crate) fn worker(&self) -> Arc<Counters> {
+        let shard = Arc::new(Counters::default());
+        if let Ok(mut s) = self.shards.lock() {
+            s.push(shard.clone());
+        }
+        shard
+    }
+
+    /// Appends the counters, summed over workers, in Prometheus' text format.
+    pub fn render(&self, out: &mut String) {
+        let total = Counters::default();
+        if let Ok(shards) = self.shards.lock() {
+            for s in shards.iter() {
+                total.add(s);
+            }
+        }
+        total.render(out);
+    }
+}
+
+/// One worker's counters.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
     /// Responses by status class: 1xx, 2xx, 3xx, 4xx, 5xx.
     responses: [AtomicU64; 5],
     /// Requests answered by the proxy itself, by reason.
@@ -24,7 +54,22 @@ pub struct ProxyMetrics {
     connections: AtomicU64,
 }
 
-impl ProxyMetrics {
+impl Counters {
+    fn add(&self, other: &Counters) {
+        let pairs = self.responses.iter().zip(&other.responses).chain([
+            (&self.no_route, &other.no_route),
+            (&self.no_backend, &other.no_backend),
+            (&self.connect_failed, &other.connect_failed),
+            (&self.upstream_failed, &other.upstream_failed),
+            (&self.timeouts, &other.timeouts),
+            (&self.retries, &other.retries),
+            (&self.connections, &other.connections),
+        ]);
+        for (mine, theirs) in pairs {
+            mine.fetch_add(theirs.load(Relaxed), Relaxed);
+        }
+    }
+
     pub(crate) fn response(&self, status: StatusCode) {
         let class = (status.as_u16() / 100).clamp(1, 5) as usize - 1;
         self.responses[class].fetch_add(1, Relaxed);
@@ -49,8 +94,7 @@ impl ProxyMetrics {
         self.connections.fetch_add(1, Relaxed);
     }
 
-    /// Appends the counters in Prometheus' text exposition format.
-    pub fn render(&self, out: &mut String) {
+    fn render(&self, out: &mut String) {
         let _ = writeln!(out, "# HELP tidegate_responses_total Responses sent to clients, by status class.");
         let _ = writeln!(out, "# TYPE tidegate_responses_total counter");
         for (i, c) in self.responses.iter().enumerate() {

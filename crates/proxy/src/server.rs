@@ -120,7 +120,7 @@ pub fn serve(
                 .enable_all()
                 .build()?
         };
-        let proxy = Arc::new(Proxy::new(snapshots.clone(), metrics.clone()));
+        let proxy = Arc::new(Proxy::new(snapshots.clone(), &metrics));
         let stop_rx = stop_rx.clone();
         let opts = opts.clone();
         let thread = std::thread::Builder::new().name(format!("tidegate-worker-{i}")).spawn(move || {

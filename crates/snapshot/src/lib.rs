@@ -19,8 +19,6 @@ pub use tidegate_router::{Entry, RequestView};
 /// Live counters of a service, shared across snapshots like backend stats.
 #[derive(Debug, Default)]
 pub struct ServiceLive {
-    /// Requests in flight to the service.
-    pub in_flight: AtomicU64,
     /// Retries in flight (for the retry budget).
     pub retries_in_flight: AtomicU64,
     /// Retries refused by the budget.
@@ -33,9 +31,10 @@ pub struct ServiceLive {
 
 impl ServiceLive {
     /// Takes a retry token if the budget allows: retries in flight stay at
-    /// most `percent` of requests in flight, or `min_concurrent`.
-    pub fn try_retry(&self, budget: &RetryBudget) -> bool {
-        let in_flight = self.in_flight.load(Relaxed);
+    /// most `percent` of the service's requests in flight (`in_flight`,
+    /// summed from its backends by the caller: only a retry pays for it),
+    /// or `min_concurrent`.
+    pub fn try_retry(&self, budget: &RetryBudget, in_flight: u64) -> bool {
         let allowed = (in_flight * u64::from(budget.percent) / 100).max(u64::from(budget.min_concurrent));
         let taken = self.retries_in_flight.fetch_update(Relaxed, Relaxed, |r| (r < allowed).then_some(r + 1)).is_ok();
         if !taken {
@@ -225,13 +224,12 @@ mod budget_tests {
     fn the_retry_budget_scales_with_traffic() {
         let live = ServiceLive::default();
         let budget = RetryBudget { percent: 20, min_concurrent: 2 };
-        assert!(live.try_retry(&budget) && live.try_retry(&budget));
-        assert!(!live.try_retry(&budget), "min_concurrent when idle");
-        live.in_flight.store(100, Relaxed);
-        let more = (0..30).filter(|_| live.try_retry(&budget)).count();
+        assert!(live.try_retry(&budget, 0) && live.try_retry(&budget, 0));
+        assert!(!live.try_retry(&budget, 0), "min_concurrent when idle");
+        let more = (0..30).filter(|_| live.try_retry(&budget, 100)).count();
         assert_eq!(more, 18, "20% of 100 in flight, 2 already taken");
         live.retry_done();
-        assert!(live.try_retry(&budget));
+        assert!(live.try_retry(&budget, 100));
         assert_eq!(live.retries_refused.load(Relaxed), 13);
     }
 }

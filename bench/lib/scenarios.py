@@ -1,0 +1,165 @@
+"""The five scenarios, each a function `(ctx) -> dict` whose result is
+written to `<results>/<scenario>.json`. Throughput, churn (Tidegate alone)
+and heterogeneous run the shell scripts beside this directory; churn versus
+peers, peak and overhead are Python modules here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections import defaultdict
+
+import churn_peers
+import overhead
+import peak
+from harness import ROOT, Ctx, free_port_block, log, median
+
+# Per profile: the options each scenario runs with.
+PARAMS = {
+    "throughput": {
+        "smoke": {"reps": 1, "duration": 2, "conns": "32", "workers": 2},
+        "full": {"reps": 3, "duration": 8, "conns": "64 500 2000 5000", "workers": 2},
+    },
+    "churn": {
+        "smoke": {"duration": 1, "rates": "100 600", "suites": "empty loaded", "preload": 500, "live_rate": 200,
+                  "clients": 8, "peer_rate": 10, "peer_duration": 2, "peer_reps": 1, "peer_live_rate": 100},
+        "full": {"duration": 8, "rates": "100 600 2000", "suites": "empty loaded", "preload": 10000,
+                 "live_rate": 1000, "clients": 64, "peer_rate": 10, "peer_duration": 10, "peer_reps": 3,
+                 "peer_live_rate": 200},
+    },
+    "heterogeneous": {
+        "smoke": {"users": 50, "think_ms": 200, "duration": 1, "sweep": "0.8", "sweep_duration": 1, "pause": 0.2,
+                  "variants": "tidegate-round_robin tidegate-least_conn nginx-rr haproxy-leastconn"},
+        "full": {"users": 500, "think_ms": 1800, "duration": 10, "sweep": "0.5 0.8 0.95 1.05", "sweep_duration": 8,
+                 "pause": 1, "variants": ""},
+    },
+    "peak": {"smoke": {}, "full": {}},
+    "overhead": {
+        "smoke": {"requests": 200, "reps": 1, "warmup": 50},
+        "full": {"requests": 5000, "reps": 5, "warmup": 500},
+    },
+}
+
+# What each scenario's JSON must contain (the smoke profile checks these).
+EXPECTED = {
+    "throughput": ["runs", "summary"],
+    "churn": ["tidegate", "tidegate_summary", "peers"],
+    "heterogeneous": ["runs", "users", "sweep"],
+    "peak": ["variants", "summary", "added_latency_us_at_warm_p50"],
+    "overhead": ["runs", "summary", "goal"],
+}
+
+
+def sh(ctx: Ctx, script: str, args: list[str], name: str) -> None:
+    """Runs a bench/*.sh script; its output goes to <results>/<name>.log."""
+    logfile = ctx.out_dir / f"{name}.log"
+    argv = ["bash", str(ROOT / "bench" / script), *args, "--bin-dir", str(ctx.bin_dir)]
+    log(f"  $ {' '.join(argv[1:])}")
+    with open(logfile, "ab") as f:
+        r = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, timeout=3 * 3600)
+    if r.returncode != 0:
+        tail = logfile.read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"bench/{script} failed (exit {r.returncode}); end of {logfile.name}:\n{tail}")
+
+
+def jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in open(path) if line.strip()]
+
+
+def throughput(ctx: Ctx) -> dict:
+    p = PARAMS["throughput"][ctx.profile]
+    out = ctx.work / "throughput.jsonl"
+    sh(ctx, "throughput.sh", ["--reps", str(p["reps"]), "--duration", str(p["duration"]), "--conns", p["conns"],
+                              "--workers", str(p["workers"]), "--port-base", str(free_port_block()),
+                              "--out", str(out)], "throughput")
+    runs = jsonl(out)
+    by = defaultdict(list)
+    for r in runs:
+        by[(r["conns"], r["proxy"])].append(r)
+    summary = {}
+    for (conns, proxy), rs in sorted(by.items()):
+        summary.setdefault(str(conns), {})[proxy] = {
+            "rps": median([r["rps"] for r in rs]), "mean_ms": median([r.get("mean_ms") for r in rs]),
+            "p50_ms": median([r.get("p50_ms") for r in rs]), "p99_ms": median([r.get("p99_ms") for r in rs]),
+            "errors": sum(r["errors"] for r in rs), "rss_mib": round(median([r["rss_kb"] for r in rs]) / 1024, 1),
+            "cpu_cores": median([r["cpu_cores"] for r in rs]), "reps": len(rs)}
+    for row in summary.values():
+        base = (row.get("nginx") or {}).get("rps")
+        for v in row.values():
+            v["vs_nginx"] = round(v["rps"] / base, 3) if base else None
+    return {"params": p, "runs": runs, "summary": summary}
+
+
+def churn(ctx: Ctx) -> dict:
+    p = PARAMS["churn"][ctx.profile]
+    out = ctx.work / "churn.jsonl"
+    sh(ctx, "churn.sh", ["--duration", str(p["duration"]), "--rates", p["rates"], "--suites", p["suites"],
+                         "--preload", str(p["preload"]), "--live-rate", str(p["live_rate"]),
+                         "--clients", str(p["clients"]), "--out", str(out)], "churn")
+    records = jsonl(out)
+    rows = []
+    for suite in p["suites"].split():
+        rs = {r["label"]: r for r in records if r.get("suite") == suite}
+        for rate in p["rates"].split():
+            c, t = rs.get(f"churn-{rate}"), rs.get(f"traffic-during-churn-{rate}")
+            if not c:
+                continue
+            lat = c["time_to_effective_us"]
+            rows.append({"suite": suite, "rate": float(rate), "changes": c["sending"]["planned"],
+                         "effective": c["effective"], "needed_retry": c["needed_retry"],
+                         "p50_ms": lat["p50"] / 1e3, "p90_ms": lat["p90"] / 1e3, "p99_ms": lat["p99"] / 1e3,
+                         "mean_ms": lat["mean"] / 1e3,
+                         "live_requests": t["sending"]["sent"] if t else None,
+                         "live_errors": (t["error_total"] + t["non_200"]) if t else None,
+                         "live_p99_ms": t["latency_us"]["p99"] / 1e3 if t else None})
+        for label in ("saturate-single", "saturate-batch-1000"):
+            s = rs.get(label)
+            if s:
+                rows.append({"suite": suite, "saturate": label, "change_sets_per_s": s["change_sets_per_s"],
+                             "ops_per_s": s["ops_per_s"], "p50_ms": s["latency_us"]["p50"] / 1e3,
+                             "p99_ms": s["latency_us"]["p99"] / 1e3, "errors": s["error_total"]})
+    log("  churn versus nginx and HAProxy")
+    peers = churn_peers.run(ctx, p["peer_rate"], p["peer_duration"], p["peer_reps"], p["peer_live_rate"])
+    return {"params": p, "tidegate": records, "tidegate_summary": rows, "peers": peers}
+
+
+def heterogeneous(ctx: Ctx) -> dict:
+    p = PARAMS["heterogeneous"][ctx.profile]
+    out = ctx.work / "heterogeneous.jsonl"
+    args = ["--users", str(p["users"]), "--think-ms", str(p["think_ms"]), "--duration", str(p["duration"]),
+            "--sweep", p["sweep"], "--sweep-duration", str(p["sweep_duration"]), "--pause", str(p["pause"]),
+            "--port-base", str(free_port_block()), "--out", str(out)]
+    if p["variants"]:
+        args += ["--variants", p["variants"]]
+    sh(ctx, "heterogeneous.sh", args, "heterogeneous")
+    runs = jsonl(out)
+
+    def row(r):
+        lat = r["latency_us"]
+        share = r.get("share") or {}
+        total = sum(share.values()) or 1
+        return {"label": r["label"], "failure_pct": round(r["failure_pct"], 3), "p50_ms": lat["p50"] / 1e3,
+                "p99_ms": lat["p99"] / 1e3, "max_ms": lat["max"] / 1e3,
+                "share_pct": {k: round(v * 100 / total, 1) for k, v in sorted(share.items())},
+                **({"rps": r["requests_per_s"]} if "requests_per_s" in r else {"load": r["load"], "rate": r["rate"]})}
+    return {"params": p, "runs": runs, "users": [row(r) for r in runs if r.get("mode") == "users"],
+            "sweep": [row(r) for r in runs if r.get("mode") == "sweep"]}
+
+
+def peak_scenario(ctx: Ctx) -> dict:
+    return peak.run(ctx)
+
+
+def overhead_scenario(ctx: Ctx) -> dict:
+    p = PARAMS["overhead"][ctx.profile]
+    return overhead.run(ctx, p["requests"], p["reps"], warmup=p["warmup"])
+
+
+SCENARIOS = {
+    "churn": churn,
+    "throughput": throughput,
+    "heterogeneous": heterogeneous,
+    "peak": peak_scenario,
+    "overhead": overhead_scenario,
+}
