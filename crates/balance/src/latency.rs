@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use crate::policies::cheapest;
 use crate::{clock, Backend, Policy, Pool, RequestCtx, Selector};
 
 /// Cost of a backend that has requests pending but no latency sample yet:
@@ -40,24 +41,7 @@ impl Policy for LeastTime {
 
 impl Selector for LeastTimeSelector {
     fn select(&self, _: &RequestCtx<'_>, accept: &mut dyn FnMut(&Backend) -> bool) -> Option<Arc<Backend>> {
-        let n = self.pool.len();
-        if n == 0 {
-            return None;
-        }
-        let start = fastrand::usize(..n);
-        let mut best: Option<(&Arc<Backend>, f64)> = None;
-        for k in 0..n {
-            let b = &self.pool.backends()[(start + k) % n];
-            if b.weight == 0 || !accept(b) {
-                continue;
-            }
-            let ewma = b.stats.latency_ewma().map_or(0.0, |d| d.as_nanos() as f64);
-            let c = cost(ewma, b);
-            if best.is_none_or(|(_, bc)| c < bc) {
-                best = Some((b, c));
-            }
-        }
-        best.map(|(b, _)| b.clone())
+        cheapest(&self.pool, accept, |b| cost(b.stats.latency_ewma().map_or(0.0, |d| d.as_nanos() as f64), b))
     }
 }
 

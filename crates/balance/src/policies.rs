@@ -198,30 +198,34 @@ impl Policy for LeastConn {
 
 impl Selector for LeastConnSelector {
     fn select(&self, _: &RequestCtx<'_>, accept: &mut dyn FnMut(&Backend) -> bool) -> Option<Arc<Backend>> {
-        let n = self.pool.len();
-        if n == 0 {
-            return None;
-        }
-        let start = fastrand::usize(..n);
-        let mut best: Option<(&Arc<Backend>, u64, u64)> = None;
-        for k in 0..n {
-            let b = &self.pool.backends()[(start + k) % n];
-            if b.weight == 0 || !accept(b) {
-                continue;
-            }
-            let load = b.stats.in_flight();
-            let w = u64::from(b.weight);
-            // load/w < best_load/best_w  <=>  load*best_w < best_load*w
-            let better = match best {
-                None => true,
-                Some((_, bl, bw)) => u128::from(load) * u128::from(bw) < u128::from(bl) * u128::from(w),
-            };
-            if better {
-                best = Some((b, load, w));
-            }
-        }
-        best.map(|(b, _, _)| b.clone())
+        cheapest(&self.pool, accept, |b| b.stats.in_flight() as f64 / f64::from(b.weight))
     }
+}
+
+/// The accepted backend (weight above 0) with the lowest `cost`, scanning
+/// the whole pool from a random start so that ties spread. O(n).
+pub(crate) fn cheapest(
+    pool: &Pool,
+    accept: &mut dyn FnMut(&Backend) -> bool,
+    cost: impl Fn(&Backend) -> f64,
+) -> Option<Arc<Backend>> {
+    let n = pool.len();
+    if n == 0 {
+        return None;
+    }
+    let start = fastrand::usize(..n);
+    let mut best: Option<(&Arc<Backend>, f64)> = None;
+    for k in 0..n {
+        let b = &pool.backends()[(start + k) % n];
+        if b.weight == 0 || !accept(b) {
+            continue;
+        }
+        let c = cost(b);
+        if best.is_none_or(|(_, bc)| c < bc) {
+            best = Some((b, c));
+        }
+    }
+    best.map(|(b, _)| b.clone())
 }
 
 #[cfg(test)]
