@@ -9,6 +9,46 @@ use serde_json::{json, Value};
 
 use crate::support::*;
 
+/// Instances run in their own process groups and outlive a killed Tidegate
+/// (so a restart can adopt them). Tests stop what their Tidegate started:
+/// every process group listed in the provider's state files.
+struct Reaper(std::path::PathBuf);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        let Ok(dir) = std::fs::read_dir(self.0.join("instances")) else { return };
+        for entry in dir.flatten() {
+            let Ok(text) = std::fs::read_to_string(entry.path()) else { continue };
+            let Ok(state) = serde_json::from_str::<Value>(&text) else { continue };
+            let mut pids = Vec::new();
+            collect_pids(&state, &mut pids);
+            // Only emulator instances, by pid (never a process group): a
+            // recorded pid may be gone or reused by now.
+            for pid in pids.into_iter().filter(|p| *p > 1) {
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                if String::from_utf8_lossy(&cmdline).contains("tidegate-emulator") {
+                    let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
+                }
+            }
+        }
+    }
+}
+
+fn collect_pids(v: &Value, out: &mut Vec<i64>) {
+    match v {
+        Value::Object(m) => {
+            for (k, v) in m {
+                match (k.as_str(), v.as_i64()) {
+                    ("pid", Some(p)) => out.push(p),
+                    _ => collect_pids(v, out),
+                }
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|v| collect_pids(v, out)),
+        _ => {}
+    }
+}
+
 fn emulator() -> String {
     bin_dir().join("tidegate-emulator").to_string_lossy().into_owned()
 }
@@ -114,6 +154,7 @@ impl Load {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overload_scales_out_after_the_probe_and_scale_in_drains_without_failures() {
     let dir = tempfile::tempdir().unwrap();
+    let _reaper = Reaper(dir.path().to_path_buf());
     let tg = Arc::new(Tidegate::start(dir.path()));
     let base = Backend::start("base", &["--slots", "2", "--service-time", "fixed:50ms"]);
     // Instances listen only after 1 s: traffic before the probe passes would fail.
@@ -153,6 +194,7 @@ async fn overload_scales_out_after_the_probe_and_scale_in_drains_without_failure
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_instance_is_replaced_and_a_failing_command_gets_no_traffic() {
     let dir = tempfile::tempdir().unwrap();
+    let _reaper = Reaper(dir.path().to_path_buf());
     let tg = Arc::new(Tidegate::start(dir.path()));
     let base = Backend::start("base", &[]);
     // Pinned at 2: one instance besides the static backend.
