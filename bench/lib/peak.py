@@ -1,6 +1,6 @@
 """Peak (paper S1): a service that slows with concurrency (the emulator with
 2 service slots and a fixed 20 ms service time: 100 requests/s per
-instance), an open-loop ramp (tidegate-bench ramp) past one instance's
+instance), an open-loop ramp (tidegate-bench ramp, Poisson arrivals) past one instance's
 capacity and back down, in three variants, each with a fresh Tidegate:
 
 - fixed_1: one static instance;
@@ -24,7 +24,8 @@ import signal
 import time
 from pathlib import Path
 
-from harness import (Ctx, bench, log, median, percentile, start_emulator, start_tidegate, stop_tidegate, wait_http)
+from harness import (Ctx, bench, free_port, log, percentile, start_emulator, start_nginx, start_tidegate,
+                     stop_tidegate, wait_http)
 
 SLOTS = 2
 SERVICE_MS = 20
@@ -34,7 +35,10 @@ PORTS = "24000-24099"
 
 PROFILES = {
     "full": {
-        "steps": [(50, 10), (100, 5), (200, 15), (300, 15), (200, 10), (50, 40)],
+        # Half of one instance's capacity, then 1.5x and 3x, and back down
+        # (no step near the capacity: with Poisson arrivals, 80 % already
+        # queues enough to scale out before the "overload" starts).
+        "steps": [(50, 10), (150, 10), (300, 15), (150, 10), (50, 40)],
         "fixed_steps": None,  # the same
         "autoscale": {"peak_hold_s": 10, "stable_window_s": 10, "panic_window_s": 2, "drain_timeout_s": 10},
         "max": 4,
@@ -120,7 +124,8 @@ def window_stats(rows: list[dict], start_ms: float, end_ms: float) -> dict:
     inside = [r for r in rows if start_ms <= r["due"] < end_ms]
     lat = [r["lat_ms"] for r in inside if ok(r)]
     return {"requests": len(inside), "failed": sum(1 for r in inside if not ok(r)),
-            "p50_ms": round(percentile(lat, 50), 2) if lat else None,
+            "mean_ms": round(sum(lat) / len(lat), 3) if lat else None,
+            "p50_ms": round(percentile(lat, 50), 3) if lat else None,
             "p99_ms": round(percentile(lat, 99), 2) if lat else None,
             "max_ms": round(max(lat), 2) if lat else None}
 
@@ -143,7 +148,11 @@ def run_variant(ctx: Ctx, name: str, p: dict, steps) -> dict:
         wait_http(tg.proxy, "/")
         time.sleep(1.0)  # one autoscaler tick with no load
         csv_path = ctx.work / f"peak-{name}.csv"
-        ramp = bench(ctx, ["ramp", "--steps", steps_arg(steps), "--log", str(csv_path)], proxy=tg.proxy,
+        # Poisson arrivals (the same seed for every variant): evenly spaced
+        # ones are periodic like the autoscaler's 1 s sampling of requests
+        # in flight, and the two can alias (every sample at the same phase).
+        ramp = bench(ctx, ["ramp", "--steps", steps_arg(steps), "--poisson", "--seed", "7", "--log", str(csv_path)],
+                     proxy=tg.proxy,
                      threads=2, timeout_ms=5000, wall_timeout=sum(d for _, d in steps) + 120)
         events = tg.admin.call("GET", "/v1/events").get("events", [])
         status = tg.admin.call("GET", "/v1/status")
@@ -205,6 +214,7 @@ def analyse(name, steps, ramp, rows, events, status, static) -> dict:
             "decision_to_first_served_ms": (serve_at - first_out["at_unix_ms"]) if first_out and serve_at else None,
             "first_instance": new_id,
             "max_instances": max_instances(events, static),
+            "instances_at_end": instances_timeline(events, static, start)[-1][1],
             "scale_in_window_unix_ms": si_window,
             "failed_during_scale_in": si_failed,
             "instances_timeline": instances_timeline(events, static, start),
@@ -240,8 +250,24 @@ def run(ctx: Ctx) -> dict:
     # The proxy's added latency: the warm-up step sent straight to an emulator.
     _, direct = start_emulator(ctx, "peak-direct", *EMU_ARGS)
     warm_rate, warm_s = steps[0]
-    d = bench(ctx, ["ramp", "--steps", f"{warm_rate}:{warm_s}"], proxy=direct, threads=2)
-    direct_p50 = d["total"]["latency_us"]["p50"] / 1e3
+    csv_path = ctx.work / "peak-direct.csv"
+    warm = ["ramp", "--steps", f"{warm_rate}:{warm_s}", "--poisson", "--seed", "7", "--log"]
+    d = bench(ctx, [*warm, str(csv_path)], proxy=direct, threads=2)
+    rows = read_log(csv_path)
+    skip = 1000 * min(1, warm_s / 2)
+    direct_warm = window_stats(rows, d["start_unix_ms"] + skip, d["start_unix_ms"] + warm_s * 1000)
+    # The same step through nginx (upstream keep-alive), for reference.
+    port = free_port()
+    nginx, _ = start_nginx(ctx, "nginx-peak", f"""events {{ worker_connections 1024; }}
+http {{ access_log off;
+  upstream app {{ server {direct}; keepalive 16; }}
+  server {{ listen 127.0.0.1:{port};
+    location / {{ proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; }} }} }}""")
+    wait_http(f"127.0.0.1:{port}", "/health")
+    csv_path = ctx.work / "peak-nginx.csv"
+    n = bench(ctx, [*warm, str(csv_path)], proxy=f"127.0.0.1:{port}", threads=2)
+    ctx.procs.stop(nginx)
+    nginx_warm = window_stats(read_log(csv_path), n["start_unix_ms"] + skip, n["start_unix_ms"] + warm_s * 1000)
     variants = {}
     for name in ("fixed_1", "fixed_max", "autoscaled"):
         v = run_variant(ctx, name, p, steps if name == "autoscaled" else fixed_steps)
@@ -254,12 +280,21 @@ def run(ctx: Ctx) -> dict:
             log(f"  peak autoscaled: detect {a['time_to_detect_ms']} ms, ready {a['decision_to_ready_ms']} ms, "
                 f"served {a['decision_to_first_served_ms']} ms after the decision; max {a['max_instances']} "
                 f"instances; failed during scale-in {a['failed_during_scale_in']}")
-    added = {k: (round((v["warm"]["p50_ms"] - direct_p50) * 1000, 1) if v["warm"]["p50_ms"] is not None else None)
-             for k, v in variants.items()}
+    def added(v, key):
+        w = v["warm"].get(key)
+        return round((w - direct_warm[key]) * 1000, 1) if w is not None and direct_warm[key] is not None else None
+    # Against the same number of instances only: fixed_max serves the first
+    # step with 4 instances, so less queueing, not less proxy.
+    same = {k: v for k, v in variants.items() if k != "fixed_max"}
+    added_p50 = {k: added(v, "p50_ms") for k, v in same.items()}
+    added_mean = {k: added(v, "mean_ms") for k, v in same.items()}
+    added_p50["nginx (reference)"] = added({"warm": nginx_warm}, "p50_ms")
+    added_mean["nginx (reference)"] = added({"warm": nginx_warm}, "mean_ms")
     a = variants["autoscaled"]["autoscale"]
     return {"profile": ctx.profile, "capacity_per_instance": CAPACITY, "slots": SLOTS, "service_ms": SERVICE_MS,
-            "max": p["max"], "autoscale_block": autoscale_block(ctx, p), "direct_warm_p50_ms": direct_p50,
-            "added_latency_us_at_warm_p50": added, "variants": variants,
+            "max": p["max"], "autoscale_block": autoscale_block(ctx, p), "direct_warm": direct_warm,
+            "added_latency_us_at_warm_p50": added_p50, "added_latency_us_at_warm_mean": added_mean,
+            "variants": variants,
             "summary": {
                 "time_to_detect_ms": a["time_to_detect_ms"],
                 "decision_to_ready_ms": a["decision_to_ready_ms"],

@@ -56,11 +56,18 @@ def sh(ctx: Ctx, script: str, args: list[str], name: str) -> None:
     logfile = ctx.out_dir / f"{name}.log"
     argv = ["bash", str(ROOT / "bench" / script), *args, "--bin-dir", str(ctx.bin_dir)]
     log(f"  $ {' '.join(argv[1:])}")
-    with open(logfile, "ab") as f:
-        r = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, timeout=3 * 3600)
-    if r.returncode != 0:
+    # Started through ctx.procs, so an interrupted run stops it too (the
+    # script's exit trap then stops what it started).
+    p = ctx.procs.start(argv, out=logfile, cwd=ROOT)
+    try:
+        rc = p.wait(timeout=3 * 3600)
+    except subprocess.TimeoutExpired:
+        ctx.procs.stop(p)
+        raise RuntimeError(f"bench/{script} did not finish within 3 hours")
+    ctx.procs.stop(p)
+    if rc != 0:
         tail = logfile.read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"bench/{script} failed (exit {r.returncode}); end of {logfile.name}:\n{tail}")
+        raise RuntimeError(f"bench/{script} failed (exit {rc}); end of {logfile.name}:\n{tail}")
 
 
 def jsonl(path) -> list[dict]:
