@@ -82,10 +82,15 @@ struct Scaler {
     failures: u32,
     retry_at_ms: u64,
     board: StatusBoard,
+    /// In-flight readings taken every [`SAMPLE`] since the last decision
+    /// (sum, count): a decision uses their mean, not one instant's value.
+    in_flight_acc: (f64, u32),
 }
 
-/// Time between ticks.
+/// Time between decisions.
 const TICK: Duration = Duration::from_secs(1);
+/// Time between in-flight readings, averaged into each decision's sample.
+const SAMPLE: Duration = Duration::from_millis(100);
 
 /// Runs the autoscaler until aborted: a supervisor that keeps one scaler
 /// task per service with an `autoscale` block.
@@ -121,6 +126,7 @@ pub fn spawn(control: Control, events: Arc<Events>, state_dir: PathBuf, board: S
                     failures: 0,
                     retry_at_ms: 0,
                     board: board.clone(),
+                    in_flight_acc: (0.0, 0),
                 };
                 scalers.insert(name, (spec, tokio::spawn(scaler.run())));
             }
@@ -134,14 +140,24 @@ pub fn spawn(control: Control, events: Arc<Events>, state_dir: PathBuf, board: S
 impl Scaler {
     async fn run(mut self) {
         self.adopt().await;
-        let mut tick = tokio::time::interval(TICK);
+        let mut tick = tokio::time::interval(SAMPLE);
+        let per_decision = (TICK.as_millis() / SAMPLE.as_millis()) as u32;
+        let mut n = 0u32;
         loop {
             tick.tick().await;
             let Some(spec) = self.spec() else {
                 self.shutdown().await;
                 return;
             };
-            self.tick(&spec).await;
+            if let Some(rt) = self.runtime() {
+                let (sample, _) = self.observe(&rt);
+                self.in_flight_acc.0 += sample.in_flight;
+                self.in_flight_acc.1 += 1;
+            }
+            n += 1;
+            if n.is_multiple_of(per_decision) {
+                self.tick(&spec).await;
+            }
         }
     }
 
@@ -161,7 +177,11 @@ impl Scaler {
         self.notice_deaths().await;
         self.finish_drains(spec).await;
         let Some(rt) = self.runtime() else { return };
-        let (sample, counts) = self.observe(&rt);
+        let (mut sample, counts) = self.observe(&rt);
+        let (sum, readings) = std::mem::take(&mut self.in_flight_acc);
+        if readings > 0 {
+            sample.in_flight = sum / f64::from(readings);
+        }
         let p = Params::from(spec);
         let d = decide(&p, &mut self.history, sample, counts);
         let current = counts.current();
