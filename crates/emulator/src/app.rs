@@ -42,6 +42,8 @@ pub struct AppState {
     pub healthy: AtomicBool,
     /// Requests answered 200 after service.
     pub served: AtomicU64,
+    /// Client connections open now.
+    pub connections_open: AtomicU64,
     /// Requests rejected with 503 because the queue was full.
     pub rejected: AtomicU64,
     /// Recent completions per second.
@@ -67,6 +69,7 @@ impl AppState {
             admission: Admission::new(args.slots, args.queue),
             healthy: AtomicBool::new(true),
             served: AtomicU64::new(0),
+            connections_open: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
             completions: RateMeter::new(),
         }))
@@ -100,6 +103,7 @@ impl AppState {
             "in_flight": load.busy,
             "queued": load.queued,
             "slots": load.slots,
+            "connections_open": self.connections_open.load(Ordering::Relaxed),
         })
     }
 }

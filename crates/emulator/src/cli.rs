@@ -50,6 +50,16 @@ pub struct Args {
     /// Runtime worker threads (0 = one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+
+    /// Serve as a misbehaving raw HTTP/1.1 backend instead (see the
+    /// `faults` module: truncated bodies, conflicting framing, garbage).
+    #[arg(long)]
+    pub faults: bool,
+
+    /// With `--faults`: close a keep-alive connection that waits longer
+    /// than this for its next request (units us, ms, s).
+    #[arg(long, value_parser = parse_duration)]
+    pub idle_close: Option<Duration>,
 }
 
 impl Default for Args {
@@ -65,6 +75,8 @@ impl Default for Args {
             orca: false,
             body_size: None,
             threads: 0,
+            faults: false,
+            idle_close: None,
         }
     }
 }

@@ -15,12 +15,17 @@
 //! - `GET /_emulator/stats`, `POST /_emulator/slots?n=N`,
 //!   `POST /_emulator/health?up=true|false`: the control API.
 //!
+//! With `--faults` it is instead a misbehaving raw HTTP/1.1 backend
+//! ([`faults`]): truncated bodies, conflicting framing, garbage, and
+//! keep-alive connections closed after `--idle-close`.
+//!
 //! The binary prints `listening on ADDR` once bound; tests parse that line.
 
 pub mod admission;
 pub mod app;
 pub mod cli;
 pub mod dist;
+pub mod faults;
 pub mod handler;
 pub mod rate;
 pub mod server;

@@ -85,6 +85,7 @@ async fn serve_conn(
     _alive: mpsc::Sender<()>,
 ) {
     let _ = stream.set_nodelay(true);
+    let _open = OpenConnection::new(Arc::clone(&state));
     let service = service_fn(move |req| handle(Arc::clone(&state), req));
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
     tokio::pin!(conn);
@@ -94,6 +95,22 @@ async fn serve_conn(
     }
     conn.as_mut().graceful_shutdown();
     let _ = conn.await;
+}
+
+/// Counts a connection in `connections_open` while it lives.
+struct OpenConnection(Arc<AppState>);
+
+impl OpenConnection {
+    fn new(state: Arc<AppState>) -> Self {
+        state.connections_open.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        OpenConnection(state)
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.connections_open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Runs the emulator as the binary does: optional startup delay, bind, print
@@ -106,6 +123,20 @@ pub async fn run(args: Args) -> io::Result<()> {
             () = tokio::time::sleep(args.startup_delay) => {}
             () = &mut signal => return Ok(()),
         }
+    }
+    if args.faults {
+        let listener = TcpListener::bind(args.listen).await?;
+        let addr = listener.local_addr()?;
+        let mut out = io::stdout().lock();
+        writeln!(out, "listening on {addr}")?;
+        out.flush()?;
+        drop(out);
+        let stats = Arc::new(crate::faults::FaultStats::default());
+        tokio::select! {
+            () = crate::faults::serve(listener, args.name.clone(), args.idle_close, stats) => {}
+            () = &mut signal => {}
+        }
+        return Ok(());
     }
     let emulator = Emulator::bind(&args).await?;
     let addr = emulator.local_addr()?;

@@ -117,6 +117,27 @@ impl Default for QueueSpec {
     }
 }
 
+/// Connections from the proxy to a service's backends.
+///
+/// Each proxy worker keeps its own idle connections per backend and reuses
+/// the most recently used one first (its socket buffers and the backend's
+/// caches are warm). An idle connection is closed after `timeouts.idle_ms`,
+/// or at once when the backend closes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamSpec {
+    /// Most idle keep-alive connections kept per backend and per worker
+    /// (default 256, at most 100000; 0 closes every connection after its
+    /// response, like HTTP/1.0). Connections in use are not limited by it.
+    pub max_idle: u32,
+}
+
+impl Default for UpstreamSpec {
+    fn default() -> Self {
+        UpstreamSpec { max_idle: 256 }
+    }
+}
+
 /// How a service picks a backend for each request.
 ///
 /// Selected by `"kind"`; each kind documents its own parameters. Every
@@ -840,6 +861,9 @@ pub struct ServiceSettings {
     /// Waiting for backends at their `max_conns`.
     #[serde(default)]
     pub queue: QueueSpec,
+    /// Connections to the backends: how many idle ones are kept for reuse.
+    #[serde(default)]
+    pub upstream: UpstreamSpec,
     /// Autoscaling (off unless given).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscale: Option<AutoscaleSpec>,
@@ -859,6 +883,7 @@ impl Default for ServiceSettings {
             health: HealthSpec::default(),
             load_metrics: LoadSources::default(),
             queue: QueueSpec::default(),
+            upstream: UpstreamSpec::default(),
             autoscale: None,
         }
     }
@@ -885,6 +910,9 @@ impl ServiceSettings {
         }
         if self.queue.timeout_ms == 0 || self.queue.timeout_ms > DAY_MS || self.queue.max > 1_000_000 {
             return Err("queue: need max <= 1000000 and 0 < timeout_ms <= 1 day".into());
+        }
+        if self.upstream.max_idle > 100_000 {
+            return Err(format!("upstream.max_idle: must be 0..=100000, got {}", self.upstream.max_idle));
         }
         if self.retry_budget.percent > 100 {
             return Err("retry_budget.percent: must be 0..=100".into());
@@ -984,6 +1012,8 @@ struct ServiceWire {
     load_metrics: LoadSources,
     #[serde(default)]
     queue: QueueSpec,
+    #[serde(default)]
+    upstream: UpstreamSpec,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     autoscale: Option<AutoscaleSpec>,
     #[serde(default)]
@@ -1068,6 +1098,7 @@ impl<'de> Deserialize<'de> for ServiceSpec {
             health: w.health,
             load_metrics: w.load_metrics,
             queue: w.queue,
+            upstream: w.upstream,
             autoscale: w.autoscale,
         };
         settings.validate().map_err(de::Error::custom)?;
@@ -1086,6 +1117,7 @@ impl Serialize for ServiceSpec {
             health: st.health.clone(),
             load_metrics: st.load_metrics.clone(),
             queue: st.queue,
+            upstream: st.upstream,
             autoscale: st.autoscale.clone(),
             backends: BackendList(self.backends.clone()),
         }

@@ -1,32 +1,32 @@
-//! Forwarding to a backend: pooled clients, headers, timeouts, retries,
-//! upgrades.
+//! Forwarding to a backend: prepare the request once, then attempts, each
+//! against one backend, until one succeeds or [`decide`] says to stop.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderValue};
 use http::request::Parts;
-use http::uri::{PathAndQuery, Scheme};
+use http::uri::PathAndQuery;
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
-use http_body_util::{BodyExt, Either, Full, Limited};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use std::sync::atomic::Ordering::Relaxed;
+use hyper_util::rt::TokioIo;
 
-use tidegate_balance::{clock, orca, record_outcome, Backend, InFlight, Outcome, RequestCtx};
+use tidegate_balance::{clock, orca, record_outcome, Backend, Outcome, RequestCtx};
 use tidegate_distributor::{DistributorClient, Query};
-use tidegate_model::{ExternalSpec, PolicySpec, Timeouts};
+use tidegate_model::{ExternalSpec, PolicySpec, ServiceSettings};
 use tidegate_snapshot::{ServiceLive, ServiceRuntime};
 
-use crate::body::ProxyBody;
-use crate::errors::ProxyError;
+use crate::body::{Hold, ProxyBody, UpBody};
+use crate::error::ErrorKind;
+use crate::headers;
 use crate::metrics::Counters;
+use crate::pick::{pick_or_wait, Queue, Slot};
+use crate::pool::{ConnSettings, Sent, UpstreamPool};
+use crate::retry::{decide, Decision, Failure, Progress};
 
 /// The client end of a connection, prepared once per connection.
 #[derive(Debug, Clone)]
@@ -46,277 +46,194 @@ impl Peer {
     }
 }
 
-/// The body sent upstream: buffered (replayable) or streamed through.
-type UpBody = Either<Full<Bytes>, Incoming>;
-type UpClient = Client<HttpConnector, UpBody>;
-/// Clients by (connect_ms, idle_ms).
-type ClientList = Vec<((u64, u64), Arc<UpClient>)>;
-
 /// Request bodies up to this size are buffered so a failed attempt can be
-/// replayed on another backend; larger ones stream and are not retried.
+/// replayed on another backend; larger ones stream and are retried only
+/// when no byte of them was sent.
 const REPLAY_LIMIT: u64 = 64 * 1024;
 
-/// Pooled clients, one per distinct (connect, idle) timeout pair: connect and
-/// idle timeouts are properties of a hyper-util client's connector and pool.
-/// A handful of distinct pairs is the norm, so a list scan beats hashing.
+/// A worker's way to its backends: its connection pool and its
+/// external-distributor client.
 #[derive(Default)]
 pub(crate) struct Upstreams {
-    clients: ArcSwap<ClientList>,
+    pool: UpstreamPool,
     /// Asks external distributors (paper S4); one per worker.
     distributor: DistributorClient,
 }
 
-impl Upstreams {
-    fn client(&self, t: &Timeouts) -> Arc<UpClient> {
-        let key = (t.connect_ms, t.idle_ms);
-        if let Some((_, c)) = self.clients.load().iter().find(|(k, _)| *k == key) {
-            return c.clone();
-        }
-        let client = Arc::new(build_client(t));
-        self.clients.rcu(|list| {
-            let mut list = Vec::clone(list);
-            if !list.iter().any(|(k, _)| *k == key) {
-                list.push((key, client.clone()));
-            }
-            list
-        });
-        client
+/// A request ready to be sent, any number of times its body allows.
+struct Prepared {
+    parts: Parts,
+    body: Replay,
+    path_and_query: PathAndQuery,
+    /// The client's side of an upgrade (WebSocket), if it asked for one.
+    upgrade: Option<hyper::upgrade::OnUpgrade>,
+    idempotent: bool,
+}
+
+impl Prepared {
+    /// Reads what the attempts need from the client's request: forwarding
+    /// headers, and the body, buffered when it is small and complete.
+    async fn new(mut req: Request<Incoming>, peer: &Peer) -> Result<Prepared, ErrorKind> {
+        let upgrade = wants_upgrade(&req).then(|| hyper::upgrade::on(&mut req));
+        let (mut parts, body) = req.into_parts();
+        let body = Replay::new(body).await?;
+        headers::request_headers(&mut parts, peer, upgrade.is_some());
+        let path_and_query = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+        let idempotent = is_idempotent(&parts.method);
+        Ok(Prepared { parts, body, path_and_query, upgrade, idempotent })
     }
 
+    fn retry_traits(&self) -> crate::retry::Request {
+        crate::retry::Request { idempotent: self.idempotent, replayable: self.body.replayable() }
+    }
+}
+
+impl ConnSettings {
+    fn of(settings: &ServiceSettings) -> ConnSettings {
+        ConnSettings {
+            connect: Duration::from_millis(settings.timeouts.connect_ms),
+            idle: Duration::from_millis(settings.timeouts.idle_ms),
+            max_idle: settings.upstream.max_idle as usize,
+        }
+    }
+}
+
+/// How one attempt ended, as passive health sees it: `None` when the
+/// backend is not to blame (the client broke the exchange, or a pooled
+/// connection raced its idle close).
+fn outcome_of(result: &Result<Sent, ErrorKind>) -> Option<Outcome> {
+    match result {
+        Ok(sent) => Some(match sent.response.status().as_u16() {
+            429 | 503 => Outcome::Overloaded,
+            s if s >= 500 => Outcome::Failure,
+            _ => Outcome::Success,
+        }),
+        Err(kind) if kind.blames_backend() => Some(Outcome::Failure),
+        Err(_) => None,
+    }
+}
+
+impl Upstreams {
     /// Forwards `req` to a backend of `service`, trying others on failure.
     pub(crate) async fn forward(
         &self,
         service: &ServiceRuntime,
-        mut req: Request<Incoming>,
+        req: Request<Incoming>,
         peer: &Peer,
         metrics: &Counters,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
+    ) -> Result<Response<ProxyBody>, ErrorKind> {
         let settings = &service.settings;
-        let client = self.client(&settings.timeouts);
-        let upgrade = wants_upgrade(&req);
-        let downstream_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
-        let (mut parts, body) = req.into_parts();
-        let mut body = Replay::new(body).await?;
-        prepare_headers(&mut parts, peer, upgrade);
-        let idempotent = is_idempotent(&parts.method);
-        let path_and_query = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
-        let ctx = RequestCtx { client: Some(peer.addr), path: path_and_query.as_str(), headers: &parts.headers };
+        let mut req = Prepared::new(req, peer).await?;
+        let ctx =
+            RequestCtx { client: Some(peer.addr), path: req.path_and_query.as_str(), headers: &req.parts.headers };
+        let conn = ConnSettings::of(settings);
         let response_timeout = Duration::from_millis(settings.timeouts.response_ms);
-        let mut _retry_token = None;
         let reads_orca = settings.load_metrics.orca || matches!(settings.policy, PolicySpec::OrcaWrr(_));
         let mut tried: Vec<Arc<Backend>> = Vec::new();
         let mut queue = Queue::new(settings.queue.timeout_ms);
         let mut first = match &settings.policy {
-            PolicySpec::External(spec) => self.ask_distributor(spec, service, &parts, &path_and_query, peer).await,
+            PolicySpec::External(spec) => {
+                self.ask_distributor(spec, service, &req.parts, &req.path_and_query, peer).await
+            }
             _ => None,
         };
-        let mut last_error = ProxyError::NoBackend;
+        let mut progress = Progress { retries: 0, max_retries: settings.retries, fresh_retries: 0 };
+        let mut _retry_token = None;
+        // What the client gets when no attempt succeeds.
+        let mut last = ErrorKind::NoBackend;
         let mut shed: Option<Response<ProxyBody>> = None;
-        for attempt in 0..=settings.retries {
-            // The budget bounds the extra work retries put on backends; a
-            // connect failure put none there, so its retry is not counted.
-            if attempt > 0 && (shed.is_some() || last_error != ProxyError::ConnectFailed) {
-                let in_flight = service.selector.backends().iter().map(|b| b.stats.in_flight()).sum();
-                if !service.live.try_retry(&settings.retry_budget, in_flight) {
-                    break;
+        let mut same_backend: Option<Arc<Backend>> = None;
+        loop {
+            let fresh = same_backend.is_some();
+            let backend = match same_backend.take() {
+                Some(b) => b,
+                None => {
+                    let picked = match first.take() {
+                        Some(b) => Some(b),
+                        None => pick_or_wait(service, &ctx, &tried, &mut queue).await?,
+                    };
+                    queue.waiting = None; // no longer waiting: free the queue place
+                    let Some(b) = picked else { break };
+                    tried.push(b.clone());
+                    b
                 }
-                _retry_token = Some(RetryToken(&service.live));
-            }
-            let picked = match first.take() {
-                Some(b) => Some(b),
-                None => pick_or_wait(service, &ctx, &tried, &mut queue).await?,
             };
-            let Some(backend) = picked else {
-                break;
-            };
-            queue.waiting = None; // no longer waiting: free the queue place
-            tried.push(backend.clone());
-            let Some(up_body) = body.take() else {
-                break;
-            };
-            if attempt > 0 {
+            let Some(body) = req.body.take() else { break };
+            if progress.retries + progress.fresh_retries > 0 {
                 metrics.retry();
             }
-            let up = upstream_request(&parts, &backend, &path_and_query, up_body)?;
-            let limited = backend.max_conns.is_some();
-            let mut guard = Slot { guard: Some(backend.stats.start()), live: limited.then(|| service.live.clone()) };
-            let result = tokio::time::timeout(response_timeout, client.request(up)).await;
-            let outcome = match &result {
-                Ok(Ok(resp)) if matches!(resp.status().as_u16(), 429 | 503) => Outcome::Overloaded,
-                Ok(Ok(resp)) if !resp.status().is_server_error() => Outcome::Success,
-                _ => Outcome::Failure,
-            };
-            guard.record(outcome);
-            let pool = service.selector.backends();
-            if record_outcome(&backend, outcome, clock::now_ms(), &settings.health.passive, pool) {
-                tracing::warn!(service = %service.name, backend = %backend.id, addr = %backend.addr, "backend ejected after consecutive failures");
-            }
-            match result {
-                Ok(Ok(mut resp)) => {
-                    if reads_orca {
-                        read_orca(&resp, &backend);
-                    }
-                    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
-                        if let Some(down) = downstream_upgrade {
-                            splice_upgrade(down, hyper::upgrade::on(&mut resp));
+            let up = upstream_request(&req.parts, &backend, &req.path_and_query, body)?;
+            let mut slot = Slot::take(&backend, service);
+            let upgrade = req.upgrade.is_some();
+            let result =
+                match tokio::time::timeout(response_timeout, self.pool.send(&backend.addr, conn, up, fresh, upgrade))
+                    .await
+                {
+                    Ok(Ok(sent)) => Ok(sent),
+                    Ok(Err(unsent)) => {
+                        if let Some(r) = unsent.request {
+                            req.body.put_back(r.into_body());
                         }
-                        return Ok(resp.map(|_| ProxyBody::empty()));
+                        Err(unsent.kind)
                     }
-                    strip_hop_by_hop(resp.headers_mut());
-                    let resp = resp.map(|b| ProxyBody::Upstream { body: b, guard: Some(guard) });
-                    // A backend that shed the request (503) did not process it:
-                    // an idempotent request may try another one; if none can
-                    // take it, the client gets this 503.
-                    if resp.status() == StatusCode::SERVICE_UNAVAILABLE && idempotent && attempt < settings.retries {
-                        shed = Some(resp);
-                        continue;
-                    }
-                    return Ok(resp);
+                    Err(_) => Err(ErrorKind::ResponseTimeout),
+                };
+            if let Some(outcome) = outcome_of(&result) {
+                slot.record(outcome);
+                let pool = service.selector.backends();
+                if record_outcome(&backend, outcome, clock::now_ms(), &settings.health.passive, pool) {
+                    tracing::warn!(service = %service.name, backend = %backend.id, addr = %backend.addr, "backend ejected after consecutive failures");
                 }
-                Ok(Err(e)) => {
-                    let connect = e.is_connect();
-                    tracing::debug!(backend = %backend.addr, error = %e, connect, "upstream attempt failed");
-                    last_error = if connect { ProxyError::ConnectFailed } else { ProxyError::UpstreamFailed };
-                    // Nothing was sent on a connect failure, so any method may go
-                    // elsewhere; after a send, only idempotent ones.
-                    if !(connect || idempotent) {
-                        break;
+            }
+            let failure = match result {
+                Ok(Sent { mut response, conn }) => {
+                    if reads_orca {
+                        read_orca(&response, &backend);
                     }
+                    let hold = Hold { slot, conn: Some(conn) };
+                    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+                        if let Some(down) = req.upgrade.take() {
+                            splice_upgrade(down, hyper::upgrade::on(&mut response), hold);
+                        }
+                        return Ok(response.map(|_| ProxyBody::empty()));
+                    }
+                    headers::response_headers(response.headers_mut());
+                    let response = response.map(|b| ProxyBody::upstream(b, hold));
+                    if response.status() != StatusCode::SERVICE_UNAVAILABLE {
+                        return Ok(response);
+                    }
+                    // The backend shed the request: another one may take it;
+                    // if none can, the client gets this 503.
+                    shed = Some(response);
+                    Failure::Shed
                 }
-                Err(_) => {
-                    last_error = ProxyError::Timeout;
-                    break;
+                Err(kind) => {
+                    tracing::debug!(backend = %backend.addr, error = kind.name(), "upstream attempt failed");
+                    last = kind;
+                    Failure::Error(kind)
+                }
+            };
+            match decide(failure, req.retry_traits(), progress) {
+                Decision::GiveUp => break,
+                Decision::SameBackendFreshConnection => {
+                    progress.fresh_retries += 1;
+                    same_backend = Some(backend);
+                }
+                Decision::OtherBackend { budgeted } => {
+                    if budgeted {
+                        // The budget bounds the extra work retries put on
+                        // backends; a request that reached none costs none.
+                        let in_flight = service.selector.backends().iter().map(|b| b.stats.in_flight()).sum();
+                        if !service.live.try_retry(&settings.retry_budget, in_flight) {
+                            break;
+                        }
+                        _retry_token = Some(RetryToken(&service.live));
+                    }
+                    progress.retries += 1;
                 }
             }
         }
-        shed.ok_or(last_error)
-    }
-}
-
-/// What a pick found.
-enum Pick {
-    /// A backend to try.
-    Backend(Arc<Backend>),
-    /// Available backends exist, but all are at their `max_conns`.
-    Full,
-    /// No untried backend at all.
-    Nothing,
-}
-
-/// Picks a backend not tried yet for this request: preferably one that is
-/// available (active checks pass, not ejected) with room under its
-/// `max_conns`, admitted by slow start's ramp; else any available one with
-/// room. If available backends exist but are all full, that is `Full`. When
-/// no backend is available at all, any untried one with room is tried
-/// (panic mode: health data may be wrong, an attempt costs less than a
-/// certain 503).
-fn pick(service: &ServiceRuntime, ctx: &RequestCtx<'_>, tried: &[Arc<Backend>], now: u64) -> Pick {
-    let untried = |b: &Backend| !tried.iter().any(|t| std::ptr::eq(&**t, b));
-    let available = |b: &Backend| untried(b) && b.stats.is_available(now);
-    let ramp = service.settings.health.slow_start_ms;
-    let sel = &service.selector;
-    if ramp > 0 {
-        // A primary held back by its ramp must not hand its turn to a backup.
-        let primary_open = sel.primaries().any(|b| b.weight > 0 && available(b) && b.has_room());
-        let mut ramped = |b: &Backend| {
-            available(b)
-                && b.has_room()
-                && (!b.backup || !primary_open)
-                && fastrand::f64() < b.stats.slow_start_factor(now, ramp)
-        };
-        if let Some(b) = sel.select(ctx, &mut ramped) {
-            return Pick::Backend(b);
-        }
-    }
-    if let Some(b) = sel.select(ctx, &mut |b: &Backend| available(b) && b.has_room()) {
-        return Pick::Backend(b);
-    }
-    if sel.backends().iter().any(|b| b.weight > 0 && available(b) && !b.has_room()) {
-        return Pick::Full;
-    }
-    match sel.select(ctx, &mut |b: &Backend| untried(b) && b.has_room()) {
-        Some(b) => Pick::Backend(b),
-        None if sel.backends().iter().any(|b| b.weight > 0 && untried(b) && !b.has_room()) => Pick::Full,
-        None => Pick::Nothing,
-    }
-}
-
-/// A request's place in its service's queue.
-struct Queue<'a> {
-    timeout: Duration,
-    deadline: Option<tokio::time::Instant>,
-    waiting: Option<Waiting<'a>>,
-}
-
-impl Queue<'_> {
-    fn new(timeout_ms: u64) -> Self {
-        Queue { timeout: Duration::from_millis(timeout_ms), deadline: None, waiting: None }
-    }
-}
-
-/// Counts a request in `queued` while it waits.
-struct Waiting<'a>(&'a ServiceLive);
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.queued.fetch_sub(1, Relaxed);
-    }
-}
-
-/// Picks a backend, waiting in the service's bounded queue while every
-/// available backend is at its `max_conns` (HAProxy's maxconn queue).
-async fn pick_or_wait<'a>(
-    service: &'a ServiceRuntime,
-    ctx: &RequestCtx<'_>,
-    tried: &[Arc<Backend>],
-    queue: &mut Queue<'a>,
-) -> Result<Option<Arc<Backend>>, ProxyError> {
-    let live = &*service.live;
-    loop {
-        match pick(service, ctx, tried, clock::now_ms()) {
-            Pick::Backend(b) => return Ok(Some(b)),
-            Pick::Nothing => return Ok(None),
-            Pick::Full => {}
-        }
-        if queue.waiting.is_none() {
-            let max = u64::from(service.settings.queue.max);
-            if live.queued.fetch_add(1, Relaxed) >= max {
-                live.queued.fetch_sub(1, Relaxed);
-                return Err(ProxyError::QueueFull);
-            }
-            queue.waiting = Some(Waiting(live));
-        }
-        let deadline = *queue.deadline.get_or_insert_with(|| tokio::time::Instant::now() + queue.timeout);
-        // A slot freed between the pick and here left a permit: no lost wake-up.
-        if tokio::time::timeout_at(deadline, live.freed.notified()).await.is_err() {
-            return Err(ProxyError::QueueTimeout);
-        }
-    }
-}
-
-/// One attempt's hold on a backend: counted in flight until dropped; for a
-/// backend with `max_conns`, dropping it also wakes a queued request.
-#[derive(Debug)]
-pub struct Slot {
-    guard: Option<InFlight>,
-    live: Option<Arc<ServiceLive>>,
-}
-
-impl Slot {
-    fn record(&mut self, outcome: Outcome) {
-        if let Some(g) = &mut self.guard {
-            g.record(outcome);
-        }
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        // Free the slot first, so the woken request finds room.
-        drop(self.guard.take());
-        if let Some(live) = &self.live {
-            live.freed.notify_one();
-        }
+        shed.ok_or(last)
     }
 }
 
@@ -376,19 +293,6 @@ impl Upstreams {
     }
 }
 
-fn build_client(t: &Timeouts) -> UpClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(Duration::from_millis(t.connect_ms)));
-    connector.set_keepalive(Some(Duration::from_secs(60)));
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_millis(t.idle_ms))
-        .pool_max_idle_per_host(usize::MAX)
-        .pool_timer(TokioTimer::new())
-        .timer(TokioTimer::new())
-        .build(connector)
-}
-
 /// The request body, buffered when small so it can be sent more than once.
 enum Replay {
     Buffered(Bytes),
@@ -396,25 +300,37 @@ enum Replay {
 }
 
 impl Replay {
-    async fn new(body: Incoming) -> Result<Replay, ProxyError> {
+    async fn new(body: Incoming) -> Result<Replay, ErrorKind> {
         if body.is_end_stream() {
             return Ok(Replay::Buffered(Bytes::new()));
         }
         match body.size_hint().exact() {
             Some(n) if n <= REPLAY_LIMIT => {
                 let collected =
-                    Limited::new(body, REPLAY_LIMIT as usize).collect().await.map_err(|_| ProxyError::BadRequest)?;
+                    Limited::new(body, REPLAY_LIMIT as usize).collect().await.map_err(|_| ErrorKind::ClientBody)?;
                 Ok(Replay::Buffered(collected.to_bytes()))
             }
             _ => Ok(Replay::Streaming(Some(body))),
         }
     }
 
+    /// Whether every attempt can send the whole body.
+    fn replayable(&self) -> bool {
+        matches!(self, Replay::Buffered(_))
+    }
+
     /// The body for one more attempt, if it can be sent again.
     fn take(&mut self) -> Option<UpBody> {
         match self {
-            Replay::Buffered(b) => Some(Either::Left(Full::new(b.clone()))),
-            Replay::Streaming(b) => b.take().map(Either::Right),
+            Replay::Buffered(b) => Some(UpBody::Buffered(Full::new(b.clone()))),
+            Replay::Streaming(b) => b.take().map(UpBody::Streaming),
+        }
+    }
+
+    /// Takes back a streamed body that no attempt started to send.
+    fn put_back(&mut self, body: UpBody) {
+        if let (Replay::Streaming(slot), UpBody::Streaming(b)) = (self, body) {
+            *slot = Some(b);
         }
     }
 }
@@ -433,86 +349,33 @@ fn wants_upgrade<B>(req: &Request<B>) -> bool {
             .any(|v| v.to_str().is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case("upgrade"))))
 }
 
-static HOP_BY_HOP: [HeaderName; 7] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-];
-
-/// Removes hop-by-hop headers, including those named in `Connection`.
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|s| s.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect();
-    for h in HOP_BY_HOP.iter().chain(&named) {
-        headers.remove(h);
-    }
-    headers.remove(header::UPGRADE);
-}
-
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-
-fn prepare_headers(parts: &mut Parts, peer: &Peer, upgrade: bool) {
-    let h = &mut parts.headers;
-    let upgrade_value = h.get(header::UPGRADE).cloned();
-    strip_hop_by_hop(h);
-    if upgrade {
-        if let Some(v) = upgrade_value {
-            h.insert(header::UPGRADE, v);
-            h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        }
-    }
-    let xff = match h.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(prev) => HeaderValue::from_str(&format!("{prev}, {}", peer.addr.ip())).ok(),
-        None => Some(peer.ip_header.clone()),
-    };
-    if let Some(v) = xff {
-        h.insert(X_FORWARDED_FOR.clone(), v);
-    }
-    h.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
-    // HTTP/2 carries the host in the URI; HTTP/1.1 backends need the header.
-    let original_host = h
-        .get(header::HOST)
-        .cloned()
-        .or_else(|| parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
-    if let Some(v) = original_host {
-        h.insert(X_FORWARDED_HOST.clone(), v.clone());
-        h.insert(header::HOST, v);
-    }
-}
-
 fn upstream_request(
     parts: &Parts,
     backend: &Backend,
     path_and_query: &PathAndQuery,
     body: UpBody,
-) -> Result<Request<UpBody>, ProxyError> {
-    let mut uri = http::uri::Parts::default();
-    uri.scheme = Some(Scheme::HTTP);
-    uri.authority = Some(backend.authority.clone());
-    uri.path_and_query = Some(path_and_query.clone());
-    let uri = Uri::from_parts(uri).map_err(|_| ProxyError::BadRequest)?;
+) -> Result<Request<UpBody>, ErrorKind> {
+    // Origin-form (`/path?query`): an HTTP/1.1 connection writes the URI
+    // as it is given.
+    let uri = Uri::from(path_and_query.clone());
     let mut req = Request::new(body);
     *req.method_mut() = parts.method.clone();
     *req.uri_mut() = uri;
     *req.version_mut() = Version::HTTP_11;
     *req.headers_mut() = parts.headers.clone();
+    if !req.headers().contains_key(header::HOST) {
+        // An HTTP/1.0 client may send none; HTTP/1.1 requires one.
+        let host = HeaderValue::from_str(backend.authority.as_str()).map_err(|_| ErrorKind::BadRequest)?;
+        req.headers_mut().insert(header::HOST, host);
+    }
     Ok(req)
 }
 
-/// Joins the client's and the backend's upgraded connections.
-fn splice_upgrade(down: hyper::upgrade::OnUpgrade, up: hyper::upgrade::OnUpgrade) {
+/// Joins the client's and the backend's upgraded connections. The tunnel
+/// holds its backend slot (in flight, `max_conns`) until it closes.
+fn splice_upgrade(down: hyper::upgrade::OnUpgrade, up: hyper::upgrade::OnUpgrade, hold: Hold) {
     tokio::spawn(async move {
+        let _hold = hold;
         let (Ok(down), Ok(up)) = tokio::join!(down, up) else {
             return;
         };

@@ -11,7 +11,7 @@ use tidegate_snapshot::RequestView;
 use tidegate_snapshot::Snapshot;
 
 use crate::body::ProxyBody;
-use crate::errors::ProxyError;
+use crate::error::ErrorKind;
 use crate::forward::{Peer, Upstreams};
 use crate::metrics::{Counters, ProxyMetrics};
 use crate::static_files;
@@ -48,15 +48,15 @@ impl Proxy {
         resp
     }
 
-    async fn dispatch(&self, req: Request<Incoming>, client: &Peer) -> Result<Response<ProxyBody>, ProxyError> {
+    async fn dispatch(&self, req: Request<Incoming>, client: &Peer) -> Result<Response<ProxyBody>, ErrorKind> {
         let snapshot = self.snapshots.load_full();
         let host = request_host(&req);
         let view = RequestView { host: &host, path: req.uri().path(), method: req.method(), headers: req.headers() };
-        let route = snapshot.route(&view).ok_or(ProxyError::NoRoute)?;
+        let route = snapshot.route(&view).ok_or(ErrorKind::NoRoute)?;
         match &route.spec.action {
             RouteAction::Static(dir) => Ok(static_files::serve(dir, &route.spec.matches.path, &req).await),
             RouteAction::Service(name) => {
-                let service = snapshot.service(name.as_str()).ok_or(ProxyError::NoBackend)?.clone();
+                let service = snapshot.service(name.as_str()).ok_or(ErrorKind::NoBackend)?.clone();
                 drop(snapshot);
                 self.upstreams.forward(&service, req, client, &self.metrics).await
             }

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use http::StatusCode;
 
-use crate::errors::ProxyError;
+use crate::error::{ErrorKind, Source};
 
 /// Counters of the data plane: one shard per worker, so workers never write
 /// the same cache line; summed when rendered.
@@ -42,12 +42,8 @@ impl ProxyMetrics {
 pub(crate) struct Counters {
     /// Responses by status class: 1xx, 2xx, 3xx, 4xx, 5xx.
     responses: [AtomicU64; 5],
-    /// Requests answered by the proxy itself, by reason.
-    no_route: AtomicU64,
-    no_backend: AtomicU64,
-    connect_failed: AtomicU64,
-    upstream_failed: AtomicU64,
-    timeouts: AtomicU64,
+    /// Requests answered by the proxy itself, by [`ErrorKind::index`].
+    errors: [AtomicU64; ErrorKind::ALL.len()],
     /// Attempts beyond the first.
     retries: AtomicU64,
     /// Downstream connections accepted.
@@ -56,15 +52,12 @@ pub(crate) struct Counters {
 
 impl Counters {
     fn add(&self, other: &Counters) {
-        let pairs = self.responses.iter().zip(&other.responses).chain([
-            (&self.no_route, &other.no_route),
-            (&self.no_backend, &other.no_backend),
-            (&self.connect_failed, &other.connect_failed),
-            (&self.upstream_failed, &other.upstream_failed),
-            (&self.timeouts, &other.timeouts),
-            (&self.retries, &other.retries),
-            (&self.connections, &other.connections),
-        ]);
+        let pairs = self
+            .responses
+            .iter()
+            .zip(&other.responses)
+            .chain(self.errors.iter().zip(&other.errors))
+            .chain([(&self.retries, &other.retries), (&self.connections, &other.connections)]);
         for (mine, theirs) in pairs {
             mine.fetch_add(theirs.load(Relaxed), Relaxed);
         }
@@ -75,15 +68,8 @@ impl Counters {
         self.responses[class].fetch_add(1, Relaxed);
     }
 
-    pub(crate) fn error(&self, e: ProxyError) {
-        let c = match e {
-            ProxyError::NoRoute => &self.no_route,
-            ProxyError::NoBackend | ProxyError::QueueFull | ProxyError::QueueTimeout => &self.no_backend,
-            ProxyError::ConnectFailed => &self.connect_failed,
-            ProxyError::UpstreamFailed | ProxyError::BadRequest => &self.upstream_failed,
-            ProxyError::Timeout => &self.timeouts,
-        };
-        c.fetch_add(1, Relaxed);
+    pub(crate) fn error(&self, e: ErrorKind) {
+        self.errors[e.index()].fetch_add(1, Relaxed);
     }
 
     pub(crate) fn retry(&self) {
@@ -100,16 +86,19 @@ impl Counters {
         for (i, c) in self.responses.iter().enumerate() {
             let _ = writeln!(out, "tidegate_responses_total{{class=\"{}xx\"}} {}", i + 1, c.load(Relaxed));
         }
-        let _ = writeln!(out, "# HELP tidegate_proxy_errors_total Requests the proxy answered itself, by reason.");
+        let _ = writeln!(
+            out,
+            "# HELP tidegate_proxy_errors_total Requests the proxy answered itself, by reason and where the failure came from."
+        );
         let _ = writeln!(out, "# TYPE tidegate_proxy_errors_total counter");
-        for (reason, c) in [
-            ("no_route", &self.no_route),
-            ("no_backend", &self.no_backend),
-            ("connect_failed", &self.connect_failed),
-            ("upstream_failed", &self.upstream_failed),
-            ("timeout", &self.timeouts),
-        ] {
-            let _ = writeln!(out, "tidegate_proxy_errors_total{{reason=\"{reason}\"}} {}", c.load(Relaxed));
+        for (kind, c) in ErrorKind::ALL.iter().zip(&self.errors) {
+            let source = match kind.source() {
+                Source::Client => "client",
+                Source::Upstream => "upstream",
+                Source::Local => "local",
+            };
+            let (reason, n) = (kind.name(), c.load(Relaxed));
+            let _ = writeln!(out, "tidegate_proxy_errors_total{{reason=\"{reason}\",source=\"{source}\"}} {n}");
         }
         for (name, help, c) in [
             ("tidegate_retries_total", "Upstream attempts beyond the first.", &self.retries),

@@ -16,7 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio_util::io::ReaderStream;
 
 use crate::body::{BoxError, ProxyBody};
-use crate::errors::plain;
+use crate::error::plain;
 
 /// A file's bytes (a range of them), streamed.
 #[derive(Debug)]

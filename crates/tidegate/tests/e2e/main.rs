@@ -11,3 +11,4 @@ mod durability;
 mod external;
 mod proxying;
 mod sources;
+mod upstream;

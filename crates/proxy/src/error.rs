@@ -1,0 +1,272 @@
+//! One error type for the request path.
+//!
+//! Every way a request can fail is an [`ErrorKind`]. A kind says where the
+//! failure came from ([`Source`]: the client, a backend, or the proxy
+//! itself), whether a backend is to blame (passive health reads that),
+//! whether and where the request may be tried again ([`Retry`], read by
+//! [`crate::retry::decide`]), and what the client is answered. Metrics, the
+//! client's answer, passive health and retries all read this one value, so
+//! they cannot disagree.
+
+use http::{header, Response, StatusCode};
+
+use crate::body::ProxyBody;
+
+/// Where a failure came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The client: a malformed request, a body that broke off.
+    Client,
+    /// A backend: it refused, reset, timed out or answered garbage.
+    Upstream,
+    /// The proxy's own configuration or limits: no route, no backend, a
+    /// full queue.
+    Local,
+}
+
+/// Whether a failed attempt may be tried again, and where.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// Never: the failure would repeat, or retrying could do harm.
+    Never,
+    /// Nothing reached a backend (a connect failure): any request may go to
+    /// another backend.
+    Unsent,
+    /// The request may have been processed: only an idempotent request with
+    /// a replayable body may go to another backend.
+    IfIdempotent,
+    /// A pooled keep-alive connection turned out to be closed by the
+    /// backend: the same backend may be tried on a fresh connection.
+    FreshConnection,
+}
+
+/// Why a request failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// No route matches the request.
+    NoRoute,
+    /// The route's service has no backend that can take the request.
+    NoBackend,
+    /// Every backend is at its `max_conns` and the queue is full (or off).
+    QueueFull,
+    /// The request waited in the queue for `queue.timeout_ms` in vain.
+    QueueTimeout,
+    /// The request cannot be forwarded as it is (it names no usable target).
+    BadRequest,
+    /// The client's request body broke off or was malformed (bad chunked
+    /// encoding, a connection closed mid-body).
+    ClientBody,
+    /// The TCP connection to the backend was refused or failed.
+    ConnectFailed,
+    /// The TCP connection to the backend was not open within `connect_ms`.
+    ConnectTimeout,
+    /// A reused keep-alive connection was closed by the backend before it
+    /// answered (the race between its idle timeout and our request).
+    StaleConnection,
+    /// The backend reset the connection or closed it before a complete
+    /// response head.
+    UpstreamClosed,
+    /// The backend answered something that is not valid HTTP.
+    InvalidResponse,
+    /// The backend did not answer within the service's `response_ms`.
+    ResponseTimeout,
+}
+
+impl ErrorKind {
+    /// Where the failure came from.
+    pub fn source(self) -> Source {
+        use ErrorKind::*;
+        match self {
+            BadRequest | ClientBody => Source::Client,
+            NoRoute | NoBackend | QueueFull | QueueTimeout => Source::Local,
+            ConnectFailed | ConnectTimeout | StaleConnection | UpstreamClosed | InvalidResponse | ResponseTimeout => {
+                Source::Upstream
+            }
+        }
+    }
+
+    /// Whether passive health counts this failure against the backend. A
+    /// stale pooled connection is a normal race of keep-alive, not a sign
+    /// of a broken backend; the client's failures are never the backend's.
+    pub fn blames_backend(self) -> bool {
+        self.source() == Source::Upstream && self != ErrorKind::StaleConnection
+    }
+
+    /// Whether and where the request may be tried again.
+    pub fn retry(self) -> Retry {
+        use ErrorKind::*;
+        match self {
+            ConnectFailed | ConnectTimeout => Retry::Unsent,
+            StaleConnection => Retry::FreshConnection,
+            UpstreamClosed | InvalidResponse => Retry::IfIdempotent,
+            // A timed-out backend is likely slow for the next request too,
+            // and retrying multiplies the load on a struggling service.
+            ResponseTimeout => Retry::Never,
+            NoRoute | NoBackend | QueueFull | QueueTimeout | BadRequest | ClientBody => Retry::Never,
+        }
+    }
+
+    /// The short name used in metrics and logs.
+    pub fn name(self) -> &'static str {
+        use ErrorKind::*;
+        match self {
+            NoRoute => "no_route",
+            NoBackend => "no_backend",
+            QueueFull => "queue_full",
+            QueueTimeout => "queue_timeout",
+            BadRequest => "bad_request",
+            ClientBody => "client_body",
+            ConnectFailed => "connect_failed",
+            ConnectTimeout => "connect_timeout",
+            StaleConnection => "stale_connection",
+            UpstreamClosed => "upstream_closed",
+            InvalidResponse => "invalid_response",
+            ResponseTimeout => "response_timeout",
+        }
+    }
+
+    /// Every kind, in a fixed order (for metrics).
+    pub const ALL: [ErrorKind; 12] = [
+        ErrorKind::NoRoute,
+        ErrorKind::NoBackend,
+        ErrorKind::QueueFull,
+        ErrorKind::QueueTimeout,
+        ErrorKind::BadRequest,
+        ErrorKind::ClientBody,
+        ErrorKind::ConnectFailed,
+        ErrorKind::ConnectTimeout,
+        ErrorKind::StaleConnection,
+        ErrorKind::UpstreamClosed,
+        ErrorKind::InvalidResponse,
+        ErrorKind::ResponseTimeout,
+    ];
+
+    /// The position of this kind in [`ErrorKind::ALL`].
+    pub(crate) fn index(self) -> usize {
+        ErrorKind::ALL.iter().position(|k| *k == self).unwrap_or(0)
+    }
+
+    fn parts(self) -> (StatusCode, &'static str) {
+        use ErrorKind::*;
+        match self {
+            NoRoute => (StatusCode::NOT_FOUND, "404 no route matches this request\n"),
+            NoBackend => (StatusCode::SERVICE_UNAVAILABLE, "503 no backend available for this service\n"),
+            QueueFull => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "503 every backend is at its connection limit and the queue is full\n",
+            ),
+            QueueTimeout => (StatusCode::SERVICE_UNAVAILABLE, "503 no backend had room within the queue timeout\n"),
+            BadRequest => (StatusCode::BAD_REQUEST, "400 the request cannot be forwarded\n"),
+            ClientBody => (StatusCode::BAD_REQUEST, "400 the request body is malformed or incomplete\n"),
+            ConnectFailed | ConnectTimeout => (StatusCode::BAD_GATEWAY, "502 could not connect to a backend\n"),
+            StaleConnection | UpstreamClosed => (StatusCode::BAD_GATEWAY, "502 the backend closed the connection\n"),
+            InvalidResponse => (StatusCode::BAD_GATEWAY, "502 the backend sent an invalid response\n"),
+            ResponseTimeout => (StatusCode::GATEWAY_TIMEOUT, "504 the backend did not answer in time\n"),
+        }
+    }
+
+    /// The status the client gets.
+    pub fn status(self) -> StatusCode {
+        self.parts().0
+    }
+
+    /// The response the client gets.
+    pub fn response(self) -> Response<ProxyBody> {
+        let (status, text) = self.parts();
+        plain(status, text)
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.parts().1.trim_end())
+    }
+}
+
+impl std::error::Error for ErrorKind {}
+
+/// A plain-text response.
+pub fn plain(status: StatusCode, text: &'static str) -> Response<ProxyBody> {
+    let mut resp = Response::new(ProxyBody::text(text));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain; charset=utf-8"));
+    resp
+}
+
+/// The error a client's request body yields while it is streamed to a
+/// backend. Wrapping it lets the attempt tell, from hyper's error chain,
+/// that the client broke the exchange, not the backend.
+#[derive(Debug)]
+pub struct ClientBodyError(pub hyper::Error);
+
+impl std::fmt::Display for ClientBodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "client request body: {}", self.0)
+    }
+}
+
+impl std::error::Error for ClientBodyError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+/// Classifies a failed exchange on an upstream HTTP/1 connection.
+/// `reused`: the connection had served a request before.
+pub(crate) fn classify_upstream(err: &hyper::Error, reused: bool) -> ErrorKind {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(err);
+    while let Some(e) = source {
+        if e.is::<ClientBodyError>() {
+            return ErrorKind::ClientBody;
+        }
+        source = e.source();
+    }
+    if err.is_parse() {
+        ErrorKind::InvalidResponse
+    } else if reused && (err.is_incomplete_message() || err.is_canceled() || is_reset(err)) {
+        ErrorKind::StaleConnection
+    } else {
+        ErrorKind::UpstreamClosed
+    }
+}
+
+/// Whether the error is a connection reset or broken pipe.
+fn is_reset(err: &hyper::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(err);
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return matches!(io.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe);
+        }
+        source = e.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_failures_never_blame_a_backend() {
+        for k in ErrorKind::ALL {
+            if k.source() != Source::Upstream {
+                assert!(!k.blames_backend(), "{k:?}");
+                assert_eq!(k.retry(), Retry::Never, "{k:?}");
+            }
+        }
+        assert!(!ErrorKind::StaleConnection.blames_backend());
+        assert!(ErrorKind::ConnectFailed.blames_backend());
+    }
+
+    #[test]
+    fn answers_follow_the_source() {
+        assert_eq!(ErrorKind::ClientBody.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(ErrorKind::ConnectTimeout.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(ErrorKind::ResponseTimeout.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(ErrorKind::NoRoute.status(), StatusCode::NOT_FOUND);
+        for (i, k) in ErrorKind::ALL.iter().enumerate() {
+            assert_eq!(k.index(), i);
+            assert!(k.status().as_u16() >= 400);
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! Header rewriting between client and backend.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::request::Parts;
+
+use crate::forward::Peer;
+
+/// Hop-by-hop headers (RFC 9110 section 7.6.1, plus the legacy ones):
+/// they describe one connection and are never forwarded.
+static HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+];
+
+/// Removes hop-by-hop headers, including those named in `Connection`, and
+/// `Upgrade` (put back by the caller for an upgrade it forwards).
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if headers.contains_key(header::CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|s| s.split(','))
+            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+            .collect();
+        for h in &named {
+            headers.remove(h);
+        }
+    }
+    for h in &HOP_BY_HOP {
+        headers.remove(h);
+    }
+    headers.remove(header::UPGRADE);
+}
+
+/// Prepares a backend's response headers for the client. A response framed
+/// by `Transfer-Encoding` must not keep a `Content-Length` (RFC 9112
+/// section 6.3: the encoding wins); forwarding both would let the client
+/// frame the decoded body by the wrong length.
+pub(crate) fn response_headers(headers: &mut HeaderMap) {
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        headers.remove(header::CONTENT_LENGTH);
+    }
+    strip_hop_by_hop(headers);
+}
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// Rewrites a request's headers for its backend: hop-by-hop headers out
+/// (an upgrade's `Upgrade` kept), `X-Forwarded-For`/`-Proto`/`-Host` set,
+/// and `Host` present for HTTP/1.1 backends.
+pub(crate) fn request_headers(parts: &mut Parts, peer: &Peer, upgrade: bool) {
+    let h = &mut parts.headers;
+    let upgrade_value = if upgrade { h.get(header::UPGRADE).cloned() } else { None };
+    strip_hop_by_hop(h);
+    if let Some(v) = upgrade_value {
+        h.insert(header::UPGRADE, v);
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+    let xff = match h.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(prev) => HeaderValue::from_str(&format!("{prev}, {}", peer.addr.ip())).ok(),
+        None => Some(peer.ip_header.clone()),
+    };
+    if let Some(v) = xff {
+        h.insert(X_FORWARDED_FOR.clone(), v);
+    }
+    h.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+    // HTTP/2 carries the host in the URI; HTTP/1.1 backends need the header.
+    let original_host = h
+        .get(header::HOST)
+        .cloned()
+        .or_else(|| parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
+    if let Some(v) = original_host {
+        h.insert(X_FORWARDED_HOST.clone(), v.clone());
+        h.insert(header::HOST, v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_and_connection_named_headers_go() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("close, x-secret"));
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert(header::PROXY_AUTHORIZATION, HeaderValue::from_static("Basic Zm9v"));
+        h.insert(header::TE, HeaderValue::from_static("trailers"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert!(h.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn a_chunked_response_loses_its_content_length() {
+        let mut h = HeaderMap::new();
+        h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
+        response_headers(&mut h);
+        assert!(h.is_empty(), "{h:?}");
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
+        response_headers(&mut h);
+        assert_eq!(h.get(header::CONTENT_LENGTH).unwrap(), "5");
+    }
+}

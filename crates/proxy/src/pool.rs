@@ -1,0 +1,356 @@
+//! Upstream connections, owned by the worker.
+//!
+//! Each worker keeps its own idle HTTP/1.1 keep-alive connections per
+//! backend address, reused last-in first-out (the most recently used
+//! connection has warm caches on both ends, and the oldest ones age out).
+//! A request takes a connection out of the pool for the whole exchange and
+//! gives it back only when the response body ended cleanly, so a connection
+//! in the pool is never half-way through a message. Idle connections are
+//! closed after the service's `timeouts.idle_ms`, past `upstream.max_idle`,
+//! or as soon as the backend closes them (hyper's connection task notices
+//! the close and marks the sender closed).
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
+use hyper::Response;
+use hyper_util::rt::TokioIo;
+use tidegate_model::BackendAddr;
+use tokio::net::TcpStream;
+
+use crate::body::UpBody;
+use crate::error::{classify_upstream, ErrorKind};
+
+/// How often idle connections are checked for expiry.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// What a service asks of its connections.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ConnSettings {
+    /// Time allowed to open a connection.
+    pub connect: Duration,
+    /// How long an idle connection is kept.
+    pub idle: Duration,
+    /// Most idle connections kept per backend (in this worker).
+    pub max_idle: usize,
+}
+
+/// A worker's idle upstream connections, by backend address.
+#[derive(Default)]
+pub(crate) struct UpstreamPool {
+    inner: Arc<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    idle: Mutex<HashMap<BackendAddr, VecDeque<Idle>>>,
+    sweeper: AtomicBool,
+}
+
+struct Idle {
+    sender: http1::SendRequest<UpBody>,
+    expires: Instant,
+}
+
+impl Idle {
+    fn usable(&self, now: Instant) -> bool {
+        now < self.expires && !self.sender.is_closed()
+    }
+}
+
+/// An upstream connection taken out of the pool (or just opened) for one
+/// exchange. Dropping it closes the connection; [`Conn::release`] returns it.
+pub(crate) struct Conn {
+    sender: http1::SendRequest<UpBody>,
+    /// Whether it served a request before this one.
+    reused: bool,
+    addr: BackendAddr,
+    settings: ConnSettings,
+    pool: Weak<Inner>,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn").field("addr", &self.addr).field("reused", &self.reused).finish()
+    }
+}
+
+impl Conn {
+    /// Gives the connection back for reuse, unless the backend closed it or
+    /// the pool is full.
+    pub(crate) fn release(self) {
+        if self.settings.max_idle == 0 || self.sender.is_closed() {
+            return;
+        }
+        let Some(inner) = self.pool.upgrade() else {
+            return;
+        };
+        let now = Instant::now();
+        let idle = Idle { sender: self.sender, expires: now + self.settings.idle };
+        if let Ok(mut map) = inner.idle.lock() {
+            let list = map.entry(self.addr).or_default();
+            // The oldest are at the front: expire them here, and make room.
+            while list.front().is_some_and(|c| !c.usable(now)) || list.len() >= self.settings.max_idle {
+                list.pop_front();
+            }
+            list.push_back(idle);
+        }
+        if !inner.sweeper.swap(true, Relaxed) {
+            tokio::spawn(sweep(Arc::downgrade(&inner)));
+        }
+    }
+}
+
+/// Closes expired idle connections about every second, until the pool is
+/// gone.
+async fn sweep(inner: Weak<Inner>) {
+    loop {
+        tokio::time::sleep(SWEEP_EVERY).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let now = Instant::now();
+        // Dropped outside the lock: closing a connection is not free.
+        let mut expired = Vec::new();
+        if let Ok(mut map) = inner.idle.lock() {
+            map.retain(|_, list| {
+                while list.front().is_some_and(|c| !c.usable(now)) {
+                    expired.extend(list.pop_front());
+                }
+                // Entries for backends that went away, or went quiet.
+                !list.is_empty()
+            });
+        }
+        drop(expired);
+    }
+}
+
+/// A request answered: the response head, and the connection its body
+/// arrives on.
+pub(crate) struct Sent {
+    pub response: Response<Incoming>,
+    pub conn: Conn,
+}
+
+/// A failed exchange: why, and the request itself when none of it was
+/// written (a connect failure), so a streamed body can go elsewhere.
+pub(crate) struct Unsent {
+    pub kind: ErrorKind,
+    pub request: Option<http::Request<UpBody>>,
+}
+
+impl UpstreamPool {
+    /// The most recently used live idle connection to `addr`, if any.
+    fn checkout(&self, addr: &BackendAddr, settings: ConnSettings) -> Option<Conn> {
+        let now = Instant::now();
+        let mut map = self.inner.idle.lock().ok()?;
+        let list = map.get_mut(addr)?;
+        while let Some(idle) = list.pop_back() {
+            if idle.usable(now) {
+                return Some(Conn {
+                    sender: idle.sender,
+                    reused: true,
+                    addr: addr.clone(),
+                    settings,
+                    pool: Arc::downgrade(&self.inner),
+                });
+            }
+        }
+        None
+    }
+
+    /// Opens a new connection to `addr`; `upgrades` keeps the socket usable
+    /// after a `101 Switching Protocols`.
+    async fn connect(&self, addr: &BackendAddr, settings: ConnSettings, upgrades: bool) -> Result<Conn, ErrorKind> {
+        let stream = match tokio::time::timeout(settings.connect, open(addr)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                tracing::debug!(backend = %addr, error = %e, "connect failed");
+                return Err(ErrorKind::ConnectFailed);
+            }
+            Err(_) => return Err(ErrorKind::ConnectTimeout),
+        };
+        let (sender, conn) =
+            http1::Builder::new().handshake(TokioIo::new(stream)).await.map_err(|_| ErrorKind::ConnectFailed)?;
+        if upgrades {
+            tokio::spawn(async move {
+                let _ = conn.with_upgrades().await;
+            });
+        } else {
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+        }
+        Ok(Conn { sender, reused: false, addr: addr.clone(), settings, pool: Arc::downgrade(&self.inner) })
+    }
+
+    /// Sends `req` to `addr` and waits for the response head. Uses a pooled
+    /// connection unless `fresh` or `upgrade`; a pooled connection that
+    /// turns out closed before the request was written is replaced by a new
+    /// one at once (nothing was sent, so this is always safe). An upgrade
+    /// gets a connection of its own, never pooled.
+    pub(crate) async fn send(
+        &self,
+        addr: &BackendAddr,
+        settings: ConnSettings,
+        mut req: http::Request<UpBody>,
+        fresh: bool,
+        upgrade: bool,
+    ) -> Result<Sent, Unsent> {
+        let mut pooled = if fresh || upgrade { None } else { self.checkout(addr, settings) };
+        loop {
+            let mut conn = match pooled.take() {
+                Some(c) => c,
+                None => match self.connect(addr, settings, upgrade).await {
+                    Ok(c) => c,
+                    Err(kind) => return Err(Unsent { kind, request: Some(req) }),
+                },
+            };
+            // A new connection takes one request before its task first runs;
+            // a pooled one may still be finishing its previous exchange.
+            if conn.reused && !conn.sender.is_ready() && conn.sender.ready().await.is_err() {
+                continue; // closed while idle: take a fresh one
+            }
+            match conn.sender.try_send_request(req).await {
+                Ok(response) => return Ok(Sent { response, conn }),
+                Err(mut e) => match e.take_message() {
+                    // Not written: safe to send on a new connection.
+                    Some(unsent) if conn.reused => req = unsent,
+                    request => return Err(Unsent { kind: classify_upstream(e.error(), conn.reused), request }),
+                },
+            }
+        }
+    }
+}
+
+/// Opens a TCP connection: directly to an IP address, or after resolving
+/// a host name.
+async fn open(addr: &BackendAddr) -> std::io::Result<TcpStream> {
+    let stream = match addr.as_str().parse::<SocketAddr>() {
+        Ok(sa) => TcpStream::connect(sa).await?,
+        Err(_) => TcpStream::connect(addr.as_str()).await?,
+    };
+    stream.set_nodelay(true)?;
+    let keepalive = socket2::TcpKeepalive::new().with_time(Duration::from_secs(60));
+    socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive)?;
+    Ok(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    fn settings(idle_ms: u64, max_idle: usize) -> ConnSettings {
+        ConnSettings { connect: Duration::from_secs(1), idle: Duration::from_millis(idle_ms), max_idle }
+    }
+
+    fn get() -> http::Request<UpBody> {
+        let mut req = http::Request::new(UpBody::empty());
+        req.headers_mut().insert(http::header::HOST, http::HeaderValue::from_static("test"));
+        req
+    }
+
+    /// A backend answering every request on a connection with a tiny 200;
+    /// `close_after`: close each connection after that many responses.
+    /// Reports the number of accepted connections.
+    async fn backend(close_after: usize) -> (BackendAddr, Arc<std::sync::atomic::AtomicUsize>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = BackendAddr::new(&l.local_addr().unwrap().to_string()).unwrap();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                count.fetch_add(1, Relaxed);
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let mut served = 0;
+                    while served < close_after {
+                        let mut got = Vec::new();
+                        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match s.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => got.extend_from_slice(&buf[..n]),
+                            }
+                        }
+                        let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await;
+                        served += 1;
+                    }
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    async fn exchange(pool: &UpstreamPool, addr: &BackendAddr, s: ConnSettings) -> Result<bool, ErrorKind> {
+        let Sent { response: resp, conn } = pool.send(addr, s, get(), false, false).await.map_err(|u| u.kind)?;
+        let reused = conn.reused;
+        http_body_util::BodyExt::collect(resp.into_body()).await.map_err(|_| ErrorKind::UpstreamClosed)?;
+        conn.release();
+        tokio::task::yield_now().await;
+        Ok(reused)
+    }
+
+    #[tokio::test]
+    async fn connections_are_reused_last_in_first_out() {
+        let (addr, accepted) = backend(usize::MAX).await;
+        let pool = UpstreamPool::default();
+        let s = settings(60_000, 8);
+        assert!(!exchange(&pool, &addr, s).await.unwrap());
+        assert!(exchange(&pool, &addr, s).await.unwrap());
+        assert!(exchange(&pool, &addr, s).await.unwrap());
+        assert_eq!(accepted.load(Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_backend_closed_is_not_used() {
+        let (addr, accepted) = backend(1).await;
+        let pool = UpstreamPool::default();
+        let s = settings(60_000, 8);
+        for _ in 0..5 {
+            // Give the connection task time to see the close.
+            exchange(&pool, &addr, s).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(accepted.load(Relaxed), 5);
+    }
+
+    #[tokio::test]
+    async fn idle_connections_expire_and_the_cap_holds() {
+        let (addr, _) = backend(usize::MAX).await;
+        let pool = UpstreamPool::default();
+        let s = settings(50, 2);
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            let Sent { response: resp, conn } = pool.send(&addr, s, get(), false, false).await.ok().unwrap();
+            http_body_util::BodyExt::collect(resp.into_body()).await.unwrap();
+            held.push(conn);
+        }
+        for c in held {
+            c.release();
+        }
+        let idle = |p: &UpstreamPool| p.inner.idle.lock().unwrap().get(&addr).map_or(0, |l| l.len());
+        assert_eq!(idle(&pool), 2);
+        tokio::time::sleep(Duration::from_millis(1_300)).await;
+        assert_eq!(idle(&pool), 0, "the sweeper closes expired connections");
+    }
+
+    #[tokio::test]
+    async fn connect_errors_are_typed() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = BackendAddr::new(&l.local_addr().unwrap().to_string()).unwrap();
+        drop(l);
+        let pool = UpstreamPool::default();
+        let Err(unsent) = pool.send(&addr, settings(1_000, 8), get(), false, false).await else {
+            panic!("connected to a closed port");
+        };
+        assert_eq!(unsent.kind, ErrorKind::ConnectFailed);
+        assert!(unsent.request.is_some(), "nothing was sent, so the request comes back");
+    }
+}

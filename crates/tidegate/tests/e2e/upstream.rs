@@ -1,0 +1,158 @@
+//! The upstream side of the request path: pooled keep-alive connections,
+//! backends that break the exchange, and blame (a client's broken request
+//! never counts against a backend).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+/// A service `web` over `backend` with a catch-all route; `settings` are
+/// merged into the service body.
+async fn service(tg: &Tidegate, backend: &Backend, settings: Value) {
+    let mut body = json!({ "backends": [{ "id": "b0", "addr": backend.addr.to_string() }] });
+    if let (Some(b), Some(s)) = (body.as_object_mut(), settings.as_object()) {
+        b.extend(s.clone());
+    }
+    let (s, v) = tg.api("PUT", "/v1/services/web", Some(body)).await;
+    assert_eq!(s, 200, "{v}");
+    let route = json!({ "match": { "path_prefix": "/" }, "service": "web" });
+    let (s, v) = tg.api("PUT", "/v1/routes/web", Some(route)).await;
+    assert_eq!(s, 200, "{v}");
+}
+
+/// Sends raw bytes on a new connection, half-closes nothing, and reads
+/// until the peer closes or `wait` passes. Returns what came back.
+fn raw(addr: SocketAddr, bytes: &[u8], wait: Duration) -> String {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(wait)).expect("timeout");
+    s.write_all(bytes).expect("write");
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A proxy-error counter from `/metrics`.
+async fn proxy_errors(tg: &Tidegate, reason: &str) -> u64 {
+    let (_, _) = tg.api("GET", "/v1/status", None).await;
+    let r = send("GET", &tg.admin_url("/metrics"), Some(TOKEN), Vec::new(), &[]).await;
+    let needle = format!("tidegate_proxy_errors_total{{reason=\"{reason}\"");
+    r.text()
+        .lines()
+        .find(|l| l.starts_with(&needle))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {needle} in /metrics"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_closing_idle_keepalive_connections_costs_no_failed_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    // The backend closes connections idle for 100 ms; requests arrive
+    // around that age, so some meet a connection at the moment it closes.
+    let b = Backend::start("short-keepalive", &["--faults", "--idle-close", "100ms"]);
+    service(&tg, &b, json!({ "retries": 0 })).await;
+    for i in 0..40u64 {
+        let r = get(&tg.url("/")).await;
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        assert_eq!(r.text(), "ok short-keepalive\n");
+        tokio::time::sleep(Duration::from_millis(85 + (i * 7) % 30)).await;
+    }
+    assert_eq!(proxy_errors(&tg, "upstream_closed").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_backend_response_never_reaches_the_client_as_a_clean_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let b = Backend::start("broken", &["--faults"]);
+    service(&tg, &b, json!({ "retries": 0 })).await;
+
+    // Dies mid-body: the client sees the connection break, never a
+    // complete-looking 200.
+    let got = try_send("GET", &tg.url("/_fault/truncate"), None, Vec::new(), &[]).await;
+    assert!(got.is_err(), "a truncated body must not look complete: {:?}", got.map(|r| r.status));
+
+    // Both Content-Length and chunked: framed by the chunks, whole.
+    let r = get(&tg.url("/_fault/cl-te")).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), "abcdefghijklmnopqrstuvwxyz");
+    assert!(r.headers.get("content-length").is_none_or(|v| v == "26"), "{:?}", r.headers);
+
+    // Not HTTP at all, or no answer: 502 that says so.
+    let r = get(&tg.url("/_fault/garbage")).await;
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert!(r.text().contains("invalid response"), "{}", r.text());
+    let r = get(&tg.url("/_fault/close")).await;
+    assert_eq!(r.status, 502, "{}", r.text());
+
+    // The proxy and the backend still serve normally.
+    assert_eq!(get(&tg.url("/")).await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_whose_body_breaks_gets_400_and_ejects_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let b = Backend::start("victim", &[]);
+    let passive = json!({ "health": { "passive": { "consecutive_failures": 2 } } });
+    service(&tg, &b, passive).await;
+    for i in 0..6 {
+        // Broken chunked encoding (streamed), then a short fixed-length
+        // body whose client stops sending (buffered).
+        let chunked = b"POST /upload HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n\r\n";
+        let answer = raw(tg.proxy, chunked, Duration::from_secs(3));
+        assert!(answer.starts_with("HTTP/1.1 400"), "try {i}: {answer:?}");
+        let mut s = TcpStream::connect(tg.proxy).unwrap();
+        s.write_all(b"POST /upload HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\nonly ten b").unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        drop(s);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (_, status) = tg.api("GET", "/v1/status", None).await;
+    let backend = &status["services"]["web"]["backends"][0];
+    assert_eq!(backend["ejections"], 0, "{status}");
+    assert_eq!(backend["failures"], 0, "{status}");
+    assert!(proxy_errors(&tg, "client_body").await >= 6);
+    assert_eq!(get(&tg.url("/")).await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_upstream_connections_are_closed_after_their_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let b = Backend::start("pooled", &[]);
+    service(&tg, &b, json!({ "timeouts": { "idle_ms": 300 } })).await;
+    let open = || {
+        let reply = raw(
+            b.addr,
+            b"GET /_emulator/stats HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+            Duration::from_secs(3),
+        );
+        let body = reply.split("\r\n\r\n").nth(1).unwrap_or("");
+        let v: Value = serde_json::from_str(body).unwrap_or_else(|_| panic!("stats: {reply:?}"));
+        // Minus the connection asking.
+        v["connections_open"].as_u64().unwrap() - 1
+    };
+    for _ in 0..5 {
+        assert_eq!(get(&tg.url("/")).await.status, 200);
+    }
+    let pooled = open();
+    assert!(pooled >= 1, "the proxy keeps its connection after the response");
+    // Sequential requests reuse one connection per worker at most.
+    assert!(pooled <= 2, "{pooled} connections for 5 sequential requests");
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    assert_eq!(open(), 0, "idle connections outlived timeouts.idle_ms");
+    // And the next request opens a new one without trouble.
+    assert_eq!(get(&tg.url("/")).await.status, 200);
+}
