@@ -33,8 +33,8 @@ fn classify(state: &AppState, path: &str) -> Route {
         return Route::Health;
     }
     match path {
-        "/echo" => Route::Echo,
         "/upgrade" => Route::Upgrade,
+        p if p.ends_with("/echo") => Route::Echo,
         _ => Route::Serve,
     }
 }

@@ -10,7 +10,8 @@
 //! Paths:
 //! - any path: a normal request (takes a slot; `?delay_ms=N` forces the service time);
 //! - the health path (`/health`): `ok`, or 503 once set down;
-//! - `/echo`: JSON description of the request (method, path, headers);
+//! - `/echo` (or any path ending in `/echo`): JSON description of the
+//!   request (method, path, headers);
 //! - `/upgrade` with `Upgrade: echo`: 101, then echoes bytes back;
 //! - `GET /_emulator/stats`, `POST /_emulator/slots?n=N`,
 //!   `POST /_emulator/health?up=true|false`: the control API.

@@ -1,7 +1,9 @@
 //! Bodies: what the proxy sends upstream and what it hands to hyper.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -16,15 +18,68 @@ use crate::static_files::FileBody;
 /// Errors while streaming a body.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// A client's request body, read under the body timeouts: each piece must
+/// arrive within `gap` of the previous one, and the whole body by
+/// `deadline`. Its errors are [`ClientBodyError`]s, so a failed attempt
+/// can tell the client broke the exchange.
+#[derive(Debug)]
+pub struct ClientBody {
+    inner: Incoming,
+    gap: Duration,
+    deadline: tokio::time::Instant,
+    timer: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl ClientBody {
+    /// Wraps a request body; the clocks start now.
+    pub(crate) fn new(inner: Incoming, gap: Duration, total: Duration) -> ClientBody {
+        let now = tokio::time::Instant::now();
+        let deadline = now + total;
+        ClientBody { inner, gap, deadline, timer: Box::pin(tokio::time::sleep_until(deadline.min(now + gap))) }
+    }
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = ClientBodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                let next = this.deadline.min(tokio::time::Instant::now() + this.gap);
+                this.timer.as_mut().reset(next);
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(ClientBodyError::Read(e)))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => match this.timer.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(ClientBodyError::TimedOut))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// A request body sent to a backend: buffered (and so replayable) or the
-/// client's body streamed through. A streamed body's errors are wrapped in
-/// [`ClientBodyError`], so a failed attempt can tell the client broke it.
+/// client's body streamed through.
 #[derive(Debug)]
 pub enum UpBody {
     /// Held in memory.
     Buffered(Full<Bytes>),
     /// Streamed from the client.
-    Streaming(Incoming),
+    Streaming(ClientBody),
 }
 
 #[cfg(test)]
@@ -42,7 +97,7 @@ impl Body for UpBody {
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
         match self.get_mut() {
             UpBody::Buffered(b) => Pin::new(b).poll_frame(cx).map_err(|never| match never {}),
-            UpBody::Streaming(b) => Pin::new(b).poll_frame(cx).map_err(ClientBodyError),
+            UpBody::Streaming(b) => Pin::new(b).poll_frame(cx),
         }
     }
 

@@ -53,9 +53,17 @@ pub enum ErrorKind {
     QueueTimeout,
     /// The request cannot be forwarded as it is (it names no usable target).
     BadRequest,
+    /// Two `Host` headers, none on HTTP/1.1, or one that is not a host.
+    InvalidHost,
+    /// A path that cannot be normalized safely (see [`crate::normalize`]).
+    InvalidPath,
+    /// Both `Transfer-Encoding` and `Content-Length`.
+    InvalidFraming,
     /// The client's request body broke off or was malformed (bad chunked
     /// encoding, a connection closed mid-body).
     ClientBody,
+    /// The client sent its request body too slowly.
+    ClientTimeout,
     /// The TCP connection to the backend was refused or failed.
     ConnectFailed,
     /// The TCP connection to the backend was not open within `connect_ms`.
@@ -77,7 +85,7 @@ impl ErrorKind {
     pub fn source(self) -> Source {
         use ErrorKind::*;
         match self {
-            BadRequest | ClientBody => Source::Client,
+            BadRequest | InvalidHost | InvalidPath | InvalidFraming | ClientBody | ClientTimeout => Source::Client,
             NoRoute | NoBackend | QueueFull | QueueTimeout => Source::Local,
             ConnectFailed | ConnectTimeout | StaleConnection | UpstreamClosed | InvalidResponse | ResponseTimeout => {
                 Source::Upstream
@@ -102,7 +110,8 @@ impl ErrorKind {
             // A timed-out backend is likely slow for the next request too,
             // and retrying multiplies the load on a struggling service.
             ResponseTimeout => Retry::Never,
-            NoRoute | NoBackend | QueueFull | QueueTimeout | BadRequest | ClientBody => Retry::Never,
+            NoRoute | NoBackend | QueueFull | QueueTimeout | BadRequest | InvalidHost | InvalidPath
+            | InvalidFraming | ClientBody | ClientTimeout => Retry::Never,
         }
     }
 
@@ -115,7 +124,11 @@ impl ErrorKind {
             QueueFull => "queue_full",
             QueueTimeout => "queue_timeout",
             BadRequest => "bad_request",
+            InvalidHost => "invalid_host",
+            InvalidPath => "invalid_path",
+            InvalidFraming => "invalid_framing",
             ClientBody => "client_body",
+            ClientTimeout => "client_timeout",
             ConnectFailed => "connect_failed",
             ConnectTimeout => "connect_timeout",
             StaleConnection => "stale_connection",
@@ -126,13 +139,17 @@ impl ErrorKind {
     }
 
     /// Every kind, in a fixed order (for metrics).
-    pub const ALL: [ErrorKind; 12] = [
+    pub const ALL: [ErrorKind; 16] = [
         ErrorKind::NoRoute,
         ErrorKind::NoBackend,
         ErrorKind::QueueFull,
         ErrorKind::QueueTimeout,
         ErrorKind::BadRequest,
+        ErrorKind::InvalidHost,
+        ErrorKind::InvalidPath,
+        ErrorKind::InvalidFraming,
         ErrorKind::ClientBody,
+        ErrorKind::ClientTimeout,
         ErrorKind::ConnectFailed,
         ErrorKind::ConnectTimeout,
         ErrorKind::StaleConnection,
@@ -157,7 +174,13 @@ impl ErrorKind {
             ),
             QueueTimeout => (StatusCode::SERVICE_UNAVAILABLE, "503 no backend had room within the queue timeout\n"),
             BadRequest => (StatusCode::BAD_REQUEST, "400 the request cannot be forwarded\n"),
+            InvalidHost => (StatusCode::BAD_REQUEST, "400 the request needs exactly one valid host\n"),
+            InvalidPath => (StatusCode::BAD_REQUEST, "400 the request path is invalid\n"),
+            InvalidFraming => {
+                (StatusCode::BAD_REQUEST, "400 the request has both Transfer-Encoding and Content-Length\n")
+            }
             ClientBody => (StatusCode::BAD_REQUEST, "400 the request body is malformed or incomplete\n"),
+            ClientTimeout => (StatusCode::REQUEST_TIMEOUT, "408 the request body arrived too slowly\n"),
             ConnectFailed | ConnectTimeout => (StatusCode::BAD_GATEWAY, "502 could not connect to a backend\n"),
             StaleConnection | UpstreamClosed => (StatusCode::BAD_GATEWAY, "502 the backend closed the connection\n"),
             InvalidResponse => (StatusCode::BAD_GATEWAY, "502 the backend sent an invalid response\n"),
@@ -193,21 +216,42 @@ pub fn plain(status: StatusCode, text: &'static str) -> Response<ProxyBody> {
     resp
 }
 
-/// The error a client's request body yields while it is streamed to a
-/// backend. Wrapping it lets the attempt tell, from hyper's error chain,
-/// that the client broke the exchange, not the backend.
+/// The error a client's request body yields while it is read. Its own
+/// type lets the attempt tell, from hyper's error chain, that the client
+/// broke the exchange, not the backend.
 #[derive(Debug)]
-pub struct ClientBodyError(pub hyper::Error);
+pub enum ClientBodyError {
+    /// The body broke off or was malformed.
+    Read(hyper::Error),
+    /// The client sent too slowly (see [`crate::Limits`]' body timeouts).
+    TimedOut,
+}
+
+impl ClientBodyError {
+    /// The kind of failure it causes.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ClientBodyError::Read(_) => ErrorKind::ClientBody,
+            ClientBodyError::TimedOut => ErrorKind::ClientTimeout,
+        }
+    }
+}
 
 impl std::fmt::Display for ClientBodyError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "client request body: {}", self.0)
+        match self {
+            ClientBodyError::Read(e) => write!(f, "client request body: {e}"),
+            ClientBodyError::TimedOut => f.write_str("client request body: too slow"),
+        }
     }
 }
 
 impl std::error::Error for ClientBodyError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.0)
+        match self {
+            ClientBodyError::Read(e) => Some(e),
+            ClientBodyError::TimedOut => None,
+        }
     }
 }
 
@@ -216,8 +260,8 @@ impl std::error::Error for ClientBodyError {
 pub(crate) fn classify_upstream(err: &hyper::Error, reused: bool) -> ErrorKind {
     let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(err);
     while let Some(e) = source {
-        if e.is::<ClientBodyError>() {
-            return ErrorKind::ClientBody;
+        if let Some(client) = e.downcast_ref::<ClientBodyError>() {
+            return client.kind();
         }
         source = e.source();
     }

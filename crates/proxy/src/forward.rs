@@ -20,9 +20,11 @@ use tidegate_distributor::{DistributorClient, Query};
 use tidegate_model::{ExternalSpec, PolicySpec, ServiceSettings};
 use tidegate_snapshot::{ServiceLive, ServiceRuntime};
 
-use crate::body::{Hold, ProxyBody, UpBody};
+use crate::body::{ClientBody, Hold, ProxyBody, UpBody};
+use crate::error::ClientBodyError;
 use crate::error::ErrorKind;
 use crate::headers;
+use crate::limits::Limits;
 use crate::metrics::Counters;
 use crate::pick::{pick_or_wait, Queue, Slot};
 use crate::pool::{ConnSettings, Sent, UpstreamPool};
@@ -35,14 +37,16 @@ pub struct Peer {
     pub addr: SocketAddr,
     /// Its IP as a header value, for `X-Forwarded-For`.
     pub ip_header: HeaderValue,
+    /// Whether it is a trusted proxy, whose forwarding headers are kept.
+    pub trusted: bool,
 }
 
 impl Peer {
-    /// Describes a client connection.
+    /// Describes a client connection (untrusted).
     pub fn new(addr: SocketAddr) -> Peer {
         let ip_header =
             HeaderValue::from_str(&addr.ip().to_string()).unwrap_or_else(|_| HeaderValue::from_static("unknown"));
-        Peer { addr, ip_header }
+        Peer { addr, ip_header, trusted: false }
     }
 }
 
@@ -53,11 +57,18 @@ const REPLAY_LIMIT: u64 = 64 * 1024;
 
 /// A worker's way to its backends: its connection pool and its
 /// external-distributor client.
-#[derive(Default)]
 pub(crate) struct Upstreams {
     pool: UpstreamPool,
     /// Asks external distributors (paper S4); one per worker.
     distributor: DistributorClient,
+    /// Client-side limits (body timeouts).
+    limits: Arc<Limits>,
+}
+
+impl Upstreams {
+    pub(crate) fn new(limits: Arc<Limits>) -> Upstreams {
+        Upstreams { pool: UpstreamPool::default(), distributor: DistributorClient::default(), limits }
+    }
 }
 
 /// A request ready to be sent, any number of times its body allows.
@@ -73,10 +84,10 @@ struct Prepared {
 impl Prepared {
     /// Reads what the attempts need from the client's request: forwarding
     /// headers, and the body, buffered when it is small and complete.
-    async fn new(mut req: Request<Incoming>, peer: &Peer) -> Result<Prepared, ErrorKind> {
+    async fn new(mut req: Request<Incoming>, peer: &Peer, limits: &Limits) -> Result<Prepared, ErrorKind> {
         let upgrade = wants_upgrade(&req).then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
-        let body = Replay::new(body).await?;
+        let body = Replay::new(body, limits).await?;
         headers::request_headers(&mut parts, peer, upgrade.is_some());
         let path_and_query = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
         let idempotent = is_idempotent(&parts.method);
@@ -123,7 +134,7 @@ impl Upstreams {
         metrics: &Counters,
     ) -> Result<Response<ProxyBody>, ErrorKind> {
         let settings = &service.settings;
-        let mut req = Prepared::new(req, peer).await?;
+        let mut req = Prepared::new(req, peer, &self.limits).await?;
         let ctx =
             RequestCtx { client: Some(peer.addr), path: req.path_and_query.as_str(), headers: &req.parts.headers };
         let conn = ConnSettings::of(settings);
@@ -296,20 +307,20 @@ impl Upstreams {
 /// The request body, buffered when small so it can be sent more than once.
 enum Replay {
     Buffered(Bytes),
-    Streaming(Option<Incoming>),
+    Streaming(Option<ClientBody>),
 }
 
 impl Replay {
-    async fn new(body: Incoming) -> Result<Replay, ErrorKind> {
+    async fn new(body: Incoming, limits: &Limits) -> Result<Replay, ErrorKind> {
         if body.is_end_stream() {
             return Ok(Replay::Buffered(Bytes::new()));
         }
+        let body = ClientBody::new(body, limits.body_read_timeout, limits.body_total_timeout);
         match body.size_hint().exact() {
-            Some(n) if n <= REPLAY_LIMIT => {
-                let collected =
-                    Limited::new(body, REPLAY_LIMIT as usize).collect().await.map_err(|_| ErrorKind::ClientBody)?;
-                Ok(Replay::Buffered(collected.to_bytes()))
-            }
+            Some(n) if n <= REPLAY_LIMIT => match Limited::new(body, REPLAY_LIMIT as usize).collect().await {
+                Ok(collected) => Ok(Replay::Buffered(collected.to_bytes())),
+                Err(e) => Err(e.downcast_ref::<ClientBodyError>().map_or(ErrorKind::ClientBody, ClientBodyError::kind)),
+            },
             _ => Ok(Replay::Streaming(Some(body))),
         }
     }
@@ -339,9 +350,13 @@ fn is_idempotent(m: &Method) -> bool {
     matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE)
 }
 
+/// Whether the client asks for a protocol upgrade the proxy passes on
+/// (WebSocket and the like). `h2c` is never passed on: the proxy speaks
+/// HTTP/2 to clients itself, and a backend must not switch protocols under
+/// it.
 fn wants_upgrade<B>(req: &Request<B>) -> bool {
     req.version() == Version::HTTP_11
-        && req.headers().contains_key(header::UPGRADE)
+        && req.headers().get(header::UPGRADE).is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"h2c"))
         && req
             .headers()
             .get_all(header::CONNECTION)

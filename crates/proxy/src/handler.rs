@@ -1,10 +1,9 @@
 //! Per-request handling: snapshot, route, dispatch.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use http::{header, Request, Response};
+use http::{Request, Response};
 use hyper::body::Incoming;
 use tidegate_model::RouteAction;
 use tidegate_snapshot::RequestView;
@@ -13,6 +12,8 @@ use tidegate_snapshot::Snapshot;
 use crate::body::ProxyBody;
 use crate::error::ErrorKind;
 use crate::forward::{Peer, Upstreams};
+use crate::hygiene;
+use crate::limits::Limits;
 use crate::metrics::{Counters, ProxyMetrics};
 use crate::static_files;
 
@@ -26,8 +27,8 @@ pub struct Proxy {
 
 impl Proxy {
     /// A handler reading snapshots from `snapshots`.
-    pub fn new(snapshots: Arc<ArcSwap<Snapshot>>, metrics: &ProxyMetrics) -> Proxy {
-        Proxy { snapshots, upstreams: Upstreams::default(), metrics: metrics.worker() }
+    pub fn new(snapshots: Arc<ArcSwap<Snapshot>>, metrics: &ProxyMetrics, limits: Arc<Limits>) -> Proxy {
+        Proxy { snapshots, upstreams: Upstreams::new(limits), metrics: metrics.worker() }
     }
 
     /// The counters this handler updates.
@@ -48,9 +49,10 @@ impl Proxy {
         resp
     }
 
-    async fn dispatch(&self, req: Request<Incoming>, client: &Peer) -> Result<Response<ProxyBody>, ErrorKind> {
+    async fn dispatch(&self, mut req: Request<Incoming>, client: &Peer) -> Result<Response<ProxyBody>, ErrorKind> {
+        hygiene::sanitize(&mut req)?;
         let snapshot = self.snapshots.load_full();
-        let host = request_host(&req);
+        let host = hygiene::routing_host(&req);
         let view = RequestView { host: &host, path: req.uri().path(), method: req.method(), headers: req.headers() };
         let route = snapshot.route(&view).ok_or(ErrorKind::NoRoute)?;
         match &route.spec.action {
@@ -61,21 +63,5 @@ impl Proxy {
                 self.upstreams.forward(&service, req, client, &self.metrics).await
             }
         }
-    }
-}
-
-/// The request's host, lowercase and without port: from the URI (HTTP/2,
-/// absolute-form) or the Host header. Borrowed unless it had capitals.
-fn request_host(req: &Request<Incoming>) -> Cow<'_, str> {
-    let raw = req.uri().host().or_else(|| req.headers().get(header::HOST).and_then(|h| h.to_str().ok())).unwrap_or("");
-    let without_port = if raw.starts_with('[') {
-        raw.split_inclusive(']').next().unwrap_or(raw)
-    } else {
-        raw.rsplit_once(':').map_or(raw, |(h, _)| h)
-    };
-    if without_port.bytes().any(|b| b.is_ascii_uppercase()) {
-        Cow::Owned(without_port.to_ascii_lowercase())
-    } else {
-        Cow::Borrowed(without_port)
     }
 }

@@ -51,12 +51,16 @@ pub(crate) fn response_headers(headers: &mut HeaderMap) {
 }
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
 /// Rewrites a request's headers for its backend: hop-by-hop headers out
 /// (an upgrade's `Upgrade` kept), `X-Forwarded-For`/`-Proto`/`-Host` set,
-/// and `Host` present for HTTP/1.1 backends.
+/// and `Host` present for HTTP/1.1 backends. The client's own
+/// `X-Forwarded-For`, `Forwarded` and `X-Real-IP` are kept (and appended
+/// to) only when it is a trusted proxy; otherwise they are replaced or
+/// removed, so a backend can believe what it reads.
 pub(crate) fn request_headers(parts: &mut Parts, peer: &Peer, upgrade: bool) {
     let h = &mut parts.headers;
     let upgrade_value = if upgrade { h.get(header::UPGRADE).cloned() } else { None };
@@ -65,10 +69,15 @@ pub(crate) fn request_headers(parts: &mut Parts, peer: &Peer, upgrade: bool) {
         h.insert(header::UPGRADE, v);
         h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     }
-    let xff = match h.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(prev) => HeaderValue::from_str(&format!("{prev}, {}", peer.addr.ip())).ok(),
-        None => Some(peer.ip_header.clone()),
+    let appended = match h.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(prev) if peer.trusted => HeaderValue::from_str(&format!("{prev}, {}", peer.addr.ip())).ok(),
+        _ => None,
     };
+    if !peer.trusted {
+        h.remove(header::FORWARDED);
+        h.remove(&X_REAL_IP);
+    }
+    let xff = appended.or_else(|| Some(peer.ip_header.clone()));
     if let Some(v) = xff {
         h.insert(X_FORWARDED_FOR.clone(), v);
     }
@@ -87,6 +96,33 @@ pub(crate) fn request_headers(parts: &mut Parts, peer: &Peer, upgrade: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn forwarded_for(trusted: bool) -> HeaderMap {
+        let req = http::Request::builder()
+            .uri("/")
+            .header(header::HOST, "h")
+            .header("x-forwarded-for", "198.51.100.1")
+            .header("x-real-ip", "198.51.100.1")
+            .header(header::FORWARDED, "for=198.51.100.1")
+            .body(())
+            .unwrap();
+        let (mut parts, ()) = req.into_parts();
+        let mut peer = Peer::new("192.0.2.9:5000".parse().unwrap());
+        peer.trusted = trusted;
+        request_headers(&mut parts, &peer, false);
+        parts.headers
+    }
+
+    #[test]
+    fn forwarding_headers_are_believed_only_from_trusted_peers() {
+        let h = forwarded_for(false);
+        assert_eq!(h["x-forwarded-for"], "192.0.2.9");
+        assert!(!h.contains_key("x-real-ip") && !h.contains_key(header::FORWARDED));
+        let h = forwarded_for(true);
+        assert_eq!(h["x-forwarded-for"], "198.51.100.1, 192.0.2.9");
+        assert_eq!(h["x-real-ip"], "198.51.100.1");
+        assert_eq!(h["x-forwarded-host"], "h");
+    }
 
     #[test]
     fn hop_by_hop_and_connection_named_headers_go() {

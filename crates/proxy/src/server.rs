@@ -6,17 +6,20 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+
 use arc_swap::ArcSwap;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use tidegate_balance::clock;
 use tidegate_snapshot::Snapshot;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::forward::Peer;
 use crate::handler::Proxy;
+use crate::limits::{Limits, TimedIo};
 use crate::metrics::ProxyMetrics;
 
 /// How the data plane uses threads.
@@ -40,8 +43,8 @@ pub struct ServerOptions {
     pub workers: usize,
     /// Thread-per-core or multi-thread.
     pub mode: RuntimeMode,
-    /// How long a client may take to send request headers.
-    pub header_read_timeout: Duration,
+    /// Client-side limits and timeouts.
+    pub limits: Limits,
     /// On shutdown, how long open connections may take to finish.
     pub drain_timeout: Duration,
 }
@@ -89,6 +92,9 @@ pub fn serve(
     metrics: Arc<ProxyMetrics>,
 ) -> std::io::Result<ServerHandle> {
     let workers = opts.workers.max(1);
+    let limits = Arc::new(opts.limits.clone());
+    // One connection budget for the listener, shared by its workers.
+    let slots = Arc::new(Semaphore::new(opts.limits.max_connections.clamp(1, Semaphore::MAX_PERMITS)));
     let (stop, stop_rx) = watch::channel(false);
     let mut threads = Vec::new();
     let per_core = opts.mode == RuntimeMode::PerCore;
@@ -120,13 +126,14 @@ pub fn serve(
                 .enable_all()
                 .build()?
         };
-        let proxy = Arc::new(Proxy::new(snapshots.clone(), &metrics));
+        let proxy = Arc::new(Proxy::new(snapshots.clone(), &metrics, limits.clone()));
+        let slots = slots.clone();
         let stop_rx = stop_rx.clone();
         let opts = opts.clone();
         let thread = std::thread::Builder::new().name(format!("tidegate-worker-{i}")).spawn(move || {
             runtime.block_on(async move {
                 match TcpListener::from_std(listener) {
-                    Ok(l) => accept_loop(l, proxy, stop_rx, &opts).await,
+                    Ok(l) => accept_loop(l, proxy, stop_rx, &opts, slots).await,
                     Err(e) => tracing::error!(error = %e, "cannot register the listener"),
                 }
             });
@@ -136,41 +143,183 @@ pub fn serve(
     Ok(ServerHandle { local_addr, stop, threads })
 }
 
-async fn accept_loop(listener: TcpListener, proxy: Arc<Proxy>, mut stop: watch::Receiver<bool>, opts: &ServerOptions) {
-    let graceful = GracefulShutdown::new();
+/// One worker's accept loop: takes a connection slot, accepts, and spawns
+/// the connection's task; on stop, stops accepting and waits (at most the
+/// drain timeout) for its connections to finish.
+async fn accept_loop(
+    listener: TcpListener,
+    proxy: Arc<Proxy>,
+    mut stop: watch::Receiver<bool>,
+    opts: &ServerOptions,
+    slots: Arc<Semaphore>,
+) {
+    let limits = &opts.limits;
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(opts.header_read_timeout).keep_alive(true);
-    builder.http2().timer(TokioTimer::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.idle_timeout)
+        .keep_alive(true)
+        .max_buf_size(limits.max_header_bytes.max(8192))
+        .max_headers(limits.max_headers);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.h2_max_streams)
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+        .keep_alive_interval(Some(limits.idle_timeout))
+        .keep_alive_timeout(Duration::from_secs(20));
+    let builder = Arc::new(builder);
+    // Every connection task holds a clone; `recv` returns None once all are gone.
+    let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
+    let mut accept_errors = AcceptErrors::default();
     loop {
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            _ = stop.changed() => break,
+        };
         tokio::select! {
             accepted = listener.accept() => {
                 let (stream, peer) = match accepted {
                     Ok(x) => x,
                     Err(e) => {
                         // Out of file descriptors and the like: back off a little.
-                        tracing::warn!(error = %e, "accept failed");
+                        accept_errors.record(&e);
                         tokio::time::sleep(Duration::from_millis(10)).await;
                         continue;
                     }
                 };
                 let _ = stream.set_nodelay(true);
                 proxy.metrics().connection();
-                let proxy = proxy.clone();
-                let peer = Arc::new(Peer::new(peer));
-                let service = service_fn(move |req| {
-                    let proxy = proxy.clone();
-                    let peer = peer.clone();
-                    async move { Ok::<_, Infallible>(proxy.handle(req, &peer).await) }
-                });
-                let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
-                let conn = graceful.watch(conn);
+                let mut client = Peer::new(peer);
+                client.trusted = limits.trusted_proxies.contains(peer.ip());
+                let conn = serve_connection(stream, client, proxy.clone(), builder.clone(), stop.clone(), limits.clone());
+                let alive = alive_tx.clone();
                 tokio::spawn(async move {
-                    let _ = conn.await;
+                    conn.await;
+                    drop((permit, alive));
                 });
             }
             _ = stop.changed() => break,
         }
     }
     drop(listener);
-    let _ = tokio::time::timeout(opts.drain_timeout, graceful.shutdown()).await;
+    drop(alive_tx);
+    let _ = tokio::time::timeout(opts.drain_timeout, alive_rx.recv()).await;
 }
+
+/// Logs accept failures (such as running out of file descriptors) at most
+/// once a second, with how many there were.
+#[derive(Default)]
+struct AcceptErrors {
+    since_log: u64,
+    last_log: Option<std::time::Instant>,
+}
+
+impl AcceptErrors {
+    fn record(&mut self, e: &std::io::Error) {
+        self.since_log += 1;
+        if self.last_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+            tracing::warn!(error = %e, count = self.since_log, "accept failed");
+            self.since_log = 0;
+            self.last_log = Some(std::time::Instant::now());
+        }
+    }
+}
+
+/// What a connection has in progress, for its idle timer: requests being
+/// handled, and when the last one started or ended.
+#[derive(Debug)]
+struct Activity {
+    in_progress: AtomicUsize,
+    /// Milliseconds on [`clock`]; 0 until the first request.
+    last_ms: AtomicU64,
+}
+
+/// Marks a request in progress on its connection until dropped.
+struct InProgress(Arc<Activity>);
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        self.0.last_ms.store(clock::now_ms().max(1), Relaxed);
+        self.0.in_progress.fetch_sub(1, Relaxed);
+    }
+}
+
+impl Activity {
+    fn start(self: &Arc<Self>) -> InProgress {
+        self.in_progress.fetch_add(1, Relaxed);
+        self.last_ms.store(clock::now_ms().max(1), Relaxed);
+        InProgress(self.clone())
+    }
+
+    /// When the connection counts as idle too long, or `None` while a
+    /// request is in progress.
+    fn idle_deadline(&self, accepted_ms: u64, limits: &Limits) -> Option<u64> {
+        if self.in_progress.load(Relaxed) > 0 {
+            return None;
+        }
+        Some(match self.last_ms.load(Relaxed) {
+            0 => accepted_ms + limits.first_request_timeout.as_millis() as u64,
+            last => last + limits.idle_timeout.as_millis() as u64,
+        })
+    }
+}
+
+/// Serves one client connection (HTTP/1.1 or h2c) until it ends, it stays
+/// idle too long (no first request within the first-request timeout, or no
+/// request in progress for the idle timeout), or the worker stops; the last
+/// two close it gracefully.
+async fn serve_connection(
+    stream: TcpStream,
+    client: Peer,
+    proxy: Arc<Proxy>,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    mut stop: watch::Receiver<bool>,
+    limits: Limits,
+) {
+    let activity = Arc::new(Activity { in_progress: AtomicUsize::new(0), last_ms: AtomicU64::new(0) });
+    let accepted_ms = clock::now_ms();
+    let client = Arc::new(client);
+    let tracked = activity.clone();
+    let service = service_fn(move |req| {
+        let proxy = proxy.clone();
+        let client = client.clone();
+        let in_progress = tracked.start();
+        async move {
+            let resp = proxy.handle(req, &client).await;
+            drop(in_progress);
+            Ok::<_, Infallible>(resp)
+        }
+    });
+    let io = TokioIo::new(TimedIo::new(stream, limits.write_timeout));
+    let conn = builder.serve_connection_with_upgrades(io, service);
+    tokio::pin!(conn);
+    let check_every = limits.first_request_timeout.min(limits.idle_timeout).max(Duration::from_millis(100));
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + check_every, check_every);
+    let grace = loop {
+        tokio::select! {
+            _ = conn.as_mut() => return,
+            _ = tick.tick() => {
+                let idle = activity.idle_deadline(accepted_ms, &limits).is_some_and(|d| clock::now_ms() >= d);
+                if idle {
+                    // Nothing in progress: a short grace for the goodbye
+                    // (HTTP/2 GOAWAY), not for a peer that never finished
+                    // its preface or its request head.
+                    break IDLE_CLOSE_GRACE;
+                }
+            }
+            // Draining: requests in progress may finish; the worker's
+            // drain timeout bounds the wait.
+            _ = stop.changed() => break Duration::MAX,
+        }
+    };
+    conn.as_mut().graceful_shutdown();
+    let _ = tokio::time::timeout(grace, conn).await;
+}
+
+/// How long a connection closed for idleness has to say goodbye.
+const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);

@@ -56,9 +56,40 @@ pub struct ServeArgs {
     /// Data-plane thread model.
     #[arg(long, value_enum, default_value = "per-core")]
     pub runtime: RuntimeArg,
-    /// Seconds a client may take to send request headers.
+    /// Seconds a client may take to send each request head after its
+    /// first, which is also how long a keep-alive connection (or an HTTP/2
+    /// connection with no request in progress) may stay idle.
     #[arg(long, default_value_t = 30)]
     pub header_timeout_s: u64,
+    /// Seconds a new connection has to send its first complete request head.
+    #[arg(long, default_value_t = 10)]
+    pub first_request_timeout_s: u64,
+    /// Seconds allowed between two pieces of a request body.
+    #[arg(long, default_value_t = 30)]
+    pub body_timeout_s: u64,
+    /// Seconds allowed for a whole request body.
+    #[arg(long, default_value_t = 600)]
+    pub body_total_timeout_s: u64,
+    /// Seconds a write to a client may stay blocked (a client not reading).
+    #[arg(long, default_value_t = 60)]
+    pub write_timeout_s: u64,
+    /// Most client connections open at once; beyond it accepting pauses.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_connections: usize,
+    /// Largest request head in bytes (request line and headers); larger gets 431.
+    #[arg(long, default_value_t = 65_536)]
+    pub max_header_bytes: usize,
+    /// Most request headers; more gets 431.
+    #[arg(long, default_value_t = 100)]
+    pub max_headers: usize,
+    /// Most concurrent streams per HTTP/2 client connection.
+    #[arg(long, default_value_t = 100)]
+    pub h2_max_streams: u32,
+    /// Comma-separated IPs or CIDR blocks of trusted proxies in front of
+    /// Tidegate, whose X-Forwarded-For, Forwarded and X-Real-IP are kept.
+    /// Default: none; those headers from any other peer are replaced.
+    #[arg(long, default_value = "")]
+    pub trusted_proxies: tidegate_proxy::TrustedProxies,
     /// Seconds open connections may take to finish at shutdown.
     #[arg(long, default_value_t = 10)]
     pub drain_timeout_s: u64,

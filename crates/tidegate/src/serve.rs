@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use tidegate_admin::AdminState;
 use tidegate_control::Control;
-use tidegate_proxy::{ProxyMetrics, RuntimeMode, ServerOptions};
+use tidegate_proxy::{Limits, ProxyMetrics, RuntimeMode, ServerOptions};
 use tidegate_store::RedbStore;
 
 use crate::cli::{RuntimeArg, ServeArgs};
@@ -38,6 +38,22 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let token = admin_token(&args.data_dir)?;
     let control = Control::start(Arc::new(store))?;
 
+    // Every client connection and every backend connection is a
+    // descriptor: take all the system allows (the soft limit is often 1024).
+    // Each proxied request also holds a backend connection, so the cap on
+    // client connections is at most half of it (less a reserve for the
+    // store, the admin API and health probes).
+    let fd_limit = match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot raise the descriptor limit");
+            1024
+        }
+    };
+    let fd_cap = usize::try_from(fd_limit.saturating_sub(256) / 2).unwrap_or(usize::MAX).max(16);
+    if fd_cap < args.max_connections {
+        tracing::info!(fd_limit, max_connections = fd_cap, "--max-connections lowered to fit the descriptor limit");
+    }
     let workers = args.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let metrics = Arc::new(ProxyMetrics::default());
     let proxy = tidegate_proxy::serve(
@@ -48,7 +64,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 RuntimeArg::PerCore => RuntimeMode::PerCore,
                 RuntimeArg::MultiThread => RuntimeMode::MultiThread,
             },
-            header_read_timeout: Duration::from_secs(args.header_timeout_s.max(1)),
+            limits: limits(&args, fd_cap),
             drain_timeout: Duration::from_secs(args.drain_timeout_s),
         },
         control.snapshots(),
@@ -167,4 +183,22 @@ fn admin_token(dir: &Path) -> anyhow::Result<String> {
     f.sync_all()?;
     tracing::info!(path = %path.display(), "generated the admin token");
     Ok(token)
+}
+
+/// The data plane's client-side limits from the command line (timeouts of
+/// at least one second, connections within `fd_cap`).
+fn limits(args: &ServeArgs, fd_cap: usize) -> Limits {
+    let secs = |s: u64| Duration::from_secs(s.max(1));
+    Limits {
+        first_request_timeout: secs(args.first_request_timeout_s),
+        idle_timeout: secs(args.header_timeout_s),
+        body_read_timeout: secs(args.body_timeout_s),
+        body_total_timeout: secs(args.body_total_timeout_s),
+        write_timeout: secs(args.write_timeout_s),
+        max_connections: args.max_connections.min(fd_cap).max(1),
+        max_header_bytes: args.max_header_bytes.max(8192),
+        max_headers: args.max_headers.max(16),
+        h2_max_streams: args.h2_max_streams.max(1),
+        trusted_proxies: args.trusted_proxies.clone(),
+    }
 }

@@ -9,6 +9,7 @@ mod autoscale;
 mod balancing;
 mod durability;
 mod external;
+mod hostile;
 mod proxying;
 mod sources;
 mod upstream;

@@ -223,3 +223,21 @@ pub async fn route_to(tg: &Tidegate, service: &str, backends: &[&Backend], polic
 pub fn served_by(r: &Reply) -> String {
     r.headers.get("x-backend").and_then(|v| v.to_str().ok()).unwrap_or("").to_string()
 }
+
+/// Sends raw bytes on a new connection and reads until the peer closes or
+/// `wait` passes. Returns what came back.
+pub fn raw_exchange(addr: SocketAddr, bytes: &[u8], wait: Duration) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(wait)).expect("timeout");
+    s.write_all(bytes).expect("write");
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}

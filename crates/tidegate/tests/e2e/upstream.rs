@@ -2,8 +2,8 @@
 //! backends that break the exchange, and blame (a client's broken request
 //! never counts against a backend).
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Write;
+use std::net::TcpStream;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -22,23 +22,6 @@ async fn service(tg: &Tidegate, backend: &Backend, settings: Value) {
     let route = json!({ "match": { "path_prefix": "/" }, "service": "web" });
     let (s, v) = tg.api("PUT", "/v1/routes/web", Some(route)).await;
     assert_eq!(s, 200, "{v}");
-}
-
-/// Sends raw bytes on a new connection, half-closes nothing, and reads
-/// until the peer closes or `wait` passes. Returns what came back.
-fn raw(addr: SocketAddr, bytes: &[u8], wait: Duration) -> String {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(wait)).expect("timeout");
-    s.write_all(bytes).expect("write");
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    while let Ok(n) = s.read(&mut buf) {
-        if n == 0 {
-            break;
-        }
-        out.extend_from_slice(&buf[..n]);
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// A proxy-error counter from `/metrics`.
@@ -111,7 +94,7 @@ async fn a_client_whose_body_breaks_gets_400_and_ejects_nothing() {
         // Broken chunked encoding (streamed), then a short fixed-length
         // body whose client stops sending (buffered).
         let chunked = b"POST /upload HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n\r\n";
-        let answer = raw(tg.proxy, chunked, Duration::from_secs(3));
+        let answer = raw_exchange(tg.proxy, chunked, Duration::from_secs(3));
         assert!(answer.starts_with("HTTP/1.1 400"), "try {i}: {answer:?}");
         let mut s = TcpStream::connect(tg.proxy).unwrap();
         s.write_all(b"POST /upload HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\nonly ten b").unwrap();
@@ -134,7 +117,7 @@ async fn idle_upstream_connections_are_closed_after_their_timeout() {
     let b = Backend::start("pooled", &[]);
     service(&tg, &b, json!({ "timeouts": { "idle_ms": 300 } })).await;
     let open = || {
-        let reply = raw(
+        let reply = raw_exchange(
             b.addr,
             b"GET /_emulator/stats HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
             Duration::from_secs(3),

@@ -1,0 +1,135 @@
+//! Checks and rewrites every request gets before it is routed, so that
+//! what the proxy routes on is exactly what the backend receives.
+//!
+//! - **One host.** The authority of an absolute-form or HTTP/2 request wins
+//!   over a `Host` header (RFC 9112 section 3.2.3) and becomes the `Host`
+//!   sent upstream; a request with two `Host` headers, an HTTP/1.1 request
+//!   with none, or a host that is not a valid authority is refused.
+//! - **One framing.** A request with both `Transfer-Encoding` and
+//!   `Content-Length` is refused.
+//! - **One path.** The path is normalized ([`crate::normalize`]) and the
+//!   request's URI becomes origin-form with that path and the original
+//!   query.
+
+use http::header::{self, HeaderValue};
+use http::uri::{Authority, PathAndQuery};
+use http::{Request, Uri, Version};
+
+use crate::error::ErrorKind;
+use crate::normalize::normalize;
+
+/// Applies the host and path rules to `req` in place.
+pub(crate) fn sanitize<B>(req: &mut Request<B>) -> Result<(), ErrorKind> {
+    // RFC 9112 section 6.1 allows framing by the encoding alone, but a
+    // message with both is the classic smuggling vector: refuse it.
+    if req.headers().contains_key(header::TRANSFER_ENCODING) && req.headers().contains_key(header::CONTENT_LENGTH) {
+        return Err(ErrorKind::InvalidFraming);
+    }
+    let mut hosts = req.headers().get_all(header::HOST).iter();
+    let host = hosts.next();
+    if hosts.next().is_some() {
+        return Err(ErrorKind::InvalidHost);
+    }
+    match (req.uri().authority(), host) {
+        (Some(authority), _) => {
+            if authority.as_str().contains('@') {
+                return Err(ErrorKind::InvalidHost);
+            }
+            let v = HeaderValue::from_str(authority.as_str()).map_err(|_| ErrorKind::InvalidHost)?;
+            req.headers_mut().insert(header::HOST, v);
+        }
+        (None, Some(h)) => {
+            let valid = Authority::try_from(h.as_bytes()).is_ok_and(|a| !a.as_str().contains('@'));
+            if !valid {
+                return Err(ErrorKind::InvalidHost);
+            }
+        }
+        (None, None) if req.version() == Version::HTTP_11 => return Err(ErrorKind::InvalidHost),
+        (None, None) => {}
+    }
+    let path = req.uri().path();
+    let normal = normalize(path).map_err(|_| ErrorKind::InvalidPath)?;
+    let origin_form = req.uri().scheme().is_none() && req.uri().authority().is_none();
+    if origin_form && normal == path {
+        return Ok(());
+    }
+    let target = match req.uri().query() {
+        Some(q) => format!("{normal}?{q}"),
+        None => normal.into_owned(),
+    };
+    let pq = PathAndQuery::try_from(target).map_err(|_| ErrorKind::InvalidPath)?;
+    *req.uri_mut() = Uri::from(pq);
+    Ok(())
+}
+
+/// The host to route on: the `Host` header (set by [`sanitize`]),
+/// lowercase and without its port.
+pub(crate) fn routing_host<B>(req: &Request<B>) -> std::borrow::Cow<'_, str> {
+    let raw = req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
+    let without_port = if raw.starts_with('[') {
+        raw.split_inclusive(']').next().unwrap_or(raw)
+    } else {
+        raw.rsplit_once(':').map_or(raw, |(h, _)| h)
+    };
+    if without_port.bytes().any(|b| b.is_ascii_uppercase()) {
+        std::borrow::Cow::Owned(without_port.to_ascii_lowercase())
+    } else {
+        std::borrow::Cow::Borrowed(without_port)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(uri: &str, hosts: &[&str], version: Version) -> Request<()> {
+        let mut b = Request::builder().uri(uri).version(version);
+        for h in hosts {
+            b = b.header(header::HOST, *h);
+        }
+        b.body(()).unwrap()
+    }
+
+    #[test]
+    fn the_authority_is_the_host_sent_upstream() {
+        let mut r = req("http://a.example/x", &["b.example"], Version::HTTP_11);
+        sanitize(&mut r).unwrap();
+        assert_eq!(r.headers()[header::HOST], "a.example");
+        assert_eq!(r.uri(), "/x");
+        assert_eq!(routing_host(&r), "a.example");
+        let mut r = req("/x", &["Shop.Example:8080"], Version::HTTP_11);
+        sanitize(&mut r).unwrap();
+        assert_eq!(routing_host(&r), "shop.example");
+    }
+
+    #[test]
+    fn bad_hosts_are_refused() {
+        for (uri, hosts, v) in [
+            ("/", &["a", "b"][..], Version::HTTP_11),
+            ("/", &[][..], Version::HTTP_11),
+            ("/", &["a b"][..], Version::HTTP_11),
+            ("/", &["user@a"][..], Version::HTTP_11),
+        ] {
+            assert_eq!(sanitize(&mut req(uri, hosts, v)), Err(ErrorKind::InvalidHost), "{uri} {hosts:?}");
+        }
+        // HTTP/1.0 needs no host.
+        assert_eq!(sanitize(&mut req("/", &[], Version::HTTP_10)), Ok(()));
+    }
+
+    #[test]
+    fn conflicting_framing_is_refused() {
+        let mut r = req("/", &["h"], Version::HTTP_11);
+        r.headers_mut().insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        r.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from_static("4"));
+        assert_eq!(sanitize(&mut r), Err(ErrorKind::InvalidFraming));
+    }
+
+    #[test]
+    fn the_path_is_normalized_and_the_query_kept() {
+        let mut r = req("/public/%2e%2e/internal?a=%2e%2e", &["h"], Version::HTTP_11);
+        sanitize(&mut r).unwrap();
+        assert_eq!(r.uri(), "/internal?a=%2e%2e");
+        let mut r = req("/public/..;/internal", &["h"], Version::HTTP_11);
+        assert_eq!(sanitize(&mut r), Err(ErrorKind::InvalidPath));
+    }
+}

@@ -1,0 +1,217 @@
+//! Limits and timeouts of client connections, and the trusted-proxy list.
+//!
+//! Everything a client controls is bounded: how long it may stay silent
+//! before its first request, how long a request head or an idle keep-alive
+//! gap may take, how slowly it may send a body or read a response, how
+//! large its headers may be, how many streams an HTTP/2 connection may
+//! open, and how many connections the listener holds at once.
+
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::str::FromStr;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Sleep;
+
+/// Client-side limits of the data plane. Every field has a safe default.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// A new connection must complete its first request head within this
+    /// time (a silent connection, a half HTTP/2 preface, or a preface and
+    /// nothing else are closed). Default 10 s.
+    pub first_request_timeout: Duration,
+    /// HTTP/1: time allowed for each later request head, which is also how
+    /// long a keep-alive connection may stay idle between requests. HTTP/2:
+    /// how long a connection with no request in progress stays open.
+    /// Default 30 s.
+    pub idle_timeout: Duration,
+    /// Longest gap between two pieces of a request body. Default 30 s.
+    pub body_read_timeout: Duration,
+    /// Longest time for a whole request body. Default 600 s.
+    pub body_total_timeout: Duration,
+    /// Longest time a write to the client may stay blocked (a client that
+    /// stops reading its response). Default 60 s.
+    pub write_timeout: Duration,
+    /// Most client connections open at once, over all workers; beyond it
+    /// the listener stops accepting until one closes. Default 10,000.
+    pub max_connections: usize,
+    /// Largest request head (request line and headers), bytes; larger
+    /// gets 431. Default 64 KiB.
+    pub max_header_bytes: usize,
+    /// Most request headers; more gets 431. Default 100.
+    pub max_headers: usize,
+    /// Most concurrent streams per HTTP/2 connection. Default 100.
+    pub h2_max_streams: u32,
+    /// Peers whose forwarding headers (`X-Forwarded-For`, `Forwarded`,
+    /// `X-Real-IP`) are kept and appended to. Default: none.
+    pub trusted_proxies: TrustedProxies,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            first_request_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(30),
+            body_read_timeout: Duration::from_secs(30),
+            body_total_timeout: Duration::from_secs(600),
+            write_timeout: Duration::from_secs(60),
+            max_connections: 10_000,
+            max_header_bytes: 64 * 1024,
+            max_headers: 100,
+            h2_max_streams: 100,
+            trusted_proxies: TrustedProxies::default(),
+        }
+    }
+}
+
+/// A list of address blocks (`10.0.0.0/8`, `::1/128`, `192.0.2.7`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrustedProxies(Vec<(IpAddr, u8)>);
+
+impl TrustedProxies {
+    /// Whether `ip` is in one of the blocks.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = canonical(ip);
+        self.0.iter().any(|(net, bits)| in_block(ip, *net, *bits))
+    }
+
+    /// True when no peer is trusted.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// An IPv4-mapped IPv6 address as the IPv4 address it is.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+fn in_block(ip: IpAddr, net: IpAddr, bits: u8) -> bool {
+    let (a, b, width) = match (ip, net) {
+        (IpAddr::V4(a), IpAddr::V4(b)) => (u128::from(u32::from(a)), u128::from(u32::from(b)), 32),
+        (IpAddr::V6(a), IpAddr::V6(b)) => (u128::from(a), u128::from(b), 128),
+        _ => return false,
+    };
+    if bits == 0 {
+        return true;
+    }
+    let shift = width - u32::from(bits);
+    (a >> shift) == (b >> shift)
+}
+
+impl FromStr for TrustedProxies {
+    type Err = String;
+
+    /// Comma-separated blocks; an address without `/bits` is one host.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut blocks = Vec::new();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (addr, bits) = part.split_once('/').map_or((part, None), |(a, b)| (a, Some(b)));
+            let ip: IpAddr = addr.parse().map_err(|_| format!("{part:?}: not an IP address or CIDR block"))?;
+            let ip = canonical(ip);
+            let width = if ip.is_ipv4() { 32 } else { 128 };
+            let bits = match bits {
+                None => width,
+                Some(b) => b
+                    .parse::<u8>()
+                    .ok()
+                    .filter(|b| *b <= width)
+                    .ok_or_else(|| format!("{part:?}: prefix length must be 0..={width}"))?,
+            };
+            blocks.push((ip, bits));
+        }
+        Ok(TrustedProxies(blocks))
+    }
+}
+
+/// A client socket whose writes fail with `TimedOut` once one has been
+/// blocked for longer than the write timeout (a client that stopped
+/// reading). The timer exists only while a write is blocked.
+pub(crate) struct TimedIo<T> {
+    inner: T,
+    write_timeout: Duration,
+    blocked: Option<Pin<Box<Sleep>>>,
+}
+
+impl<T> TimedIo<T> {
+    pub(crate) fn new(inner: T, write_timeout: Duration) -> Self {
+        TimedIo { inner, write_timeout, blocked: None }
+    }
+
+    /// Turns a pending write into an error once it waited too long.
+    fn pending_write<R>(&mut self, cx: &mut Context<'_>, polled: Poll<std::io::Result<R>>) -> Poll<std::io::Result<R>> {
+        if polled.is_ready() {
+            self.blocked = None;
+            return polled;
+        }
+        let timeout = self.write_timeout;
+        let sleep = self.blocked.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        match sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::ErrorKind::TimedOut.into())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+use std::future::Future as _;
+
+impl<T: AsyncRead + Unpin> AsyncRead for TimedIo<T> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for TimedIo<T> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.pending_write(cx, polled)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.pending_write(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        self.pending_write(cx, polled)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trusted_blocks_parse_and_match() {
+        let t: TrustedProxies = "10.0.0.0/8, 192.0.2.7,::1/128,2001:db8::/32".parse().unwrap();
+        assert!(t.contains("10.1.2.3".parse().unwrap()));
+        assert!(t.contains("192.0.2.7".parse().unwrap()));
+        assert!(!t.contains("192.0.2.8".parse().unwrap()));
+        assert!(t.contains("::ffff:10.9.9.9".parse().unwrap()), "mapped IPv4");
+        assert!(t.contains("2001:db8:1::5".parse().unwrap()));
+        assert!(!t.contains("2001:db9::5".parse().unwrap()));
+        assert!("".parse::<TrustedProxies>().unwrap().is_empty());
+        assert!("10.0.0.0/33".parse::<TrustedProxies>().is_err());
+        assert!("nonsense".parse::<TrustedProxies>().is_err());
+        let all: TrustedProxies = "0.0.0.0/0".parse().unwrap();
+        assert!(all.contains("8.8.8.8".parse().unwrap()));
+    }
+}

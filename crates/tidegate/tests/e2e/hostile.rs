@@ -1,0 +1,215 @@
+//! Hostile clients: silent and slow connections, oversized heads,
+//! smuggling attempts, path and host confusion, and headers a client must
+//! not be able to pass to a backend. Every test keeps normal traffic
+//! flowing next to the attack.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+/// Starts Tidegate with short client timeouts.
+fn strict(dir: &std::path::Path, extra: &[&str]) -> Tidegate {
+    let mut args = extra.to_vec();
+    for (flag, value) in [("--first-request-timeout-s", "1"), ("--header-timeout-s", "2"), ("--body-timeout-s", "1")] {
+        if !extra.contains(&flag) {
+            args.extend([flag, value]);
+        }
+    }
+    Tidegate::start_with(dir, &args)
+}
+
+/// Whether the proxy closed `s` (EOF or reset) within `within`, reading
+/// whatever it sent first.
+fn closed_by_peer(s: &mut TcpStream, within: Duration) -> bool {
+    s.set_read_timeout(Some(within)).expect("set a read timeout");
+    let mut buf = [0u8; 1024];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                return false
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+/// The backend's echo of a request sent raw.
+fn echoed(reply: &str) -> Value {
+    let body = reply.split("\r\n\r\n").nth(1).unwrap_or_else(|| panic!("no body in {reply:?}"));
+    serde_json::from_str(body).unwrap_or_else(|_| panic!("not an echo: {reply:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_slow_and_half_open_connections_are_closed_while_traffic_flows() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = strict(dir.path(), &[]);
+    let b = Backend::start("calm", &[]);
+    route_to(&tg, "web", &[&b], "round_robin").await;
+    let mut silent: Vec<TcpStream> = (0..20).map(|_| TcpStream::connect(tg.proxy).unwrap()).collect();
+    let mut half_preface = TcpStream::connect(tg.proxy).unwrap();
+    half_preface.write_all(b"PRI * HTTP/2.0\r\n").unwrap();
+    let mut full_preface = TcpStream::connect(tg.proxy).unwrap();
+    full_preface.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+    let mut slow_head = TcpStream::connect(tg.proxy).unwrap();
+    slow_head.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n").unwrap();
+    let started = Instant::now();
+    for _ in 0..10 {
+        assert_eq!(get(&tg.url("/")).await.status, 200);
+    }
+    let limit = Duration::from_secs(4);
+    for s in silent.iter_mut().chain([&mut half_preface, &mut full_preface, &mut slow_head]) {
+        assert!(closed_by_peer(s, limit.saturating_sub(started.elapsed())), "still open after {:?}", started.elapsed());
+    }
+    // A kept-alive connection that goes quiet is closed too.
+    let mut idle = TcpStream::connect(tg.proxy).unwrap();
+    idle.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+    assert!(closed_by_peer(&mut idle, Duration::from_secs(5)), "idle keep-alive connection stayed open");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_body_gets_408_and_blames_no_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = strict(dir.path(), &[]);
+    let b = Backend::start("patient", &[]);
+    route_to(&tg, "web", &[&b], "round_robin").await;
+    for head in [
+        "POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n0123456789",
+        "POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\na\r\n0123456789\r\n",
+    ] {
+        let reply = raw_exchange(tg.proxy, head.as_bytes(), Duration::from_secs(5));
+        assert!(reply.starts_with("HTTP/1.1 408"), "{head:?}: {reply:?}");
+    }
+    let (_, status) = tg.api("GET", "/v1/status", None).await;
+    assert_eq!(status["services"]["web"]["backends"][0]["failures"], 0, "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_connections_beyond_the_cap_wait_and_new_requests_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = strict(dir.path(), &["--max-connections", "50", "--first-request-timeout-s", "2"]);
+    let b = Backend::start("busy", &[]);
+    route_to(&tg, "web", &[&b], "round_robin").await;
+    // 300 connections that never send a byte: the first 50 hold every
+    // slot until their first-request timeout, the rest wait in the backlog.
+    let held: Vec<TcpStream> = (0..300).filter_map(|_| TcpStream::connect(tg.proxy).ok()).collect();
+    assert!(held.len() > 250, "connect failed early: {}", held.len());
+    let r = tokio::time::timeout(Duration::from_secs(20), get(&tg.url("/"))).await;
+    assert_eq!(r.expect("served within 20 s").status, 200);
+    // The admin API is a listener of its own and stays up throughout.
+    let (s, _) = tg.api("GET", "/v1/status", None).await;
+    assert_eq!(s, 200);
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smuggling_and_oversized_heads_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let b = Backend::start("target", &[]);
+    route_to(&tg, "web", &[&b], "round_robin").await;
+    let wait = Duration::from_secs(5);
+    let cl_te = "POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nhost: x\r\n\r\n";
+    let reply = raw_exchange(tg.proxy, cl_te.as_bytes(), wait);
+    // hyper frames it by the encoding alone and closes the connection after
+    // the answer (RFC 9112 section 6.1): the smuggled request is never read.
+    assert_eq!(reply.matches("HTTP/1.1 ").count(), 1, "CL+TE smuggled a second request: {reply:?}");
+    assert!(reply.contains("connection: close"), "{reply:?}");
+    let dup_cl = "POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\ncontent-length: 40\r\n\r\nabcd";
+    let reply = raw_exchange(tg.proxy, dup_cl.as_bytes(), wait);
+    assert!(reply.starts_with("HTTP/1.1 400"), "duplicate CL: {reply:?}");
+    let big = format!("GET / HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n", "a".repeat(100 * 1024));
+    let reply = raw_exchange(tg.proxy, big.as_bytes(), wait);
+    assert!(reply.starts_with("HTTP/1.1 431"), "100 KiB of headers: {:?}", &reply[..reply.len().min(80)]);
+    let many: String = (0..10_000).map(|i| format!("x-h{i}: 1\r\n")).collect();
+    let reply = raw_exchange(tg.proxy, format!("GET / HTTP/1.1\r\nhost: x\r\n{many}\r\n").as_bytes(), wait);
+    assert!(reply.starts_with("HTTP/1.1 431"), "10,000 headers: {:?}", &reply[..reply.len().min(80)]);
+    let (_, stats) = tg.api("GET", "/v1/status", None).await;
+    // Only the CL+TE request itself reached the backend.
+    assert_eq!(stats["services"]["web"]["backends"][0]["requests"], 1, "{stats}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backend_receives_exactly_the_path_and_host_that_were_routed() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let public = Backend::start("public", &[]);
+    let internal = Backend::start("internal", &[]);
+    let other = Backend::start("b-host", &[]);
+    for (name, b) in [("public", &public), ("internal", &internal), ("other", &other)] {
+        let spec = json!({ "backends": [{ "id": "b0", "addr": b.addr.to_string() }] });
+        assert_eq!(tg.api("PUT", &format!("/v1/services/{name}"), Some(spec)).await.0, 200);
+    }
+    for (name, m) in [
+        ("public", json!({ "path_prefix": "/public" })),
+        ("internal", json!({ "path_prefix": "/internal" })),
+        ("other", json!({ "host": "b.example", "path_prefix": "/" })),
+    ] {
+        let route = json!({ "match": m, "service": name });
+        assert_eq!(tg.api("PUT", &format!("/v1/routes/{name}"), Some(route)).await.0, 200);
+    }
+    let wait = Duration::from_secs(5);
+    let ask = |target: &str, host: &str| {
+        raw_exchange(
+            tg.proxy,
+            format!("GET {target} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n").as_bytes(),
+            wait,
+        )
+    };
+    for target in [
+        "/public/../internal/echo",
+        "/public/%2e%2e/internal/echo",
+        "/public/%2E%2E//internal/./echo",
+        "//internal///echo",
+    ] {
+        let reply = ask(target, "a.example");
+        assert!(reply.contains("x-backend: internal"), "{target}: {reply:?}");
+        assert_eq!(echoed(&reply)["path"], "/internal/echo", "{target}");
+    }
+    for target in ["/public/..;/internal/echo", "/public/%2e%2e%2finternal/echo", "/../internal/echo"] {
+        let reply = ask(target, "a.example");
+        assert!(reply.starts_with("HTTP/1.1 400"), "{target}: {reply:?}");
+    }
+    // Absolute-form wins over Host, and becomes the Host the backend sees.
+    let reply = ask("http://b.example/x/echo", "a.example");
+    assert!(reply.contains("x-backend: b-host"), "{reply:?}");
+    assert_eq!(echoed(&reply)["headers"]["host"], "b.example");
+    // Two Host headers, or none in HTTP/1.1: refused.
+    let reply = raw_exchange(tg.proxy, b"GET /public/echo HTTP/1.1\r\nhost: a\r\nhost: b.example\r\n\r\n", wait);
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply:?}");
+    let reply = raw_exchange(tg.proxy, b"GET /public/echo HTTP/1.1\r\nconnection: close\r\n\r\n", wait);
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_and_hop_by_hop_headers_never_reach_the_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let b = Backend::start("echo", &[]);
+    route_to(&tg, "web", &[&b], "round_robin").await;
+    let head =
+        "GET /echo HTTP/1.1\r\nhost: x\r\nproxy-authorization: Basic c2VjcmV0\r\nconnection: close, x-secret\r\n\
+                x-secret: 1\r\nforwarded: for=203.0.113.9\r\nx-real-ip: 203.0.113.9\r\nx-forwarded-for: 203.0.113.9\r\n\
+                upgrade: h2c\r\n\r\n";
+    let reply = raw_exchange(tg.proxy, head.as_bytes(), Duration::from_secs(5));
+    let h = &echoed(&reply)["headers"];
+    for name in ["proxy-authorization", "x-secret", "forwarded", "x-real-ip", "upgrade"] {
+        assert!(h.get(name).is_none(), "{name} reached the backend: {h}");
+    }
+    assert_eq!(h["x-forwarded-for"], "127.0.0.1", "an untrusted client's X-Forwarded-For is replaced");
+
+    // Behind a trusted proxy the chain is kept.
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start_with(dir.path(), &["--trusted-proxies", "127.0.0.0/8"]);
+    route_to(&tg, "web", &[&b], "round_robin").await;
+    let reply = raw_exchange(tg.proxy, head.as_bytes(), Duration::from_secs(5));
+    let h = &echoed(&reply)["headers"];
+    assert_eq!(h["x-forwarded-for"], "203.0.113.9, 127.0.0.1");
+    assert_eq!(h["x-real-ip"], "203.0.113.9");
+    assert!(h.get("proxy-authorization").is_none());
+}
