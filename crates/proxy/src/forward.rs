@@ -13,7 +13,6 @@ use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 
 use tidegate_balance::{clock, orca, record_outcome, Backend, Outcome, RequestCtx};
 use tidegate_distributor::{DistributorClient, Query};
@@ -29,6 +28,7 @@ use crate::metrics::Counters;
 use crate::pick::{pick_or_wait, Queue, Slot};
 use crate::pool::{ConnSettings, Sent, UpstreamPool};
 use crate::retry::{decide, Decision, Failure, Progress};
+use crate::tunnel;
 
 /// The client end of a connection, prepared once per connection.
 #[derive(Debug, Clone)]
@@ -39,6 +39,9 @@ pub struct Peer {
     pub ip_header: HeaderValue,
     /// Whether it is a trusted proxy, whose forwarding headers are kept.
     pub trusted: bool,
+    /// The connection's place under `--max-connections`, shared with an
+    /// upgraded tunnel so that the tunnel keeps it.
+    pub conn_slot: Option<Arc<tokio::sync::OwnedSemaphorePermit>>,
 }
 
 impl Peer {
@@ -46,7 +49,7 @@ impl Peer {
     pub fn new(addr: SocketAddr) -> Peer {
         let ip_header =
             HeaderValue::from_str(&addr.ip().to_string()).unwrap_or_else(|_| HeaderValue::from_static("unknown"));
-        Peer { addr, ip_header, trusted: false }
+        Peer { addr, ip_header, trusted: false, conn_slot: None }
     }
 }
 
@@ -204,7 +207,8 @@ impl Upstreams {
                     let hold = Hold { slot, conn: Some(conn) };
                     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
                         if let Some(down) = req.upgrade.take() {
-                            splice_upgrade(down, hyper::upgrade::on(&mut response), hold);
+                            let up = hyper::upgrade::on(&mut response);
+                            tunnel::splice(down, up, hold, peer.conn_slot.clone(), self.limits.tunnel_idle_timeout);
                         }
                         return Ok(response.map(|_| ProxyBody::empty()));
                     }
@@ -384,18 +388,4 @@ fn upstream_request(
         req.headers_mut().insert(header::HOST, host);
     }
     Ok(req)
-}
-
-/// Joins the client's and the backend's upgraded connections. The tunnel
-/// holds its backend slot (in flight, `max_conns`) until it closes.
-fn splice_upgrade(down: hyper::upgrade::OnUpgrade, up: hyper::upgrade::OnUpgrade, hold: Hold) {
-    tokio::spawn(async move {
-        let _hold = hold;
-        let (Ok(down), Ok(up)) = tokio::join!(down, up) else {
-            return;
-        };
-        let mut down = TokioIo::new(down);
-        let mut up = TokioIo::new(up);
-        let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
-    });
 }

@@ -26,6 +26,7 @@ mod pool;
 pub mod retry;
 mod server;
 mod static_files;
+mod tunnel;
 
 pub use body::ProxyBody;
 pub use error::{ErrorKind, Source};

@@ -34,6 +34,9 @@ pub struct Limits {
     /// Longest time a write to the client may stay blocked (a client that
     /// stops reading its response). Default 60 s.
     pub write_timeout: Duration,
+    /// An upgraded (WebSocket) tunnel in which neither side sends a byte
+    /// for this long is closed. Default 300 s.
+    pub tunnel_idle_timeout: Duration,
     /// Most client connections open at once, over all workers; beyond it
     /// the listener stops accepting until one closes. Default 10,000.
     pub max_connections: usize,
@@ -57,6 +60,7 @@ impl Default for Limits {
             body_read_timeout: Duration::from_secs(30),
             body_total_timeout: Duration::from_secs(600),
             write_timeout: Duration::from_secs(60),
+            tunnel_idle_timeout: Duration::from_secs(300),
             max_connections: 10_000,
             max_header_bytes: 64 * 1024,
             max_headers: 100,

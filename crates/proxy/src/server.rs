@@ -194,8 +194,10 @@ async fn accept_loop(
                 };
                 let _ = stream.set_nodelay(true);
                 proxy.metrics().connection();
+                let permit = Arc::new(permit);
                 let mut client = Peer::new(peer);
                 client.trusted = limits.trusted_proxies.contains(peer.ip());
+                client.conn_slot = Some(permit.clone());
                 let conn = serve_connection(stream, client, proxy.clone(), builder.clone(), stop.clone(), limits.clone());
                 let alive = alive_tx.clone();
                 tokio::spawn(async move {

@@ -73,6 +73,9 @@ pub struct ServeArgs {
     /// Seconds a write to a client may stay blocked (a client not reading).
     #[arg(long, default_value_t = 60)]
     pub write_timeout_s: u64,
+    /// Seconds an upgraded (WebSocket) tunnel may carry no byte before it is closed.
+    #[arg(long, default_value_t = 300)]
+    pub tunnel_idle_timeout_s: u64,
     /// Most client connections open at once; beyond it accepting pauses.
     #[arg(long, default_value_t = 10_000)]
     pub max_connections: usize,

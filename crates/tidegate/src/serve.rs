@@ -195,6 +195,7 @@ fn limits(args: &ServeArgs, fd_cap: usize) -> Limits {
         body_read_timeout: secs(args.body_timeout_s),
         body_total_timeout: secs(args.body_total_timeout_s),
         write_timeout: secs(args.write_timeout_s),
+        tunnel_idle_timeout: secs(args.tunnel_idle_timeout_s),
         max_connections: args.max_connections.min(fd_cap).max(1),
         max_header_bytes: args.max_header_bytes.max(8192),
         max_headers: args.max_headers.max(16),

@@ -213,3 +213,50 @@ async fn credentials_and_hop_by_hop_headers_never_reach_the_backend() {
     assert_eq!(h["x-real-ip"], "203.0.113.9");
     assert!(h.get("proxy-authorization").is_none());
 }
+
+/// Opens a tunnel through the proxy (`/upgrade` on the emulator echoes);
+/// returns the socket, or the status line when the upgrade was refused.
+fn open_tunnel(proxy: std::net::SocketAddr) -> Result<TcpStream, String> {
+    let mut s = TcpStream::connect(proxy).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5))).expect("set a read timeout");
+    s.write_all(b"GET /upgrade HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: echo\r\n\r\n").expect("write");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut byte).map_err(|e| format!("reading the head: {e}"))?;
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    if head.starts_with("HTTP/1.1 101") {
+        Ok(s)
+    } else {
+        Err(head.lines().next().unwrap_or("").to_string())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunnels_hold_their_backend_slot_and_close_when_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start_with(dir.path(), &["--tunnel-idle-timeout-s", "1"]);
+    let b = Backend::start("ws", &[]);
+    let spec = json!({ "backends": [{ "id": "b0", "addr": b.addr.to_string(), "max_conns": 1 }] });
+    assert_eq!(tg.api("PUT", "/v1/services/web", Some(spec)).await.0, 200);
+    let route = json!({ "match": { "path_prefix": "/" }, "service": "web" });
+    assert_eq!(tg.api("PUT", "/v1/routes/web", Some(route)).await.0, 200);
+    let proxy = tg.proxy;
+    tokio::task::spawn_blocking(move || {
+        let mut first = open_tunnel(proxy).expect("the first tunnel opens");
+        first.write_all(b"ping").unwrap();
+        let mut buf = [0u8; 4];
+        first.read_exact(&mut buf).unwrap();
+        // The tunnel holds the backend's only slot: a second one is refused.
+        let second = open_tunnel(proxy);
+        assert!(second.as_ref().is_err_and(|s| s.contains("503")), "{:?}", second.map(|_| ()));
+        // Quiet for longer than the idle timeout: closed, and the slot is free.
+        assert!(closed_by_peer(&mut first, Duration::from_secs(8)), "idle tunnel stayed open");
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(open_tunnel(proxy).is_ok(), "the slot was not given back");
+    })
+    .await
+    .unwrap();
+}
