@@ -21,6 +21,11 @@ static HOP_BY_HOP: [HeaderName; 8] = [
 /// Removes hop-by-hop headers, including those named in `Connection`, and
 /// `Upgrade` (put back by the caller for an upgrade it forwards).
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none: one pass over the names is cheaper than a
+    // hashed removal per hop-by-hop name.
+    if !headers.keys().any(|k| *k == header::UPGRADE || HOP_BY_HOP.contains(k)) {
+        return;
+    }
     if headers.contains_key(header::CONNECTION) {
         let named: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)

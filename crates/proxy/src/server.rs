@@ -155,10 +155,12 @@ async fn accept_loop(
 ) {
     let limits = &opts.limits;
     let mut builder = auto::Builder::new(TokioExecutor::new());
+    // No hyper timer for HTTP/1: a slow or missing request head is a
+    // connection with no request in progress, which the connection's own
+    // idle check closes (see `serve_connection`); hyper's header timeout
+    // would cost a timer allocation per request.
     builder
         .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.idle_timeout)
         .keep_alive(true)
         .max_buf_size(limits.max_header_bytes.max(8192))
         .max_headers(limits.max_headers);
@@ -253,8 +255,9 @@ impl Drop for InProgress {
 
 impl Activity {
     fn start(self: &Arc<Self>) -> InProgress {
+        // No clock read here: while a request is in progress the connection
+        // is not idle, and its end stamps the time.
         self.in_progress.fetch_add(1, Relaxed);
-        self.last_ms.store(clock::now_ms().max(1), Relaxed);
         InProgress(self.clone())
     }
 
