@@ -84,6 +84,14 @@ struct Prepared {
     idempotent: bool,
 }
 
+/// What every attempt sends, apart from the body.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    parts: &'a Parts,
+    path_and_query: &'a PathAndQuery,
+    upgrade: bool,
+}
+
 impl Prepared {
     /// Reads what the attempts need from the client's request: forwarding
     /// headers, and the body, buffered when it is small and complete.
@@ -140,8 +148,6 @@ impl Upstreams {
         let mut req = Prepared::new(req, peer, &self.limits).await?;
         let ctx =
             RequestCtx { client: Some(peer.addr), path: req.path_and_query.as_str(), headers: &req.parts.headers };
-        let conn = ConnSettings::of(settings);
-        let response_timeout = Duration::from_millis(settings.timeouts.response_ms);
         let reads_orca = settings.load_metrics.orca || matches!(settings.policy, PolicySpec::OrcaWrr(_));
         let mut tried: Vec<Arc<Backend>> = Vec::new();
         let mut queue = Queue::new(settings.queue.timeout_ms);
@@ -176,29 +182,9 @@ impl Upstreams {
             if progress.retries + progress.fresh_retries > 0 {
                 metrics.retry();
             }
-            let up = upstream_request(&req.parts, &backend, &req.path_and_query, body)?;
-            let mut slot = Slot::take(&backend, service);
             let upgrade = req.upgrade.is_some();
-            let result =
-                match tokio::time::timeout(response_timeout, self.pool.send(&backend.addr, conn, up, fresh, upgrade))
-                    .await
-                {
-                    Ok(Ok(sent)) => Ok(sent),
-                    Ok(Err(unsent)) => {
-                        if let Some(r) = unsent.request {
-                            req.body.put_back(r.into_body());
-                        }
-                        Err(unsent.kind)
-                    }
-                    Err(_) => Err(ErrorKind::ResponseTimeout),
-                };
-            if let Some(outcome) = outcome_of(&result) {
-                slot.record(outcome);
-                let pool = service.selector.backends();
-                if record_outcome(&backend, outcome, clock::now_ms(), &settings.health.passive, pool) {
-                    tracing::warn!(service = %service.name, backend = %backend.id, addr = %backend.addr, "backend ejected after consecutive failures");
-                }
-            }
+            let target = Target { parts: &req.parts, path_and_query: &req.path_and_query, upgrade };
+            let (result, slot) = self.attempt(service, &backend, target, &mut req.body, body, fresh).await?;
             let failure = match result {
                 Ok(Sent { mut response, conn }) => {
                     if reads_orca {
@@ -249,6 +235,48 @@ impl Upstreams {
             }
         }
         shed.ok_or(last)
+    }
+}
+
+impl Upstreams {
+    /// One attempt against one backend: sends the request (on a new
+    /// connection when `fresh`) and waits for the response head within the
+    /// service's response timeout. Records the outcome for passive health
+    /// when the backend is to blame, and takes back a streamed body no byte
+    /// of which was sent (into `replay`). Returns the result and the backend
+    /// slot it holds.
+    async fn attempt(
+        &self,
+        service: &ServiceRuntime,
+        backend: &Arc<Backend>,
+        target: Target<'_>,
+        replay: &mut Replay,
+        body: UpBody,
+        fresh: bool,
+    ) -> Result<(Result<Sent, ErrorKind>, Slot), ErrorKind> {
+        let settings = &service.settings;
+        let up = upstream_request(target.parts, backend, target.path_and_query, body)?;
+        let mut slot = Slot::take(backend, service);
+        let conn = ConnSettings::of(settings);
+        let sending = self.pool.send(&backend.addr, conn, up, fresh, target.upgrade);
+        let result = match tokio::time::timeout(Duration::from_millis(settings.timeouts.response_ms), sending).await {
+            Ok(Ok(sent)) => Ok(sent),
+            Ok(Err(unsent)) => {
+                if let Some(r) = unsent.request {
+                    replay.put_back(r.into_body());
+                }
+                Err(unsent.kind)
+            }
+            Err(_) => Err(ErrorKind::ResponseTimeout),
+        };
+        if let Some(outcome) = outcome_of(&result) {
+            slot.record(outcome);
+            let pool = service.selector.backends();
+            if record_outcome(backend, outcome, clock::now_ms(), &settings.health.passive, pool) {
+                tracing::warn!(service = %service.name, backend = %backend.id, addr = %backend.addr, "backend ejected after consecutive failures");
+            }
+        }
+        Ok((result, slot))
     }
 }
 

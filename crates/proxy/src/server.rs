@@ -159,11 +159,7 @@ async fn accept_loop(
     // connection with no request in progress, which the connection's own
     // idle check closes (see `serve_connection`); hyper's header timeout
     // would cost a timer allocation per request.
-    builder
-        .http1()
-        .keep_alive(true)
-        .max_buf_size(limits.max_header_bytes.max(8192))
-        .max_headers(limits.max_headers);
+    builder.http1().keep_alive(true).max_buf_size(limits.max_header_bytes.max(8192)).max_headers(limits.max_headers);
     builder
         .http2()
         .timer(TokioTimer::new())
