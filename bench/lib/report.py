@@ -247,7 +247,8 @@ def markdown(out: Path, results: dict, meta: dict, pngs: list[str]) -> str:
                             ("throughput", "2. Throughput and concurrency (paper S2)", md_throughput),
                             ("heterogeneous", "3. Heterogeneous backends (paper S3)", md_heterogeneous),
                             ("peak", "4. Peak and autoscaling (paper S1)", md_peak),
-                            ("overhead", "5. Overhead (paper S4)", md_overhead)):
+                            ("overhead", "5. Overhead (paper S4)", md_overhead),
+                            ("hostile", "6. Hostile load (issue 9)", md_hostile)):
         if name not in results:
             continue
         md.append(f"\n## {title}\n")
@@ -451,3 +452,18 @@ def write(out: Path, results: dict, meta: dict) -> str:
     text = markdown(out, results, meta, pngs)
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     return text
+
+
+def md_hostile(r):
+    q, h = r["runs"]["quiet"], r["runs"]["hostile"]
+    fmt = lambda v: "-" if v is None else f"{v:,}"
+    rows = ["| run | ok | non-200 | errors | p50 us | p99 us | max us | RSS peak MiB |", "|---|---|---|---|---|---|---|---|"]
+    for name, x in (("quiet", q), ("under attack", h)):
+        rows.append(f"| {name} | {fmt(x['ok'])} | {fmt(x['non_200'])} | {fmt(x['errors'])} | {fmt(x['p50_us'])} | "
+                    f"{fmt(x['p99_us'])} | {fmt(x['max_us'])} | {x['rss_peak_kib'] / 1024:.1f} |")
+    attacks = "\n".join(f"- `{k}`: {v}" for k, v in h["attacks"].items())
+    s = r["summary"]
+    ratio = "-" if s["p99_ratio"] is None else f"{s['p99_ratio']:.2f}"
+    return ("\n".join(rows) + f"\n\nNormal traffic at {s['rate']:.0f} req/s for {s['duration_s']:.0f} s; "
+            f"p99 under attack / quiet: {ratio}; failures of normal requests under attack: "
+            f"{s['normal_failures_under_attack']}. What the attackers got:\n\n{attacks}\n")

@@ -1,4 +1,4 @@
-"""The five scenarios, each a function `(ctx) -> dict` whose result is
+"""The scenarios, each a function `(ctx) -> dict` whose result is
 written to `<results>/<scenario>.json`. Throughput, churn (Tidegate alone)
 and heterogeneous run the shell scripts beside this directory; churn versus
 peers, peak and overhead are Python modules here.
@@ -11,6 +11,7 @@ import subprocess
 from collections import defaultdict
 
 import churn_peers
+import hostile
 import overhead
 import peak
 from harness import ROOT, Ctx, free_port_block, log, median
@@ -39,6 +40,10 @@ PARAMS = {
         "smoke": {"requests": 200, "reps": 1, "warmup": 50},
         "full": {"requests": 5000, "reps": 5, "warmup": 500},
     },
+    "hostile": {
+        "smoke": {"duration": 3, "rate": 200, "attackers_scale": 0.1},
+        "full": {"duration": 60, "rate": 1000, "attackers_scale": 1.0},
+    },
 }
 
 # What each scenario's JSON must contain (the smoke profile checks these).
@@ -48,6 +53,7 @@ EXPECTED = {
     "heterogeneous": ["runs", "users", "sweep"],
     "peak": ["variants", "summary", "added_latency_us_at_warm_p50"],
     "overhead": ["runs", "summary", "goal"],
+    "hostile": ["runs", "summary", "goal"],
 }
 
 
@@ -163,10 +169,16 @@ def overhead_scenario(ctx: Ctx) -> dict:
     return overhead.run(ctx, p["requests"], p["reps"], warmup=p["warmup"])
 
 
+def hostile_scenario(ctx: Ctx) -> dict:
+    p = PARAMS["hostile"][ctx.profile]
+    return hostile.run(ctx, p["duration"], p["rate"], p["attackers_scale"])
+
+
 SCENARIOS = {
     "churn": churn,
     "throughput": throughput,
     "heterogeneous": heterogeneous,
     "peak": peak_scenario,
     "overhead": overhead_scenario,
+    "hostile": hostile_scenario,
 }
