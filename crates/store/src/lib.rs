@@ -3,15 +3,25 @@
 //! [`Store`] is the seam between the writer and durable storage: load the
 //! configuration at startup, commit a group of applied change sets in one
 //! durable transaction, and replay recent change sets to watchers.
-//! [`RedbStore`] is the embedded default, on the redb database: a commit
-//! returns only once it is on disk, so an acknowledged change survives
-//! `kill -9` and power loss.
+//! [`SqliteStore`] is the embedded default, on SQLite in WAL mode with
+//! `synchronous=FULL` (one sync of the write-ahead log per commit);
+//! [`RedbStore`], on redb, was the default before and is still read to
+//! take over an existing data directory. With both, a commit returns only
+//! once it is on disk, so an acknowledged change survives `kill -9` and
+//! power loss.
 
 mod redb_store;
+mod sqlite_store;
+#[cfg(test)]
+mod suite;
 
 use tidegate_model::{ChangeSet, ConfigState};
 
 pub use redb_store::RedbStore;
+pub use sqlite_store::SqliteStore;
+
+/// How many change sets the log keeps for replay.
+pub(crate) const LOG_RETAIN: u64 = 10_000;
 
 /// A change set as applied, with the revision it produced.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

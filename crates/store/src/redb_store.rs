@@ -5,7 +5,7 @@ use std::path::Path;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use tidegate_model::{ChangeSet, ConfigState, Op, RouteSpec, ServiceSettings, ServiceSpec};
 
-use crate::{AppliedChange, Loaded, Store, StoreError};
+use crate::{AppliedChange, Loaded, Store, StoreError, LOG_RETAIN};
 
 /// Service settings (without backends), by service name.
 const SERVICES: TableDefinition<&str, &[u8]> = TableDefinition::new("services");
@@ -18,9 +18,6 @@ const ROUTES: TableDefinition<&str, &[u8]> = TableDefinition::new("routes");
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 /// `revision`: the revision of the stored configuration.
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
-
-/// How many change sets the log keeps for replay.
-const LOG_RETAIN: u64 = 10_000;
 
 /// The resource tables of one write transaction.
 struct Tables<'txn> {
@@ -187,53 +184,9 @@ impl Store for RedbStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tidegate_model::parse_change_set;
-
-    fn applied(rev: u64, text: &str) -> AppliedChange {
-        AppliedChange { revision: rev, change: parse_change_set(text.as_bytes()).unwrap() }
-    }
 
     #[test]
-    fn commits_survive_reopening_and_replay() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("config.redb");
-        let c1 = applied(
-            1,
-            r#"{"ops":[
-            {"op":"put_service","name":"web","spec":{"policy":{"kind":"least_conn"},"backends":[{"id":"a","addr":"127.0.0.1:1"},{"id":"b","addr":"127.0.0.1:2"}]}},
-            {"op":"put_service","name":"web2","spec":{"backends":[{"id":"a","addr":"127.0.0.1:9"}]}},
-            {"op":"put_route","name":"r","spec":{"match":{"host":"*.x.com"},"service":"web"}}]}"#,
-        );
-        let c2 = applied(
-            2,
-            r#"{"ops":[
-            {"op":"delete_backend","service":"web","id":"a"},
-            {"op":"put_backend","service":"web","id":"c","spec":{"addr":"127.0.0.1:3","weight":5}}]}"#,
-        );
-        let c3 = applied(3, r#"{"ops":[{"op":"put_service","name":"web2","spec":{}}]}"#);
-        let (want, _) = ConfigState::default().apply(&c1.change, 0).unwrap();
-        let (want, _) = want.apply(&c2.change, 1).unwrap();
-        let (want, _) = want.apply(&c3.change, 2).unwrap();
-        {
-            let store = RedbStore::open(&path).unwrap();
-            store.commit(&[c1.clone(), c2.clone()]).unwrap();
-            store.commit(std::slice::from_ref(&c3)).unwrap();
-        }
-        let store = RedbStore::open(&path).unwrap();
-        let loaded = store.load().unwrap();
-        assert_eq!(loaded.revision, 3);
-        assert_eq!(loaded.state.services(), want.services());
-        assert_eq!(loaded.state.routes(), want.routes());
-        assert_eq!(store.changes_since(1, 10).unwrap(), vec![c2, c3]);
-        assert!(store.changes_since(3, 10).unwrap().is_empty());
-    }
-
-    #[test]
-    fn an_empty_store_loads_revision_zero() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = RedbStore::open(&dir.path().join("c.redb")).unwrap();
-        let loaded = store.load().unwrap();
-        assert_eq!(loaded.revision, 0);
-        assert!(loaded.state.services().is_empty());
+    fn the_shared_suite_passes() {
+        crate::suite::run(|p| RedbStore::open(&p.with_extension("redb")));
     }
 }

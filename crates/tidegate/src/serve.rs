@@ -10,7 +10,7 @@ use anyhow::{bail, Context};
 use tidegate_admin::AdminState;
 use tidegate_control::Control;
 use tidegate_proxy::{Limits, ProxyMetrics, RuntimeMode, ServerOptions};
-use tidegate_store::RedbStore;
+use tidegate_store::{RedbStore, SqliteStore, Store};
 
 use crate::cli::{RuntimeArg, ServeArgs};
 use crate::config_file;
@@ -33,8 +33,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating data directory {}", args.data_dir.display()))?;
     // The store locks the data directory; only then may the token be written.
-    let store = RedbStore::open(&args.data_dir.join("config.redb"))
-        .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
+    let store = open_store(&args.data_dir)?;
     let token = admin_token(&args.data_dir)?;
     let control = Control::start(Arc::new(store))?;
 
@@ -202,4 +201,42 @@ fn limits(args: &ServeArgs, fd_cap: usize) -> Limits {
         h2_max_streams: args.h2_max_streams.max(1),
         trusted_proxies: args.trusted_proxies.clone(),
     }
+}
+
+/// Opens the embedded store, `DIR/config.sqlite` (created mode 0600). A
+/// data directory from before SQLite, with `config.redb` and no SQLite
+/// configuration yet, is taken over once: its configuration and revision
+/// are imported and the old file is renamed `config.redb.imported` (kept
+/// as a backup). An import that fails leaves the old file in place, and is
+/// tried again at the next start.
+fn open_store(dir: &Path) -> anyhow::Result<SqliteStore> {
+    let path = dir.join("config.sqlite");
+    if !path.exists() {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .with_context(|| format!("creating {}", path.display()))?;
+    }
+    let store = SqliteStore::open(&path).with_context(|| format!("opening the store {}", path.display()))?;
+    let old = dir.join("config.redb");
+    if old.exists() {
+        let current = store.load().with_context(|| format!("reading {}", path.display()))?;
+        if current.revision > 0 {
+            tracing::warn!(ignored = %old.display(), "both config.sqlite and config.redb exist; config.sqlite is used");
+            return Ok(store);
+        }
+        let loaded = RedbStore::open(&old)
+            .and_then(|r| r.load())
+            .with_context(|| format!("reading {} to import it", old.display()))?;
+        store
+            .import(&loaded.state, loaded.revision)
+            .with_context(|| format!("importing {} into {}", old.display(), path.display()))?;
+        let backup = dir.join("config.redb.imported");
+        std::fs::rename(&old, &backup).with_context(|| format!("renaming {}", old.display()))?;
+        tracing::info!(revision = loaded.revision, backup = %backup.display(), "configuration imported from redb into SQLite");
+    }
+    Ok(store)
 }

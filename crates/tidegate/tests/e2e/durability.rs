@@ -40,3 +40,36 @@ async fn kill_9_then_restart_restores_every_acknowledged_change() {
     let r = get(&tg.url("/")).await;
     assert!(r.status == 200 || r.status == 502, "{}", r.status);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redb_data_directory_is_taken_over_once() {
+    use tidegate_store::{AppliedChange, RedbStore, Store};
+    let dir = tempfile::tempdir().unwrap();
+    {
+        // What an older Tidegate left: a redb store at revision 7.
+        let old = RedbStore::open(&dir.path().join("config.redb")).unwrap();
+        let text = r#"{"ops":[
+            {"op":"put_service","name":"legacy","spec":{"backends":[{"id":"a","addr":"127.0.0.1:9"}]}},
+            {"op":"put_route","name":"legacy","spec":{"match":{"path_prefix":"/old"},"service":"legacy"}}]}"#;
+        let change = tidegate_model::parse_change_set(text.as_bytes()).unwrap();
+        old.commit(&[AppliedChange { revision: 7, change }]).unwrap();
+    }
+    let tg = Tidegate::start(dir.path());
+    let (_, config) = tg.api("GET", "/v1/config", None).await;
+    assert_eq!(config["revision"], 7, "{config}");
+    assert!(config["services"]["legacy"].is_object(), "{config}");
+    assert!(dir.path().join("config.redb.imported").exists());
+    assert!(!dir.path().join("config.redb").exists());
+    // A change after the takeover continues the revision sequence, and
+    // survives a restart.
+    let (s, v) = tg.api("PUT", "/v1/services/legacy/backends/b", Some(json!({"addr": "127.0.0.1:10"}))).await;
+    assert_eq!((s, v["revision"].clone()), (200, json!(8)));
+    tg.kill9();
+    let tg = Tidegate::start(dir.path());
+    let (_, config) = tg.api("GET", "/v1/config", None).await;
+    assert_eq!(config["revision"], 8);
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(dir.path().join("config.sqlite")).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600, "the store holds secrets (webhook keys): owner only");
+}

@@ -1,0 +1,278 @@
+//! The embedded store on SQLite, in WAL mode with `synchronous=FULL`: a
+//! commit appends its pages to the write-ahead log and syncs that one file
+//! once, which is as close to the disk's own sync time as a crash-safe
+//! store gets (see docs/benchmarks.md, "commit path").
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Transaction};
+use tidegate_model::{
+    BackendId, ChangeSet, ConfigState, Op, RouteName, RouteSpec, ServiceName, ServiceSettings, ServiceSpec,
+};
+
+use crate::{AppliedChange, Loaded, Store, StoreError, LOG_RETAIN};
+
+const SCHEMA: &str = "
+    CREATE TABLE IF NOT EXISTS services (name TEXT PRIMARY KEY, settings BLOB NOT NULL) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS backends (
+        service TEXT NOT NULL, id TEXT NOT NULL, spec BLOB NOT NULL, PRIMARY KEY (service, id)) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS routes (name TEXT PRIMARY KEY, spec BLOB NOT NULL) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS log (revision INTEGER PRIMARY KEY, change BLOB NOT NULL);
+    CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+";
+
+/// The embedded default store: one SQLite database in the data directory,
+/// opened by one process at a time.
+pub struct SqliteStore {
+    conn: Mutex<Connection>,
+}
+
+fn err<E: std::fmt::Display>(e: E) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+fn corrupt<E: std::fmt::Display>(e: E) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+fn json<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(v).map_err(corrupt)
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database `path` and takes its lock:
+    /// a second process opening the same file gets an error, not a share.
+    pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let opening = |e: rusqlite::Error| {
+            let busy = matches!(
+                e.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+            );
+            let hint = if busy { " (is another Tidegate using this data directory?)" } else { "" };
+            StoreError::Backend(format!("{}: {e}{hint}", path.display()))
+        };
+        let conn = Connection::open_with_flags(path, flags).map_err(opening)?;
+        // Exclusive locking keeps the lock from the first write on; the
+        // empty immediate transaction below takes it now. In this mode the
+        // WAL index lives in heap memory, not a shared-memory file.
+        conn.pragma_update(None, "locking_mode", "EXCLUSIVE").map_err(opening)?;
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(opening)?;
+        conn.pragma_update(None, "synchronous", "FULL").map_err(opening)?;
+        conn.execute_batch("BEGIN IMMEDIATE; COMMIT;").map_err(opening)?;
+        conn.execute_batch(SCHEMA).map_err(opening)?;
+        Ok(SqliteStore { conn: Mutex::new(conn) })
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Connection>, StoreError> {
+        self.conn.lock().map_err(|_| StoreError::Backend("the store's connection was poisoned by a panic".into()))
+    }
+
+    /// Replaces everything with `state` at `revision`, with an empty change
+    /// log (used once, to take over a configuration from another store).
+    pub fn import(&self, state: &ConfigState, revision: u64) -> Result<(), StoreError> {
+        let ops = state
+            .services()
+            .iter()
+            .map(|(name, spec)| Op::PutService { name: name.clone(), spec: Box::new(ServiceSpec::clone(spec)) })
+            .chain(
+                state
+                    .routes()
+                    .iter()
+                    .map(|(name, spec)| Op::PutRoute { name: name.clone(), spec: RouteSpec::clone(spec) }),
+            )
+            .collect::<Vec<_>>();
+        let mut conn = self.lock()?;
+        let txn = conn.transaction().map_err(err)?;
+        txn.execute_batch("DELETE FROM services; DELETE FROM backends; DELETE FROM routes; DELETE FROM log;")
+            .map_err(err)?;
+        for op in &ops {
+            write_op(&txn, op)?;
+        }
+        txn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('revision', ?1)", params![revision as i64])
+            .map_err(err)?;
+        txn.commit().map_err(err)
+    }
+}
+
+/// Writes one op into an open transaction.
+fn write_op(txn: &Transaction<'_>, op: &Op) -> Result<(), StoreError> {
+    let run = |sql: &str, p: &[&dyn rusqlite::ToSql]| txn.prepare_cached(sql).and_then(|mut s| s.execute(p));
+    match op {
+        Op::PutService { name, spec } => {
+            run(
+                "INSERT OR REPLACE INTO services (name, settings) VALUES (?1, ?2)",
+                &[&name.as_str(), &json(&spec.settings)?],
+            )
+            .map_err(err)?;
+            run("DELETE FROM backends WHERE service = ?1", &[&name.as_str()]).map_err(err)?;
+            for (id, b) in &spec.backends {
+                run(
+                    "INSERT INTO backends (service, id, spec) VALUES (?1, ?2, ?3)",
+                    &[&name.as_str(), &id.as_str(), &json(b)?],
+                )
+                .map_err(err)?;
+            }
+        }
+        Op::DeleteService { name } => {
+            run("DELETE FROM services WHERE name = ?1", &[&name.as_str()]).map_err(err)?;
+            run("DELETE FROM backends WHERE service = ?1", &[&name.as_str()]).map_err(err)?;
+        }
+        Op::PutBackend { service, id, spec } => {
+            run(
+                "INSERT OR REPLACE INTO backends (service, id, spec) VALUES (?1, ?2, ?3)",
+                &[&service.as_str(), &id.as_str(), &json(spec)?],
+            )
+            .map_err(err)?;
+        }
+        Op::DeleteBackend { service, id } => {
+            run("DELETE FROM backends WHERE service = ?1 AND id = ?2", &[&service.as_str(), &id.as_str()])
+                .map_err(err)?;
+        }
+        Op::PutRoute { name, spec } => {
+            run("INSERT OR REPLACE INTO routes (name, spec) VALUES (?1, ?2)", &[&name.as_str(), &json(spec)?])
+                .map_err(err)?;
+        }
+        Op::DeleteRoute { name } => {
+            run("DELETE FROM routes WHERE name = ?1", &[&name.as_str()]).map_err(err)?;
+        }
+    }
+    Ok(())
+}
+
+impl Store for SqliteStore {
+    fn load(&self) -> Result<Loaded, StoreError> {
+        let conn = self.lock()?;
+        let revision: Option<i64> = conn
+            .query_row("SELECT value FROM meta WHERE key = 'revision'", [], |r| r.get(0))
+            .optional()
+            .map_err(err)?;
+        // Rebuild through the model's own apply, so a stored configuration
+        // passes the same checks as a submitted one.
+        let mut ops = Vec::new();
+        let mut services = conn.prepare("SELECT name, settings FROM services ORDER BY name").map_err(err)?;
+        let mut backends = conn.prepare("SELECT id, spec FROM backends WHERE service = ?1 ORDER BY id").map_err(err)?;
+        let rows = services.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))).map_err(err)?;
+        for row in rows {
+            let (name, settings) = row.map_err(err)?;
+            let settings: ServiceSettings = serde_json::from_slice(&settings).map_err(corrupt)?;
+            let mut spec = ServiceSpec { settings, backends: Default::default() };
+            let list =
+                backends.query_map([&name], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))).map_err(err)?;
+            for b in list {
+                let (id, value) = b.map_err(err)?;
+                spec.backends
+                    .insert(BackendId::new(&id).map_err(corrupt)?, serde_json::from_slice(&value).map_err(corrupt)?);
+            }
+            ops.push(Op::PutService { name: ServiceName::new(&name).map_err(corrupt)?, spec: Box::new(spec) });
+        }
+        let mut routes = conn.prepare("SELECT name, spec FROM routes ORDER BY name").map_err(err)?;
+        let rows = routes.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))).map_err(err)?;
+        for row in rows {
+            let (name, spec) = row.map_err(err)?;
+            let spec: RouteSpec = serde_json::from_slice(&spec).map_err(corrupt)?;
+            ops.push(Op::PutRoute { name: RouteName::new(&name).map_err(corrupt)?, spec });
+        }
+        let all = ChangeSet { if_revision: None, ops };
+        let (state, _) = ConfigState::default().apply(&all, 0).map_err(corrupt)?;
+        Ok(Loaded { state, revision: revision.unwrap_or(0).max(0) as u64 })
+    }
+
+    fn commit(&self, changes: &[AppliedChange]) -> Result<(), StoreError> {
+        let Some(last) = changes.last() else {
+            return Ok(());
+        };
+        let mut conn = self.lock()?;
+        let txn = conn.transaction().map_err(err)?;
+        for op in changes.iter().flat_map(|c| &c.change.ops) {
+            write_op(&txn, op)?;
+        }
+        {
+            let mut log =
+                txn.prepare_cached("INSERT OR REPLACE INTO log (revision, change) VALUES (?1, ?2)").map_err(err)?;
+            for c in changes {
+                log.execute(params![c.revision as i64, json(c)?]).map_err(err)?;
+            }
+        }
+        let cutoff = last.revision.saturating_sub(LOG_RETAIN);
+        if cutoff > 0 {
+            txn.prepare_cached("DELETE FROM log WHERE revision <= ?1")
+                .and_then(|mut s| s.execute(params![cutoff as i64]))
+                .map_err(err)?;
+        }
+        txn.prepare_cached("INSERT OR REPLACE INTO meta (key, value) VALUES ('revision', ?1)")
+            .and_then(|mut s| s.execute(params![last.revision as i64]))
+            .map_err(err)?;
+        txn.commit().map_err(err)
+    }
+
+    fn changes_since(&self, after: u64, limit: usize) -> Result<Vec<AppliedChange>, StoreError> {
+        let conn = self.lock()?;
+        let mut stmt = conn
+            .prepare_cached("SELECT revision, change FROM log WHERE revision > ?1 ORDER BY revision LIMIT ?2")
+            .map_err(err)?;
+        let rows = stmt
+            .query_map(params![after as i64, limit as i64], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)))
+            .map_err(err)?;
+        let mut out = Vec::new();
+        for (expected, row) in (after + 1..).zip(rows) {
+            let (rev, value) = row.map_err(err)?;
+            if rev as u64 != expected {
+                return Err(StoreError::Compacted { oldest: rev as u64 });
+            }
+            out.push(serde_json::from_slice(&value).map_err(corrupt)?);
+        }
+        if out.is_empty() {
+            // Nothing logged after `after`: up to date, unless the revision
+            // moved on without a log (an imported configuration).
+            let revision: Option<i64> = conn
+                .query_row("SELECT value FROM meta WHERE key = 'revision'", [], |r| r.get(0))
+                .optional()
+                .map_err(err)?;
+            let revision = revision.unwrap_or(0).max(0) as u64;
+            if revision > after {
+                return Err(StoreError::Compacted { oldest: revision + 1 });
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shared_suite_passes() {
+        crate::suite::run(|p| SqliteStore::open(&p.with_extension("sqlite")));
+    }
+
+    #[test]
+    fn a_second_opener_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sqlite");
+        let _first = SqliteStore::open(&path).unwrap();
+        let second = SqliteStore::open(&path);
+        assert!(matches!(&second, Err(StoreError::Backend(m)) if m.contains("another Tidegate")), "{:?}", second.err());
+    }
+
+    #[test]
+    fn an_import_takes_over_a_configuration_with_no_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = crate::RedbStore::open(&dir.path().join("c.redb")).unwrap();
+        for c in crate::suite::changes() {
+            old.commit(std::slice::from_ref(&c)).unwrap();
+        }
+        let loaded = old.load().unwrap();
+        let new = SqliteStore::open(&dir.path().join("c.sqlite")).unwrap();
+        new.import(&loaded.state, loaded.revision).unwrap();
+        let again = new.load().unwrap();
+        assert_eq!(again.revision, 3);
+        assert_eq!(again.state.services(), loaded.state.services());
+        assert_eq!(again.state.routes(), loaded.state.routes());
+        // Watchers behind the import must reload: the history is gone.
+        assert!(matches!(new.changes_since(1, 10), Err(StoreError::Compacted { oldest: 4 })));
+        assert!(new.changes_since(3, 10).unwrap().is_empty());
+    }
+}

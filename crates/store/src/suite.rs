@@ -1,0 +1,94 @@
+//! One test suite that every [`Store`] implementation passes.
+
+use std::path::Path;
+
+use tidegate_model::{parse_change_set, ConfigState};
+
+use crate::{AppliedChange, Store, StoreError};
+
+fn applied(rev: u64, text: &str) -> AppliedChange {
+    AppliedChange { revision: rev, change: parse_change_set(text.as_bytes()).expect("a valid change set") }
+}
+
+/// Three change sets touching services, backends and routes.
+pub(crate) fn changes() -> Vec<AppliedChange> {
+    vec![
+        applied(
+            1,
+            r#"{"ops":[
+            {"op":"put_service","name":"web","spec":{"policy":{"kind":"least_conn"},"backends":[{"id":"a","addr":"127.0.0.1:1"},{"id":"b","addr":"127.0.0.1:2"}]}},
+            {"op":"put_service","name":"web2","spec":{"backends":[{"id":"a","addr":"127.0.0.1:9"}]}},
+            {"op":"put_route","name":"r","spec":{"match":{"host":"*.x.com"},"service":"web"}}]}"#,
+        ),
+        applied(
+            2,
+            r#"{"ops":[
+            {"op":"delete_backend","service":"web","id":"a"},
+            {"op":"put_backend","service":"web","id":"c","spec":{"addr":"127.0.0.1:3","weight":5}}]}"#,
+        ),
+        applied(3, r#"{"ops":[{"op":"put_service","name":"web2","spec":{}}]}"#),
+    ]
+}
+
+/// Runs every case against stores opened by `open` (each case in a new
+/// directory; `open` may be called twice on one path, to reopen).
+pub(crate) fn run<S: Store>(open: impl Fn(&Path) -> Result<S, StoreError>) {
+    commits_survive_reopening_and_replay(&open);
+    an_empty_store_loads_revision_zero(&open);
+    an_old_log_is_compacted(&open);
+}
+
+fn commits_survive_reopening_and_replay<S: Store>(open: &impl Fn(&Path) -> Result<S, StoreError>) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("config");
+    let [c1, c2, c3]: [AppliedChange; 3] = changes().try_into().expect("three changes");
+    let (want, _) = ConfigState::default().apply(&c1.change, 0).expect("applies");
+    let (want, _) = want.apply(&c2.change, 1).expect("applies");
+    let (want, _) = want.apply(&c3.change, 2).expect("applies");
+    {
+        let store = open(&path).expect("opens");
+        store.commit(&[c1.clone(), c2.clone()]).expect("commits");
+        store.commit(std::slice::from_ref(&c3)).expect("commits");
+    }
+    let store = open(&path).expect("reopens");
+    let loaded = store.load().expect("loads");
+    assert_eq!(loaded.revision, 3);
+    assert_eq!(loaded.state.services(), want.services());
+    assert_eq!(loaded.state.routes(), want.routes());
+    assert_eq!(store.changes_since(1, 10).expect("replays"), vec![c2, c3.clone()]);
+    assert_eq!(store.changes_since(1, 1).expect("replays").len(), 1, "the limit holds");
+    assert!(store.changes_since(3, 10).expect("replays").is_empty());
+}
+
+fn an_empty_store_loads_revision_zero<S: Store>(open: &impl Fn(&Path) -> Result<S, StoreError>) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let store = open(&dir.path().join("config")).expect("opens");
+    let loaded = store.load().expect("loads");
+    assert_eq!(loaded.revision, 0);
+    assert!(loaded.state.services().is_empty());
+    assert!(store.changes_since(0, 10).expect("replays").is_empty());
+}
+
+fn an_old_log_is_compacted<S: Store>(open: &impl Fn(&Path) -> Result<S, StoreError>) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let store = open(&dir.path().join("config")).expect("opens");
+    let first = &changes()[0];
+    store.commit(std::slice::from_ref(first)).expect("commits");
+    // Many single-backend changes: the log keeps only the last LOG_RETAIN.
+    let n = crate::LOG_RETAIN + 5;
+    let batch: Vec<AppliedChange> = (2..=n + 1)
+        .map(|rev| {
+            let text = format!(
+                r#"{{"ops":[{{"op":"put_backend","service":"web","id":"n","spec":{{"addr":"127.0.0.1:{}"}}}}]}}"#,
+                1000 + rev % 50_000
+            );
+            applied(rev, &text)
+        })
+        .collect();
+    store.commit(&batch).expect("commits");
+    match store.changes_since(1, 10) {
+        Err(StoreError::Compacted { oldest }) => assert_eq!(oldest, n + 1 - crate::LOG_RETAIN + 1),
+        other => panic!("expected Compacted, got {:?}", other.map(|v| v.len())),
+    }
+    assert_eq!(store.changes_since(n, 10).expect("replays").len(), 1);
+}
