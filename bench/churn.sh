@@ -50,12 +50,12 @@ CHURN_ADDR=$(sed 's/listening on //' "$WORK/churn.out"); LIVE_ADDR=$(sed 's/list
 
 run_suite() { # label
   local label=$1
-  TIDEGATE_ADMIN_TOKEN=bench TIDEGATE_LOG=warn "$BIN/tidegate" serve --listen 127.0.0.1:0 --admin 127.0.0.1:0 \
+  TIDEGATE_ADMIN_TOKEN=bench-token-0123456789abcdef0123456789 TIDEGATE_LOG=warn "$BIN/tidegate" serve --listen 127.0.0.1:0 --admin 127.0.0.1:0 \
     --data-dir "$WORK/data-$label" > "$WORK/tg-$label.out" & local tg=$!; PIDS+=($tg)
   for _ in $(seq 100); do grep -q ready "$WORK/tg-$label.out" 2>/dev/null && break; sleep 0.05; done
   local line; line=$(head -1 "$WORK/tg-$label.out")
   local proxy=${line#*proxy=}; proxy=${proxy%% *}; local admin=${line#*admin=}; admin=${admin%% *}
-  local B="$BIN/tidegate-bench --admin $admin --proxy $proxy --token bench"
+  local B="$BIN/tidegate-bench --admin $admin --proxy $proxy --token bench-token-0123456789abcdef0123456789"
   emit() { python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); d["suite"]=sys.argv[1]; d["label"]=sys.argv[2]; print(json.dumps(d))' "$label" "$1" | tee -a "$OUT" | cut -c1-300; }
   $B setup --service live --backend "$LIVE_ADDR" | emit setup-live
   $B setup --service churnsvc --backend "$CHURN_ADDR" --no-catch-all | emit setup-churn

@@ -103,7 +103,7 @@ nginx_variant nginx-ip_hash "ip_hash;" "" "" ""
 } > "$WORK/haproxy.cfg"
 haproxy -f "$WORK/haproxy.cfg" -db > /dev/null 2>&1 & PIDS+=($!)
 
-TIDEGATE_ADMIN_TOKEN=bench TIDEGATE_LOG=warn "$BIN/tidegate" serve --listen 127.0.0.1:0 --admin 127.0.0.1:0 \
+TIDEGATE_ADMIN_TOKEN=bench-token-0123456789abcdef0123456789 TIDEGATE_LOG=warn "$BIN/tidegate" serve --listen 127.0.0.1:0 --admin 127.0.0.1:0 \
   --data-dir "$WORK/tg" > "$WORK/tg.out" & PIDS+=($!)
 for _ in $(seq 100); do grep -q ready "$WORK/tg.out" 2>/dev/null && break; sleep 0.05; done
 line=$(head -1 "$WORK/tg.out"); TG_PROXY=${line#*proxy=}; TG_PROXY=${TG_PROXY%% *}; TG_ADMIN=${line#*admin=}; TG_ADMIN=${TG_ADMIN%% *}
@@ -113,12 +113,12 @@ tg_policy() { # policy-json weights(c1 c2 c4) [max_conns(c1 c2 c4)]
   local w=($2) m=(${3:-})
   local lim=("" "" "")
   if [ ${#m[@]} -eq 3 ]; then lim=(",\"max_conns\":${m[0]}" ",\"max_conns\":${m[1]}" ",\"max_conns\":${m[2]}"); fi
-  curl -sf -XPUT -H "Authorization: Bearer bench" "http://$TG_ADMIN/v1/services/app" -d "{\"policy\": $1,
+  curl -sf -XPUT -H "Authorization: Bearer bench-token-0123456789abcdef0123456789" "http://$TG_ADMIN/v1/services/app" -d "{\"policy\": $1,
     \"queue\": {\"max\": 10000, \"timeout_ms\": 5000},
     \"backends\": [{\"id\":\"c1\",\"addr\":\"${ADDR[c1]}\",\"weight\":${w[0]}${lim[0]}},
                    {\"id\":\"c2\",\"addr\":\"${ADDR[c2]}\",\"weight\":${w[1]}${lim[1]}},
                    {\"id\":\"c4\",\"addr\":\"${ADDR[c4]}\",\"weight\":${w[2]}${lim[2]}}]}" > /dev/null
-  curl -sf -XPUT -H "Authorization: Bearer bench" "http://$TG_ADMIN/v1/routes/app" -d '{"service":"app"}' > /dev/null
+  curl -sf -XPUT -H "Authorization: Bearer bench-token-0123456789abcdef0123456789" "http://$TG_ADMIN/v1/routes/app" -d '{"service":"app"}' > /dev/null
 }
 
 # Total capacity in requests/s: 7 slots over the mean service time.

@@ -84,10 +84,10 @@ CONF
 nginx -c "$WORK/backends.conf" & PIDS+=($!)
 nginx -c "$WORK/nginx.conf" & PID_NGINX=$!; PIDS+=($PID_NGINX)
 haproxy -f "$WORK/haproxy.cfg" -db >/dev/null 2>&1 & PID_HAPROXY=$!; PIDS+=($PID_HAPROXY)
-TIDEGATE_ADMIN_TOKEN=bench TIDEGATE_LOG=warn "$TG" serve --listen 127.0.0.1:$P_TG --admin 127.0.0.1:$A_TG \
+TIDEGATE_ADMIN_TOKEN=bench-token-0123456789abcdef0123456789 TIDEGATE_LOG=warn "$TG" serve --listen 127.0.0.1:$P_TG --admin 127.0.0.1:$A_TG \
   --data-dir "$WORK/tg" --workers "$WORKERS" ${TG_ARGS:-} > "$WORK/tg.out" & PID_TG=$!; PIDS+=($PID_TG)
 for _ in $(seq 100); do grep -q ready "$WORK/tg.out" 2>/dev/null && break; sleep 0.1; done
-curl -sf -XPOST -H "Authorization: Bearer bench" "127.0.0.1:$A_TG/v1/changes" -d "{\"ops\":[
+curl -sf -XPOST -H "Authorization: Bearer bench-token-0123456789abcdef0123456789" "127.0.0.1:$A_TG/v1/changes" -d "{\"ops\":[
  {\"op\":\"put_service\",\"name\":\"app\",\"spec\":{\"backends\":[{\"id\":\"b1\",\"addr\":\"127.0.0.1:$B1\"},{\"id\":\"b2\",\"addr\":\"127.0.0.1:$B2\"},{\"id\":\"b3\",\"addr\":\"127.0.0.1:$B3\"}]}},
  {\"op\":\"put_route\",\"name\":\"app\",\"spec\":{\"match\":{\"path_prefix\":\"/\"},\"service\":\"app\"}}]}" >/dev/null
 sleep 0.5

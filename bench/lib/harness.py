@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-TOKEN = "bench"
+TOKEN = "bench-token-0123456789abcdef0123456789"
 
 
 def log(*args) -> None:

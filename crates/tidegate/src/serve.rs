@@ -153,17 +153,31 @@ async fn shutdown_signal() {
 /// with 32 random bytes and mode 0600 on first start.
 fn admin_token(dir: &Path) -> anyhow::Result<String> {
     if let Ok(t) = std::env::var("TIDEGATE_ADMIN_TOKEN") {
-        if t.trim().is_empty() {
-            bail!("TIDEGATE_ADMIN_TOKEN is set but empty");
-        }
-        return Ok(t.trim().to_string());
+        let t = t.trim();
+        check_token(t).map_err(|why| anyhow::anyhow!("TIDEGATE_ADMIN_TOKEN {why}"))?;
+        return Ok(t.to_string());
     }
     let path = dir.join("admin-token");
-    if let Ok(t) = std::fs::read_to_string(&path) {
-        let t = t.trim().to_string();
-        if !t.is_empty() {
-            return Ok(t);
+    match std::fs::symlink_metadata(&path) {
+        Ok(meta) => {
+            use std::os::unix::fs::PermissionsExt;
+            if meta.file_type().is_symlink() {
+                bail!(
+                    "{} is a symbolic link; refusing to follow it (replace it with the token file itself)",
+                    path.display()
+                );
+            }
+            let mode = meta.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                bail!("{} has mode {mode:04o}; it must be readable by its owner only (chmod 600 it)", path.display());
+            }
+            let t = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+            let t = t.trim();
+            check_token(t).map_err(|why| anyhow::anyhow!("{}: the token {why}", path.display()))?;
+            return Ok(t.to_string());
         }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     }
     let mut bytes = [0u8; 32];
     std::fs::File::open("/dev/urandom")
@@ -171,10 +185,11 @@ fn admin_token(dir: &Path) -> anyhow::Result<String> {
         .context("reading /dev/urandom for the admin token")?;
     let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     use std::os::unix::fs::OpenOptionsExt;
+    // create_new: O_EXCL, so nothing that appeared meanwhile (a symlink
+    // planted by someone else) is followed or overwritten.
     let mut f = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
         .open(&path)
         .with_context(|| format!("writing {}", path.display()))?;
@@ -182,6 +197,26 @@ fn admin_token(dir: &Path) -> anyhow::Result<String> {
     f.sync_all()?;
     tracing::info!(path = %path.display(), "generated the admin token");
     Ok(token)
+}
+
+/// Shortest admin token accepted, in bytes.
+const MIN_TOKEN_BYTES: usize = 32;
+
+/// Why a token is refused, if it is.
+fn check_token(t: &str) -> Result<(), String> {
+    if t.is_empty() {
+        return Err("is set but empty".into());
+    }
+    if t.len() < MIN_TOKEN_BYTES {
+        return Err(format!(
+            "is {} bytes long; it must be at least {MIN_TOKEN_BYTES} (for example `openssl rand -hex 32`)",
+            t.len()
+        ));
+    }
+    if t.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("must not contain spaces or control characters".into());
+    }
+    Ok(())
 }
 
 /// The data plane's client-side limits from the command line (timeouts of
@@ -239,4 +274,35 @@ fn open_store(dir: &Path) -> anyhow::Result<SqliteStore> {
         tracing::info!(revision = loaded.revision, backup = %backup.display(), "configuration imported from redb into SQLite");
     }
     Ok(store)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_or_odd_tokens_are_refused() {
+        assert!(check_token("").is_err());
+        assert!(check_token("x").unwrap_err().contains("1 bytes long"));
+        assert!(check_token(&"a".repeat(31)).is_err());
+        assert!(check_token(&"a".repeat(32)).is_ok());
+        assert!(check_token(&format!("{} b", "a".repeat(32))).is_err());
+    }
+
+    #[test]
+    fn the_token_file_is_owner_only_and_never_a_link() {
+        use std::os::unix::fs::PermissionsExt;
+        std::env::remove_var("TIDEGATE_ADMIN_TOKEN");
+        let dir = tempfile::tempdir().unwrap();
+        let token = admin_token(dir.path()).unwrap();
+        assert_eq!(token.len(), 64);
+        let path = dir.path().join("admin-token");
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(admin_token(dir.path()).unwrap(), token, "read back, not regenerated");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(admin_token(dir.path()).unwrap_err().to_string().contains("mode 0644"));
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("elsewhere"), &path).unwrap();
+        assert!(admin_token(dir.path()).unwrap_err().to_string().contains("symbolic link"));
+    }
 }

@@ -71,6 +71,7 @@ impl CommandProvider {
         let mut command = tokio::process::Command::new(program);
         command.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         command.process_group(0).kill_on_drop(true);
+        super::clean_env(&mut command);
         for (name, value) in vars {
             command.env(format!("TIDEGATE_{}", name.to_ascii_uppercase()), value);
         }

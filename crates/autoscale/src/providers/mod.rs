@@ -29,6 +29,22 @@ pub use command::CommandProvider;
 pub use process::ProcessProvider;
 pub use webhook::WebhookProvider;
 
+/// Environment variables a started program inherits from Tidegate; all
+/// others (the admin token among them) are withheld. The provider then
+/// adds its own `TIDEGATE_*` variables (port, id, service, ...).
+pub const INHERITED_ENV: [&str; 8] = ["PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR"];
+
+/// Gives `command` a clean environment: only [`INHERITED_ENV`] from
+/// Tidegate's own.
+pub(crate) fn clean_env(command: &mut tokio::process::Command) {
+    command.env_clear();
+    for name in INHERITED_ENV {
+        if let Some(value) = std::env::var_os(name) {
+            command.env(name, value);
+        }
+    }
+}
+
 /// Builds the provider for a spec. Never fails: a spec that cannot work
 /// (no program, a bad URL) makes every call of the provider fail instead.
 pub fn build(spec: &ProviderSpec, service: &str, state_dir: &Path) -> Arc<dyn Provider> {

@@ -123,7 +123,9 @@ impl ProcessProvider {
             .map_err(|e| err(format!("opening {}: {e}", log_path.display())))?;
         let _ = writeln!(log, "# tidegate: starting instance {} on port {port}: {argv:?}", req.id);
         let log_too = log.try_clone().map_err(|e| err(format!("opening {}: {e}", log_path.display())))?;
-        let mut child = tokio::process::Command::new(program)
+        let mut command = tokio::process::Command::new(program);
+        super::clean_env(&mut command);
+        let mut child = command
             .args(args)
             .env("TIDEGATE_PORT", &port_text)
             .env("TIDEGATE_ID", &req.id)

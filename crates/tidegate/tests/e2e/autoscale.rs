@@ -206,6 +206,11 @@ async fn a_killed_instance_is_replaced_and_a_failing_command_gets_no_traffic() {
     let pid = serde_json::from_str::<Value>(&text).unwrap().to_string();
     let pid = pid.split("\"pid\":").nth(1).and_then(|s| s.split(|c: char| !c.is_ascii_digit()).find(|s| !s.is_empty()));
     let pid = pid.expect("a pid in the state file").to_string();
+    // The instance got a clean environment: its port, but no secret of Tidegate's.
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let environ = String::from_utf8_lossy(&environ);
+    assert!(environ.split('\0').any(|v| v.starts_with("TIDEGATE_PORT=")), "{environ}");
+    assert!(!environ.contains("TIDEGATE_ADMIN_TOKEN") && !environ.contains(TOKEN), "the child sees the token");
     std::process::Command::new("kill").args(["-9", &pid]).status().unwrap();
     wait_event(&tg, "died", 10).await;
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -12,7 +12,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
-pub const TOKEN: &str = "e2e-secret-token";
+pub const TOKEN: &str = "e2e-secret-token-0123456789abcdef0123";
 
 /// Where the workspace's binaries are (the emulator among them).
 pub fn bin_dir() -> PathBuf {
