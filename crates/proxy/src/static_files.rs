@@ -145,7 +145,7 @@ async fn resolve(root: &Path, relative: &Path, index: &str) -> Option<Resolved> 
     let root = tokio::fs::canonicalize(root).await.ok()?;
     let wants_dir = relative.as_os_str().to_string_lossy().ends_with('/');
     let full = tokio::fs::canonicalize(root.join(relative)).await.ok()?;
-    if !full.starts_with(&root) {
+    if !inside(&root, &full) {
         return None;
     }
     let meta = tokio::fs::metadata(&full).await.ok()?;
@@ -155,9 +155,18 @@ async fn resolve(root: &Path, relative: &Path, index: &str) -> Option<Resolved> 
         }
         let index = full.join(index);
         let index = tokio::fs::canonicalize(index).await.ok()?;
-        return index.starts_with(&root).then_some(Resolved::File(index));
+        return inside(&root, &index).then_some(Resolved::File(index));
     }
     meta.is_file().then_some(Resolved::File(full))
+}
+
+/// Whether `target` (canonical: symlinks resolved) is under `root` and
+/// reaches no hidden name on the way: a symlink inside the root that
+/// points at `.git` or outside the root publishes nothing.
+fn inside(root: &Path, target: &Path) -> bool {
+    target.strip_prefix(root).is_ok_and(|rest| {
+        rest.components().all(|c| matches!(c, Component::Normal(n) if !n.to_string_lossy().starts_with('.')))
+    })
 }
 
 /// A strong validator from size and modification time.
@@ -280,6 +289,27 @@ async fn send_file(path: &Path, headers: &HeaderMap, head: bool) -> std::io::Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn symlinks_to_hidden_or_outside_places_are_not_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("www");
+        std::fs::create_dir_all(root.join(".git")).unwrap();
+        std::fs::write(root.join(".git/config"), "secret").unwrap();
+        std::fs::write(dir.path().join("outside.txt"), "secret").unwrap();
+        std::fs::write(root.join("ok.txt"), "fine").unwrap();
+        std::os::unix::fs::symlink(root.join(".git"), root.join("repo")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("outside.txt"), root.join("out.txt")).unwrap();
+        std::os::unix::fs::symlink(root.join("ok.txt"), root.join("alias.txt")).unwrap();
+        let got = |p: &'static str| {
+            let root = root.clone();
+            async move { resolve(&root, Path::new(p), "index.html").await.is_some() }
+        };
+        assert!(!got("repo/config").await, "a link to a dot-directory");
+        assert!(!got("out.txt").await, "a link outside the root");
+        assert!(got("alias.txt").await, "a link to a visible file inside the root is fine");
+        assert!(got("ok.txt").await);
+    }
 
     #[test]
     fn unsafe_paths_are_refused() {

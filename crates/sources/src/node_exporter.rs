@@ -23,7 +23,7 @@ use crate::{expire_all, poll_timeout};
 const SOURCE: &str = "node_exporter";
 
 /// A scrape larger than this is refused (node_exporter serves ~100 KB).
-const MAX_BODY: usize = 16 << 20;
+const MAX_BODY: usize = 4 << 20;
 
 /// The HTTP client shared by all scrapes.
 pub(crate) type HttpClient = Client<HttpConnector, Empty<Bytes>>;

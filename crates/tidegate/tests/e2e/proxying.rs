@@ -150,6 +150,7 @@ async fn static_directories_are_served_by_the_proxy() {
     let dir = tempfile::tempdir().unwrap();
     let www = tempfile::tempdir().unwrap();
     std::fs::write(www.path().join("app.css"), "body{}").unwrap();
+    std::fs::create_dir(www.path().join("sub")).unwrap();
     let tg = Tidegate::start(dir.path());
     let spec = json!({"match": {"path_prefix": "/static"}, "static": {"root": www.path()}});
     let (s, v) = tg.api("PUT", "/v1/routes/assets", Some(spec)).await;
@@ -164,6 +165,10 @@ async fn static_directories_are_served_by_the_proxy() {
     // a climb above the root is refused.
     assert_eq!(get(&tg.url("/static/%2e%2e/etc/passwd")).await.status, 404);
     assert_eq!(get(&tg.url("/static/%2e%2e/%2e%2e/etc/passwd")).await.status, 400);
+    // A directory redirect names the normalized path, never a
+    // protocol-relative `//host/` one.
+    let r = get(&tg.url("//static//sub")).await;
+    assert_eq!((r.status, r.headers["location"].to_str().unwrap()), (301, "/static/sub/"));
 }
 
 /// The churn test: clients hammer the proxy while 1,000 changes add
