@@ -90,7 +90,10 @@ impl From<SubmitError> for ApiError {
                 field: c.field,
             },
             SubmitError::Store(m) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, m),
-            SubmitError::Closed => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting down"),
+            SubmitError::Closed => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the configuration writer stopped before answering (shutting down, or it failed: see the logs)",
+            ),
         }
     }
 }

@@ -104,6 +104,11 @@ pub(crate) async fn get_metrics(State(state): State<AdminState>) -> impl IntoRes
         ("tidegate_config_change_sets_total", "Change sets applied.", m.change_sets.load(Relaxed)),
         ("tidegate_config_rejected_total", "Change sets rejected.", m.rejected.load(Relaxed)),
         ("tidegate_config_ops_total", "Operations applied.", m.ops.load(Relaxed)),
+        (
+            "tidegate_config_writer_panics_total",
+            "Panics of the configuration writer it recovered from by reloading the store.",
+            m.panics.load(Relaxed),
+        ),
     ] {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
     }

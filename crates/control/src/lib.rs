@@ -65,6 +65,8 @@ pub struct WriterMetrics {
     pub commit_nanos: AtomicU64,
     /// Time from dequeue to publication of each group, nanoseconds.
     pub apply_nanos: AtomicU64,
+    /// Panics of the writer it recovered from (by reloading the store).
+    pub panics: AtomicU64,
 }
 
 impl WriterMetrics {

@@ -87,3 +87,40 @@ async fn acknowledged_changes_survive_a_restart_and_replay_to_watchers() {
     control.submit(put_backend(9)).await.unwrap();
     assert_eq!(watch.recv().await.unwrap().unwrap().revision, 7);
 }
+
+/// A store that panics in its first `commit`, then works.
+struct PanicsOnce {
+    inner: RedbStore,
+    panicked: std::sync::atomic::AtomicBool,
+}
+
+impl tidegate_store::Store for PanicsOnce {
+    fn load(&self) -> Result<tidegate_store::Loaded, StoreError> {
+        self.inner.load()
+    }
+
+    fn commit(&self, changes: &[AppliedChange]) -> Result<(), StoreError> {
+        if !self.panicked.swap(true, Relaxed) {
+            panic!("injected writer panic");
+        }
+        self.inner.commit(changes)
+    }
+
+    fn changes_since(&self, after: u64, limit: usize) -> Result<Vec<AppliedChange>, StoreError> {
+        self.inner.changes_since(after, limit)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_writer_fails_its_group_and_carries_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let inner = RedbStore::open(&dir.path().join("c.redb")).unwrap();
+    let control = Control::start(Arc::new(PanicsOnce { inner, panicked: Default::default() })).unwrap();
+    let first = control.submit(cs(r#"{"ops":[{"op":"put_service","name":"web","spec":{}}]}"#)).await;
+    assert!(matches!(first, Err(SubmitError::Closed)), "{first:?}");
+    // The writer is back, at the revision the store holds.
+    let rev = control.submit(cs(r#"{"ops":[{"op":"put_service","name":"web","spec":{}}]}"#)).await.unwrap();
+    assert_eq!(rev, 1);
+    assert_eq!(control.metrics().panics.load(Relaxed), 1);
+    assert_eq!(control.snapshots().load_full().revision(), 1);
+}

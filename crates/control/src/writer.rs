@@ -23,8 +23,53 @@ impl Writer {
         Writer { shared, rx }
     }
 
-    /// Runs until every handle is dropped.
+    /// Runs until every handle is dropped. A panic while a group is
+    /// applied (a bug) fails that group's submitters (their answers are
+    /// dropped), is logged and counted, and the writer carries on from what
+    /// the store holds: the configuration is reloaded and republished, so
+    /// memory never runs ahead of or behind the disk.
     pub(crate) fn run(mut self) {
+        loop {
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve())) {
+                Ok(()) => return,
+                Err(panic) => {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    WriterMetrics::add(&self.shared.metrics.panics, 1);
+                    tracing::error!(panic = %what, "the configuration writer panicked; reloading from the store");
+                    if let Err(e) = self.reload() {
+                        // Without a consistent view, answering writes would
+                        // lie: stop the process rather than serve 503s forever.
+                        tracing::error!(error = %e, "cannot reload the configuration after a panic; exiting");
+                        std::process::exit(70);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Makes memory match the store again (after a panic).
+    fn reload(&self) -> Result<(), tidegate_store::StoreError> {
+        let loaded = self.shared.store.load()?;
+        // Rebuild every service and route the old or the new view has,
+        // from the current snapshot, so live statistics carry over.
+        let old = self.shared.config.load_full();
+        let mut all = Delta::default();
+        for state in [&old.state, &loaded.state] {
+            all.services.extend(state.services().keys().cloned());
+            all.routes.extend(state.routes().keys().cloned());
+        }
+        let snapshot = self.shared.snapshot.load().next(&loaded.state, &all, loaded.revision);
+        self.shared.snapshot.store(Arc::new(snapshot));
+        self.shared.config.store(Arc::new(crate::ConfigView { revision: loaded.revision, state: loaded.state }));
+        Ok(())
+    }
+
+    /// Takes groups off the queue until every handle is dropped.
+    fn serve(&mut self) {
         let mut group = Vec::new();
         while let Some(first) = self.rx.blocking_recv() {
             group.push(first);
