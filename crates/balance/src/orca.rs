@@ -84,4 +84,19 @@ mod tests {
             assert_eq!(parse(bad), None, "{bad}");
         }
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1000))]
+
+        /// Any header value: no panic, and whatever is read is a finite,
+        /// non-negative number.
+        #[test]
+        fn any_value_parses_or_is_refused(v in "(TEXT |JSON )?\\PC{0,120}|\\{[a-z_:\",.0-9e+-]{0,80}\\}") {
+            if let Some(r) = parse(&v) {
+                for x in [r.cpu, r.memory, r.qps, r.eps].into_iter().flatten() {
+                    proptest::prop_assert!(x.is_finite() && x >= 0.0, "{x} from {v:?}");
+                }
+            }
+        }
+    }
 }

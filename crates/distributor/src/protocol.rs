@@ -608,4 +608,15 @@ mod tests {
         assert!(out.len() < MAX_DATAGRAM);
         assert!(decode_answer(&out).expect("decode").result.is_err());
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1000))]
+
+        /// Any datagram: decoded or refused with an error, never a panic.
+        #[test]
+        fn any_datagram_decodes_or_is_refused(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..1500)) {
+            let _ = decode_query(&bytes);
+            let _ = decode_answer(&bytes);
+        }
+    }
 }

@@ -366,4 +366,29 @@ mod tests {
         assert_eq!(serve(&sd, &prefix, &get("/s/missing", &[])).await.status(), 404);
         assert_eq!(serve(&sd, &prefix, &get("/s/../x", &[])).await.status(), 400);
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1000))]
+
+        /// A satisfiable range always lies inside the file.
+        #[test]
+        fn ranges_stay_inside_the_file(v in "(bytes=)?[0-9]{0,6}-?[0-9]{0,6}(,[0-9]{0,3}-[0-9]{0,3})?|\\PC{0,30}", len in 0u64..100_000) {
+            if let RangeAnswer::Part(start, end) = parse_range(&v, len) {
+                proptest::prop_assert!(start <= end && end < len, "{v:?} over {len} gave {start}..={end}");
+            }
+        }
+
+        /// Decoded request paths never climb, never name hidden files, and
+        /// never carry NUL or backslashes.
+        #[test]
+        fn safe_paths_are_safe(p in "(/(\\.{1,3}|%2[eEfF]|%5[cC]|%00|[a-z]{1,3}|%[0-9a-fA-F]{2}|%[g-z]{1,2}))*/?") {
+            if let Some(rel) = safe_relative(&p) {
+                for c in rel.components() {
+                    let ok = matches!(c, Component::Normal(n) if !n.to_string_lossy().starts_with('.'));
+                    proptest::prop_assert!(ok, "{p:?} gave {rel:?}");
+                }
+                proptest::prop_assert!(!rel.to_string_lossy().contains(['\\', '\0']));
+            }
+        }
+    }
 }

@@ -120,3 +120,14 @@ proptest! {
         prop_assert_eq!(got, want);
     }
 }
+
+proptest! {
+    /// Any host and path, against a table with every kind of route: a
+    /// lookup answers or not, and never panics.
+    #[test]
+    fn any_request_looks_up_without_panic(host in "\\PC{0,40}", path in "\\PC{0,60}") {
+        let r = table();
+        let _ = find(&r, &host, &path);
+        let _ = find(&r, &host.to_ascii_lowercase(), &format!("/{path}"));
+    }
+}

@@ -283,4 +283,19 @@ mod tests {
         assert_eq!(decode(b"&lt;&gt;&quot;&apos;&#65;&#x42; &bogus; & x"), "<>\"'AB &bogus; & x");
         assert_eq!(decode(b"caf\xe9"), "caf\u{e9}");
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(500))]
+
+        /// Arbitrary bytes and XML-shaped noise: no panic, and no host
+        /// without a name or address appears from nothing.
+        #[test]
+        fn any_dump_parses_without_panic(
+            noise in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2000),
+            shaped in "(<HOST( NAME=\"[a-z]{0,4}\"| IP='[0-9.]{0,8}'| TN=\"[0-9x]{0,3}\"){0,3}/?>|<METRIC NAME=\"(cpu_idle|mem_free|bytes_in)\" VAL=\"[0-9.&#;x]{0,6}\"/?>|</HOST>|&[a-z#0-9]{0,5};|<!--|-->|<[^>]{0,8}>){0,40}",
+        ) {
+            let _ = parse(&noise);
+            let _ = parse(shaped.as_bytes());
+        }
+    }
 }

@@ -236,4 +236,22 @@ mod tests {
         assert_eq!(net(&[("eth0", 0.0)]), Some(NetCounters { bytes: 0.0, loopback: false }));
         assert_eq!(net(&[]), None);
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(500))]
+
+        /// Arbitrary text and exposition-shaped noise: every sample read
+        /// has a name, and nothing panics.
+        #[test]
+        fn any_text_reads_without_panic(
+            noise in "\\PC{0,400}",
+            shaped in "([a-z_]{1,8}(\\{([a-z]{1,3}=\"[^\"\\n]{0,5}\",?){0,3}\\})? [-+0-9.eNaInf]{0,8}( [0-9]{0,5})?\n|# [A-Z]{4} [a-z_ ]{0,10}\n){0,30}",
+        ) {
+            for text in [noise.as_str(), shaped.as_str()] {
+                for s in samples(text) {
+                    proptest::prop_assert!(!s.name.is_empty());
+                }
+            }
+        }
+    }
 }
