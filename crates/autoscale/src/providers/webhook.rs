@@ -2,10 +2,14 @@
 //! S1 where a web service on the cloud controller starts and shuts down
 //! virtual machines for the middleware.
 //!
-//! Every request carries `X-Tidegate-Signature: sha256=<hex>`, the
-//! HMAC-SHA256 of the exact request body (empty for a GET) keyed with the
-//! shared secret; [`signature`] computes it and [`verify_signature`] checks
-//! it, for services written in Rust.
+//! Every request carries `X-Tidegate-Timestamp: <unix seconds>` and
+//! `X-Tidegate-Signature: sha256=<hex>`, the HMAC-SHA256, keyed with the
+//! shared secret, of `TIMESTAMP "\n" METHOD "\n" PATH_AND_QUERY "\n" BODY`
+//! (the exact body, empty for a GET). A receiver recomputes it and refuses
+//! a timestamp more than [`REPLAY_WINDOW`] away from its own clock, so a
+//! captured request cannot be replayed later, nor sent to another path or
+//! with another method. [`signature`] computes it and [`verify_signature`]
+//! checks it, for services written in Rust.
 //!
 //! - start: `POST url` `{"action": "start", "service": S, "id": I}`. The
 //!   service answers `200 {"addr": "host:port", "handle": ...}` (handle
@@ -46,6 +50,12 @@ use crate::provider::{BoxFuture, Instance, Provider, ProviderError, StartRequest
 /// The header that carries the signature.
 pub const SIGNATURE_HEADER: &str = "x-tidegate-signature";
 
+/// The header that carries the signing time, in Unix seconds.
+pub const TIMESTAMP_HEADER: &str = "x-tidegate-timestamp";
+
+/// How far a request's timestamp may be from the receiver's clock.
+pub const REPLAY_WINDOW: Duration = Duration::from_secs(300);
+
 /// The longest a start may take, polling included.
 pub const START_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -55,31 +65,48 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Answers are read up to this size.
 const MAX_ANSWER: usize = 1024 * 1024;
 
-/// `sha256=<hex HMAC-SHA256 of body keyed with secret>`.
-pub fn signature(secret: &[u8], body: &[u8]) -> String {
-    match Hmac::<Sha256>::new_from_slice(secret) {
-        Ok(mut mac) => {
-            mac.update(body);
-            format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
-        }
-        // HMAC takes keys of any length; this cannot happen.
-        Err(_) => String::new(),
-    }
+/// What is signed: who asked what, when.
+#[derive(Debug, Clone, Copy)]
+pub struct Signed<'a> {
+    /// Unix seconds when the request was signed.
+    pub timestamp: u64,
+    /// The request method (`POST`, `GET`).
+    pub method: &'a str,
+    /// The request's path and query, as sent.
+    pub path: &'a str,
+    /// The exact body.
+    pub body: &'a [u8],
 }
 
-/// Whether `header` is the signature of `body` with `secret`, compared in
-/// constant time.
-pub fn verify_signature(secret: &[u8], body: &[u8], header: &str) -> bool {
+fn mac(secret: &[u8], m: &Signed<'_>) -> Option<Hmac<Sha256>> {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret).ok()?;
+    mac.update(format!("{}\n{}\n{}\n", m.timestamp, m.method, m.path).as_bytes());
+    mac.update(m.body);
+    Some(mac)
+}
+
+/// `sha256=<hex HMAC-SHA256 of the signed message keyed with secret>`.
+pub fn signature(secret: &[u8], m: &Signed<'_>) -> String {
+    // HMAC takes keys of any length: `mac` cannot fail.
+    mac(secret, m).map_or_else(String::new, |mac| format!("sha256={}", hex::encode(mac.finalize().into_bytes())))
+}
+
+/// Whether `header` is the signature of `m` with `secret` (compared in
+/// constant time) and `m`'s timestamp is within [`REPLAY_WINDOW`] of
+/// `now_unix`.
+pub fn verify_signature(secret: &[u8], m: &Signed<'_>, header: &str, now_unix: u64) -> bool {
+    if m.timestamp.abs_diff(now_unix) > REPLAY_WINDOW.as_secs() {
+        return false;
+    }
     let Some(Ok(expected)) = header.trim().strip_prefix("sha256=").map(hex::decode) else {
         return false;
     };
-    match Hmac::<Sha256>::new_from_slice(secret) {
-        Ok(mut mac) => {
-            mac.update(body);
-            mac.verify_slice(&expected).is_ok()
-        }
-        Err(_) => false,
-    }
+    mac(secret, m).is_some_and(|mac| mac.verify_slice(&expected).is_ok())
+}
+
+/// The current Unix time in seconds.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// An infrastructure service over HTTP.
@@ -125,10 +152,14 @@ impl WebhookProvider {
         body: Bytes,
         deadline: Instant,
     ) -> Result<(StatusCode, Bytes), String> {
+        let timestamp = unix_now();
+        let path = uri.path_and_query().map_or("/", |p| p.as_str());
+        let signed = Signed { timestamp, method: method.as_str(), path, body: &body };
         let mut request = Request::builder()
             .method(method.clone())
             .uri(uri.clone())
-            .header(SIGNATURE_HEADER, signature(&self.secret, &body))
+            .header(TIMESTAMP_HEADER, timestamp)
+            .header(SIGNATURE_HEADER, signature(&self.secret, &signed))
             .header(USER_AGENT, "tidegate-autoscale");
         if method == Method::POST {
             request = request.header(CONTENT_TYPE, "application/json");
@@ -306,9 +337,12 @@ mod tests {
     async fn handle(req: Request<Incoming>, seen: Arc<Mutex<Seen>>) -> Result<Response<Full<Bytes>>, Infallible> {
         let (method, path) = (req.method().clone(), req.uri().path().to_string());
         let signature = req.headers().get(SIGNATURE_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+        let timestamp = req.headers().get(TIMESTAMP_HEADER).and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(0);
+        let path_and_query = req.uri().path_and_query().map_or("/", |p| p.as_str()).to_string();
         let json_body = req.headers().get(CONTENT_TYPE).is_some_and(|v| v == "application/json");
         let body = req.into_body().collect().await.unwrap().to_bytes();
-        if !verify_signature(SECRET.as_bytes(), &body, &signature) {
+        let signed = Signed { timestamp, method: method.as_str(), path: &path_and_query, body: &body };
+        if !verify_signature(SECRET.as_bytes(), &signed, &signature, unix_now()) {
             return Ok(reply(401, "bad signature"));
         }
         if method == Method::GET {
@@ -362,19 +396,32 @@ mod tests {
     }
 
     #[test]
-    fn signatures_are_hmac_sha256_in_hex() {
-        let quick = b"The quick brown fox jumps over the lazy dog";
-        let expected = "sha256=f7bc83f430538424b13298e6aa6fb143ef4d59a14946175997479dbc2d1a3cd8";
-        assert_eq!(signature(b"key", quick), expected);
-        assert!(verify_signature(b"key", quick, expected));
-        assert!(verify_signature(b"key", quick, &format!(" {expected}\n")));
-        assert!(!verify_signature(b"kee", quick, expected));
-        assert!(!verify_signature(b"key", b"The quick brown fox jumps over the lazy cat", expected));
-        assert!(!verify_signature(b"key", quick, &expected[7..]));
-        assert!(!verify_signature(b"key", quick, "sha256=zz"));
-        assert!(!verify_signature(b"key", quick, "sha256="));
-        assert!(!verify_signature(b"key", quick, ""));
-        assert!(signature(b"", b"").starts_with("sha256="));
+    fn signatures_cover_time_method_path_and_body() {
+        let body = b"The quick brown fox jumps over the lazy dog";
+        let m = Signed { timestamp: 1_700_000_000, method: "POST", path: "/hook", body };
+        // HMAC-SHA256 of "1700000000\nPOST\n/hook\n" + body, keyed "key".
+        let mut reference = Hmac::<Sha256>::new_from_slice(b"key").unwrap();
+        reference.update(b"1700000000\nPOST\n/hook\nThe quick brown fox jumps over the lazy dog");
+        let expected = format!("sha256={}", hex::encode(reference.finalize().into_bytes()));
+        assert_eq!(signature(b"key", &m), expected);
+        let now = m.timestamp + 10;
+        assert!(verify_signature(b"key", &m, &expected, now));
+        assert!(verify_signature(b"key", &m, &format!(" {expected}\n"), now));
+        assert!(!verify_signature(b"kee", &m, &expected, now));
+        for other in [
+            Signed { body: b"The quick brown fox jumps over the lazy cat", ..m },
+            Signed { method: "GET", ..m },
+            Signed { path: "/other", ..m },
+            Signed { timestamp: m.timestamp + 1, ..m },
+        ] {
+            assert!(!verify_signature(b"key", &other, &expected, now), "{other:?}");
+        }
+        // A captured request replayed after the window is refused.
+        assert!(!verify_signature(b"key", &m, &expected, m.timestamp + REPLAY_WINDOW.as_secs() + 1));
+        assert!(!verify_signature(b"key", &m, &expected, m.timestamp - REPLAY_WINDOW.as_secs() - 1));
+        for bad in [&expected[7..], "sha256=zz", "sha256=", ""] {
+            assert!(!verify_signature(b"key", &m, bad, now), "{bad:?}");
+        }
     }
 
     #[tokio::test]
