@@ -73,3 +73,73 @@ async fn a_redb_data_directory_is_taken_over_once() {
     );
     assert_eq!(mode & 0o777, 0o600, "the store holds secrets (webhook keys): owner only");
 }
+
+/// A small tmpfs mounted for one test, unmounted when dropped.
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(size: &str) -> Option<SmallDisk> {
+        let dir = tempfile::tempdir().ok()?.keep();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then_some(SmallDisk(dir))
+    }
+
+    /// Fills the disk to the last byte.
+    fn fill(&self) {
+        let _ = std::process::Command::new("dd")
+            .args(["if=/dev/zero", "bs=64k"])
+            .arg(format!("of={}", self.0.join("filler").display()))
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+
+    fn free(&self) {
+        let _ = std::fs::remove_file(self.0.join("filler"));
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn put(tg: &Tidegate, n: u32) -> (u16, serde_json::Value) {
+    let body = json!({"backends": [{"id": "a", "addr": "127.0.0.1:9"}]});
+    tg.api("PUT", &format!("/v1/services/s{n}"), Some(body)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_refuses_writes_and_they_resume_when_it_is_freed() {
+    let Some(disk) = SmallDisk::mount("3m") else {
+        eprintln!("skipped: cannot mount a tmpfs here (needs root)");
+        return;
+    };
+    let data = disk.0.join("data");
+    let tg = Tidegate::start(&data);
+    assert_eq!(put(&tg, 1).await.0, 200);
+    disk.fill();
+    for n in 2..5 {
+        let (s, v) = put(&tg, n).await;
+        assert_eq!(s, 503, "{v}");
+        assert!(v.to_string().contains("full"), "the error says why: {v}");
+    }
+    disk.free();
+    let (s, v) = put(&tg, 5).await;
+    assert_eq!((s, v["revision"].clone()), (200, json!(2)), "writes resume without a restart");
+    tg.kill9();
+    // Starting on a full disk still serves the last configuration.
+    disk.fill();
+    let tg = Tidegate::start(&data);
+    let (_, config) = tg.api("GET", "/v1/config", None).await;
+    assert_eq!(config["revision"], 2);
+    assert_eq!(put(&tg, 6).await.0, 503);
+    disk.free();
+    assert_eq!(put(&tg, 7).await.0, 200);
+    drop(tg);
+}
