@@ -13,6 +13,8 @@
 
 mod change;
 mod names;
+#[cfg(test)]
+mod roundtrip;
 mod route;
 mod service;
 mod state;
