@@ -1,5 +1,6 @@
 //! Resource and change-set endpoints.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use axum::body::Bytes;
@@ -62,12 +63,13 @@ pub(crate) async fn delete_service(State(state): State<AdminState>, Path(name): 
 pub(crate) async fn get_service(State(state): State<AdminState>, Path(name): Path<String>) -> Answer {
     let view = state.control.config();
     let spec = view.state.service(&name).ok_or_else(|| ApiError::not_found(format!("no service {name:?}")))?;
-    with_revision(view.revision, "spec", &**spec)
+    with_revision(view.revision, "spec", &spec.redacted())
 }
 
 pub(crate) async fn list_services(State(state): State<AdminState>) -> Answer {
     let view = state.control.config();
-    let all: BTreeMap<&str, &ServiceSpec> = view.state.services().iter().map(|(k, v)| (k.as_str(), &**v)).collect();
+    let all: BTreeMap<&str, Cow<'_, ServiceSpec>> =
+        view.state.services().iter().map(|(k, v)| (k.as_str(), v.redacted())).collect();
     with_revision(view.revision, "services", &all)
 }
 
@@ -141,8 +143,9 @@ pub(crate) async fn post_changes(State(state): State<AdminState>, bytes: Result<
 
 pub(crate) async fn get_config(State(state): State<AdminState>) -> Answer {
     let view = state.control.config();
-    let services: BTreeMap<&str, &ServiceSpec> =
-        view.state.services().iter().map(|(k, v)| (k.as_str(), &**v)).collect();
+    // Secrets are never read back (see `tidegate_model::REDACTED`).
+    let services: BTreeMap<&str, Cow<'_, ServiceSpec>> =
+        view.state.services().iter().map(|(k, v)| (k.as_str(), v.redacted())).collect();
     let routes: BTreeMap<&str, &RouteSpec> = view.state.routes().iter().map(|(k, v)| (k.as_str(), &**v)).collect();
     Ok(Json(json!({ "revision": view.revision, "services": services, "routes": routes })))
 }

@@ -42,7 +42,9 @@ pub(crate) async fn get_watch(
             Err(_) => ": keep-alive\n\n".to_string(),
             Ok(None) => return None,
             Ok(Some(Ok(change))) => {
-                let data = serde_json::to_string(&*change).unwrap_or_default();
+                // Secrets never leave through the stream.
+                let shown = json!({ "revision": change.revision, "change": change.change.redacted() });
+                let data = serde_json::to_string(&shown).unwrap_or_default();
                 format!("id: {}\nevent: change\ndata: {data}\n\n", change.revision)
             }
             Ok(Some(Err(e))) => {

@@ -54,6 +54,28 @@ pub enum Op {
 
 // serde's internally tagged enums buffer their content and so lose the path
 // of a nested error; this hand-written form keeps it ("spec.backends[0].addr").
+impl ChangeSet {
+    /// The change set as read APIs (the watch stream) show it: secrets
+    /// replaced by [`crate::REDACTED`].
+    pub fn redacted(&self) -> std::borrow::Cow<'_, ChangeSet> {
+        let hides = |op: &Op| matches!(op, Op::PutService { spec, .. } if spec.webhook_secret().is_some());
+        if !self.ops.iter().any(hides) {
+            return std::borrow::Cow::Borrowed(self);
+        }
+        let ops = self
+            .ops
+            .iter()
+            .map(|op| match op {
+                Op::PutService { name, spec } => {
+                    Op::PutService { name: name.clone(), spec: Box::new(spec.redacted().into_owned()) }
+                }
+                other => other.clone(),
+            })
+            .collect();
+        std::borrow::Cow::Owned(ChangeSet { if_revision: self.if_revision, ops })
+    }
+}
+
 impl<'de> Deserialize<'de> for Op {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         use serde::de::Error;

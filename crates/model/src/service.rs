@@ -834,6 +834,57 @@ impl AutoscaleSpec {
     }
 }
 
+/// What read APIs show instead of a secret. Put back as it is (a
+/// configuration exported and applied again), it keeps the secret the
+/// service already has.
+pub const REDACTED: &str = "(redacted)";
+
+impl ServiceSpec {
+    /// The webhook secret, if the service autoscales through a webhook.
+    pub fn webhook_secret(&self) -> Option<&str> {
+        match &self.settings.autoscale.as_ref()?.provider {
+            ProviderSpec::Webhook { secret, .. } => Some(secret),
+            _ => None,
+        }
+    }
+
+    fn webhook_secret_mut(&mut self) -> Option<&mut String> {
+        match &mut self.settings.autoscale.as_mut()?.provider {
+            ProviderSpec::Webhook { secret, .. } => Some(secret),
+            _ => None,
+        }
+    }
+
+    /// The spec as read APIs show it: secrets replaced by [`REDACTED`].
+    /// Borrowed when there is nothing to hide.
+    pub fn redacted(&self) -> std::borrow::Cow<'_, ServiceSpec> {
+        if self.webhook_secret().is_none() {
+            return std::borrow::Cow::Borrowed(self);
+        }
+        let mut copy = self.clone();
+        if let Some(s) = copy.webhook_secret_mut() {
+            *s = REDACTED.to_string();
+        }
+        std::borrow::Cow::Owned(copy)
+    }
+
+    /// This spec with a [`REDACTED`] secret replaced by `previous`'s real
+    /// one; `Err` when it carries the placeholder and there is none to keep.
+    pub fn with_secrets_of(&self, previous: Option<&ServiceSpec>) -> Result<std::borrow::Cow<'_, ServiceSpec>, String> {
+        if self.webhook_secret() != Some(REDACTED) {
+            return Ok(std::borrow::Cow::Borrowed(self));
+        }
+        let Some(kept) = previous.and_then(ServiceSpec::webhook_secret).filter(|s| *s != REDACTED) else {
+            return Err(format!("{REDACTED:?} is the placeholder read APIs show, and this service has no secret to keep; give the real one"));
+        };
+        let mut copy = self.clone();
+        if let Some(s) = copy.webhook_secret_mut() {
+            *s = kept.to_string();
+        }
+        Ok(std::borrow::Cow::Owned(copy))
+    }
+}
+
 /// Everything about a service except its backends.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

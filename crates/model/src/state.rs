@@ -117,7 +117,12 @@ impl ConfigState {
         use ChangeErrorKind::{Conflict, NotFound};
         match op {
             Op::PutService { name, spec } => {
-                self.services.insert(name.clone(), Arc::new(ServiceSpec::clone(spec)));
+                let previous = self.services.get(name).map(|p| &**p);
+                let spec = spec
+                    .with_secrets_of(previous)
+                    .map_err(|m| ChangeError::at(Conflict, i, "spec.autoscale.provider.secret", m))?
+                    .into_owned();
+                self.services.insert(name.clone(), Arc::new(spec));
                 delta.services.insert(name.clone());
             }
             Op::DeleteService { name } => {
@@ -279,5 +284,31 @@ mod tests {
         assert_eq!(s2.apply(&del, 2).unwrap_err().kind, ChangeErrorKind::NotFound);
         let nosvc = cs(r#"{"ops":[{"op":"put_backend","service":"x","id":"b","spec":{"addr":"h:2"}}]}"#);
         assert_eq!(s2.apply(&nosvc, 2).unwrap_err().field.as_deref(), Some("ops[0].service"));
+    }
+
+    fn webhook_service(secret: &str) -> ChangeSet {
+        cs(&format!(
+            r#"{{"ops":[{{"op":"put_service","name":"w","spec":{{"autoscale":{{"provider":{{"kind":"webhook","url":"http://127.0.0.1:9/hook","secret":"{secret}"}}}}}}}}]}}"#
+        ))
+    }
+
+    #[test]
+    fn secrets_are_redacted_for_reading_and_kept_when_the_placeholder_comes_back() {
+        let (state, _) = ConfigState::default().apply(&webhook_service("s3cret-value"), 0).unwrap();
+        let spec = state.service("w").unwrap();
+        assert_eq!(spec.webhook_secret(), Some("s3cret-value"));
+        let shown = serde_json::to_string(&spec.redacted()).unwrap();
+        assert!(!shown.contains("s3cret-value") && shown.contains(crate::REDACTED), "{shown}");
+        let watched = serde_json::to_string(&webhook_service("s3cret-value").redacted()).unwrap();
+        assert!(!watched.contains("s3cret-value"), "{watched}");
+        // An export applied back keeps the real secret.
+        let (state, _) = state.apply(&webhook_service(crate::REDACTED), 1).unwrap();
+        assert_eq!(state.service("w").unwrap().webhook_secret(), Some("s3cret-value"));
+        // A new secret replaces it.
+        let (state, _) = state.apply(&webhook_service("rotated"), 2).unwrap();
+        assert_eq!(state.service("w").unwrap().webhook_secret(), Some("rotated"));
+        // The placeholder with nothing to keep is refused, naming the field.
+        let e = ConfigState::default().apply(&webhook_service(crate::REDACTED), 0).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("ops[0].spec.autoscale.provider.secret"), "{e:?}");
     }
 }

@@ -205,3 +205,30 @@ async fn the_cli_and_declarative_files_cover_the_same_operations() {
     assert!(!failed.status.success());
     assert!(String::from_utf8_lossy(&failed.stdout).contains("no backend"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_never_leave_through_read_apis_and_an_export_applies_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let secret = "webhook-shared-secret-value";
+    let spec =
+        json!({"autoscale": {"provider": {"kind": "webhook", "url": "http://127.0.0.1:9/hook", "secret": secret}}});
+    let (s, v) = tg.api("PUT", "/v1/services/w", Some(spec)).await;
+    assert_eq!(s, 200, "{v}");
+    for path in ["/v1/config", "/v1/services", "/v1/services/w"] {
+        let r = send("GET", &tg.admin_url(path), Some(TOKEN), Vec::new(), &[]).await;
+        assert!(!r.text().contains(secret), "{path} shows the secret: {}", r.text());
+        assert!(r.text().contains("(redacted)"), "{path}: {}", r.text());
+    }
+    let watched = raw_exchange(
+        tg.admin,
+        format!("GET /v1/watch?from=0 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n").as_bytes(),
+        std::time::Duration::from_millis(800),
+    );
+    assert!(watched.contains("put_service") && !watched.contains(secret), "{watched}");
+    // The exported configuration applies back as it is.
+    let (_, config) = tg.api("GET", "/v1/config", None).await;
+    let exported = json!({"ops": [{"op": "put_service", "name": "w", "spec": config["services"]["w"]}]});
+    let (s, v) = tg.api("POST", "/v1/changes", Some(exported)).await;
+    assert_eq!(s, 200, "{v}");
+}
