@@ -61,13 +61,23 @@ impl GmondHost {
     }
 }
 
-/// The hosts of a dump, in document order. Malformed parts are skipped;
-/// a truncated document yields the hosts seen so far.
+/// Most hosts read from one dump; the rest is ignored. A real cluster has
+/// far fewer, and each host read costs memory, so a hostile dump of
+/// millions of tiny hosts stays small.
+pub const MAX_HOSTS: usize = 10_000;
+
+/// The hosts of a dump, in document order, at most [`MAX_HOSTS`].
+/// Malformed parts are skipped; a truncated document yields the hosts seen
+/// so far.
 pub fn parse(xml: &[u8]) -> Vec<GmondHost> {
     let mut hosts = Vec::new();
     let mut current: Option<GmondHost> = None;
     let mut tags = Tags { xml, pos: 0 };
     while let Some(tag) = tags.next_tag() {
+        if hosts.len() >= MAX_HOSTS {
+            current = None;
+            break;
+        }
         match tag {
             Tag::Start { name: "HOST", attrs } => {
                 hosts.extend(current.take());
@@ -297,5 +307,13 @@ mod tests {
             let _ = parse(&noise);
             let _ = parse(shaped.as_bytes());
         }
+    }
+
+    #[test]
+    fn a_dump_of_countless_hosts_reads_at_most_max_hosts() {
+        let dump: String = (0..MAX_HOSTS + 500).map(|i| format!(r#"<HOST NAME="h{i}" IP="10.0.0.1"/>"#)).collect();
+        let hosts = parse(dump.as_bytes());
+        assert_eq!(hosts.len(), MAX_HOSTS);
+        assert_eq!(hosts[0].name, "h0");
     }
 }
