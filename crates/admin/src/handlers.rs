@@ -133,12 +133,46 @@ pub(crate) async fn list_routes(State(state): State<AdminState>) -> Answer {
     with_revision(view.revision, "routes", &all)
 }
 
-pub(crate) async fn post_changes(State(state): State<AdminState>, bytes: Result<Bytes, BytesRejection>) -> Answer {
+/// `?dry_run=true`: check the change set, apply nothing.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ChangesQuery {
+    #[serde(default)]
+    dry_run: bool,
+}
+
+pub(crate) async fn post_changes(
+    State(state): State<AdminState>,
+    query: Result<axum::extract::Query<ChangesQuery>, axum::extract::rejection::QueryRejection>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Answer {
+    let axum::extract::Query(query) = query.map_err(|e| ApiError::bad_field("query", e.body_text()))?;
     let bytes = bytes.map_err(ApiError::body)?;
     let change = parse_change_set(&bytes).map_err(|e| ApiError::parse(e, None))?;
     let ops = change.ops.len();
+    if query.dry_run {
+        // The same checks the writer runs, against the configuration as it
+        // is now; nothing is queued, stored or published.
+        let view = state.control.config();
+        view.state
+            .apply(&change, view.revision)
+            .map_err(|e| ApiError::from(tidegate_control::SubmitError::Rejected(e)))?;
+        return Ok(Json(json!({ "dry_run": true, "revision": view.revision, "ops": ops })));
+    }
     let revision = state.control.submit(change).await?;
     Ok(Json(json!({ "revision": revision, "ops": ops })))
+}
+
+/// `GET /healthz`: the process answers. No token.
+pub(crate) async fn healthz() -> Answer {
+    Ok(Json(json!({ "status": "ok" })))
+}
+
+/// `GET /readyz`: the store is open, the configuration loaded, and the
+/// listeners bound (the admin API starts after the proxy's listener). No
+/// token.
+pub(crate) async fn readyz(State(state): State<AdminState>) -> Answer {
+    Ok(Json(json!({ "status": "ready", "revision": state.control.config().revision })))
 }
 
 pub(crate) async fn get_config(State(state): State<AdminState>) -> Answer {

@@ -65,7 +65,7 @@ impl AdminState {
 
 /// The admin API's routes.
 pub fn router(state: AdminState) -> Router {
-    Router::new()
+    let authed = Router::new()
         .route("/v1/services", get(handlers::list_services))
         .route(
             "/v1/services/{name}",
@@ -88,7 +88,13 @@ pub fn router(state: AdminState) -> Router {
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
-        .with_state(state)
+        .with_state(state.clone());
+    // Probes for load balancers and orchestrators: no token, no data.
+    let probes = Router::new()
+        .route("/healthz", get(handlers::healthz))
+        .route("/readyz", get(handlers::readyz))
+        .with_state(state);
+    authed.merge(probes)
 }
 
 /// Rejects requests without `Authorization: Bearer <token>`.

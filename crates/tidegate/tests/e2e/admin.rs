@@ -232,3 +232,30 @@ async fn secrets_never_leave_through_read_apis_and_an_export_applies_back() {
     let (s, v) = tg.api("POST", "/v1/changes", Some(exported)).await;
     assert_eq!(s, 200, "{v}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_need_no_token_and_a_dry_run_applies_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    for path in ["/healthz", "/readyz"] {
+        let r = send("GET", &tg.admin_url(path), None, Vec::new(), &[]).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+    }
+    assert_eq!(send("GET", &tg.admin_url("/v1/config"), None, Vec::new(), &[]).await.status, 401);
+
+    let change = json!({"ops": [{"op": "put_service", "name": "web", "spec": {}}]});
+    let (s, v) = tg.api("POST", "/v1/changes?dry_run=true", Some(change.clone())).await;
+    assert_eq!((s, v["dry_run"].clone(), v["revision"].clone()), (200, json!(true), json!(0)), "{v}");
+    let (_, config) = tg.api("GET", "/v1/config", None).await;
+    assert_eq!((config["revision"].clone(), config["services"].clone()), (json!(0), json!({})), "nothing applied");
+    // A dry run fails exactly as the real change would.
+    let bad = json!({"ops": [{"op": "put_route", "name": "r", "spec": {"match": {"path_prefix": "/"}, "service": "nosuch"}}]});
+    let (s, v) = tg.api("POST", "/v1/changes?dry_run=true", Some(bad)).await;
+    assert_eq!(s, 404, "{v}");
+    let (s, _) = tg.api("POST", "/v1/changes?dry_run=maybe", Some(change.clone())).await;
+    assert_eq!(s, 400);
+    let (s, v) = tg.api("POST", "/v1/changes", Some(change)).await;
+    assert_eq!((s, v["revision"].clone()), (200, json!(1)));
+    let (_, v) = tg.api("GET", "/readyz", None).await;
+    assert_eq!(v["revision"], 1);
+}
