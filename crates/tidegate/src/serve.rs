@@ -143,9 +143,17 @@ async fn shutdown_signal() {
         std::future::pending::<()>().await;
         return;
     };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+    // SIGHUP (a terminal closing, or an operator used to `nginx -s reload`)
+    // must not stop the proxy: configuration changes go through the API.
+    let mut hup = signal(SignalKind::hangup()).ok();
+    loop {
+        tokio::select! {
+            _ = term.recv() => return,
+            _ = int.recv() => return,
+            Some(()) = async { hup.as_mut()?.recv().await } => {
+                tracing::info!("SIGHUP ignored: change the configuration with the admin API (`tidegate ctl apply -f FILE`)");
+            }
+        }
     }
 }
 

@@ -259,3 +259,15 @@ async fn probes_need_no_token_and_a_dry_run_applies_nothing() {
     let (_, v) = tg.api("GET", "/readyz", None).await;
     assert_eq!(v["revision"], 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_does_not_stop_the_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let b = Backend::start("steady", &[]);
+    route_to(&tg, "web", &[&b], "round_robin").await;
+    let status = std::process::Command::new("kill").args(["-HUP", &tg.pid().to_string()]).status().unwrap();
+    assert!(status.success());
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(get(&tg.url("/")).await.status, 200, "still serving after SIGHUP");
+}

@@ -66,6 +66,11 @@ impl Tidegate {
         Tidegate { proxy: field("proxy="), admin: field("admin="), child, data_dir: data_dir.to_path_buf() }
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Kills the process with SIGKILL, no chance to flush anything.
     pub fn kill9(mut self) {
         let _ = self.child.kill();
