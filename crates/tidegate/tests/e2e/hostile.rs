@@ -90,6 +90,27 @@ async fn a_slow_body_gets_408_and_blames_no_backend() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eleven_hundred_held_connections_do_not_stop_new_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    // Started with the common soft limit of 1,024 descriptors.
+    let tg = Tidegate::start_wrapped(dir.path(), &["prlimit", "--nofile=1024:"], &[]);
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", tg.pid())).unwrap();
+    let files =
+        limits.lines().find(|l| l.starts_with("Max open files")).unwrap().split_whitespace().collect::<Vec<_>>();
+    assert_eq!(files[3], files[4], "the soft limit was raised to the hard one: {files:?}");
+    let b = Backend::start("busy", &[]);
+    route_to(&tg, "web", &[&b], "round_robin").await;
+    // More than 1,024 descriptors: accepted, and they simply wait.
+    let held: Vec<TcpStream> = (0..1_100).map(|_| TcpStream::connect(tg.proxy).expect("connect")).collect();
+    for _ in 0..20 {
+        assert_eq!(get(&tg.url("/")).await.status, 200);
+    }
+    let (s, _) = tg.api("GET", "/v1/status", None).await;
+    assert_eq!(s, 200, "the admin API stays up");
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_connections_beyond_the_cap_wait_and_new_requests_are_served() {
     let dir = tempfile::tempdir().unwrap();
     let tg = strict(dir.path(), &["--max-connections", "50", "--first-request-timeout-s", "2"]);

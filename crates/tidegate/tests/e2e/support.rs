@@ -47,7 +47,20 @@ impl Tidegate {
     }
 
     pub fn start_with(data_dir: &Path, extra: &[&str]) -> Tidegate {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidegate"));
+        Self::start_wrapped(data_dir, &[], extra)
+    }
+
+    /// Starts Tidegate through `wrapper` (a program that execs its
+    /// arguments, such as `prlimit --nofile=1024:`), if any.
+    pub fn start_wrapped(data_dir: &Path, wrapper: &[&str], extra: &[&str]) -> Tidegate {
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(env!("CARGO_BIN_EXE_tidegate"));
+                c
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_tidegate")),
+        };
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--workers", "2"])
             .arg("--data-dir")
             .arg(data_dir)
