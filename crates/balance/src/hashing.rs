@@ -46,15 +46,19 @@ impl HashKey {
                 std::net::IpAddr::V6(v6) => hash_bytes(&v6.octets()),
             }),
             HashKey::Uri => Some(hash_bytes(ctx.path.as_bytes())),
-            HashKey::Header(h) => ctx.headers.get(h).map(|v| hash_bytes(v.as_bytes())),
+            HashKey::Header(h) => ctx.headers.first(h.as_str()).map(hash_bytes),
             HashKey::Cookie(name) if name.is_empty() => None,
             HashKey::Cookie(name) => {
-                ctx.headers.get_all(COOKIE).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(';')).find_map(
-                    |pair| {
+                let mut found = None;
+                ctx.headers.any(COOKIE.as_str(), &mut |v| {
+                    let Ok(v) = std::str::from_utf8(v) else { return false };
+                    found = v.split(';').find_map(|pair| {
                         let (k, v) = pair.trim().split_once('=')?;
                         (k == name).then(|| hash_bytes(v.as_bytes()))
-                    },
-                )
+                    });
+                    found.is_some()
+                });
+                found
             }
         }
     }

@@ -25,7 +25,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use http::uri::Authority;
-use http::HeaderMap;
 use tidegate_model::{BackendAddr, BackendId, BackendSpec, PolicySpec};
 
 pub use feedback::{capacities, feedback_weight, feedback_weights, orca_weight, DynamicFeedback, OrcaWrr, Signals};
@@ -34,6 +33,7 @@ pub use health::record_outcome;
 pub use latency::{LeastTime, P2cEwma};
 pub use policies::{policy_for, LeastConn, RandomPolicy, RoundRobin};
 pub use stats::{ActiveState, AtomicF64, BackendStats, InFlight, LoadReport, Outcome, StatsView};
+pub use tidegate_model::Headers;
 
 /// A backend as the data plane sees it.
 #[derive(Debug)]
@@ -114,7 +114,7 @@ pub struct RequestCtx<'a> {
     /// The request path (with query).
     pub path: &'a str,
     /// The request headers.
-    pub headers: &'a HeaderMap,
+    pub headers: &'a dyn Headers,
 }
 
 /// Builds selectors for pools. One value per configured policy kind.

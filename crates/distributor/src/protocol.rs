@@ -22,7 +22,6 @@ use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::ops::Deref;
 
-use http::HeaderMap;
 use serde::de::{Deserializer, Visitor};
 use serde::Deserialize;
 
@@ -77,17 +76,17 @@ pub struct Query<'a> {
     /// The request headers, sent in order (a repeated header is sent as
     /// several pairs). Values that are not UTF-8 are sent with U+FFFD in place
     /// of the invalid bytes.
-    pub headers: &'a HeaderMap,
+    pub headers: &'a dyn tidegate_balance::Headers,
 }
 
 impl Query<'_> {
     /// The header pairs to send: the implicit `host` (if any), then `headers`.
-    fn pairs(&self) -> impl Iterator<Item = (&str, &[u8])> {
-        let implicit_host = match self.host {
-            Some(h) if !self.headers.contains_key(http::header::HOST) => Some(("host", h.as_bytes())),
-            _ => None,
-        };
-        implicit_host.into_iter().chain(self.headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())))
+    fn pairs(&self, f: &mut dyn FnMut(&str, &[u8])) {
+        match self.host {
+            Some(h) if self.headers.first("host").is_none() => f("host", h.as_bytes()),
+            _ => {}
+        }
+        self.headers.each(f);
     }
 }
 
@@ -99,12 +98,14 @@ impl Query<'_> {
 pub fn encode_query(id: u64, q: &Query<'_>, out: &mut Vec<u8>) -> Result<(), ProtocolError> {
     out.clear();
     write_query_head(id, q, out);
-    for (i, (name, value)) in q.pairs().enumerate() {
-        if i > 0 {
+    let mut first = true;
+    q.pairs(&mut |name, value| {
+        if !first {
             out.push(b',');
         }
+        first = false;
         write_pair(out, name, value);
-    }
+    });
     out.extend_from_slice(b"]}");
     if out.len() <= MAX_DATAGRAM {
         return Ok(());
@@ -131,11 +132,12 @@ impl Encoded {
 fn encode_trimmed(id: u64, q: &Query<'_>, out: &mut Vec<u8>) -> Result<(), ProtocolError> {
     let mut scratch = Vec::with_capacity(out.len());
     let mut pairs = Vec::new();
-    for (name, value) in q.pairs() {
+    q.pairs(&mut |name, value| {
         let start = scratch.len();
         write_pair(&mut scratch, name, value);
-        pairs.push(Encoded { start, end: scratch.len(), kept: KEPT_HEADERS.contains(&name), dropped: false });
-    }
+        let kept = KEPT_HEADERS.iter().any(|k| k.eq_ignore_ascii_case(name));
+        pairs.push(Encoded { start, end: scratch.len(), kept, dropped: false });
+    });
     out.clear();
     write_query_head(id, q, out);
     let fixed = out.len() + 2;
@@ -418,7 +420,7 @@ pub fn decode_answer(datagram: &[u8]) -> Result<Answer<'_>, ProtocolError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::{HeaderName, HeaderValue};
+    use http::{HeaderMap, HeaderName, HeaderValue};
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

@@ -12,6 +12,7 @@
 //! leaves it untouched.
 
 mod change;
+mod headers;
 mod names;
 #[cfg(test)]
 mod roundtrip;
@@ -20,6 +21,7 @@ mod service;
 mod state;
 
 pub use change::{parse_change_set, parse_json, ChangeSet, Op, ParseError};
+pub use headers::Headers;
 pub use names::{BackendAddr, BackendId, NameError, RouteName, ServiceName};
 pub use route::{HeaderMatch, HostPattern, PathPattern, RouteAction, RouteMatch, RouteSpec, StaticDir};
 pub use service::{

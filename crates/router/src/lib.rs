@@ -11,9 +11,9 @@
 use std::cmp::Ordering;
 use std::sync::Arc;
 
-use http::{HeaderMap, Method};
+use http::Method;
 use imbl::HashMap;
-use tidegate_model::{HostPattern, PathPattern, RouteName, RouteSpec};
+use tidegate_model::{Headers, HostPattern, PathPattern, RouteName, RouteSpec};
 
 /// A route as stored in the table.
 #[derive(Debug, Clone)]
@@ -44,7 +44,7 @@ pub struct RequestView<'a> {
     /// The method.
     pub method: &'a Method,
     /// The headers.
-    pub headers: &'a HeaderMap,
+    pub headers: &'a dyn Headers,
 }
 
 /// An immutable, persistent route table.
@@ -158,7 +158,7 @@ impl Rank {
 fn conditions_hold(spec: &RouteSpec, req: &RequestView<'_>) -> bool {
     let m = &spec.matches;
     (m.methods.is_empty() || m.methods.contains(req.method))
-        && m.headers.iter().all(|h| req.headers.get_all(&h.name).iter().any(|v| v == h.value))
+        && m.headers.iter().all(|h| req.headers.any(h.name.as_str(), &mut |v| v == h.value.as_bytes()))
 }
 
 /// Orders a bucket: best first, ties broken by name for determinism.

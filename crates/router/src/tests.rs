@@ -1,4 +1,5 @@
 use super::*;
+use http::HeaderMap;
 use http::HeaderValue;
 use proptest::prelude::*;
 
