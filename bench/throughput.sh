@@ -33,10 +33,16 @@ for tool in nginx haproxy wrk; do
   command -v $tool >/dev/null || { apt-get update -qq && RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx haproxy wrk; break; }
 done
 TG=${TIDEGATE_BIN:-${BIN_DIR:-target/release}/tidegate}
-if [ ! -x "$TG" ]; then
-  [ -z "$BIN_DIR" ] && [ -z "${TIDEGATE_BIN:-}" ] || { echo "no $TG" >&2; exit 1; }
-  cargo build --release -p tidegate
+BENCH_BIN=$(dirname "$TG")/tidegate-bench
+if [ ! -x "$TG" ] || [ ! -x "$BENCH_BIN" ]; then
+  [ -z "$BIN_DIR" ] && [ -z "${TIDEGATE_BIN:-}" ] || { echo "no $TG or $BENCH_BIN" >&2; exit 1; }
+  cargo build --release -p tidegate -p tidegate-bench
 fi
+# Peers: Tidegate (its default engine), Tidegate on hyper's HTTP/1
+# (--http1 hyper), the minimal hyper proxy (the library ceiling: no
+# routing, balancing, limits or metrics), nginx, HAProxy, and the backend
+# directly. PEERS narrows the list.
+PEERS=${PEERS:-"tidegate tidegate-hyper hyper-min nginx haproxy direct"}
 WORK=$(mktemp -d /tmp/tidegate-bench.XXXXXX)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; sleep 0.3; rm -rf "$WORK"; }
@@ -44,6 +50,7 @@ trap cleanup EXIT
 
 B1=$((PORT_BASE + 1)) B2=$((PORT_BASE + 2)) B3=$((PORT_BASE + 3))
 P_NGINX=$((PORT_BASE + 80)) P_HAPROXY=$((PORT_BASE + 81)) P_TG=$((PORT_BASE + 82)) A_TG=$((PORT_BASE + 90))
+P_TGH=$((PORT_BASE + 83)) A_TGH=$((PORT_BASE + 91)) P_MIN=$((PORT_BASE + 84))
 cat > "$WORK/backends.conf" <<CONF
 worker_processes 2;
 daemon off; pid $WORK/backends.pid; error_log $WORK/backends.err warn;
@@ -84,14 +91,26 @@ CONF
 nginx -c "$WORK/backends.conf" & PIDS+=($!)
 nginx -c "$WORK/nginx.conf" & PID_NGINX=$!; PIDS+=($PID_NGINX)
 haproxy -f "$WORK/haproxy.cfg" -db >/dev/null 2>&1 & PID_HAPROXY=$!; PIDS+=($PID_HAPROXY)
-TIDEGATE_ADMIN_TOKEN=bench-token-0123456789abcdef0123456789 TIDEGATE_LOG=warn "$TG" serve --listen 127.0.0.1:$P_TG --admin 127.0.0.1:$A_TG \
-  --data-dir "$WORK/tg" --workers "$WORKERS" ${TG_ARGS:-} > "$WORK/tg.out" & PID_TG=$!; PIDS+=($PID_TG)
-for _ in $(seq 100); do grep -q ready "$WORK/tg.out" 2>/dev/null && break; sleep 0.1; done
-curl -sf -XPOST -H "Authorization: Bearer bench-token-0123456789abcdef0123456789" "127.0.0.1:$A_TG/v1/changes" -d "{\"ops\":[
- {\"op\":\"put_service\",\"name\":\"app\",\"spec\":{\"backends\":[{\"id\":\"b1\",\"addr\":\"127.0.0.1:$B1\"},{\"id\":\"b2\",\"addr\":\"127.0.0.1:$B2\"},{\"id\":\"b3\",\"addr\":\"127.0.0.1:$B3\"}]}},
- {\"op\":\"put_route\",\"name\":\"app\",\"spec\":{\"match\":{\"path_prefix\":\"/\"},\"service\":\"app\"}}]}" >/dev/null
+start_tidegate() { # name proxy-port admin-port extra-args...
+  local name=$1 port=$2 admin=$3; shift 3
+  TIDEGATE_ADMIN_TOKEN=bench-token-0123456789abcdef0123456789 TIDEGATE_LOG=warn "$TG" serve --listen 127.0.0.1:$port \
+    --admin 127.0.0.1:$admin --data-dir "$WORK/$name" --workers "$WORKERS" "$@" ${TG_ARGS:-} > "$WORK/$name.out" &
+  PIDS+=($!)
+  for _ in $(seq 100); do grep -q ready "$WORK/$name.out" 2>/dev/null && break; sleep 0.1; done
+  curl -sf -XPOST -H "Authorization: Bearer bench-token-0123456789abcdef0123456789" "127.0.0.1:$admin/v1/changes" -d "{\"ops\":[
+   {\"op\":\"put_service\",\"name\":\"app\",\"spec\":{\"backends\":[{\"id\":\"b1\",\"addr\":\"127.0.0.1:$B1\"},{\"id\":\"b2\",\"addr\":\"127.0.0.1:$B2\"},{\"id\":\"b3\",\"addr\":\"127.0.0.1:$B3\"}]}},
+   {\"op\":\"put_route\",\"name\":\"app\",\"spec\":{\"match\":{\"path_prefix\":\"/\"},\"service\":\"app\"}}]}" >/dev/null
+}
+start_tidegate tg $P_TG $A_TG; PID_TG=${PIDS[-1]}
+PID_TGH=0 PID_MIN=0
+case " $PEERS " in *" tidegate-hyper "*) start_tidegate tgh $P_TGH $A_TGH --http1 hyper; PID_TGH=${PIDS[-1]};; esac
+case " $PEERS " in *" hyper-min "*)
+  "$BENCH_BIN" minimal-proxy --listen 127.0.0.1:$P_MIN --upstream 127.0.0.1:$B1 --workers "$WORKERS" & PID_MIN=$!; PIDS+=($PID_MIN);;
+esac
 sleep 0.5
 for p in $B1 $P_NGINX $P_HAPROXY $P_TG; do curl -sf "127.0.0.1:$p/" >/dev/null || { echo "server on $p not answering" >&2; exit 1; }; done
+[ "$PID_TGH" = 0 ] || curl -sf "127.0.0.1:$P_TGH/" >/dev/null || { echo "tidegate --http1 hyper not answering" >&2; exit 1; }
+[ "$PID_MIN" = 0 ] || curl -sf "127.0.0.1:$P_MIN/" >/dev/null || { echo "minimal hyper proxy not answering" >&2; exit 1; }
 
 # A process and its children (nginx master + workers), for RSS and CPU.
 family() { echo "$1"; cat /proc/"$1"/task/*/children 2>/dev/null | tr ' ' '\n' | grep . || true; }
@@ -126,18 +145,20 @@ errors = (int(non2xx.group(1)) if non2xx else 0) + (sum(int(x) for x in sock.gro
 print(json.dumps({"proxy": name, "conns": int(conns), "rep": int(rep), "duration_s": float(duration),
                   "rps": float(rps.group(1)) if rps else 0.0, "requests": int(requests.group(1)) if requests else 0,
                   **lat, "errors": errors, "rss_kb": int(rss),
-                  "cpu_cores": round(int(ticks) / int(hz) / float(duration), 3)}))
+                  "cpu_cores": round(int(ticks) / int(hz) / float(duration), 3),
+                  "cpu_us_per_req": round(int(ticks) / int(hz) / max(int(requests.group(1)) if requests else 1, 1) * 1e6, 2)}))
 PY
 }
+read -ra peers <<< "$PEERS"
 for c in $CONNS; do
   for r in $(seq "$REPS"); do
-    # Alternate the order each repetition so no proxy always runs first.
-    case $((r % 3)) in
-      1) order="tidegate nginx haproxy direct";; 2) order="nginx haproxy direct tidegate";; 0) order="haproxy direct tidegate nginx";;
-    esac
-    for name in $order; do
+    # Rotate the order each repetition so no proxy always runs first.
+    k=$(( (r - 1) % ${#peers[@]} ))
+    for name in "${peers[@]:$k}" "${peers[@]:0:$k}"; do
       case $name in
         tidegate) run tidegate $P_TG "$c" "$r" $PID_TG;;
+        tidegate-hyper) run tidegate-hyper $P_TGH "$c" "$r" $PID_TGH;;
+        hyper-min) run hyper-min $P_MIN "$c" "$r" $PID_MIN;;
         nginx) run nginx $P_NGINX "$c" "$r" $PID_NGINX;;
         haproxy) run haproxy $P_HAPROXY "$c" "$r" $PID_HAPROXY;;
         direct) run direct $B1 "$c" "$r" 0;;
@@ -155,11 +176,12 @@ for line in open(sys.argv[1]):
 med = lambda v, k: statistics.median(x.get(k) or 0 for x in v)
 for c in sorted({k[1] for k in rows}):
     base = med(rows.get(("nginx", c), [{}]), "rps") or float("nan")
-    for name in ("tidegate", "nginx", "haproxy", "direct"):
+    for name in ("tidegate", "tidegate-hyper", "hyper-min", "nginx", "haproxy", "direct"):
         v = rows.get((name, c))
         if not v: continue
         rps = med(v, "rps")
-        print(f"c={c:>4} {name:9} {rps:10.0f} req/s  p99 {med(v, 'p99_ms'):7.2f} ms  ({rps/base:5.2f}x nginx)"
-              f"  rss {med(v, 'rss_kb')/1024:6.1f} MiB  cpu {med(v, 'cpu_cores'):4.2f} cores")
+        print(f"c={c:>4} {name:14} {rps:10.0f} req/s  p99 {med(v, 'p99_ms'):7.2f} ms  ({rps/base:5.2f}x nginx)"
+              f"  rss {med(v, 'rss_kb')/1024:6.1f} MiB  cpu {med(v, 'cpu_cores'):4.2f} cores"
+              f"  {med(v, 'cpu_us_per_req'):5.1f} us/req  errors {sum(x.get('errors') or 0 for x in v)}")
 PY
 [ -n "$OUT" ] && cp "$RESULTS" "$OUT" || true

@@ -62,6 +62,23 @@ pub enum Command {
     Ramp(RampArgs),
     /// One GET at a time over one keep-alive connection (paper S4's overhead); any target.
     Sequential(SequentialArgs),
+    /// Serve as the minimal hyper proxy (the library ceiling of the
+    /// throughput benchmark) until killed.
+    MinimalProxy(MinimalProxyArgs),
+}
+
+/// Options of the minimal hyper proxy.
+#[derive(Debug, Args)]
+pub struct MinimalProxyArgs {
+    /// Where it listens.
+    #[arg(long)]
+    pub listen: SocketAddr,
+    /// The one upstream it forwards to.
+    #[arg(long)]
+    pub upstream: SocketAddr,
+    /// Worker threads, each with its own listener.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
 }
 
 /// Options of `ramp`.

@@ -27,6 +27,7 @@ mod client;
 mod open_loop;
 mod ramp;
 mod report;
+mod minimal;
 mod saturate;
 mod schedule;
 mod sequential;
@@ -43,6 +44,15 @@ use crate::cli::{Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::MinimalProxy(args) = &cli.command {
+        return match minimal::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("tidegate-bench: {err:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if cli.target.threads > 0 {
         builder.worker_threads(cli.target.threads);
@@ -73,6 +83,7 @@ async fn run(cli: &Cli) -> anyhow::Result<String> {
         Command::Users(args) => render(&users::run(&cli.target, args).await?),
         Command::Ramp(args) => render(&ramp::run(&cli.target, args).await?),
         Command::Sequential(args) => render(&sequential::run(&cli.target, args).await?),
+        Command::MinimalProxy(_) => anyhow::bail!("minimal-proxy runs on its own runtimes"),
     }
 }
 

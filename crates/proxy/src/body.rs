@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 
 use crate::error::ClientBodyError;
 use crate::pick::Slot;
-use crate::pool::Conn;
+use crate::pool::{Conn, HyperConn};
 use crate::static_files::FileBody;
 
 /// Errors while streaming a body.
@@ -122,7 +122,7 @@ impl Body for UpBody {
 #[derive(Debug)]
 pub struct Hold {
     pub(crate) slot: Slot,
-    pub(crate) conn: Option<Conn>,
+    pub(crate) conn: Option<Conn<HyperConn>>,
 }
 
 impl Hold {

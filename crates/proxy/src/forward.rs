@@ -1,5 +1,6 @@
-//! Forwarding to a backend: prepare the request once, then attempts, each
-//! against one backend, until one succeeds or [`decide`] says to stop.
+//! Forwarding a request that arrived over hyper (HTTP/2, or HTTP/1.1
+//! when the native path is off): prepare it once, then hand it to the
+//! shared attempt loop ([`attempts::run`]) as a [`HyperExchange`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -9,25 +10,24 @@ use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::uri::PathAndQuery;
-use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http::{Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 
-use tidegate_balance::{clock, orca, record_outcome, Backend, Outcome, RequestCtx};
+use tidegate_balance::{clock, orca, Backend, Headers, RequestCtx};
 use tidegate_distributor::{DistributorClient, Query};
 use tidegate_model::{ExternalSpec, PolicySpec, ServiceSettings};
-use tidegate_snapshot::{ServiceLive, ServiceRuntime};
+use tidegate_snapshot::ServiceRuntime;
 
+use crate::attempts::{self, is_idempotent, Answered, Exchange};
 use crate::body::{ClientBody, Hold, ProxyBody, UpBody};
 use crate::error::ClientBodyError;
 use crate::error::ErrorKind;
 use crate::headers;
 use crate::limits::Limits;
 use crate::metrics::Counters;
-use crate::pick::{pick_or_wait, Queue, Slot};
-use crate::pool::{ConnSettings, Sent, UpstreamPool};
-use crate::retry::{decide, Decision, Failure, Progress};
+use crate::pool::{ConnSettings, HyperConn, Sent, UpstreamPool};
 use crate::tunnel;
 
 /// The client end of a connection, prepared once per connection.
@@ -56,12 +56,14 @@ impl Peer {
 /// Request bodies up to this size are buffered so a failed attempt can be
 /// replayed on another backend; larger ones stream and are retried only
 /// when no byte of them was sent.
-const REPLAY_LIMIT: u64 = 64 * 1024;
+pub(crate) const REPLAY_LIMIT: u64 = 64 * 1024;
 
 /// A worker's way to its backends: its connection pool and its
 /// external-distributor client.
 pub(crate) struct Upstreams {
-    pool: UpstreamPool,
+    pool: UpstreamPool<HyperConn>,
+    /// The native HTTP/1 path's connections.
+    native: UpstreamPool<crate::native::NativeConn>,
     /// Asks external distributors (paper S4); one per worker.
     distributor: DistributorClient,
     /// Client-side limits (body timeouts).
@@ -70,68 +72,54 @@ pub(crate) struct Upstreams {
 
 impl Upstreams {
     pub(crate) fn new(limits: Arc<Limits>) -> Upstreams {
-        Upstreams { pool: UpstreamPool::default(), distributor: DistributorClient::default(), limits }
+        Upstreams {
+            pool: UpstreamPool::default(),
+            native: UpstreamPool::default(),
+            distributor: DistributorClient::default(),
+            limits,
+        }
+    }
+
+    /// The native HTTP/1 path's upstream connections.
+    pub(crate) fn native_pool(&self) -> &UpstreamPool<crate::native::NativeConn> {
+        &self.native
     }
 }
 
-/// A request ready to be sent, any number of times its body allows.
+/// What every attempt sends, apart from the body: the request with its
+/// forwarding headers.
 struct Prepared {
     parts: Parts,
-    body: Replay,
     path_and_query: PathAndQuery,
-    /// The client's side of an upgrade (WebSocket), if it asked for one.
-    upgrade: Option<hyper::upgrade::OnUpgrade>,
     idempotent: bool,
-}
-
-/// What every attempt sends, apart from the body.
-#[derive(Clone, Copy)]
-struct Target<'a> {
-    parts: &'a Parts,
-    path_and_query: &'a PathAndQuery,
-    upgrade: bool,
 }
 
 impl Prepared {
     /// Reads what the attempts need from the client's request: forwarding
-    /// headers, and the body, buffered when it is small and complete.
-    async fn new(mut req: Request<Incoming>, peer: &Peer, limits: &Limits) -> Result<Prepared, ErrorKind> {
+    /// headers, the body (buffered when it is small and complete), and the
+    /// client's side of an upgrade (WebSocket), if it asked for one.
+    async fn new(
+        mut req: Request<Incoming>,
+        peer: &Peer,
+        limits: &Limits,
+    ) -> Result<(Prepared, Replay, Option<hyper::upgrade::OnUpgrade>), ErrorKind> {
         let upgrade = wants_upgrade(&req).then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
         let body = Replay::new(body, limits).await?;
         headers::request_headers(&mut parts, peer, upgrade.is_some());
         let path_and_query = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
-        let idempotent = is_idempotent(&parts.method);
-        Ok(Prepared { parts, body, path_and_query, upgrade, idempotent })
-    }
-
-    fn retry_traits(&self) -> crate::retry::Request {
-        crate::retry::Request { idempotent: self.idempotent, replayable: self.body.replayable() }
+        let idempotent = is_idempotent(parts.method.as_str().as_bytes());
+        Ok((Prepared { parts, path_and_query, idempotent }, body, upgrade))
     }
 }
 
 impl ConnSettings {
-    fn of(settings: &ServiceSettings) -> ConnSettings {
+    pub(crate) fn of(settings: &ServiceSettings) -> ConnSettings {
         ConnSettings {
             connect: Duration::from_millis(settings.timeouts.connect_ms),
             idle: Duration::from_millis(settings.timeouts.idle_ms),
             max_idle: settings.upstream.max_idle as usize,
         }
-    }
-}
-
-/// How one attempt ended, as passive health sees it: `None` when the
-/// backend is not to blame (the client broke the exchange, or a pooled
-/// connection raced its idle close).
-fn outcome_of(result: &Result<Sent, ErrorKind>) -> Option<Outcome> {
-    match result {
-        Ok(sent) => Some(match sent.response.status().as_u16() {
-            429 | 503 => Outcome::Overloaded,
-            s if s >= 500 => Outcome::Failure,
-            _ => Outcome::Success,
-        }),
-        Err(kind) if kind.blames_backend() => Some(Outcome::Failure),
-        Err(_) => None,
     }
 }
 
@@ -144,157 +132,84 @@ impl Upstreams {
         peer: &Peer,
         metrics: &Counters,
     ) -> Result<Response<ProxyBody>, ErrorKind> {
-        let settings = &service.settings;
-        let mut req = Prepared::new(req, peer, &self.limits).await?;
-        let ctx =
-            RequestCtx { client: Some(peer.addr), path: req.path_and_query.as_str(), headers: &req.parts.headers };
-        let reads_orca = settings.load_metrics.orca || matches!(settings.policy, PolicySpec::OrcaWrr(_));
-        let mut tried: Vec<Arc<Backend>> = Vec::new();
-        let mut queue = Queue::new(settings.queue.timeout_ms);
-        let mut first = match &settings.policy {
+        let (req, body, mut upgrade) = Prepared::new(req, peer, &self.limits).await?;
+        let first = match &service.settings.policy {
             PolicySpec::External(spec) => {
-                self.ask_distributor(spec, service, &req.parts, &req.path_and_query, peer).await
+                let host = req.parts.uri.authority().map(|a| a.as_str());
+                let asked = Asked { method: req.parts.method.as_str(), path: req.path_and_query.as_str(), host };
+                self.ask_distributor(spec, service, asked, &req.parts.headers, peer).await
             }
             _ => None,
         };
-        let mut progress = Progress { retries: 0, max_retries: settings.retries, fresh_retries: 0 };
-        let mut _retry_token = None;
-        // What the client gets when no attempt succeeds.
-        let mut last = ErrorKind::NoBackend;
-        let mut shed: Option<Response<ProxyBody>> = None;
-        let mut same_backend: Option<Arc<Backend>> = None;
-        loop {
-            let fresh = same_backend.is_some();
-            let backend = match same_backend.take() {
-                Some(b) => b,
-                None => {
-                    let picked = match first.take() {
-                        Some(b) => Some(b),
-                        None => pick_or_wait(service, &ctx, &tried, &mut queue).await?,
-                    };
-                    queue.waiting = None; // no longer waiting: free the queue place
-                    let Some(b) = picked else { break };
-                    tried.push(b.clone());
-                    b
-                }
-            };
-            let Some(body) = req.body.take() else { break };
-            if progress.retries + progress.fresh_retries > 0 {
-                metrics.retry();
+        let ctx = RequestCtx { client: Some(peer.addr), path: req.path_and_query.as_str(), headers: &req.parts.headers };
+        let mut ex = HyperExchange { pool: &self.pool, req: &req, body, upgrade: upgrade.is_some() };
+        let Answered { answer: Sent { mut response, conn }, slot } =
+            attempts::run(service, &mut ex, &ctx, first, metrics).await?;
+        let hold = Hold { slot, conn: Some(conn) };
+        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+            if let Some(down) = upgrade.take() {
+                let up = hyper::upgrade::on(&mut response);
+                tunnel::splice_hyper(down, up, hold, peer.conn_slot.clone(), self.limits.tunnel_idle_timeout);
             }
-            let upgrade = req.upgrade.is_some();
-            let target = Target { parts: &req.parts, path_and_query: &req.path_and_query, upgrade };
-            let (result, slot) = self.attempt(service, &backend, target, &mut req.body, body, fresh).await?;
-            let failure = match result {
-                Ok(Sent { mut response, conn }) => {
-                    if reads_orca {
-                        read_orca(&response, &backend);
-                    }
-                    let hold = Hold { slot, conn: Some(conn) };
-                    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-                        if let Some(down) = req.upgrade.take() {
-                            let up = hyper::upgrade::on(&mut response);
-                            tunnel::splice(down, up, hold, peer.conn_slot.clone(), self.limits.tunnel_idle_timeout);
-                        }
-                        return Ok(response.map(|_| ProxyBody::empty()));
-                    }
-                    headers::response_headers(response.headers_mut());
-                    let response = response.map(|b| ProxyBody::upstream(b, hold));
-                    if response.status() != StatusCode::SERVICE_UNAVAILABLE {
-                        return Ok(response);
-                    }
-                    // The backend shed the request: another one may take it;
-                    // if none can, the client gets this 503.
-                    shed = Some(response);
-                    Failure::Shed
-                }
-                Err(kind) => {
-                    tracing::debug!(backend = %backend.addr, error = kind.name(), "upstream attempt failed");
-                    last = kind;
-                    Failure::Error(kind)
-                }
-            };
-            match decide(failure, req.retry_traits(), progress) {
-                Decision::GiveUp => break,
-                Decision::SameBackendFreshConnection => {
-                    progress.fresh_retries += 1;
-                    same_backend = Some(backend);
-                }
-                Decision::OtherBackend { budgeted } => {
-                    if budgeted {
-                        // The budget bounds the extra work retries put on
-                        // backends; a request that reached none costs none.
-                        let in_flight = service.selector.backends().iter().map(|b| b.stats.in_flight()).sum();
-                        if !service.live.try_retry(&settings.retry_budget, in_flight) {
-                            break;
-                        }
-                        _retry_token = Some(RetryToken(&service.live));
-                    }
-                    progress.retries += 1;
-                }
-            }
+            return Ok(response.map(|_| ProxyBody::empty()));
         }
-        shed.ok_or(last)
+        headers::response_headers(response.headers_mut());
+        Ok(response.map(|b| ProxyBody::upstream(b, hold)))
     }
 }
 
-impl Upstreams {
-    /// One attempt against one backend: sends the request (on a new
-    /// connection when `fresh`) and waits for the response head within the
-    /// service's response timeout. Records the outcome for passive health
-    /// when the backend is to blame, and takes back a streamed body no byte
-    /// of which was sent (into `replay`). Returns the result and the backend
-    /// slot it holds.
-    async fn attempt(
-        &self,
-        service: &ServiceRuntime,
-        backend: &Arc<Backend>,
-        target: Target<'_>,
-        replay: &mut Replay,
-        body: UpBody,
-        fresh: bool,
-    ) -> Result<(Result<Sent, ErrorKind>, Slot), ErrorKind> {
-        let settings = &service.settings;
-        let up = upstream_request(target.parts, backend, target.path_and_query, body)?;
-        let mut slot = Slot::take(backend, service);
-        let conn = ConnSettings::of(settings);
-        let sending = self.pool.send(&backend.addr, conn, up, fresh, target.upgrade);
-        let result = match tokio::time::timeout(Duration::from_millis(settings.timeouts.response_ms), sending).await {
-            Ok(Ok(sent)) => Ok(sent),
-            Ok(Err(unsent)) => {
+/// A request carried by hyper, sent over the worker's hyper connections.
+struct HyperExchange<'a> {
+    pool: &'a UpstreamPool<HyperConn>,
+    req: &'a Prepared,
+    body: Replay,
+    upgrade: bool,
+}
+
+impl Exchange for HyperExchange<'_> {
+    type Answer = Sent;
+
+    fn request(&self) -> crate::retry::Request {
+        crate::retry::Request { idempotent: self.req.idempotent, replayable: self.body.replayable() }
+    }
+
+    fn sendable(&self) -> bool {
+        self.body.sendable()
+    }
+
+    /// Sends the request (on a new connection when `fresh`); takes back a
+    /// streamed body no byte of which was sent.
+    async fn send(&mut self, backend: &Arc<Backend>, settings: &ServiceSettings, fresh: bool) -> Result<Sent, ErrorKind> {
+        let Some(body) = self.body.take() else {
+            return Err(ErrorKind::ClientBody);
+        };
+        let up = upstream_request(&self.req.parts, backend, &self.req.path_and_query, body)?;
+        match self.pool.send(&backend.addr, ConnSettings::of(settings), up, fresh, self.upgrade).await {
+            Ok(sent) => Ok(sent),
+            Err(unsent) => {
                 if let Some(r) = unsent.request {
-                    replay.put_back(r.into_body());
+                    self.body.put_back(r.into_body());
                 }
                 Err(unsent.kind)
             }
-            Err(_) => Err(ErrorKind::ResponseTimeout),
-        };
-        if let Some(outcome) = outcome_of(&result) {
-            slot.record(outcome);
-            let pool = service.selector.backends();
-            if record_outcome(backend, outcome, clock::now_ms(), &settings.health.passive, pool) {
-                tracing::warn!(service = %service.name, backend = %backend.id, addr = %backend.addr, "backend ejected after consecutive failures");
-            }
         }
-        Ok((result, slot))
+    }
+
+    fn status(answer: &Sent) -> u16 {
+        answer.response.status().as_u16()
+    }
+
+    fn orca(answer: &Sent) -> Option<&[u8]> {
+        answer.response.headers().get(orca::ORCA_HEADER).map(HeaderValue::as_bytes)
     }
 }
 
-/// Stores an ORCA load report carried by a response.
-fn read_orca<B>(resp: &Response<B>, backend: &Backend) {
-    let report = resp.headers().get(orca::ORCA_HEADER).and_then(|v| v.to_str().ok()).and_then(orca::parse);
-    if let Some(r) = report {
-        r.apply(&backend.stats.load, clock::now_ms());
-    }
-}
-
-/// A retry admitted by the service's retry budget, returned when dropped.
-struct RetryToken<'a>(&'a ServiceLive);
-
-impl Drop for RetryToken<'_> {
-    fn drop(&mut self) {
-        self.0.retry_done();
-    }
+/// What an external distributor is told of a request, apart from its
+/// headers.
+pub(crate) struct Asked<'a> {
+    pub method: &'a str,
+    pub path: &'a str,
+    pub host: Option<&'a str>,
 }
 
 impl Upstreams {
@@ -302,21 +217,21 @@ impl Upstreams {
     /// answers with one of the service's available backends with room; on no
     /// answer, a backup backend (the paper's fallback), else `None` (the
     /// local policy decides).
-    async fn ask_distributor(
+    pub(crate) async fn ask_distributor(
         &self,
         spec: &ExternalSpec,
         service: &ServiceRuntime,
-        parts: &Parts,
-        path: &PathAndQuery,
+        asked: Asked<'_>,
+        headers: &dyn Headers,
         peer: &Peer,
     ) -> Option<Arc<Backend>> {
         let query = Query {
             policy: &spec.policy,
             client: peer.addr,
-            method: parts.method.as_str(),
-            path: path.as_str(),
-            host: parts.uri.authority().map(|a| a.as_str()),
-            headers: &parts.headers,
+            method: asked.method,
+            path: asked.path,
+            host: asked.host,
+            headers,
         };
         let timeout = Duration::from_millis(spec.timeout_ms);
         let answer = self.distributor.query(spec.addr, &query, timeout, spec.tries).await;
@@ -362,6 +277,11 @@ impl Replay {
         matches!(self, Replay::Buffered(_))
     }
 
+    /// Whether there is a body to send (a streamed one not yet taken).
+    fn sendable(&self) -> bool {
+        !matches!(self, Replay::Streaming(None))
+    }
+
     /// The body for one more attempt, if it can be sent again.
     fn take(&mut self) -> Option<UpBody> {
         match self {
@@ -376,10 +296,6 @@ impl Replay {
             *slot = Some(b);
         }
     }
-}
-
-fn is_idempotent(m: &Method) -> bool {
-    matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE)
 }
 
 /// Whether the client asks for a protocol upgrade the proxy passes on

@@ -31,6 +31,16 @@ impl Proxy {
         Proxy { snapshots, upstreams: Upstreams::new(limits), metrics: metrics.worker() }
     }
 
+    /// The current snapshot.
+    pub(crate) fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshots.load_full()
+    }
+
+    /// The worker's way to its backends.
+    pub(crate) fn upstreams(&self) -> &Upstreams {
+        &self.upstreams
+    }
+
     /// The counters this handler updates.
     pub(crate) fn metrics(&self) -> &Arc<Counters> {
         &self.metrics
@@ -52,7 +62,7 @@ impl Proxy {
     async fn dispatch(&self, mut req: Request<Incoming>, client: &Peer) -> Result<Response<ProxyBody>, ErrorKind> {
         hygiene::sanitize(&mut req)?;
         let snapshot = self.snapshots.load_full();
-        let host = hygiene::routing_host(&req);
+        let host = hygiene::request_routing_host(&req);
         let view = RequestView { host: &host, path: req.uri().path(), method: req.method(), headers: req.headers() };
         let route = snapshot.route(&view).ok_or(ErrorKind::NoRoute)?;
         match &route.spec.action {

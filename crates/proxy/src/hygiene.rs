@@ -30,22 +30,11 @@ pub(crate) fn sanitize<B>(req: &mut Request<B>) -> Result<(), ErrorKind> {
     if hosts.next().is_some() {
         return Err(ErrorKind::InvalidHost);
     }
-    match (req.uri().authority(), host) {
-        (Some(authority), _) => {
-            if authority.as_str().contains('@') {
-                return Err(ErrorKind::InvalidHost);
-            }
-            let v = HeaderValue::from_str(authority.as_str()).map_err(|_| ErrorKind::InvalidHost)?;
-            req.headers_mut().insert(header::HOST, v);
-        }
-        (None, Some(h)) => {
-            let valid = Authority::try_from(h.as_bytes()).is_ok_and(|a| !a.as_str().contains('@'));
-            if !valid {
-                return Err(ErrorKind::InvalidHost);
-            }
-        }
-        (None, None) if req.version() == Version::HTTP_11 => return Err(ErrorKind::InvalidHost),
-        (None, None) => {}
+    let authority = req.uri().authority().map(Authority::as_str);
+    let http11 = req.version() == Version::HTTP_11;
+    if let (Some(a), _) = (authority, effective_host(authority, host.map(HeaderValue::as_bytes), http11)?) {
+        let v = HeaderValue::from_str(a).map_err(|_| ErrorKind::InvalidHost)?;
+        req.headers_mut().insert(header::HOST, v);
     }
     let path = req.uri().path();
     let normal = normalize(path).map_err(|_| ErrorKind::InvalidPath)?;
@@ -62,10 +51,36 @@ pub(crate) fn sanitize<B>(req: &mut Request<B>) -> Result<(), ErrorKind> {
     Ok(())
 }
 
+/// The one host a request names: the authority of an absolute-form (or
+/// HTTP/2) target wins over the `Host` header; without either, HTTP/1.1 is
+/// refused and HTTP/1.0 names none. A host must be a valid authority with
+/// no userinfo.
+pub(crate) fn effective_host<'a>(
+    authority: Option<&'a str>,
+    host_header: Option<&'a [u8]>,
+    http11: bool,
+) -> Result<Option<&'a str>, ErrorKind> {
+    match (authority, host_header) {
+        (Some(a), _) if a.contains('@') => Err(ErrorKind::InvalidHost),
+        (Some(a), _) => Ok(Some(a)),
+        (None, Some(h)) => match Authority::try_from(h) {
+            Ok(a) if !a.as_str().contains('@') => std::str::from_utf8(h).map(Some).map_err(|_| ErrorKind::InvalidHost),
+            _ => Err(ErrorKind::InvalidHost),
+        },
+        (None, None) if http11 => Err(ErrorKind::InvalidHost),
+        (None, None) => Ok(None),
+    }
+}
+
 /// The host to route on: the `Host` header (set by [`sanitize`]),
 /// lowercase and without its port.
-pub(crate) fn routing_host<B>(req: &Request<B>) -> std::borrow::Cow<'_, str> {
-    let raw = req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
+pub(crate) fn request_routing_host<B>(req: &Request<B>) -> std::borrow::Cow<'_, str> {
+    routing_host(req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or(""))
+}
+
+/// `raw` (a host, maybe with a port) as routes match it: lowercase and
+/// without its port.
+pub(crate) fn routing_host(raw: &str) -> std::borrow::Cow<'_, str> {
     let without_port = if raw.starts_with('[') {
         raw.split_inclusive(']').next().unwrap_or(raw)
     } else {
@@ -96,10 +111,10 @@ mod tests {
         sanitize(&mut r).unwrap();
         assert_eq!(r.headers()[header::HOST], "a.example");
         assert_eq!(r.uri(), "/x");
-        assert_eq!(routing_host(&r), "a.example");
+        assert_eq!(request_routing_host(&r), "a.example");
         let mut r = req("/x", &["Shop.Example:8080"], Version::HTTP_11);
         sanitize(&mut r).unwrap();
-        assert_eq!(routing_host(&r), "shop.example");
+        assert_eq!(request_routing_host(&r), "shop.example");
     }
 
     #[test]

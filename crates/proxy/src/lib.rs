@@ -12,6 +12,7 @@
 //!
 //! The proxy never changes configuration; it only reads snapshots.
 
+mod attempts;
 mod body;
 pub mod error;
 mod forward;
@@ -20,6 +21,7 @@ mod headers;
 mod hygiene;
 mod limits;
 mod metrics;
+mod native;
 pub mod normalize;
 mod pick;
 mod pool;
@@ -34,4 +36,4 @@ pub use forward::Peer;
 pub use handler::Proxy;
 pub use limits::{Limits, TrustedProxies};
 pub use metrics::ProxyMetrics;
-pub use server::{serve, RuntimeMode, ServerHandle, ServerOptions};
+pub use server::{serve, Http1Engine, RuntimeMode, ServerHandle, ServerOptions};

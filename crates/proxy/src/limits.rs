@@ -147,6 +147,11 @@ impl<T> TimedIo<T> {
         TimedIo { inner, write_timeout, blocked: None }
     }
 
+    /// The socket, for reads (which have timeouts of their own).
+    pub(crate) fn get_mut(&mut self) -> &mut T {
+        &mut self.inner
+    }
+
     /// Turns a pending write into an error once it waited too long.
     fn pending_write<R>(&mut self, cx: &mut Context<'_>, polled: Poll<std::io::Result<R>>) -> Poll<std::io::Result<R>> {
         if polled.is_ready() {

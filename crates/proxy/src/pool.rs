@@ -1,7 +1,9 @@
 //! Upstream connections, owned by the worker.
 //!
 //! Each worker keeps its own idle HTTP/1.1 keep-alive connections per
-//! backend address, reused last-in first-out (the most recently used
+//! backend address (hyper's client connections for requests that arrive
+//! over hyper, native ones for the native HTTP/1 path; the same pool type
+//! holds either), reused last-in first-out (the most recently used
 //! connection has warm caches on both ends, and the oldest ones age out).
 //! A request takes a connection out of the pool for the whole exchange and
 //! gives it back only when the response body ended cleanly, so a connection
@@ -40,58 +42,74 @@ pub(crate) struct ConnSettings {
     pub max_idle: usize,
 }
 
-/// A worker's idle upstream connections, by backend address.
-#[derive(Default)]
-pub(crate) struct UpstreamPool {
-    inner: Arc<Inner>,
+/// A connection the pool can hold while it is idle.
+pub(crate) trait Reusable: Send + 'static {
+    /// Whether the backend closed it (or it can no longer carry a request).
+    fn is_closed(&self) -> bool;
 }
 
-#[derive(Default)]
-struct Inner {
-    idle: Mutex<HashMap<BackendAddr, VecDeque<Idle>>>,
+impl Reusable for http1::SendRequest<UpBody> {
+    fn is_closed(&self) -> bool {
+        http1::SendRequest::is_closed(self)
+    }
+}
+
+/// A worker's idle upstream connections, by backend address.
+pub(crate) struct UpstreamPool<C> {
+    inner: Arc<Inner<C>>,
+}
+
+impl<C> Default for UpstreamPool<C> {
+    fn default() -> Self {
+        UpstreamPool { inner: Arc::new(Inner { idle: Mutex::default(), sweeper: AtomicBool::new(false) }) }
+    }
+}
+
+struct Inner<C> {
+    idle: Mutex<HashMap<BackendAddr, VecDeque<Idle<C>>>>,
     sweeper: AtomicBool,
 }
 
-struct Idle {
-    sender: http1::SendRequest<UpBody>,
+struct Idle<C> {
+    conn: C,
     expires: Instant,
 }
 
-impl Idle {
+impl<C: Reusable> Idle<C> {
     fn usable(&self, now: Instant) -> bool {
-        now < self.expires && !self.sender.is_closed()
+        now < self.expires && !self.conn.is_closed()
     }
 }
 
 /// An upstream connection taken out of the pool (or just opened) for one
 /// exchange. Dropping it closes the connection; [`Conn::release`] returns it.
-pub(crate) struct Conn {
-    sender: http1::SendRequest<UpBody>,
+pub(crate) struct Conn<C> {
+    pub(crate) conn: C,
     /// Whether it served a request before this one.
-    reused: bool,
+    pub(crate) reused: bool,
     addr: BackendAddr,
     settings: ConnSettings,
-    pool: Weak<Inner>,
+    pool: Weak<Inner<C>>,
 }
 
-impl std::fmt::Debug for Conn {
+impl<C> std::fmt::Debug for Conn<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Conn").field("addr", &self.addr).field("reused", &self.reused).finish()
     }
 }
 
-impl Conn {
+impl<C: Reusable> Conn<C> {
     /// Gives the connection back for reuse, unless the backend closed it or
     /// the pool is full.
     pub(crate) fn release(self) {
-        if self.settings.max_idle == 0 || self.sender.is_closed() {
+        if self.settings.max_idle == 0 || self.conn.is_closed() {
             return;
         }
         let Some(inner) = self.pool.upgrade() else {
             return;
         };
         let now = Instant::now();
-        let idle = Idle { sender: self.sender, expires: now + self.settings.idle };
+        let idle = Idle { conn: self.conn, expires: now + self.settings.idle };
         if let Ok(mut map) = inner.idle.lock() {
             let list = map.entry(self.addr).or_default();
             // The oldest are at the front: expire them here, and make room.
@@ -108,7 +126,7 @@ impl Conn {
 
 /// Closes expired idle connections about every second, until the pool is
 /// gone.
-async fn sweep(inner: Weak<Inner>) {
+async fn sweep<C: Reusable>(inner: Weak<Inner<C>>) {
     loop {
         tokio::time::sleep(SWEEP_EVERY).await;
         let Some(inner) = inner.upgrade() else {
@@ -134,8 +152,11 @@ async fn sweep(inner: Weak<Inner>) {
 /// arrives on.
 pub(crate) struct Sent {
     pub response: Response<Incoming>,
-    pub conn: Conn,
+    pub conn: Conn<HyperConn>,
 }
+
+/// hyper's client side of an HTTP/1.1 connection.
+pub(crate) type HyperConn = http1::SendRequest<UpBody>;
 
 /// A failed exchange: why, and the request itself when none of it was
 /// written (a connect failure), so a streamed body can go elsewhere.
@@ -144,16 +165,16 @@ pub(crate) struct Unsent {
     pub request: Option<http::Request<UpBody>>,
 }
 
-impl UpstreamPool {
+impl<C: Reusable> UpstreamPool<C> {
     /// The most recently used live idle connection to `addr`, if any.
-    fn checkout(&self, addr: &BackendAddr, settings: ConnSettings) -> Option<Conn> {
+    pub(crate) fn checkout(&self, addr: &BackendAddr, settings: ConnSettings) -> Option<Conn<C>> {
         let now = Instant::now();
         let mut map = self.inner.idle.lock().ok()?;
         let list = map.get_mut(addr)?;
         while let Some(idle) = list.pop_back() {
             if idle.usable(now) {
                 return Some(Conn {
-                    sender: idle.sender,
+                    conn: idle.conn,
                     reused: true,
                     addr: addr.clone(),
                     settings,
@@ -164,17 +185,34 @@ impl UpstreamPool {
         None
     }
 
+    /// Wraps a connection just opened to `addr`.
+    pub(crate) fn fresh(&self, conn: C, addr: &BackendAddr, settings: ConnSettings) -> Conn<C> {
+        Conn { conn, reused: false, addr: addr.clone(), settings, pool: Arc::downgrade(&self.inner) }
+    }
+}
+
+/// Opens a TCP connection to `addr` within the connect timeout.
+pub(crate) async fn connect_tcp(addr: &BackendAddr, settings: ConnSettings) -> Result<TcpStream, ErrorKind> {
+    match tokio::time::timeout(settings.connect, open(addr)).await {
+        Ok(Ok(s)) => Ok(s),
+        Ok(Err(e)) => {
+            tracing::debug!(backend = %addr, error = %e, "connect failed");
+            Err(ErrorKind::ConnectFailed)
+        }
+        Err(_) => Err(ErrorKind::ConnectTimeout),
+    }
+}
+
+impl UpstreamPool<HyperConn> {
     /// Opens a new connection to `addr`; `upgrades` keeps the socket usable
     /// after a `101 Switching Protocols`.
-    async fn connect(&self, addr: &BackendAddr, settings: ConnSettings, upgrades: bool) -> Result<Conn, ErrorKind> {
-        let stream = match tokio::time::timeout(settings.connect, open(addr)).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => {
-                tracing::debug!(backend = %addr, error = %e, "connect failed");
-                return Err(ErrorKind::ConnectFailed);
-            }
-            Err(_) => return Err(ErrorKind::ConnectTimeout),
-        };
+    async fn connect(
+        &self,
+        addr: &BackendAddr,
+        settings: ConnSettings,
+        upgrades: bool,
+    ) -> Result<Conn<HyperConn>, ErrorKind> {
+        let stream = connect_tcp(addr, settings).await?;
         let (sender, conn) =
             http1::Builder::new().handshake(TokioIo::new(stream)).await.map_err(|_| ErrorKind::ConnectFailed)?;
         if upgrades {
@@ -186,7 +224,7 @@ impl UpstreamPool {
                 let _ = conn.await;
             });
         }
-        Ok(Conn { sender, reused: false, addr: addr.clone(), settings, pool: Arc::downgrade(&self.inner) })
+        Ok(self.fresh(sender, addr, settings))
     }
 
     /// Sends `req` to `addr` and waits for the response head. Uses a pooled
@@ -213,10 +251,10 @@ impl UpstreamPool {
             };
             // A new connection takes one request before its task first runs;
             // a pooled one may still be finishing its previous exchange.
-            if conn.reused && !conn.sender.is_ready() && conn.sender.ready().await.is_err() {
+            if conn.reused && !conn.conn.is_ready() && conn.conn.ready().await.is_err() {
                 continue; // closed while idle: take a fresh one
             }
-            match conn.sender.try_send_request(req).await {
+            match conn.conn.try_send_request(req).await {
                 Ok(response) => return Ok(Sent { response, conn }),
                 Err(mut e) => match e.take_message() {
                     // Not written: safe to send on a new connection.
@@ -288,7 +326,7 @@ mod tests {
         (addr, accepted)
     }
 
-    async fn exchange(pool: &UpstreamPool, addr: &BackendAddr, s: ConnSettings) -> Result<bool, ErrorKind> {
+    async fn exchange(pool: &UpstreamPool<HyperConn>, addr: &BackendAddr, s: ConnSettings) -> Result<bool, ErrorKind> {
         let Sent { response: resp, conn } = pool.send(addr, s, get(), false, false).await.map_err(|u| u.kind)?;
         let reused = conn.reused;
         http_body_util::BodyExt::collect(resp.into_body()).await.map_err(|_| ErrorKind::UpstreamClosed)?;
@@ -300,7 +338,7 @@ mod tests {
     #[tokio::test]
     async fn connections_are_reused_last_in_first_out() {
         let (addr, accepted) = backend(usize::MAX).await;
-        let pool = UpstreamPool::default();
+        let pool = UpstreamPool::<HyperConn>::default();
         let s = settings(60_000, 8);
         assert!(!exchange(&pool, &addr, s).await.unwrap());
         assert!(exchange(&pool, &addr, s).await.unwrap());
@@ -311,7 +349,7 @@ mod tests {
     #[tokio::test]
     async fn a_connection_the_backend_closed_is_not_used() {
         let (addr, accepted) = backend(1).await;
-        let pool = UpstreamPool::default();
+        let pool = UpstreamPool::<HyperConn>::default();
         let s = settings(60_000, 8);
         for _ in 0..5 {
             // Give the connection task time to see the close.
@@ -324,7 +362,7 @@ mod tests {
     #[tokio::test]
     async fn idle_connections_expire_and_the_cap_holds() {
         let (addr, _) = backend(usize::MAX).await;
-        let pool = UpstreamPool::default();
+        let pool = UpstreamPool::<HyperConn>::default();
         let s = settings(50, 2);
         let mut held = Vec::new();
         for _ in 0..4 {
@@ -335,7 +373,7 @@ mod tests {
         for c in held {
             c.release();
         }
-        let idle = |p: &UpstreamPool| p.inner.idle.lock().unwrap().get(&addr).map_or(0, |l| l.len());
+        let idle = |p: &UpstreamPool<HyperConn>| p.inner.idle.lock().unwrap().get(&addr).map_or(0, |l| l.len());
         assert_eq!(idle(&pool), 2);
         tokio::time::sleep(Duration::from_millis(1_300)).await;
         assert_eq!(idle(&pool), 0, "the sweeper closes expired connections");
@@ -346,7 +384,7 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = BackendAddr::new(&l.local_addr().unwrap().to_string()).unwrap();
         drop(l);
-        let pool = UpstreamPool::default();
+        let pool = UpstreamPool::<HyperConn>::default();
         let Err(unsent) = pool.send(&addr, settings(1_000, 8), get(), false, false).await else {
             panic!("connected to a closed port");
         };

@@ -14,7 +14,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tidegate_balance::clock;
 use tidegate_snapshot::Snapshot;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::forward::Peer;
@@ -34,6 +35,17 @@ pub enum RuntimeMode {
     MultiThread,
 }
 
+/// Which code serves HTTP/1.1 clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Http1Engine {
+    /// Tidegate's own HTTP/1.1 path on `httparse` (see the `native`
+    /// module); HTTP/2 clients are handed to hyper.
+    Native,
+    /// hyper's HTTP/1.1 server and client.
+    #[default]
+    Hyper,
+}
+
 /// Data-plane settings.
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
@@ -43,6 +55,8 @@ pub struct ServerOptions {
     pub workers: usize,
     /// Thread-per-core or multi-thread.
     pub mode: RuntimeMode,
+    /// Which code serves HTTP/1.1.
+    pub http1: Http1Engine,
     /// Client-side limits and timeouts.
     pub limits: Limits,
     /// On shutdown, how long open connections may take to finish.
@@ -167,7 +181,7 @@ async fn accept_loop(
         .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
         .keep_alive_interval(Some(limits.idle_timeout))
         .keep_alive_timeout(Duration::from_secs(20));
-    let builder = Arc::new(builder);
+    let hyper = HyperServer { builder: Arc::new(builder) };
     // Every connection task holds a clone; `recv` returns None once all are gone.
     let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
     let mut accept_errors = AcceptErrors::default();
@@ -196,12 +210,19 @@ async fn accept_loop(
                 let mut client = Peer::new(peer);
                 client.trusted = limits.trusted_proxies.contains(peer.ip());
                 client.conn_slot = Some(permit.clone());
-                let conn = serve_connection(stream, client, proxy.clone(), builder.clone(), stop.clone(), limits.clone());
                 let alive = alive_tx.clone();
-                tokio::spawn(async move {
-                    conn.await;
-                    drop((permit, alive));
-                });
+                let (proxy, stop, limits, hyper) = (proxy.clone(), stop.clone(), limits.clone(), hyper.clone());
+                match opts.http1 {
+                    Http1Engine::Native => tokio::spawn(async move {
+                        crate::native::serve(stream, client, proxy, stop, limits, hyper).await;
+                        drop((permit, alive));
+                    }),
+                    Http1Engine::Hyper => tokio::spawn(async move {
+                        let io = TimedIo::new(stream, limits.write_timeout);
+                        hyper.serve(io, client, proxy, stop, limits).await;
+                        drop((permit, alive));
+                    }),
+                };
             }
             _ = stop.changed() => break,
         }
@@ -270,18 +291,35 @@ impl Activity {
     }
 }
 
-/// Serves one client connection (HTTP/1.1 or h2c) until it ends, it stays
-/// idle too long (no first request within the first-request timeout, or no
-/// request in progress for the idle timeout), or the worker stops; the last
-/// two close it gracefully.
-async fn serve_connection(
-    stream: TcpStream,
+/// hyper's server side: HTTP/1.1 (when it is the engine) and HTTP/2.
+#[derive(Clone)]
+pub(crate) struct HyperServer {
+    builder: Arc<auto::Builder<TokioExecutor>>,
+}
+
+impl HyperServer {
+    /// Serves one client connection (HTTP/1.1 or h2c) until it ends, it
+    /// stays idle too long (no first request within the first-request
+    /// timeout, or no request in progress for the idle timeout), or the
+    /// worker stops; the last two close it gracefully.
+    pub(crate) async fn serve<I>(&self, io: I, client: Peer, proxy: Arc<Proxy>, stop: watch::Receiver<bool>, limits: Limits)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        serve_connection(io, client, proxy, &self.builder, stop, limits).await;
+    }
+}
+
+async fn serve_connection<I>(
+    io: I,
     client: Peer,
     proxy: Arc<Proxy>,
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    builder: &auto::Builder<TokioExecutor>,
     mut stop: watch::Receiver<bool>,
     limits: Limits,
-) {
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let activity = Arc::new(Activity { in_progress: AtomicUsize::new(0), last_ms: AtomicU64::new(0) });
     let accepted_ms = clock::now_ms();
     let client = Arc::new(client);
@@ -296,8 +334,7 @@ async fn serve_connection(
             Ok::<_, Infallible>(resp)
         }
     });
-    let io = TokioIo::new(TimedIo::new(stream, limits.write_timeout));
-    let conn = builder.serve_connection_with_upgrades(io, service);
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
     let check_every = limits.first_request_timeout.min(limits.idle_timeout).max(Duration::from_millis(100));
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + check_every, check_every);
@@ -324,3 +361,65 @@ async fn serve_connection(
 
 /// How long a connection closed for idleness has to say goodbye.
 const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// A connection whose first bytes were already read: they are read again
+/// first (the native path hands HTTP/2 connections to hyper this way).
+pub(crate) struct Prefixed<T> {
+    prefix: bytes::Bytes,
+    inner: T,
+}
+
+impl<T> Prefixed<T> {
+    pub(crate) fn new(prefix: bytes::Bytes, inner: T) -> Self {
+        Prefixed { prefix, inner }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix[..n]);
+            bytes::Buf::advance(&mut self.prefix, n);
+            return std::task::Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

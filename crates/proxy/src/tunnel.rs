@@ -20,7 +20,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use crate::body::Hold;
 
 /// Joins the two sides once both upgrades complete, in a task of its own.
-pub(crate) fn splice(
+pub(crate) fn splice_hyper(
     down: hyper::upgrade::OnUpgrade,
     up: hyper::upgrade::OnUpgrade,
     hold: Hold,
@@ -32,26 +32,36 @@ pub(crate) fn splice(
         let (Ok(down), Ok(up)) = tokio::join!(down, up) else {
             return;
         };
-        let last = Arc::new(AtomicU64::new(clock::now_ms()));
-        let mut down = Stamped { io: TokioIo::new(down), last: last.clone() };
-        let mut up = Stamped { io: TokioIo::new(up), last: last.clone() };
-        let copy = tokio::io::copy_bidirectional(&mut down, &mut up);
-        tokio::pin!(copy);
-        let check = idle.clamp(Duration::from_millis(100), Duration::from_secs(5));
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + check, check);
-        loop {
-            tokio::select! {
-                _ = &mut copy => return,
-                _ = tick.tick() => {
-                    let quiet = clock::now_ms().saturating_sub(last.load(Relaxed));
-                    if quiet >= idle.as_millis() as u64 {
-                        tracing::debug!(quiet_ms = quiet, "tunnel closed after its idle timeout");
-                        return;
-                    }
+        join(&mut TokioIo::new(down), &mut TokioIo::new(up), idle).await;
+    });
+}
+
+/// Copies bytes both ways between `down` and `up` until either side
+/// closes or neither sends a byte for `idle`.
+pub(crate) async fn join<A, B>(down: &mut A, up: &mut B, idle: Duration)
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    let last = Arc::new(AtomicU64::new(clock::now_ms()));
+    let mut down = Stamped { io: down, last: last.clone() };
+    let mut up = Stamped { io: up, last: last.clone() };
+    let copy = tokio::io::copy_bidirectional(&mut down, &mut up);
+    tokio::pin!(copy);
+    let check = idle.clamp(Duration::from_millis(100), Duration::from_secs(5));
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + check, check);
+    loop {
+        tokio::select! {
+            _ = &mut copy => return,
+            _ = tick.tick() => {
+                let quiet = clock::now_ms().saturating_sub(last.load(Relaxed));
+                if quiet >= idle.as_millis() as u64 {
+                    tracing::debug!(quiet_ms = quiet, "tunnel closed after its idle timeout");
+                    return;
                 }
             }
         }
-    });
+    }
 }
 
 /// A socket that stamps the time of every byte moved through it.

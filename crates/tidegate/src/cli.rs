@@ -33,6 +33,15 @@ pub enum RuntimeArg {
     MultiThread,
 }
 
+/// Which code serves HTTP/1.1 clients.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Http1Arg {
+    /// Tidegate's own HTTP/1.1 path (httparse-based); HTTP/2 goes to hyper.
+    Native,
+    /// hyper's HTTP/1.1 server and client.
+    Hyper,
+}
+
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// Address the proxy listens on.
@@ -56,6 +65,9 @@ pub struct ServeArgs {
     /// Data-plane thread model.
     #[arg(long, value_enum, default_value = "per-core")]
     pub runtime: RuntimeArg,
+    /// HTTP/1.1 engine: Tidegate's own (the default) or hyper's.
+    #[arg(long, value_enum, default_value = "native")]
+    pub http1: Http1Arg,
     /// Seconds a client may take to send each request head after its
     /// first, which is also how long a keep-alive connection (or an HTTP/2
     /// connection with no request in progress) may stay idle.

@@ -9,10 +9,10 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use tidegate_admin::AdminState;
 use tidegate_control::Control;
-use tidegate_proxy::{Limits, ProxyMetrics, RuntimeMode, ServerOptions};
+use tidegate_proxy::{Http1Engine, Limits, ProxyMetrics, RuntimeMode, ServerOptions};
 use tidegate_store::{RedbStore, SqliteStore, Store};
 
-use crate::cli::{RuntimeArg, ServeArgs};
+use crate::cli::{Http1Arg, RuntimeArg, ServeArgs};
 use crate::config_file;
 
 /// Logs to stderr, filtered by `TIDEGATE_LOG` (default `info`), in colour
@@ -62,6 +62,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             mode: match args.runtime {
                 RuntimeArg::PerCore => RuntimeMode::PerCore,
                 RuntimeArg::MultiThread => RuntimeMode::MultiThread,
+            },
+            http1: match args.http1 {
+                Http1Arg::Native => Http1Engine::Native,
+                Http1Arg::Hyper => Http1Engine::Hyper,
             },
             limits: limits(&args, fd_cap),
             drain_timeout: Duration::from_secs(args.drain_timeout_s),

@@ -1,0 +1,207 @@
+//! The attempts of one request: pick a backend, send, and decide what
+//! follows a failure, until a backend answers or [`decide`] says to stop.
+//!
+//! The loop is the same whatever carries the request (hyper, or the
+//! native HTTP/1 path); what one attempt does on the wire is the
+//! [`Exchange`]'s. Passive health, the backend slot (in flight,
+//! `max_conns`), the response timeout, ORCA reports, shed answers (a 503
+//! another backend may improve on) and the retry budget are handled here,
+//! once.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tidegate_balance::{clock, orca, record_outcome, Backend, Outcome, RequestCtx};
+use tidegate_model::{PolicySpec, ServiceSettings};
+use tidegate_snapshot::{ServiceLive, ServiceRuntime};
+
+use crate::error::ErrorKind;
+use crate::metrics::Counters;
+use crate::pick::{pick_or_wait, Queue, Slot};
+use crate::retry::{decide, Decision, Failure, Progress};
+
+/// One request as its carrier sends it to backends.
+pub(crate) trait Exchange {
+    /// A backend's answer: the response head, and what its body arrives on.
+    type Answer;
+
+    /// What the request allows retries to do.
+    fn request(&self) -> crate::retry::Request;
+
+    /// Whether the request can be sent (again): a streamed body that an
+    /// attempt started to send is gone.
+    fn sendable(&self) -> bool;
+
+    /// Sends the request to `backend` (on a new connection when `fresh`)
+    /// and waits for the response head. The caller bounds the wait by the
+    /// service's response timeout.
+    fn send(
+        &mut self,
+        backend: &Arc<Backend>,
+        settings: &ServiceSettings,
+        fresh: bool,
+    ) -> impl Future<Output = Result<Self::Answer, ErrorKind>>;
+
+    /// The answer's status code.
+    fn status(answer: &Self::Answer) -> u16;
+
+    /// The answer's ORCA load report header value, if any.
+    fn orca(answer: &Self::Answer) -> Option<&[u8]>;
+}
+
+/// A backend's answer with the slot it holds (in flight until the
+/// exchange ends).
+pub(crate) struct Answered<A> {
+    pub answer: A,
+    pub slot: Slot,
+}
+
+/// How one attempt ended, as passive health sees it: `None` when the
+/// backend is not to blame (the client broke the exchange, or a pooled
+/// connection raced its idle close).
+fn outcome_of(result: &Result<u16, ErrorKind>) -> Option<Outcome> {
+    match result {
+        Ok(status) => Some(match status {
+            429 | 503 => Outcome::Overloaded,
+            s if *s >= 500 => Outcome::Failure,
+            _ => Outcome::Success,
+        }),
+        Err(kind) if kind.blames_backend() => Some(Outcome::Failure),
+        Err(_) => None,
+    }
+}
+
+/// Runs the attempts of one request against `service`. `first`: a backend
+/// chosen before the policy (an external distributor's answer). Returns the
+/// first answer that is not a shed 503; if every attempt fails, the last
+/// shed 503, else the last error.
+pub(crate) async fn run<E: Exchange>(
+    service: &ServiceRuntime,
+    ex: &mut E,
+    ctx: &RequestCtx<'_>,
+    mut first: Option<Arc<Backend>>,
+    metrics: &Counters,
+) -> Result<Answered<E::Answer>, ErrorKind> {
+    let settings = &service.settings;
+    let reads_orca = settings.load_metrics.orca || matches!(settings.policy, PolicySpec::OrcaWrr(_));
+    let mut tried: Vec<Arc<Backend>> = Vec::new();
+    let mut queue = Queue::new(settings.queue.timeout_ms);
+    let mut progress = Progress { retries: 0, max_retries: settings.retries, fresh_retries: 0 };
+    let mut _retry_token = None;
+    // What the client gets when no attempt succeeds.
+    let mut last = ErrorKind::NoBackend;
+    let mut shed: Option<Answered<E::Answer>> = None;
+    let mut same_backend: Option<Arc<Backend>> = None;
+    loop {
+        let fresh = same_backend.is_some();
+        let backend = match same_backend.take() {
+            Some(b) => b,
+            None => {
+                let picked = match first.take() {
+                    Some(b) => Some(b),
+                    None => pick_or_wait(service, ctx, &tried, &mut queue).await?,
+                };
+                queue.waiting = None; // no longer waiting: free the queue place
+                let Some(b) = picked else { break };
+                tried.push(b.clone());
+                b
+            }
+        };
+        if !ex.sendable() {
+            break;
+        }
+        if progress.retries + progress.fresh_retries > 0 {
+            metrics.retry();
+        }
+        let (result, slot) = attempt(service, ex, &backend, fresh).await;
+        let failure = match result {
+            Ok(answer) => {
+                if reads_orca {
+                    read_orca(E::orca(&answer), &backend);
+                }
+                if E::status(&answer) != 503 {
+                    return Ok(Answered { answer, slot });
+                }
+                // The backend shed the request: another one may take it;
+                // if none can, the client gets this 503.
+                shed = Some(Answered { answer, slot });
+                Failure::Shed
+            }
+            Err(kind) => {
+                tracing::debug!(backend = %backend.addr, error = kind.name(), "upstream attempt failed");
+                last = kind;
+                Failure::Error(kind)
+            }
+        };
+        match decide(failure, ex.request(), progress) {
+            Decision::GiveUp => break,
+            Decision::SameBackendFreshConnection => {
+                progress.fresh_retries += 1;
+                same_backend = Some(backend);
+            }
+            Decision::OtherBackend { budgeted } => {
+                if budgeted {
+                    // The budget bounds the extra work retries put on
+                    // backends; a request that reached none costs none.
+                    let in_flight = service.selector.backends().iter().map(|b| b.stats.in_flight()).sum();
+                    if !service.live.try_retry(&settings.retry_budget, in_flight) {
+                        break;
+                    }
+                    _retry_token = Some(RetryToken(&service.live));
+                }
+                progress.retries += 1;
+            }
+        }
+    }
+    shed.ok_or(last)
+}
+
+/// One attempt against one backend, within the service's response timeout.
+/// Records the outcome for passive health when the backend is to blame.
+async fn attempt<E: Exchange>(
+    service: &ServiceRuntime,
+    ex: &mut E,
+    backend: &Arc<Backend>,
+    fresh: bool,
+) -> (Result<E::Answer, ErrorKind>, Slot) {
+    let settings = &service.settings;
+    let mut slot = Slot::take(backend, service);
+    let sending = ex.send(backend, settings, fresh);
+    let result = match tokio::time::timeout(Duration::from_millis(settings.timeouts.response_ms), sending).await {
+        Ok(r) => r,
+        Err(_) => Err(ErrorKind::ResponseTimeout),
+    };
+    let seen = result.as_ref().map(E::status).map_err(|k| *k);
+    if let Some(outcome) = outcome_of(&seen) {
+        slot.record(outcome);
+        let pool = service.selector.backends();
+        if record_outcome(backend, outcome, clock::now_ms(), &settings.health.passive, pool) {
+            tracing::warn!(service = %service.name, backend = %backend.id, addr = %backend.addr, "backend ejected after consecutive failures");
+        }
+    }
+    (result, slot)
+}
+
+/// Stores an ORCA load report carried by a response.
+fn read_orca(header: Option<&[u8]>, backend: &Backend) {
+    let report = header.and_then(|v| std::str::from_utf8(v).ok()).and_then(orca::parse);
+    if let Some(r) = report {
+        r.apply(&backend.stats.load, clock::now_ms());
+    }
+}
+
+/// A retry admitted by the service's retry budget, returned when dropped.
+struct RetryToken<'a>(&'a ServiceLive);
+
+impl Drop for RetryToken<'_> {
+    fn drop(&mut self) {
+        self.0.retry_done();
+    }
+}
+
+/// Whether a request with this method may be sent twice (RFC 9110,
+/// section 9.2.2).
+pub(crate) fn is_idempotent(method: &[u8]) -> bool {
+    matches!(method, b"GET" | b"HEAD" | b"OPTIONS" | b"TRACE" | b"PUT" | b"DELETE")
+}

@@ -1,0 +1,236 @@
+//! One request sent to backends over the native path's own upstream
+//! connections: the [`Exchange`] the shared attempt loop drives.
+
+use std::sync::Arc;
+use std::task::{Context, Waker};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tidegate_balance::{orca, Backend};
+use tidegate_h1::{parse_response, HeadLimits, HeaderKind, RequestBody, ResponseHead};
+use tidegate_model::ServiceSettings;
+use tokio::net::TcpStream;
+
+use super::relay::{self, fill, write_all, RelayError, Source};
+use super::rewrite::{request_head, Forwarding, Framing};
+use super::ClientSide;
+use crate::attempts::Exchange;
+use crate::error::ErrorKind;
+use crate::pool::{connect_tcp, Conn, ConnSettings, Reusable, UpstreamPool};
+
+/// An upstream connection of the native path: the socket and what was
+/// read from it but not used yet.
+pub(crate) struct NativeConn {
+    pub stream: TcpStream,
+    pub inbox: BytesMut,
+}
+
+impl Reusable for NativeConn {
+    /// A keep-alive connection has nothing to say while idle: anything
+    /// readable (bytes, the end of the stream, an error) means the backend
+    /// closed it or broke the protocol. Reads the readiness the reactor
+    /// already has; no system call.
+    fn is_closed(&self) -> bool {
+        let mut cx = Context::from_waker(Waker::noop());
+        !self.inbox.is_empty() || self.stream.poll_read_ready(&mut cx).is_ready()
+    }
+}
+
+impl NativeConn {
+    /// Frees the read buffer of an idle connection (it holds nothing).
+    pub(crate) fn park(&mut self) {
+        if self.inbox.is_empty() {
+            self.inbox = BytesMut::new();
+        }
+    }
+}
+
+/// The request body, as attempts can send it.
+pub(crate) enum Body {
+    /// Held in memory (empty, or small enough to replay).
+    Buffered(Bytes),
+    /// Still in the client connection, not read yet.
+    Streaming(RequestBody),
+    /// Streamed to a backend by an earlier attempt: gone.
+    Sent,
+}
+
+/// A backend's answer: the response head and the connection its body
+/// arrives on (the head's bytes are the first `head.len` of its inbox).
+pub(crate) struct NativeAnswer {
+    pub conn: Conn<NativeConn>,
+    pub head: ResponseHead,
+}
+
+/// A request as the native path sends it.
+pub(crate) struct NativeExchange<'a> {
+    pub pool: &'a UpstreamPool<NativeConn>,
+    pub client: &'a mut ClientSide,
+    /// The request head the client sent, and its parse.
+    pub buf: &'a [u8],
+    pub head: &'a tidegate_h1::RequestHead,
+    /// The normalized path and the query, as written upstream.
+    pub target: &'a str,
+    pub forwarding: Forwarding<'a>,
+    pub body: Body,
+    pub idempotent: bool,
+    pub to_head: bool,
+    pub limits: HeadLimits,
+    pub body_gap: Duration,
+    pub body_until: tokio::time::Instant,
+}
+
+impl Exchange for NativeExchange<'_> {
+    type Answer = NativeAnswer;
+
+    fn request(&self) -> crate::retry::Request {
+        crate::retry::Request { idempotent: self.idempotent, replayable: matches!(self.body, Body::Buffered(_)) }
+    }
+
+    fn sendable(&self) -> bool {
+        !matches!(self.body, Body::Sent)
+    }
+
+    async fn send(
+        &mut self,
+        backend: &Arc<Backend>,
+        settings: &ServiceSettings,
+        fresh: bool,
+    ) -> Result<NativeAnswer, ErrorKind> {
+        let cs = ConnSettings::of(settings);
+        let pooled = if fresh || self.forwarding.upgrade.is_some() { None } else { self.pool.checkout(&backend.addr, cs) };
+        let mut conn = match pooled {
+            Some(c) => c,
+            None => {
+                let stream = connect_tcp(&backend.addr, cs).await?;
+                self.pool.fresh(NativeConn { stream, inbox: BytesMut::new() }, &backend.addr, cs)
+            }
+        };
+        if self.forwarding.named_host {
+            self.write_head(&mut conn, None).await?;
+        } else {
+            self.write_head(&mut conn, Some(backend.authority.as_str())).await?;
+        }
+        let head = read_response(&mut conn, self.to_head, self.limits).await?;
+        Ok(NativeAnswer { conn, head })
+    }
+
+    fn status(answer: &NativeAnswer) -> u16 {
+        answer.head.code
+    }
+
+    fn orca(answer: &NativeAnswer) -> Option<&[u8]> {
+        let buf = &answer.conn.conn.inbox[..];
+        answer
+            .head
+            .headers
+            .iter()
+            .find(|h| h.kind == HeaderKind::Other && h.name.of(buf).eq_ignore_ascii_case(orca::ORCA_HEADER.as_bytes()))
+            .map(|h| h.value.of(buf))
+    }
+}
+
+impl NativeExchange<'_> {
+    /// Writes the request head and its body to `conn`. `host`: the host to
+    /// send when the client named none (the backend's authority).
+    async fn write_head(&mut self, conn: &mut Conn<NativeConn>, host: Option<&str>) -> Result<(), ErrorKind> {
+        let mut out = std::mem::take(&mut self.client.scratch);
+        let mut forwarding = self.forwarding;
+        if let Some(h) = host {
+            forwarding.host = h;
+        }
+        request_head(&mut out, self.buf, self.head, self.target, &forwarding);
+        let reused = conn.reused;
+        let upstream_failed = |_| if reused { ErrorKind::StaleConnection } else { ErrorKind::UpstreamClosed };
+        let stream = &mut conn.conn.stream;
+        let written = match std::mem::replace(&mut self.body, Body::Sent) {
+            Body::Buffered(b) => {
+                let r = write_all(stream, &mut [&out, &b]).await.map_err(upstream_failed);
+                self.body = Body::Buffered(b);
+                r
+            }
+            Body::Streaming(framing) => match write_all(stream, &mut [&out]).await {
+                // The body leaves the client connection now: it cannot be
+                // sent again.
+                Ok(()) => self.stream_body(stream, framing).await,
+                Err(e) => {
+                    self.body = Body::Streaming(framing);
+                    Err(upstream_failed(e))
+                }
+            },
+            Body::Sent => Err(ErrorKind::ClientBody),
+        };
+        self.client.scratch = out;
+        written
+    }
+
+    /// Streams the client's body to the backend under the client body
+    /// timeouts, chunked as it came or by its length.
+    async fn stream_body(&mut self, up: &mut TcpStream, framing: RequestBody) -> Result<(), ErrorKind> {
+        let client = &mut *self.client;
+        let mut src = Source {
+            stream: client.io.get_mut(),
+            inbox: &mut client.inbox,
+            timer: &mut client.timer,
+            gap: self.body_gap,
+            until: Some(self.body_until),
+        };
+        let relayed = match framing {
+            RequestBody::Empty => Ok(()),
+            RequestBody::Length(n) => relay::relay_length(&mut src, up, n).await,
+            RequestBody::Chunked => relay::relay_chunked(&mut src, up, true).await,
+        };
+        client.body_done = relayed.is_ok();
+        relayed.map_err(|e| match e {
+            RelayError::Timeout => ErrorKind::ClientTimeout,
+            RelayError::Eof | RelayError::Read(_) | RelayError::Malformed => ErrorKind::ClientBody,
+            RelayError::Write(_) => ErrorKind::UpstreamClosed,
+        })
+    }
+}
+
+/// Reads the response head from `conn`, skipping interim (1xx) answers.
+async fn read_response(conn: &mut Conn<NativeConn>, to_head: bool, limits: HeadLimits) -> Result<ResponseHead, ErrorKind> {
+    let reused = conn.reused;
+    let c = &mut conn.conn;
+    let mut head = ResponseHead::default();
+    let mut got_any = false;
+    loop {
+        if !c.inbox.is_empty() {
+            match parse_response(&c.inbox, limits, to_head, &mut head) {
+                Ok(Some(())) if head.is_interim() => {
+                    bytes::Buf::advance(&mut c.inbox, head.len);
+                    continue;
+                }
+                Ok(Some(())) => return Ok(head),
+                Ok(None) => {}
+                Err(_) => return Err(ErrorKind::InvalidResponse),
+            }
+        }
+        match fill(&mut c.stream, &mut c.inbox).await {
+            Ok(0) | Err(_) if reused && !got_any => return Err(ErrorKind::StaleConnection),
+            Ok(0) | Err(_) => return Err(ErrorKind::UpstreamClosed),
+            Ok(_) => got_any = true,
+        }
+    }
+}
+
+/// Reads a small request body whole, so that it can be replayed.
+pub(crate) async fn buffer_body(src: &mut Source<'_>, n: u64) -> Result<Bytes, ErrorKind> {
+    let n = usize::try_from(n).map_err(|_| ErrorKind::ClientBody)?;
+    src.read_exact(n).await.map_err(|e| match e {
+        RelayError::Timeout => ErrorKind::ClientTimeout,
+        _ => ErrorKind::ClientBody,
+    })
+}
+
+/// The framing of a request body towards a backend.
+pub(crate) fn upstream_framing(body: &Body, declared: RequestBody) -> Framing {
+    match (body, declared) {
+        (Body::Buffered(b), _) if b.is_empty() => Framing::None,
+        (Body::Buffered(b), _) => Framing::Length(b.len() as u64),
+        (_, RequestBody::Length(n)) => Framing::Length(n),
+        (_, RequestBody::Chunked) => Framing::Chunked,
+        (_, RequestBody::Empty) => Framing::None,
+    }
+}

@@ -1,0 +1,593 @@
+//! The native HTTP/1.1 path: Tidegate's own client and upstream
+//! connections on the [`tidegate_h1`] codec, in place of hyper's.
+//!
+//! One task per client connection does everything for its requests: reads
+//! the head into the connection's inbox, routes, sends it to a backend
+//! over the worker's own upstream connections, and relays the response,
+//! with no channel or task between the two sides. What it saves over hyper
+//! is the per-request machinery (a dispatch task per connection on both
+//! sides, header maps, body channels) and the memory of idle connections:
+//! an idle client connection holds no read buffer at all, an idle upstream
+//! connection none either.
+//!
+//! The rules are the hyper path's, decided by the same code where they
+//! are the same: request hygiene ([`crate::hygiene`], [`crate::normalize`]),
+//! the attempt loop ([`crate::attempts`]), static files, errors and limits.
+//! HTTP/2 (prior knowledge, `PRI * HTTP/2.0`) is handed to hyper with the
+//! bytes already read.
+
+mod exchange;
+mod relay;
+mod rewrite;
+mod timer;
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{Method, Response, StatusCode};
+use http_body_util::BodyExt;
+use tidegate_balance::{Headers, RequestCtx};
+use tidegate_h1::{connection_has, parse_request, HeadError, HeadLimits, Header, HeaderKind, RequestBody, RequestHead};
+use tidegate_model::{PolicySpec, RouteAction};
+use tidegate_snapshot::{RequestView, ServiceRuntime};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::attempts::{self, is_idempotent, Answered};
+use crate::body::ProxyBody;
+use crate::error::{ErrorKind, Source as FailureSource};
+use crate::forward::{Asked, Peer, REPLAY_LIMIT};
+use crate::handler::Proxy;
+use crate::hygiene;
+use crate::limits::{Limits, TimedIo};
+use crate::normalize::normalize;
+use crate::pick::Slot;
+use crate::static_files;
+
+pub(crate) use exchange::NativeConn;
+use exchange::{buffer_body, upstream_framing, Body, NativeAnswer, NativeExchange};
+use relay::{fill, write_all, RelayError, Source};
+use rewrite::{local_head, response_head, Forwarding, Framing};
+use timer::Timer;
+
+/// The HTTP/2 connection preface (RFC 9113, section 3.4).
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The client side of a connection, as the native path holds it.
+pub(crate) struct ClientSide {
+    /// The socket; writes are bounded by the write timeout.
+    pub io: TimedIo<TcpStream>,
+    /// Bytes read and not used yet. Empty and unallocated while idle.
+    pub inbox: BytesMut,
+    /// The connection's one timer.
+    pub timer: Timer,
+    /// Room to build heads in.
+    pub scratch: Vec<u8>,
+    /// Whether the current request's body has been read whole (a
+    /// connection is reused only then).
+    pub body_done: bool,
+}
+
+/// What reading the next request head found.
+enum Next {
+    Request,
+    Closed,
+    Http2,
+    Refused(HeadError),
+}
+
+/// Serves one client connection until it closes, it stays idle too long,
+/// or the worker stops. Hands it to hyper if it speaks HTTP/2.
+pub(crate) async fn serve(
+    stream: TcpStream,
+    peer: Peer,
+    proxy: Arc<Proxy>,
+    mut stop: watch::Receiver<bool>,
+    limits: Limits,
+    hyper: crate::server::HyperServer,
+) {
+    let accepted = Instant::now();
+    let mut client = ClientSide {
+        io: TimedIo::new(stream, limits.write_timeout),
+        inbox: BytesMut::new(),
+        timer: Timer::new(),
+        scratch: Vec::new(),
+        body_done: true,
+    };
+    let head_limits = HeadLimits { max_bytes: limits.max_header_bytes, max_headers: limits.max_headers };
+    let mut head = RequestHead::default();
+    let mut served = 0u64;
+    loop {
+        let deadline = match served {
+            0 => accepted + limits.first_request_timeout,
+            _ => Instant::now() + limits.idle_timeout,
+        };
+        match next_head(&mut client, &mut head, served == 0, deadline, head_limits, &mut stop).await {
+            Next::Request => {}
+            Next::Closed => return,
+            Next::Http2 => {
+                let read = client.inbox.split().freeze();
+                let io = crate::server::Prefixed::new(read, client.io);
+                hyper.serve(io, peer, proxy, stop, limits).await;
+                return;
+            }
+            Next::Refused(e) => {
+                refuse(&mut client, e, &proxy).await;
+                return;
+            }
+        }
+        served += 1;
+        let buf = client.inbox.split_to(head.len);
+        let stopping = *stop.borrow();
+        let keep = handle(&mut client, &head, &buf, &peer, &proxy, &limits, stopping).await;
+        drop(buf);
+        if !keep {
+            let _ = client.io.shutdown().await;
+            return;
+        }
+        if client.inbox.is_empty() {
+            client.inbox = BytesMut::new();
+        }
+        if client.scratch.capacity() > 4 * 1024 {
+            client.scratch = Vec::new();
+        }
+    }
+}
+
+/// Reads until a request head is complete in the inbox (and parsed into
+/// `head`), the connection ends, or the deadline passes.
+async fn next_head(
+    client: &mut ClientSide,
+    head: &mut RequestHead,
+    first: bool,
+    deadline: Instant,
+    limits: HeadLimits,
+    stop: &mut watch::Receiver<bool>,
+) -> Next {
+    loop {
+        if !client.inbox.is_empty() {
+            let seen = &client.inbox[..];
+            if first && PREFACE.starts_with(&seen[..seen.len().min(PREFACE.len())]) {
+                if seen.len() >= PREFACE.len() {
+                    return Next::Http2;
+                }
+            } else {
+                match parse_request(seen, limits, head) {
+                    Ok(Some(())) => return Next::Request,
+                    Ok(None) => {}
+                    Err(e) => return Next::Refused(e),
+                }
+            }
+        }
+        let stream = client.io.get_mut();
+        let inbox = &mut client.inbox;
+        let read = async {
+            tokio::select! {
+                r = async {
+                    // No buffer until there is something to read.
+                    if inbox.capacity() == 0 {
+                        stream.readable().await?;
+                    }
+                    fill(stream, inbox).await
+                } => Some(r),
+                _ = stop.changed() => None,
+            }
+        };
+        match client.timer.run(deadline, read).await {
+            Some(Some(Ok(n))) if n > 0 => {}
+            // Timed out, stopping, closed or failed.
+            _ => return Next::Closed,
+        }
+    }
+}
+
+/// Answers a request head that cannot be served, and closes.
+async fn refuse(client: &mut ClientSide, e: HeadError, proxy: &Proxy) {
+    let resp = match e {
+        HeadError::Framing(_) => error_response(ErrorKind::InvalidFraming, proxy),
+        HeadError::DuplicateHost => error_response(ErrorKind::InvalidHost, proxy),
+        HeadError::TooLarge | HeadError::TooManyHeaders => {
+            crate::error::plain(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "431 the request head is too large\n")
+        }
+        HeadError::UnsupportedCoding => {
+            crate::error::plain(StatusCode::NOT_IMPLEMENTED, "501 only the chunked transfer coding is supported\n")
+        }
+        HeadError::Version => {
+            crate::error::plain(StatusCode::HTTP_VERSION_NOT_SUPPORTED, "505 only HTTP/1.0 and HTTP/1.1 here\n")
+        }
+        HeadError::Syntax(_) => crate::error::plain(StatusCode::BAD_REQUEST, "400 the request is malformed\n"),
+    };
+    proxy.metrics().response(resp.status());
+    write_local(client, resp, true, false, 1).await;
+    let _ = client.io.shutdown().await;
+}
+
+/// The proxy's answer for `kind`, counted.
+fn error_response(kind: ErrorKind, proxy: &Proxy) -> Response<ProxyBody> {
+    proxy.metrics().error(kind);
+    kind.response()
+}
+
+/// Serves one request; returns whether the connection may carry another.
+async fn handle(
+    client: &mut ClientSide,
+    head: &RequestHead,
+    buf: &[u8],
+    peer: &Peer,
+    proxy: &Proxy,
+    limits: &Limits,
+    stopping: bool,
+) -> bool {
+    client.body_done = head.body == RequestBody::Empty;
+    let is_head = head.method.of(buf) == b"HEAD";
+    match dispatch(client, head, buf, peer, proxy, limits, stopping).await {
+        Ok(keep) => keep && client.body_done && !head.close && !stopping,
+        Err(kind) => {
+            let resp = error_response(kind, proxy);
+            proxy.metrics().response(resp.status());
+            let close = head.close || stopping || !client.body_done || kind.source() == FailureSource::Client;
+            write_local(client, resp, close, is_head, head.minor).await && !close
+        }
+    }
+}
+
+/// A request's target, split: the authority of an absolute-form target,
+/// the path, and the path with its query.
+struct Target<'a> {
+    authority: Option<&'a str>,
+    path: &'a str,
+    query: Option<&'a str>,
+}
+
+fn split_target(target: &str) -> Result<Target<'_>, ErrorKind> {
+    let (authority, rest) = if target.starts_with('/') {
+        (None, target)
+    } else {
+        let after_scheme = ["http://", "https://"]
+            .iter()
+            .find_map(|s| target.get(..s.len()).filter(|p| p.eq_ignore_ascii_case(s)).map(|_| &target[s.len()..]))
+            // `*` (OPTIONS) and authority-form (CONNECT) name no path.
+            .ok_or(ErrorKind::InvalidPath)?;
+        let end = after_scheme.find(['/', '?']).unwrap_or(after_scheme.len());
+        let authority = &after_scheme[..end];
+        if http::uri::Authority::try_from(authority).is_err() {
+            return Err(ErrorKind::InvalidHost);
+        }
+        (Some(authority), &after_scheme[end..])
+    };
+    let (path, query) = match rest.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (rest, None),
+    };
+    Ok(Target { authority, path: if path.is_empty() { "/" } else { path }, query })
+}
+
+/// A parsed head's fields, read as routing and balancing read headers.
+struct HeadView<'a> {
+    buf: &'a [u8],
+    headers: &'a [Header],
+}
+
+impl Headers for HeadView<'_> {
+    fn first(&self, name: &str) -> Option<&[u8]> {
+        self.headers.iter().find(|h| h.name.of(self.buf).eq_ignore_ascii_case(name.as_bytes())).map(|h| h.value.of(self.buf))
+    }
+
+    fn any(&self, name: &str, f: &mut dyn FnMut(&[u8]) -> bool) -> bool {
+        self.headers
+            .iter()
+            .filter(|h| h.name.of(self.buf).eq_ignore_ascii_case(name.as_bytes()))
+            .any(|h| f(h.value.of(self.buf)))
+    }
+
+    fn each(&self, f: &mut dyn FnMut(&str, &[u8])) {
+        for h in self.headers {
+            if let Ok(name) = std::str::from_utf8(h.name.of(self.buf)) {
+                f(name, h.value.of(self.buf));
+            }
+        }
+    }
+}
+
+/// Routes a request and serves it; `Ok(keep)` once a response was sent.
+async fn dispatch(
+    client: &mut ClientSide,
+    head: &RequestHead,
+    buf: &[u8],
+    peer: &Peer,
+    proxy: &Proxy,
+    limits: &Limits,
+    stopping: bool,
+) -> Result<bool, ErrorKind> {
+    let method = Method::from_bytes(head.method.of(buf)).map_err(|_| ErrorKind::BadRequest)?;
+    let raw_target = std::str::from_utf8(head.target.of(buf)).map_err(|_| ErrorKind::BadRequest)?;
+    let target = split_target(raw_target)?;
+    let host = hygiene::effective_host(target.authority, head.host.map(|h| h.of(buf)), head.minor == 1)?;
+    let path = normalize(target.path).map_err(|_| ErrorKind::InvalidPath)?;
+    // What the backend receives: the normalized path and the query.
+    let path_and_query: Cow<'_, str> = match (&path, target.query) {
+        (Cow::Borrowed(_), None) => Cow::Borrowed(target.path),
+        (Cow::Borrowed(_), Some(_)) if target.authority.is_none() => Cow::Borrowed(raw_target),
+        (p, Some(q)) => Cow::Owned(format!("{p}?{q}")),
+        (p, None) => Cow::Owned(p.to_string()),
+    };
+    let routing = hygiene::routing_host(host.unwrap_or(""));
+    let view = HeadView { buf, headers: &head.headers };
+    let snapshot = proxy.snapshot();
+    let request = RequestView { host: &routing, path: &path, method: &method, headers: &view };
+    let route = snapshot.route(&request).ok_or(ErrorKind::NoRoute)?;
+    match &route.spec.action {
+        RouteAction::Static(dir) => {
+            let req = static_request(&method, &path_and_query, &view)?;
+            let resp = static_files::serve(dir, &route.spec.matches.path, &req).await;
+            proxy.metrics().response(resp.status());
+            let close = head.close || stopping || !client.body_done;
+            Ok(write_local(client, resp, close, method == Method::HEAD, head.minor).await && !close)
+        }
+        RouteAction::Service(name) => {
+            let service = snapshot.service(name.as_str()).ok_or(ErrorKind::NoBackend)?.clone();
+            drop(snapshot);
+            let req = Request { head, buf, view: &view, method: &method, host, path_and_query: &path_and_query };
+            forward(client, req, &service, peer, proxy, limits, stopping).await
+        }
+    }
+}
+
+/// What forwarding needs of a routed request.
+struct Request<'a> {
+    head: &'a RequestHead,
+    buf: &'a [u8],
+    view: &'a HeadView<'a>,
+    method: &'a Method,
+    host: Option<&'a str>,
+    path_and_query: &'a str,
+}
+
+/// An `http::Request` for the static file server.
+fn static_request(method: &Method, path_and_query: &str, view: &HeadView<'_>) -> Result<http::Request<()>, ErrorKind> {
+    let mut req = http::Request::new(());
+    *req.method_mut() = method.clone();
+    *req.uri_mut() = http::Uri::try_from(path_and_query).map_err(|_| ErrorKind::InvalidPath)?;
+    let headers = req.headers_mut();
+    view.each(&mut |name, value| {
+        if let (Ok(n), Ok(v)) = (http::HeaderName::from_bytes(name.as_bytes()), http::HeaderValue::from_bytes(value)) {
+            headers.append(n, v);
+        }
+    });
+    Ok(req)
+}
+
+/// The `Upgrade` value of an upgrade the client asks for and the proxy
+/// passes on (never `h2c`: the proxy speaks HTTP/2 to clients itself).
+fn wants_upgrade<'a>(head: &RequestHead, buf: &'a [u8]) -> Option<&'a [u8]> {
+    if head.minor != 1 || !connection_has(buf, &head.headers, "upgrade") {
+        return None;
+    }
+    let value = head.headers.iter().find(|h| h.kind == HeaderKind::Upgrade)?.value.of(buf);
+    (!value.eq_ignore_ascii_case(b"h2c")).then_some(value)
+}
+
+/// Sends a routed request to a backend of `service` and relays the answer.
+async fn forward(
+    client: &mut ClientSide,
+    req: Request<'_>,
+    service: &ServiceRuntime,
+    peer: &Peer,
+    proxy: &Proxy,
+    limits: &Limits,
+    stopping: bool,
+) -> Result<bool, ErrorKind> {
+    let head = req.head;
+    let upgrade = wants_upgrade(head, req.buf);
+    if head.expect_continue && head.body != RequestBody::Empty {
+        client.io.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.map_err(|_| ErrorKind::ClientBody)?;
+    }
+    let body_until = Instant::now() + limits.body_total_timeout;
+    let body = match head.body {
+        RequestBody::Empty => Body::Buffered(Bytes::new()),
+        RequestBody::Length(n) if n <= REPLAY_LIMIT => {
+            let mut src = Source {
+                stream: client.io.get_mut(),
+                inbox: &mut client.inbox,
+                timer: &mut client.timer,
+                gap: limits.body_read_timeout,
+                until: Some(body_until),
+            };
+            let b = buffer_body(&mut src, n).await?;
+            client.body_done = true;
+            Body::Buffered(b)
+        }
+        framing => Body::Streaming(framing),
+    };
+    let first = match &service.settings.policy {
+        PolicySpec::External(spec) => {
+            let asked = Asked { method: req.method.as_str(), path: req.path_and_query, host: req.host };
+            proxy.upstreams().ask_distributor(spec, service, asked, req.view, peer).await
+        }
+        _ => None,
+    };
+    let forwarding = Forwarding {
+        host: req.host.unwrap_or(""),
+        named_host: req.host.is_some(),
+        peer,
+        proto: "http",
+        upgrade,
+        body: upstream_framing(&body, head.body),
+    };
+    let ctx = RequestCtx { client: Some(peer.addr), path: req.path_and_query, headers: req.view };
+    let to_head = *req.method == Method::HEAD;
+    let mut ex = NativeExchange {
+        pool: proxy.upstreams().native_pool(),
+        client: &mut *client,
+        buf: req.buf,
+        head,
+        target: req.path_and_query,
+        forwarding,
+        body,
+        idempotent: is_idempotent(req.method.as_str().as_bytes()),
+        to_head,
+        limits: HeadLimits { max_bytes: limits.max_header_bytes, max_headers: tidegate_h1::MAX_HEADERS },
+        body_gap: limits.body_read_timeout,
+        body_until,
+    };
+    let Answered { answer, slot } = attempts::run(service, &mut ex, &ctx, first, proxy.metrics()).await?;
+    drop(ex);
+    proxy.metrics().response(StatusCode::from_u16(answer.head.code).unwrap_or(StatusCode::OK));
+    let gap = std::time::Duration::from_millis(service.settings.timeouts.response_ms);
+    let reply = Reply { head, upgrade: upgrade.is_some(), gap, tunnel_idle: limits.tunnel_idle_timeout, stopping };
+    Ok(respond(client, answer, slot, reply).await)
+}
+
+/// What relaying a response needs to know of its request.
+struct Reply<'a> {
+    head: &'a RequestHead,
+    upgrade: bool,
+    /// Longest wait for more of the backend's body.
+    gap: std::time::Duration,
+    tunnel_idle: std::time::Duration,
+    stopping: bool,
+}
+
+/// Writes a backend's response to the client and relays its body; returns
+/// whether the client connection may carry another request. The upstream
+/// connection goes back to the pool only after a complete body.
+async fn respond(client: &mut ClientSide, answer: NativeAnswer, slot: Slot, r: Reply<'_>) -> bool {
+    let NativeAnswer { mut conn, head: resp } = answer;
+    let minor = r.head.minor;
+    if resp.code == 101 && r.upgrade {
+        let mut out = std::mem::take(&mut client.scratch);
+        response_head(&mut out, &conn.conn.inbox, &resp, Framing::None, false, false);
+        conn.conn.inbox.advance(resp.len);
+        let up = &mut conn.conn;
+        let ok = write_all(&mut client.io, &mut [&out, &up.inbox]).await.is_ok()
+            && up.stream.write_all(&client.inbox).await.is_ok();
+        client.scratch = out;
+        if ok {
+            up.inbox.clear();
+            client.inbox.clear();
+            crate::tunnel::join(client.io.get_mut(), &mut up.stream, r.tunnel_idle).await;
+        }
+        drop(slot);
+        return false;
+    }
+    let framing = match resp.body {
+        tidegate_h1::ResponseBody::None => Framing::None,
+        tidegate_h1::ResponseBody::Length(n) => Framing::Length(n),
+        _ if minor == 1 => Framing::Chunked,
+        _ => Framing::UntilClose,
+    };
+    let close = r.head.close || r.stopping || framing == Framing::UntilClose || resp.code == 101;
+    let mut out = std::mem::take(&mut client.scratch);
+    response_head(&mut out, &conn.conn.inbox, &resp, framing, close, minor == 0 && !close);
+    conn.conn.inbox.advance(resp.len);
+    let relayed = relay_body(client, &mut conn.conn, &out, resp.body, framing, r.gap).await;
+    client.scratch = out;
+    if let Err(e) = &relayed {
+        tracing::debug!(error = %e, status = resp.code, "response relay ended early");
+    }
+    let complete = relayed.is_ok();
+    if complete && !resp.close && conn.conn.inbox.is_empty() {
+        conn.conn.park();
+        conn.release();
+    }
+    drop(slot); // after the release, so a woken queued request can reuse it
+    complete && !close
+}
+
+/// Writes the response head `out` and the body after it.
+async fn relay_body(
+    client: &mut ClientSide,
+    up: &mut NativeConn,
+    out: &[u8],
+    body: tidegate_h1::ResponseBody,
+    framing: Framing,
+    gap: std::time::Duration,
+) -> Result<(), RelayError> {
+    use tidegate_h1::ResponseBody as B;
+    let dst = &mut client.io;
+    let have = up.inbox.len() as u64;
+    match body {
+        B::None => return write_all(dst, &mut [out]).await.map_err(RelayError::Write),
+        // The common case: the whole body came with the head.
+        B::Length(n) if n <= have => {
+            let n = n as usize;
+            write_all(dst, &mut [out, &up.inbox[..n]]).await.map_err(RelayError::Write)?;
+            up.inbox.advance(n);
+            return Ok(());
+        }
+        B::Length(_) | B::Chunked | B::UntilClose => write_all(dst, &mut [out]).await.map_err(RelayError::Write)?,
+    }
+    let mut src = Source { stream: &mut up.stream, inbox: &mut up.inbox, timer: &mut client.timer, gap, until: None };
+    match body {
+        B::Length(n) => relay::relay_length(&mut src, dst, n).await,
+        B::Chunked => relay::relay_chunked(&mut src, dst, framing == Framing::Chunked).await,
+        B::UntilClose => relay::relay_until_close(&mut src, dst, framing == Framing::Chunked).await,
+        B::None => Ok(()),
+    }
+}
+
+/// Writes a response the proxy made (an error, a static file); returns
+/// whether it was written whole.
+async fn write_local(client: &mut ClientSide, resp: Response<ProxyBody>, close: bool, to_head: bool, minor: u8) -> bool {
+    let (parts, mut body) = resp.into_parts();
+    let framing = match http_body::Body::size_hint(&body).exact() {
+        _ if to_head => Framing::None,
+        Some(n) => Framing::Length(n),
+        None if minor == 1 => Framing::Chunked,
+        None => Framing::UntilClose,
+    };
+    let mut out = std::mem::take(&mut client.scratch);
+    local_head(&mut out, parts.status, &parts.headers, framing, close || framing == Framing::UntilClose);
+    let mut written = !to_head || write_all(&mut client.io, &mut [&out]).await.is_ok();
+    let mut first = true;
+    let mut line = [0u8; 18];
+    while written && !to_head {
+        let data = match body.frame().await {
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(d) => d,
+                Err(_) => continue,
+            },
+            Some(Err(_)) => {
+                written = false;
+                break;
+            }
+            None => {
+                let end: &[u8] = if framing == Framing::Chunked { tidegate_h1::CHUNKED_END } else { b"" };
+                let head: &[u8] = if first { &out } else { b"" };
+                written = write_all(&mut client.io, &mut [head, end]).await.is_ok();
+                break;
+            }
+        };
+        let head: &[u8] = if first { &out } else { b"" };
+        first = false;
+        written = if framing == Framing::Chunked && !data.is_empty() {
+            let size = tidegate_h1::chunk_size_line(data.len(), &mut line);
+            write_all(&mut client.io, &mut [head, size, &data, b"\r\n"]).await.is_ok()
+        } else {
+            write_all(&mut client.io, &mut [head, &data]).await.is_ok()
+        };
+    }
+    client.scratch = out;
+    written
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_split_into_authority_path_and_query() {
+        let t = split_target("/a/b?x=1").unwrap();
+        assert_eq!((t.authority, t.path, t.query), (None, "/a/b", Some("x=1")));
+        let t = split_target("HTTP://Example.com:8080?q").unwrap();
+        assert_eq!((t.authority, t.path, t.query), (Some("Example.com:8080"), "/", Some("q")));
+        let t = split_target("https://a.example/x").unwrap();
+        assert_eq!((t.authority, t.path), (Some("a.example"), "/x"));
+        assert_eq!(split_target("*").err(), Some(ErrorKind::InvalidPath));
+        assert_eq!(split_target("a.example:443").err(), Some(ErrorKind::InvalidPath));
+        assert_eq!(split_target("http://a b/").err(), Some(ErrorKind::InvalidHost));
+    }
+}

@@ -1,0 +1,262 @@
+//! Moving bytes: reading into a connection's inbox, writing several
+//! slices at once, and relaying a body from one connection to another
+//! under its framing (a length, chunked, or until the close), re-framing
+//! it when the two sides need different framings.
+
+use std::io::{self, IoSlice};
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use tidegate_h1::{chunk_size_line, ChunkedDecoder, CHUNKED_END};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::timer::Timer;
+
+/// How much a read asks for at least: a request head, or a response head
+/// and a small body, fit in one read.
+pub(crate) const READ_CHUNK: usize = 8 * 1024;
+
+/// Why a relay stopped early.
+#[derive(Debug)]
+pub(crate) enum RelayError {
+    /// The sending side closed before the body ended.
+    Eof,
+    /// The sending side failed.
+    Read(io::Error),
+    /// The sending side was too slow.
+    Timeout,
+    /// The body's framing is malformed.
+    Malformed,
+    /// The receiving side failed.
+    Write(io::Error),
+}
+
+impl std::fmt::Display for RelayError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RelayError::Eof => f.write_str("the sender closed before the end of the body"),
+            RelayError::Read(e) => write!(f, "reading the body: {e}"),
+            RelayError::Timeout => f.write_str("the sender was too slow"),
+            RelayError::Malformed => f.write_str("malformed chunked body"),
+            RelayError::Write(e) => write!(f, "writing the body: {e}"),
+        }
+    }
+}
+
+/// Reads at least one byte from `stream` into `inbox`; `Ok(0)` is the end
+/// of the stream.
+pub(crate) async fn fill(stream: &mut TcpStream, inbox: &mut BytesMut) -> io::Result<usize> {
+    if inbox.capacity() - inbox.len() < READ_CHUNK / 4 {
+        inbox.reserve(READ_CHUNK.max(inbox.len()));
+    }
+    stream.read_buf(inbox).await
+}
+
+/// Writes every slice, in order, with as few writes as the socket allows.
+pub(crate) async fn write_all<W: AsyncWrite + Unpin>(w: &mut W, parts: &mut [&[u8]]) -> io::Result<()> {
+    let mut first = 0;
+    while first < parts.len() {
+        if parts[first].is_empty() {
+            first += 1;
+            continue;
+        }
+        let n = if first + 1 == parts.len() {
+            w.write(parts[first]).await?
+        } else {
+            let mut slices = [IoSlice::new(&[]); 4];
+            let count = (parts.len() - first).min(slices.len());
+            for (s, p) in slices.iter_mut().zip(&parts[first..first + count]) {
+                *s = IoSlice::new(p);
+            }
+            w.write_vectored(&slices[..count]).await?
+        };
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        let mut left = n;
+        while left > 0 && first < parts.len() {
+            let take = left.min(parts[first].len());
+            parts[first] = &parts[first][take..];
+            left -= take;
+            if parts[first].is_empty() {
+                first += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The sending side of a relay: a socket, the bytes already read from it,
+/// and how long it may take to send more.
+pub(crate) struct Source<'a> {
+    pub stream: &'a mut TcpStream,
+    pub inbox: &'a mut BytesMut,
+    pub timer: &'a mut Timer,
+    /// Longest wait for the next bytes.
+    pub gap: Duration,
+    /// When the whole body must have arrived, if ever.
+    pub until: Option<Instant>,
+}
+
+impl Source<'_> {
+    /// Reads more bytes into the inbox.
+    async fn more(&mut self) -> Result<(), RelayError> {
+        let gap = Instant::now() + self.gap;
+        let deadline = self.until.map_or(gap, |u| u.min(gap));
+        match self.timer.run(deadline, fill(self.stream, self.inbox)).await {
+            None => Err(RelayError::Timeout),
+            Some(Ok(0)) => Err(RelayError::Eof),
+            Some(Ok(_)) => Ok(()),
+            Some(Err(e)) => Err(RelayError::Read(e)),
+        }
+    }
+
+    /// Reads exactly `n` bytes (some may be buffered already) and returns
+    /// them; for small bodies that are held in memory.
+    pub(crate) async fn read_exact(&mut self, n: usize) -> Result<bytes::Bytes, RelayError> {
+        while self.inbox.len() < n {
+            self.inbox.reserve(n - self.inbox.len());
+            self.more().await?;
+        }
+        Ok(self.inbox.split_to(n).freeze())
+    }
+}
+
+/// Relays a body of `n` bytes.
+pub(crate) async fn relay_length<W: AsyncWrite + Unpin>(
+    src: &mut Source<'_>,
+    dst: &mut W,
+    mut n: u64,
+) -> Result<(), RelayError> {
+    loop {
+        let take = usize::try_from(n).unwrap_or(usize::MAX).min(src.inbox.len());
+        if take > 0 {
+            dst.write_all(&src.inbox[..take]).await.map_err(RelayError::Write)?;
+            src.inbox.advance(take);
+            n -= take as u64;
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        src.more().await?;
+    }
+}
+
+/// Relays a chunked body: chunked again (`rechunk`) or as plain bytes.
+pub(crate) async fn relay_chunked<W: AsyncWrite + Unpin>(
+    src: &mut Source<'_>,
+    dst: &mut W,
+    rechunk: bool,
+) -> Result<(), RelayError> {
+    let mut decoder = ChunkedDecoder::default();
+    let mut line = [0u8; 18];
+    loop {
+        let step = decoder.decode(src.inbox).map_err(|_| RelayError::Malformed)?;
+        if let Some(range) = step.data.clone() {
+            let data = &src.inbox[range];
+            if rechunk {
+                let size = chunk_size_line(data.len(), &mut line);
+                write_all(dst, &mut [size, data, b"\r\n"]).await.map_err(RelayError::Write)?;
+            } else {
+                dst.write_all(data).await.map_err(RelayError::Write)?;
+            }
+        }
+        src.inbox.advance(step.consumed);
+        if step.done {
+            if rechunk {
+                dst.write_all(CHUNKED_END).await.map_err(RelayError::Write)?;
+            }
+            return Ok(());
+        }
+        if src.inbox.is_empty() {
+            src.more().await?;
+        }
+    }
+}
+
+/// Relays everything until the sender closes: chunked (`rechunk`) or as
+/// plain bytes.
+pub(crate) async fn relay_until_close<W: AsyncWrite + Unpin>(
+    src: &mut Source<'_>,
+    dst: &mut W,
+    rechunk: bool,
+) -> Result<(), RelayError> {
+    let mut line = [0u8; 18];
+    loop {
+        if !src.inbox.is_empty() {
+            let data = &src.inbox[..];
+            if rechunk {
+                let size = chunk_size_line(data.len(), &mut line);
+                write_all(dst, &mut [size, data, b"\r\n"]).await.map_err(RelayError::Write)?;
+            } else {
+                dst.write_all(data).await.map_err(RelayError::Write)?;
+            }
+            src.inbox.clear();
+        }
+        match src.more().await {
+            Ok(()) => {}
+            Err(RelayError::Eof) => break,
+            Err(e) => return Err(e),
+        }
+    }
+    if rechunk {
+        dst.write_all(CHUNKED_END).await.map_err(RelayError::Write)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn write_all_handles_many_slices() {
+        let mut out = Vec::new();
+        write_all(&mut out, &mut [b"ab", b"", b"cd", b"e", b"f", b"gh"]).await.unwrap();
+        assert_eq!(out, b"abcdefgh");
+    }
+
+    async fn pair() -> (TcpStream, TcpStream) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (b, _) = l.accept().await.unwrap();
+        (a, b)
+    }
+
+    #[tokio::test]
+    async fn bodies_are_relayed_and_reframed() {
+        let (mut tx, mut rx) = pair().await;
+        tx.write_all(b"3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\nNEXT").await.unwrap();
+        let mut inbox = BytesMut::new();
+        let mut timer = Timer::new();
+        let mut src =
+            Source { stream: &mut rx, inbox: &mut inbox, timer: &mut timer, gap: Duration::from_secs(5), until: None };
+        let mut out = Vec::new();
+        relay_chunked(&mut src, &mut out, true).await.unwrap();
+        assert_eq!(out, b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n");
+        let mut plain = Vec::new();
+        tx.write_all(b"XYZ").await.unwrap();
+        relay_length(&mut src, &mut plain, 7).await.unwrap();
+        assert_eq!(plain, b"NEXTXYZ");
+        drop(tx);
+        let mut rest = Vec::new();
+        relay_until_close(&mut src, &mut rest, true).await.unwrap();
+        assert_eq!(rest, b"0\r\n\r\n");
+    }
+
+    #[tokio::test]
+    async fn a_silent_sender_times_out_and_a_short_one_is_an_eof() {
+        let (tx, mut rx) = pair().await;
+        let mut inbox = BytesMut::new();
+        let mut timer = Timer::new();
+        let mut src =
+            Source { stream: &mut rx, inbox: &mut inbox, timer: &mut timer, gap: Duration::from_millis(200), until: None };
+        let r = relay_length(&mut src, &mut Vec::new(), 5).await;
+        assert!(matches!(r, Err(RelayError::Timeout)), "{r:?}");
+        drop(tx);
+        let r = relay_length(&mut src, &mut Vec::new(), 5).await;
+        assert!(matches!(r, Err(RelayError::Eof)), "{r:?}");
+    }
+}

@@ -1,0 +1,267 @@
+//! The heads the native path writes: a client's request rewritten for its
+//! backend, and a backend's response rewritten for the client. Pure: bytes
+//! in, bytes out, unit-tested without sockets. The rules are those of the
+//! hyper path (`crate::headers`): hop-by-hop fields and the fields the
+//! `Connection` header names are dropped, forwarding fields are set (kept
+//! and appended to only from trusted proxies), and framing fields are
+//! written from the framing the proxy actually uses.
+
+use tidegate_h1::{connection_has, Header, HeaderKind, RequestHead, ResponseHead};
+
+use crate::forward::Peer;
+
+/// How a body is framed on the connection a head is written to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Framing {
+    /// No body, or none announced (a response to `HEAD`, 204, 304).
+    None,
+    /// `Content-Length: n`.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+    /// Until the connection closes (responses to HTTP/1.0 clients only).
+    UntilClose,
+}
+
+/// What the proxy adds to a request for its backend.
+#[derive(Clone, Copy)]
+pub(crate) struct Forwarding<'a> {
+    /// The host the request named (or the backend's own authority).
+    pub host: &'a str,
+    /// Whether the request named a host (else `X-Forwarded-Host` is not set).
+    pub named_host: bool,
+    /// The client.
+    pub peer: &'a Peer,
+    /// `http` or `https`.
+    pub proto: &'a str,
+    /// The `Upgrade` value of an upgrade the proxy passes on.
+    pub upgrade: Option<&'a [u8]>,
+    /// The body's framing towards the backend.
+    pub body: Framing,
+}
+
+/// Whether `h` is dropped when a message is forwarded: hop-by-hop, or
+/// named by a `Connection` field (`has_connection`: one is present).
+fn dropped(buf: &[u8], headers: &[Header], h: &Header, has_connection: bool) -> bool {
+    h.kind.is_hop_by_hop()
+        || (has_connection
+            && h.kind == HeaderKind::Other
+            && std::str::from_utf8(h.name.of(buf)).is_ok_and(|n| connection_has(buf, headers, n)))
+}
+
+fn field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+fn framing_fields(out: &mut Vec<u8>, framing: Framing) {
+    match framing {
+        Framing::Length(n) => {
+            let mut digits = itoa::Buffer::new();
+            field(out, b"content-length", digits.format(n).as_bytes());
+        }
+        Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        Framing::None | Framing::UntilClose => {}
+    }
+}
+
+/// Writes the request head for a backend into `out` (cleared first):
+/// `target` is the normalized path with the original query.
+pub(crate) fn request_head(out: &mut Vec<u8>, buf: &[u8], head: &RequestHead, target: &str, f: &Forwarding<'_>) {
+    out.clear();
+    out.extend_from_slice(head.method.of(buf));
+    out.push(b' ');
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+    out.extend_from_slice(f.host.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    let headers = &head.headers;
+    let has_connection = headers.iter().any(|h| h.kind == HeaderKind::Connection);
+    let trusted = f.peer.trusted;
+    let mut prior_xff: Option<&[u8]> = None;
+    for h in headers {
+        if dropped(buf, headers, h, has_connection) {
+            continue;
+        }
+        match h.kind {
+            // Written below from what the proxy knows.
+            HeaderKind::Host
+            | HeaderKind::ContentLength
+            | HeaderKind::Expect
+            | HeaderKind::XForwardedProto
+            | HeaderKind::XForwardedHost => continue,
+            HeaderKind::XForwardedFor => {
+                if trusted && prior_xff.is_none() {
+                    prior_xff = Some(h.value.of(buf));
+                }
+                continue;
+            }
+            HeaderKind::Forwarded | HeaderKind::XRealIp if !trusted => continue,
+            _ => field(out, h.name.of(buf), h.value.of(buf)),
+        }
+    }
+    out.extend_from_slice(b"x-forwarded-for: ");
+    if let Some(prior) = prior_xff {
+        out.extend_from_slice(prior);
+        out.extend_from_slice(b", ");
+    }
+    out.extend_from_slice(f.peer.ip_header.as_bytes());
+    out.extend_from_slice(b"\r\nx-forwarded-proto: ");
+    out.extend_from_slice(f.proto.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    if f.named_host {
+        field(out, b"x-forwarded-host", f.host.as_bytes());
+    }
+    framing_fields(out, f.body);
+    if let Some(u) = f.upgrade {
+        field(out, b"upgrade", u);
+        out.extend_from_slice(b"connection: upgrade\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Writes the response head for the client into `out` (cleared first).
+/// `close`: the proxy closes the client connection after this response;
+/// `keep_alive_10`: an HTTP/1.0 client asked to keep it open and it stays.
+pub(crate) fn response_head(
+    out: &mut Vec<u8>,
+    buf: &[u8],
+    resp: &ResponseHead,
+    framing: Framing,
+    close: bool,
+    keep_alive_10: bool,
+) {
+    out.clear();
+    status_line(out, resp.code, resp.reason.of(buf));
+    let headers = &resp.headers;
+    let has_connection = headers.iter().any(|h| h.kind == HeaderKind::Connection);
+    let upgrade = resp.code == 101;
+    // The length goes through only when the body is forwarded as it came.
+    let keep_length = !resp.drop_content_length && matches!(framing, Framing::Length(_) | Framing::None);
+    for h in headers {
+        if upgrade && h.kind == HeaderKind::Upgrade {
+            field(out, h.name.of(buf), h.value.of(buf));
+            continue;
+        }
+        if dropped(buf, headers, h, has_connection) || (h.kind == HeaderKind::ContentLength && !keep_length) {
+            continue;
+        }
+        field(out, h.name.of(buf), h.value.of(buf));
+    }
+    if framing == Framing::Chunked {
+        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+    }
+    if upgrade {
+        out.extend_from_slice(b"connection: upgrade\r\n");
+    } else if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    } else if keep_alive_10 {
+        out.extend_from_slice(b"connection: keep-alive\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Writes `HTTP/1.1 CODE REASON\r\n`; an empty reason becomes the
+/// standard one.
+pub(crate) fn status_line(out: &mut Vec<u8>, code: u16, reason: &[u8]) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    let mut digits = itoa::Buffer::new();
+    out.extend_from_slice(digits.format(code).as_bytes());
+    out.push(b' ');
+    if reason.is_empty() {
+        let standard = http::StatusCode::from_u16(code).ok().and_then(|s| s.canonical_reason()).unwrap_or("");
+        out.extend_from_slice(standard.as_bytes());
+    } else {
+        out.extend_from_slice(reason);
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Writes the head of a response the proxy makes itself (an error, a
+/// static file): its status, its fields, the framing and `Connection`.
+/// An answer to `HEAD` (`framing` is `None`) keeps its `Content-Length`.
+pub(crate) fn local_head(
+    out: &mut Vec<u8>,
+    status: http::StatusCode,
+    headers: &http::HeaderMap,
+    framing: Framing,
+    close: bool,
+) {
+    out.clear();
+    status_line(out, status.as_u16(), status.canonical_reason().unwrap_or("").as_bytes());
+    for (name, value) in headers {
+        let framing_field = *name == http::header::CONTENT_LENGTH || *name == http::header::TRANSFER_ENCODING;
+        if framing_field && (framing != Framing::None || *name == http::header::TRANSFER_ENCODING) {
+            continue;
+        }
+        field(out, name.as_str().as_bytes(), value.as_bytes());
+    }
+    framing_fields(out, framing);
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidegate_h1::{parse_request, parse_response, HeadLimits};
+
+    fn rewrite(raw: &str, trusted: bool, body: Framing) -> String {
+        let mut head = RequestHead::default();
+        parse_request(raw.as_bytes(), HeadLimits::default(), &mut head).unwrap().unwrap();
+        let mut peer = Peer::new("192.0.2.9:5000".parse().unwrap());
+        peer.trusted = trusted;
+        let f = Forwarding { host: "h.example", named_host: true, peer: &peer, proto: "http", upgrade: None, body };
+        let mut out = Vec::new();
+        request_head(&mut out, raw.as_bytes(), &head, "/p?q", &f);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn requests_lose_hop_by_hop_and_untrusted_forwarding_fields() {
+        let raw = "POST /x/../p?q HTTP/1.1\r\nHost: H.example\r\nConnection: close, X-Secret\r\nX-Secret: 1\r\n\
+                   Proxy-Authorization: Basic Zm9v\r\nTE: trailers\r\nX-Forwarded-For: 203.0.113.9\r\n\
+                   X-Real-IP: 203.0.113.9\r\nForwarded: for=x\r\nTransfer-Encoding: chunked\r\nX-Kept: yes\r\n\r\n";
+        let out = rewrite(raw, false, Framing::Chunked);
+        assert_eq!(
+            out,
+            "POST /p?q HTTP/1.1\r\nhost: h.example\r\nX-Kept: yes\r\nx-forwarded-for: 192.0.2.9\r\n\
+             x-forwarded-proto: http\r\nx-forwarded-host: h.example\r\ntransfer-encoding: chunked\r\n\r\n"
+        );
+        let trusted = rewrite(raw, true, Framing::Length(5));
+        assert!(trusted.contains("x-forwarded-for: 203.0.113.9, 192.0.2.9\r\n"), "{trusted}");
+        assert!(trusted.contains("X-Real-IP: 203.0.113.9\r\n") && trusted.contains("content-length: 5\r\n"));
+        assert!(!trusted.contains("Proxy-Authorization"));
+    }
+
+    fn respond(raw: &str, framing: Framing, close: bool) -> String {
+        let mut head = ResponseHead::default();
+        parse_response(raw.as_bytes(), HeadLimits::default(), false, &mut head).unwrap().unwrap();
+        let mut out = Vec::new();
+        response_head(&mut out, raw.as_bytes(), &head, framing, close, false);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn responses_are_reframed_and_lose_hop_by_hop_fields() {
+        let both = "HTTP/1.1 200 OK\r\nContent-Length: 9\r\nTransfer-Encoding: chunked\r\nKeep-Alive: 5\r\nX-A: 1\r\n\r\n";
+        assert_eq!(
+            respond(both, Framing::Chunked, false),
+            "HTTP/1.1 200 OK\r\nX-A: 1\r\ntransfer-encoding: chunked\r\n\r\n"
+        );
+        let plain = "HTTP/1.1 404 \r\ncontent-length: 2\r\n\r\n";
+        assert_eq!(
+            respond(plain, Framing::Length(2), true),
+            "HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\nconnection: close\r\n\r\n"
+        );
+        let upgrade = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n";
+        assert_eq!(
+            respond(upgrade, Framing::None, false),
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nconnection: upgrade\r\n\r\n"
+        );
+    }
+}
