@@ -24,10 +24,10 @@
 mod churn;
 mod cli;
 mod client;
+mod minimal;
 mod open_loop;
 mod ramp;
 mod report;
-mod minimal;
 mod saturate;
 mod schedule;
 mod sequential;

@@ -106,6 +106,36 @@ pub fn connection_has(buf: &[u8], headers: &[Header], token: &str) -> bool {
         .any(|h| tokens(h.value.of(buf)).any(|t| t.eq_ignore_ascii_case(token.as_bytes())))
 }
 
+/// What the `Connection` fields of a message say, read in one pass.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConnectionOptions {
+    /// A `Connection` field is present (other fields it names are
+    /// hop-by-hop).
+    pub present: bool,
+    /// It lists `close`.
+    pub close: bool,
+    /// It lists `keep-alive`.
+    pub keep_alive: bool,
+    /// It lists `upgrade`.
+    pub upgrade: bool,
+}
+
+impl ConnectionOptions {
+    /// Reads every `Connection` field of `headers` (parsed from `buf`).
+    pub fn of(buf: &[u8], headers: &[Header]) -> ConnectionOptions {
+        let mut o = ConnectionOptions::default();
+        for h in headers.iter().filter(|h| h.kind == HeaderKind::Connection) {
+            o.present = true;
+            for t in tokens(h.value.of(buf)) {
+                o.close |= t.eq_ignore_ascii_case(b"close");
+                o.keep_alive |= t.eq_ignore_ascii_case(b"keep-alive");
+                o.upgrade |= t.eq_ignore_ascii_case(b"upgrade");
+            }
+        }
+        o
+    }
+}
+
 /// The one length every `Content-Length` field states, if any: repeated
 /// fields (or a list) must all agree, and each must be 1 to 19 digits.
 pub(crate) fn content_length(buf: &[u8], headers: &[Header]) -> Result<Option<u64>, HeadError> {

@@ -25,7 +25,7 @@ mod request;
 mod response;
 
 pub use chunked::{chunk_size_line, ChunkedDecoder, Decoded, CHUNKED_END};
-pub use fields::{connection_has, HeaderKind};
+pub use fields::{connection_has, ConnectionOptions, HeaderKind};
 pub use request::{parse_request, RequestBody, RequestHead};
 pub use response::{parse_response, ResponseBody, ResponseHead};
 

@@ -2,7 +2,7 @@
 
 use std::mem::MaybeUninit;
 
-use crate::fields::{codings, connection_has, content_length, Codings};
+use crate::fields::{codings, content_length, Codings, ConnectionOptions};
 use crate::{collect_headers, syntax, HeadError, HeadLimits, Header, HeaderKind, Parsed, Span, MAX_HEADERS};
 
 /// How a request's body is framed.
@@ -40,6 +40,8 @@ pub struct RequestHead {
     pub close: bool,
     /// `Expect: 100-continue`.
     pub expect_continue: bool,
+    /// What its `Connection` fields say.
+    pub connection: ConnectionOptions,
 }
 
 /// Parses a request head from the start of `buf` into `head` (reusing its
@@ -91,8 +93,8 @@ pub fn parse_request(buf: &[u8], limits: HeadLimits, head: &mut RequestHead) -> 
         // chunked alone is accepted (as nginx does).
         Codings::OthersThenChunked | Codings::NotChunked => return Err(HeadError::UnsupportedCoding),
     };
-    head.close =
-        if minor == 0 { !connection_has(buf, headers, "keep-alive") } else { connection_has(buf, headers, "close") };
+    head.connection = ConnectionOptions::of(buf, headers);
+    head.close = if minor == 0 { !head.connection.keep_alive } else { head.connection.close };
     head.expect_continue = minor == 1
         && headers
             .iter()

@@ -2,7 +2,7 @@
 
 use std::mem::MaybeUninit;
 
-use crate::fields::{codings, connection_has, content_length, Codings};
+use crate::fields::{codings, content_length, Codings, ConnectionOptions};
 use crate::{collect_headers, syntax, HeadError, HeadLimits, Header, Parsed, Span, MAX_HEADERS};
 
 /// How a response's body is framed.
@@ -38,6 +38,8 @@ pub struct ResponseHead {
     /// one (`Connection: close`, HTTP/1.0 without `keep-alive`, or a body
     /// delimited by the close).
     pub close: bool,
+    /// What its `Connection` fields say.
+    pub connection: ConnectionOptions,
     /// Whether a `Content-Length` field must not be forwarded: the body is
     /// framed by its transfer coding, which wins (RFC 9112, section 6.3).
     pub drop_content_length: bool,
@@ -97,8 +99,9 @@ pub fn parse_response(buf: &[u8], limits: HeadLimits, to_head: bool, head: &mut 
             },
         }
     };
+    head.connection = ConnectionOptions::of(buf, headers);
     head.close = head.body == ResponseBody::UntilClose
-        || if minor == 0 { !connection_has(buf, headers, "keep-alive") } else { connection_has(buf, headers, "close") };
+        || if minor == 0 { !head.connection.keep_alive } else { head.connection.close };
     Ok(Some(()))
 }
 

@@ -15,6 +15,7 @@ use std::time::Duration;
 use tidegate_balance::{clock, orca, record_outcome, Backend, Outcome, RequestCtx};
 use tidegate_model::{PolicySpec, ServiceSettings};
 use tidegate_snapshot::{ServiceLive, ServiceRuntime};
+use tokio::time::Instant;
 
 use crate::error::ErrorKind;
 use crate::metrics::Counters;
@@ -34,13 +35,14 @@ pub(crate) trait Exchange {
     fn sendable(&self) -> bool;
 
     /// Sends the request to `backend` (on a new connection when `fresh`)
-    /// and waits for the response head. The caller bounds the wait by the
-    /// service's response timeout.
+    /// and waits for the response head, until `deadline` (the service's
+    /// response timeout; past it, [`ErrorKind::ResponseTimeout`]).
     fn send(
         &mut self,
         backend: &Arc<Backend>,
         settings: &ServiceSettings,
         fresh: bool,
+        deadline: Instant,
     ) -> impl Future<Output = Result<Self::Answer, ErrorKind>>;
 
     /// The answer's status code.
@@ -85,7 +87,7 @@ pub(crate) async fn run<E: Exchange>(
 ) -> Result<Answered<E::Answer>, ErrorKind> {
     let settings = &service.settings;
     let reads_orca = settings.load_metrics.orca || matches!(settings.policy, PolicySpec::OrcaWrr(_));
-    let mut tried: Vec<Arc<Backend>> = Vec::new();
+    let mut tried: smallvec::SmallVec<[Arc<Backend>; 2]> = smallvec::SmallVec::new();
     let mut queue = Queue::new(settings.queue.timeout_ms);
     let mut progress = Progress { retries: 0, max_retries: settings.retries, fresh_retries: 0 };
     let mut _retry_token = None;
@@ -167,11 +169,8 @@ async fn attempt<E: Exchange>(
 ) -> (Result<E::Answer, ErrorKind>, Slot) {
     let settings = &service.settings;
     let mut slot = Slot::take(backend, service);
-    let sending = ex.send(backend, settings, fresh);
-    let result = match tokio::time::timeout(Duration::from_millis(settings.timeouts.response_ms), sending).await {
-        Ok(r) => r,
-        Err(_) => Err(ErrorKind::ResponseTimeout),
-    };
+    let deadline = Instant::now() + Duration::from_millis(settings.timeouts.response_ms);
+    let result = ex.send(backend, settings, fresh, deadline).await;
     let seen = result.as_ref().map(E::status).map_err(|k| *k);
     if let Some(outcome) = outcome_of(&seen) {
         slot.record(outcome);

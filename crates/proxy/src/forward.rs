@@ -27,7 +27,7 @@ use crate::error::ErrorKind;
 use crate::headers;
 use crate::limits::Limits;
 use crate::metrics::Counters;
-use crate::pool::{ConnSettings, HyperConn, Sent, UpstreamPool};
+use crate::pool::{ConnSettings, HyperConn, Sent, Unsent, UpstreamPool};
 use crate::tunnel;
 
 /// The client end of a connection, prepared once per connection.
@@ -141,7 +141,8 @@ impl Upstreams {
             }
             _ => None,
         };
-        let ctx = RequestCtx { client: Some(peer.addr), path: req.path_and_query.as_str(), headers: &req.parts.headers };
+        let ctx =
+            RequestCtx { client: Some(peer.addr), path: req.path_and_query.as_str(), headers: &req.parts.headers };
         let mut ex = HyperExchange { pool: &self.pool, req: &req, body, upgrade: upgrade.is_some() };
         let Answered { answer: Sent { mut response, conn }, slot } =
             attempts::run(service, &mut ex, &ctx, first, metrics).await?;
@@ -179,12 +180,19 @@ impl Exchange for HyperExchange<'_> {
 
     /// Sends the request (on a new connection when `fresh`); takes back a
     /// streamed body no byte of which was sent.
-    async fn send(&mut self, backend: &Arc<Backend>, settings: &ServiceSettings, fresh: bool) -> Result<Sent, ErrorKind> {
+    async fn send(
+        &mut self,
+        backend: &Arc<Backend>,
+        settings: &ServiceSettings,
+        fresh: bool,
+        deadline: tokio::time::Instant,
+    ) -> Result<Sent, ErrorKind> {
         let Some(body) = self.body.take() else {
             return Err(ErrorKind::ClientBody);
         };
         let up = upstream_request(&self.req.parts, backend, &self.req.path_and_query, body)?;
-        match self.pool.send(&backend.addr, ConnSettings::of(settings), up, fresh, self.upgrade).await {
+        let sending = self.pool.send(&backend.addr, ConnSettings::of(settings), up, fresh, self.upgrade);
+        match tokio::time::timeout_at(deadline, sending).await.unwrap_or(Err(Unsent::TIMED_OUT)) {
             Ok(sent) => Ok(sent),
             Err(unsent) => {
                 if let Some(r) = unsent.request {

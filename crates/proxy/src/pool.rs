@@ -66,7 +66,8 @@ impl<C> Default for UpstreamPool<C> {
 }
 
 struct Inner<C> {
-    idle: Mutex<HashMap<BackendAddr, VecDeque<Idle<C>>>>,
+    /// Keyed by operator-configured addresses: a fast hash is enough.
+    idle: Mutex<HashMap<BackendAddr, VecDeque<Idle<C>>, foldhash::fast::RandomState>>,
     sweeper: AtomicBool,
 }
 
@@ -163,6 +164,11 @@ pub(crate) type HyperConn = http1::SendRequest<UpBody>;
 pub(crate) struct Unsent {
     pub kind: ErrorKind,
     pub request: Option<http::Request<UpBody>>,
+}
+
+impl Unsent {
+    /// No response head within the response timeout.
+    pub(crate) const TIMED_OUT: Unsent = Unsent { kind: ErrorKind::ResponseTimeout, request: None };
 }
 
 impl<C: Reusable> UpstreamPool<C> {

@@ -302,8 +302,14 @@ impl HyperServer {
     /// stays idle too long (no first request within the first-request
     /// timeout, or no request in progress for the idle timeout), or the
     /// worker stops; the last two close it gracefully.
-    pub(crate) async fn serve<I>(&self, io: I, client: Peer, proxy: Arc<Proxy>, stop: watch::Receiver<bool>, limits: Limits)
-    where
+    pub(crate) async fn serve<I>(
+        &self,
+        io: I,
+        client: Peer,
+        proxy: Arc<Proxy>,
+        stop: watch::Receiver<bool>,
+        limits: Limits,
+    ) where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         serve_connection(io, client, proxy, &self.builder, stop, limits).await;
@@ -412,7 +418,10 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
         self.inner.is_write_vectored()
     }
 
-    fn poll_flush(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
         std::pin::Pin::new(&mut self.inner).poll_flush(cx)
     }
 

@@ -10,6 +10,7 @@ use tidegate_balance::{orca, Backend};
 use tidegate_h1::{parse_response, HeadLimits, HeaderKind, RequestBody, ResponseHead};
 use tidegate_model::ServiceSettings;
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 use super::relay::{self, fill, write_all, RelayError, Source};
 use super::rewrite::{request_head, Forwarding, Framing};
@@ -23,6 +24,14 @@ use crate::pool::{connect_tcp, Conn, ConnSettings, Reusable, UpstreamPool};
 pub(crate) struct NativeConn {
     pub stream: TcpStream,
     pub inbox: BytesMut,
+    /// The last response head read on it (its header list is reused).
+    pub head: ResponseHead,
+}
+
+impl NativeConn {
+    fn new(stream: TcpStream) -> NativeConn {
+        NativeConn { stream, inbox: BytesMut::new(), head: ResponseHead::default() }
+    }
 }
 
 impl Reusable for NativeConn {
@@ -55,11 +64,11 @@ pub(crate) enum Body {
     Sent,
 }
 
-/// A backend's answer: the response head and the connection its body
-/// arrives on (the head's bytes are the first `head.len` of its inbox).
+/// A backend's answer: the connection its body arrives on, with the
+/// response head parsed into `conn.head` (its bytes are the first
+/// `head.len` of the inbox).
 pub(crate) struct NativeAnswer {
     pub conn: Conn<NativeConn>,
-    pub head: ResponseHead,
 }
 
 /// A request as the native path sends it.
@@ -96,32 +105,37 @@ impl Exchange for NativeExchange<'_> {
         backend: &Arc<Backend>,
         settings: &ServiceSettings,
         fresh: bool,
+        deadline: Instant,
     ) -> Result<NativeAnswer, ErrorKind> {
         let cs = ConnSettings::of(settings);
-        let pooled = if fresh || self.forwarding.upgrade.is_some() { None } else { self.pool.checkout(&backend.addr, cs) };
+        let pooled =
+            if fresh || self.forwarding.upgrade.is_some() { None } else { self.pool.checkout(&backend.addr, cs) };
         let mut conn = match pooled {
             Some(c) => c,
             None => {
                 let stream = connect_tcp(&backend.addr, cs).await?;
-                self.pool.fresh(NativeConn { stream, inbox: BytesMut::new() }, &backend.addr, cs)
+                self.pool.fresh(NativeConn::new(stream), &backend.addr, cs)
             }
         };
-        if self.forwarding.named_host {
-            self.write_head(&mut conn, None).await?;
-        } else {
-            self.write_head(&mut conn, Some(backend.authority.as_str())).await?;
+        let host = (!self.forwarding.named_host).then_some(backend.authority.as_str());
+        self.write_head(&mut conn, host, deadline).await?;
+        let reading = read_response(&mut conn, self.to_head, self.limits);
+        match self.client.timer.run(deadline, reading).await {
+            Some(read) => read?,
+            None => return Err(ErrorKind::ResponseTimeout),
         }
-        let head = read_response(&mut conn, self.to_head, self.limits).await?;
-        Ok(NativeAnswer { conn, head })
+        Ok(NativeAnswer { conn })
     }
 
     fn status(answer: &NativeAnswer) -> u16 {
-        answer.head.code
+        answer.conn.conn.head.code
     }
 
     fn orca(answer: &NativeAnswer) -> Option<&[u8]> {
         let buf = &answer.conn.conn.inbox[..];
         answer
+            .conn
+            .conn
             .head
             .headers
             .iter()
@@ -133,7 +147,12 @@ impl Exchange for NativeExchange<'_> {
 impl NativeExchange<'_> {
     /// Writes the request head and its body to `conn`. `host`: the host to
     /// send when the client named none (the backend's authority).
-    async fn write_head(&mut self, conn: &mut Conn<NativeConn>, host: Option<&str>) -> Result<(), ErrorKind> {
+    async fn write_head(
+        &mut self,
+        conn: &mut Conn<NativeConn>,
+        host: Option<&str>,
+        deadline: Instant,
+    ) -> Result<(), ErrorKind> {
         let mut out = std::mem::take(&mut self.client.scratch);
         let mut forwarding = self.forwarding;
         if let Some(h) = host {
@@ -145,14 +164,21 @@ impl NativeExchange<'_> {
         let stream = &mut conn.conn.stream;
         let written = match std::mem::replace(&mut self.body, Body::Sent) {
             Body::Buffered(b) => {
-                let r = write_all(stream, &mut [&out, &b]).await.map_err(upstream_failed);
+                let r = match self.client.timer.run(deadline, write_all(stream, &mut [&out, &b])).await {
+                    Some(written) => written.map_err(upstream_failed),
+                    None => Err(ErrorKind::ResponseTimeout),
+                };
                 self.body = Body::Buffered(b);
                 r
             }
             Body::Streaming(framing) => match write_all(stream, &mut [&out]).await {
                 // The body leaves the client connection now: it cannot be
-                // sent again.
-                Ok(()) => self.stream_body(stream, framing).await,
+                // sent again. Like the head, it must be sent within the
+                // response timeout (the client's own pace is bounded by the
+                // body timeouts).
+                Ok(()) => tokio::time::timeout_at(deadline, self.stream_body(stream, framing))
+                    .await
+                    .unwrap_or(Err(ErrorKind::ResponseTimeout)),
                 Err(e) => {
                     self.body = Body::Streaming(framing);
                     Err(upstream_failed(e))
@@ -190,19 +216,18 @@ impl NativeExchange<'_> {
 }
 
 /// Reads the response head from `conn`, skipping interim (1xx) answers.
-async fn read_response(conn: &mut Conn<NativeConn>, to_head: bool, limits: HeadLimits) -> Result<ResponseHead, ErrorKind> {
+async fn read_response(conn: &mut Conn<NativeConn>, to_head: bool, limits: HeadLimits) -> Result<(), ErrorKind> {
     let reused = conn.reused;
     let c = &mut conn.conn;
-    let mut head = ResponseHead::default();
     let mut got_any = false;
     loop {
         if !c.inbox.is_empty() {
-            match parse_response(&c.inbox, limits, to_head, &mut head) {
-                Ok(Some(())) if head.is_interim() => {
-                    bytes::Buf::advance(&mut c.inbox, head.len);
+            match parse_response(&c.inbox, limits, to_head, &mut c.head) {
+                Ok(Some(())) if c.head.is_interim() => {
+                    bytes::Buf::advance(&mut c.inbox, c.head.len);
                     continue;
                 }
-                Ok(Some(())) => return Ok(head),
+                Ok(Some(())) => return Ok(()),
                 Ok(None) => {}
                 Err(_) => return Err(ErrorKind::InvalidResponse),
             }

@@ -85,7 +85,7 @@ pub(crate) async fn serve(
     stream: TcpStream,
     peer: Peer,
     proxy: Arc<Proxy>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
     limits: Limits,
     hyper: crate::server::HyperServer,
 ) {
@@ -100,12 +100,17 @@ pub(crate) async fn serve(
     let head_limits = HeadLimits { max_bytes: limits.max_header_bytes, max_headers: limits.max_headers };
     let mut head = RequestHead::default();
     let mut served = 0u64;
+    // One wait for the worker's stop, registered once for the connection.
+    let mut stop_wait = stop.clone();
+    let mut stopped = std::pin::pin!(async move {
+        let _ = stop_wait.changed().await;
+    });
     loop {
         let deadline = match served {
             0 => accepted + limits.first_request_timeout,
             _ => Instant::now() + limits.idle_timeout,
         };
-        match next_head(&mut client, &mut head, served == 0, deadline, head_limits, &mut stop).await {
+        match next_head(&mut client, &mut head, served == 0, deadline, head_limits, stopped.as_mut()).await {
             Next::Request => {}
             Next::Closed => return,
             Next::Http2 => {
@@ -145,7 +150,7 @@ async fn next_head(
     first: bool,
     deadline: Instant,
     limits: HeadLimits,
-    stop: &mut watch::Receiver<bool>,
+    mut stopped: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
 ) -> Next {
     loop {
         if !client.inbox.is_empty() {
@@ -173,7 +178,7 @@ async fn next_head(
                     }
                     fill(stream, inbox).await
                 } => Some(r),
-                _ = stop.changed() => None,
+                () = stopped.as_mut() => None,
             }
         };
         match client.timer.run(deadline, read).await {
@@ -273,7 +278,10 @@ struct HeadView<'a> {
 
 impl Headers for HeadView<'_> {
     fn first(&self, name: &str) -> Option<&[u8]> {
-        self.headers.iter().find(|h| h.name.of(self.buf).eq_ignore_ascii_case(name.as_bytes())).map(|h| h.value.of(self.buf))
+        self.headers
+            .iter()
+            .find(|h| h.name.of(self.buf).eq_ignore_ascii_case(name.as_bytes()))
+            .map(|h| h.value.of(self.buf))
     }
 
     fn any(&self, name: &str, f: &mut dyn FnMut(&[u8]) -> bool) -> bool {
@@ -435,7 +443,7 @@ async fn forward(
     };
     let Answered { answer, slot } = attempts::run(service, &mut ex, &ctx, first, proxy.metrics()).await?;
     drop(ex);
-    proxy.metrics().response(StatusCode::from_u16(answer.head.code).unwrap_or(StatusCode::OK));
+    proxy.metrics().response(StatusCode::from_u16(answer.conn.conn.head.code).unwrap_or(StatusCode::OK));
     let gap = std::time::Duration::from_millis(service.settings.timeouts.response_ms);
     let reply = Reply { head, upgrade: upgrade.is_some(), gap, tunnel_idle: limits.tunnel_idle_timeout, stopping };
     Ok(respond(client, answer, slot, reply).await)
@@ -455,7 +463,8 @@ struct Reply<'a> {
 /// whether the client connection may carry another request. The upstream
 /// connection goes back to the pool only after a complete body.
 async fn respond(client: &mut ClientSide, answer: NativeAnswer, slot: Slot, r: Reply<'_>) -> bool {
-    let NativeAnswer { mut conn, head: resp } = answer;
+    let NativeAnswer { mut conn } = answer;
+    let resp = std::mem::take(&mut conn.conn.head);
     let minor = r.head.minor;
     if resp.code == 101 && r.upgrade {
         let mut out = std::mem::take(&mut client.scratch);
@@ -489,7 +498,9 @@ async fn respond(client: &mut ClientSide, answer: NativeAnswer, slot: Slot, r: R
         tracing::debug!(error = %e, status = resp.code, "response relay ended early");
     }
     let complete = relayed.is_ok();
-    if complete && !resp.close && conn.conn.inbox.is_empty() {
+    let reusable = !resp.close;
+    conn.conn.head = resp;
+    if complete && reusable && conn.conn.inbox.is_empty() {
         conn.conn.park();
         conn.release();
     }
@@ -531,7 +542,13 @@ async fn relay_body(
 
 /// Writes a response the proxy made (an error, a static file); returns
 /// whether it was written whole.
-async fn write_local(client: &mut ClientSide, resp: Response<ProxyBody>, close: bool, to_head: bool, minor: u8) -> bool {
+async fn write_local(
+    client: &mut ClientSide,
+    resp: Response<ProxyBody>,
+    close: bool,
+    to_head: bool,
+    minor: u8,
+) -> bool {
     let (parts, mut body) = resp.into_parts();
     let framing = match http_body::Body::size_hint(&body).exact() {
         _ if to_head => Framing::None,

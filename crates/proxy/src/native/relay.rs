@@ -251,8 +251,13 @@ mod tests {
         let (tx, mut rx) = pair().await;
         let mut inbox = BytesMut::new();
         let mut timer = Timer::new();
-        let mut src =
-            Source { stream: &mut rx, inbox: &mut inbox, timer: &mut timer, gap: Duration::from_millis(200), until: None };
+        let mut src = Source {
+            stream: &mut rx,
+            inbox: &mut inbox,
+            timer: &mut timer,
+            gap: Duration::from_millis(200),
+            until: None,
+        };
         let r = relay_length(&mut src, &mut Vec::new(), 5).await;
         assert!(matches!(r, Err(RelayError::Timeout)), "{r:?}");
         drop(tx);

@@ -248,7 +248,8 @@ mod tests {
 
     #[test]
     fn responses_are_reframed_and_lose_hop_by_hop_fields() {
-        let both = "HTTP/1.1 200 OK\r\nContent-Length: 9\r\nTransfer-Encoding: chunked\r\nKeep-Alive: 5\r\nX-A: 1\r\n\r\n";
+        let both =
+            "HTTP/1.1 200 OK\r\nContent-Length: 9\r\nTransfer-Encoding: chunked\r\nKeep-Alive: 5\r\nX-A: 1\r\n\r\n";
         assert_eq!(
             respond(both, Framing::Chunked, false),
             "HTTP/1.1 200 OK\r\nX-A: 1\r\ntransfer-encoding: chunked\r\n\r\n"
