@@ -298,6 +298,11 @@ pub(crate) struct HyperServer {
 }
 
 impl HyperServer {
+    #[cfg(test)]
+    pub(crate) fn for_tests() -> HyperServer {
+        HyperServer { builder: Arc::new(auto::Builder::new(TokioExecutor::new())) }
+    }
+
     /// Serves one client connection (HTTP/1.1 or h2c) until it ends, it
     /// stays idle too long (no first request within the first-request
     /// timeout, or no request in progress for the idle timeout), or the

@@ -116,7 +116,8 @@ pub(crate) async fn serve(
             Next::Http2 => {
                 let read = client.inbox.split().freeze();
                 let io = crate::server::Prefixed::new(read, client.io);
-                hyper.serve(io, peer, proxy, stop, limits).await;
+                // Boxed: rare, and large; not part of every connection's task.
+                Box::pin(hyper.serve(io, peer, proxy, stop, limits)).await;
                 return;
             }
             Next::Refused(e) => {
@@ -127,7 +128,9 @@ pub(crate) async fn serve(
         served += 1;
         let buf = client.inbox.split_to(head.len);
         let stopping = *stop.borrow();
-        let keep = handle(&mut client, &head, &buf, &peer, &proxy, &limits, stopping).await;
+        // Boxed: the state of a request in progress (a few KiB) lives only
+        // while the request does, not in every idle connection's task.
+        let keep = Box::pin(handle(&mut client, &head, &buf, &peer, &proxy, &limits, stopping)).await;
         drop(buf);
         if !keep {
             let _ = client.io.shutdown().await;
@@ -606,5 +609,28 @@ mod tests {
         assert_eq!(split_target("*").err(), Some(ErrorKind::InvalidPath));
         assert_eq!(split_target("a.example:443").err(), Some(ErrorKind::InvalidPath));
         assert_eq!(split_target("http://a b/").err(), Some(ErrorKind::InvalidHost));
+    }
+}
+
+#[cfg(test)]
+mod sizes {
+    use super::*;
+
+    fn size<F: std::future::Future>(_: &F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    /// Every idle connection's task holds this future: the state of a
+    /// request in progress and the HTTP/2 handoff are boxed, not inline.
+    #[tokio::test]
+    async fn a_connection_task_stays_small() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let s = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let snaps = Arc::new(arc_swap::ArcSwap::from_pointee(tidegate_snapshot::Snapshot::empty()));
+        let proxy = Arc::new(Proxy::new(snaps, &crate::ProxyMetrics::default(), Arc::new(Limits::default())));
+        let (_tx, rx) = watch::channel(false);
+        let peer = Peer::new("127.0.0.1:1".parse().unwrap());
+        let f = serve(s, peer, proxy, rx, Limits::default(), crate::server::HyperServer::for_tests());
+        assert!(size(&f) <= 3 * 1024, "the connection future grew to {} bytes", size(&f));
     }
 }
