@@ -8,6 +8,7 @@ mod admin;
 mod autoscale;
 mod balancing;
 mod durability;
+mod engines;
 mod external;
 mod hostile;
 mod proxying;
