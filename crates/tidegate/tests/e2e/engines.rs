@@ -23,8 +23,8 @@ const BIG: usize = 1024 * 1024;
 
 impl RawBackend {
     fn start() -> RawBackend {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = l.local_addr().expect("local address");
         std::thread::spawn(move || {
             for s in l.incoming().flatten() {
                 std::thread::spawn(move || RawBackend::serve(s));
@@ -43,7 +43,7 @@ impl RawBackend {
                     Ok(n) => buf.extend_from_slice(&chunk[..n]),
                 }
             }
-            let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+            let end = buf.windows(4).position(|w| w == b"\r\n\r\n").expect("a complete head") + 4;
             let head = String::from_utf8_lossy(&buf[..end]).into_owned();
             buf.drain(..end);
             let line = head.lines().next().unwrap_or("");
@@ -66,7 +66,7 @@ impl RawBackend {
 }
 
 async fn carries_every_framing(engine: &str) {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("a temporary directory");
     let tg = Tidegate::start_with(dir.path(), &["--http1", engine]);
     let emu = Backend::start("echo", &[]);
     let raw = RawBackend::start();
@@ -76,7 +76,8 @@ async fn carries_every_framing(engine: &str) {
         let route = json!({ "match": { "path_prefix": prefix }, "service": name });
         assert_eq!(tg.api("PUT", &format!("/v1/routes/{name}"), Some(route)).await.0, 200);
     }
-    let echoed = |r: &Reply| serde_json::from_slice::<serde_json::Value>(&r.body).unwrap()["body_bytes"].clone();
+    let echoed =
+        |r: &Reply| serde_json::from_slice::<serde_json::Value>(&r.body).expect("an echo")["body_bytes"].clone();
     // Request bodies: small (held for retries), large (streamed), chunked.
     let r = send("POST", &tg.url("/e/echo"), None, b"12345".to_vec(), &[]).await;
     assert_eq!((r.status, echoed(&r)), (200, json!(5)), "{engine}");
