@@ -141,7 +141,7 @@ def plot_churn(plt, r):
 def plot_throughput(plt, r):
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
     conns = sorted(r["summary"], key=int)
-    for proxy in ("tidegate", "nginx", "haproxy", "direct"):
+    for proxy in THROUGHPUT_TARGETS:
         ys = [r["summary"][c].get(proxy, {}).get("rps") for c in conns]
         ps = [r["summary"][c].get(proxy, {}).get("p99_ms") for c in conns]
         a.plot([int(c) for c in conns], ys, "o-", label=proxy)
@@ -314,27 +314,36 @@ def md_churn(r):
     return "".join(s)
 
 
+# Throughput targets, in report order: Tidegate (its default HTTP/1 engine,
+# the native one), Tidegate on hyper's HTTP/1 (`--http1 hyper`), the minimal
+# hyper proxy (the library ceiling), the peers, and the backend directly.
+THROUGHPUT_TARGETS = ("tidegate", "tidegate-hyper", "hyper-min", "nginx", "haproxy", "direct")
+
+
 def md_throughput(r):
     p = r["params"]
     s = [f"Three backends (one nginx serving 13 bytes on three ports); each proxy with {p['workers']} workers "
          "(nginx `worker_processes`, upstream `keepalive 256`; HAProxy `nbthread`, `http-reuse always`; Tidegate "
          f"`--workers`); wrk `-t2` closed loop, {p['duration']} s per run, {p['reps']} repetition(s) alternated, "
-         "medians. RSS = resident memory of all the proxy's processes at the end of the run; CPU = cores busy "
-         "during the run. Paper S2 (Table II): mean response time of a CVM + nginx cluster vs a single machine; "
-         "different hardware and workload, for the shape only.\n\n"]
+         "medians. `tidegate` is the default (native HTTP/1) engine, `tidegate-hyper` the same binary with "
+         "`--http1 hyper`, `hyper-min` the minimal hyper proxy (no routing, balancing, limits or metrics: the "
+         "library ceiling). RSS = resident memory of all the proxy's processes at the end of the run; CPU = "
+         "cores busy during the run, and per request. Paper S2 (Table II): mean response time of a CVM + nginx "
+         "cluster vs a single machine; different hardware and workload, for the shape only.\n\n"]
     rows = []
     for c in sorted(r["summary"], key=int):
         row = r["summary"][c]
         paper = PAPER_S2.get(int(c))
-        for proxy in ("tidegate", "nginx", "haproxy", "direct"):
+        for proxy in THROUGHPUT_TARGETS:
             v = row.get(proxy)
             if not v:
                 continue
             rows.append([c, proxy, v["rps"], v["mean_ms"], v["p99_ms"], v["errors"], v["rss_mib"], v["cpu_cores"],
+                         v.get("cpu_us_per_req") if proxy != "direct" else "—",
                          fmt(v["vs_nginx"], 2) + "x" if v["vs_nginx"] else "—",
                          f"{paper[1]} (single {paper[0]})" if paper and proxy == "nginx" else ""])
-    s.append(table(["conns", "target", "req/s", "mean ms", "p99 ms", "errors", "RSS MiB", "CPU cores", "vs nginx",
-                    "paper mean ms"], rows))
+    s.append(table(["conns", "target", "req/s", "mean ms", "p99 ms", "errors", "RSS MiB", "CPU cores", "CPU µs/req",
+                    "vs nginx", "paper mean ms"], rows))
     worst = [(c, row["tidegate"]["vs_nginx"]) for c, row in r["summary"].items()
              if "tidegate" in row and row["tidegate"].get("vs_nginx")]
     if worst:

@@ -96,7 +96,8 @@ def throughput(ctx: Ctx) -> dict:
             "rps": median([r["rps"] for r in rs]), "mean_ms": median([r.get("mean_ms") for r in rs]),
             "p50_ms": median([r.get("p50_ms") for r in rs]), "p99_ms": median([r.get("p99_ms") for r in rs]),
             "errors": sum(r["errors"] for r in rs), "rss_mib": round(median([r["rss_kb"] for r in rs]) / 1024, 1),
-            "cpu_cores": median([r["cpu_cores"] for r in rs]), "reps": len(rs)}
+            "cpu_cores": median([r["cpu_cores"] for r in rs]),
+            "cpu_us_per_req": median([r.get("cpu_us_per_req") for r in rs]), "reps": len(rs)}
     for row in summary.values():
         base = (row.get("nginx") or {}).get("rps")
         for v in row.values():
