@@ -10,7 +10,8 @@ use axum::Json;
 use serde::Serialize;
 use serde_json::{json, Value};
 use tidegate_model::{
-    parse_change_set, parse_json, BackendId, BackendSpec, ChangeSet, Op, RouteName, RouteSpec, ServiceName, ServiceSpec,
+    parse_change_set, parse_json, unix_now, BackendId, BackendSpec, CertName, CertificateSpec, ChangeSet, ConfigState,
+    Op, RouteName, RouteSpec, ServiceName, ServiceSpec,
 };
 
 use crate::{AdminState, ApiError};
@@ -23,6 +24,10 @@ fn service_name(s: &str) -> Result<ServiceName, ApiError> {
 
 fn route_name(s: &str) -> Result<RouteName, ApiError> {
     RouteName::new(s).map_err(|e| ApiError::bad_field("path.name", e.to_string()))
+}
+
+fn cert_name(s: &str) -> Result<CertName, ApiError> {
+    CertName::new(s).map_err(|e| ApiError::bad_field("path.name", e.to_string()))
 }
 
 fn backend_id(s: &str) -> Result<BackendId, ApiError> {
@@ -133,6 +138,54 @@ pub(crate) async fn list_routes(State(state): State<AdminState>) -> Answer {
     with_revision(view.revision, "routes", &all)
 }
 
+pub(crate) async fn put_certificate(
+    State(state): State<AdminState>,
+    Path(name): Path<String>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Answer {
+    let name = cert_name(&name)?;
+    let spec: CertificateSpec = body(bytes)?;
+    spec.check_current(unix_now()).map_err(|m| {
+        let (field, message) = m.split_once(": ").unwrap_or(("cert_pem", &m));
+        ApiError::bad_field(&format!("spec.{field}"), message.to_string())
+    })?;
+    submit(&state, vec![Op::PutCertificate { name, spec: Box::new(spec) }]).await
+}
+
+pub(crate) async fn delete_certificate(State(state): State<AdminState>, Path(name): Path<String>) -> Answer {
+    let name = cert_name(&name)?;
+    submit(&state, vec![Op::DeleteCertificate { name }]).await
+}
+
+/// What the read APIs show of a certificate: never the key.
+fn certificate_view(spec: &CertificateSpec) -> Value {
+    let mut v = serde_json::to_value(spec.info()).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        o.insert("default".to_string(), Value::Bool(spec.is_default()));
+    }
+    v
+}
+
+/// Every certificate as the read APIs show it.
+fn certificates_view(state: &ConfigState) -> BTreeMap<&str, Value> {
+    state.certificates().iter().map(|(k, v)| (k.as_str(), certificate_view(v))).collect()
+}
+
+pub(crate) async fn get_certificate(State(state): State<AdminState>, Path(name): Path<String>) -> Answer {
+    let view = state.control.config();
+    let spec = view
+        .state
+        .certificates()
+        .get(name.as_str())
+        .ok_or_else(|| ApiError::not_found(format!("no certificate {name:?}")))?;
+    with_revision(view.revision, "certificate", &certificate_view(spec))
+}
+
+pub(crate) async fn list_certificates(State(state): State<AdminState>) -> Answer {
+    let view = state.control.config();
+    with_revision(view.revision, "certificates", &certificates_view(&view.state))
+}
+
 /// `?dry_run=true`: check the change set, apply nothing.
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -181,5 +234,6 @@ pub(crate) async fn get_config(State(state): State<AdminState>) -> Answer {
     let services: BTreeMap<&str, Cow<'_, ServiceSpec>> =
         view.state.services().iter().map(|(k, v)| (k.as_str(), v.redacted())).collect();
     let routes: BTreeMap<&str, &RouteSpec> = view.state.routes().iter().map(|(k, v)| (k.as_str(), &**v)).collect();
-    Ok(Json(json!({ "revision": view.revision, "services": services, "routes": routes })))
+    let certificates = certificates_view(&view.state);
+    Ok(Json(json!({ "revision": view.revision, "services": services, "routes": routes, "certificates": certificates })))
 }

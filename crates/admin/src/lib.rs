@@ -77,6 +77,11 @@ pub fn router(state: AdminState) -> Router {
         )
         .route("/v1/routes", get(handlers::list_routes))
         .route("/v1/routes/{name}", put(handlers::put_route).get(handlers::get_route).delete(handlers::delete_route))
+        .route("/v1/certificates", get(handlers::list_certificates))
+        .route(
+            "/v1/certificates/{name}",
+            put(handlers::put_certificate).get(handlers::get_certificate).delete(handlers::delete_certificate),
+        )
         .route("/v1/services/{name}/autoscale", post(autoscale::post_override))
         .route("/v1/events", get(autoscale::get_events))
         .route("/v1/changes", post(handlers::post_changes))

@@ -90,7 +90,26 @@ pub(crate) async fn get_status(State(state): State<AdminState>) -> Json<Value> {
         "revision": snapshot.revision(),
         "routes": snapshot.route_count(),
         "services": services,
+        "certificates_expiring": expiring(&snapshot, tidegate_model::unix_now()),
     }))
+}
+
+/// Within this many seconds of its end, a certificate is listed in
+/// `/v1/status` as expiring (14 days).
+const EXPIRY_WARNING_S: i64 = 14 * 86_400;
+
+/// Certificates that expire within [`EXPIRY_WARNING_S`] of `now` (or have
+/// expired), soonest first.
+fn expiring(snapshot: &tidegate_snapshot::Snapshot, now: i64) -> Vec<Value> {
+    let mut soon: Vec<_> =
+        snapshot.certificates().all().iter().filter(|(_, info)| info.not_after - now < EXPIRY_WARNING_S).collect();
+    soon.sort_by_key(|(_, info)| info.not_after);
+    soon.into_iter()
+        .map(|(name, info)| {
+            json!({ "name": name.as_str(), "names": info.names, "not_after": info.not_after,
+                    "expired": info.not_after < now })
+        })
+        .collect()
 }
 
 pub(crate) async fn get_metrics(State(state): State<AdminState>) -> impl IntoResponse {
@@ -118,6 +137,15 @@ pub(crate) async fn get_metrics(State(state): State<AdminState>) -> impl IntoRes
     ] {
         let secs = nanos.load(Relaxed) as f64 / 1e9;
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {secs}");
+    }
+    let certs = snapshot.certificates().all();
+    if !certs.is_empty() {
+        let name = "tidegate_certificate_not_after_seconds";
+        let _ = writeln!(out, "# HELP {name} End of validity of each TLS certificate (Unix time).");
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        for (cert, info) in certs {
+            let _ = writeln!(out, "{name}{{name=\"{cert}\"}} {}", info.not_after);
+        }
     }
     (state.extra_metrics)(&mut out);
     state.events.render(&mut out);

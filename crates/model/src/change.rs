@@ -2,7 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::names::{BackendId, RouteName, ServiceName};
+use crate::certificate::CertificateSpec;
+use crate::names::{BackendId, CertName, RouteName, ServiceName};
 use crate::route::RouteSpec;
 use crate::service::{BackendSpec, ServiceSpec};
 
@@ -50,6 +51,18 @@ pub enum Op {
         /// The route.
         name: RouteName,
     },
+    /// Create or replace a TLS certificate (chain and key).
+    PutCertificate {
+        /// The certificate.
+        name: CertName,
+        /// Its chain, key and default flag.
+        spec: Box<CertificateSpec>,
+    },
+    /// Remove a TLS certificate.
+    DeleteCertificate {
+        /// The certificate.
+        name: CertName,
+    },
 }
 
 // serde's internally tagged enums buffer their content and so lose the path
@@ -58,7 +71,11 @@ impl ChangeSet {
     /// The change set as read APIs (the watch stream) show it: secrets
     /// replaced by [`crate::REDACTED`].
     pub fn redacted(&self) -> std::borrow::Cow<'_, ChangeSet> {
-        let hides = |op: &Op| matches!(op, Op::PutService { spec, .. } if spec.webhook_secret().is_some());
+        let hides = |op: &Op| match op {
+            Op::PutService { spec, .. } => spec.webhook_secret().is_some(),
+            Op::PutCertificate { .. } => true,
+            _ => false,
+        };
         if !self.ops.iter().any(hides) {
             return std::borrow::Cow::Borrowed(self);
         }
@@ -68,6 +85,9 @@ impl ChangeSet {
             .map(|op| match op {
                 Op::PutService { name, spec } => {
                     Op::PutService { name: name.clone(), spec: Box::new(spec.redacted().into_owned()) }
+                }
+                Op::PutCertificate { name, spec } => {
+                    Op::PutCertificate { name: name.clone(), spec: Box::new(spec.redacted()) }
                 }
                 other => other.clone(),
             })
@@ -98,9 +118,12 @@ impl<'de> Deserialize<'de> for Op {
                 sub::<NameSpec<RouteName, RouteSpec>>(body).map(|w| Op::PutRoute { name: w.name, spec: w.spec })
             }
             "delete_route" => sub::<Named<RouteName>>(body).map(|w| Op::DeleteRoute { name: w.name }),
+            "put_certificate" => sub::<NameSpec<CertName, CertificateSpec>>(body)
+                .map(|w| Op::PutCertificate { name: w.name, spec: Box::new(w.spec) }),
+            "delete_certificate" => sub::<Named<CertName>>(body).map(|w| Op::DeleteCertificate { name: w.name }),
             other => Err(format!(
                 "op: unknown op {other:?}; expected one of put_service, delete_service, \
-                 put_backend, delete_backend, put_route, delete_route"
+                 put_backend, delete_backend, put_route, delete_route, put_certificate, delete_certificate"
             )),
         };
         op.map_err(D::Error::custom)
@@ -210,9 +233,21 @@ pub fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Par
     Ok(value)
 }
 
-/// Parses a change set from JSON, naming the op and field at fault on error.
+/// Parses a change set from JSON, naming the op and field at fault on
+/// error. This is where changes come in, so a certificate that has already
+/// expired is refused here (`ops[N].spec.cert_pem`).
 pub fn parse_change_set(bytes: &[u8]) -> Result<ChangeSet, ParseError> {
-    parse_json(bytes)
+    let cs: ChangeSet = parse_json(bytes)?;
+    let now = crate::certificate::unix_now();
+    for (i, op) in cs.ops.iter().enumerate() {
+        if let Op::PutCertificate { spec, .. } = op {
+            spec.check_current(now).map_err(|m| {
+                let (field, message) = m.split_once(": ").unwrap_or(("cert_pem", &m));
+                ParseError { op: Some(i), field: format!("ops[{i}].spec.{field}"), message: message.to_string() }
+            })?;
+        }
+    }
+    Ok(cs)
 }
 
 #[cfg(test)]

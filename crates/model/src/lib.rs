@@ -11,6 +11,7 @@
 //! maps: applying a change set to it costs O(change), and a failed change set
 //! leaves it untouched.
 
+mod certificate;
 mod change;
 mod headers;
 mod names;
@@ -20,9 +21,10 @@ mod route;
 mod service;
 mod state;
 
+pub use certificate::{unix_now, CertificateInfo, CertificateSpec};
 pub use change::{parse_change_set, parse_json, ChangeSet, Op, ParseError};
 pub use headers::Headers;
-pub use names::{BackendAddr, BackendId, NameError, RouteName, ServiceName};
+pub use names::{BackendAddr, BackendId, CertName, NameError, RouteName, ServiceName};
 pub use route::{HeaderMatch, HostPattern, PathPattern, RouteAction, RouteMatch, RouteSpec, StaticDir};
 pub use service::{
     ActiveCheck, AutoscaleSpec, BackendSpec, BalanceFactor, CheckKind, ExternalSpec, FeedbackFormula, FeedbackSpec,

@@ -91,6 +91,11 @@ name_type!(
     "route name"
 );
 name_type!(
+    /// The name of a TLS certificate.
+    CertName,
+    "certificate name"
+);
+name_type!(
     /// The id of a backend, unique within its service.
     BackendId,
     "backend id"

@@ -4,8 +4,9 @@ use std::sync::Arc;
 
 use imbl::{OrdMap, OrdSet};
 
+use crate::certificate::CertificateSpec;
 use crate::change::{ChangeSet, Op};
-use crate::names::{BackendId, RouteName, ServiceName};
+use crate::names::{BackendId, CertName, RouteName, ServiceName};
 use crate::route::RouteSpec;
 use crate::service::ServiceSpec;
 
@@ -46,6 +47,8 @@ pub struct Delta {
     pub services: OrdSet<ServiceName>,
     /// Routes that were put or deleted.
     pub routes: OrdSet<RouteName>,
+    /// Certificates that were put or deleted.
+    pub certificates: OrdSet<CertName>,
 }
 
 impl Delta {
@@ -53,19 +56,21 @@ impl Delta {
     pub fn merge(&mut self, other: Delta) {
         self.services.extend(other.services);
         self.routes.extend(other.routes);
+        self.certificates.extend(other.certificates);
     }
 
     /// True when nothing was touched.
     pub fn is_empty(&self) -> bool {
-        self.services.is_empty() && self.routes.is_empty()
+        self.services.is_empty() && self.routes.is_empty() && self.certificates.is_empty()
     }
 }
 
-/// The configuration: services and routes. Cloning is O(1).
+/// The configuration: services, routes and certificates. Cloning is O(1).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ConfigState {
     services: OrdMap<ServiceName, Arc<ServiceSpec>>,
     routes: OrdMap<RouteName, Arc<RouteSpec>>,
+    certificates: OrdMap<CertName, Arc<CertificateSpec>>,
     /// Reverse index: which routes point at each service.
     users: OrdMap<ServiceName, OrdSet<RouteName>>,
 }
@@ -79,6 +84,11 @@ impl ConfigState {
     /// All routes, by name.
     pub fn routes(&self) -> &OrdMap<RouteName, Arc<RouteSpec>> {
         &self.routes
+    }
+
+    /// All TLS certificates, by name.
+    pub fn certificates(&self) -> &OrdMap<CertName, Arc<CertificateSpec>> {
+        &self.certificates
     }
 
     /// One service.
@@ -180,6 +190,26 @@ impl ConfigState {
                 };
                 self.unlink(name, Some(&old));
                 delta.routes.insert(name.clone());
+            }
+            Op::PutCertificate { name, spec } => {
+                if spec.is_default() {
+                    if let Some((other, _)) = self.certificates.iter().find(|(n, c)| *n != name && c.is_default()) {
+                        return Err(ChangeError::at(
+                            Conflict,
+                            i,
+                            "spec.default",
+                            format!("certificate {other:?} is already the default; unmark it first"),
+                        ));
+                    }
+                }
+                self.certificates.insert(name.clone(), Arc::new((**spec).clone()));
+                delta.certificates.insert(name.clone());
+            }
+            Op::DeleteCertificate { name } => {
+                if self.certificates.remove(name).is_none() {
+                    return Err(ChangeError::at(NotFound, i, "name", format!("no certificate {name:?}")));
+                }
+                delta.certificates.insert(name.clone());
             }
         }
         Ok(())

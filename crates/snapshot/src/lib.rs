@@ -16,6 +16,9 @@ use tidegate_model::{ConfigState, Delta, RetryBudget, ServiceName, ServiceSettin
 use tidegate_router::Router;
 pub use tidegate_router::{Entry, RequestView};
 
+mod tls;
+pub use tls::Certificates;
+
 /// Live counters of a service, shared across snapshots like backend stats.
 #[derive(Debug, Default)]
 pub struct ServiceLive {
@@ -93,6 +96,7 @@ pub struct Snapshot {
     revision: u64,
     router: Router,
     services: HashMap<ServiceName, Arc<ServiceRuntime>>,
+    certificates: Arc<Certificates>,
 }
 
 impl Snapshot {
@@ -106,6 +110,7 @@ impl Snapshot {
         let delta = Delta {
             services: state.services().keys().cloned().collect(),
             routes: state.routes().keys().cloned().collect(),
+            certificates: state.certificates().keys().cloned().collect(),
         };
         Snapshot::empty().next(state, &delta, revision)
     }
@@ -136,7 +141,15 @@ impl Snapshot {
                 }
             }
         }
+        if !delta.certificates.is_empty() {
+            next.certificates = Arc::new(Certificates::build(state));
+        }
         next
+    }
+
+    /// The TLS certificates, indexed for SNI.
+    pub fn certificates(&self) -> &Arc<Certificates> {
+        &self.certificates
     }
 
     /// The configuration revision this snapshot shows.

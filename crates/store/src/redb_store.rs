@@ -95,6 +95,13 @@ impl RedbStore {
             Op::DeleteRoute { name } => {
                 routes.remove(name.as_str()).map_err(err)?;
             }
+            // Older data directories had no certificates; this store is
+            // kept to read them once, not to take new kinds of objects.
+            Op::PutCertificate { .. } | Op::DeleteCertificate { .. } => {
+                return Err(StoreError::Backend(
+                    "the redb store does not hold certificates; use the SQLite store".into(),
+                ));
+            }
         }
         Ok(())
     }

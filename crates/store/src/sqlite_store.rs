@@ -8,7 +8,8 @@ use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Transaction};
 use tidegate_model::{
-    BackendId, ChangeSet, ConfigState, Op, RouteName, RouteSpec, ServiceName, ServiceSettings, ServiceSpec,
+    BackendId, CertName, CertificateSpec, ChangeSet, ConfigState, Op, RouteName, RouteSpec, ServiceName,
+    ServiceSettings, ServiceSpec,
 };
 
 use crate::{AppliedChange, Loaded, Store, StoreError, LOG_RETAIN};
@@ -18,6 +19,7 @@ const SCHEMA: &str = "
     CREATE TABLE IF NOT EXISTS backends (
         service TEXT NOT NULL, id TEXT NOT NULL, spec BLOB NOT NULL, PRIMARY KEY (service, id)) WITHOUT ROWID;
     CREATE TABLE IF NOT EXISTS routes (name TEXT PRIMARY KEY, spec BLOB NOT NULL) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS certificates (name TEXT PRIMARY KEY, spec BLOB NOT NULL) WITHOUT ROWID;
     CREATE TABLE IF NOT EXISTS log (revision INTEGER PRIMARY KEY, change BLOB NOT NULL);
     CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 ";
@@ -85,7 +87,9 @@ impl SqliteStore {
             .collect::<Vec<_>>();
         let mut conn = self.lock()?;
         let txn = conn.transaction().map_err(err)?;
-        txn.execute_batch("DELETE FROM services; DELETE FROM backends; DELETE FROM routes; DELETE FROM log;")
+        txn.execute_batch(
+            "DELETE FROM services; DELETE FROM backends; DELETE FROM routes; DELETE FROM certificates; DELETE FROM log;",
+        )
             .map_err(err)?;
         for op in &ops {
             write_op(&txn, op)?;
@@ -137,6 +141,13 @@ fn write_op(txn: &Transaction<'_>, op: &Op) -> Result<(), StoreError> {
         Op::DeleteRoute { name } => {
             run("DELETE FROM routes WHERE name = ?1", &[&name.as_str()]).map_err(err)?;
         }
+        Op::PutCertificate { name, spec } => {
+            run("INSERT OR REPLACE INTO certificates (name, spec) VALUES (?1, ?2)", &[&name.as_str(), &json(&**spec)?])
+                .map_err(err)?;
+        }
+        Op::DeleteCertificate { name } => {
+            run("DELETE FROM certificates WHERE name = ?1", &[&name.as_str()]).map_err(err)?;
+        }
     }
     Ok(())
 }
@@ -173,6 +184,17 @@ impl Store for SqliteStore {
             let (name, spec) = row.map_err(err)?;
             let spec: RouteSpec = serde_json::from_slice(&spec).map_err(corrupt)?;
             ops.push(Op::PutRoute { name: RouteName::new(&name).map_err(corrupt)?, spec });
+        }
+        let mut certificates = conn.prepare("SELECT name, spec FROM certificates ORDER BY name").map_err(err)?;
+        let rows =
+            certificates.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))).map_err(err)?;
+        for row in rows {
+            let (name, spec) = row.map_err(err)?;
+            // Decoding checks the pair again. A certificate that expired
+            // while stored still loads: refusing it would stop the proxy
+            // from starting (status and metrics report the expiry).
+            let spec: CertificateSpec = serde_json::from_slice(&spec).map_err(corrupt)?;
+            ops.push(Op::PutCertificate { name: CertName::new(&name).map_err(corrupt)?, spec: Box::new(spec) });
         }
         let all = ChangeSet { if_revision: None, ops };
         let (state, _) = ConfigState::default().apply(&all, 0).map_err(corrupt)?;

@@ -1,0 +1,238 @@
+//! TLS certificates as configuration: a chain and its private key, checked
+//! as they are decoded (the chain parses, the key parses and matches the
+//! first certificate), with the names it serves read once. Expiry is
+//! checked where changes come in ([`crate::parse_change_set`],
+//! [`CertificateSpec::check_current`]), not on every decode: a stored
+//! certificate that expires later still loads, so Tidegate still starts
+//! (and reports it) instead of refusing its own data directory.
+
+use std::fmt;
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use serde::{Deserialize, Serialize};
+
+/// A certificate chain and its key (`PUT /v1/certificates/{name}`).
+/// Values of this type are always valid: the chain parses and the key
+/// matches its first certificate.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(try_from = "CertificateWire", into = "CertificateWire")]
+pub struct CertificateSpec {
+    wire: CertificateWire,
+    info: Arc<CertificateInfo>,
+    key: Arc<rustls::sign::CertifiedKey>,
+    /// Serialized with the key replaced by [`crate::REDACTED`] (read APIs).
+    redacted: bool,
+}
+
+/// What a certificate says of itself (the read APIs show this, never the key).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CertificateInfo {
+    /// The DNS names it serves: its subject alternative names (or its
+    /// common name when it has none), lowercase; `*.example.com` for a
+    /// wildcard.
+    pub names: Vec<String>,
+    /// The subject's distinguished name.
+    pub subject: String,
+    /// The issuer's distinguished name.
+    pub issuer: String,
+    /// Start of validity, seconds since the Unix epoch.
+    pub not_before: i64,
+    /// End of validity, seconds since the Unix epoch.
+    pub not_after: i64,
+    /// Certificates in the chain (the first is the server's own).
+    pub chain_length: usize,
+}
+
+/// The document as sent and stored.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CertificateWire {
+    /// The certificate chain, PEM: the server's certificate first, then
+    /// intermediates.
+    cert_pem: String,
+    /// The private key of the first certificate, PEM (PKCS#8, PKCS#1 or SEC1).
+    key_pem: String,
+    /// Served to clients that send no SNI name, or one no certificate has.
+    #[serde(default)]
+    default: bool,
+}
+
+impl CertificateSpec {
+    /// The chain and key, ready for a TLS handshake.
+    pub fn certified_key(&self) -> &Arc<rustls::sign::CertifiedKey> {
+        &self.key
+    }
+
+    /// What the certificate says of itself.
+    pub fn info(&self) -> &CertificateInfo {
+        &self.info
+    }
+
+    /// Whether it is served to clients with no (or an unknown) SNI name.
+    pub fn is_default(&self) -> bool {
+        self.wire.default
+    }
+
+    /// The chain, PEM.
+    pub fn cert_pem(&self) -> &str {
+        &self.wire.cert_pem
+    }
+
+    /// Refuses a certificate that has expired by `now` (Unix seconds): a
+    /// new one must be current.
+    pub fn check_current(&self, now: i64) -> Result<(), String> {
+        match self.info.not_after < now {
+            true => Err(format!("cert_pem: the certificate expired at {} (Unix time)", self.info.not_after)),
+            false => Ok(()),
+        }
+    }
+
+    /// The spec as read APIs show it: the key replaced by
+    /// [`crate::REDACTED`] when serialized.
+    pub fn redacted(&self) -> CertificateSpec {
+        CertificateSpec { redacted: true, ..self.clone() }
+    }
+}
+
+impl PartialEq for CertificateSpec {
+    fn eq(&self, other: &Self) -> bool {
+        self.wire == other.wire
+    }
+}
+
+impl Eq for CertificateSpec {}
+
+impl fmt::Debug for CertificateSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CertificateSpec")
+            .field("names", &self.info.names)
+            .field("not_after", &self.info.not_after)
+            .field("default", &self.wire.default)
+            .finish_non_exhaustive()
+    }
+}
+
+impl From<CertificateSpec> for CertificateWire {
+    fn from(c: CertificateSpec) -> Self {
+        match c.redacted {
+            true => CertificateWire { key_pem: crate::REDACTED.to_string(), ..c.wire },
+            false => c.wire,
+        }
+    }
+}
+
+impl TryFrom<CertificateWire> for CertificateSpec {
+    type Error = String;
+
+    fn try_from(wire: CertificateWire) -> Result<Self, String> {
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(wire.cert_pem.as_bytes())
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("cert_pem: not a PEM certificate chain ({e})"))?;
+        if chain.is_empty() {
+            return Err("cert_pem: no CERTIFICATE block found".to_string());
+        }
+        let key = PrivateKeyDer::from_pem_slice(wire.key_pem.as_bytes())
+            .map_err(|e| format!("key_pem: not a PEM private key ({e})"))?;
+        let info = inspect(&chain)?;
+        let provider = rustls::crypto::ring::default_provider();
+        let certified = rustls::sign::CertifiedKey::from_der(chain, key, &provider).map_err(|e| match e {
+            rustls::Error::InconsistentKeys(_) => "key_pem: the key does not match the certificate".to_string(),
+            other => format!("key_pem: unsupported or malformed key ({other})"),
+        })?;
+        Ok(CertificateSpec { wire, info: Arc::new(info), key: Arc::new(certified), redacted: false })
+    }
+}
+
+/// Reads names and validity from the first certificate of `chain`.
+fn inspect(chain: &[CertificateDer<'_>]) -> Result<CertificateInfo, String> {
+    use x509_parser::extensions::GeneralName;
+    let (_, cert) = x509_parser::parse_x509_certificate(chain[0].as_ref())
+        .map_err(|e| format!("cert_pem: not an X.509 certificate ({e})"))?;
+    let mut names: Vec<String> = match cert.subject_alternative_name() {
+        Ok(Some(san)) => san
+            .value
+            .general_names
+            .iter()
+            .filter_map(|n| match n {
+                GeneralName::DNSName(d) => Some(d.to_ascii_lowercase()),
+                _ => None,
+            })
+            .collect(),
+        Ok(None) => Vec::new(),
+        Err(e) => return Err(format!("cert_pem: malformed subject alternative names ({e})")),
+    };
+    if names.is_empty() {
+        names.extend(cert.subject().iter_common_name().filter_map(|cn| cn.as_str().ok()).map(str::to_ascii_lowercase));
+    }
+    names.sort();
+    names.dedup();
+    Ok(CertificateInfo {
+        names,
+        subject: cert.subject().to_string(),
+        issuer: cert.issuer().to_string(),
+        not_before: cert.validity().not_before.timestamp(),
+        not_after: cert.validity().not_after.timestamp(),
+        chain_length: chain.len(),
+    })
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(names: &[&str]) -> (String, String) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    fn parse(cert: &str, key: &str) -> Result<CertificateSpec, String> {
+        crate::parse_json::<CertificateSpec>(
+            serde_json::json!({ "cert_pem": cert, "key_pem": key, "default": true }).to_string().as_bytes(),
+        )
+        .map_err(|e| format!("{}: {}", e.field, e.message))
+    }
+
+    #[test]
+    fn a_valid_pair_decodes_with_its_names() {
+        let (cert, key) = pair(&["a.example", "*.B.example"]);
+        let spec = parse(&cert, &key).unwrap();
+        assert_eq!(spec.info().names, vec!["*.b.example", "a.example"]);
+        assert!(spec.is_default());
+        assert!(spec.info().not_after > unix_now());
+        let json = serde_json::to_string(&spec).unwrap();
+        let again: CertificateSpec = serde_json::from_str(&json).unwrap();
+        assert_eq!(again, spec, "round-trips");
+        assert!(!format!("{spec:?}").contains("PRIVATE"), "Debug never shows the key");
+        let shown = serde_json::to_string(&spec.redacted()).unwrap();
+        assert!(!shown.contains("PRIVATE") && shown.contains(crate::REDACTED), "{shown}");
+    }
+
+    #[test]
+    fn bad_input_names_the_field() {
+        let (cert, key) = pair(&["a.example"]);
+        let (_, other_key) = pair(&["a.example"]);
+        let err = parse(&cert, &other_key).unwrap_err();
+        assert!(err.starts_with("key_pem: the key does not match"), "{err}");
+        let err = parse("garbage", &key).unwrap_err();
+        assert!(err.starts_with("cert_pem:"), "{err}");
+        let err = parse(&cert, "garbage").unwrap_err();
+        assert!(err.starts_with("key_pem:"), "{err}");
+        let mut params = rcgen::CertificateParams::new(vec!["old.example".to_string()]).unwrap();
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        let old_key = rcgen::KeyPair::generate().unwrap();
+        let old = params.self_signed(&old_key).unwrap();
+        let old = parse(&old.pem(), &old_key.serialize_pem()).expect("an expired pair still decodes (stored data)");
+        let err = old.check_current(unix_now()).unwrap_err();
+        assert!(err.starts_with("cert_pem: the certificate expired"), "{err}");
+    }
+}

@@ -1,0 +1,116 @@
+//! The certificates of a snapshot, indexed for SNI: exact names, then
+//! `*.` wildcards (one label, RFC 6125), then the default certificate.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use rustls::sign::CertifiedKey;
+use tidegate_model::{CertName, CertificateInfo, ConfigState};
+
+/// Certificates by the names they serve. Rebuilt whole when a certificate
+/// changes (a configuration has a handful to hundreds of them; routes and
+/// services, which can be tens of thousands, are rebuilt incrementally).
+#[derive(Debug, Clone, Default)]
+pub struct Certificates {
+    exact: HashMap<String, Arc<CertifiedKey>>,
+    /// By the suffix a wildcard covers (`*.example.com` → `.example.com`).
+    wildcard: HashMap<String, Arc<CertifiedKey>>,
+    default: Option<Arc<CertifiedKey>>,
+    /// Every certificate, for status and metrics.
+    all: Vec<(CertName, Arc<CertificateInfo>)>,
+}
+
+impl Certificates {
+    /// Indexes every certificate of `state`. When two certificates serve
+    /// the same name, the one valid longest wins (so a renewed certificate
+    /// can be added before the old one is deleted).
+    pub fn build(state: &ConfigState) -> Certificates {
+        let mut c = Certificates::default();
+        let mut best: HashMap<String, i64> = HashMap::new();
+        for (name, spec) in state.certificates() {
+            let info = spec.info();
+            c.all.push((name.clone(), Arc::new(info.clone())));
+            if spec.is_default() {
+                c.default = Some(spec.certified_key().clone());
+            }
+            for n in &info.names {
+                if best.get(n).is_some_and(|until| *until >= info.not_after) {
+                    continue;
+                }
+                best.insert(n.clone(), info.not_after);
+                match n.strip_prefix('*') {
+                    Some(suffix) if suffix.starts_with('.') => {
+                        c.wildcard.insert(suffix.to_string(), spec.certified_key().clone());
+                    }
+                    _ => {
+                        c.exact.insert(n.clone(), spec.certified_key().clone());
+                    }
+                }
+            }
+        }
+        c
+    }
+
+    /// The certificate for a client that asked for `sni` (or for none).
+    pub fn resolve(&self, sni: Option<&str>) -> Option<Arc<CertifiedKey>> {
+        if let Some(name) = sni {
+            let lower;
+            let name = if name.bytes().any(|b| b.is_ascii_uppercase()) {
+                lower = name.to_ascii_lowercase();
+                lower.as_str()
+            } else {
+                name
+            };
+            if let Some(k) = self.exact.get(name) {
+                return Some(k.clone());
+            }
+            if let Some(k) = name.find('.').and_then(|dot| self.wildcard.get(&name[dot..])) {
+                return Some(k.clone());
+            }
+        }
+        self.default.clone()
+    }
+
+    /// Every certificate: its name and what it says of itself.
+    pub fn all(&self) -> &[(CertName, Arc<CertificateInfo>)] {
+        &self.all
+    }
+
+    /// Whether there is no certificate at all.
+    pub fn is_empty(&self) -> bool {
+        self.all.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cert_op(name: &str, names: &[&str], default: bool) -> serde_json::Value {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        serde_json::json!({ "op": "put_certificate", "name": name,
+            "spec": { "cert_pem": cert.pem(), "key_pem": key.serialize_pem(), "default": default } })
+    }
+
+    #[test]
+    fn sni_picks_exact_then_wildcard_then_default() {
+        let ops = serde_json::json!({ "ops": [
+            cert_op("a", &["a.example"], false),
+            cert_op("wild", &["*.example"], false),
+            cert_op("fallback", &["fallback.example"], true),
+        ]});
+        let cs = tidegate_model::parse_change_set(ops.to_string().as_bytes()).unwrap();
+        let (state, _) = ConfigState::default().apply(&cs, 0).unwrap();
+        let c = Certificates::build(&state);
+        let key_of = |n: &str| state.certificates().get(n).unwrap().certified_key().clone();
+        let same = |a: Option<Arc<CertifiedKey>>, b: &str| a.is_some_and(|a| Arc::ptr_eq(&a, &key_of(b)));
+        assert!(same(c.resolve(Some("a.example")), "a"));
+        assert!(same(c.resolve(Some("A.Example")), "a"), "case-insensitive");
+        assert!(same(c.resolve(Some("b.example")), "wild"));
+        assert!(same(c.resolve(Some("x.b.example")), "fallback"), "a wildcard covers one label");
+        assert!(same(c.resolve(None), "fallback"));
+        assert_eq!(c.all().len(), 3);
+    }
+}
