@@ -36,6 +36,8 @@ pub enum HeaderKind {
     XForwardedProto,
     /// `X-Forwarded-Host`.
     XForwardedHost,
+    /// `X-Forwarded-Port`.
+    XForwardedPort,
     /// `X-Real-IP`.
     XRealIp,
     /// `Forwarded`.
@@ -64,6 +66,7 @@ impl HeaderKind {
             15 if is("x-forwarded-for") => XForwardedFor,
             16 if is("proxy-connection") => ProxyConnection,
             16 if is("x-forwarded-host") => XForwardedHost,
+            16 if is("x-forwarded-port") => XForwardedPort,
             17 if is("transfer-encoding") => TransferEncoding,
             17 if is("x-forwarded-proto") => XForwardedProto,
             18 if is("proxy-authenticate") => ProxyAuthenticate,

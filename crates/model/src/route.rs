@@ -93,6 +93,10 @@ pub struct RouteSpec {
     pub action: RouteAction,
     /// Higher wins over more specific (default 0).
     pub priority: i32,
+    /// Requests that arrive over plain HTTP get `308 Permanent Redirect` to
+    /// the same URL over HTTPS (on the TLS listener) instead of being
+    /// served. Default false.
+    pub redirect_https: bool,
 }
 
 impl RouteSpec {
@@ -120,6 +124,8 @@ struct RouteWire {
     static_dir: Option<StaticDir>,
     #[serde(default)]
     priority: i32,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    redirect_https: bool,
 }
 
 #[derive(Clone, Default, Serialize, Deserialize)]
@@ -210,7 +216,12 @@ impl TryFrom<RouteWire> for RouteSpec {
             }
             _ => return Err("a route needs exactly one of `service` and `static`".to_string()),
         };
-        Ok(RouteSpec { matches: RouteMatch { host, path, methods, headers }, action, priority: w.priority })
+        Ok(RouteSpec {
+            matches: RouteMatch { host, path, methods, headers },
+            action,
+            priority: w.priority,
+            redirect_https: w.redirect_https,
+        })
     }
 }
 
@@ -249,6 +260,7 @@ impl From<RouteSpec> for RouteWire {
             service,
             static_dir,
             priority: r.priority,
+            redirect_https: r.redirect_https,
         }
     }
 }

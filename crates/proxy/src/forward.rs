@@ -42,14 +42,42 @@ pub struct Peer {
     /// The connection's place under `--max-connections`, shared with an
     /// upgraded tunnel so that the tunnel keeps it.
     pub conn_slot: Option<Arc<tokio::sync::OwnedSemaphorePermit>>,
+    /// Whether the client connected over TLS (`X-Forwarded-Proto: https`).
+    pub https: bool,
+    /// The port the client connected to, as a header value
+    /// (`X-Forwarded-Port`).
+    pub port_header: HeaderValue,
 }
 
 impl Peer {
-    /// Describes a client connection (untrusted).
+    /// Describes a plain-HTTP client connection (untrusted).
     pub fn new(addr: SocketAddr) -> Peer {
         let ip_header =
             HeaderValue::from_str(&addr.ip().to_string()).unwrap_or_else(|_| HeaderValue::from_static("unknown"));
-        Peer { addr, ip_header, trusted: false, conn_slot: None }
+        Peer {
+            addr,
+            ip_header,
+            trusted: false,
+            conn_slot: None,
+            https: false,
+            port_header: HeaderValue::from_static("0"),
+        }
+    }
+
+    /// Records the listener the client came through: its port, and whether
+    /// it terminates TLS.
+    pub fn set_listener(&mut self, port: u16, tls: bool) {
+        self.https = tls;
+        self.port_header = HeaderValue::from(port);
+    }
+
+    /// `https` or `http`.
+    pub fn scheme(&self) -> &'static str {
+        if self.https {
+            "https"
+        } else {
+            "http"
+        }
     }
 }
 

@@ -23,12 +23,25 @@ pub struct Proxy {
     snapshots: Arc<ArcSwap<Snapshot>>,
     upstreams: Upstreams,
     metrics: Arc<Counters>,
+    /// The TLS listener's port, where `redirect_https` routes send clients.
+    https_port: Option<u16>,
 }
 
 impl Proxy {
     /// A handler reading snapshots from `snapshots`.
-    pub fn new(snapshots: Arc<ArcSwap<Snapshot>>, metrics: &ProxyMetrics, limits: Arc<Limits>) -> Proxy {
-        Proxy { snapshots, upstreams: Upstreams::new(limits), metrics: metrics.worker() }
+    /// `https_port`: the TLS listener's port, if there is one.
+    pub fn new(
+        snapshots: Arc<ArcSwap<Snapshot>>,
+        metrics: &ProxyMetrics,
+        limits: Arc<Limits>,
+        https_port: Option<u16>,
+    ) -> Proxy {
+        Proxy { snapshots, upstreams: Upstreams::new(limits), metrics: metrics.worker(), https_port }
+    }
+
+    /// The TLS listener's port, if there is one.
+    pub(crate) fn https_port(&self) -> Option<u16> {
+        self.https_port
     }
 
     /// The current snapshot.
@@ -65,6 +78,10 @@ impl Proxy {
         let host = hygiene::request_routing_host(&req);
         let view = RequestView { host: &host, path: req.uri().path(), method: req.method(), headers: req.headers() };
         let route = snapshot.route(&view).ok_or(ErrorKind::NoRoute)?;
+        if route.spec.redirect_https && !client.https {
+            let pq = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
+            return hygiene::https_redirect(&host, self.https_port, pq);
+        }
         match &route.spec.action {
             RouteAction::Static(dir) => Ok(static_files::serve(dir, &route.spec.matches.path, &req).await),
             RouteAction::Service(name) => {

@@ -59,6 +59,7 @@ static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static X_FORWARDED_PORT: HeaderName = HeaderName::from_static("x-forwarded-port");
 
 /// Rewrites a request's headers for its backend: hop-by-hop headers out
 /// (an upgrade's `Upgrade` kept), `X-Forwarded-For`/`-Proto`/`-Host` set,
@@ -86,7 +87,8 @@ pub(crate) fn request_headers(parts: &mut Parts, peer: &Peer, upgrade: bool) {
     if let Some(v) = xff {
         h.insert(X_FORWARDED_FOR.clone(), v);
     }
-    h.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+    h.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(peer.scheme()));
+    h.insert(X_FORWARDED_PORT.clone(), peer.port_header.clone());
     // HTTP/2 carries the host in the URI; HTTP/1.1 backends need the header.
     let original_host = h
         .get(header::HOST)

@@ -28,6 +28,7 @@ mod pool;
 pub mod retry;
 mod server;
 mod static_files;
+mod tls;
 mod tunnel;
 
 pub use body::ProxyBody;

@@ -48,16 +48,19 @@ pub(crate) struct Counters {
     retries: AtomicU64,
     /// Downstream connections accepted.
     connections: AtomicU64,
+    /// TLS handshakes that succeeded, and that failed (or timed out).
+    tls_ok: AtomicU64,
+    tls_failed: AtomicU64,
 }
 
 impl Counters {
     fn add(&self, other: &Counters) {
-        let pairs = self
-            .responses
-            .iter()
-            .zip(&other.responses)
-            .chain(self.errors.iter().zip(&other.errors))
-            .chain([(&self.retries, &other.retries), (&self.connections, &other.connections)]);
+        let pairs = self.responses.iter().zip(&other.responses).chain(self.errors.iter().zip(&other.errors)).chain([
+            (&self.retries, &other.retries),
+            (&self.connections, &other.connections),
+            (&self.tls_ok, &other.tls_ok),
+            (&self.tls_failed, &other.tls_failed),
+        ]);
         for (mine, theirs) in pairs {
             mine.fetch_add(theirs.load(Relaxed), Relaxed);
         }
@@ -78,6 +81,11 @@ impl Counters {
 
     pub(crate) fn connection(&self) {
         self.connections.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn tls_handshake(&self, ok: bool) {
+        let c = if ok { &self.tls_ok } else { &self.tls_failed };
+        c.fetch_add(1, Relaxed);
     }
 
     fn render(&self, out: &mut String) {
@@ -106,5 +114,9 @@ impl Counters {
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", c.load(Relaxed));
         }
+        let name = "tidegate_tls_handshakes_total";
+        let _ = writeln!(out, "# HELP {name} TLS handshakes on the TLS listener, by result.\n# TYPE {name} counter");
+        let _ = writeln!(out, "{name}{{result=\"ok\"}} {}", self.tls_ok.load(Relaxed));
+        let _ = writeln!(out, "{name}{{result=\"failed\"}} {}", self.tls_failed.load(Relaxed));
     }
 }

@@ -49,8 +49,11 @@ pub enum Http1Engine {
 /// Data-plane settings.
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
-    /// Where clients connect.
-    pub listen: SocketAddr,
+    /// Where clients connect in plain HTTP (none: no plain listener).
+    pub listen: Option<SocketAddr>,
+    /// Where clients connect over TLS (none: no TLS listener). Certificates
+    /// come from the configuration (`/v1/certificates`).
+    pub listen_tls: Option<SocketAddr>,
     /// Worker threads (S2: one per core).
     pub workers: usize,
     /// Thread-per-core or multi-thread.
@@ -65,15 +68,21 @@ pub struct ServerOptions {
 
 /// The running data plane.
 pub struct ServerHandle {
-    local_addr: SocketAddr,
+    local_addr: Option<SocketAddr>,
+    tls_addr: Option<SocketAddr>,
     stop: watch::Sender<bool>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl ServerHandle {
-    /// The address the proxy listens on.
-    pub fn local_addr(&self) -> SocketAddr {
+    /// The address of the plain HTTP listener, if any.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
         self.local_addr
+    }
+
+    /// The address of the TLS listener, if any.
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.tls_addr
     }
 
     /// Stops accepting, lets open connections finish (bounded by the drain
@@ -98,6 +107,34 @@ fn bind(addr: SocketAddr, reuse_port: bool) -> std::io::Result<std::net::TcpList
     Ok(socket.into())
 }
 
+/// Binds `addr` once per worker (with `SO_REUSEPORT`) in per-core mode,
+/// once otherwise. Returns the listeners and the address bound.
+fn bind_all(
+    addr: SocketAddr,
+    per_core: bool,
+    workers: usize,
+) -> std::io::Result<(Vec<std::net::TcpListener>, SocketAddr)> {
+    // SO_REUSEPORT would let a second instance share the port silently: a
+    // probe bound without it fails with "address in use" if anyone listens.
+    let listen = if per_core {
+        let probe = bind(addr, false)?;
+        let addr = probe.local_addr()?;
+        drop(probe);
+        addr
+    } else {
+        addr
+    };
+    let first = bind(listen, per_core)?;
+    let local = first.local_addr()?;
+    let mut listeners = vec![first];
+    if per_core {
+        for _ in 1..workers {
+            listeners.push(bind(local, true)?);
+        }
+    }
+    Ok((listeners, local))
+}
+
 /// Starts the data plane. Binds before returning, so errors such as an
 /// address in use are reported here.
 pub fn serve(
@@ -107,30 +144,33 @@ pub fn serve(
 ) -> std::io::Result<ServerHandle> {
     let workers = opts.workers.max(1);
     let limits = Arc::new(opts.limits.clone());
-    // One connection budget for the listener, shared by its workers.
+    // One connection budget for the listeners, shared by their workers.
     let slots = Arc::new(Semaphore::new(opts.limits.max_connections.clamp(1, Semaphore::MAX_PERMITS)));
     let (stop, stop_rx) = watch::channel(false);
     let mut threads = Vec::new();
     let per_core = opts.mode == RuntimeMode::PerCore;
-    // SO_REUSEPORT would let a second instance share the port silently: a
-    // probe bound without it fails with "address in use" if anyone listens.
-    let listen = if per_core {
-        let probe = bind(opts.listen, false)?;
-        let addr = probe.local_addr()?;
-        drop(probe);
-        addr
-    } else {
-        opts.listen
+    let mut plain = match opts.listen {
+        Some(addr) => Some(bind_all(addr, per_core, workers)?),
+        None => None,
     };
-    let first = bind(listen, per_core)?;
-    let local_addr = first.local_addr()?;
-    let mut listeners = vec![first];
-    if per_core {
-        for _ in 1..workers {
-            listeners.push(bind(local_addr, true)?);
-        }
+    let mut tls = match opts.listen_tls {
+        Some(addr) => Some(bind_all(addr, per_core, workers)?),
+        None => None,
+    };
+    let (local_addr, tls_addr) = (plain.as_ref().map(|p| p.1), tls.as_ref().map(|t| t.1));
+    if local_addr.is_none() && tls_addr.is_none() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "no listener: give --listen or --listen-tls",
+        ));
     }
-    for (i, listener) in listeners.into_iter().enumerate() {
+    let acceptor = match tls_addr {
+        Some(_) => Some(tokio_rustls::TlsAcceptor::from(crate::tls::server_config(snapshots.clone())?)),
+        None => None,
+    };
+    let https_port = tls_addr.map(|a| a.port());
+    let runs = if per_core { workers } else { 1 };
+    for i in 0..runs {
         let runtime = if per_core {
             tokio::runtime::Builder::new_current_thread().enable_all().build()?
         } else {
@@ -140,48 +180,47 @@ pub fn serve(
                 .enable_all()
                 .build()?
         };
-        let proxy = Arc::new(Proxy::new(snapshots.clone(), &metrics, limits.clone()));
-        let slots = slots.clone();
-        let stop_rx = stop_rx.clone();
-        let opts = opts.clone();
+        let proxy = Arc::new(Proxy::new(snapshots.clone(), &metrics, limits.clone(), https_port));
+        let mine = |set: &mut Option<(Vec<std::net::TcpListener>, SocketAddr)>| set.as_mut().and_then(|s| s.0.pop());
+        let (plain_listener, tls_listener) = (mine(&mut plain), mine(&mut tls));
+        let (slots, stop_rx, opts, acceptor) = (slots.clone(), stop_rx.clone(), opts.clone(), acceptor.clone());
         let thread = std::thread::Builder::new().name(format!("tidegate-worker-{i}")).spawn(move || {
             runtime.block_on(async move {
-                match TcpListener::from_std(listener) {
-                    Ok(l) => accept_loop(l, proxy, stop_rx, &opts, slots).await,
-                    Err(e) => tracing::error!(error = %e, "cannot register the listener"),
-                }
+                let hyper = HyperServer::new(&opts.limits);
+                let run = |listener: Option<std::net::TcpListener>, tls: Option<tokio_rustls::TlsAcceptor>| {
+                    let (proxy, stop_rx, slots, hyper) = (proxy.clone(), stop_rx.clone(), slots.clone(), hyper.clone());
+                    let opts = &opts;
+                    async move {
+                        let Some(listener) = listener else { return };
+                        match TcpListener::from_std(listener) {
+                            Ok(l) => accept_loop(l, tls, proxy, stop_rx, opts, slots, hyper).await,
+                            Err(e) => tracing::error!(error = %e, "cannot register the listener"),
+                        }
+                    }
+                };
+                tokio::join!(run(plain_listener, None), run(tls_listener, acceptor));
             });
         })?;
         threads.push(thread);
     }
-    Ok(ServerHandle { local_addr, stop, threads })
+    Ok(ServerHandle { local_addr, tls_addr, stop, threads })
 }
 
 /// One worker's accept loop: takes a connection slot, accepts, and spawns
 /// the connection's task; on stop, stops accepting and waits (at most the
 /// drain timeout) for its connections to finish.
+/// `tls`: the listener terminates TLS with this acceptor.
 async fn accept_loop(
     listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     proxy: Arc<Proxy>,
     mut stop: watch::Receiver<bool>,
     opts: &ServerOptions,
     slots: Arc<Semaphore>,
+    hyper: HyperServer,
 ) {
     let limits = &opts.limits;
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    // No hyper timer for HTTP/1: a slow or missing request head is a
-    // connection with no request in progress, which the connection's own
-    // idle check closes (see `serve_connection`); hyper's header timeout
-    // would cost a timer allocation per request.
-    builder.http1().keep_alive(true).max_buf_size(limits.max_header_bytes.max(8192)).max_headers(limits.max_headers);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(limits.h2_max_streams)
-        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
-        .keep_alive_interval(Some(limits.idle_timeout))
-        .keep_alive_timeout(Duration::from_secs(20));
-    let hyper = HyperServer { builder: Arc::new(builder) };
+    let port = listener.local_addr().map_or(0, |a| a.port());
     // Every connection task holds a clone; `recv` returns None once all are gone.
     let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
     let mut accept_errors = AcceptErrors::default();
@@ -210,16 +249,36 @@ async fn accept_loop(
                 let mut client = Peer::new(peer);
                 client.trusted = limits.trusted_proxies.contains(peer.ip());
                 client.conn_slot = Some(permit.clone());
+                client.set_listener(port, tls.is_some());
                 let alive = alive_tx.clone();
                 let (proxy, stop, limits, hyper) = (proxy.clone(), stop.clone(), limits.clone(), hyper.clone());
-                match opts.http1 {
-                    Http1Engine::Native => tokio::spawn(async move {
-                        crate::native::serve(stream, client, proxy, stop, limits, hyper).await;
+                let engine = opts.http1;
+                match tls.clone() {
+                    None => tokio::spawn(async move {
+                        serve_http(stream, engine, client, proxy, stop, limits, hyper).await;
                         drop((permit, alive));
                     }),
-                    Http1Engine::Hyper => tokio::spawn(async move {
-                        let io = TimedIo::new(stream, limits.write_timeout);
-                        hyper.serve(io, client, proxy, stop, limits).await;
+                    Some(acceptor) => tokio::spawn(async move {
+                        let handshake = acceptor.accept(stream);
+                        let stream = match tokio::time::timeout(limits.first_request_timeout, handshake).await {
+                            Ok(Ok(s)) => s,
+                            Ok(Err(e)) => {
+                                tracing::debug!(client = %client.addr, error = %e, "TLS handshake failed");
+                                proxy.metrics().tls_handshake(false);
+                                return;
+                            }
+                            Err(_) => {
+                                proxy.metrics().tls_handshake(false);
+                                return;
+                            }
+                        };
+                        proxy.metrics().tls_handshake(true);
+                        // ALPN h2 goes to hyper's HTTP/2 whatever the engine.
+                        let engine = match stream.get_ref().1.alpn_protocol() {
+                            Some(b"h2") => Http1Engine::Hyper,
+                            _ => engine,
+                        };
+                        serve_http(stream, engine, client, proxy, stop, limits, hyper).await;
                         drop((permit, alive));
                     }),
                 };
@@ -230,6 +289,27 @@ async fn accept_loop(
     drop(listener);
     drop(alive_tx);
     let _ = tokio::time::timeout(opts.drain_timeout, alive_rx.recv()).await;
+}
+
+/// Serves one connection (plain or decrypted) with `engine`.
+async fn serve_http<S>(
+    stream: S,
+    engine: Http1Engine,
+    client: Peer,
+    proxy: Arc<Proxy>,
+    stop: watch::Receiver<bool>,
+    limits: Limits,
+    hyper: HyperServer,
+) where
+    S: crate::native::ClientIo,
+{
+    match engine {
+        Http1Engine::Native => crate::native::serve(stream, client, proxy, stop, limits, hyper).await,
+        Http1Engine::Hyper => {
+            let io = TimedIo::new(stream, limits.write_timeout);
+            hyper.serve(io, client, proxy, stop, limits).await;
+        }
+    }
 }
 
 /// Logs accept failures (such as running out of file descriptors) at most
@@ -298,9 +378,31 @@ pub(crate) struct HyperServer {
 }
 
 impl HyperServer {
+    /// hyper's server side with the client limits.
+    pub(crate) fn new(limits: &Limits) -> HyperServer {
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        // No hyper timer for HTTP/1: a slow or missing request head is a
+        // connection with no request in progress, which the connection's own
+        // idle check closes (see `serve_connection`); hyper's header timeout
+        // would cost a timer allocation per request.
+        builder
+            .http1()
+            .keep_alive(true)
+            .max_buf_size(limits.max_header_bytes.max(8192))
+            .max_headers(limits.max_headers);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(limits.h2_max_streams)
+            .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+            .keep_alive_interval(Some(limits.idle_timeout))
+            .keep_alive_timeout(Duration::from_secs(20));
+        HyperServer { builder: Arc::new(builder) }
+    }
+
     #[cfg(test)]
     pub(crate) fn for_tests() -> HyperServer {
-        HyperServer { builder: Arc::new(auto::Builder::new(TokioExecutor::new())) }
+        HyperServer::new(&Limits::default())
     }
 
     /// Serves one client connection (HTTP/1.1 or h2c) until it ends, it

@@ -44,9 +44,15 @@ pub enum Http1Arg {
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// Address the proxy listens on.
-    #[arg(long, default_value = "127.0.0.1:8080")]
-    pub listen: SocketAddr,
+    /// Address the proxy listens on for plain HTTP (default 127.0.0.1:8080,
+    /// or none when only --listen-tls is given).
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Address the proxy listens on for HTTPS (TLS 1.2 and 1.3, ALPN h2 and
+    /// http/1.1); certificates come from the configuration
+    /// (`/v1/certificates`, `ctl cert put`).
+    #[arg(long)]
+    pub listen_tls: Option<SocketAddr>,
     /// Address of the admin API (keep it on loopback or a private network).
     #[arg(long, default_value = "127.0.0.1:9900")]
     pub admin: SocketAddr,
@@ -181,6 +187,32 @@ pub enum CtlCommand {
     /// Routes.
     #[command(subcommand)]
     Route(RouteCommand),
+    /// TLS certificates of the HTTPS listener.
+    #[command(subcommand)]
+    Cert(CertCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CertCommand {
+    /// List certificates: names served, issuer, validity (never the key).
+    List,
+    /// Show one certificate.
+    Get { name: String },
+    /// Create or replace a certificate from PEM files.
+    Put {
+        name: String,
+        /// The certificate chain (PEM; the server's certificate first).
+        #[arg(long)]
+        cert: PathBuf,
+        /// Its private key (PEM).
+        #[arg(long)]
+        key: PathBuf,
+        /// Serve it to clients that send no SNI name or an unknown one.
+        #[arg(long)]
+        default: bool,
+    },
+    /// Delete a certificate.
+    Delete { name: String },
 }
 
 #[derive(Subcommand, Debug)]

@@ -11,7 +11,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 
-use crate::cli::{BackendCommand, CtlArgs, CtlCommand, RouteCommand, ServiceCommand};
+use crate::cli::{BackendCommand, CertCommand, CtlArgs, CtlCommand, RouteCommand, ServiceCommand};
 use crate::config_file;
 
 struct Admin {
@@ -101,6 +101,18 @@ impl Admin {
                         spec["max_conns"] = json!(m);
                     }
                     (M::PUT, format!("/v1/services/{service}/backends/{id}"), Some(spec))
+                }
+            },
+            CtlCommand::Cert(c) => match c {
+                CertCommand::List => (M::GET, "/v1/certificates".into(), None),
+                CertCommand::Get { name } => (M::GET, format!("/v1/certificates/{name}"), None),
+                CertCommand::Delete { name } => (M::DELETE, format!("/v1/certificates/{name}"), None),
+                CertCommand::Put { name, cert, key, default } => {
+                    let read = |p: &std::path::Path| {
+                        std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+                    };
+                    let spec = json!({ "cert_pem": read(&cert)?, "key_pem": read(&key)?, "default": default });
+                    (M::PUT, format!("/v1/certificates/{name}"), Some(spec))
                 }
             },
             CtlCommand::Route(c) => match c {

@@ -1,6 +1,7 @@
 //! `tidegate serve`: store, writer, data plane and admin API.
 
 use std::io::Write;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -57,7 +58,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let metrics = Arc::new(ProxyMetrics::default());
     let proxy = tidegate_proxy::serve(
         ServerOptions {
-            listen: args.listen,
+            listen: match (args.listen, args.listen_tls) {
+                (None, None) => Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
+                (plain, _) => plain,
+            },
+            listen_tls: args.listen_tls,
             workers,
             mode: match args.runtime {
                 RuntimeArg::PerCore => RuntimeMode::PerCore,
@@ -73,7 +78,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         control.snapshots(),
         metrics.clone(),
     )
-    .with_context(|| format!("listening on {}", args.listen))?;
+    .with_context(|| match (args.listen, args.listen_tls) {
+        (Some(a), Some(t)) => format!("listening on {a} and {t}"),
+        (None, Some(t)) => format!("listening on {t}"),
+        (Some(a), None) => format!("listening on {a}"),
+        (None, None) => "listening on 127.0.0.1:8080".to_string(),
+    })?;
 
     // The admin API and the writer's submitters share one small runtime,
     // apart from the data plane, so configuration stays responsive under load.
@@ -97,9 +107,17 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let hook_metrics = metrics.clone();
         let state = AdminState::new(control.clone(), &token, Arc::new(move |out: &mut String| hook_metrics.render(out)))
             .with_autoscaler(events, scaling);
-        tracing::info!(proxy = %proxy.local_addr(), admin = %admin_addr, revision = control.config().revision, workers, "tidegate ready");
-        // One machine-readable line for scripts and tests.
-        println!("tidegate ready proxy={} admin={} revision={}", proxy.local_addr(), admin_addr, control.config().revision);
+        // One machine-readable line for scripts and tests: `proxy=` and
+        // `proxy_tls=` for the listeners there are.
+        let mut listeners = String::new();
+        if let Some(a) = proxy.local_addr() {
+            listeners.push_str(&format!("proxy={a} "));
+        }
+        if let Some(a) = proxy.tls_addr() {
+            listeners.push_str(&format!("proxy_tls={a} "));
+        }
+        tracing::info!(listeners = %listeners.trim_end(), admin = %admin_addr, revision = control.config().revision, workers, "tidegate ready");
+        println!("tidegate ready {listeners}admin={} revision={}", admin_addr, control.config().revision);
         let _ = std::io::stdout().flush();
         let (stopping_tx, stopping) = tokio::sync::watch::channel(false);
         let server = axum::serve(listener, tidegate_admin::router(state)).with_graceful_shutdown(async move {

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::relay::{self, fill, write_all, RelayError, Source};
 use super::rewrite::{request_head, Forwarding, Framing};
-use super::ClientSide;
+use super::{ClientIo, ClientSide};
 use crate::attempts::Exchange;
 use crate::error::ErrorKind;
 use crate::pool::{connect_tcp, Conn, ConnSettings, Reusable, UpstreamPool};
@@ -72,9 +72,9 @@ pub(crate) struct NativeAnswer {
 }
 
 /// A request as the native path sends it.
-pub(crate) struct NativeExchange<'a> {
+pub(crate) struct NativeExchange<'a, S> {
     pub pool: &'a UpstreamPool<NativeConn>,
-    pub client: &'a mut ClientSide,
+    pub client: &'a mut ClientSide<S>,
     /// The request head the client sent, and its parse.
     pub buf: &'a [u8],
     pub head: &'a tidegate_h1::RequestHead,
@@ -89,7 +89,7 @@ pub(crate) struct NativeExchange<'a> {
     pub body_until: tokio::time::Instant,
 }
 
-impl Exchange for NativeExchange<'_> {
+impl<S: ClientIo> Exchange for NativeExchange<'_, S> {
     type Answer = NativeAnswer;
 
     fn request(&self) -> crate::retry::Request {
@@ -144,7 +144,7 @@ impl Exchange for NativeExchange<'_> {
     }
 }
 
-impl NativeExchange<'_> {
+impl<S: ClientIo> NativeExchange<'_, S> {
     /// Writes the request head and its body to `conn`. `host`: the host to
     /// send when the client named none (the backend's authority).
     async fn write_head(
@@ -241,7 +241,10 @@ async fn read_response(conn: &mut Conn<NativeConn>, to_head: bool, limits: HeadL
 }
 
 /// Reads a small request body whole, so that it can be replayed.
-pub(crate) async fn buffer_body(src: &mut Source<'_>, n: u64) -> Result<Bytes, ErrorKind> {
+pub(crate) async fn buffer_body(
+    src: &mut Source<'_, impl tokio::io::AsyncRead + Unpin>,
+    n: u64,
+) -> Result<Bytes, ErrorKind> {
     let n = usize::try_from(n).map_err(|_| ErrorKind::ClientBody)?;
     src.read_exact(n).await.map_err(|e| match e {
         RelayError::Timeout => ErrorKind::ClientTimeout,

@@ -56,10 +56,30 @@ use timer::Timer;
 /// The HTTP/2 connection preface (RFC 9113, section 3.4).
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
+/// A client connection the native path can serve: plain TCP, or TLS.
+pub(crate) trait ClientIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static {
+    /// Waits until reading would find something, so that an idle
+    /// connection needs no read buffer while it waits. Streams that cannot
+    /// tell (TLS may hold decrypted bytes) answer at once.
+    fn readable(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send;
+}
+
+impl ClientIo for TcpStream {
+    fn readable(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send {
+        TcpStream::readable(self)
+    }
+}
+
+impl ClientIo for tokio_rustls::server::TlsStream<TcpStream> {
+    fn readable(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send {
+        std::future::ready(Ok(()))
+    }
+}
+
 /// The client side of a connection, as the native path holds it.
-pub(crate) struct ClientSide {
+pub(crate) struct ClientSide<S> {
     /// The socket; writes are bounded by the write timeout.
-    pub io: TimedIo<TcpStream>,
+    pub io: TimedIo<S>,
     /// Bytes read and not used yet. Empty and unallocated while idle.
     pub inbox: BytesMut,
     /// The connection's one timer.
@@ -81,8 +101,8 @@ enum Next {
 
 /// Serves one client connection until it closes, it stays idle too long,
 /// or the worker stops. Hands it to hyper if it speaks HTTP/2.
-pub(crate) async fn serve(
-    stream: TcpStream,
+pub(crate) async fn serve<S: ClientIo>(
+    stream: S,
     peer: Peer,
     proxy: Arc<Proxy>,
     stop: watch::Receiver<bool>,
@@ -147,8 +167,8 @@ pub(crate) async fn serve(
 
 /// Reads until a request head is complete in the inbox (and parsed into
 /// `head`), the connection ends, or the deadline passes.
-async fn next_head(
-    client: &mut ClientSide,
+async fn next_head<S: ClientIo>(
+    client: &mut ClientSide<S>,
     head: &mut RequestHead,
     first: bool,
     deadline: Instant,
@@ -177,7 +197,7 @@ async fn next_head(
                 r = async {
                     // No buffer until there is something to read.
                     if inbox.capacity() == 0 {
-                        stream.readable().await?;
+                        ClientIo::readable(&*stream).await?;
                     }
                     fill(stream, inbox).await
                 } => Some(r),
@@ -193,7 +213,7 @@ async fn next_head(
 }
 
 /// Answers a request head that cannot be served, and closes.
-async fn refuse(client: &mut ClientSide, e: HeadError, proxy: &Proxy) {
+async fn refuse<S: ClientIo>(client: &mut ClientSide<S>, e: HeadError, proxy: &Proxy) {
     let resp = match e {
         HeadError::Framing(_) => error_response(ErrorKind::InvalidFraming, proxy),
         HeadError::DuplicateHost => error_response(ErrorKind::InvalidHost, proxy),
@@ -220,8 +240,8 @@ fn error_response(kind: ErrorKind, proxy: &Proxy) -> Response<ProxyBody> {
 }
 
 /// Serves one request; returns whether the connection may carry another.
-async fn handle(
-    client: &mut ClientSide,
+async fn handle<S: ClientIo>(
+    client: &mut ClientSide<S>,
     head: &RequestHead,
     buf: &[u8],
     peer: &Peer,
@@ -304,8 +324,8 @@ impl Headers for HeadView<'_> {
 }
 
 /// Routes a request and serves it; `Ok(keep)` once a response was sent.
-async fn dispatch(
-    client: &mut ClientSide,
+async fn dispatch<S: ClientIo>(
+    client: &mut ClientSide<S>,
     head: &RequestHead,
     buf: &[u8],
     peer: &Peer,
@@ -330,6 +350,12 @@ async fn dispatch(
     let snapshot = proxy.snapshot();
     let request = RequestView { host: &routing, path: &path, method: &method, headers: &view };
     let route = snapshot.route(&request).ok_or(ErrorKind::NoRoute)?;
+    if route.spec.redirect_https && !peer.https {
+        let resp = hygiene::https_redirect(&routing, proxy.https_port(), &path_and_query)?;
+        proxy.metrics().response(resp.status());
+        let close = head.close || stopping || !client.body_done;
+        return Ok(write_local(client, resp, close, method == Method::HEAD, head.minor).await && !close);
+    }
     match &route.spec.action {
         RouteAction::Static(dir) => {
             let req = static_request(&method, &path_and_query, &view)?;
@@ -382,8 +408,8 @@ fn wants_upgrade<'a>(head: &RequestHead, buf: &'a [u8]) -> Option<&'a [u8]> {
 }
 
 /// Sends a routed request to a backend of `service` and relays the answer.
-async fn forward(
-    client: &mut ClientSide,
+async fn forward<S: ClientIo>(
+    client: &mut ClientSide<S>,
     req: Request<'_>,
     service: &ServiceRuntime,
     peer: &Peer,
@@ -424,7 +450,6 @@ async fn forward(
         host: req.host.unwrap_or(""),
         named_host: req.host.is_some(),
         peer,
-        proto: "http",
         upgrade,
         body: upstream_framing(&body, head.body),
     };
@@ -465,7 +490,7 @@ struct Reply<'a> {
 /// Writes a backend's response to the client and relays its body; returns
 /// whether the client connection may carry another request. The upstream
 /// connection goes back to the pool only after a complete body.
-async fn respond(client: &mut ClientSide, answer: NativeAnswer, slot: Slot, r: Reply<'_>) -> bool {
+async fn respond<S: ClientIo>(client: &mut ClientSide<S>, answer: NativeAnswer, slot: Slot, r: Reply<'_>) -> bool {
     let NativeAnswer { mut conn } = answer;
     let resp = std::mem::take(&mut conn.conn.head);
     let minor = r.head.minor;
@@ -512,8 +537,8 @@ async fn respond(client: &mut ClientSide, answer: NativeAnswer, slot: Slot, r: R
 }
 
 /// Writes the response head `out` and the body after it.
-async fn relay_body(
-    client: &mut ClientSide,
+async fn relay_body<S: ClientIo>(
+    client: &mut ClientSide<S>,
     up: &mut NativeConn,
     out: &[u8],
     body: tidegate_h1::ResponseBody,
@@ -545,8 +570,8 @@ async fn relay_body(
 
 /// Writes a response the proxy made (an error, a static file); returns
 /// whether it was written whole.
-async fn write_local(
-    client: &mut ClientSide,
+async fn write_local<S: ClientIo>(
+    client: &mut ClientSide<S>,
     resp: Response<ProxyBody>,
     close: bool,
     to_head: bool,
@@ -627,7 +652,7 @@ mod sizes {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let s = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
         let snaps = Arc::new(arc_swap::ArcSwap::from_pointee(tidegate_snapshot::Snapshot::empty()));
-        let proxy = Arc::new(Proxy::new(snaps, &crate::ProxyMetrics::default(), Arc::new(Limits::default())));
+        let proxy = Arc::new(Proxy::new(snaps, &crate::ProxyMetrics::default(), Arc::new(Limits::default()), None));
         let (_tx, rx) = watch::channel(false);
         let peer = Peer::new("127.0.0.1:1".parse().unwrap());
         let f = serve(s, peer, proxy, rx, Limits::default(), crate::server::HyperServer::for_tests());

@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use tidegate_h1::{chunk_size_line, ChunkedDecoder, CHUNKED_END};
-use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
 use super::timer::Timer;
@@ -47,7 +46,7 @@ impl std::fmt::Display for RelayError {
 
 /// Reads at least one byte from `stream` into `inbox`; `Ok(0)` is the end
 /// of the stream.
-pub(crate) async fn fill(stream: &mut TcpStream, inbox: &mut BytesMut) -> io::Result<usize> {
+pub(crate) async fn fill<R: AsyncRead + Unpin>(stream: &mut R, inbox: &mut BytesMut) -> io::Result<usize> {
     if inbox.capacity() - inbox.len() < READ_CHUNK / 4 {
         inbox.reserve(READ_CHUNK.max(inbox.len()));
     }
@@ -90,8 +89,8 @@ pub(crate) async fn write_all<W: AsyncWrite + Unpin>(w: &mut W, parts: &mut [&[u
 
 /// The sending side of a relay: a socket, the bytes already read from it,
 /// and how long it may take to send more.
-pub(crate) struct Source<'a> {
-    pub stream: &'a mut TcpStream,
+pub(crate) struct Source<'a, R> {
+    pub stream: &'a mut R,
     pub inbox: &'a mut BytesMut,
     pub timer: &'a mut Timer,
     /// Longest wait for the next bytes.
@@ -100,7 +99,7 @@ pub(crate) struct Source<'a> {
     pub until: Option<Instant>,
 }
 
-impl Source<'_> {
+impl<R: AsyncRead + Unpin> Source<'_, R> {
     /// Reads more bytes into the inbox.
     async fn more(&mut self) -> Result<(), RelayError> {
         let gap = Instant::now() + self.gap;
@@ -126,7 +125,7 @@ impl Source<'_> {
 
 /// Relays a body of `n` bytes.
 pub(crate) async fn relay_length<W: AsyncWrite + Unpin>(
-    src: &mut Source<'_>,
+    src: &mut Source<'_, impl AsyncRead + Unpin>,
     dst: &mut W,
     mut n: u64,
 ) -> Result<(), RelayError> {
@@ -146,7 +145,7 @@ pub(crate) async fn relay_length<W: AsyncWrite + Unpin>(
 
 /// Relays a chunked body: chunked again (`rechunk`) or as plain bytes.
 pub(crate) async fn relay_chunked<W: AsyncWrite + Unpin>(
-    src: &mut Source<'_>,
+    src: &mut Source<'_, impl AsyncRead + Unpin>,
     dst: &mut W,
     rechunk: bool,
 ) -> Result<(), RelayError> {
@@ -179,7 +178,7 @@ pub(crate) async fn relay_chunked<W: AsyncWrite + Unpin>(
 /// Relays everything until the sender closes: chunked (`rechunk`) or as
 /// plain bytes.
 pub(crate) async fn relay_until_close<W: AsyncWrite + Unpin>(
-    src: &mut Source<'_>,
+    src: &mut Source<'_, impl AsyncRead + Unpin>,
     dst: &mut W,
     rechunk: bool,
 ) -> Result<(), RelayError> {
@@ -210,6 +209,7 @@ pub(crate) async fn relay_until_close<W: AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::net::TcpStream;
 
     #[tokio::test]
     async fn write_all_handles_many_slices() {

@@ -30,10 +30,8 @@ pub(crate) struct Forwarding<'a> {
     pub host: &'a str,
     /// Whether the request named a host (else `X-Forwarded-Host` is not set).
     pub named_host: bool,
-    /// The client.
+    /// The client (its address, its listener's scheme and port).
     pub peer: &'a Peer,
-    /// `http` or `https`.
-    pub proto: &'a str,
     /// The `Upgrade` value of an upgrade the proxy passes on.
     pub upgrade: Option<&'a [u8]>,
     /// The body's framing towards the backend.
@@ -91,7 +89,8 @@ pub(crate) fn request_head(out: &mut Vec<u8>, buf: &[u8], head: &RequestHead, ta
             | HeaderKind::ContentLength
             | HeaderKind::Expect
             | HeaderKind::XForwardedProto
-            | HeaderKind::XForwardedHost => continue,
+            | HeaderKind::XForwardedHost
+            | HeaderKind::XForwardedPort => continue,
             HeaderKind::XForwardedFor => {
                 if trusted && prior_xff.is_none() {
                     prior_xff = Some(h.value.of(buf));
@@ -109,7 +108,9 @@ pub(crate) fn request_head(out: &mut Vec<u8>, buf: &[u8], head: &RequestHead, ta
     }
     out.extend_from_slice(f.peer.ip_header.as_bytes());
     out.extend_from_slice(b"\r\nx-forwarded-proto: ");
-    out.extend_from_slice(f.proto.as_bytes());
+    out.extend_from_slice(f.peer.scheme().as_bytes());
+    out.extend_from_slice(b"\r\nx-forwarded-port: ");
+    out.extend_from_slice(f.peer.port_header.as_bytes());
     out.extend_from_slice(b"\r\n");
     if f.named_host {
         field(out, b"x-forwarded-host", f.host.as_bytes());
@@ -215,7 +216,8 @@ mod tests {
         parse_request(raw.as_bytes(), HeadLimits::default(), &mut head).unwrap().unwrap();
         let mut peer = Peer::new("192.0.2.9:5000".parse().unwrap());
         peer.trusted = trusted;
-        let f = Forwarding { host: "h.example", named_host: true, peer: &peer, proto: "http", upgrade: None, body };
+        peer.set_listener(8080, false);
+        let f = Forwarding { host: "h.example", named_host: true, peer: &peer, upgrade: None, body };
         let mut out = Vec::new();
         request_head(&mut out, raw.as_bytes(), &head, "/p?q", &f);
         String::from_utf8(out).unwrap()
@@ -230,7 +232,8 @@ mod tests {
         assert_eq!(
             out,
             "POST /p?q HTTP/1.1\r\nhost: h.example\r\nX-Kept: yes\r\nx-forwarded-for: 192.0.2.9\r\n\
-             x-forwarded-proto: http\r\nx-forwarded-host: h.example\r\ntransfer-encoding: chunked\r\n\r\n"
+             x-forwarded-proto: http\r\nx-forwarded-port: 8080\r\nx-forwarded-host: h.example\r\n\
+             transfer-encoding: chunked\r\n\r\n"
         );
         let trusted = rewrite(raw, true, Framing::Length(5));
         assert!(trusted.contains("x-forwarded-for: 203.0.113.9, 192.0.2.9\r\n"), "{trusted}");

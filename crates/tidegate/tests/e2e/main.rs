@@ -13,4 +13,5 @@ mod external;
 mod hostile;
 mod proxying;
 mod sources;
+mod tls;
 mod upstream;

@@ -37,6 +37,8 @@ fn spawn_reading_first_line(mut cmd: Command) -> (Child, String) {
 pub struct Tidegate {
     child: Child,
     pub proxy: SocketAddr,
+    /// The TLS listener, when started with `--listen-tls`.
+    pub proxy_tls: Option<SocketAddr>,
     pub admin: SocketAddr,
     pub data_dir: PathBuf,
 }
@@ -76,7 +78,8 @@ impl Tidegate {
                 .parse()
                 .expect("address")
         };
-        Tidegate { proxy: field("proxy="), admin: field("admin="), child, data_dir: data_dir.to_path_buf() }
+        let proxy_tls = line.contains("proxy_tls=").then(|| field("proxy_tls="));
+        Tidegate { proxy: field("proxy="), proxy_tls, admin: field("admin="), child, data_dir: data_dir.to_path_buf() }
     }
 
     /// The process id.
