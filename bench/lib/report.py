@@ -93,7 +93,7 @@ def plots(out: Path, results: dict) -> list[str]:
         return []
     made = []
     for name, fn in (("churn", plot_churn), ("throughput", plot_throughput), ("heterogeneous", plot_heterogeneous),
-                     ("peak", plot_peak), ("overhead", plot_overhead)):
+                     ("peak", plot_peak), ("overhead", plot_overhead), ("tls", plot_tls)):
         r = results.get(name)
         if not r or "error" in r:
             continue
@@ -248,7 +248,8 @@ def markdown(out: Path, results: dict, meta: dict, pngs: list[str]) -> str:
                             ("heterogeneous", "3. Heterogeneous backends (paper S3)", md_heterogeneous),
                             ("peak", "4. Peak and autoscaling (paper S1)", md_peak),
                             ("overhead", "5. Overhead (paper S4)", md_overhead),
-                            ("hostile", "6. Hostile load (issue 9)", md_hostile)):
+                            ("hostile", "6. Hostile load (issue 9)", md_hostile),
+                            ("tls", "7. TLS termination (issue 10)", md_tls)):
         if name not in results:
             continue
         md.append(f"\n## {title}\n")
@@ -461,6 +462,48 @@ def write(out: Path, results: dict, meta: dict) -> str:
     text = markdown(out, results, meta, pngs)
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     return text
+
+
+TLS_MODES = (("handshake", "new TLS handshakes (Connection: close, no resumption)"),
+             ("h1", "HTTP/1.1 over TLS, keep-alive (wrk)"), ("h2", "HTTP/2 over TLS, 10 streams per connection (h2load)"))
+
+
+def md_tls(r):
+    p = r["params"]
+    s = [f"Same ECDSA P-256 certificate (openssl) for every proxy, one nginx backend, {p['workers']} workers each "
+         f"(nginx `ssl_session_cache` and tickets; HAProxy `alpn h2,http/1.1`; Tidegate `--listen-tls`, the "
+         f"certificate put through the API), {p['conns']} connections, {p['duration']} s per run, {p['reps']} "
+         "repetition(s) alternated, medians. CPU µs/req = the proxy's CPU time over the requests served.\n\n"]
+    rows = []
+    for mode, label in TLS_MODES:
+        for proxy in ("tidegate", "nginx", "haproxy"):
+            v = r["summary"].get(mode, {}).get(proxy)
+            if not v:
+                continue
+            rows.append([label, proxy, v["rps"], v.get("p99_ms"), v.get("cpu_us_per_req"), v["errors"],
+                         fmt(v["vs_nginx"], 2) + "x" if v["vs_nginx"] else "—"])
+    s.append(table(["mode", "proxy", "req/s", "p99 ms", "CPU µs/req", "errors", "vs nginx"], rows))
+    ratios = [(m, r["summary"].get(m, {}).get("tidegate", {}).get("vs_nginx")) for m, _ in TLS_MODES]
+    ratios = [(m, v) for m, v in ratios if v]
+    if ratios:
+        s.append("\nGoal (≥ nginx in every mode): " + ", ".join(f"{m}: {v:.2f}x" for m, v in ratios)
+                 + (" — met" if all(v >= 1 for _, v in ratios) else " — not met") + ".\n")
+    return "".join(s)
+
+
+def plot_tls(plt, r):
+    fig, ax = plt.subplots(figsize=(8, 4))
+    proxies = ("tidegate", "nginx", "haproxy")
+    modes = [m for m, _ in TLS_MODES if m in r["summary"]]
+    for i, proxy in enumerate(proxies):
+        ys = [(r["summary"][m].get(proxy) or {}).get("vs_nginx") or 0 for m in modes]
+        ax.bar([x + (i - 1) * 0.27 for x in range(len(modes))], ys, 0.27, label=proxy)
+    ax.set_xticks(range(len(modes)), modes)
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set_ylabel("requests/s relative to nginx")
+    ax.set_title("TLS termination (same certificate, same backend)")
+    ax.legend(fontsize=8)
+    return fig
 
 
 def md_hostile(r):

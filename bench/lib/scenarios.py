@@ -40,6 +40,10 @@ PARAMS = {
         "smoke": {"requests": 200, "reps": 1, "warmup": 50},
         "full": {"requests": 5000, "reps": 5, "warmup": 500},
     },
+    "tls": {
+        "smoke": {"reps": 1, "duration": 2, "conns": 16, "workers": 2},
+        "full": {"reps": 3, "duration": 8, "conns": 64, "workers": 2},
+    },
     "hostile": {
         "smoke": {"duration": 3, "rate": 200, "attackers_scale": 0.1},
         "full": {"duration": 60, "rate": 1000, "attackers_scale": 1.0},
@@ -54,6 +58,7 @@ EXPECTED = {
     "peak": ["variants", "summary", "added_latency_us_at_warm_p50"],
     "overhead": ["runs", "summary", "goal"],
     "hostile": ["runs", "summary", "goal"],
+    "tls": ["runs", "summary"],
 }
 
 
@@ -170,6 +175,28 @@ def overhead_scenario(ctx: Ctx) -> dict:
     return overhead.run(ctx, p["requests"], p["reps"], warmup=p["warmup"])
 
 
+def tls(ctx: Ctx) -> dict:
+    p = PARAMS["tls"][ctx.profile]
+    out = ctx.work / "tls.jsonl"
+    sh(ctx, "tls.sh", ["--reps", str(p["reps"]), "--duration", str(p["duration"]), "--conns", str(p["conns"]),
+                       "--workers", str(p["workers"]), "--port-base", str(free_port_block()), "--out", str(out)], "tls")
+    runs = jsonl(out)
+    by = defaultdict(list)
+    for r in runs:
+        by[(r["mode"], r["proxy"])].append(r)
+    summary = {}
+    for (mode, proxy), rs in sorted(by.items()):
+        summary.setdefault(mode, {})[proxy] = {
+            "rps": median([r["rps"] for r in rs]), "p99_ms": median([r.get("p99_ms") for r in rs]),
+            "mean_ms": median([r.get("mean_ms") for r in rs]), "errors": sum(r["errors"] for r in rs),
+            "cpu_us_per_req": median([r.get("cpu_us_per_req") for r in rs]), "reps": len(rs)}
+    for row in summary.values():
+        base = (row.get("nginx") or {}).get("rps")
+        for v in row.values():
+            v["vs_nginx"] = round(v["rps"] / base, 3) if base else None
+    return {"params": p, "runs": runs, "summary": summary}
+
+
 def hostile_scenario(ctx: Ctx) -> dict:
     p = PARAMS["hostile"][ctx.profile]
     return hostile.run(ctx, p["duration"], p["rate"], p["attackers_scale"])
@@ -182,4 +209,5 @@ SCENARIOS = {
     "peak": peak_scenario,
     "overhead": overhead_scenario,
     "hostile": hostile_scenario,
+    "tls": tls,
 }

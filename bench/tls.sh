@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# TLS termination, Tidegate vs nginx vs HAProxy, same ECDSA P-256
+# certificate (generated here with openssl), same backend (one nginx serving
+# a 13-byte body), 2 workers each, upstream keep-alive. Three modes, runs
+# alternated, REPS repetitions, medians:
+#   handshake  wrk with `Connection: close`: every request a new TCP
+#              connection and a full TLS handshake (no resumption)
+#   h1         wrk over HTTPS, keep-alive
+#   h2         h2load over HTTPS (ALPN h2), CONNS connections, 10 streams each
+# Prints one JSON line per run and a median summary. Everything on
+# 127.0.0.1; every process it starts is stopped at exit.
+#
+#   bench/tls.sh [--reps N] [--duration S] [--conns N] [--workers N] [--out FILE.jsonl]
+#                [--bin-dir DIR] [--port-base N]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPS=3 DURATION=8 CONNS=64 WORKERS=2 OUT="" BIN_DIR="" PORT_BASE=19400 MODES=${MODES:-"handshake h1 h2"}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --reps) REPS=$2; shift 2;;
+    --duration) DURATION=$2; shift 2;;
+    --conns) CONNS=$2; shift 2;;
+    --workers) WORKERS=$2; shift 2;;
+    --out) OUT=$2; shift 2;;
+    --bin-dir) BIN_DIR=$2; shift 2;;
+    --port-base) PORT_BASE=$2; shift 2;;
+    *) echo "unknown option $1" >&2; exit 2;;
+  esac
+done
+export PATH=$PATH:/usr/sbin
+for tool in nginx haproxy wrk h2load openssl; do
+  command -v $tool >/dev/null || { apt-get update -qq && RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq nginx haproxy wrk nghttp2-client openssl; break; }
+done
+TG=${TIDEGATE_BIN:-${BIN_DIR:-target/release}/tidegate}
+if [ ! -x "$TG" ]; then
+  [ -z "$BIN_DIR" ] && [ -z "${TIDEGATE_BIN:-}" ] || { echo "no $TG" >&2; exit 1; }
+  cargo build --release -p tidegate
+fi
+WORK=$(mktemp -d /tmp/tidegate-tls.XXXXXX)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; sleep 0.3; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+B1=$((PORT_BASE + 1)) P_NGINX=$((PORT_BASE + 80)) P_HAPROXY=$((PORT_BASE + 81)) P_TG=$((PORT_BASE + 82))
+A_TG=$((PORT_BASE + 90))
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj "/CN=bench.example" \
+  -addext "subjectAltName=DNS:bench.example,IP:127.0.0.1" -keyout "$WORK/key.pem" -out "$WORK/cert.pem" 2>/dev/null
+cat "$WORK/cert.pem" "$WORK/key.pem" > "$WORK/haproxy.pem"
+cat > "$WORK/backend.conf" <<CONF
+worker_processes 2;
+daemon off; pid $WORK/backend.pid; error_log $WORK/backend.err warn;
+events { worker_connections 8192; }
+http { access_log off; keepalive_requests 1000000;
+  server { listen 127.0.0.1:$B1 reuseport; location / { return 200 "hello world!\n"; } } }
+CONF
+cat > "$WORK/nginx.conf" <<CONF
+worker_processes $WORKERS;
+daemon off; pid $WORK/nginx.pid; error_log $WORK/nginx.err warn;
+events { worker_connections 16384; }
+http { access_log off; keepalive_requests 1000000;
+  upstream app { server 127.0.0.1:$B1; keepalive 256; }
+  server { listen 127.0.0.1:$P_NGINX ssl http2 reuseport;
+    ssl_certificate $WORK/cert.pem; ssl_certificate_key $WORK/key.pem;
+    ssl_protocols TLSv1.2 TLSv1.3; ssl_session_cache shared:SSL:10m; ssl_session_tickets on;
+    location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
+CONF
+cat > "$WORK/haproxy.cfg" <<CONF
+global
+  nbthread $WORKERS
+  maxconn 8000
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 30s
+  timeout server 30s
+  option http-keep-alive
+  http-reuse always
+frontend fe
+  bind 127.0.0.1:$P_HAPROXY ssl crt $WORK/haproxy.pem alpn h2,http/1.1
+  default_backend app
+backend app
+  server b1 127.0.0.1:$B1
+CONF
+nginx -c "$WORK/backend.conf" & PIDS+=($!)
+nginx -c "$WORK/nginx.conf" & PID_NGINX=$!; PIDS+=($PID_NGINX)
+haproxy -f "$WORK/haproxy.cfg" -db >/dev/null 2>&1 & PID_HAPROXY=$!; PIDS+=($PID_HAPROXY)
+TOKEN=bench-token-0123456789abcdef0123456789
+TIDEGATE_ADMIN_TOKEN=$TOKEN TIDEGATE_LOG=warn "$TG" serve --listen-tls 127.0.0.1:$P_TG --admin 127.0.0.1:$A_TG \
+  --data-dir "$WORK/tg" --workers "$WORKERS" > "$WORK/tg.out" & PID_TG=$!; PIDS+=($PID_TG)
+for _ in $(seq 100); do grep -q ready "$WORK/tg.out" 2>/dev/null && break; sleep 0.1; done
+python3 - "$WORK" "$B1" > "$WORK/changes.json" <<'PY'
+import json, sys
+work, b1 = sys.argv[1], sys.argv[2]
+cert, key = open(f"{work}/cert.pem").read(), open(f"{work}/key.pem").read()
+print(json.dumps({"ops": [
+    {"op": "put_service", "name": "app", "spec": {"backends": [{"id": "b1", "addr": f"127.0.0.1:{b1}"}]}},
+    {"op": "put_route", "name": "app", "spec": {"match": {"path_prefix": "/"}, "service": "app"}},
+    {"op": "put_certificate", "name": "bench", "spec": {"cert_pem": cert, "key_pem": key, "default": True}}]}))
+PY
+curl -sf -XPOST -H "Authorization: Bearer $TOKEN" "127.0.0.1:$A_TG/v1/changes" --data-binary @"$WORK/changes.json" >/dev/null
+sleep 0.5
+for p in $P_NGINX $P_HAPROXY $P_TG; do
+  curl -sfk --http1.1 "https://127.0.0.1:$p/" >/dev/null || { echo "TLS server on $p not answering" >&2; exit 1; }
+done
+
+family() { echo "$1"; cat /proc/"$1"/task/*/children 2>/dev/null | tr ' ' '\n' | grep . || true; }
+cpu_ticks() { local t=0; for p in $(family "$1"); do t=$((t + $(awk '{print $14 + $15}' /proc/"$p"/stat 2>/dev/null || echo 0))); done; echo $t; }
+HZ=$(getconf CLK_TCK)
+RESULTS="$WORK/results.jsonl"; : > "$RESULTS"
+run() { # name port mode rep pid
+  local out before after
+  before=$(cpu_ticks "$5")
+  case $3 in
+    handshake) out=$(wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency -H "Connection: close" "https://127.0.0.1:$2/" 2>&1);;
+    h1) out=$(wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency "https://127.0.0.1:$2/" 2>&1);;
+    h2) out=$(h2load -t2 -c"$CONNS" -m10 -D"$DURATION" "https://127.0.0.1:$2/" 2>&1);;
+  esac
+  after=$(cpu_ticks "$5")
+  python3 - "$1" "$3" "$CONNS" "$4" "$DURATION" "$((after - before))" "$HZ" "$out" <<'PY' | tee -a "$RESULTS" | cut -c1-200
+import json, re, sys
+name, mode, conns, rep, duration, ticks, hz, out = sys.argv[1:]
+def ms(v, unit):
+    return round(float(v) * {"us": 0.001, "ms": 1, "s": 1000}[unit], 3)
+row = {"proxy": name, "mode": mode, "conns": int(conns), "rep": int(rep), "duration_s": float(duration)}
+if mode == "h2":
+    m = re.search(r"finished in [\d.]+\w+, ([\d.]+) req/s", out)
+    row["rps"] = float(m.group(1)) if m else 0.0
+    m = re.search(r"requests: (\d+) total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored", out)
+    row["requests"] = int(m.group(3)) if m else 0
+    row["errors"] = (int(m.group(4)) + int(m.group(5))) if m else 0
+    m = re.search(r"time for request:\s+([\d.]+)(us|ms|s)\s+([\d.]+)(us|ms|s)\s+([\d.]+)(us|ms|s)", out)
+    row["mean_ms"] = ms(m.group(5), m.group(6)) if m else None
+    row["p99_ms"] = None  # h2load reports no percentiles
+else:
+    m = re.search(r"Requests/sec:\s*([\d.]+)", out)
+    row["rps"] = float(m.group(1)) if m else 0.0
+    m = re.search(r"(\d+) requests in", out)
+    row["requests"] = int(m.group(1)) if m else 0
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) >= 2 and f[0] == "99%":
+            u = re.match(r"([\d.]+)(us|ms|s)$", f[1])
+            row["p99_ms"] = ms(u.group(1), u.group(2)) if u else None
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    # With Connection: close, wrk counts each server close as a read error.
+    closes = 0 if mode != "handshake" or not sock else int(sock.group(2))
+    row["errors"] = (int(non2xx.group(1)) if non2xx else 0) + (sum(int(x) for x in sock.groups()) - closes if sock else 0)
+cpu = int(ticks) / int(hz)
+row["cpu_cores"] = round(cpu / float(duration), 3)
+row["cpu_us_per_req"] = round(cpu / max(row["requests"], 1) * 1e6, 2)
+print(json.dumps(row))
+PY
+}
+peers=(tidegate nginx haproxy)
+for mode in $MODES; do
+  for r in $(seq "$REPS"); do
+    k=$(( (r - 1) % ${#peers[@]} ))
+    for name in "${peers[@]:$k}" "${peers[@]:0:$k}"; do
+      case $name in
+        tidegate) run tidegate $P_TG "$mode" "$r" $PID_TG;;
+        nginx) run nginx $P_NGINX "$mode" "$r" $PID_NGINX;;
+        haproxy) run haproxy $P_HAPROXY "$mode" "$r" $PID_HAPROXY;;
+      esac
+    done
+  done
+done
+echo "== medians over $REPS runs of ${DURATION}s, $CONNS connections, $WORKERS workers each"
+python3 - "$RESULTS" <<'PY'
+import json, statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    d = json.loads(line)
+    rows.setdefault((d["mode"], d["proxy"]), []).append(d)
+med = lambda v, k: statistics.median(x.get(k) or 0 for x in v)
+for mode in ("handshake", "h1", "h2"):
+    base = med(rows.get((mode, "nginx"), [{}]), "rps") or float("nan")
+    for name in ("tidegate", "nginx", "haproxy"):
+        v = rows.get((mode, name))
+        if not v: continue
+        rps = med(v, "rps")
+        print(f"{mode:9} {name:9} {rps:9.0f} req/s ({rps/base:4.2f}x nginx)  p99 {med(v, 'p99_ms'):7.2f} ms"
+              f"  cpu {med(v, 'cpu_us_per_req'):6.1f} us/req  errors {sum(x['errors'] for x in v)}")
+PY
+[ -n "$OUT" ] && cp "$RESULTS" "$OUT" || true
