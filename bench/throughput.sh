@@ -113,10 +113,7 @@ for p in $B1 $P_NGINX $P_HAPROXY $P_TG; do curl -sf "127.0.0.1:$p/" >/dev/null |
 [ "$PID_MIN" = 0 ] || curl -sf "127.0.0.1:$P_MIN/" >/dev/null || { echo "minimal hyper proxy not answering" >&2; exit 1; }
 
 # A process and its children (nginx master + workers), for RSS and CPU.
-family() { echo "$1"; cat /proc/"$1"/task/*/children 2>/dev/null | tr ' ' '\n' | grep . || true; }
-cpu_ticks() { local t=0; for p in $(family "$1"); do t=$((t + $(awk '{print $14 + $15}' /proc/"$p"/stat 2>/dev/null || echo 0))); done; echo $t; }
-rss_kb() { local t=0; for p in $(family "$1"); do t=$((t + $(awk '/^VmRSS/ {print $2}' /proc/"$p"/status 2>/dev/null || echo 0))); done; echo $t; }
-HZ=$(getconf CLK_TCK)
+. bench/lib/proc.sh
 
 RESULTS="$WORK/results.jsonl"; : > "$RESULTS"
 run() { # name port conns rep pid

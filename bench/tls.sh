@@ -104,9 +104,7 @@ for p in $P_NGINX $P_HAPROXY $P_TG; do
   curl -sfk --http1.1 "https://127.0.0.1:$p/" >/dev/null || { echo "TLS server on $p not answering" >&2; exit 1; }
 done
 
-family() { echo "$1"; cat /proc/"$1"/task/*/children 2>/dev/null | tr ' ' '\n' | grep . || true; }
-cpu_ticks() { local t=0; for p in $(family "$1"); do t=$((t + $(awk '{print $14 + $15}' /proc/"$p"/stat 2>/dev/null || echo 0))); done; echo $t; }
-HZ=$(getconf CLK_TCK)
+. bench/lib/proc.sh
 RESULTS="$WORK/results.jsonl"; : > "$RESULTS"
 run() { # name port mode rep pid
   local out before after

@@ -92,22 +92,31 @@ def throughput(ctx: Ctx) -> dict:
                               "--workers", str(p["workers"]), "--port-base", str(free_port_block()),
                               "--out", str(out)], "throughput")
     runs = jsonl(out)
+    summary = summarize(runs, lambda r: str(r["conns"]), lambda rs: {
+        "p50_ms": median([r.get("p50_ms") for r in rs]),
+        "rss_mib": round(median([r["rss_kb"] for r in rs]) / 1024, 1),
+        "cpu_cores": median([r["cpu_cores"] for r in rs])})
+    return {"params": p, "runs": runs, "summary": summary}
+
+
+def summarize(runs: list[dict], group, extra) -> dict:
+    """Medians per (group, proxy) of a wrk-style scenario's runs, with each
+    proxy's requests/s relative to nginx's in the same group. `group` picks
+    a run's group key, `extra` adds fields from a group's runs."""
     by = defaultdict(list)
     for r in runs:
-        by[(r["conns"], r["proxy"])].append(r)
+        by[(group(r), r["proxy"])].append(r)
     summary = {}
-    for (conns, proxy), rs in sorted(by.items()):
-        summary.setdefault(str(conns), {})[proxy] = {
+    for (key, proxy), rs in sorted(by.items()):
+        summary.setdefault(key, {})[proxy] = {
             "rps": median([r["rps"] for r in rs]), "mean_ms": median([r.get("mean_ms") for r in rs]),
-            "p50_ms": median([r.get("p50_ms") for r in rs]), "p99_ms": median([r.get("p99_ms") for r in rs]),
-            "errors": sum(r["errors"] for r in rs), "rss_mib": round(median([r["rss_kb"] for r in rs]) / 1024, 1),
-            "cpu_cores": median([r["cpu_cores"] for r in rs]),
-            "cpu_us_per_req": median([r.get("cpu_us_per_req") for r in rs]), "reps": len(rs)}
+            "p99_ms": median([r.get("p99_ms") for r in rs]), "errors": sum(r["errors"] for r in rs),
+            "cpu_us_per_req": median([r.get("cpu_us_per_req") for r in rs]), "reps": len(rs), **extra(rs)}
     for row in summary.values():
         base = (row.get("nginx") or {}).get("rps")
         for v in row.values():
             v["vs_nginx"] = round(v["rps"] / base, 3) if base else None
-    return {"params": p, "runs": runs, "summary": summary}
+    return summary
 
 
 def churn(ctx: Ctx) -> dict:
@@ -181,20 +190,7 @@ def tls(ctx: Ctx) -> dict:
     sh(ctx, "tls.sh", ["--reps", str(p["reps"]), "--duration", str(p["duration"]), "--conns", str(p["conns"]),
                        "--workers", str(p["workers"]), "--port-base", str(free_port_block()), "--out", str(out)], "tls")
     runs = jsonl(out)
-    by = defaultdict(list)
-    for r in runs:
-        by[(r["mode"], r["proxy"])].append(r)
-    summary = {}
-    for (mode, proxy), rs in sorted(by.items()):
-        summary.setdefault(mode, {})[proxy] = {
-            "rps": median([r["rps"] for r in rs]), "p99_ms": median([r.get("p99_ms") for r in rs]),
-            "mean_ms": median([r.get("mean_ms") for r in rs]), "errors": sum(r["errors"] for r in rs),
-            "cpu_us_per_req": median([r.get("cpu_us_per_req") for r in rs]), "reps": len(rs)}
-    for row in summary.values():
-        base = (row.get("nginx") or {}).get("rps")
-        for v in row.values():
-            v["vs_nginx"] = round(v["rps"] / base, 3) if base else None
-    return {"params": p, "runs": runs, "summary": summary}
+    return {"params": p, "runs": runs, "summary": summarize(runs, lambda r: r["mode"], lambda rs: {})}
 
 
 def hostile_scenario(ctx: Ctx) -> dict:

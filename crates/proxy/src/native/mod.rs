@@ -28,7 +28,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::{Method, Response, StatusCode};
 use http_body_util::BodyExt;
 use tidegate_balance::{Headers, RequestCtx};
-use tidegate_h1::{connection_has, parse_request, HeadError, HeadLimits, Header, HeaderKind, RequestBody, RequestHead};
+use tidegate_h1::{parse_request, HeadError, HeadLimits, Header, HeaderKind, RequestBody, RequestHead};
 use tidegate_model::{PolicySpec, RouteAction};
 use tidegate_snapshot::{RequestView, ServiceRuntime};
 use tokio::io::AsyncWriteExt;
@@ -150,7 +150,8 @@ pub(crate) async fn serve<S: ClientIo>(
         let stopping = *stop.borrow();
         // Boxed: the state of a request in progress (a few KiB) lives only
         // while the request does, not in every idle connection's task.
-        let keep = Box::pin(handle(&mut client, &head, &buf, &peer, &proxy, &limits, stopping)).await;
+        let ctx = Ctx { head: &head, buf: &buf, peer: &peer, proxy: &proxy, limits: &limits, stopping };
+        let keep = Box::pin(handle(&mut client, &ctx)).await;
         drop(buf);
         if !keep {
             let _ = client.io.shutdown().await;
@@ -239,25 +240,43 @@ fn error_response(kind: ErrorKind, proxy: &Proxy) -> Response<ProxyBody> {
     kind.response()
 }
 
-/// Serves one request; returns whether the connection may carry another.
-async fn handle<S: ClientIo>(
-    client: &mut ClientSide<S>,
-    head: &RequestHead,
-    buf: &[u8],
-    peer: &Peer,
-    proxy: &Proxy,
-    limits: &Limits,
+/// What serving one request reads, besides its client connection.
+struct Ctx<'a> {
+    /// The parsed head, as spans of `buf`.
+    head: &'a RequestHead,
+    buf: &'a [u8],
+    peer: &'a Peer,
+    proxy: &'a Proxy,
+    limits: &'a Limits,
+    /// The worker is stopping: this is the connection's last request.
     stopping: bool,
-) -> bool {
-    client.body_done = head.body == RequestBody::Empty;
-    let is_head = head.method.of(buf) == b"HEAD";
-    match dispatch(client, head, buf, peer, proxy, limits, stopping).await {
-        Ok(keep) => keep && client.body_done && !head.close && !stopping,
+}
+
+impl Ctx<'_> {
+    /// Whether the connection closes after this request's answer: the
+    /// client asked, the worker stops, or the body was not read whole.
+    fn closes<S>(&self, client: &ClientSide<S>) -> bool {
+        self.head.close || self.stopping || !client.body_done
+    }
+
+    /// Writes a response the proxy made and says whether the connection
+    /// may carry another request.
+    async fn answer<S: ClientIo>(&self, client: &mut ClientSide<S>, resp: Response<ProxyBody>, close: bool) -> bool {
+        self.proxy.metrics().response(resp.status());
+        let is_head = self.head.method.of(self.buf) == b"HEAD";
+        write_local(client, resp, close, is_head, self.head.minor).await && !close
+    }
+}
+
+/// Serves one request; returns whether the connection may carry another.
+async fn handle<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> bool {
+    client.body_done = ctx.head.body == RequestBody::Empty;
+    match dispatch(client, ctx).await {
+        Ok(keep) => keep && !ctx.closes(client),
         Err(kind) => {
-            let resp = error_response(kind, proxy);
-            proxy.metrics().response(resp.status());
-            let close = head.close || stopping || !client.body_done || kind.source() == FailureSource::Client;
-            write_local(client, resp, close, is_head, head.minor).await && !close
+            let resp = error_response(kind, ctx.proxy);
+            let close = ctx.closes(client) || kind.source() == FailureSource::Client;
+            ctx.answer(client, resp, close).await
         }
     }
 }
@@ -324,15 +343,8 @@ impl Headers for HeadView<'_> {
 }
 
 /// Routes a request and serves it; `Ok(keep)` once a response was sent.
-async fn dispatch<S: ClientIo>(
-    client: &mut ClientSide<S>,
-    head: &RequestHead,
-    buf: &[u8],
-    peer: &Peer,
-    proxy: &Proxy,
-    limits: &Limits,
-    stopping: bool,
-) -> Result<bool, ErrorKind> {
+async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Result<bool, ErrorKind> {
+    let (head, buf, proxy) = (ctx.head, ctx.buf, ctx.proxy);
     let method = Method::from_bytes(head.method.of(buf)).map_err(|_| ErrorKind::BadRequest)?;
     let raw_target = std::str::from_utf8(head.target.of(buf)).map_err(|_| ErrorKind::BadRequest)?;
     let target = split_target(raw_target)?;
@@ -350,33 +362,27 @@ async fn dispatch<S: ClientIo>(
     let snapshot = proxy.snapshot();
     let request = RequestView { host: &routing, path: &path, method: &method, headers: &view };
     let route = snapshot.route(&request).ok_or(ErrorKind::NoRoute)?;
-    if route.spec.redirect_https && !peer.https {
+    if route.spec.redirect_https && !ctx.peer.https {
         let resp = hygiene::https_redirect(&routing, proxy.https_port(), &path_and_query)?;
-        proxy.metrics().response(resp.status());
-        let close = head.close || stopping || !client.body_done;
-        return Ok(write_local(client, resp, close, method == Method::HEAD, head.minor).await && !close);
+        return Ok(ctx.answer(client, resp, ctx.closes(client)).await);
     }
     match &route.spec.action {
         RouteAction::Static(dir) => {
             let req = static_request(&method, &path_and_query, &view)?;
             let resp = static_files::serve(dir, &route.spec.matches.path, &req).await;
-            proxy.metrics().response(resp.status());
-            let close = head.close || stopping || !client.body_done;
-            Ok(write_local(client, resp, close, method == Method::HEAD, head.minor).await && !close)
+            Ok(ctx.answer(client, resp, ctx.closes(client)).await)
         }
         RouteAction::Service(name) => {
             let service = snapshot.service(name.as_str()).ok_or(ErrorKind::NoBackend)?.clone();
             drop(snapshot);
-            let req = Request { head, buf, view: &view, method: &method, host, path_and_query: &path_and_query };
-            forward(client, req, &service, peer, proxy, limits, stopping).await
+            let req = Routed { view: &view, method: &method, host, path_and_query: &path_and_query };
+            forward(client, ctx, req, &service).await
         }
     }
 }
 
 /// What forwarding needs of a routed request.
-struct Request<'a> {
-    head: &'a RequestHead,
-    buf: &'a [u8],
+struct Routed<'a> {
     view: &'a HeadView<'a>,
     method: &'a Method,
     host: Option<&'a str>,
@@ -400,7 +406,7 @@ fn static_request(method: &Method, path_and_query: &str, view: &HeadView<'_>) ->
 /// The `Upgrade` value of an upgrade the client asks for and the proxy
 /// passes on (never `h2c`: the proxy speaks HTTP/2 to clients itself).
 fn wants_upgrade<'a>(head: &RequestHead, buf: &'a [u8]) -> Option<&'a [u8]> {
-    if head.minor != 1 || !connection_has(buf, &head.headers, "upgrade") {
+    if head.minor != 1 || !head.connection.upgrade {
         return None;
     }
     let value = head.headers.iter().find(|h| h.kind == HeaderKind::Upgrade)?.value.of(buf);
@@ -410,15 +416,12 @@ fn wants_upgrade<'a>(head: &RequestHead, buf: &'a [u8]) -> Option<&'a [u8]> {
 /// Sends a routed request to a backend of `service` and relays the answer.
 async fn forward<S: ClientIo>(
     client: &mut ClientSide<S>,
-    req: Request<'_>,
+    ctx: &Ctx<'_>,
+    req: Routed<'_>,
     service: &ServiceRuntime,
-    peer: &Peer,
-    proxy: &Proxy,
-    limits: &Limits,
-    stopping: bool,
 ) -> Result<bool, ErrorKind> {
-    let head = req.head;
-    let upgrade = wants_upgrade(head, req.buf);
+    let (head, peer, proxy, limits, stopping) = (ctx.head, ctx.peer, ctx.proxy, ctx.limits, ctx.stopping);
+    let upgrade = wants_upgrade(head, ctx.buf);
     if head.expect_continue && head.body != RequestBody::Empty {
         client.io.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.map_err(|_| ErrorKind::ClientBody)?;
     }
@@ -453,12 +456,12 @@ async fn forward<S: ClientIo>(
         upgrade,
         body: upstream_framing(&body, head.body),
     };
-    let ctx = RequestCtx { client: Some(peer.addr), path: req.path_and_query, headers: req.view };
+    let picking = RequestCtx { client: Some(peer.addr), path: req.path_and_query, headers: req.view };
     let to_head = *req.method == Method::HEAD;
     let mut ex = NativeExchange {
         pool: proxy.upstreams().native_pool(),
         client: &mut *client,
-        buf: req.buf,
+        buf: ctx.buf,
         head,
         target: req.path_and_query,
         forwarding,
@@ -469,7 +472,7 @@ async fn forward<S: ClientIo>(
         body_gap: limits.body_read_timeout,
         body_until,
     };
-    let Answered { answer, slot } = attempts::run(service, &mut ex, &ctx, first, proxy.metrics()).await?;
+    let Answered { answer, slot } = attempts::run(service, &mut ex, &picking, first, proxy.metrics()).await?;
     drop(ex);
     proxy.metrics().response(StatusCode::from_u16(answer.conn.conn.head.code).unwrap_or(StatusCode::OK));
     let gap = std::time::Duration::from_millis(service.settings.timeouts.response_ms);

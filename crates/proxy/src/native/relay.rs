@@ -143,6 +143,18 @@ pub(crate) async fn relay_length<W: AsyncWrite + Unpin>(
     }
 }
 
+/// Writes one piece of a body: as a chunk (`rechunk`) or as it is.
+async fn write_piece<W: AsyncWrite + Unpin>(dst: &mut W, data: &[u8], rechunk: bool) -> Result<(), RelayError> {
+    let written = if rechunk {
+        let mut line = [0u8; 18];
+        let size = chunk_size_line(data.len(), &mut line);
+        write_all(dst, &mut [size, data, b"\r\n"]).await
+    } else {
+        dst.write_all(data).await
+    };
+    written.map_err(RelayError::Write)
+}
+
 /// Relays a chunked body: chunked again (`rechunk`) or as plain bytes.
 pub(crate) async fn relay_chunked<W: AsyncWrite + Unpin>(
     src: &mut Source<'_, impl AsyncRead + Unpin>,
@@ -150,17 +162,10 @@ pub(crate) async fn relay_chunked<W: AsyncWrite + Unpin>(
     rechunk: bool,
 ) -> Result<(), RelayError> {
     let mut decoder = ChunkedDecoder::default();
-    let mut line = [0u8; 18];
     loop {
         let step = decoder.decode(src.inbox).map_err(|_| RelayError::Malformed)?;
         if let Some(range) = step.data.clone() {
-            let data = &src.inbox[range];
-            if rechunk {
-                let size = chunk_size_line(data.len(), &mut line);
-                write_all(dst, &mut [size, data, b"\r\n"]).await.map_err(RelayError::Write)?;
-            } else {
-                dst.write_all(data).await.map_err(RelayError::Write)?;
-            }
+            write_piece(dst, &src.inbox[range], rechunk).await?;
         }
         src.inbox.advance(step.consumed);
         if step.done {
@@ -182,16 +187,9 @@ pub(crate) async fn relay_until_close<W: AsyncWrite + Unpin>(
     dst: &mut W,
     rechunk: bool,
 ) -> Result<(), RelayError> {
-    let mut line = [0u8; 18];
     loop {
         if !src.inbox.is_empty() {
-            let data = &src.inbox[..];
-            if rechunk {
-                let size = chunk_size_line(data.len(), &mut line);
-                write_all(dst, &mut [size, data, b"\r\n"]).await.map_err(RelayError::Write)?;
-            } else {
-                dst.write_all(data).await.map_err(RelayError::Write)?;
-            }
+            write_piece(dst, src.inbox, rechunk).await?;
             src.inbox.clear();
         }
         match src.more().await {

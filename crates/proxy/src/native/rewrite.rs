@@ -76,7 +76,7 @@ pub(crate) fn request_head(out: &mut Vec<u8>, buf: &[u8], head: &RequestHead, ta
     out.extend_from_slice(f.host.as_bytes());
     out.extend_from_slice(b"\r\n");
     let headers = &head.headers;
-    let has_connection = headers.iter().any(|h| h.kind == HeaderKind::Connection);
+    let has_connection = head.connection.present;
     let trusted = f.peer.trusted;
     let mut prior_xff: Option<&[u8]> = None;
     for h in headers {
@@ -137,7 +137,7 @@ pub(crate) fn response_head(
     out.clear();
     status_line(out, resp.code, resp.reason.of(buf));
     let headers = &resp.headers;
-    let has_connection = headers.iter().any(|h| h.kind == HeaderKind::Connection);
+    let has_connection = resp.connection.present;
     let upgrade = resp.code == 101;
     // The length goes through only when the body is forwarded as it came.
     let keep_length = !resp.drop_content_length && matches!(framing, Framing::Length(_) | Framing::None);
