@@ -513,13 +513,21 @@ async fn respond<S: ClientIo>(client: &mut ClientSide<S>, answer: NativeAnswer, 
         drop(slot);
         return false;
     }
+    if resp.code == 101 {
+        // A protocol switch the client did not ask for: the backend broke
+        // the exchange. Nothing was sent to the client yet.
+        tracing::debug!("backend switched protocols without an upgrade request");
+        let resp = ErrorKind::InvalidResponse.response();
+        write_local(client, resp, true, false, minor).await;
+        return false;
+    }
     let framing = match resp.body {
         tidegate_h1::ResponseBody::None => Framing::None,
         tidegate_h1::ResponseBody::Length(n) => Framing::Length(n),
         _ if minor == 1 => Framing::Chunked,
         _ => Framing::UntilClose,
     };
-    let close = r.head.close || r.stopping || framing == Framing::UntilClose || resp.code == 101;
+    let close = r.head.close || r.stopping || framing == Framing::UntilClose;
     let mut out = std::mem::take(&mut client.scratch);
     response_head(&mut out, &conn.conn.inbox, &resp, framing, close, minor == 0 && !close);
     conn.conn.inbox.advance(resp.len);
