@@ -283,3 +283,45 @@ async fn tunnels_hold_their_backend_slot_and_close_when_idle() {
     .await
     .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_messages_are_refused_and_pipelined_requests_answered_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let b = Backend::start("strict", &[]);
+    route_to(&tg, "web", &[&b], "round_robin").await;
+    let proxy = tg.proxy;
+    tokio::task::spawn_blocking(move || {
+        let wait = Duration::from_secs(5);
+        // Obsolete line folding: refused, the connection closed.
+        let reply = raw_exchange(proxy, b"GET /echo HTTP/1.1\r\nhost: x\r\nx-a: 1\r\n folded\r\n\r\n", wait);
+        assert!(reply.starts_with("HTTP/1.1 400") && reply.contains("connection: close"), "{reply:?}");
+        // Bare LF in the head: read, and rewritten with CRLF for the backend.
+        let reply = raw_exchange(proxy, b"GET /echo HTTP/1.1\nhost: x\nconnection: close\n\n", wait);
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply:?}");
+        // Chunk framing: a bare LF, or a size over 16 hex digits, is a 400.
+        for body in ["5\nhello\r\n0\r\n\r\n", "10000000000000000\r\nx\r\n0\r\n\r\n", "5\r\nhelloXX0\r\n\r\n"] {
+            let req = format!("POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n{body}");
+            let reply = raw_exchange(proxy, req.as_bytes(), wait);
+            assert!(reply.starts_with("HTTP/1.1 400"), "{body:?}: {reply:?}");
+            assert_eq!(reply.matches("HTTP/1.1 ").count(), 1, "{body:?}: {reply:?}");
+        }
+        // A transfer coding other than chunked: 501.
+        let reply =
+            raw_exchange(proxy, b"POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip\r\n\r\nabc", wait);
+        assert!(reply.starts_with("HTTP/1.1 501"), "{reply:?}");
+        // Pipelined requests are answered one after the other, in order.
+        let two = b"GET /first/echo HTTP/1.1\r\nhost: x\r\n\r\nGET /second/echo HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n";
+        let reply = raw_exchange(proxy, two, wait);
+        assert_eq!(reply.matches("HTTP/1.1 200").count(), 2, "{reply:?}");
+        let (first, second) = (reply.find("/first/echo"), reply.find("/second/echo"));
+        assert!(first.is_some() && first < second, "{reply:?}");
+    })
+    .await
+    .unwrap();
+    let (_, stats) = tg.api("GET", "/v1/status", None).await;
+    assert_eq!(
+        stats["services"]["web"]["backends"][0]["failures"], 0,
+        "a client's bad framing blames no backend: {stats}"
+    );
+}
