@@ -7,6 +7,10 @@
 #              connection and a full TLS handshake (no resumption)
 #   h1         wrk over HTTPS, keep-alive
 #   h2         h2load over HTTPS (ALPN h2), CONNS connections, 10 streams each
+# and, for Tidegate alone, certificate churn: PUTS certificate replacements
+# through the API (two certificates for the same name, alternated), each
+# followed by a new verifying handshake that must be served the one just
+# put; the API's answer time (p50, p99) and how many handshakes saw it.
 # Prints one JSON line per run and a median summary. Everything on
 # 127.0.0.1; every process it starts is stopped at exit.
 #
@@ -14,7 +18,7 @@
 #                [--bin-dir DIR] [--port-base N]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-REPS=3 DURATION=8 CONNS=64 WORKERS=2 OUT="" BIN_DIR="" PORT_BASE=19400 MODES=${MODES:-"handshake h1 h2"}
+REPS=3 DURATION=8 CONNS=64 WORKERS=2 OUT="" BIN_DIR="" PORT_BASE=19400 MODES=${MODES:-"handshake h1 h2"} PUTS=${PUTS:-200}
 while [ $# -gt 0 ]; do
   case "$1" in
     --reps) REPS=$2; shift 2;;
@@ -47,6 +51,10 @@ A_TG=$((PORT_BASE + 90))
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj "/CN=bench.example" \
   -addext "subjectAltName=DNS:bench.example,IP:127.0.0.1" -keyout "$WORK/key.pem" -out "$WORK/cert.pem" 2>/dev/null
 cat "$WORK/cert.pem" "$WORK/key.pem" > "$WORK/haproxy.pem"
+for alt in a b; do
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj "/CN=churn-$alt" \
+    -addext "subjectAltName=DNS:churn.example" -keyout "$WORK/churn-$alt.key" -out "$WORK/churn-$alt.pem" 2>/dev/null
+done
 cat > "$WORK/backend.conf" <<CONF
 worker_processes 2;
 daemon off; pid $WORK/backend.pid; error_log $WORK/backend.err warn;
@@ -164,6 +172,35 @@ for mode in $MODES; do
     done
   done
 done
+# Certificate churn against Tidegate: each PUT answered, then a handshake.
+python3 - "$WORK" "$A_TG" "$P_TG" "$TOKEN" "$PUTS" <<'PY' | tee -a "$RESULTS" | cut -c1-200
+import json, socket, ssl, sys, time, urllib.request
+work, admin, port, token, puts = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+pems = {alt: (open(f"{work}/churn-{alt}.pem").read(), open(f"{work}/churn-{alt}.key").read()) for alt in "ab"}
+ders = {alt: ssl.PEM_cert_to_DER_cert(pems[alt][0]) for alt in "ab"}
+ctx = ssl.create_default_context()
+ctx.load_verify_locations(cadata=pems["a"][0] + pems["b"][0])
+ctx.check_hostname = True
+def put(alt):
+    body = json.dumps({"cert_pem": pems[alt][0], "key_pem": pems[alt][1]}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{admin}/v1/certificates/churn", data=body, method="PUT",
+                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    t = time.perf_counter()
+    urllib.request.urlopen(req, timeout=5).read()
+    return (time.perf_counter() - t) * 1000
+times, live = [], 0
+for i in range(puts):
+    alt = "ab"[i % 2]
+    times.append(put(alt))
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        with ctx.wrap_socket(raw, server_hostname="churn.example") as s:
+            live += s.getpeercert(binary_form=True) == ders[alt]
+times.sort()
+pct = lambda q: round(times[min(len(times) - 1, int(q * len(times)))], 3)
+print(json.dumps({"proxy": "tidegate", "mode": "cert_put", "puts": puts, "live_on_next_handshake": live,
+                  "answer_p50_ms": pct(0.5), "answer_p99_ms": pct(0.99), "answer_max_ms": round(times[-1], 3),
+                  "rps": 0.0, "requests": puts, "errors": puts - live}))
+PY
 echo "== medians over $REPS runs of ${DURATION}s, $CONNS connections, $WORKERS workers each"
 python3 - "$RESULTS" <<'PY'
 import json, statistics, sys
@@ -180,5 +217,8 @@ for mode in ("handshake", "h1", "h2"):
         rps = med(v, "rps")
         print(f"{mode:9} {name:9} {rps:9.0f} req/s ({rps/base:4.2f}x nginx)  p99 {med(v, 'p99_ms'):7.2f} ms"
               f"  cpu {med(v, 'cpu_us_per_req'):6.1f} us/req  errors {sum(x['errors'] for x in v)}")
+for c in rows.get(("cert_put", "tidegate"), []):
+    print(f"cert_put  tidegate  {c['puts']} PUTs: answer p50 {c['answer_p50_ms']} ms, p99 {c['answer_p99_ms']} ms;"
+          f" {c['live_on_next_handshake']}/{c['puts']} live on the next handshake")
 PY
 [ -n "$OUT" ] && cp "$RESULTS" "$OUT" || true

@@ -483,6 +483,11 @@ def md_tls(r):
             rows.append([label, proxy, v["rps"], v.get("p99_ms"), v.get("cpu_us_per_req"), v["errors"],
                          fmt(v["vs_nginx"], 2) + "x" if v["vs_nginx"] else "—"])
     s.append(table(["mode", "proxy", "req/s", "p99 ms", "CPU µs/req", "errors", "vs nginx"], rows))
+    for c in (x for x in r["runs"] if x.get("mode") == "cert_put"):
+        s.append(f"\nCertificate churn (Tidegate): {c['puts']} replacements of one certificate through the API, each "
+                 f"followed by a new verifying handshake: answer p50 {c['answer_p50_ms']} ms, p99 "
+                 f"{c['answer_p99_ms']} ms, max {c['answer_max_ms']} ms; **{c['live_on_next_handshake']} of "
+                 f"{c['puts']}** handshakes after the answer were served the new certificate.\n")
     ratios = [(m, r["summary"].get(m, {}).get("tidegate", {}).get("vs_nginx")) for m, _ in TLS_MODES]
     ratios = [(m, v) for m, v in ratios if v]
     if ratios:
