@@ -112,13 +112,18 @@ impl<S: ClientIo> Exchange for NativeExchange<'_, S> {
             if fresh || self.forwarding.upgrade.is_some() { None } else { self.pool.checkout(&backend.addr, cs) };
         let mut conn = match pooled {
             Some(c) => c,
-            None => {
-                let stream = connect_tcp(&backend.addr, cs).await?;
-                self.pool.fresh(NativeConn::new(stream), &backend.addr, cs)
-            }
+            None => self.pool.fresh(NativeConn::new(connect_tcp(&backend.addr, cs).await?), &backend.addr, cs),
         };
         let host = (!self.forwarding.named_host).then_some(backend.authority.as_str());
-        self.write_head(&mut conn, host, deadline).await?;
+        match self.write_head(&mut conn, host, deadline).await {
+            // The backend closed the pooled connection while it was idle
+            // and none of the request reached it: send it on a new one.
+            Err(ErrorKind::StaleConnection) if self.sendable() => {
+                conn = self.pool.fresh(NativeConn::new(connect_tcp(&backend.addr, cs).await?), &backend.addr, cs);
+                self.write_head(&mut conn, host, deadline).await?;
+            }
+            written => written?,
+        }
         let reading = read_response(&mut conn, self.to_head, self.limits);
         match self.client.timer.run(deadline, reading).await {
             Some(read) => read?,
