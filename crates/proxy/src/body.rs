@@ -151,6 +151,8 @@ pub enum ProxyBody {
     Full(Full<Bytes>),
     /// A file (or a range of it).
     File(FileBody),
+    /// A backend's body read from a native upstream connection.
+    Native(crate::native::bridge::NativeBody),
 }
 
 impl ProxyBody {
@@ -202,6 +204,7 @@ impl Body for ProxyBody {
             }
             ProxyBody::Full(b) => Pin::new(b).poll_frame(cx).map_err(|never| match never {}),
             ProxyBody::File(f) => Pin::new(f).poll_frame(cx),
+            ProxyBody::Native(n) => Pin::new(n).poll_frame(cx),
         }
     }
 
@@ -210,6 +213,7 @@ impl Body for ProxyBody {
             ProxyBody::Upstream { body, .. } => body.is_end_stream(),
             ProxyBody::Full(b) => b.is_end_stream(),
             ProxyBody::File(f) => f.is_end_stream(),
+            ProxyBody::Native(n) => n.is_end_stream(),
         }
     }
 
@@ -218,6 +222,7 @@ impl Body for ProxyBody {
             ProxyBody::Upstream { body, .. } => body.size_hint(),
             ProxyBody::Full(b) => b.size_hint(),
             ProxyBody::File(f) => f.size_hint(),
+            ProxyBody::Native(n) => n.size_hint(),
         }
     }
 }

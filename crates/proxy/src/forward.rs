@@ -27,6 +27,7 @@ use crate::error::ErrorKind;
 use crate::headers;
 use crate::limits::Limits;
 use crate::metrics::Counters;
+use crate::native::bridge::{self, BridgeExchange, Payload};
 use crate::pool::{ConnSettings, HyperConn, Sent, Unsent, UpstreamPool};
 use crate::tunnel;
 
@@ -171,6 +172,24 @@ impl Upstreams {
         };
         let ctx =
             RequestCtx { client: Some(peer.addr), path: req.path_and_query.as_str(), headers: &req.parts.headers };
+        if upgrade.is_none() {
+            // Over the worker's native connections (no connection task or
+            // channel per request); upgrades stay on hyper's client, which
+            // hands the socket over after a 101.
+            let body = match body {
+                Replay::Buffered(b) => Payload::Buffered(b),
+                Replay::Streaming(b) => Payload::Streaming(b),
+            };
+            let mut ex = BridgeExchange {
+                pool: &self.native,
+                parts: &req.parts,
+                path_and_query: req.path_and_query.as_str(),
+                body,
+                idempotent: req.idempotent,
+            };
+            let Answered { answer, slot } = attempts::run(service, &mut ex, &ctx, first, metrics).await?;
+            return bridge::response(answer, slot);
+        }
         let mut ex = HyperExchange { pool: &self.pool, req: &req, body, upgrade: upgrade.is_some() };
         let Answered { answer: Sent { mut response, conn }, slot } =
             attempts::run(service, &mut ex, &ctx, first, metrics).await?;

@@ -108,18 +108,13 @@ impl<S: ClientIo> Exchange for NativeExchange<'_, S> {
         deadline: Instant,
     ) -> Result<NativeAnswer, ErrorKind> {
         let cs = ConnSettings::of(settings);
-        let pooled =
-            if fresh || self.forwarding.upgrade.is_some() { None } else { self.pool.checkout(&backend.addr, cs) };
-        let mut conn = match pooled {
-            Some(c) => c,
-            None => self.pool.fresh(NativeConn::new(connect_tcp(&backend.addr, cs).await?), &backend.addr, cs),
-        };
+        let mut conn = open(self.pool, backend, cs, fresh || self.forwarding.upgrade.is_some()).await?;
         let host = (!self.forwarding.named_host).then_some(backend.authority.as_str());
         match self.write_head(&mut conn, host, deadline).await {
             // The backend closed the pooled connection while it was idle
             // and none of the request reached it: send it on a new one.
             Err(ErrorKind::StaleConnection) if self.sendable() => {
-                conn = self.pool.fresh(NativeConn::new(connect_tcp(&backend.addr, cs).await?), &backend.addr, cs);
+                conn = open(self.pool, backend, cs, true).await?;
                 self.write_head(&mut conn, host, deadline).await?;
             }
             written => written?,
@@ -220,8 +215,26 @@ impl<S: ClientIo> NativeExchange<'_, S> {
     }
 }
 
+/// A connection to `backend`: the most recently used idle one, unless
+/// `fresh`, else a new one.
+pub(crate) async fn open(
+    pool: &UpstreamPool<NativeConn>,
+    backend: &Backend,
+    cs: ConnSettings,
+    fresh: bool,
+) -> Result<Conn<NativeConn>, ErrorKind> {
+    match if fresh { None } else { pool.checkout(&backend.addr, cs) } {
+        Some(c) => Ok(c),
+        None => Ok(pool.fresh(NativeConn::new(connect_tcp(&backend.addr, cs).await?), &backend.addr, cs)),
+    }
+}
+
 /// Reads the response head from `conn`, skipping interim (1xx) answers.
-async fn read_response(conn: &mut Conn<NativeConn>, to_head: bool, limits: HeadLimits) -> Result<(), ErrorKind> {
+pub(crate) async fn read_response(
+    conn: &mut Conn<NativeConn>,
+    to_head: bool,
+    limits: HeadLimits,
+) -> Result<(), ErrorKind> {
     let reused = conn.reused;
     let c = &mut conn.conn;
     let mut got_any = false;

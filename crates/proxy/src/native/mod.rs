@@ -16,6 +16,7 @@
 //! HTTP/2 (prior knowledge, `PRI * HTTP/2.0`) is handed to hyper with the
 //! bytes already read.
 
+pub(crate) mod bridge;
 mod exchange;
 mod relay;
 mod rewrite;
