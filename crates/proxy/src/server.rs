@@ -39,10 +39,10 @@ pub enum RuntimeMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Http1Engine {
     /// Tidegate's own HTTP/1.1 path on `httparse` (see the `native`
-    /// module); HTTP/2 clients are handed to hyper.
-    Native,
-    /// hyper's HTTP/1.1 server and client.
+    /// module); HTTP/2 clients are handed to hyper. The default.
     #[default]
+    Native,
+    /// hyper's HTTP/1.1 server.
     Hyper,
 }
 

@@ -15,13 +15,14 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http_body::{Body as _, Frame, SizeHint};
 use http_body_util::BodyExt;
-use tidegate_balance::{orca, Backend};
-use tidegate_h1::{ChunkedDecoder, HeadLimits, HeaderKind, ResponseBody, CHUNKED_END};
+use tidegate_balance::Backend;
+use tidegate_h1::{ChunkedDecoder, HeadLimits, ResponseBody, CHUNKED_END};
 use tidegate_model::ServiceSettings;
 use tokio::time::Instant;
 
 use super::exchange::{open, read_response, NativeAnswer, NativeConn};
-use super::relay::write_all;
+use super::relay::{write_all, write_piece};
+use super::rewrite::{field, forwards_response_field, framing_fields, Framing};
 use crate::attempts::Exchange;
 use crate::body::{ClientBody, ProxyBody};
 use crate::error::ErrorKind;
@@ -83,16 +84,11 @@ impl Exchange for BridgeExchange<'_> {
     }
 
     fn status(answer: &NativeAnswer) -> u16 {
-        answer.conn.conn.head.code
+        answer.status()
     }
 
     fn orca(answer: &NativeAnswer) -> Option<&[u8]> {
-        let c = &answer.conn.conn;
-        c.head
-            .headers
-            .iter()
-            .find(|h| h.name.of(&c.inbox).eq_ignore_ascii_case(orca::ORCA_HEADER.as_bytes()))
-            .map(|h| h.value.of(&c.inbox))
+        answer.orca()
     }
 }
 
@@ -119,20 +115,12 @@ impl BridgeExchange<'_> {
                     return Err(failed(e));
                 }
                 let chunked = length.is_none();
-                let mut line = [0u8; 18];
                 while let Some(frame) = body.frame().await {
                     let frame = frame.map_err(|e| e.kind())?;
                     let Ok(data) = frame.into_data() else { continue };
-                    if data.is_empty() {
-                        continue;
+                    if !data.is_empty() {
+                        write_piece(stream, &data, chunked).await.map_err(|_| ErrorKind::UpstreamClosed)?;
                     }
-                    let written = if chunked {
-                        let size = tidegate_h1::chunk_size_line(data.len(), &mut line);
-                        write_all(stream, &mut [size, &data, b"\r\n"]).await
-                    } else {
-                        write_all(stream, &mut [&data]).await
-                    };
-                    written.map_err(|_| ErrorKind::UpstreamClosed)?;
                 }
                 if chunked {
                     write_all(stream, &mut [CHUNKED_END]).await.map_err(|_| ErrorKind::UpstreamClosed)?;
@@ -156,25 +144,20 @@ fn request_head(parts: &Parts, path_and_query: &str, backend: &Backend, length: 
         field(&mut out, b"host", backend.authority.as_str().as_bytes());
     }
     for (name, value) in &parts.headers {
-        if *name == header::CONTENT_LENGTH || *name == header::TRANSFER_ENCODING {
-            continue;
+        if *name != header::CONTENT_LENGTH && *name != header::TRANSFER_ENCODING {
+            field(&mut out, name.as_str().as_bytes(), value.as_bytes());
         }
-        field(&mut out, name.as_str().as_bytes(), value.as_bytes());
     }
-    match length {
-        Some(0) => {}
-        Some(n) => field(&mut out, b"content-length", itoa::Buffer::new().format(n).as_bytes()),
-        None => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
-    }
+    framing_fields(
+        &mut out,
+        match length {
+            Some(0) => Framing::None,
+            Some(n) => Framing::Length(n),
+            None => Framing::Chunked,
+        },
+    );
     out.extend_from_slice(b"\r\n");
     out
-}
-
-fn field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-    out.extend_from_slice(name);
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
 }
 
 /// The backend's answer as a hyper response whose body is read from the
@@ -187,16 +170,14 @@ pub(crate) fn response(answer: NativeAnswer, slot: Slot) -> Result<http::Respons
     }
     let buf = conn.conn.inbox.split_to(head.len);
     let mut headers = HeaderMap::with_capacity(head.headers.len());
-    let keep_length = !head.drop_content_length && matches!(head.body, ResponseBody::Length(_) | ResponseBody::None);
-    for h in &head.headers {
-        let hop = h.kind.is_hop_by_hop()
-            || (head.connection.present
-                && h.kind == HeaderKind::Other
-                && std::str::from_utf8(h.name.of(&buf))
-                    .is_ok_and(|n| tidegate_h1::connection_has(&buf, &head.headers, n)));
-        if hop || (h.kind == HeaderKind::ContentLength && !keep_length) {
-            continue;
-        }
+    // hyper frames what it is given: a length goes on only with the body
+    // it measures.
+    let framing = match head.body {
+        ResponseBody::None => Framing::None,
+        ResponseBody::Length(n) => Framing::Length(n),
+        ResponseBody::Chunked | ResponseBody::UntilClose => Framing::Chunked,
+    };
+    for h in head.headers.iter().filter(|h| forwards_response_field(&buf, &head, h, framing)) {
         if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(h.name.of(&buf)), HeaderValue::from_bytes(h.value.of(&buf))) {
             headers.append(n, v);
         }

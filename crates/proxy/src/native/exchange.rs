@@ -71,6 +71,25 @@ pub(crate) struct NativeAnswer {
     pub conn: Conn<NativeConn>,
 }
 
+impl NativeAnswer {
+    /// The response's status code.
+    pub(crate) fn status(&self) -> u16 {
+        self.conn.conn.head.code
+    }
+
+    /// The response's ORCA load report, if it carries one.
+    pub(crate) fn orca(&self) -> Option<&[u8]> {
+        let c = &self.conn.conn;
+        c.head
+            .headers
+            .iter()
+            .find(|h| {
+                h.kind == HeaderKind::Other && h.name.of(&c.inbox).eq_ignore_ascii_case(orca::ORCA_HEADER.as_bytes())
+            })
+            .map(|h| h.value.of(&c.inbox))
+    }
+}
+
 /// A request as the native path sends it.
 pub(crate) struct NativeExchange<'a, S> {
     pub pool: &'a UpstreamPool<NativeConn>,
@@ -128,19 +147,11 @@ impl<S: ClientIo> Exchange for NativeExchange<'_, S> {
     }
 
     fn status(answer: &NativeAnswer) -> u16 {
-        answer.conn.conn.head.code
+        answer.status()
     }
 
     fn orca(answer: &NativeAnswer) -> Option<&[u8]> {
-        let buf = &answer.conn.conn.inbox[..];
-        answer
-            .conn
-            .conn
-            .head
-            .headers
-            .iter()
-            .find(|h| h.kind == HeaderKind::Other && h.name.of(buf).eq_ignore_ascii_case(orca::ORCA_HEADER.as_bytes()))
-            .map(|h| h.value.of(buf))
+        answer.orca()
     }
 }
 

@@ -144,7 +144,11 @@ pub(crate) async fn relay_length<W: AsyncWrite + Unpin>(
 }
 
 /// Writes one piece of a body: as a chunk (`rechunk`) or as it is.
-async fn write_piece<W: AsyncWrite + Unpin>(dst: &mut W, data: &[u8], rechunk: bool) -> Result<(), RelayError> {
+pub(crate) async fn write_piece<W: AsyncWrite + Unpin>(
+    dst: &mut W,
+    data: &[u8],
+    rechunk: bool,
+) -> Result<(), RelayError> {
     let written = if rechunk {
         let mut line = [0u8; 18];
         let size = chunk_size_line(data.len(), &mut line);

@@ -47,14 +47,24 @@ fn dropped(buf: &[u8], headers: &[Header], h: &Header, has_connection: bool) -> 
             && std::str::from_utf8(h.name.of(buf)).is_ok_and(|n| connection_has(buf, headers, n)))
 }
 
-fn field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+/// Whether a field of a backend's response reaches the client: not
+/// hop-by-hop, not named in `Connection`, and a `Content-Length` only when
+/// the body goes on framed by it (`framing`, towards the client).
+pub(crate) fn forwards_response_field(buf: &[u8], resp: &ResponseHead, h: &Header, framing: Framing) -> bool {
+    let keep_length = !resp.drop_content_length && matches!(framing, Framing::Length(_) | Framing::None);
+    !dropped(buf, &resp.headers, h, resp.connection.present) && (h.kind != HeaderKind::ContentLength || keep_length)
+}
+
+/// Writes one `name: value` line.
+pub(crate) fn field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(name);
     out.extend_from_slice(b": ");
     out.extend_from_slice(value);
     out.extend_from_slice(b"\r\n");
 }
 
-fn framing_fields(out: &mut Vec<u8>, framing: Framing) {
+/// Writes the field that announces `framing`, if any.
+pub(crate) fn framing_fields(out: &mut Vec<u8>, framing: Framing) {
     match framing {
         Framing::Length(n) => {
             let mut digits = itoa::Buffer::new();
@@ -136,20 +146,11 @@ pub(crate) fn response_head(
 ) {
     out.clear();
     status_line(out, resp.code, resp.reason.of(buf));
-    let headers = &resp.headers;
-    let has_connection = resp.connection.present;
     let upgrade = resp.code == 101;
-    // The length goes through only when the body is forwarded as it came.
-    let keep_length = !resp.drop_content_length && matches!(framing, Framing::Length(_) | Framing::None);
-    for h in headers {
-        if upgrade && h.kind == HeaderKind::Upgrade {
+    for h in &resp.headers {
+        if (upgrade && h.kind == HeaderKind::Upgrade) || forwards_response_field(buf, resp, h, framing) {
             field(out, h.name.of(buf), h.value.of(buf));
-            continue;
         }
-        if dropped(buf, headers, h, has_connection) || (h.kind == HeaderKind::ContentLength && !keep_length) {
-            continue;
-        }
-        field(out, h.name.of(buf), h.value.of(buf));
     }
     if framing == Framing::Chunked {
         out.extend_from_slice(b"transfer-encoding: chunked\r\n");
