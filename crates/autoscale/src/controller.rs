@@ -236,13 +236,15 @@ impl Scaler {
         let control = self.control.clone();
         let events = self.events.clone();
         let (service, ready) = (self.name.clone(), spec.ready.clone());
+        // Readiness probes reach the instance as requests will.
+        let upstream = self.runtime().map(|r| r.upstream.clone()).unwrap_or_default();
         let req = StartRequest { service: service.to_string(), id: id.clone() };
         let placeholder = Instance { id: id.clone(), addr: String::new(), handle: None };
         let task_id = id.clone();
         let task = tokio::spawn(async move {
             let instance = provider.start(req).await.map_err(|e| format!("start failed: {e}"))?;
             events.record(service.as_str(), EventKind::Started, Some(&task_id), format!("at {}", instance.addr), None);
-            let outcome = wait_ready(&instance, &ready).await;
+            let outcome = wait_ready(&instance, &ready, &upstream).await;
             match outcome {
                 Ok(()) => {
                     let added = match backend_op(&service, &instance, 1) {
@@ -504,7 +506,11 @@ fn backend_op(service: &ServiceName, instance: &Instance, weight: u32) -> Option
 }
 
 /// Probes a new instance until it is ready (S1's probe request).
-async fn wait_ready(instance: &Instance, ready: &tidegate_model::ReadySpec) -> Result<(), String> {
+async fn wait_ready(
+    instance: &Instance,
+    ready: &tidegate_model::ReadySpec,
+    upstream: &tidegate_upstream::Profile,
+) -> Result<(), String> {
     let addr = BackendAddr::new(&instance.addr).map_err(|e| e.to_string())?;
     let check = ActiveCheck {
         kind: CheckKind::Http,
@@ -519,7 +525,7 @@ async fn wait_ready(instance: &Instance, ready: &tidegate_model::ReadySpec) -> R
     let deadline = tokio::time::Instant::now() + Duration::from_secs(ready.timeout_s);
     let mut last = String::from("no probe answered");
     while tokio::time::Instant::now() < deadline {
-        let verdict = tidegate_health::probe(&client, &addr, &check).await;
+        let verdict = tidegate_health::probe(&client, &addr, upstream, &check).await;
         if verdict.passed {
             return Ok(());
         }

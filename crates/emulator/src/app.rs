@@ -27,7 +27,8 @@ pub const LOAD_METRICS: HeaderName = HeaderName::from_static("endpoint-load-metr
 pub struct AppState {
     /// Backend name.
     pub name: String,
-    name_header: HeaderValue,
+    /// The name, as the `x-backend` value.
+    pub name_header: HeaderValue,
     /// Body of normal responses.
     pub body: Bytes,
     /// Service-time distribution.

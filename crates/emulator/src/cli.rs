@@ -60,6 +60,15 @@ pub struct Args {
     /// than this for its next request (units us, ms, s).
     #[arg(long, value_parser = parse_duration)]
     pub idle_close: Option<Duration>,
+
+    /// Serve TLS with this certificate chain (PEM; needs `--tls-key`),
+    /// offering ALPN `h2` and `http/1.1`.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+
+    /// The private key of `--tls-cert` (PEM).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
 }
 
 impl Default for Args {
@@ -77,6 +86,8 @@ impl Default for Args {
             threads: 0,
             faults: false,
             idle_close: None,
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }

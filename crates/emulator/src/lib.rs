@@ -13,12 +13,15 @@
 //! - `/echo` (or any path ending in `/echo`): JSON description of the
 //!   request (method, path, headers);
 //! - `/upgrade` with `Upgrade: echo`: 101, then echoes bytes back;
+//! - a gRPC call (`content-type: application/grpc`): see [`grpc`];
 //! - `GET /_emulator/stats`, `POST /_emulator/slots?n=N`,
 //!   `POST /_emulator/health?up=true|false`: the control API.
 //!
 //! With `--faults` it is instead a misbehaving raw HTTP/1.1 backend
 //! ([`faults`]): truncated bodies, conflicting framing, garbage, and
 //! keep-alive connections closed after `--idle-close`.
+//!
+//! With `--tls-cert` and `--tls-key` it serves TLS (ALPN `h2`, `http/1.1`).
 //!
 //! The binary prints `listening on ADDR` once bound; tests parse that line.
 
@@ -27,6 +30,7 @@ pub mod app;
 pub mod cli;
 pub mod dist;
 pub mod faults;
+pub mod grpc;
 pub mod handler;
 pub mod rate;
 pub mod server;

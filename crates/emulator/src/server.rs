@@ -14,24 +14,56 @@ use tokio::sync::{mpsc, watch};
 
 use crate::app::AppState;
 use crate::cli::Args;
+use crate::grpc::GrpcBody;
 use crate::handler::handle;
+
+use std::convert::Infallible;
+
+use bytes::Bytes;
+use http_body_util::{Either, Full};
+
+/// A connection the emulator serves: TCP, or TLS over it.
+trait Connection {
+    /// Turns Nagle's algorithm off.
+    fn no_delay(&self);
+}
+
+impl Connection for TcpStream {
+    fn no_delay(&self) {
+        let _ = self.set_nodelay(true);
+    }
+}
+
+impl Connection for tokio_rustls::server::TlsStream<TcpStream> {
+    fn no_delay(&self) {} // set on the TCP stream before the handshake
+}
 
 /// Longest time shutdown waits for in-flight requests.
 pub const DRAIN_LIMIT: Duration = Duration::from_secs(30);
 
 /// A bound emulator, ready to serve.
-#[derive(Debug)]
 pub struct Emulator {
     listener: TcpListener,
     state: Arc<AppState>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+impl std::fmt::Debug for Emulator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Emulator").field("listener", &self.listener).field("tls", &self.tls.is_some()).finish()
+    }
 }
 
 impl Emulator {
     /// Validates the options and binds the listening socket.
     pub async fn bind(args: &Args) -> io::Result<Self> {
         let state = AppState::new(args)?;
+        let tls = match (&args.tls_cert, &args.tls_key) {
+            (Some(cert), Some(key)) => Some(tls_acceptor(cert, key)?),
+            _ => None,
+        };
         let listener = TcpListener::bind(args.listen).await?;
-        Ok(Self { listener, state })
+        Ok(Self { listener, state, tls })
     }
 
     /// The bound address (with the real port when `--listen` used port 0).
@@ -60,8 +92,16 @@ impl Emulator {
                 () = &mut shutdown => break,
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, _)) => {
-                        let conn = serve_conn(stream, Arc::clone(&self.state), builder.clone(), stop_rx.clone(), alive_tx.clone());
-                        tokio::spawn(conn);
+                        let (state, builder, stop, alive) = (Arc::clone(&self.state), builder.clone(), stop_rx.clone(), alive_tx.clone());
+                        match self.tls.clone() {
+                            None => drop(tokio::spawn(serve_conn(stream, state, builder, stop, alive))),
+                            Some(acceptor) => drop(tokio::spawn(async move {
+                                let _ = stream.set_nodelay(true);
+                                if let Ok(tls) = acceptor.accept(stream).await {
+                                    serve_conn(tls, state, builder, stop, alive).await;
+                                }
+                            })),
+                        }
                     }
                     // Out of descriptors and similar: back off instead of spinning.
                     Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
@@ -76,17 +116,52 @@ impl Emulator {
     }
 }
 
-/// Serves one connection (HTTP/1.1 or h2c), closing it gracefully on stop.
-async fn serve_conn(
-    stream: TcpStream,
+/// A TLS acceptor for `--tls-cert` and `--tls-key`.
+fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> io::Result<tokio_rustls::TlsAcceptor> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let invalid = |e: String| io::Error::new(io::ErrorKind::InvalidInput, e);
+    let chain = CertificateDer::pem_file_iter(cert)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| invalid(format!("--tls-cert: {e}")))?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| invalid(format!("--tls-key: {e}")))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid(e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| invalid(format!("--tls-cert/--tls-key: {e}")))?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+/// Answers a request: a gRPC call, or anything else.
+async fn dispatch(
+    state: Arc<AppState>,
+    req: http::Request<hyper::body::Incoming>,
+) -> Result<http::Response<Either<Full<Bytes>, GrpcBody>>, Infallible> {
+    if crate::grpc::is_grpc(&req) {
+        return Ok(crate::grpc::handle(state, req).await.map(Either::Right));
+    }
+    let resp = handle(state, req).await?;
+    Ok(resp.map(Either::Left))
+}
+
+/// Serves one connection (HTTP/1.1 or h2c, in TLS or not), closing it
+/// gracefully on stop.
+async fn serve_conn<S>(
+    stream: S,
     state: Arc<AppState>,
     builder: Builder<TokioExecutor>,
     mut stop: watch::Receiver<bool>,
     _alive: mpsc::Sender<()>,
-) {
-    let _ = stream.set_nodelay(true);
+) where
+    S: Connection + tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    stream.no_delay();
     let _open = OpenConnection::new(Arc::clone(&state));
-    let service = service_fn(move |req| handle(Arc::clone(&state), req));
+    let service = service_fn(move |req| dispatch(Arc::clone(&state), req));
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
     tokio::pin!(conn);
     tokio::select! {

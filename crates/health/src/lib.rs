@@ -153,7 +153,8 @@ pub fn wanted(snapshot: &Snapshot) -> HashMap<ProbeKey, Target> {
         let check = Arc::new(check.clone());
         for backend in service.selector.backends() {
             let key = ProbeKey { service: service.name.clone(), backend: backend.id.clone() };
-            out.insert(key, Target { backend: backend.clone(), check: check.clone() });
+            let target = Target { backend: backend.clone(), check: check.clone(), upstream: service.upstream.clone() };
+            out.insert(key, target);
         }
     }
     out

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use tidegate_balance::Backend;
 use tidegate_model::{ActiveCheck, BackendId, ServiceName};
+use tidegate_upstream::Profile;
 
 /// Identifies a prober: there is at most one per backend of a checked service.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -27,6 +28,9 @@ pub struct Target {
     pub backend: Arc<Backend>,
     /// The service's active check.
     pub check: Arc<ActiveCheck>,
+    /// How the service reaches its backends (TLS, HTTP version): probes go
+    /// the same way as requests.
+    pub upstream: Profile,
 }
 
 impl Target {
@@ -38,6 +42,7 @@ impl Target {
         self.backend.addr == other.backend.addr
             && Arc::ptr_eq(&self.backend.stats, &other.backend.stats)
             && (Arc::ptr_eq(&self.check, &other.check) || *self.check == *other.check)
+            && self.upstream.key() == other.upstream.key()
     }
 }
 

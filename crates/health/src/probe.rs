@@ -1,4 +1,9 @@
 //! One probe: an HTTP `GET` or a TCP connect, bounded by the check's timeout.
+//!
+//! A probe reaches the backend as the service's requests do: over TLS with
+//! the same trust settings, and in HTTP/2 when the service speaks it.
+//! Plain HTTP/1.1 probes share a keep-alive pool; the others open a
+//! connection per probe, so every TLS probe also checks the handshake.
 
 use std::error::Error as StdError;
 use std::time::Duration;
@@ -10,8 +15,9 @@ use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
-use tidegate_model::{ActiveCheck, BackendAddr, CheckKind};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tidegate_model::{ActiveCheck, BackendAddr, CheckKind, UpstreamProtocol};
+use tidegate_upstream::Profile;
 
 /// The `User-Agent` of HTTP probes.
 pub const PROBE_USER_AGENT: &str = "tidegate-health";
@@ -84,19 +90,78 @@ pub fn status_expected(status: u16, expect: &[u16]) -> bool {
     }
 }
 
-/// Probes `addr` once as `check` says, within `check.timeout_ms`.
+/// Probes `addr` once as `check` says, within `check.timeout_ms`, reaching
+/// it as `upstream` says.
 ///
-/// HTTP: `GET http://{addr}{path}` with `Host: {addr}` and
+/// HTTP: `GET {scheme}://{addr}{path}` with `Host: {addr}` and
 /// `User-Agent: tidegate-health`; passes on an expected status, once the
 /// body (up to [`MAX_PROBE_BODY`]) has been read, all within the timeout.
-/// TCP: passes when a connection opens within the timeout.
-pub async fn probe(client: &ProbeClient, addr: &BackendAddr, check: &ActiveCheck) -> Verdict {
+/// TCP: passes when a connection opens within the timeout (and, for a TLS
+/// service, its handshake succeeds).
+pub async fn probe(client: &ProbeClient, addr: &BackendAddr, upstream: &Profile, check: &ActiveCheck) -> Verdict {
     let limit = Duration::from_millis(check.timeout_ms);
+    let plain = upstream.key() == Profile::default().key();
     let verdict = match check.kind {
-        CheckKind::Http => tokio::time::timeout(limit, http_probe(client, addr, check)).await,
-        CheckKind::Tcp => tokio::time::timeout(limit, tcp_probe(addr)).await,
+        CheckKind::Http if plain => tokio::time::timeout(limit, http_probe(client, addr, check)).await,
+        CheckKind::Http => tokio::time::timeout(limit, profile_probe(addr, upstream, check, limit)).await,
+        CheckKind::Tcp if plain => tokio::time::timeout(limit, tcp_probe(addr)).await,
+        CheckKind::Tcp => {
+            tokio::time::timeout(limit, async {
+                match upstream.connect(addr, limit).await {
+                    Ok(_) => Verdict::pass("connected"),
+                    Err(e) => Verdict::fail(format!("connect: {e}")),
+                }
+            })
+            .await
+        }
     };
     verdict.unwrap_or_else(|_| Verdict::fail(format!("timed out after {} ms", check.timeout_ms)))
+}
+
+/// An HTTP probe on a connection of its own, opened as `upstream` says.
+async fn profile_probe(addr: &BackendAddr, upstream: &Profile, check: &ActiveCheck, limit: Duration) -> Verdict {
+    let stream = match upstream.connect(addr, limit).await {
+        Ok(s) => TokioIo::new(s),
+        Err(e) => return Verdict::fail(format!("connect: {e}")),
+    };
+    let uri = format!("{}://{}{}", upstream.scheme(), addr.as_str(), check.path);
+    let request = Request::get(uri).header(USER_AGENT, PROBE_USER_AGENT);
+    let sent = match upstream.protocol() {
+        UpstreamProtocol::Http1 => {
+            let request = match request.header(HOST, addr.as_str()).body(Empty::<Bytes>::new()) {
+                Ok(mut r) => {
+                    // HTTP/1.1 sends the origin form.
+                    *r.uri_mut() = Uri::try_from(check.path.as_str()).unwrap_or_default();
+                    r
+                }
+                Err(e) => return Verdict::fail(format!("invalid probe request: {e}")),
+            };
+            match hyper::client::conn::http1::handshake(stream).await {
+                Ok((mut sender, conn)) => {
+                    tokio::spawn(conn);
+                    sender.send_request(request).await
+                }
+                Err(e) => Err(e),
+            }
+        }
+        UpstreamProtocol::Http2 => {
+            let request = match request.body(Empty::<Bytes>::new()) {
+                Ok(r) => r,
+                Err(e) => return Verdict::fail(format!("invalid probe request: {e}")),
+            };
+            match hyper::client::conn::http2::handshake(TokioExecutor::new(), stream).await {
+                Ok((mut sender, conn)) => {
+                    tokio::spawn(conn);
+                    sender.send_request(request).await
+                }
+                Err(e) => Err(e),
+            }
+        }
+    };
+    match sent {
+        Ok(response) => judge(response, check).await,
+        Err(e) => Verdict::fail(error_chain(&e)),
+    }
 }
 
 async fn http_probe(client: &ProbeClient, addr: &BackendAddr, check: &ActiveCheck) -> Verdict {
@@ -110,10 +175,14 @@ async fn http_probe(client: &ProbeClient, addr: &BackendAddr, check: &ActiveChec
         Ok(r) => r,
         Err(e) => return Verdict::fail(format!("invalid probe request: {e}")),
     };
-    let response = match client.http.request(request).await {
-        Ok(r) => r,
-        Err(e) => return Verdict::fail(error_chain(&e)),
-    };
+    match client.http.request(request).await {
+        Ok(r) => judge(r, check).await,
+        Err(e) => Verdict::fail(error_chain(&e)),
+    }
+}
+
+/// Reads a probe's response and judges its status.
+async fn judge(response: http::Response<Incoming>, check: &ActiveCheck) -> Verdict {
     let status = response.status().as_u16();
     if let Err(e) = drain(response.into_body(), MAX_PROBE_BODY).await {
         return Verdict::fail(format!("status {status}, then reading the body: {}", error_chain(&e)));
@@ -194,9 +263,9 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let open = BackendAddr::new(&listener.local_addr().unwrap().to_string()).unwrap();
         let client = ProbeClient::new();
-        let v = probe(&client, &open, &check(CheckKind::Tcp, 500)).await;
+        let v = probe(&client, &open, &Profile::default(), &check(CheckKind::Tcp, 500)).await;
         assert!(v.passed, "{v:?}");
-        let v = probe(&client, &closed_port().await, &check(CheckKind::Tcp, 500)).await;
+        let v = probe(&client, &closed_port().await, &Profile::default(), &check(CheckKind::Tcp, 500)).await;
         assert!(!v.passed);
         assert!(v.detail.starts_with("connect: "), "{v:?}");
     }
@@ -204,7 +273,7 @@ mod tests {
     #[tokio::test]
     async fn http_probe_fails_on_refusal_and_on_silence() {
         let client = ProbeClient::new();
-        let v = probe(&client, &closed_port().await, &check(CheckKind::Http, 500)).await;
+        let v = probe(&client, &closed_port().await, &Profile::default(), &check(CheckKind::Http, 500)).await;
         assert!(!v.passed);
         assert!(v.detail.contains("refused"), "{v:?}");
 
@@ -216,7 +285,7 @@ mod tests {
             let mut sink = vec![0u8; 1024];
             while conn.read(&mut sink).await.is_ok_and(|n| n > 0) {}
         });
-        let v = probe(&client, &silent, &check(CheckKind::Http, 50)).await;
+        let v = probe(&client, &silent, &Profile::default(), &check(CheckKind::Http, 50)).await;
         assert_eq!(v, Verdict::fail("timed out after 50 ms"));
         server.abort();
     }

@@ -25,7 +25,7 @@ pub(crate) async fn run(key: ProbeKey, target: Target, client: ProbeClient) {
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        let verdict = probe(&client, &target.backend.addr, check).await;
+        let verdict = probe(&client, &target.backend.addr, &target.upstream, check).await;
         let stats = &target.backend.stats;
         let before = stats.active_state();
         let after = stats.record_probe(verdict.passed, check.rise, check.fall, clock::now_ms());

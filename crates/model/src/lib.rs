@@ -30,6 +30,6 @@ pub use service::{
     ActiveCheck, AutoscaleSpec, BackendSpec, BalanceFactor, CheckKind, ExternalSpec, FeedbackFormula, FeedbackSpec,
     Gammas, GangliaSource, HeaderKey, HealthSpec, LoadSources, MaxConns, NodeExporterSource, OrcaSpec, PassiveCheck,
     PolicySpec, PortRange, ProviderSpec, QueueSpec, ReadySpec, RetryBudget, ServiceSettings, ServiceSpec, Timeouts,
-    UpstreamSpec, Weight, REDACTED,
+    UpstreamProtocol, UpstreamSpec, UpstreamTls, Weight, REDACTED,
 };
 pub use state::{ChangeError, ChangeErrorKind, ConfigState, Delta};

@@ -122,19 +122,109 @@ impl Default for QueueSpec {
 /// Each proxy worker keeps its own idle connections per backend and reuses
 /// the most recently used one first (its socket buffers and the backend's
 /// caches are warm). An idle connection is closed after `timeouts.idle_ms`,
-/// or at once when the backend closes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// or at once when the backend closes it. With `"protocol": "http2"` each
+/// worker keeps one multiplexed connection per backend instead.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpstreamSpec {
     /// Most idle keep-alive connections kept per backend and per worker
     /// (default 256, at most 100000; 0 closes every connection after its
     /// response, like HTTP/1.0). Connections in use are not limited by it.
+    /// HTTP/1.1 only.
     pub max_idle: u32,
+    /// The HTTP version spoken to the backends (default `http1`). `http2`
+    /// multiplexes the requests over one connection per backend and worker
+    /// and carries trailers (gRPC needs it); without `tls` it is HTTP/2
+    /// over cleartext with prior knowledge (h2c). Upgrades (WebSocket)
+    /// always go over HTTP/1.1.
+    pub protocol: UpstreamProtocol,
+    /// TLS to the backends (default: none, plain TCP).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<UpstreamTls>,
 }
 
 impl Default for UpstreamSpec {
     fn default() -> Self {
-        UpstreamSpec { max_idle: 256 }
+        UpstreamSpec { max_idle: 256, protocol: UpstreamProtocol::Http1, tls: None }
+    }
+}
+
+/// The HTTP version the proxy speaks to a service's backends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 with keep-alive: one request at a time per connection.
+    #[default]
+    Http1,
+    /// HTTP/2: many requests at once on one connection, with trailers.
+    Http2,
+}
+
+/// TLS from the proxy to a service's backends.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamTls {
+    /// The server name sent in the handshake (SNI) and checked against the
+    /// backend's certificate (default: the backend's host, a DNS name or an
+    /// IP address, as written in its `addr`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sni: Option<String>,
+    /// The certificate authorities trusted for the backends, PEM (default:
+    /// the Mozilla root program's public CAs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_pem: Option<String>,
+    /// Whether the backend's certificate chain and name are checked
+    /// (default true). `false` encrypts without authenticating the backend:
+    /// anyone on the path can pose as it. For tests only.
+    #[serde(default = "yes")]
+    pub verify: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl UpstreamTls {
+    /// The trusted CAs of `ca_pem`, checked: at least one certificate, and
+    /// nothing that is not one.
+    pub fn ca_certificates(&self) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
+        use rustls::pki_types::pem::PemObject;
+        let Some(pem) = &self.ca_pem else {
+            return Ok(Vec::new());
+        };
+        let certs = rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("upstream.tls.ca_pem: not PEM certificates ({e})"))?;
+        if certs.is_empty() {
+            return Err("upstream.tls.ca_pem: no CERTIFICATE block found".into());
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        for (i, c) in certs.iter().enumerate() {
+            roots
+                .add(c.clone())
+                .map_err(|e| format!("upstream.tls.ca_pem: certificate {i} is not a usable CA certificate ({e})"))?;
+        }
+        Ok(certs)
+    }
+
+    /// The `sni` as a server name, checked.
+    pub fn server_name(&self) -> Result<Option<rustls::pki_types::ServerName<'static>>, String> {
+        self.sni
+            .as_deref()
+            .map(|n| {
+                rustls::pki_types::ServerName::try_from(n.to_string())
+                    .map_err(|_| format!("upstream.tls.sni: {n:?} is not a DNS name or IP address"))
+            })
+            .transpose()
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        self.ca_certificates()?;
+        self.server_name()?;
+        if !self.verify && self.ca_pem.is_some() {
+            return Err("upstream.tls.ca_pem: given with \"verify\": false, where nothing is checked".into());
+        }
+        Ok(())
     }
 }
 
@@ -965,6 +1055,9 @@ impl ServiceSettings {
         if self.upstream.max_idle > 100_000 {
             return Err(format!("upstream.max_idle: must be 0..=100000, got {}", self.upstream.max_idle));
         }
+        if let Some(tls) = &self.upstream.tls {
+            tls.validate()?;
+        }
         if self.retry_budget.percent > 100 {
             return Err("retry_budget.percent: must be 0..=100".into());
         }
@@ -1168,7 +1261,7 @@ impl Serialize for ServiceSpec {
             health: st.health.clone(),
             load_metrics: st.load_metrics.clone(),
             queue: st.queue,
-            upstream: st.upstream,
+            upstream: st.upstream.clone(),
             autoscale: st.autoscale.clone(),
             backends: BackendList(self.backends.clone()),
         }

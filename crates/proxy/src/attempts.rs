@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tidegate_balance::{clock, orca, record_outcome, Backend, Outcome, RequestCtx};
-use tidegate_model::{PolicySpec, ServiceSettings};
+use tidegate_model::PolicySpec;
 use tidegate_snapshot::{ServiceLive, ServiceRuntime};
 use tokio::time::Instant;
 
@@ -40,7 +40,7 @@ pub(crate) trait Exchange {
     fn send(
         &mut self,
         backend: &Arc<Backend>,
-        settings: &ServiceSettings,
+        service: &ServiceRuntime,
         fresh: bool,
         deadline: Instant,
     ) -> impl Future<Output = Result<Self::Answer, ErrorKind>>;
@@ -170,7 +170,7 @@ async fn attempt<E: Exchange>(
     let settings = &service.settings;
     let mut slot = Slot::take(backend, service);
     let deadline = Instant::now() + Duration::from_millis(settings.timeouts.response_ms);
-    let result = ex.send(backend, settings, fresh, deadline).await;
+    let result = ex.send(backend, service, fresh, deadline).await;
     let seen = result.as_ref().map(E::status).map_err(|k| *k);
     if let Some(outcome) = outcome_of(&seen) {
         slot.record(outcome);

@@ -80,6 +80,8 @@ pub enum UpBody {
     Buffered(Full<Bytes>),
     /// Streamed from the client.
     Streaming(ClientBody),
+    /// Streamed from a native client connection through a channel.
+    Channel(crate::upstream_h2::ChannelBody),
 }
 
 #[cfg(test)]
@@ -98,6 +100,7 @@ impl Body for UpBody {
         match self.get_mut() {
             UpBody::Buffered(b) => Pin::new(b).poll_frame(cx).map_err(|never| match never {}),
             UpBody::Streaming(b) => Pin::new(b).poll_frame(cx),
+            UpBody::Channel(b) => Pin::new(b).poll_frame(cx),
         }
     }
 
@@ -105,6 +108,7 @@ impl Body for UpBody {
         match self {
             UpBody::Buffered(b) => b.is_end_stream(),
             UpBody::Streaming(b) => b.is_end_stream(),
+            UpBody::Channel(b) => b.is_end_stream(),
         }
     }
 
@@ -112,6 +116,7 @@ impl Body for UpBody {
         match self {
             UpBody::Buffered(b) => b.size_hint(),
             UpBody::Streaming(b) => b.size_hint(),
+            UpBody::Channel(b) => b.size_hint(),
         }
     }
 }

@@ -68,6 +68,9 @@ pub enum ErrorKind {
     ConnectFailed,
     /// The TCP connection to the backend was not open within `connect_ms`.
     ConnectTimeout,
+    /// The TLS handshake with the backend failed: its certificate is not
+    /// trusted or does not name it, or it does not speak TLS.
+    UpstreamTls,
     /// A reused keep-alive connection was closed by the backend before it
     /// answered (the race between its idle timeout and our request).
     StaleConnection,
@@ -87,9 +90,8 @@ impl ErrorKind {
         match self {
             BadRequest | InvalidHost | InvalidPath | InvalidFraming | ClientBody | ClientTimeout => Source::Client,
             NoRoute | NoBackend | QueueFull | QueueTimeout => Source::Local,
-            ConnectFailed | ConnectTimeout | StaleConnection | UpstreamClosed | InvalidResponse | ResponseTimeout => {
-                Source::Upstream
-            }
+            ConnectFailed | ConnectTimeout | UpstreamTls | StaleConnection | UpstreamClosed | InvalidResponse
+            | ResponseTimeout => Source::Upstream,
         }
     }
 
@@ -104,7 +106,8 @@ impl ErrorKind {
     pub fn retry(self) -> Retry {
         use ErrorKind::*;
         match self {
-            ConnectFailed | ConnectTimeout => Retry::Unsent,
+            // Nothing of the request went out before the handshake ended.
+            ConnectFailed | ConnectTimeout | UpstreamTls => Retry::Unsent,
             StaleConnection => Retry::FreshConnection,
             UpstreamClosed | InvalidResponse => Retry::IfIdempotent,
             // A timed-out backend is likely slow for the next request too,
@@ -131,6 +134,7 @@ impl ErrorKind {
             ClientTimeout => "client_timeout",
             ConnectFailed => "connect_failed",
             ConnectTimeout => "connect_timeout",
+            UpstreamTls => "upstream_tls",
             StaleConnection => "stale_connection",
             UpstreamClosed => "upstream_closed",
             InvalidResponse => "invalid_response",
@@ -139,7 +143,7 @@ impl ErrorKind {
     }
 
     /// Every kind, in a fixed order (for metrics).
-    pub const ALL: [ErrorKind; 16] = [
+    pub const ALL: [ErrorKind; 17] = [
         ErrorKind::NoRoute,
         ErrorKind::NoBackend,
         ErrorKind::QueueFull,
@@ -152,6 +156,7 @@ impl ErrorKind {
         ErrorKind::ClientTimeout,
         ErrorKind::ConnectFailed,
         ErrorKind::ConnectTimeout,
+        ErrorKind::UpstreamTls,
         ErrorKind::StaleConnection,
         ErrorKind::UpstreamClosed,
         ErrorKind::InvalidResponse,
@@ -182,6 +187,7 @@ impl ErrorKind {
             ClientBody => (StatusCode::BAD_REQUEST, "400 the request body is malformed or incomplete\n"),
             ClientTimeout => (StatusCode::REQUEST_TIMEOUT, "408 the request body arrived too slowly\n"),
             ConnectFailed | ConnectTimeout => (StatusCode::BAD_GATEWAY, "502 could not connect to a backend\n"),
+            UpstreamTls => (StatusCode::BAD_GATEWAY, "502 the TLS handshake with the backend failed\n"),
             StaleConnection | UpstreamClosed => (StatusCode::BAD_GATEWAY, "502 the backend closed the connection\n"),
             InvalidResponse => (StatusCode::BAD_GATEWAY, "502 the backend sent an invalid response\n"),
             ResponseTimeout => (StatusCode::GATEWAY_TIMEOUT, "504 the backend did not answer in time\n"),
@@ -223,6 +229,8 @@ pub fn plain(status: StatusCode, text: &'static str) -> Response<ProxyBody> {
 pub enum ClientBodyError {
     /// The body broke off or was malformed.
     Read(hyper::Error),
+    /// The body broke off or was malformed (read by the native path).
+    Broken,
     /// The client sent too slowly (see [`crate::Limits`]' body timeouts).
     TimedOut,
 }
@@ -231,7 +239,7 @@ impl ClientBodyError {
     /// The kind of failure it causes.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            ClientBodyError::Read(_) => ErrorKind::ClientBody,
+            ClientBodyError::Read(_) | ClientBodyError::Broken => ErrorKind::ClientBody,
             ClientBodyError::TimedOut => ErrorKind::ClientTimeout,
         }
     }
@@ -241,6 +249,7 @@ impl std::fmt::Display for ClientBodyError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ClientBodyError::Read(e) => write!(f, "client request body: {e}"),
+            ClientBodyError::Broken => f.write_str("client request body: broken off or malformed"),
             ClientBodyError::TimedOut => f.write_str("client request body: too slow"),
         }
     }
@@ -250,7 +259,7 @@ impl std::error::Error for ClientBodyError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             ClientBodyError::Read(e) => Some(e),
-            ClientBodyError::TimedOut => None,
+            ClientBodyError::TimedOut | ClientBodyError::Broken => None,
         }
     }
 }

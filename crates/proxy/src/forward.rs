@@ -17,7 +17,7 @@ use hyper::body::Incoming;
 
 use tidegate_balance::{clock, orca, Backend, Headers, RequestCtx};
 use tidegate_distributor::{DistributorClient, Query};
-use tidegate_model::{ExternalSpec, PolicySpec, ServiceSettings};
+use tidegate_model::{ExternalSpec, PolicySpec, UpstreamProtocol};
 use tidegate_snapshot::ServiceRuntime;
 
 use crate::attempts::{self, is_idempotent, Answered, Exchange};
@@ -28,8 +28,10 @@ use crate::headers;
 use crate::limits::Limits;
 use crate::metrics::Counters;
 use crate::native::bridge::{self, BridgeExchange, Payload};
+use crate::pick::Slot;
 use crate::pool::{ConnSettings, HyperConn, Sent, Unsent, UpstreamPool};
 use crate::tunnel;
+use crate::upstream_h2::{self, H2Pool};
 
 /// The client end of a connection, prepared once per connection.
 #[derive(Debug, Clone)]
@@ -93,6 +95,8 @@ pub(crate) struct Upstreams {
     pool: UpstreamPool<HyperConn>,
     /// The native HTTP/1 path's connections.
     native: UpstreamPool<crate::native::NativeConn>,
+    /// Shared connections to HTTP/2 backends.
+    h2: H2Pool,
     /// Asks external distributors (paper S4); one per worker.
     distributor: DistributorClient,
     /// Client-side limits (body timeouts).
@@ -104,6 +108,7 @@ impl Upstreams {
         Upstreams {
             pool: UpstreamPool::default(),
             native: UpstreamPool::default(),
+            h2: H2Pool::default(),
             distributor: DistributorClient::default(),
             limits,
         }
@@ -117,10 +122,12 @@ impl Upstreams {
 
 /// What every attempt sends, apart from the body: the request with its
 /// forwarding headers.
-struct Prepared {
-    parts: Parts,
-    path_and_query: PathAndQuery,
-    idempotent: bool,
+pub(crate) struct Prepared {
+    pub parts: Parts,
+    pub path_and_query: PathAndQuery,
+    pub idempotent: bool,
+    /// The client's `TE` asked for trailers (kept for HTTP/2 backends).
+    pub te_trailers: bool,
 }
 
 impl Prepared {
@@ -135,19 +142,22 @@ impl Prepared {
         let upgrade = wants_upgrade(&req).then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
         let body = Replay::new(body, limits).await?;
+        let te_trailers = parts.headers.get(header::TE).is_some_and(|v| upstream_h2::wants_trailers(v.as_bytes()));
         headers::request_headers(&mut parts, peer, upgrade.is_some());
         let path_and_query = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
         let idempotent = is_idempotent(parts.method.as_str().as_bytes());
-        Ok((Prepared { parts, path_and_query, idempotent }, body, upgrade))
+        Ok((Prepared { parts, path_and_query, idempotent, te_trailers }, body, upgrade))
     }
 }
 
 impl ConnSettings {
-    pub(crate) fn of(settings: &ServiceSettings) -> ConnSettings {
+    pub(crate) fn of(service: &ServiceRuntime) -> ConnSettings {
+        let settings = &service.settings;
         ConnSettings {
             connect: Duration::from_millis(settings.timeouts.connect_ms),
             idle: Duration::from_millis(settings.timeouts.idle_ms),
             max_idle: settings.upstream.max_idle as usize,
+            profile: service.upstream.key(),
         }
     }
 }
@@ -172,13 +182,19 @@ impl Upstreams {
         };
         let ctx =
             RequestCtx { client: Some(peer.addr), path: req.path_and_query.as_str(), headers: &req.parts.headers };
+        if upgrade.is_none() && service.upstream.protocol() == UpstreamProtocol::Http2 {
+            let (mut response, slot) = self.send_h2(service, &req, body, &ctx, first, metrics).await?;
+            headers::response_headers(response.headers_mut());
+            return Ok(response.map(|b| ProxyBody::upstream(b, Hold { slot, conn: None })));
+        }
         if upgrade.is_none() {
             // Over the worker's native connections (no connection task or
             // channel per request); upgrades stay on hyper's client, which
             // hands the socket over after a 101.
             let body = match body {
                 Replay::Buffered(b) => Payload::Buffered(b),
-                Replay::Streaming(b) => Payload::Streaming(b),
+                Replay::Streaming(Some(UpBody::Streaming(b))) => Payload::Streaming(Some(b)),
+                Replay::Streaming(_) => Payload::Streaming(None),
             };
             let mut ex = BridgeExchange {
                 pool: &self.native,
@@ -206,6 +222,77 @@ impl Upstreams {
     }
 }
 
+impl Upstreams {
+    /// Sends a prepared request to an HTTP/2 backend of `service`, trying
+    /// others on failure; the response head and the slot its body holds.
+    pub(crate) async fn send_h2(
+        &self,
+        service: &ServiceRuntime,
+        req: &Prepared,
+        body: Replay,
+        ctx: &RequestCtx<'_>,
+        first: Option<Arc<Backend>>,
+        metrics: &Counters,
+    ) -> Result<(Response<Incoming>, Slot), ErrorKind> {
+        let mut ex = H2Exchange { pool: &self.h2, req, body };
+        let Answered { answer, slot } = attempts::run(service, &mut ex, ctx, first, metrics).await?;
+        Ok((answer, slot))
+    }
+}
+
+/// A request sent over a worker's shared HTTP/2 connections.
+struct H2Exchange<'a> {
+    pool: &'a H2Pool,
+    req: &'a Prepared,
+    body: Replay,
+}
+
+impl Exchange for H2Exchange<'_> {
+    type Answer = Response<Incoming>;
+
+    fn request(&self) -> crate::retry::Request {
+        crate::retry::Request { idempotent: self.req.idempotent, replayable: self.body.replayable() }
+    }
+
+    fn sendable(&self) -> bool {
+        self.body.sendable()
+    }
+
+    async fn send(
+        &mut self,
+        backend: &Arc<Backend>,
+        service: &ServiceRuntime,
+        fresh: bool,
+        deadline: tokio::time::Instant,
+    ) -> Result<Response<Incoming>, ErrorKind> {
+        let Some(body) = self.body.take() else {
+            return Err(ErrorKind::ClientBody);
+        };
+        let (req, profile) = (self.req, &service.upstream);
+        let up =
+            upstream_h2::request(&req.parts, backend, profile.scheme(), &req.path_and_query, req.te_trailers, body)?;
+        let sending = self.pool.send(backend, profile, ConnSettings::of(service), up, fresh);
+        match tokio::time::timeout_at(deadline, sending).await {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(unsent)) => {
+                if let Some(r) = unsent.request {
+                    self.body.put_back(r.into_body());
+                }
+                Err(unsent.kind)
+            }
+            Err(_) => Err(ErrorKind::ResponseTimeout),
+        }
+    }
+
+    fn status(answer: &Response<Incoming>) -> u16 {
+        answer.status().as_u16()
+    }
+
+    fn orca(answer: &Response<Incoming>) -> Option<&[u8]> {
+        answer.headers().get(orca::ORCA_HEADER).map(HeaderValue::as_bytes)
+    }
+}
+
 /// A request carried by hyper, sent over the worker's hyper connections.
 struct HyperExchange<'a> {
     pool: &'a UpstreamPool<HyperConn>,
@@ -230,7 +317,7 @@ impl Exchange for HyperExchange<'_> {
     async fn send(
         &mut self,
         backend: &Arc<Backend>,
-        settings: &ServiceSettings,
+        service: &ServiceRuntime,
         fresh: bool,
         deadline: tokio::time::Instant,
     ) -> Result<Sent, ErrorKind> {
@@ -238,7 +325,8 @@ impl Exchange for HyperExchange<'_> {
             return Err(ErrorKind::ClientBody);
         };
         let up = upstream_request(&self.req.parts, backend, &self.req.path_and_query, body)?;
-        let sending = self.pool.send(&backend.addr, ConnSettings::of(settings), up, fresh, self.upgrade);
+        let cs = ConnSettings::of(service);
+        let sending = self.pool.send(&backend.addr, &service.upstream, cs, up, fresh, self.upgrade);
         match tokio::time::timeout_at(deadline, sending).await.unwrap_or(Err(Unsent::TIMED_OUT)) {
             Ok(sent) => Ok(sent),
             Err(unsent) => {
@@ -307,9 +395,11 @@ impl Upstreams {
 }
 
 /// The request body, buffered when small so it can be sent more than once.
-enum Replay {
+pub(crate) enum Replay {
+    /// Held in memory: every attempt sends it whole.
     Buffered(Bytes),
-    Streaming(Option<ClientBody>),
+    /// Streamed; `None` once an attempt took it.
+    Streaming(Option<UpBody>),
 }
 
 impl Replay {
@@ -323,7 +413,7 @@ impl Replay {
                 Ok(collected) => Ok(Replay::Buffered(collected.to_bytes())),
                 Err(e) => Err(e.downcast_ref::<ClientBodyError>().map_or(ErrorKind::ClientBody, ClientBodyError::kind)),
             },
-            _ => Ok(Replay::Streaming(Some(body))),
+            _ => Ok(Replay::Streaming(Some(UpBody::Streaming(body)))),
         }
     }
 
@@ -341,14 +431,14 @@ impl Replay {
     fn take(&mut self) -> Option<UpBody> {
         match self {
             Replay::Buffered(b) => Some(UpBody::Buffered(Full::new(b.clone()))),
-            Replay::Streaming(b) => b.take().map(UpBody::Streaming),
+            Replay::Streaming(b) => b.take(),
         }
     }
 
     /// Takes back a streamed body that no attempt started to send.
     fn put_back(&mut self, body: UpBody) {
-        if let (Replay::Streaming(slot), UpBody::Streaming(b)) = (self, body) {
-            *slot = Some(b);
+        if let Replay::Streaming(slot) = self {
+            *slot = Some(body);
         }
     }
 }

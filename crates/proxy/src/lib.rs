@@ -30,6 +30,7 @@ mod server;
 mod static_files;
 mod tls;
 mod tunnel;
+mod upstream_h2;
 
 pub use body::ProxyBody;
 pub use error::{ErrorKind, Source};

@@ -13,7 +13,6 @@
 //! the close and marks the sender closed).
 
 use std::collections::{HashMap, VecDeque};
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -23,7 +22,7 @@ use hyper::client::conn::http1;
 use hyper::Response;
 use hyper_util::rt::TokioIo;
 use tidegate_model::BackendAddr;
-use tokio::net::TcpStream;
+use tidegate_upstream::{ConnectError, Profile, Stream};
 
 use crate::body::UpBody;
 use crate::error::{classify_upstream, ErrorKind};
@@ -40,16 +39,19 @@ pub(crate) struct ConnSettings {
     pub idle: Duration,
     /// Most idle connections kept per backend (in this worker).
     pub max_idle: usize,
+    /// The [`Profile::key`] of the service's upstream settings: connections
+    /// of different profiles (plain, TLS with other trust) never mix.
+    pub profile: u64,
 }
 
 /// A connection the pool can hold while it is idle.
 pub(crate) trait Reusable: Send + 'static {
     /// Whether the backend closed it (or it can no longer carry a request).
-    fn is_closed(&self) -> bool;
+    fn is_closed(&mut self) -> bool;
 }
 
 impl Reusable for http1::SendRequest<UpBody> {
-    fn is_closed(&self) -> bool {
+    fn is_closed(&mut self) -> bool {
         http1::SendRequest::is_closed(self)
     }
 }
@@ -65,9 +67,13 @@ impl<C> Default for UpstreamPool<C> {
     }
 }
 
+/// Idle connections by backend address.
+type ByAddr<C> = HashMap<BackendAddr, VecDeque<Idle<C>>, foldhash::fast::RandomState>;
+
 struct Inner<C> {
-    /// Keyed by operator-configured addresses: a fast hash is enough.
-    idle: Mutex<HashMap<BackendAddr, VecDeque<Idle<C>>, foldhash::fast::RandomState>>,
+    /// By profile key, then address (operator-configured values: a fast
+    /// hash is enough). There is usually one profile.
+    idle: Mutex<HashMap<u64, ByAddr<C>, foldhash::fast::RandomState>>,
     sweeper: AtomicBool,
 }
 
@@ -77,7 +83,7 @@ struct Idle<C> {
 }
 
 impl<C: Reusable> Idle<C> {
-    fn usable(&self, now: Instant) -> bool {
+    fn usable(&mut self, now: Instant) -> bool {
         now < self.expires && !self.conn.is_closed()
     }
 }
@@ -102,7 +108,7 @@ impl<C> std::fmt::Debug for Conn<C> {
 impl<C: Reusable> Conn<C> {
     /// Gives the connection back for reuse, unless the backend closed it or
     /// the pool is full.
-    pub(crate) fn release(self) {
+    pub(crate) fn release(mut self) {
         if self.settings.max_idle == 0 || self.conn.is_closed() {
             return;
         }
@@ -112,9 +118,9 @@ impl<C: Reusable> Conn<C> {
         let now = Instant::now();
         let idle = Idle { conn: self.conn, expires: now + self.settings.idle };
         if let Ok(mut map) = inner.idle.lock() {
-            let list = map.entry(self.addr).or_default();
+            let list = map.entry(self.settings.profile).or_default().entry(self.addr).or_default();
             // The oldest are at the front: expire them here, and make room.
-            while list.front().is_some_and(|c| !c.usable(now)) || list.len() >= self.settings.max_idle {
+            while list.front_mut().is_some_and(|c| !c.usable(now)) || list.len() >= self.settings.max_idle {
                 list.pop_front();
             }
             list.push_back(idle);
@@ -137,12 +143,15 @@ async fn sweep<C: Reusable>(inner: Weak<Inner<C>>) {
         // Dropped outside the lock: closing a connection is not free.
         let mut expired = Vec::new();
         if let Ok(mut map) = inner.idle.lock() {
-            map.retain(|_, list| {
-                while list.front().is_some_and(|c| !c.usable(now)) {
-                    expired.extend(list.pop_front());
-                }
-                // Entries for backends that went away, or went quiet.
-                !list.is_empty()
+            map.retain(|_, by_addr| {
+                by_addr.retain(|_, list| {
+                    while list.front_mut().is_some_and(|c| !c.usable(now)) {
+                        expired.extend(list.pop_front());
+                    }
+                    // Entries for backends that went away, or went quiet.
+                    !list.is_empty()
+                });
+                !by_addr.is_empty()
             });
         }
         drop(expired);
@@ -176,8 +185,8 @@ impl<C: Reusable> UpstreamPool<C> {
     pub(crate) fn checkout(&self, addr: &BackendAddr, settings: ConnSettings) -> Option<Conn<C>> {
         let now = Instant::now();
         let mut map = self.inner.idle.lock().ok()?;
-        let list = map.get_mut(addr)?;
-        while let Some(idle) = list.pop_back() {
+        let list = map.get_mut(&settings.profile)?.get_mut(addr)?;
+        while let Some(mut idle) = list.pop_back() {
             if idle.usable(now) {
                 return Some(Conn {
                     conn: idle.conn,
@@ -197,16 +206,18 @@ impl<C: Reusable> UpstreamPool<C> {
     }
 }
 
-/// Opens a TCP connection to `addr` within the connect timeout.
-pub(crate) async fn connect_tcp(addr: &BackendAddr, settings: ConnSettings) -> Result<TcpStream, ErrorKind> {
-    match tokio::time::timeout(settings.connect, open(addr)).await {
-        Ok(Ok(s)) => Ok(s),
-        Ok(Err(e)) => {
-            tracing::debug!(backend = %addr, error = %e, "connect failed");
-            Err(ErrorKind::ConnectFailed)
-        }
-        Err(_) => Err(ErrorKind::ConnectTimeout),
-    }
+/// Opens a connection to `addr` as `profile` says (TCP, then TLS if
+/// asked), within the connect timeout.
+pub(crate) async fn connect(
+    addr: &BackendAddr,
+    profile: &Profile,
+    settings: ConnSettings,
+) -> Result<Stream, ErrorKind> {
+    profile.connect(addr, settings.connect).await.map_err(|e| match e {
+        ConnectError::Failed(_) => ErrorKind::ConnectFailed,
+        ConnectError::TimedOut => ErrorKind::ConnectTimeout,
+        ConnectError::Tls(_) => ErrorKind::UpstreamTls,
+    })
 }
 
 impl UpstreamPool<HyperConn> {
@@ -215,10 +226,11 @@ impl UpstreamPool<HyperConn> {
     async fn connect(
         &self,
         addr: &BackendAddr,
+        profile: &Profile,
         settings: ConnSettings,
         upgrades: bool,
     ) -> Result<Conn<HyperConn>, ErrorKind> {
-        let stream = connect_tcp(addr, settings).await?;
+        let stream = connect(addr, profile, settings).await?;
         let (sender, conn) =
             http1::Builder::new().handshake(TokioIo::new(stream)).await.map_err(|_| ErrorKind::ConnectFailed)?;
         if upgrades {
@@ -241,6 +253,7 @@ impl UpstreamPool<HyperConn> {
     pub(crate) async fn send(
         &self,
         addr: &BackendAddr,
+        profile: &Profile,
         settings: ConnSettings,
         mut req: http::Request<UpBody>,
         fresh: bool,
@@ -250,7 +263,7 @@ impl UpstreamPool<HyperConn> {
         loop {
             let mut conn = match pooled.take() {
                 Some(c) => c,
-                None => match self.connect(addr, settings, upgrade).await {
+                None => match self.connect(addr, profile, settings, upgrade).await {
                     Ok(c) => c,
                     Err(kind) => return Err(Unsent { kind, request: Some(req) }),
                 },
@@ -272,19 +285,6 @@ impl UpstreamPool<HyperConn> {
     }
 }
 
-/// Opens a TCP connection: directly to an IP address, or after resolving
-/// a host name.
-async fn open(addr: &BackendAddr) -> std::io::Result<TcpStream> {
-    let stream = match addr.as_str().parse::<SocketAddr>() {
-        Ok(sa) => TcpStream::connect(sa).await?,
-        Err(_) => TcpStream::connect(addr.as_str()).await?,
-    };
-    stream.set_nodelay(true)?;
-    let keepalive = socket2::TcpKeepalive::new().with_time(Duration::from_secs(60));
-    socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive)?;
-    Ok(stream)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -292,7 +292,7 @@ mod tests {
     use tokio::net::TcpListener;
 
     fn settings(idle_ms: u64, max_idle: usize) -> ConnSettings {
-        ConnSettings { connect: Duration::from_secs(1), idle: Duration::from_millis(idle_ms), max_idle }
+        ConnSettings { connect: Duration::from_secs(1), idle: Duration::from_millis(idle_ms), max_idle, profile: 0 }
     }
 
     fn get() -> http::Request<UpBody> {
@@ -333,7 +333,8 @@ mod tests {
     }
 
     async fn exchange(pool: &UpstreamPool<HyperConn>, addr: &BackendAddr, s: ConnSettings) -> Result<bool, ErrorKind> {
-        let Sent { response: resp, conn } = pool.send(addr, s, get(), false, false).await.map_err(|u| u.kind)?;
+        let Sent { response: resp, conn } =
+            pool.send(addr, &Profile::default(), s, get(), false, false).await.map_err(|u| u.kind)?;
         let reused = conn.reused;
         http_body_util::BodyExt::collect(resp.into_body()).await.map_err(|_| ErrorKind::UpstreamClosed)?;
         conn.release();
@@ -372,14 +373,17 @@ mod tests {
         let s = settings(50, 2);
         let mut held = Vec::new();
         for _ in 0..4 {
-            let Sent { response: resp, conn } = pool.send(&addr, s, get(), false, false).await.ok().unwrap();
+            let Sent { response: resp, conn } =
+                pool.send(&addr, &Profile::default(), s, get(), false, false).await.ok().unwrap();
             http_body_util::BodyExt::collect(resp.into_body()).await.unwrap();
             held.push(conn);
         }
         for c in held {
             c.release();
         }
-        let idle = |p: &UpstreamPool<HyperConn>| p.inner.idle.lock().unwrap().get(&addr).map_or(0, |l| l.len());
+        let idle = |p: &UpstreamPool<HyperConn>| {
+            p.inner.idle.lock().unwrap().get(&0).and_then(|m| m.get(&addr)).map_or(0, |l| l.len())
+        };
         assert_eq!(idle(&pool), 2);
         tokio::time::sleep(Duration::from_millis(1_300)).await;
         assert_eq!(idle(&pool), 0, "the sweeper closes expired connections");
@@ -391,7 +395,7 @@ mod tests {
         let addr = BackendAddr::new(&l.local_addr().unwrap().to_string()).unwrap();
         drop(l);
         let pool = UpstreamPool::<HyperConn>::default();
-        let Err(unsent) = pool.send(&addr, settings(1_000, 8), get(), false, false).await else {
+        let Err(unsent) = pool.send(&addr, &Profile::default(), settings(1_000, 8), get(), false, false).await else {
             panic!("connected to a closed port");
         };
         assert_eq!(unsent.kind, ErrorKind::ConnectFailed);

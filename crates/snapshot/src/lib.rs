@@ -63,6 +63,8 @@ pub struct ServiceRuntime {
     pub selector: ServiceSelector,
     /// Live counters, carried over from the previous snapshot.
     pub live: Arc<ServiceLive>,
+    /// How its backends are reached (TLS, HTTP version), compiled once.
+    pub upstream: tidegate_upstream::Profile,
 }
 
 impl ServiceRuntime {
@@ -81,11 +83,20 @@ impl ServiceRuntime {
                 Arc::new(Backend::new(id.clone(), b, stats))
             })
             .collect();
+        let upstream = match previous.filter(|p| p.settings.upstream == spec.settings.upstream) {
+            Some(p) => p.upstream.clone(),
+            None => tidegate_upstream::Profile::build(&spec.settings.upstream).unwrap_or_else(|e| {
+                // Validation refuses such settings before they are stored.
+                tracing::error!(service = %name, error = %e, "upstream settings do not compile; no connections");
+                tidegate_upstream::Profile::refusing(e)
+            }),
+        };
         ServiceRuntime {
             name,
             settings: spec.settings.clone(),
             selector: ServiceSelector::new(&spec.settings.policy, backends),
             live: previous.map(|p| p.live.clone()).unwrap_or_default(),
+            upstream,
         }
     }
 }

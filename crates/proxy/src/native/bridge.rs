@@ -17,7 +17,7 @@ use http_body::{Body as _, Frame, SizeHint};
 use http_body_util::BodyExt;
 use tidegate_balance::Backend;
 use tidegate_h1::{ChunkedDecoder, HeadLimits, ResponseBody, CHUNKED_END};
-use tidegate_model::ServiceSettings;
+use tidegate_snapshot::ServiceRuntime;
 use tokio::time::Instant;
 
 use super::exchange::{open, read_response, NativeAnswer, NativeConn};
@@ -61,17 +61,17 @@ impl Exchange for BridgeExchange<'_> {
     async fn send(
         &mut self,
         backend: &Arc<Backend>,
-        settings: &ServiceSettings,
+        service: &ServiceRuntime,
         fresh: bool,
         deadline: Instant,
     ) -> Result<NativeAnswer, ErrorKind> {
-        let cs = ConnSettings::of(settings);
-        let mut conn = open(self.pool, backend, cs, fresh).await?;
+        let cs = ConnSettings::of(service);
+        let mut conn = open(self.pool, backend, &service.upstream, cs, fresh).await?;
         let sending = self.write(&mut conn, backend);
         let written = tokio::time::timeout_at(deadline, sending).await.unwrap_or(Err(ErrorKind::ResponseTimeout));
         if let Err(ErrorKind::StaleConnection) = written {
             // Closed while idle, nothing of the request sent: a new one.
-            conn = open(self.pool, backend, cs, true).await?;
+            conn = open(self.pool, backend, &service.upstream, cs, true).await?;
             let sending = self.write(&mut conn, backend);
             tokio::time::timeout_at(deadline, sending).await.unwrap_or(Err(ErrorKind::ResponseTimeout))?;
         } else {

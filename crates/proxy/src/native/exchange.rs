@@ -2,14 +2,13 @@
 //! connections: the [`Exchange`] the shared attempt loop drives.
 
 use std::sync::Arc;
-use std::task::{Context, Waker};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tidegate_balance::{orca, Backend};
 use tidegate_h1::{parse_response, HeadLimits, HeaderKind, RequestBody, ResponseHead};
-use tidegate_model::ServiceSettings;
-use tokio::net::TcpStream;
+use tidegate_snapshot::ServiceRuntime;
+use tidegate_upstream::Stream;
 use tokio::time::Instant;
 
 use super::relay::{self, fill, write_all, RelayError, Source};
@@ -17,19 +16,19 @@ use super::rewrite::{request_head, Forwarding, Framing};
 use super::{ClientIo, ClientSide};
 use crate::attempts::Exchange;
 use crate::error::ErrorKind;
-use crate::pool::{connect_tcp, Conn, ConnSettings, Reusable, UpstreamPool};
+use crate::pool::{connect, Conn, ConnSettings, Reusable, UpstreamPool};
 
 /// An upstream connection of the native path: the socket and what was
 /// read from it but not used yet.
 pub(crate) struct NativeConn {
-    pub stream: TcpStream,
+    pub stream: Stream,
     pub inbox: BytesMut,
     /// The last response head read on it (its header list is reused).
     pub head: ResponseHead,
 }
 
 impl NativeConn {
-    fn new(stream: TcpStream) -> NativeConn {
+    fn new(stream: Stream) -> NativeConn {
         NativeConn { stream, inbox: BytesMut::new(), head: ResponseHead::default() }
     }
 }
@@ -37,11 +36,9 @@ impl NativeConn {
 impl Reusable for NativeConn {
     /// A keep-alive connection has nothing to say while idle: anything
     /// readable (bytes, the end of the stream, an error) means the backend
-    /// closed it or broke the protocol. Reads the readiness the reactor
-    /// already has; no system call.
-    fn is_closed(&self) -> bool {
-        let mut cx = Context::from_waker(Waker::noop());
-        !self.inbox.is_empty() || self.stream.poll_read_ready(&mut cx).is_ready()
+    /// closed it or broke the protocol.
+    fn is_closed(&mut self) -> bool {
+        !self.inbox.is_empty() || self.stream.closed_while_idle()
     }
 }
 
@@ -122,18 +119,19 @@ impl<S: ClientIo> Exchange for NativeExchange<'_, S> {
     async fn send(
         &mut self,
         backend: &Arc<Backend>,
-        settings: &ServiceSettings,
+        service: &ServiceRuntime,
         fresh: bool,
         deadline: Instant,
     ) -> Result<NativeAnswer, ErrorKind> {
-        let cs = ConnSettings::of(settings);
-        let mut conn = open(self.pool, backend, cs, fresh || self.forwarding.upgrade.is_some()).await?;
+        let cs = ConnSettings::of(service);
+        let fresh = fresh || self.forwarding.upgrade.is_some();
+        let mut conn = open(self.pool, backend, &service.upstream, cs, fresh).await?;
         let host = (!self.forwarding.named_host).then_some(backend.authority.as_str());
         match self.write_head(&mut conn, host, deadline).await {
             // The backend closed the pooled connection while it was idle
             // and none of the request reached it: send it on a new one.
             Err(ErrorKind::StaleConnection) if self.sendable() => {
-                conn = open(self.pool, backend, cs, true).await?;
+                conn = open(self.pool, backend, &service.upstream, cs, true).await?;
                 self.write_head(&mut conn, host, deadline).await?;
             }
             written => written?,
@@ -203,7 +201,7 @@ impl<S: ClientIo> NativeExchange<'_, S> {
 
     /// Streams the client's body to the backend under the client body
     /// timeouts, chunked as it came or by its length.
-    async fn stream_body(&mut self, up: &mut TcpStream, framing: RequestBody) -> Result<(), ErrorKind> {
+    async fn stream_body(&mut self, up: &mut Stream, framing: RequestBody) -> Result<(), ErrorKind> {
         let client = &mut *self.client;
         let mut src = Source {
             stream: client.io.get_mut(),
@@ -231,12 +229,13 @@ impl<S: ClientIo> NativeExchange<'_, S> {
 pub(crate) async fn open(
     pool: &UpstreamPool<NativeConn>,
     backend: &Backend,
+    profile: &tidegate_upstream::Profile,
     cs: ConnSettings,
     fresh: bool,
 ) -> Result<Conn<NativeConn>, ErrorKind> {
     match if fresh { None } else { pool.checkout(&backend.addr, cs) } {
         Some(c) => Ok(c),
-        None => Ok(pool.fresh(NativeConn::new(connect_tcp(&backend.addr, cs).await?), &backend.addr, cs)),
+        None => Ok(pool.fresh(NativeConn::new(connect(&backend.addr, profile, cs).await?), &backend.addr, cs)),
     }
 }
 

@@ -18,6 +18,7 @@
 
 pub(crate) mod bridge;
 mod exchange;
+mod h2;
 mod relay;
 mod rewrite;
 mod timer;
@@ -30,7 +31,7 @@ use http::{Method, Response, StatusCode};
 use http_body_util::BodyExt;
 use tidegate_balance::{Headers, RequestCtx};
 use tidegate_h1::{parse_request, HeadError, HeadLimits, Header, HeaderKind, RequestBody, RequestHead};
-use tidegate_model::{PolicySpec, RouteAction};
+use tidegate_model::{PolicySpec, RouteAction, UpstreamProtocol};
 use tidegate_snapshot::{RequestView, ServiceRuntime};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -450,6 +451,9 @@ async fn forward<S: ClientIo>(
         }
         _ => None,
     };
+    if upgrade.is_none() && service.upstream.protocol() == UpstreamProtocol::Http2 {
+        return h2::forward(client, ctx, &req, service, body, first, body_until).await;
+    }
     let forwarding = Forwarding {
         host: req.host.unwrap_or(""),
         named_host: req.host.is_some(),

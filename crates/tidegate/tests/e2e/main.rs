@@ -15,3 +15,4 @@ mod proxying;
 mod sources;
 mod tls;
 mod upstream;
+mod upstream_tls;

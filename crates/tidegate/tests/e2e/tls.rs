@@ -15,20 +15,20 @@ use tokio_rustls::client::TlsStream;
 use crate::support::*;
 
 /// A private certificate authority.
-struct Ca {
+pub(crate) struct Ca {
     cert: rcgen::Certificate,
     key: rcgen::KeyPair,
 }
 
 /// A leaf certificate: its PEM chain, key and DER.
-struct Leaf {
-    cert_pem: String,
-    key_pem: String,
+pub(crate) struct Leaf {
+    pub(crate) cert_pem: String,
+    pub(crate) key_pem: String,
     der: CertificateDer<'static>,
 }
 
 impl Ca {
-    fn new() -> Ca {
+    pub(crate) fn new() -> Ca {
         let key = rcgen::KeyPair::generate().expect("a CA key");
         let mut params = rcgen::CertificateParams::new(Vec::new()).expect("CA params");
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -38,7 +38,12 @@ impl Ca {
     }
 
     /// A certificate for `names` (DNS names or IP addresses) signed by the CA.
-    fn leaf(&self, names: &[&str]) -> Leaf {
+    /// The CA certificate, PEM.
+    pub(crate) fn pem(&self) -> String {
+        self.cert.pem()
+    }
+
+    pub(crate) fn leaf(&self, names: &[&str]) -> Leaf {
         let key = rcgen::KeyPair::generate().expect("a key");
         let params =
             rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).expect("params");

@@ -1,0 +1,293 @@
+//! TLS and HTTP/2 to backends: an HTTPS backend behind a private CA, a
+//! backend whose certificate is not trusted (a clear 502), health checks
+//! that go the way requests go, and gRPC (unary and server streaming, with
+//! trailers) through the proxy over HTTP/2, with and without TLS.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::support::*;
+use crate::tls::Ca;
+
+/// An emulator serving TLS with a certificate for 127.0.0.1 from `ca`.
+fn tls_backend(dir: &std::path::Path, name: &str, ca: &Ca) -> Backend {
+    let leaf = ca.leaf(&["127.0.0.1"]);
+    let (cert, key) = (dir.join(format!("{name}.crt")), dir.join(format!("{name}.key")));
+    std::fs::write(&cert, &leaf.cert_pem).expect("write the certificate");
+    std::fs::write(&key, &leaf.key_pem).expect("write the key");
+    Backend::start(name, &["--tls-cert", cert.to_str().expect("a path"), "--tls-key", key.to_str().expect("a path")])
+}
+
+/// A service over one backend, routed by host name.
+async fn service(tg: &Tidegate, name: &str, backend: &Backend, upstream: Value, extra: Value) {
+    let mut spec = json!({ "backends": [{ "id": "b0", "addr": backend.addr.to_string() }], "upstream": upstream });
+    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
+        s.extend(e.clone());
+    }
+    let (s, v) = tg.api("PUT", &format!("/v1/services/{name}"), Some(spec)).await;
+    assert_eq!(s, 200, "{v}");
+    let route = json!({ "match": { "host": format!("{name}.test") }, "service": name });
+    let (s, v) = tg.api("PUT", &format!("/v1/routes/{name}"), Some(route)).await;
+    assert_eq!(s, 200, "{v}");
+}
+
+async fn get_host(tg: &Tidegate, host: &str, path: &str) -> Reply {
+    send("GET", &tg.url(path), None, Vec::new(), &[("host", host)]).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_backends_are_verified_against_the_service_ca() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let tg = Tidegate::start(dir.path());
+    let (ca, other_ca) = (Ca::new(), Ca::new());
+    let backend = tls_backend(dir.path(), "secure-backend", &ca);
+
+    service(&tg, "secure", &backend, json!({ "tls": { "ca_pem": ca.pem() } }), json!({})).await;
+    let retries = json!({ "retries": 0 });
+    service(&tg, "wrong", &backend, json!({ "tls": { "ca_pem": other_ca.pem() } }), retries.clone()).await;
+    service(&tg, "misnamed", &backend, json!({ "tls": { "ca_pem": ca.pem(), "sni": "elsewhere.example" } }), retries)
+        .await;
+    service(&tg, "unverified", &backend, json!({ "tls": { "verify": false } }), json!({})).await;
+
+    for _ in 0..3 {
+        let r = get_host(&tg, "secure.test", "/").await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(served_by(&r), "secure-backend");
+    }
+    let echo = get_host(&tg, "secure.test", "/echo").await;
+    let doc: Value = serde_json::from_slice(&echo.body).expect("the echo's JSON");
+    assert_eq!(doc["headers"]["host"], "secure.test", "{doc}");
+    assert_eq!(doc["headers"]["x-forwarded-proto"], "http", "{doc}");
+    // One pooled TLS connection carried them all (the proxy has 2 workers,
+    // so at most 2).
+    let stats = get_host(&tg, "secure.test", "/_emulator/stats").await;
+    let stats: Value = serde_json::from_slice(&stats.body).expect("the stats' JSON");
+    assert!(stats["connections_open"].as_u64().is_some_and(|n| (1..=2).contains(&n)), "{stats}");
+
+    for host in ["wrong.test", "misnamed.test"] {
+        let r = get_host(&tg, host, "/").await;
+        assert_eq!(r.status, 502, "{host}: {}", r.text());
+        assert!(r.text().contains("TLS handshake with the backend failed"), "{host}: {}", r.text());
+    }
+    let metrics = send("GET", &tg.admin_url("/metrics"), Some(TOKEN), Vec::new(), &[]).await.text();
+    assert!(metrics.contains("upstream_tls"), "the failure is counted by its cause");
+
+    let r = get_host(&tg, "unverified.test", "/").await;
+    assert_eq!(r.status, 200, "verify false encrypts without checking: {}", r.text());
+
+    // HTTP/2 clients reach an HTTPS backend too (through the bridge).
+    let (status, _, body, _) = h2_call(tg.proxy, "secure.test", "/", Bytes::new(), "text/plain").await;
+    assert_eq!(status, 200);
+    assert_eq!(body, Bytes::from("secure-backend\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_upstream_tls_settings_are_refused_with_the_field_named() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let tg = Tidegate::start(dir.path());
+    let b = Backend::start("b", &[]);
+    let cases = [
+        (json!({ "tls": { "ca_pem": "not a certificate" } }), "upstream.tls.ca_pem"),
+        (json!({ "tls": { "sni": "bad name!" } }), "upstream.tls.sni"),
+        (json!({ "tls": { "verify": false, "ca_pem": Ca::new().pem() } }), "upstream.tls.ca_pem"),
+        (json!({ "protocol": "http3" }), "protocol"),
+        (json!({ "tls": { "verify": "yes" } }), "verify"),
+    ];
+    for (upstream, field) in cases {
+        let spec = json!({ "backends": [{ "id": "b0", "addr": b.addr.to_string() }], "upstream": upstream });
+        let (s, v) = tg.api("PUT", "/v1/services/bad", Some(spec)).await;
+        assert_eq!(s, 400, "{upstream}: {v}");
+        assert!(v.to_string().contains(field), "{upstream}: the error names {field}: {v}");
+    }
+    let (s, _) = tg.api("GET", "/v1/services/bad", None).await;
+    assert_eq!(s, 404, "nothing was applied");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_reach_backends_as_requests_do() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let tg = Tidegate::start(dir.path());
+    let (ca, other_ca) = (Ca::new(), Ca::new());
+    let backend = tls_backend(dir.path(), "checked", &ca);
+    let check = json!({ "health": { "active": { "path": "/health", "interval_ms": 100, "timeout_ms": 100, "rise": 1, "fall": 1 } } });
+    service(&tg, "good", &backend, json!({ "tls": { "ca_pem": ca.pem() }, "protocol": "http2" }), check.clone()).await;
+    service(&tg, "bad", &backend, json!({ "tls": { "ca_pem": other_ca.pem() } }), check).await;
+    let health = |status: &Value, service: &str| status["services"][service]["backends"][0]["health"].clone();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, status) = tg.api("GET", "/v1/status", None).await;
+        if health(&status, "good") == "up" && health(&status, "bad") == "down" {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "probes did not settle: {status}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_passes_through_over_http2_with_trailers() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let tg = Tidegate::start(dir.path());
+    let ca = Ca::new();
+    let tls = tls_backend(dir.path(), "grpc-tls", &ca);
+    let cleartext = Backend::start("grpc-h2c", &[]);
+    service(&tg, "grpctls", &tls, json!({ "protocol": "http2", "tls": { "ca_pem": ca.pem() } }), json!({})).await;
+    service(&tg, "grpch2c", &cleartext, json!({ "protocol": "http2" }), json!({})).await;
+
+    for (host, name) in [("grpctls.test", "grpc-tls"), ("grpch2c.test", "grpc-h2c")] {
+        let (status, headers, body, trailers) =
+            h2_call(tg.proxy, host, "/tidegate.test.Echo/Unary", grpc_frame(b"hello"), "application/grpc").await;
+        assert_eq!(status, 200, "{host}");
+        assert_eq!(headers.get("x-backend").map(|v| v.as_bytes()), Some(name.as_bytes()));
+        assert_eq!(grpc_messages(body), vec![Bytes::from("hello")], "{host}");
+        let trailers = trailers.unwrap_or_else(|| panic!("{host}: trailers came through"));
+        assert_eq!(trailers["grpc-status"], "0", "{host}");
+
+        let (status, _, body, trailers) =
+            h2_call(tg.proxy, host, "/tidegate.test.Echo/ServerStream", grpc_frame(b"3"), "application/grpc").await;
+        assert_eq!(status, 200, "{host}");
+        let want: Vec<Bytes> = (1..=3).map(|i| Bytes::from(format!("reply {i} of 3"))).collect();
+        assert_eq!(grpc_messages(body), want, "{host}");
+        let trailers = trailers.unwrap_or_else(|| panic!("{host}: trailers came through"));
+        assert_eq!(trailers["grpc-status"], "0");
+        assert_eq!(trailers["x-stream-count"], "3");
+
+        let (_, _, _, trailers) =
+            h2_call(tg.proxy, host, "/tidegate.test.Echo/Missing", grpc_frame(b""), "application/grpc").await;
+        assert_eq!(trailers.expect("trailers")["grpc-status"], "12", "an error status arrives in the trailers");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http1_clients_reach_http2_backends_with_bodies_of_any_size() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let tg = Tidegate::start(dir.path());
+    let b = Backend::start("h2-backend", &[]);
+    service(&tg, "h2", &b, json!({ "protocol": "http2" }), json!({})).await;
+
+    // Small (buffered), large by length and chunked (both streamed).
+    let big = vec![b'x'; 300_000];
+    let cases: [(&str, Vec<u8>, usize); 3] = [
+        ("content-length: 5\r\n", b"hello".to_vec(), 5),
+        ("content-length: 300000\r\n", big.clone(), big.len()),
+        ("transfer-encoding: chunked\r\n", chunked(&big, 7_000), big.len()),
+    ];
+    let mut s = tokio::net::TcpStream::connect(tg.proxy).await.expect("connect");
+    for (framing, body, want) in cases {
+        let head = format!("POST /echo HTTP/1.1\r\nhost: h2.test\r\n{framing}\r\n");
+        s.write_all(head.as_bytes()).await.expect("write the head");
+        s.write_all(&body).await.expect("write the body");
+        let (head, body) = read_response(&mut s).await;
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        let doc: Value = serde_json::from_slice(&body).expect("the echo's JSON");
+        assert_eq!(doc["version"], "HTTP/2.0", "{doc}");
+        assert_eq!(doc["body_bytes"], want, "{framing}: {doc}");
+        assert_eq!(doc["headers"]["x-forwarded-for"], "127.0.0.1", "{doc}");
+    }
+}
+
+/// `body` in chunks of `size`, chunked.
+fn chunked(body: &[u8], size: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    for piece in body.chunks(size) {
+        out.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+        out.extend_from_slice(piece);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"0\r\n\r\n");
+    out
+}
+
+/// Reads one response framed by Content-Length or chunked; the head and
+/// the (de-chunked) body.
+async fn read_response(s: &mut tokio::net::TcpStream) -> (String, Vec<u8>) {
+    let mut got = BytesMut::new();
+    let mut buf = [0u8; 65536];
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await.expect("a reply").expect("read");
+        assert!(n > 0, "closed early: {:?}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+        let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else { continue };
+        let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+        let rest = &got[end + 4..];
+        if let Some(len) = head.lines().find_map(|l| l.strip_prefix("content-length: ")) {
+            let len: usize = len.trim().parse().expect("a length");
+            if rest.len() >= len {
+                return (head, rest[..len].to_vec());
+            }
+        } else if head.contains("transfer-encoding: chunked") {
+            if let Some(body) = dechunk(rest) {
+                return (head, body);
+            }
+        }
+    }
+}
+
+fn dechunk(mut data: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = data.windows(2).position(|w| w == b"\r\n")?;
+        let size = usize::from_str_radix(std::str::from_utf8(&data[..line_end]).ok()?.trim(), 16).ok()?;
+        data = &data[line_end + 2..];
+        if size == 0 {
+            return data.starts_with(b"\r\n").then_some(out);
+        }
+        out.extend_from_slice(data.get(..size)?);
+        data = data.get(size + 2..)?;
+    }
+}
+
+fn grpc_frame(message: &[u8]) -> Bytes {
+    let mut out = BytesMut::new();
+    out.extend_from_slice(&[0]);
+    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    out.extend_from_slice(message);
+    out.freeze()
+}
+
+fn grpc_messages(mut body: Bytes) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    while body.len() >= 5 {
+        let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+        body.advance(5);
+        out.push(body.split_to(len.min(body.len())));
+    }
+    out
+}
+
+/// One HTTP/2 (prior knowledge) POST to the proxy: the status, headers,
+/// body and trailers.
+async fn h2_call(
+    proxy: SocketAddr,
+    host: &str,
+    path: &str,
+    body: Bytes,
+    content_type: &str,
+) -> (u16, http::HeaderMap, Bytes, Option<http::HeaderMap>) {
+    let tcp = tokio::net::TcpStream::connect(proxy).await.expect("connect");
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp)).await.expect("h2 handshake");
+    tokio::spawn(conn);
+    let req = http::Request::post(format!("http://{host}{path}"))
+        .header("content-type", content_type)
+        .header("te", "trailers")
+        .body(Full::new(body))
+        .expect("a request");
+    let resp = tokio::time::timeout(Duration::from_secs(10), sender.send_request(req))
+        .await
+        .expect("an answer in time")
+        .expect("an answer");
+    let (parts, body) = resp.into_parts();
+    let collected = tokio::time::timeout(Duration::from_secs(10), body.collect())
+        .await
+        .expect("the body in time")
+        .expect("the body");
+    let trailers = collected.trailers().cloned();
+    (parts.status.as_u16(), parts.headers, collected.to_bytes(), trailers)
+}

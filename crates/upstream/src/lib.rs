@@ -1,0 +1,413 @@
+//! How the proxy reaches a service's backends.
+//!
+//! A service's `upstream` settings compile once, when the service is built
+//! into a snapshot, into a [`Profile`]: plain TCP or TLS (with the trusted
+//! CAs, the server name and the ALPN list already in a rustls client
+//! configuration), and the HTTP version to speak. The request path, the
+//! health prober and anything else that talks to backends open connections
+//! through [`Profile::connect`], so they agree on how a backend is reached.
+//! Connections opened under different profiles are never mixed:
+//! [`Profile::key`] tells pools apart.
+
+use std::hash::{Hash, Hasher};
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use tidegate_model::{BackendAddr, UpstreamProtocol, UpstreamSpec, UpstreamTls};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+
+/// How a service's backends are reached, compiled from its `upstream`
+/// settings.
+#[derive(Clone)]
+pub struct Profile {
+    protocol: UpstreamProtocol,
+    tls: Option<TlsClient>,
+    key: u64,
+    /// Settings that did not compile: every connect fails with this.
+    refused: Option<Arc<str>>,
+}
+
+#[derive(Clone)]
+struct TlsClient {
+    connector: TlsConnector,
+    /// The configured server name; else the backend's host.
+    sni: Option<ServerName<'static>>,
+}
+
+impl std::fmt::Debug for Profile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Profile")
+            .field("protocol", &self.protocol)
+            .field("tls", &self.tls.is_some())
+            .field("key", &self.key)
+            .finish()
+    }
+}
+
+impl Default for Profile {
+    /// Plain HTTP/1.1 over TCP.
+    fn default() -> Self {
+        Profile { protocol: UpstreamProtocol::Http1, tls: None, key: 0, refused: None }
+    }
+}
+
+impl Profile {
+    /// Compiles a service's `upstream` settings. Fails only on settings the
+    /// model's validation refuses (a CA that is not one, a bad name).
+    pub fn build(spec: &UpstreamSpec) -> Result<Profile, String> {
+        let Some(tls) = &spec.tls else {
+            let key = if spec.protocol == UpstreamProtocol::Http1 { 0 } else { 1 };
+            return Ok(Profile { protocol: spec.protocol, tls: None, key, refused: None });
+        };
+        let mut hasher = std::hash::DefaultHasher::new();
+        (spec.protocol, tls).hash(&mut hasher);
+        // 0 and 1 are the plain profiles.
+        let key = hasher.finish() | 2;
+        let config = client_config(tls, spec.protocol)?;
+        let client = TlsClient { connector: TlsConnector::from(Arc::new(config)), sni: tls.server_name()? };
+        Ok(Profile { protocol: spec.protocol, tls: Some(client), key, refused: None })
+    }
+
+    /// A profile for settings that did not compile: it opens no connection
+    /// (never falls back to plain TCP where TLS was asked for).
+    pub fn refusing(reason: String) -> Profile {
+        Profile { protocol: UpstreamProtocol::Http1, tls: None, key: u64::MAX, refused: Some(reason.into()) }
+    }
+
+    /// The HTTP version spoken to the backends.
+    pub fn protocol(&self) -> UpstreamProtocol {
+        self.protocol
+    }
+
+    /// Whether connections are TLS.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// `https` or `http`: the scheme of requests to the backends.
+    pub fn scheme(&self) -> &'static str {
+        if self.is_tls() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// Equal for profiles that open interchangeable connections; pools keep
+    /// connections of different keys apart.
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+
+    /// Opens a connection to `addr` (TCP, then the TLS handshake if any),
+    /// all within `timeout`.
+    pub async fn connect(&self, addr: &BackendAddr, timeout: Duration) -> Result<Stream, ConnectError> {
+        if let Some(reason) = &self.refused {
+            return Err(ConnectError::Tls(io::Error::new(io::ErrorKind::InvalidInput, reason.to_string())));
+        }
+        let opening = async {
+            let tcp = open_tcp(addr).await.map_err(ConnectError::Failed)?;
+            let Some(tls) = &self.tls else {
+                return Ok(Stream::Plain(tcp));
+            };
+            let name = match &tls.sni {
+                Some(n) => n.clone(),
+                None => server_name_of(addr)?,
+            };
+            match tls.connector.connect(name, tcp).await {
+                Ok(s) => Ok(Stream::Tls(Box::new(s))),
+                Err(e) => Err(ConnectError::Tls(e)),
+            }
+        };
+        match tokio::time::timeout(timeout, opening).await {
+            Ok(Ok(s)) => Ok(s),
+            Ok(Err(e)) => {
+                tracing::debug!(backend = %addr, error = %e, "connect failed");
+                Err(e)
+            }
+            Err(_) => Err(ConnectError::TimedOut),
+        }
+    }
+}
+
+/// Why a connection to a backend could not be opened.
+#[derive(Debug)]
+pub enum ConnectError {
+    /// The TCP connection was refused or failed.
+    Failed(io::Error),
+    /// TCP and TLS were not done within the connect timeout.
+    TimedOut,
+    /// The TLS handshake failed: the certificate was not trusted or does
+    /// not name the backend, or the backend does not speak TLS.
+    Tls(io::Error),
+}
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnectError::Failed(e) => write!(f, "connect failed: {e}"),
+            ConnectError::TimedOut => f.write_str("connect timed out"),
+            ConnectError::Tls(e) => write!(f, "TLS handshake failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ConnectError {}
+
+/// The name a backend is checked against by default: its host as written
+/// in its address.
+fn server_name_of(addr: &BackendAddr) -> Result<ServerName<'static>, ConnectError> {
+    let host = match addr.as_str().parse::<SocketAddr>() {
+        Ok(sa) => return Ok(ServerName::IpAddress(sa.ip().into())),
+        Err(_) => addr.as_str().rsplit_once(':').map_or(addr.as_str(), |(h, _)| h),
+    };
+    ServerName::try_from(host.to_string()).map_err(|_| {
+        ConnectError::Tls(io::Error::new(io::ErrorKind::InvalidInput, format!("{host:?} is not a server name")))
+    })
+}
+
+/// The Mozilla root program's CAs, loaded once.
+fn public_roots() -> &'static rustls::RootCertStore {
+    static ROOTS: OnceLock<rustls::RootCertStore> = OnceLock::new();
+    ROOTS.get_or_init(|| rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() })
+}
+
+fn client_config(tls: &UpstreamTls, protocol: UpstreamProtocol) -> Result<rustls::ClientConfig, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| format!("upstream.tls: {e}"))?;
+    let mut config = if !tls.verify {
+        builder.dangerous().with_custom_certificate_verifier(Arc::new(NoVerification(provider))).with_no_client_auth()
+    } else if tls.ca_pem.is_some() {
+        let mut roots = rustls::RootCertStore::empty();
+        for c in tls.ca_certificates()? {
+            roots.add(c).map_err(|e| format!("upstream.tls.ca_pem: {e}"))?;
+        }
+        builder.with_root_certificates(roots).with_no_client_auth()
+    } else {
+        builder.with_root_certificates(public_roots().clone()).with_no_client_auth()
+    };
+    config.alpn_protocols = match protocol {
+        UpstreamProtocol::Http1 => vec![b"http/1.1".to_vec()],
+        UpstreamProtocol::Http2 => vec![b"h2".to_vec()],
+    };
+    Ok(config)
+}
+
+/// `"verify": false`: any certificate is accepted, but the handshake's
+/// signatures are still checked (the session is encrypted to whoever holds
+/// the presented certificate's key).
+#[derive(Debug)]
+struct NoVerification(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for NoVerification {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// Opens a TCP connection (directly to an IP address, or after resolving a
+/// host name) with Nagle off and TCP keep-alive on.
+pub async fn open_tcp(addr: &BackendAddr) -> io::Result<TcpStream> {
+    let stream = match addr.as_str().parse::<SocketAddr>() {
+        Ok(sa) => TcpStream::connect(sa).await?,
+        Err(_) => TcpStream::connect(addr.as_str()).await?,
+    };
+    stream.set_nodelay(true)?;
+    let keepalive = socket2::TcpKeepalive::new().with_time(Duration::from_secs(60));
+    socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive)?;
+    Ok(stream)
+}
+
+/// A connection to a backend: plain TCP or TLS over it.
+#[derive(Debug)]
+pub enum Stream {
+    /// Plain TCP.
+    Plain(TcpStream),
+    /// TLS over TCP.
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl Stream {
+    /// The TCP connection underneath.
+    pub fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(s) => s,
+            Stream::Tls(s) => s.get_ref().0,
+        }
+    }
+
+    /// Whether an idle keep-alive connection was closed by the backend (or
+    /// broke the protocol): an idle connection has nothing to say, so
+    /// anything to read (bytes, the end of the stream, an error) means it
+    /// is done. A plain connection answers from the readiness the reactor
+    /// already has, with no system call. A TLS connection may also receive
+    /// messages that are not data (TLS 1.3 session tickets, key updates):
+    /// when its socket is readable, the records are read and only data, an
+    /// alert or the end of the stream count.
+    pub fn closed_while_idle(&mut self) -> bool {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        if self.tcp().poll_read_ready(&mut cx).is_pending() {
+            return false;
+        }
+        match self {
+            Stream::Plain(_) => true,
+            Stream::Tls(s) => {
+                let mut byte = [0u8; 1];
+                let mut buf = ReadBuf::new(&mut byte);
+                !Pin::new(s.as_mut()).poll_read(&mut cx, &mut buf).is_pending()
+            }
+        }
+    }
+
+    /// Whether the backend chose HTTP/2 by ALPN.
+    pub fn negotiated_h2(&self) -> bool {
+        match self {
+            Stream::Plain(_) => false,
+            Stream::Tls(s) => s.get_ref().1.alpn_protocol() == Some(b"h2"),
+        }
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Stream::Plain(s) => s.is_write_vectored(),
+            Stream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(json: &str) -> UpstreamSpec {
+        serde_json::from_str(json).expect("an upstream spec")
+    }
+
+    #[test]
+    fn profiles_that_open_different_connections_have_different_keys() {
+        let plain = Profile::build(&UpstreamSpec::default()).unwrap();
+        let h2c = Profile::build(&spec(r#"{"protocol":"http2"}"#)).unwrap();
+        let tls = Profile::build(&spec(r#"{"tls":{}}"#)).unwrap();
+        let tls_h2 = Profile::build(&spec(r#"{"tls":{},"protocol":"http2"}"#)).unwrap();
+        let tls_named = Profile::build(&spec(r#"{"tls":{"sni":"api.internal"}}"#)).unwrap();
+        let keys = [plain.key(), h2c.key(), tls.key(), tls_h2.key(), tls_named.key()];
+        for (i, a) in keys.iter().enumerate() {
+            for b in &keys[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+        assert_eq!(Profile::build(&spec(r#"{"tls":{}}"#)).unwrap().key(), tls.key(), "stable across builds");
+        assert_eq!(plain.scheme(), "http");
+        assert_eq!(tls.scheme(), "https");
+    }
+
+    #[test]
+    fn default_server_names_come_from_the_address() {
+        let ip = server_name_of(&BackendAddr::new("127.0.0.1:8443").unwrap()).unwrap();
+        assert!(matches!(ip, ServerName::IpAddress(_)));
+        let dns = server_name_of(&BackendAddr::new("api.internal:8443").unwrap()).unwrap();
+        assert_eq!(dns.to_str(), "api.internal");
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_and_a_failed_handshake_are_told_apart() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = BackendAddr::new(&l.local_addr().unwrap().to_string()).unwrap();
+        // A listener that speaks no TLS: it closes what it accepts.
+        let server = std::thread::spawn(move || {
+            if let Ok((s, _)) = l.accept() {
+                drop(s);
+            }
+        });
+        let tls = Profile::build(&spec(r#"{"tls":{}}"#)).unwrap();
+        let e = tls.connect(&addr, Duration::from_secs(5)).await.unwrap_err();
+        assert!(matches!(e, ConnectError::Tls(_)), "{e}");
+        server.join().unwrap();
+        let e = Profile::default().connect(&addr, Duration::from_secs(5)).await.unwrap_err();
+        assert!(matches!(e, ConnectError::Failed(_)), "{e}");
+    }
+}
