@@ -21,7 +21,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper::Response;
 use hyper_util::rt::TokioIo;
-use tidegate_model::BackendAddr;
+use tidegate_model::{BackendAddr, UpstreamProtocol};
 use tidegate_upstream::{ConnectError, Profile, Stream};
 
 use crate::body::UpBody;
@@ -207,13 +207,14 @@ impl<C: Reusable> UpstreamPool<C> {
 }
 
 /// Opens a connection to `addr` as `profile` says (TCP, then TLS if
-/// asked), within the connect timeout.
+/// asked), within the connect timeout, to speak `protocol` on.
 pub(crate) async fn connect(
     addr: &BackendAddr,
     profile: &Profile,
     settings: ConnSettings,
+    protocol: UpstreamProtocol,
 ) -> Result<Stream, ErrorKind> {
-    profile.connect(addr, settings.connect).await.map_err(|e| match e {
+    profile.connect_for(addr, settings.connect, protocol).await.map_err(|e| match e {
         ConnectError::Failed(_) => ErrorKind::ConnectFailed,
         ConnectError::TimedOut => ErrorKind::ConnectTimeout,
         ConnectError::Tls(_) => ErrorKind::UpstreamTls,
@@ -230,7 +231,7 @@ impl UpstreamPool<HyperConn> {
         settings: ConnSettings,
         upgrades: bool,
     ) -> Result<Conn<HyperConn>, ErrorKind> {
-        let stream = connect(addr, profile, settings).await?;
+        let stream = connect(addr, profile, settings, UpstreamProtocol::Http1).await?;
         let (sender, conn) =
             http1::Builder::new().handshake(TokioIo::new(stream)).await.map_err(|_| ErrorKind::ConnectFailed)?;
         if upgrades {

@@ -23,7 +23,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tidegate_balance::Backend;
-use tidegate_model::BackendAddr;
+use tidegate_model::{BackendAddr, UpstreamProtocol};
 use tidegate_upstream::Profile;
 use tokio::sync::mpsc;
 
@@ -66,7 +66,7 @@ impl H2Pool {
                 return Ok((s, true));
             }
         }
-        let stream = connect(addr, profile, cs).await?;
+        let stream = connect(addr, profile, cs, UpstreamProtocol::Http2).await?;
         if profile.is_tls() && !stream.negotiated_h2() {
             tracing::debug!(backend = %addr, "the backend did not agree to HTTP/2 (ALPN h2)");
             return Err(ErrorKind::UpstreamTls);

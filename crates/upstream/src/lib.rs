@@ -39,7 +39,10 @@ pub struct Profile {
 
 #[derive(Clone)]
 struct TlsClient {
-    connector: TlsConnector,
+    /// Offers ALPN `http/1.1` (HTTP/1.1 services, and upgrades on any).
+    http1: TlsConnector,
+    /// Offers ALPN `h2`.
+    http2: TlsConnector,
     /// The configured server name; else the backend's host.
     sni: Option<ServerName<'static>>,
 }
@@ -73,8 +76,12 @@ impl Profile {
         (spec.protocol, tls).hash(&mut hasher);
         // 0 and 1 are the plain profiles.
         let key = hasher.finish() | 2;
-        let config = client_config(tls, spec.protocol)?;
-        let client = TlsClient { connector: TlsConnector::from(Arc::new(config)), sni: tls.server_name()? };
+        let mut config = client_config(tls)?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let http1 = TlsConnector::from(Arc::new(config.clone()));
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let http2 = TlsConnector::from(Arc::new(config));
+        let client = TlsClient { http1, http2, sni: tls.server_name()? };
         Ok(Profile { protocol: spec.protocol, tls: Some(client), key, refused: None })
     }
 
@@ -109,9 +116,21 @@ impl Profile {
         self.key
     }
 
-    /// Opens a connection to `addr` (TCP, then the TLS handshake if any),
-    /// all within `timeout`.
+    /// Opens a connection to `addr` for the service's HTTP version (TCP,
+    /// then the TLS handshake if any), all within `timeout`.
     pub async fn connect(&self, addr: &BackendAddr, timeout: Duration) -> Result<Stream, ConnectError> {
+        self.connect_for(addr, timeout, self.protocol).await
+    }
+
+    /// Opens a connection to `addr` to speak `protocol` on (over TLS, the
+    /// ALPN offer says which): HTTP/1.1 for upgrades, which HTTP/2 does not
+    /// carry, whatever the service speaks.
+    pub async fn connect_for(
+        &self,
+        addr: &BackendAddr,
+        timeout: Duration,
+        protocol: UpstreamProtocol,
+    ) -> Result<Stream, ConnectError> {
         if let Some(reason) = &self.refused {
             return Err(ConnectError::Tls(io::Error::new(io::ErrorKind::InvalidInput, reason.to_string())));
         }
@@ -124,7 +143,11 @@ impl Profile {
                 Some(n) => n.clone(),
                 None => server_name_of(addr)?,
             };
-            match tls.connector.connect(name, tcp).await {
+            let connector = match protocol {
+                UpstreamProtocol::Http1 => &tls.http1,
+                UpstreamProtocol::Http2 => &tls.http2,
+            };
+            match connector.connect(name, tcp).await {
                 Ok(s) => Ok(Stream::Tls(Box::new(s))),
                 Err(e) => Err(ConnectError::Tls(e)),
             }
@@ -182,12 +205,12 @@ fn public_roots() -> &'static rustls::RootCertStore {
     ROOTS.get_or_init(|| rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() })
 }
 
-fn client_config(tls: &UpstreamTls, protocol: UpstreamProtocol) -> Result<rustls::ClientConfig, String> {
+fn client_config(tls: &UpstreamTls) -> Result<rustls::ClientConfig, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(|e| format!("upstream.tls: {e}"))?;
-    let mut config = if !tls.verify {
+    let config = if !tls.verify {
         builder.dangerous().with_custom_certificate_verifier(Arc::new(NoVerification(provider))).with_no_client_auth()
     } else if tls.ca_pem.is_some() {
         let mut roots = rustls::RootCertStore::empty();
@@ -197,10 +220,6 @@ fn client_config(tls: &UpstreamTls, protocol: UpstreamProtocol) -> Result<rustls
         builder.with_root_certificates(roots).with_no_client_auth()
     } else {
         builder.with_root_certificates(public_roots().clone()).with_no_client_auth()
-    };
-    config.alpn_protocols = match protocol {
-        UpstreamProtocol::Http1 => vec![b"http/1.1".to_vec()],
-        UpstreamProtocol::Http2 => vec![b"h2".to_vec()],
     };
     Ok(config)
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tidegate_balance::{orca, Backend};
 use tidegate_h1::{parse_response, HeadLimits, HeaderKind, RequestBody, ResponseHead};
+use tidegate_model::UpstreamProtocol;
 use tidegate_snapshot::ServiceRuntime;
 use tidegate_upstream::Stream;
 use tokio::time::Instant;
@@ -235,7 +236,12 @@ pub(crate) async fn open(
 ) -> Result<Conn<NativeConn>, ErrorKind> {
     match if fresh { None } else { pool.checkout(&backend.addr, cs) } {
         Some(c) => Ok(c),
-        None => Ok(pool.fresh(NativeConn::new(connect(&backend.addr, profile, cs).await?), &backend.addr, cs)),
+        None => {
+            // Native connections speak HTTP/1.1, whatever the service does
+            // (an upgrade on an HTTP/2 service comes here).
+            let stream = connect(&backend.addr, profile, cs, UpstreamProtocol::Http1).await?;
+            Ok(pool.fresh(NativeConn::new(stream), &backend.addr, cs))
+        }
     }
 }
 

@@ -291,3 +291,27 @@ async fn h2_call(
     let trailers = collected.trailers().cloned();
     (parts.status.as_u16(), parts.headers, collected.to_bytes(), trailers)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrades_on_an_http2_service_go_over_http1_with_tls() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let tg = Tidegate::start(dir.path());
+    let ca = Ca::new();
+    let b = tls_backend(dir.path(), "ws-tls", &ca);
+    service(&tg, "ws", &b, json!({ "protocol": "http2", "tls": { "ca_pem": ca.pem() } }), json!({})).await;
+    let mut s = tokio::net::TcpStream::connect(tg.proxy).await.expect("connect");
+    s.write_all(b"GET /upgrade HTTP/1.1\r\nhost: ws.test\r\nconnection: upgrade\r\nupgrade: echo\r\n\r\n")
+        .await
+        .expect("write");
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let byte = tokio::time::timeout(Duration::from_secs(5), s.read_u8()).await.expect("a reply").expect("read");
+        head.push(byte);
+    }
+    let head = String::from_utf8_lossy(&head);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    s.write_all(b"ping over the tunnel").await.expect("write");
+    let mut buf = [0u8; 20];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut buf)).await.expect("the echo").expect("read");
+    assert_eq!(&buf, b"ping over the tunnel");
+}
