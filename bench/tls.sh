@@ -7,6 +7,13 @@
 #              connection and a full TLS handshake (no resumption)
 #   h1         wrk over HTTPS, keep-alive
 #   h2         h2load over HTTPS (ALPN h2), CONNS connections, 10 streams each
+#   up_h1      TLS to the backend instead: wrk over plain HTTP to each proxy,
+#              which reaches an HTTPS backend (nginx, certificate from a
+#              private CA, verified by every proxy) over HTTP/1.1 keep-alive
+#   up_h2      the same over HTTP/2 to the backend (ALPN h2): Tidegate
+#              `protocol: http2`, HAProxy `proto h2` (nginx proxies HTTP/2
+#              only for gRPC, so it sits this one out; ratios are then to
+#              HAProxy)
 # and, for Tidegate alone, certificate churn: PUTS certificate replacements
 # through the API (two certificates for the same name, alternated), each
 # followed by a new verifying handshake that must be served the one just
@@ -18,7 +25,7 @@
 #                [--bin-dir DIR] [--port-base N]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-REPS=3 DURATION=8 CONNS=64 WORKERS=2 OUT="" BIN_DIR="" PORT_BASE=19400 MODES=${MODES:-"handshake h1 h2"} PUTS=${PUTS:-200}
+REPS=3 DURATION=8 CONNS=64 WORKERS=2 OUT="" BIN_DIR="" PORT_BASE=19400 MODES=${MODES:-"handshake h1 h2 up_h1 up_h2"} PUTS=${PUTS:-200}
 while [ $# -gt 0 ]; do
   case "$1" in
     --reps) REPS=$2; shift 2;;
@@ -46,11 +53,20 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; sleep 0.3; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-B1=$((PORT_BASE + 1)) P_NGINX=$((PORT_BASE + 80)) P_HAPROXY=$((PORT_BASE + 81)) P_TG=$((PORT_BASE + 82))
+B1=$((PORT_BASE + 1)) B2=$((PORT_BASE + 2)) P_NGINX=$((PORT_BASE + 80)) P_HAPROXY=$((PORT_BASE + 81))
+P_TG=$((PORT_BASE + 82)) U_NGINX=$((PORT_BASE + 83)) U_HAPROXY=$((PORT_BASE + 84)) U_TG=$((PORT_BASE + 85))
 A_TG=$((PORT_BASE + 90))
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj "/CN=bench.example" \
   -addext "subjectAltName=DNS:bench.example,IP:127.0.0.1" -keyout "$WORK/key.pem" -out "$WORK/cert.pem" 2>/dev/null
 cat "$WORK/cert.pem" "$WORK/key.pem" > "$WORK/haproxy.pem"
+# The HTTPS backend's certificate, from a private CA the proxies trust.
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj "/CN=bench CA" \
+  -keyout "$WORK/ca.key" -out "$WORK/ca.pem" 2>/dev/null
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=backend.example" \
+  -keyout "$WORK/backend.key" -out "$WORK/backend.csr" 2>/dev/null
+printf 'subjectAltName=DNS:backend.example\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' > "$WORK/backend.ext"
+openssl x509 -req -in "$WORK/backend.csr" -CA "$WORK/ca.pem" -CAkey "$WORK/ca.key" -CAcreateserial -days 2 \
+  -extfile "$WORK/backend.ext" -out "$WORK/backend.pem" 2>/dev/null
 for alt in a b; do
   openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj "/CN=churn-$alt" \
     -addext "subjectAltName=DNS:churn.example" -keyout "$WORK/churn-$alt.key" -out "$WORK/churn-$alt.pem" 2>/dev/null
@@ -60,7 +76,11 @@ worker_processes 2;
 daemon off; pid $WORK/backend.pid; error_log $WORK/backend.err warn;
 events { worker_connections 8192; }
 http { access_log off; keepalive_requests 1000000;
-  server { listen 127.0.0.1:$B1 reuseport; location / { return 200 "hello world!\n"; } } }
+  server { listen 127.0.0.1:$B1 reuseport; location / { return 200 "hello world!\n"; } }
+  server { listen 127.0.0.1:$B2 ssl http2 reuseport;
+    ssl_certificate $WORK/backend.pem; ssl_certificate_key $WORK/backend.key;
+    ssl_session_cache shared:B:10m;
+    location / { return 200 "hello world!\n"; } } }
 CONF
 cat > "$WORK/nginx.conf" <<CONF
 worker_processes $WORKERS;
@@ -71,7 +91,12 @@ http { access_log off; keepalive_requests 1000000;
   server { listen 127.0.0.1:$P_NGINX ssl http2 reuseport;
     ssl_certificate $WORK/cert.pem; ssl_certificate_key $WORK/key.pem;
     ssl_protocols TLSv1.2 TLSv1.3; ssl_session_cache shared:SSL:10m; ssl_session_tickets on;
-    location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
+    location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; } }
+  upstream app_tls { server 127.0.0.1:$B2; keepalive 256; }
+  server { listen 127.0.0.1:$U_NGINX reuseport;
+    location / { proxy_pass https://app_tls; proxy_http_version 1.1; proxy_set_header Connection "";
+      proxy_ssl_verify on; proxy_ssl_trusted_certificate $WORK/ca.pem; proxy_ssl_name backend.example;
+      proxy_ssl_server_name on; proxy_ssl_session_reuse on; } } }
 CONF
 cat > "$WORK/haproxy.cfg" <<CONF
 global
@@ -89,27 +114,49 @@ frontend fe
   default_backend app
 backend app
   server b1 127.0.0.1:$B1
+frontend fe_up
+  bind 127.0.0.1:$U_HAPROXY
+  use_backend app_h2 if { path_beg /h2/ }
+  default_backend app_tls
+backend app_tls
+  server b2 127.0.0.1:$B2 ssl verify required ca-file $WORK/ca.pem sni str(backend.example) alpn http/1.1
+backend app_h2
+  server b2 127.0.0.1:$B2 ssl verify required ca-file $WORK/ca.pem sni str(backend.example) alpn h2 proto h2
 CONF
 nginx -c "$WORK/backend.conf" & PIDS+=($!)
 nginx -c "$WORK/nginx.conf" & PID_NGINX=$!; PIDS+=($PID_NGINX)
 haproxy -f "$WORK/haproxy.cfg" -db >/dev/null 2>&1 & PID_HAPROXY=$!; PIDS+=($PID_HAPROXY)
 TOKEN=bench-token-0123456789abcdef0123456789
-TIDEGATE_ADMIN_TOKEN=$TOKEN TIDEGATE_LOG=warn "$TG" serve --listen-tls 127.0.0.1:$P_TG --admin 127.0.0.1:$A_TG \
+TIDEGATE_ADMIN_TOKEN=$TOKEN TIDEGATE_LOG=warn "$TG" serve --listen-tls 127.0.0.1:$P_TG --listen 127.0.0.1:$U_TG \
+  --admin 127.0.0.1:$A_TG \
   --data-dir "$WORK/tg" --workers "$WORKERS" > "$WORK/tg.out" & PID_TG=$!; PIDS+=($PID_TG)
 for _ in $(seq 100); do grep -q ready "$WORK/tg.out" 2>/dev/null && break; sleep 0.1; done
-python3 - "$WORK" "$B1" > "$WORK/changes.json" <<'PY'
+python3 - "$WORK" "$B1" "$B2" > "$WORK/changes.json" <<'PY'
 import json, sys
-work, b1 = sys.argv[1], sys.argv[2]
+work, b1, b2 = sys.argv[1], sys.argv[2], sys.argv[3]
 cert, key = open(f"{work}/cert.pem").read(), open(f"{work}/key.pem").read()
+tls = {"ca_pem": open(f"{work}/ca.pem").read(), "sni": "backend.example"}
+tls_backend = [{"id": "b2", "addr": f"127.0.0.1:{b2}"}]
 print(json.dumps({"ops": [
     {"op": "put_service", "name": "app", "spec": {"backends": [{"id": "b1", "addr": f"127.0.0.1:{b1}"}]}},
     {"op": "put_route", "name": "app", "spec": {"match": {"path_prefix": "/"}, "service": "app"}},
+    {"op": "put_service", "name": "app_tls", "spec": {"backends": tls_backend, "upstream": {"tls": tls}}},
+    {"op": "put_route", "name": "app_tls", "spec": {"match": {"path_prefix": "/h1/"}, "service": "app_tls"}},
+    {"op": "put_service", "name": "app_h2", "spec": {"backends": tls_backend,
+                                                     "upstream": {"tls": tls, "protocol": "http2"}}},
+    {"op": "put_route", "name": "app_h2", "spec": {"match": {"path_prefix": "/h2/"}, "service": "app_h2"}},
     {"op": "put_certificate", "name": "bench", "spec": {"cert_pem": cert, "key_pem": key, "default": True}}]}))
 PY
 curl -sf -XPOST -H "Authorization: Bearer $TOKEN" "127.0.0.1:$A_TG/v1/changes" --data-binary @"$WORK/changes.json" >/dev/null
 sleep 0.5
 for p in $P_NGINX $P_HAPROXY $P_TG; do
   curl -sfk --http1.1 "https://127.0.0.1:$p/" >/dev/null || { echo "TLS server on $p not answering" >&2; exit 1; }
+done
+for p in $U_NGINX $U_HAPROXY $U_TG; do
+  curl -sf "http://127.0.0.1:$p/h1/" >/dev/null || { echo "no answer over the HTTPS upstream from $p" >&2; exit 1; }
+done
+for p in $U_HAPROXY $U_TG; do
+  curl -sf "http://127.0.0.1:$p/h2/" >/dev/null || { echo "no answer over the HTTP/2 upstream from $p" >&2; exit 1; }
 done
 
 . bench/lib/proc.sh
@@ -121,6 +168,8 @@ run() { # name port mode rep pid
     handshake) out=$(wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency -H "Connection: close" "https://127.0.0.1:$2/" 2>&1);;
     h1) out=$(wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency "https://127.0.0.1:$2/" 2>&1);;
     h2) out=$(h2load -t2 -c"$CONNS" -m10 -D"$DURATION" "https://127.0.0.1:$2/" 2>&1);;
+    up_h1) out=$(wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency "http://127.0.0.1:$2/h1/" 2>&1);;
+    up_h2) out=$(wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency "http://127.0.0.1:$2/h2/" 2>&1);;
   esac
   after=$(cpu_ticks "$5")
   python3 - "$1" "$3" "$CONNS" "$4" "$DURATION" "$((after - before))" "$HZ" "$out" <<'PY' | tee -a "$RESULTS" | cut -c1-200
@@ -159,15 +208,19 @@ row["cpu_us_per_req"] = round(cpu / max(row["requests"], 1) * 1e6, 2)
 print(json.dumps(row))
 PY
 }
-peers=(tidegate nginx haproxy)
 for mode in $MODES; do
+  peers=(tidegate nginx haproxy)
+  [ "$mode" = up_h2 ] && peers=(tidegate haproxy)
   for r in $(seq "$REPS"); do
     k=$(( (r - 1) % ${#peers[@]} ))
     for name in "${peers[@]:$k}" "${peers[@]:0:$k}"; do
-      case $name in
-        tidegate) run tidegate $P_TG "$mode" "$r" $PID_TG;;
-        nginx) run nginx $P_NGINX "$mode" "$r" $PID_NGINX;;
-        haproxy) run haproxy $P_HAPROXY "$mode" "$r" $PID_HAPROXY;;
+      case $name:$mode in
+        tidegate:up_*) run tidegate $U_TG "$mode" "$r" $PID_TG;;
+        nginx:up_*) run nginx $U_NGINX "$mode" "$r" $PID_NGINX;;
+        haproxy:up_*) run haproxy $U_HAPROXY "$mode" "$r" $PID_HAPROXY;;
+        tidegate:*) run tidegate $P_TG "$mode" "$r" $PID_TG;;
+        nginx:*) run nginx $P_NGINX "$mode" "$r" $PID_NGINX;;
+        haproxy:*) run haproxy $P_HAPROXY "$mode" "$r" $PID_HAPROXY;;
       esac
     done
   done
@@ -209,13 +262,14 @@ for line in open(sys.argv[1]):
     d = json.loads(line)
     rows.setdefault((d["mode"], d["proxy"]), []).append(d)
 med = lambda v, k: statistics.median(x.get(k) or 0 for x in v)
-for mode in ("handshake", "h1", "h2"):
-    base = med(rows.get((mode, "nginx"), [{}]), "rps") or float("nan")
+for mode in ("handshake", "h1", "h2", "up_h1", "up_h2"):
+    peer = "nginx" if (mode, "nginx") in rows else "haproxy"
+    base = med(rows.get((mode, peer), [{}]), "rps") or float("nan")
     for name in ("tidegate", "nginx", "haproxy"):
         v = rows.get((mode, name))
         if not v: continue
         rps = med(v, "rps")
-        print(f"{mode:9} {name:9} {rps:9.0f} req/s ({rps/base:4.2f}x nginx)  p99 {med(v, 'p99_ms'):7.2f} ms"
+        print(f"{mode:9} {name:9} {rps:9.0f} req/s ({rps/base:4.2f}x {peer})  p99 {med(v, 'p99_ms'):7.2f} ms"
               f"  cpu {med(v, 'cpu_us_per_req'):6.1f} us/req  errors {sum(x['errors'] for x in v)}")
 for c in rows.get(("cert_put", "tidegate"), []):
     print(f"cert_put  tidegate  {c['puts']} PUTs: answer p50 {c['answer_p50_ms']} ms, p99 {c['answer_p99_ms']} ms;"

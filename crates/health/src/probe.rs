@@ -100,7 +100,7 @@ pub fn status_expected(status: u16, expect: &[u16]) -> bool {
 /// service, its handshake succeeds).
 pub async fn probe(client: &ProbeClient, addr: &BackendAddr, upstream: &Profile, check: &ActiveCheck) -> Verdict {
     let limit = Duration::from_millis(check.timeout_ms);
-    let plain = upstream.key() == Profile::default().key();
+    let plain = upstream.is_plain_http1();
     let verdict = match check.kind {
         CheckKind::Http if plain => tokio::time::timeout(limit, http_probe(client, addr, check)).await,
         CheckKind::Http => tokio::time::timeout(limit, profile_probe(addr, upstream, check, limit)).await,
@@ -124,39 +124,31 @@ async fn profile_probe(addr: &BackendAddr, upstream: &Profile, check: &ActiveChe
         Ok(s) => TokioIo::new(s),
         Err(e) => return Verdict::fail(format!("connect: {e}")),
     };
-    let uri = format!("{}://{}{}", upstream.scheme(), addr.as_str(), check.path);
-    let request = Request::get(uri).header(USER_AGENT, PROBE_USER_AGENT);
+    // HTTP/1.1 sends the origin form and `Host`; HTTP/2 the absolute form
+    // (its `:scheme` and `:authority`).
+    let request = match upstream.protocol() {
+        UpstreamProtocol::Http1 => Request::get(check.path.as_str()).header(HOST, addr.as_str()),
+        UpstreamProtocol::Http2 => Request::get(format!("{}://{}{}", upstream.scheme(), addr.as_str(), check.path)),
+    };
+    let request = match request.header(USER_AGENT, PROBE_USER_AGENT).body(Empty::<Bytes>::new()) {
+        Ok(r) => r,
+        Err(e) => return Verdict::fail(format!("invalid probe request: {e}")),
+    };
     let sent = match upstream.protocol() {
-        UpstreamProtocol::Http1 => {
-            let request = match request.header(HOST, addr.as_str()).body(Empty::<Bytes>::new()) {
-                Ok(mut r) => {
-                    // HTTP/1.1 sends the origin form.
-                    *r.uri_mut() = Uri::try_from(check.path.as_str()).unwrap_or_default();
-                    r
-                }
-                Err(e) => return Verdict::fail(format!("invalid probe request: {e}")),
-            };
-            match hyper::client::conn::http1::handshake(stream).await {
-                Ok((mut sender, conn)) => {
-                    tokio::spawn(conn);
-                    sender.send_request(request).await
-                }
-                Err(e) => Err(e),
+        UpstreamProtocol::Http1 => match hyper::client::conn::http1::handshake(stream).await {
+            Ok((mut sender, conn)) => {
+                tokio::spawn(conn);
+                sender.send_request(request).await
             }
-        }
-        UpstreamProtocol::Http2 => {
-            let request = match request.body(Empty::<Bytes>::new()) {
-                Ok(r) => r,
-                Err(e) => return Verdict::fail(format!("invalid probe request: {e}")),
-            };
-            match hyper::client::conn::http2::handshake(TokioExecutor::new(), stream).await {
-                Ok((mut sender, conn)) => {
-                    tokio::spawn(conn);
-                    sender.send_request(request).await
-                }
-                Err(e) => Err(e),
+            Err(e) => Err(e),
+        },
+        UpstreamProtocol::Http2 => match hyper::client::conn::http2::handshake(TokioExecutor::new(), stream).await {
+            Ok((mut sender, conn)) => {
+                tokio::spawn(conn);
+                sender.send_request(request).await
             }
-        }
+            Err(e) => Err(e),
+        },
     };
     match sent {
         Ok(response) => judge(response, check).await,

@@ -132,14 +132,18 @@ impl H2Pool {
     }
 }
 
-/// Classifies a failed HTTP/2 exchange: a stream the backend refused
-/// (`REFUSED_STREAM`, or beyond its GOAWAY) was not processed, so it may go
-/// again on a new connection.
+/// Classifies a failed HTTP/2 exchange. A stream the backend refused
+/// (`REFUSED_STREAM`) or left out of its GOAWAY (a backend closing the
+/// connection after its request limit, or shutting down, names the last
+/// stream it processes) was not processed (RFC 9113, section 8.7), so it
+/// may go again on a new connection (the retry rules of a stale keep-alive
+/// connection apply).
 fn classify_h2(err: &hyper::Error, shared: bool) -> ErrorKind {
     let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(err);
     while let Some(e) = source {
         if let Some(h2) = e.downcast_ref::<h2::Error>() {
-            if h2.reason() == Some(h2::Reason::REFUSED_STREAM) {
+            let refused = h2.reason() == Some(h2::Reason::REFUSED_STREAM);
+            if refused || (h2.is_go_away() && h2.is_remote()) {
                 return ErrorKind::StaleConnection;
             }
         }

@@ -96,6 +96,11 @@ impl Profile {
         self.protocol
     }
 
+    /// Whether this is plain HTTP/1.1 over TCP, the default.
+    pub fn is_plain_http1(&self) -> bool {
+        self.key == 0
+    }
+
     /// Whether connections are TLS.
     pub fn is_tls(&self) -> bool {
         self.tls.is_some()
