@@ -10,8 +10,8 @@ use axum::Json;
 use serde::Serialize;
 use serde_json::{json, Value};
 use tidegate_model::{
-    parse_change_set, parse_json, unix_now, BackendId, BackendSpec, CertName, CertificateSpec, ChangeSet, ConfigState,
-    Op, RouteName, RouteSpec, ServiceName, ServiceSpec,
+    parse_change_set, parse_json, plan, unix_now, BackendId, BackendSpec, CertName, CertificateSpec, ChangeSet,
+    ConfigState, Document, Op, RouteName, RouteSpec, ServiceName, ServiceSpec,
 };
 
 use crate::{AdminState, ApiError};
@@ -194,13 +194,23 @@ pub(crate) struct ChangesQuery {
     dry_run: bool,
 }
 
+type ChangesQueryResult = Result<axum::extract::Query<ChangesQuery>, axum::extract::rejection::QueryRejection>;
+
+/// The query and the body of a write, or the 400 for either.
+fn query_and_body(
+    query: ChangesQueryResult,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<(ChangesQuery, Bytes), ApiError> {
+    let axum::extract::Query(query) = query.map_err(|e| ApiError::bad_field("query", e.body_text()))?;
+    Ok((query, bytes.map_err(ApiError::body)?))
+}
+
 pub(crate) async fn post_changes(
     State(state): State<AdminState>,
-    query: Result<axum::extract::Query<ChangesQuery>, axum::extract::rejection::QueryRejection>,
+    query: ChangesQueryResult,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Answer {
-    let axum::extract::Query(query) = query.map_err(|e| ApiError::bad_field("query", e.body_text()))?;
-    let bytes = bytes.map_err(ApiError::body)?;
+    let (query, bytes) = query_and_body(query, bytes)?;
     let change = parse_change_set(&bytes).map_err(|e| ApiError::parse(e, None))?;
     let ops = change.ops.len();
     if query.dry_run {
@@ -214,6 +224,43 @@ pub(crate) async fn post_changes(
     }
     let revision = state.control.submit(change).await?;
     Ok(Json(json!({ "revision": revision, "ops": ops })))
+}
+
+/// `PUT /v1/config`: makes the configuration equal to a document
+/// (`services`, `routes`, `certificates`) in one change set: what is new
+/// is created, what differs is replaced, what the document leaves out is
+/// deleted. Objects that are equal are not touched, and a document equal to
+/// the configuration changes nothing (no new revision). With
+/// `?dry_run=true` the changes are shown and nothing is applied (`ctl
+/// diff`). The plan is made against the revision read here and applied
+/// only at that revision (409 if another change came in between).
+pub(crate) async fn put_config(
+    State(state): State<AdminState>,
+    query: ChangesQueryResult,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Answer {
+    let (query, bytes) = query_and_body(query, bytes)?;
+    let doc: Document = parse_json(&bytes).map_err(|e| ApiError::parse(e, None))?;
+    doc.check().map_err(|e| ApiError::parse(e, None))?;
+    let now = unix_now();
+    for (name, spec) in &doc.certificates {
+        spec.check_current(now).map_err(|m| {
+            let (field, message) = m.split_once(": ").unwrap_or(("cert_pem", &m));
+            ApiError::bad_field(&format!("certificates.{}.{field}", name.as_str()), message)
+        })?;
+    }
+    let view = state.control.config();
+    let (ops, changes) = plan(&view.state, &doc);
+    let change = ChangeSet { if_revision: Some(view.revision), ops };
+    if query.dry_run || change.ops.is_empty() {
+        // The writer's own checks, against the configuration as it is now.
+        view.state
+            .apply(&change, view.revision)
+            .map_err(|e| ApiError::from(tidegate_control::SubmitError::Rejected(e)))?;
+        return Ok(Json(json!({ "dry_run": query.dry_run, "revision": view.revision, "changes": changes })));
+    }
+    let revision = state.control.submit(change).await?;
+    Ok(Json(json!({ "revision": revision, "changes": changes })))
 }
 
 /// `GET /healthz`: the process answers. No token.

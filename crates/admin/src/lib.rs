@@ -85,7 +85,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/services/{name}/autoscale", post(autoscale::post_override))
         .route("/v1/events", get(autoscale::get_events))
         .route("/v1/changes", post(handlers::post_changes))
-        .route("/v1/config", get(handlers::get_config))
+        .route("/v1/config", get(handlers::get_config).put(handlers::put_config))
         .route("/v1/status", get(status::get_status))
         .route("/v1/watch", get(watch::get_watch))
         .route("/metrics", get(status::get_metrics))

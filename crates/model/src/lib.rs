@@ -13,6 +13,7 @@
 
 mod certificate;
 mod change;
+mod desired;
 mod headers;
 mod names;
 #[cfg(test)]
@@ -22,7 +23,8 @@ mod service;
 mod state;
 
 pub use certificate::{unix_now, CertificateInfo, CertificateSpec};
-pub use change::{parse_change_set, parse_json, ChangeSet, Op, ParseError};
+pub use change::{check_change_set, parse_change_set, parse_json, ChangeSet, Op, ParseError};
+pub use desired::{plan, Action, Change, Document, Kind};
 pub use headers::Headers;
 pub use names::{BackendAddr, BackendId, CertName, NameError, RouteName, ServiceName};
 pub use route::{HeaderMatch, HostPattern, PathPattern, RouteAction, RouteMatch, RouteSpec, StaticDir};

@@ -272,16 +272,7 @@ impl Exchange for H2Exchange<'_> {
         let up =
             upstream_h2::request(&req.parts, backend, profile.scheme(), &req.path_and_query, req.te_trailers, body)?;
         let sending = self.pool.send(backend, profile, ConnSettings::of(service), up, fresh);
-        match tokio::time::timeout_at(deadline, sending).await {
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(unsent)) => {
-                if let Some(r) = unsent.request {
-                    self.body.put_back(r.into_body());
-                }
-                Err(unsent.kind)
-            }
-            Err(_) => Err(ErrorKind::ResponseTimeout),
-        }
+        self.body.settle(tokio::time::timeout_at(deadline, sending).await.unwrap_or(Err(Unsent::TIMED_OUT)))
     }
 
     fn status(answer: &Response<Incoming>) -> u16 {
@@ -327,15 +318,7 @@ impl Exchange for HyperExchange<'_> {
         let up = upstream_request(&self.req.parts, backend, &self.req.path_and_query, body)?;
         let cs = ConnSettings::of(service);
         let sending = self.pool.send(&backend.addr, &service.upstream, cs, up, fresh, self.upgrade);
-        match tokio::time::timeout_at(deadline, sending).await.unwrap_or(Err(Unsent::TIMED_OUT)) {
-            Ok(sent) => Ok(sent),
-            Err(unsent) => {
-                if let Some(r) = unsent.request {
-                    self.body.put_back(r.into_body());
-                }
-                Err(unsent.kind)
-            }
-        }
+        self.body.settle(tokio::time::timeout_at(deadline, sending).await.unwrap_or(Err(Unsent::TIMED_OUT)))
     }
 
     fn status(answer: &Sent) -> u16 {
@@ -435,11 +418,15 @@ impl Replay {
         }
     }
 
-    /// Takes back a streamed body that no attempt started to send.
-    fn put_back(&mut self, body: UpBody) {
-        if let Replay::Streaming(slot) = self {
-            *slot = Some(body);
-        }
+    /// An attempt's outcome, with a streamed body that no byte of was sent
+    /// taken back for the next attempt.
+    fn settle<T>(&mut self, sent: Result<T, Unsent>) -> Result<T, ErrorKind> {
+        sent.map_err(|unsent| {
+            if let (Replay::Streaming(slot), Some(r)) = (&mut *self, unsent.request) {
+                *slot = Some(r.into_body());
+            }
+            unsent.kind
+        })
     }
 }
 

@@ -29,7 +29,7 @@ use tokio::sync::mpsc;
 
 use crate::body::UpBody;
 use crate::error::{classify_upstream, ClientBodyError, ErrorKind};
-use crate::pool::{connect, ConnSettings};
+use crate::pool::{connect, ConnSettings, Unsent};
 
 /// The sending half of a shared HTTP/2 connection.
 type Sender = http2::SendRequest<UpBody>;
@@ -41,13 +41,6 @@ const KEEP_ALIVE: Duration = Duration::from_secs(20);
 #[derive(Default)]
 pub(crate) struct H2Pool {
     conns: Mutex<HashMap<u64, HashMap<BackendAddr, Sender, foldhash::fast::RandomState>, foldhash::fast::RandomState>>,
-}
-
-/// A request that was not sent, and why; the request comes back when none
-/// of it reached the backend, so a streamed body can go elsewhere.
-pub(crate) struct H2Unsent {
-    pub kind: ErrorKind,
-    pub request: Option<Request<UpBody>>,
 }
 
 impl H2Pool {
@@ -104,19 +97,19 @@ impl H2Pool {
         cs: ConnSettings,
         mut req: Request<UpBody>,
         fresh: bool,
-    ) -> Result<Response<Incoming>, H2Unsent> {
+    ) -> Result<Response<Incoming>, Unsent> {
         let mut fresh = fresh;
         loop {
             let (mut sender, shared) = match self.sender(&backend.addr, profile, cs, fresh).await {
                 Ok(s) => s,
-                Err(kind) => return Err(H2Unsent { kind, request: Some(req) }),
+                Err(kind) => return Err(Unsent { kind, request: Some(req) }),
             };
             if sender.ready().await.is_err() {
                 if shared {
                     fresh = true;
                     continue;
                 }
-                return Err(H2Unsent { kind: ErrorKind::UpstreamClosed, request: Some(req) });
+                return Err(Unsent { kind: ErrorKind::UpstreamClosed, request: Some(req) });
             }
             match sender.try_send_request(req).await {
                 Ok(resp) => return Ok(resp),
@@ -125,7 +118,7 @@ impl H2Pool {
                         req = unsent;
                         fresh = true;
                     }
-                    request => return Err(H2Unsent { kind: classify_h2(e.error(), shared), request }),
+                    request => return Err(Unsent { kind: classify_h2(e.error(), shared), request }),
                 },
             }
         }

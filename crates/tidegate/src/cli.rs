@@ -19,9 +19,25 @@ pub enum Command {
     Serve(ServeArgs),
     /// Talk to a running Tidegate through its admin API.
     Ctl(CtlArgs),
+    /// Check a configuration file (YAML or JSON) without a server: exit
+    /// status 0 when it is valid, else 1 with each error at the file's line
+    /// and column.
+    Validate {
+        /// The file (`-` for standard input).
+        file: PathBuf,
+    },
     /// Run the reference external distributor (paper S4): answers proxies'
     /// UDP queries with a backend.
     Distributor(tidegate_distributor::ServeOptions),
+}
+
+/// What `serve --config` does with its file.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfigMode {
+    /// Applied once, to an empty store.
+    Seed,
+    /// The desired state, applied on every start and on SIGHUP.
+    Sync,
 }
 
 /// Thread model of the data plane.
@@ -59,9 +75,16 @@ pub struct ServeArgs {
     /// Directory for the store and the generated admin token.
     #[arg(long, default_value = "./tidegate-data")]
     pub data_dir: PathBuf,
-    /// Declarative configuration (YAML or JSON) applied when the store is empty.
+    /// Configuration file (YAML or JSON): a declarative document or a change
+    /// set; what is done with it is `--config-mode`.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// `seed`: the file is applied only when the store is empty (the first
+    /// start). `sync`: the file (a declarative document) is the desired
+    /// state, applied as one change set on every start and on SIGHUP,
+    /// deleting what it leaves out; the changes are logged.
+    #[arg(long, value_enum, default_value = "seed", requires = "config")]
+    pub config_mode: ConfigMode,
     /// Configuration store: the embedded default, or etcd://HOST:PORT/PREFIX.
     #[arg(long)]
     pub store: Option<String>,
@@ -140,8 +163,20 @@ pub enum CtlCommand {
         #[arg(short = 'f', long = "file")]
         file: PathBuf,
         /// Apply only if the configuration is at this revision.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "prune")]
         if_revision: Option<u64>,
+        /// Make the configuration equal to the file (a declarative
+        /// document): also delete the services, routes and certificates it
+        /// leaves out, in the same atomic change set.
+        #[arg(long)]
+        prune: bool,
+    },
+    /// Show what `apply --prune` would change: objects created (+),
+    /// updated (~, with the fields) and deleted (-). Applies nothing.
+    Diff {
+        /// The file (`-` for standard input).
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
     },
     /// Print the whole configuration with its revision.
     Config,

@@ -1,86 +1,207 @@
-//! Configuration files: YAML or JSON, either a change set (`ops`) or a
-//! declarative document (`services`, `routes`) that becomes one.
+//! Configuration files: YAML or JSON (JSON is YAML), either a change set
+//! (`ops`) or a declarative document of the whole configuration
+//! (`services`, `routes`, `certificates`).
+//!
+//! Files are deserialized straight into the model's types, so every error
+//! names the file's own line and column and the path of the field at fault
+//! (`web.yaml:7:15: services.web.backends[0].addr: ...`).
 
-use std::path::Path;
+use std::fmt;
+use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
-use serde_json::{json, Map, Value};
-use tidegate_model::{parse_change_set, ChangeSet};
+use serde::de::DeserializeOwned;
+use tidegate_model::{check_change_set, ChangeSet, Document, Op};
 
-/// Reads a file (or standard input for `-`) as a JSON value; YAML is a superset.
-pub fn read_value(path: &Path) -> anyhow::Result<Value> {
-    let text = if path == Path::new("-") {
-        std::io::read_to_string(std::io::stdin()).context("reading standard input")?
-    } else {
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
-    };
-    let value: Value =
-        serde_yaml::from_str(&text).with_context(|| format!("{} is neither valid YAML nor JSON", path.display()))?;
-    Ok(value)
+/// What a configuration file holds.
+#[derive(Debug)]
+pub enum ConfigFile {
+    /// A change set: operations applied in order.
+    Changes(ChangeSet),
+    /// The desired state of the whole configuration.
+    Document(Document),
 }
 
-/// Turns a document into the equivalent change set's JSON: `ops` as is, or
-/// `services` then `routes` as put operations.
-pub fn to_change_set_json(doc: Value, if_revision: Option<u64>) -> anyhow::Result<Value> {
-    let Value::Object(mut doc) = doc else {
-        bail!("the file must hold a mapping with `ops`, or with `services` and/or `routes`");
-    };
-    if doc.contains_key("ops") {
-        if let Some(rev) = if_revision {
-            doc.insert("if_revision".into(), json!(rev));
-        }
-        return Ok(Value::Object(doc));
-    }
-    let mut ops = Vec::new();
-    let take = |doc: &mut Map<String, Value>, key: &str| -> anyhow::Result<Map<String, Value>> {
-        match doc.remove(key) {
-            None | Some(Value::Null) => Ok(Map::new()),
-            Some(Value::Object(m)) => Ok(m),
-            Some(_) => bail!("`{key}` must be a mapping from name to spec"),
-        }
-    };
-    // `ctl config` output carries its revision; applying it back is fine.
-    doc.remove("revision");
-    let services = take(&mut doc, "services")?;
-    let routes = take(&mut doc, "routes")?;
-    if let Some(extra) = doc.keys().next() {
-        bail!("unknown top-level key `{extra}`; expected `ops`, or `services` and `routes`");
-    }
-    for (name, spec) in services {
-        ops.push(json!({ "op": "put_service", "name": name, "spec": spec }));
-    }
-    for (name, spec) in routes {
-        ops.push(json!({ "op": "put_route", "name": name, "spec": spec }));
-    }
-    let mut cs = json!({ "ops": ops });
-    if let Some(rev) = if_revision {
-        cs["if_revision"] = json!(rev);
-    }
-    Ok(cs)
+/// A file that cannot be used, with where and why.
+#[derive(Debug)]
+pub struct FileError {
+    path: PathBuf,
+    /// 1-based line and column, when the parser knows them.
+    at: Option<(usize, usize)>,
+    /// The field at fault (`services.web.policy`), if any.
+    field: String,
+    message: String,
 }
 
-/// Reads and validates a file as a change set.
-pub fn load_change_set(path: &Path) -> anyhow::Result<ChangeSet> {
-    let value = to_change_set_json(read_value(path)?, None)?;
-    let bytes = serde_json::to_vec(&value)?;
-    parse_change_set(&bytes).map_err(|e| anyhow::anyhow!("{}: {}: {}", path.display(), e.field, e.message))
+impl fmt::Display for FileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.path.display())?;
+        if let Some((line, column)) = self.at {
+            write!(f, ":{line}:{column}")?;
+        }
+        if !self.field.is_empty() && self.field != "." {
+            write!(f, ": {}", self.field)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for FileError {}
+
+impl FileError {
+    fn new(path: &Path, message: impl Into<String>) -> FileError {
+        FileError { path: path.to_path_buf(), at: None, field: String::new(), message: message.into() }
+    }
+}
+
+/// Reads a file, or standard input for `-`.
+fn read_text(path: &Path) -> Result<String, FileError> {
+    let read =
+        if path == Path::new("-") { std::io::read_to_string(std::io::stdin()) } else { std::fs::read_to_string(path) };
+    read.map_err(|e| FileError::new(path, format!("cannot read: {e}")))
+}
+
+/// Deserializes `text` as a `T`, naming the line, column and field path
+/// of an error.
+fn parse<T: DeserializeOwned>(path: &Path, text: &str) -> Result<T, FileError> {
+    let de = serde_norway::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let field = e.path().to_string();
+        let inner = e.into_inner();
+        let at = inner.location().map(|l| (l.line(), l.column()));
+        // The parser's message leads with its own path and ends with the
+        // position: both are shown once, apart.
+        let message = inner.to_string();
+        let message = match message.rsplit_once(" at line ") {
+            Some((m, _)) if at.is_some() => m.to_string(),
+            _ => message,
+        };
+        let message = match message.split_once(": ") {
+            Some((path, rest)) if !path.is_empty() && !path.contains(' ') => rest.to_string(),
+            _ => message,
+        };
+        FileError { path: path.to_path_buf(), at, field, message }
+    })
+}
+
+/// Reads one spec (a service, a route) from a file, checked.
+pub fn read_spec<T: DeserializeOwned>(path: &Path) -> Result<T, FileError> {
+    parse(path, &read_text(path)?)
+}
+
+/// Reads and checks a configuration file: a change set when it has `ops`,
+/// else a document (which must hold together: every route's service in
+/// it).
+pub fn read(path: &Path) -> Result<ConfigFile, FileError> {
+    let text = read_text(path)?;
+    // Which kind it is: a first, untyped pass (syntax errors show here).
+    let top: serde_norway::Value = parse(path, &text)?;
+    let has_ops = match &top {
+        serde_norway::Value::Mapping(m) => m.contains_key("ops"),
+        serde_norway::Value::Null => false,
+        _ => {
+            return Err(FileError::new(
+                path,
+                "the file must hold a mapping: `ops`, or `services`, `routes` and `certificates`",
+            ))
+        }
+    };
+    if has_ops {
+        let cs: ChangeSet = parse(path, &text)?;
+        check_change_set(&cs).map_err(|e| FileError {
+            path: path.to_path_buf(),
+            at: None,
+            field: e.field,
+            message: e.message,
+        })?;
+        return Ok(ConfigFile::Changes(cs));
+    }
+    let doc: Document = if top == serde_norway::Value::Null { Document::default() } else { parse(path, &text)? };
+    doc.check().map_err(|e| FileError { path: path.to_path_buf(), at: None, field: e.field, message: e.message })?;
+    Ok(ConfigFile::Document(doc))
+}
+
+impl ConfigFile {
+    /// As a change set: a document's objects become put operations
+    /// (services and certificates before the routes that name them);
+    /// nothing is deleted.
+    pub fn into_change_set(self) -> ChangeSet {
+        match self {
+            ConfigFile::Changes(cs) => cs,
+            ConfigFile::Document(doc) => {
+                let mut ops = Vec::new();
+                for (name, spec) in doc.services {
+                    ops.push(Op::PutService { name, spec: Box::new(spec) });
+                }
+                for (name, spec) in doc.certificates {
+                    ops.push(Op::PutCertificate { name, spec: Box::new(spec) });
+                }
+                for (name, spec) in doc.routes {
+                    ops.push(Op::PutRoute { name, spec });
+                }
+                ChangeSet { if_revision: None, ops }
+            }
+        }
+    }
+
+    /// One line saying what the file holds.
+    pub fn summary(&self) -> String {
+        match self {
+            ConfigFile::Changes(cs) => format!("a change set of {} operation(s)", cs.ops.len()),
+            ConfigFile::Document(d) => format!(
+                "{} service(s), {} route(s), {} certificate(s)",
+                d.services.len(),
+                d.routes.len(),
+                d.certificates.len()
+            ),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn file(text: &str) -> (tempfile::NamedTempFile, PathBuf) {
+        let mut f = tempfile::Builder::new().suffix(".yaml").tempfile().unwrap();
+        std::io::Write::write_all(&mut f, text.as_bytes()).unwrap();
+        let p = f.path().to_path_buf();
+        (f, p)
+    }
+
     #[test]
-    fn declarative_documents_become_put_ops() {
-        let doc: Value = serde_yaml::from_str(
-            "services:\n  web:\n    backends: [{id: a, addr: '127.0.0.1:1'}]\nroutes:\n  r:\n    service: web\n",
-        )
-        .unwrap();
-        let cs = to_change_set_json(doc, Some(4)).unwrap();
-        let cs = parse_change_set(&serde_json::to_vec(&cs).unwrap()).unwrap();
+    fn documents_become_put_ops_with_services_first() {
+        let (_f, p) =
+            file("routes:\n  r:\n    service: web\nservices:\n  web:\n    backends: [{id: a, addr: '127.0.0.1:1'}]\n");
+        let cs = read(&p).unwrap().into_change_set();
         assert_eq!(cs.ops.len(), 2);
-        assert_eq!(cs.if_revision, Some(4));
-        assert!(to_change_set_json(json!({"servces": {}}), None).is_err());
-        assert!(to_change_set_json(json!([1]), None).is_err());
+        assert!(matches!(cs.ops[0], Op::PutService { .. }));
+        assert!(matches!(cs.ops[1], Op::PutRoute { .. }));
+    }
+
+    #[test]
+    fn errors_name_the_line_column_and_field_of_the_file() {
+        let (_f, p) = file("services:\n  web:\n    backends:\n      - id: a\n        addr: 'not an address'\n");
+        let e = read(&p).unwrap_err().to_string();
+        assert!(e.contains(":4:9:"), "the position of the bad backend: {e}");
+        assert!(e.ends_with(": invalid address \"not an address\": expected HOST:PORT"), "{e}");
+        assert!(e.contains("services.web.backends[0].addr"), "{e}");
+
+        let (_f, p) = file("services:\n  web:\n    polcy: {kind: random}\n");
+        let e = read(&p).unwrap_err().to_string();
+        assert!(e.contains(":3:") && e.contains("polcy"), "{e}");
+
+        let (_f, p) = file("routes:\n  r:\n    service: missing\n");
+        let e = read(&p).unwrap_err().to_string();
+        assert!(e.contains("missing"), "a route to a service the file lacks: {e}");
+
+        let (_f, p) = file("services: [1, 2\n");
+        assert!(read(&p).unwrap_err().at.is_some(), "syntax errors have a position");
+    }
+
+    #[test]
+    fn change_sets_and_json_are_read_too() {
+        let (_f, p) = file(r#"{"ops": [{"op": "delete_route", "name": "r"}], "if_revision": 3}"#);
+        let ConfigFile::Changes(cs) = read(&p).unwrap() else { panic!("a change set") };
+        assert_eq!(cs.if_revision, Some(3));
     }
 }

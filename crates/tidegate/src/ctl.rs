@@ -42,18 +42,37 @@ pub fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
     runtime.block_on(admin.dispatch(args.command))
 }
 
-fn spec_file(file: &Path) -> anyhow::Result<Value> {
-    config_file::read_value(file)
+/// Reads one spec from a file, checked against its type here (errors name
+/// the file's line and column), as the JSON the API takes.
+fn spec_file<T: serde::de::DeserializeOwned + serde::Serialize>(file: &Path) -> anyhow::Result<Value> {
+    let spec: T = config_file::read_spec(file)?;
+    Ok(serde_json::to_value(spec)?)
+}
+
+/// Reads a declarative document (for `--prune` and `diff`) as the JSON
+/// `PUT /v1/config` takes.
+fn document_file(file: &Path) -> anyhow::Result<Value> {
+    match config_file::read(file)? {
+        config_file::ConfigFile::Document(doc) => Ok(serde_json::to_value(doc)?),
+        config_file::ConfigFile::Changes(_) => {
+            bail!("{}: a change set (`ops`) says what to do, not what should be: --prune and diff need a declarative document (`services`, `routes`, `certificates`)", file.display())
+        }
+    }
 }
 
 impl Admin {
     async fn dispatch(&self, cmd: CtlCommand) -> anyhow::Result<ExitCode> {
         use Method as M;
         let (method, path, body) = match cmd {
-            CtlCommand::Apply { file, if_revision } => {
-                let cs = config_file::to_change_set_json(config_file::read_value(&file)?, if_revision)?;
-                (M::POST, "/v1/changes".to_string(), Some(cs))
+            CtlCommand::Apply { file, if_revision, prune: false } => {
+                let mut cs = config_file::read(&file)?.into_change_set();
+                cs.if_revision = if_revision.or(cs.if_revision);
+                (M::POST, "/v1/changes".to_string(), Some(serde_json::to_value(cs)?))
             }
+            CtlCommand::Apply { file, prune: true, .. } => {
+                return self.converge(&file, false).await;
+            }
+            CtlCommand::Diff { file } => return self.converge(&file, true).await,
             CtlCommand::Config => (M::GET, "/v1/config".into(), None),
             CtlCommand::Events { after } => (M::GET, format!("/v1/events?after={after}"), None),
             CtlCommand::Scale { service, pin, unpin, pause, resume } => {
@@ -84,7 +103,7 @@ impl Admin {
                 ServiceCommand::Delete { name } => (M::DELETE, format!("/v1/services/{name}"), None),
                 ServiceCommand::Put { name, file, policy, backend } => {
                     let spec = match file {
-                        Some(f) => spec_file(&f)?,
+                        Some(f) => spec_file::<tidegate_model::ServiceSpec>(&f)?,
                         None => service_from_flags(policy, &backend)?,
                     };
                     (M::PUT, format!("/v1/services/{name}"), Some(spec))
@@ -121,7 +140,7 @@ impl Admin {
                 RouteCommand::Delete { name } => (M::DELETE, format!("/v1/routes/{name}"), None),
                 RouteCommand::Put { name, file, service, host, path_prefix, path, priority } => {
                     let spec = match file {
-                        Some(f) => spec_file(&f)?,
+                        Some(f) => spec_file::<tidegate_model::RouteSpec>(&f)?,
                         None => {
                             let Some(service) = service else {
                                 bail!("route put needs --service (or -f FILE)");
@@ -142,6 +161,45 @@ impl Admin {
         let (status, value) = self.call(method, &path, body).await?;
         print_out(&serde_json::to_string_pretty(&value)?);
         Ok(if status.is_success() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    }
+
+    /// `apply --prune` and `diff`: `PUT /v1/config` (with `dry_run` for a
+    /// diff), then the changes, one per line.
+    async fn converge(&self, file: &Path, dry_run: bool) -> anyhow::Result<ExitCode> {
+        let doc = document_file(file)?;
+        let path = if dry_run { "/v1/config?dry_run=true" } else { "/v1/config" };
+        let (status, value) = self.call(Method::PUT, path, Some(doc)).await?;
+        if !status.is_success() {
+            print_out(&serde_json::to_string_pretty(&value)?);
+            return Ok(ExitCode::FAILURE);
+        }
+        let changes = value["changes"].as_array().cloned().unwrap_or_default();
+        let mut out = String::new();
+        for c in &changes {
+            let sign = match c["action"].as_str() {
+                Some("create") => '+',
+                Some("update") => '~',
+                _ => '-',
+            };
+            out.push_str(&format!(
+                "{sign} {} {}",
+                c["kind"].as_str().unwrap_or("?"),
+                c["name"].as_str().unwrap_or("?")
+            ));
+            if let Some(fields) = c["fields"].as_array().filter(|f| !f.is_empty()) {
+                let names: Vec<&str> = fields.iter().filter_map(Value::as_str).collect();
+                out.push_str(&format!(": {}", names.join(", ")));
+            }
+            out.push('\n');
+        }
+        let revision = &value["revision"];
+        out.push_str(&match (dry_run, changes.is_empty()) {
+            (_, true) => format!("no changes (revision {revision})"),
+            (true, false) => format!("{} change(s) against revision {revision}; nothing applied", changes.len()),
+            (false, false) => format!("{} change(s) applied: revision {revision}", changes.len()),
+        });
+        print_out(&out);
+        Ok(ExitCode::SUCCESS)
     }
 
     fn request(&self, method: Method, path: &str, body: Option<Value>) -> anyhow::Result<Request<Full<Bytes>>> {

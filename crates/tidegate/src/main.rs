@@ -20,6 +20,7 @@ fn main() -> std::process::ExitCode {
     let result = match args.command {
         cli::Command::Serve(opts) => serve::run(opts),
         cli::Command::Ctl(opts) => ctl::run(opts),
+        cli::Command::Validate { file } => validate(&file),
         cli::Command::Distributor(opts) => distributor(opts),
     };
     match result {
@@ -27,6 +28,20 @@ fn main() -> std::process::ExitCode {
         Err(e) => {
             eprintln!("tidegate: error: {e:#}");
             std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `tidegate validate FILE`: reads and checks a configuration file.
+fn validate(file: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
+    match config_file::read(file) {
+        Ok(content) => {
+            println!("{}: valid: {}", file.display(), content.summary());
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            Ok(std::process::ExitCode::FAILURE)
         }
     }
 }

@@ -13,7 +13,7 @@ use tidegate_control::Control;
 use tidegate_proxy::{Http1Engine, Limits, ProxyMetrics, RuntimeMode, ServerOptions};
 use tidegate_store::{RedbStore, SqliteStore, Store};
 
-use crate::cli::{Http1Arg, RuntimeArg, ServeArgs};
+use crate::cli::{ConfigMode, Http1Arg, RuntimeArg, ServeArgs};
 use crate::config_file;
 
 /// Logs to stderr, filtered by `TIDEGATE_LOG` (default `info`), in colour
@@ -97,9 +97,27 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let scaling = tidegate_autoscale::StatusBoard::default();
         let _autoscaler =
             tidegate_autoscale::spawn(control.clone(), events.clone(), args.data_dir.join("instances"), scaling.clone());
-        if let Some(path) = &args.config {
-            load_initial_config(&control, path).await?;
-        }
+        let sync = match (&args.config, args.config_mode) {
+            (Some(path), ConfigMode::Seed) => {
+                load_initial_config(&control, path).await?;
+                None
+            }
+            (Some(path), ConfigMode::Sync) => {
+                // At start, a file that cannot be applied stops the start:
+                // serving a configuration the operator did not ask for
+                // would be worse.
+                sync_config(&control, path).await?;
+                Some(path.clone())
+            }
+            (None, _) => None,
+        };
+        // Handlers are in place before the ready line: SIGHUP's default
+        // action would end the process.
+        use tokio::signal::unix::{signal, SignalKind};
+        let term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+        let int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+        let hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+        let _hangups = tokio::spawn(on_hangup(hup, control.clone(), sync));
         let listener = tokio::net::TcpListener::bind(args.admin)
             .await
             .with_context(|| format!("admin API on {}", args.admin))?;
@@ -121,7 +139,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let _ = std::io::stdout().flush();
         let (stopping_tx, stopping) = tokio::sync::watch::channel(false);
         let server = axum::serve(listener, tidegate_admin::router(state)).with_graceful_shutdown(async move {
-            shutdown_signal().await;
+            shutdown_signal(term, int).await;
             let _ = stopping_tx.send(true);
         });
         // Watch streams never end by themselves: give open admin requests a
@@ -151,31 +169,60 @@ async fn load_initial_config(control: &Control, path: &Path) -> anyhow::Result<(
         );
         return Ok(());
     }
-    let change = config_file::load_change_set(path)?;
+    let change = config_file::read(path)?.into_change_set();
     let ops = change.ops.len();
     let revision = control.submit(change).await.map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     tracing::info!(file = %path.display(), ops, revision, "initial configuration applied");
     Ok(())
 }
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        // Without signal handlers, run until killed.
-        std::future::pending::<()>().await;
-        return;
-    };
-    // SIGHUP (a terminal closing, or an operator used to `nginx -s reload`)
-    // must not stop the proxy: configuration changes go through the API.
-    let mut hup = signal(SignalKind::hangup()).ok();
-    loop {
-        tokio::select! {
-            _ = term.recv() => return,
-            _ = int.recv() => return,
-            Some(()) = async { hup.as_mut()?.recv().await } => {
-                tracing::info!("SIGHUP ignored: change the configuration with the admin API (`tidegate ctl apply -f FILE`)");
-            }
+/// `--config-mode sync`: makes the configuration equal to the file (a
+/// declarative document) in one change set, logging each change.
+async fn sync_config(control: &Control, path: &Path) -> anyhow::Result<()> {
+    let doc = match config_file::read(path)? {
+        config_file::ConfigFile::Document(doc) => doc,
+        config_file::ConfigFile::Changes(_) => {
+            bail!("{}: --config-mode sync needs a declarative document (`services`, `routes`, `certificates`), not a change set", path.display())
         }
+    };
+    let view = control.config();
+    let (ops, changes) = tidegate_model::plan(&view.state, &doc);
+    if ops.is_empty() {
+        tracing::info!(file = %path.display(), revision = view.revision, "configuration file in sync: no changes");
+        return Ok(());
+    }
+    let change = tidegate_model::ChangeSet { if_revision: Some(view.revision), ops };
+    let revision = control.submit(change).await.map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    for c in &changes {
+        tracing::info!(file = %path.display(), revision, "{c}");
+    }
+    tracing::info!(file = %path.display(), revision, changes = changes.len(), "configuration file applied");
+    Ok(())
+}
+
+/// SIGHUP (a terminal closing, or an operator used to `nginx -s reload`)
+/// never stops the proxy. With `--config-mode sync` (`sync` is the file)
+/// it applies the configuration file again: a file that does not parse or
+/// apply is logged and changes nothing, and the proxy goes on serving what
+/// it has. Otherwise it is logged and ignored.
+async fn on_hangup(mut hup: tokio::signal::unix::Signal, control: Control, sync: Option<std::path::PathBuf>) {
+    while hup.recv().await.is_some() {
+        let Some(path) = &sync else {
+            tracing::info!("SIGHUP ignored: change the configuration with the admin API (`tidegate ctl apply -f FILE`), or run with --config FILE --config-mode sync");
+            continue;
+        };
+        tracing::info!(file = %path.display(), "SIGHUP: applying the configuration file");
+        if let Err(e) = sync_config(&control, path).await {
+            tracing::error!("configuration file not applied, nothing changed: {e:#}");
+        }
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal(mut term: tokio::signal::unix::Signal, mut int: tokio::signal::unix::Signal) {
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
     }
 }
 

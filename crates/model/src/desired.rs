@@ -1,0 +1,307 @@
+//! Desired state: a declarative document (services, routes, certificates)
+//! and the plan that makes the configuration equal to it.
+//!
+//! [`plan`] is pure: it compares the current [`ConfigState`] with a
+//! [`Document`] and returns the operations of one change set (puts for what
+//! is new or different, deletes for what the document leaves out) with a
+//! readable list of [`Change`]s. The admin API's `PUT /v1/config`, its dry
+//! run (`ctl diff`), `ctl apply --prune` and `serve --config-mode sync` all
+//! use it, so they agree on what a file means.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::certificate::CertificateSpec;
+use crate::change::{ChangeSet, Op, ParseError};
+use crate::names::{CertName, RouteName, ServiceName};
+use crate::route::RouteSpec;
+use crate::service::ServiceSpec;
+use crate::state::{ChangeError, ConfigState};
+
+/// The whole configuration, as a file or `GET /v1/config` shows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Document {
+    /// Ignored: `GET /v1/config` shows it, so its output can be applied
+    /// back as it is.
+    #[serde(default, skip_serializing)]
+    pub revision: Option<u64>,
+    /// Services by name.
+    #[serde(default)]
+    pub services: BTreeMap<ServiceName, ServiceSpec>,
+    /// Routes by name.
+    #[serde(default)]
+    pub routes: BTreeMap<RouteName, RouteSpec>,
+    /// TLS certificates by name.
+    #[serde(default)]
+    pub certificates: BTreeMap<CertName, CertificateSpec>,
+}
+
+impl Document {
+    /// Checks that the document holds together on its own (every route's
+    /// service is in it, one default certificate at most), as applying it
+    /// to an empty configuration does; an error names the document's field
+    /// (`routes.web.service`).
+    pub fn check(&self) -> Result<ConfigState, ParseError> {
+        let (ops, _) = plan(&ConfigState::default(), self);
+        let names: Vec<String> = ops.iter().map(document_path).collect();
+        let change = ChangeSet { if_revision: None, ops };
+        ConfigState::default().apply(&change, 1).map(|(state, _)| state).map_err(|e: ChangeError| {
+            let field = match e.op.and_then(|i| Some((i, names.get(i)?))) {
+                Some((i, path)) => {
+                    let inner = e.field.as_deref().and_then(|f| f.strip_prefix(&format!("ops[{i}]."))).unwrap_or("");
+                    match inner.strip_prefix("spec.").unwrap_or(inner) {
+                        "" | "spec" | "name" => path.clone(),
+                        rest => format!("{path}.{rest}"),
+                    }
+                }
+                None => ".".to_string(),
+            };
+            ParseError { op: None, field, message: e.message }
+        })
+    }
+}
+
+/// What a plan does to one object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// It is new.
+    Create,
+    /// It exists and changes.
+    Update,
+    /// It is not in the document.
+    Delete,
+}
+
+/// The kind of object a change is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// A service.
+    Service,
+    /// A route.
+    Route,
+    /// A certificate.
+    Certificate,
+}
+
+/// One object a plan creates, updates or deletes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Change {
+    /// What happens to it.
+    pub action: Action,
+    /// What it is.
+    pub kind: Kind,
+    /// Its name.
+    pub name: String,
+    /// For an update, the paths of the fields that change (values are
+    /// never shown: some are secrets).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fields: Vec<String>,
+}
+
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let sign = match self.action {
+            Action::Create => '+',
+            Action::Update => '~',
+            Action::Delete => '-',
+        };
+        let kind = match self.kind {
+            Kind::Service => "service",
+            Kind::Route => "route",
+            Kind::Certificate => "certificate",
+        };
+        write!(f, "{sign} {kind} {}", self.name)?;
+        if !self.fields.is_empty() {
+            write!(f, ": {}", self.fields.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+/// The operations that make `current` equal to `desired`, and what they
+/// change. Objects equal on both sides are left alone (no operation).
+///
+/// A document may carry secrets as read APIs show them (an exported
+/// configuration): those keep the current secret.
+///
+/// Backends an autoscaler added (`autoscaled`) are not in any file: a
+/// service that keeps its `autoscale` block keeps them, unless the document
+/// lists a backend with the same id.
+///
+/// Order: services and certificates are put before the routes that may
+/// name them, and routes deleted before the services they named.
+pub fn plan(current: &ConfigState, desired: &Document) -> (Vec<Op>, Vec<Change>) {
+    let mut ops = Vec::new();
+    let mut changes = Vec::new();
+    let mut put = |kind, name: String, old: Option<serde_json::Value>, new: serde_json::Value| {
+        let (action, fields) = match old {
+            None => (Action::Create, Vec::new()),
+            Some(old) => {
+                let mut fields = Vec::new();
+                differences(&old, &new, "", &mut fields);
+                (Action::Update, fields)
+            }
+        };
+        changes.push(Change { action, kind, name, fields });
+    };
+    for (name, spec) in &desired.services {
+        // A secret shown as the placeholder (an exported configuration)
+        // keeps the current one, as applying it would.
+        let previous = current.services().get(name).map(|o| &**o);
+        let mut spec = spec.with_secrets_of(previous).map_or_else(|_| spec.clone(), std::borrow::Cow::into_owned);
+        if let Some(old) = current.services().get(name) {
+            if spec.settings.autoscale.is_some() {
+                for (id, b) in old.backends.iter().filter(|(_, b)| b.autoscaled) {
+                    if !spec.backends.contains_key(id) {
+                        spec.backends.insert(id.clone(), b.clone());
+                    }
+                }
+            }
+            if **old == spec {
+                continue;
+            }
+        }
+        let old = current.services().get(name).map(|o| json(&**o));
+        put(Kind::Service, name.as_str().to_string(), old, json(&spec));
+        ops.push(Op::PutService { name: name.clone(), spec: Box::new(spec) });
+    }
+    for (name, spec) in &desired.certificates {
+        let old = current.certificates().get(name);
+        if old.is_some_and(|o| **o == *spec) {
+            continue;
+        }
+        // The key is never compared field by field (nor shown).
+        let old = old.map(|o| json(&o.redacted()));
+        put(Kind::Certificate, name.as_str().to_string(), old, json(&spec.redacted()));
+        ops.push(Op::PutCertificate { name: name.clone(), spec: Box::new(spec.clone()) });
+    }
+    for (name, spec) in &desired.routes {
+        let old = current.routes().get(name);
+        if old.is_some_and(|o| **o == *spec) {
+            continue;
+        }
+        put(Kind::Route, name.as_str().to_string(), old.map(|o| json(&**o)), json(spec));
+        ops.push(Op::PutRoute { name: name.clone(), spec: spec.clone() });
+    }
+    let mut delete = |kind, name: &str| {
+        changes.push(Change { action: Action::Delete, kind, name: name.to_string(), fields: Vec::new() });
+    };
+    for name in current.routes().keys().filter(|n| !desired.routes.contains_key(*n)) {
+        delete(Kind::Route, name.as_str());
+        ops.push(Op::DeleteRoute { name: name.clone() });
+    }
+    for name in current.services().keys().filter(|n| !desired.services.contains_key(*n)) {
+        delete(Kind::Service, name.as_str());
+        ops.push(Op::DeleteService { name: name.clone() });
+    }
+    for name in current.certificates().keys().filter(|n| !desired.certificates.contains_key(*n)) {
+        delete(Kind::Certificate, name.as_str());
+        ops.push(Op::DeleteCertificate { name: name.clone() });
+    }
+    (ops, changes)
+}
+
+/// Where a put operation's object sits in a document.
+fn document_path(op: &Op) -> String {
+    match op {
+        Op::PutService { name, .. } => format!("services.{}", name.as_str()),
+        Op::PutRoute { name, .. } => format!("routes.{}", name.as_str()),
+        Op::PutCertificate { name, .. } => format!("certificates.{}", name.as_str()),
+        _ => ".".to_string(),
+    }
+}
+
+fn json<T: Serialize>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
+}
+
+/// Collects the paths where `a` and `b` differ (`policy.kind`,
+/// `backends[2]`, `backends` when the list's length changes).
+fn differences(a: &serde_json::Value, b: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+    use serde_json::Value;
+    let at = |key: &str| if path.is_empty() { key.to_string() } else { format!("{path}.{key}") };
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            for k in keys {
+                match (x.get(k), y.get(k)) {
+                    (Some(p), Some(q)) => differences(p, q, &at(k), out),
+                    _ => out.push(at(k)),
+                }
+            }
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            for (i, (p, q)) in x.iter().zip(y).enumerate() {
+                differences(p, q, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ if a != b => out.push(if path.is_empty() { ".".to_string() } else { path.to_string() }),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::change::parse_change_set;
+
+    fn doc(json: serde_json::Value) -> Document {
+        serde_json::from_value(json).expect("a document")
+    }
+
+    fn state(json: serde_json::Value) -> ConfigState {
+        let (ops, _) = plan(&ConfigState::default(), &doc(json));
+        ConfigState::default().apply(&ChangeSet { if_revision: None, ops }, 1).expect("a valid state").0
+    }
+
+    fn web(addr: &str) -> serde_json::Value {
+        serde_json::json!({ "backends": [{ "id": "a", "addr": addr }] })
+    }
+
+    #[test]
+    fn equal_objects_need_no_operation_and_the_rest_is_created_updated_or_deleted() {
+        let current = state(serde_json::json!({
+            "services": { "web": web("127.0.0.1:1"), "old": web("127.0.0.1:2") },
+            "routes": { "r": { "service": "web" }, "gone": { "service": "old" } },
+        }));
+        let desired = doc(serde_json::json!({
+            "services": { "web": web("127.0.0.1:9"), "new": web("127.0.0.1:3") },
+            "routes": { "r": { "service": "web" } },
+        }));
+        let (ops, changes) = plan(&current, &desired);
+        let shown: Vec<String> = changes.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["+ service new", "~ service web: backends[0].addr", "- route gone", "- service old"]);
+        // The plan applies: the route is deleted before its service.
+        let (after, _) = current.apply(&ChangeSet { if_revision: None, ops }, 2).expect("the plan applies");
+        let (again, changes) = plan(&after, &desired);
+        assert!(again.is_empty() && changes.is_empty(), "applied, the plan is empty: {changes:?}");
+    }
+
+    #[test]
+    fn autoscaled_backends_are_kept_while_the_service_autoscales() {
+        let spec = serde_json::json!({
+            "backends": [{ "id": "a", "addr": "127.0.0.1:1" }],
+            "autoscale": { "min": 1, "max": 3, "provider": { "kind": "command", "start": ["true"], "stop": ["true"] } },
+        });
+        let current = state(serde_json::json!({ "services": { "web": spec } }));
+        let grown = parse_change_set(
+            br#"{"ops":[{"op":"put_backend","service":"web","id":"web-1","spec":{"addr":"127.0.0.1:5","autoscaled":true}}]}"#,
+        )
+        .expect("a change set");
+        let (current, _) = current.apply(&grown, 2).expect("applies");
+        let (ops, changes) = plan(&current, &doc(serde_json::json!({ "services": { "web": spec } })));
+        assert!(ops.is_empty(), "the autoscaled backend stays: {changes:?}");
+    }
+
+    #[test]
+    fn a_document_must_hold_together() {
+        let broken = doc(serde_json::json!({ "routes": { "r": { "service": "missing" } } }));
+        let e = broken.check().unwrap_err();
+        assert_eq!(e.field, "routes.r.service", "{e}");
+        assert!(doc(serde_json::json!({ "services": { "web": web("127.0.0.1:1") } })).check().is_ok());
+    }
+}

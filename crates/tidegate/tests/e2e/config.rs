@@ -1,0 +1,212 @@
+//! Configuration as code: a declarative file as the desired state
+//! (`PUT /v1/config`, `ctl diff`, `ctl apply --prune`), checked offline
+//! (`tidegate validate`, errors at the file's line and column), and kept in
+//! sync by the server (`serve --config FILE --config-mode sync`, SIGHUP).
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+fn document(backends: &[(&str, &Backend)], routes: &[(&str, &str)]) -> String {
+    let mut out = String::from("services:\n");
+    for (name, b) in backends {
+        out.push_str(&format!("  {name}:\n    backends:\n      - {{id: a, addr: \"{}\"}}\n", b.addr));
+    }
+    out.push_str("routes:\n");
+    for (name, prefix) in routes {
+        out.push_str(&format!("  {name}:\n    match: {{path_prefix: {prefix}}}\n    service: {name}\n"));
+    }
+    out
+}
+
+fn text(out: &std::process::Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_document_is_the_desired_state_and_a_dry_run_shows_the_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let (a, b) = (Backend::start("a", &[]), Backend::start("b", &[]));
+    let put = |name: &str, backend: &Backend| json!({ "op": "put_service", "name": name, "spec": { "backends": [{ "id": "a", "addr": backend.addr.to_string() }] } });
+    let route = |name: &str| json!({ "op": "put_route", "name": name, "spec": { "match": { "path_prefix": format!("/{name}") }, "service": name } });
+    let (s, v) = tg
+        .api(
+            "POST",
+            "/v1/changes",
+            Some(json!({ "ops": [put("keep", &a), put("old", &a), route("keep"), route("old")] })),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+
+    // `keep` moves to backend b, `old` goes, `new` comes.
+    let desired = json!({
+        "services": {
+            "keep": { "backends": [{ "id": "a", "addr": b.addr.to_string() }] },
+            "new": { "backends": [{ "id": "a", "addr": a.addr.to_string() }] },
+        },
+        "routes": {
+            "keep": { "match": { "path_prefix": "/keep" }, "service": "keep" },
+            "new": { "match": { "path_prefix": "/new" }, "service": "new" },
+        },
+    });
+    let (s, v) = tg.api("PUT", "/v1/config?dry_run=true", Some(desired.clone())).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["dry_run"], true);
+    let shown: Vec<String> = v["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| format!("{} {} {} {}", c["action"], c["kind"], c["name"], c["fields"]).replace('"', ""))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            "update service keep [backends[0].addr]",
+            "create service new null",
+            "create route new null",
+            "delete route old null",
+            "delete service old null"
+        ],
+        "{v}"
+    );
+    let (_, config) = tg.api("GET", "/v1/config", None).await;
+    assert_eq!(config["revision"], 1, "a dry run applies nothing");
+
+    let (s, v) = tg.api("PUT", "/v1/config", Some(desired.clone())).await;
+    assert_eq!((s, v["revision"].clone()), (200, json!(2)), "one atomic change set: {v}");
+    assert_eq!(served_by(&get(&tg.url("/keep")).await), "b");
+    assert_eq!(get(&tg.url("/old")).await.status, 404);
+    let (s, v) = tg.api("PUT", "/v1/config", Some(desired)).await;
+    assert_eq!((s, v["revision"].clone(), v["changes"].clone()), (200, json!(2), json!([])), "nothing left to do: {v}");
+
+    // A document that does not hold together changes nothing.
+    let broken = json!({ "routes": { "r": { "service": "missing" } } });
+    let (s, v) = tg.api("PUT", "/v1/config", Some(broken)).await;
+    assert_eq!(s, 400, "{v}");
+    let (s, v) = tg.api("PUT", "/v1/config", Some(json!({ "servces": {} }))).await;
+    assert_eq!(s, 400, "{v}");
+    assert!(v.to_string().contains("servces"), "the unknown field is named: {v}");
+    let (_, config) = tg.api("GET", "/v1/config", None).await;
+    assert_eq!(config["revision"], 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctl_diff_and_apply_prune_follow_a_yaml_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(&dir.path().join("data"));
+    let (a, b) = (Backend::start("a", &[]), Backend::start("b", &[]));
+    let file = dir.path().join("tidegate.yaml");
+    std::fs::write(&file, document(&[("web", &a), ("api", &b)], &[("web", "/"), ("api", "/api")])).unwrap();
+    let f = file.to_str().unwrap();
+
+    let out = tg.ctl(&["diff", "-f", f]);
+    assert!(out.status.success(), "{}", text(&out));
+    let shown = text(&out);
+    assert!(shown.contains("+ service web") && shown.contains("+ route api"), "{shown}");
+    assert!(shown.contains("nothing applied"), "{shown}");
+    let out = tg.ctl(&["apply", "-f", f, "--prune"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(served_by(&get(&tg.url("/api/x")).await), "b");
+
+    std::fs::write(&file, document(&[("web", &b)], &[("web", "/")])).unwrap();
+    let shown = text(&tg.ctl(&["diff", "-f", f]));
+    assert!(shown.contains("~ service web: backends[0].addr"), "{shown}");
+    assert!(shown.contains("- route api") && shown.contains("- service api"), "{shown}");
+    assert!(tg.ctl(&["apply", "-f", f, "--prune"]).status.success());
+    assert_eq!(served_by(&get(&tg.url("/")).await), "b");
+    assert_eq!(get(&tg.url("/api/x")).await.status, 200, "`/` now catches it: the api route is gone");
+    let (_, config) = tg.api("GET", "/v1/config", None).await;
+    assert!(config["services"].get("api").is_none(), "{config}");
+    assert!(text(&tg.ctl(&["diff", "-f", f])).contains("no changes"));
+
+    // A change set cannot be the desired state.
+    let ops = dir.path().join("ops.json");
+    std::fs::write(&ops, r#"{"ops": []}"#).unwrap();
+    let out = tg.ctl(&["apply", "-f", ops.to_str().unwrap(), "--prune"]);
+    assert!(!out.status.success() && text(&out).contains("declarative document"), "{}", text(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validate_names_the_line_column_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let validate = |p: &Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tidegate")).arg("validate").arg(p).output().expect("validate")
+    };
+    let good = dir.path().join("good.yaml");
+    std::fs::write(
+        &good,
+        "services:\n  web:\n    backends: [{id: a, addr: '127.0.0.1:1'}]\nroutes:\n  web: {service: web}\n",
+    )
+    .unwrap();
+    let out = validate(&good);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("1 service(s), 1 route(s)"), "{}", text(&out));
+
+    let cases = [
+        (
+            "services:\n  web:\n    backends:\n      - id: a\n        addr: 'no port'\n",
+            ":4:9:",
+            "services.web.backends[0].addr",
+        ),
+        ("services:\n  web:\n    timeouts: {connect_ms: 0}\n", ":", "timeouts.connect_ms"),
+        ("services:\n  web:\n    polcy: {kind: random}\n", ":3:", "polcy"),
+        ("routes:\n  r: {service: nowhere}\n", "", "nowhere"),
+        ("services: [unclosed\n", ":", "bad.yaml"),
+    ];
+    for (content, at, field) in cases {
+        let bad = dir.path().join("bad.yaml");
+        std::fs::write(&bad, content).unwrap();
+        let out = validate(&bad);
+        let shown = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{content}: {shown}");
+        assert!(shown.contains(&format!("bad.yaml{at}")), "{content}: the position: {shown}");
+        assert!(shown.contains(field), "{content}: {field} named: {shown}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_mode_applies_the_file_at_start_and_on_sighup() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (Backend::start("a", &[]), Backend::start("b", &[]));
+    let file = dir.path().join("tidegate.yaml");
+    std::fs::write(&file, document(&[("web", &a)], &[("web", "/")])).unwrap();
+    let f = file.to_str().unwrap().to_string();
+    let data = dir.path().join("data");
+    let tg = Tidegate::start_with(&data, &["--config", &f, "--config-mode", "sync"]);
+    assert_eq!(served_by(&get(&tg.url("/")).await), "a");
+
+    let hup = |tg: &Tidegate| {
+        let status = std::process::Command::new("kill").args(["-HUP", &tg.pid().to_string()]).status().unwrap();
+        assert!(status.success());
+    };
+    std::fs::write(&file, document(&[("web", &b)], &[("web", "/")])).unwrap();
+    hup(&tg);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while served_by(&get(&tg.url("/")).await) != "b" {
+        assert!(tokio::time::Instant::now() < deadline, "SIGHUP applied the file");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (_, config) = tg.api("GET", "/v1/config", None).await;
+    let revision = config["revision"].clone();
+
+    // A broken file on SIGHUP changes nothing and stops nothing.
+    std::fs::write(&file, "services: [oops\n").unwrap();
+    hup(&tg);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(served_by(&get(&tg.url("/")).await), "b", "still serving the last good configuration");
+    let (_, config) = tg.api("GET", "/v1/config", None).await;
+    assert_eq!(config["revision"], revision);
+
+    // Unlike `seed`, a restart applies the file to a store that has data.
+    std::fs::write(&file, document(&[("web", &a)], &[("web", "/")])).unwrap();
+    tg.kill9();
+    let tg = Tidegate::start_with(&data, &["--config", &f, "--config-mode", "sync"]);
+    assert_eq!(served_by(&get(&tg.url("/")).await), "a");
+    let (_, config) = tg.api("GET", "/v1/config", None).await;
+    assert!(config["revision"].as_u64() > revision.as_u64(), "{config}");
+    let _: Value = config;
+}
