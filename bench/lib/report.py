@@ -249,7 +249,7 @@ def markdown(out: Path, results: dict, meta: dict, pngs: list[str]) -> str:
                             ("peak", "4. Peak and autoscaling (paper S1)", md_peak),
                             ("overhead", "5. Overhead (paper S4)", md_overhead),
                             ("hostile", "6. Hostile load (issue 9)", md_hostile),
-                            ("tls", "7. TLS termination (issue 10)", md_tls)):
+                            ("tls", "7. TLS at the front door and to backends (issue 10)", md_tls)):
         if name not in results:
             continue
         md.append(f"\n## {title}\n")
