@@ -91,6 +91,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/metrics", get(status::get_metrics))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .layer(middleware::from_fn(known_query))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(state.clone());
@@ -98,6 +99,7 @@ pub fn router(state: AdminState) -> Router {
     let probes = Router::new()
         .route("/healthz", get(handlers::healthz))
         .route("/readyz", get(handlers::readyz))
+        .layer(middleware::from_fn(known_query))
         .with_state(state);
     authed.merge(probes)
 }
@@ -117,6 +119,34 @@ async fn authenticate(State(state): State<AdminState>, req: Request, next: Next)
     let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > BODY_LIMIT as u64) {
         return ApiError::too_large().into_response();
+    }
+    next.run(req).await
+}
+
+/// The query parameters an endpoint takes; any other is refused.
+fn allowed_query(path: &str) -> &'static [&'static str] {
+    match path {
+        "/v1/changes" | "/v1/config" => &["dry_run"],
+        "/v1/watch" => &["from"],
+        "/v1/events" => &["after"],
+        _ => &[],
+    }
+}
+
+/// Refuses a query parameter the endpoint does not take (400 naming it),
+/// so a misspelt `dry_rn=true` cannot pass for a real write.
+async fn known_query(req: Request, next: Next) -> Response {
+    if let Some(query) = req.uri().query() {
+        let allowed = allowed_query(req.uri().path());
+        let names = query.split('&').filter(|p| !p.is_empty()).map(|p| p.split_once('=').map_or(p, |(k, _)| k));
+        if let Some(unknown) = names.into_iter().find(|k| !allowed.contains(k)) {
+            let takes = match allowed {
+                [] => "this endpoint takes no query parameters".to_string(),
+                names => format!("this endpoint takes only {}", names.join(", ")),
+            };
+            return ApiError::bad_field(&format!("query.{unknown}"), format!("unknown query parameter; {takes}"))
+                .into_response();
+        }
     }
     next.run(req).await
 }

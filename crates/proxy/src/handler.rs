@@ -25,6 +25,8 @@ pub struct Proxy {
     metrics: Arc<Counters>,
     /// The TLS listener's port, where `redirect_https` routes send clients.
     https_port: Option<u16>,
+    /// The path answered by the proxy itself for health checks, if any.
+    health_path: Option<Box<str>>,
 }
 
 impl Proxy {
@@ -36,7 +38,30 @@ impl Proxy {
         limits: Arc<Limits>,
         https_port: Option<u16>,
     ) -> Proxy {
-        Proxy { snapshots, upstreams: Upstreams::new(limits), metrics: metrics.worker(), https_port }
+        Proxy { snapshots, upstreams: Upstreams::new(limits), metrics: metrics.worker(), https_port, health_path: None }
+    }
+
+    /// Answers `path` itself, before routing, for load balancers' health
+    /// checks.
+    pub fn set_health_path(&mut self, path: Option<&str>) {
+        self.health_path = path.map(Into::into);
+    }
+
+    /// The answer to a health check, if `path` is the health path and the
+    /// method reads: 200 `ok`, or 503 `draining` when `stopping`.
+    pub(crate) fn health_answer(
+        &self,
+        method: &http::Method,
+        path: &str,
+        stopping: bool,
+    ) -> Option<Response<ProxyBody>> {
+        if self.health_path.as_deref() != Some(path) || !matches!(*method, http::Method::GET | http::Method::HEAD) {
+            return None;
+        }
+        Some(match stopping {
+            false => crate::error::plain(http::StatusCode::OK, "ok\n"),
+            true => crate::error::plain(http::StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
+        })
     }
 
     /// The TLS listener's port, if there is one.
@@ -74,6 +99,9 @@ impl Proxy {
 
     async fn dispatch(&self, mut req: Request<Incoming>, client: &Peer) -> Result<Response<ProxyBody>, ErrorKind> {
         hygiene::sanitize(&mut req)?;
+        if let Some(resp) = self.health_answer(req.method(), req.uri().path(), false) {
+            return Ok(resp);
+        }
         let snapshot = self.snapshots.load_full();
         let host = hygiene::request_routing_host(&req);
         let view = RequestView { host: &host, path: req.uri().path(), method: req.method(), headers: req.headers() };

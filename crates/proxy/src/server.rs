@@ -64,6 +64,10 @@ pub struct ServerOptions {
     pub limits: Limits,
     /// On shutdown, how long open connections may take to finish.
     pub drain_timeout: Duration,
+    /// A path the proxy answers itself on its listeners, before routing,
+    /// for load balancers' health checks (`GET`/`HEAD`: 200 `ok`, 503
+    /// `draining` once the proxy is stopping).
+    pub health_path: Option<String>,
 }
 
 /// The running data plane.
@@ -180,7 +184,9 @@ pub fn serve(
                 .enable_all()
                 .build()?
         };
-        let proxy = Arc::new(Proxy::new(snapshots.clone(), &metrics, limits.clone(), https_port));
+        let mut proxy = Proxy::new(snapshots.clone(), &metrics, limits.clone(), https_port);
+        proxy.set_health_path(opts.health_path.as_deref());
+        let proxy = Arc::new(proxy);
         let mine = |set: &mut Option<(Vec<std::net::TcpListener>, SocketAddr)>| set.as_mut().and_then(|s| s.0.pop());
         let (plain_listener, tls_listener) = (mine(&mut plain), mine(&mut tls));
         let (slots, stop_rx, opts, acceptor) = (slots.clone(), stop_rx.clone(), opts.clone(), acceptor.clone());

@@ -26,6 +26,14 @@ pub enum Command {
         /// The file (`-` for standard input).
         file: PathBuf,
     },
+    /// Print a shell completion script (`tidegate completions bash >
+    /// /etc/bash_completion.d/tidegate`).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff; `tidegate man | man -l -`).
+    Man,
     /// Run the reference external distributor (paper S4): answers proxies'
     /// UDP queries with a backend.
     Distributor(tidegate_distributor::ServeOptions),
@@ -58,85 +66,107 @@ pub enum Http1Arg {
     Hyper,
 }
 
+/// Every flag can also be given as an environment variable, named after it:
+/// `--drain-timeout-s` is `TIDEGATE_DRAIN_TIMEOUT_S` (a flag wins over its
+/// variable).
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// Address the proxy listens on for plain HTTP (default 127.0.0.1:8080,
     /// or none when only --listen-tls is given).
-    #[arg(long)]
+    #[arg(long, env = "TIDEGATE_LISTEN")]
     pub listen: Option<SocketAddr>,
     /// Address the proxy listens on for HTTPS (TLS 1.2 and 1.3, ALPN h2 and
     /// http/1.1); certificates come from the configuration
     /// (`/v1/certificates`, `ctl cert put`).
-    #[arg(long)]
+    #[arg(long, env = "TIDEGATE_LISTEN_TLS")]
     pub listen_tls: Option<SocketAddr>,
     /// Address of the admin API (keep it on loopback or a private network).
-    #[arg(long, default_value = "127.0.0.1:9900")]
+    #[arg(long, env = "TIDEGATE_ADMIN", default_value = "127.0.0.1:9900")]
     pub admin: SocketAddr,
     /// Directory for the store and the generated admin token.
-    #[arg(long, default_value = "./tidegate-data")]
+    #[arg(long, env = "TIDEGATE_DATA_DIR", default_value = "./tidegate-data")]
     pub data_dir: PathBuf,
     /// Configuration file (YAML or JSON): a declarative document or a change
     /// set; what is done with it is `--config-mode`.
-    #[arg(long)]
+    #[arg(long, env = "TIDEGATE_CONFIG")]
     pub config: Option<PathBuf>,
     /// `seed`: the file is applied only when the store is empty (the first
     /// start). `sync`: the file (a declarative document) is the desired
     /// state, applied as one change set on every start and on SIGHUP,
     /// deleting what it leaves out; the changes are logged.
-    #[arg(long, value_enum, default_value = "seed", requires = "config")]
+    #[arg(long, env = "TIDEGATE_CONFIG_MODE", value_enum, default_value = "seed", requires = "config")]
     pub config_mode: ConfigMode,
     /// Configuration store: the embedded default, or etcd://HOST:PORT/PREFIX.
-    #[arg(long)]
+    #[arg(long, env = "TIDEGATE_STORE")]
     pub store: Option<String>,
     /// Data-plane worker threads (default: one per core).
-    #[arg(long)]
+    #[arg(long, env = "TIDEGATE_WORKERS")]
     pub workers: Option<usize>,
     /// Data-plane thread model.
-    #[arg(long, value_enum, default_value = "per-core")]
+    #[arg(long, env = "TIDEGATE_RUNTIME", value_enum, default_value = "per-core")]
     pub runtime: RuntimeArg,
     /// HTTP/1.1 engine: Tidegate's own (the default) or hyper's.
-    #[arg(long, value_enum, default_value = "native")]
+    #[arg(long, env = "TIDEGATE_HTTP1", value_enum, default_value = "native")]
     pub http1: Http1Arg,
     /// Seconds a client may take to send each request head after its
     /// first, which is also how long a keep-alive connection (or an HTTP/2
     /// connection with no request in progress) may stay idle.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, env = "TIDEGATE_HEADER_TIMEOUT_S", default_value_t = 30)]
     pub header_timeout_s: u64,
     /// Seconds a new connection has to send its first complete request head.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, env = "TIDEGATE_FIRST_REQUEST_TIMEOUT_S", default_value_t = 10)]
     pub first_request_timeout_s: u64,
     /// Seconds allowed between two pieces of a request body.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, env = "TIDEGATE_BODY_TIMEOUT_S", default_value_t = 30)]
     pub body_timeout_s: u64,
     /// Seconds allowed for a whole request body.
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, env = "TIDEGATE_BODY_TOTAL_TIMEOUT_S", default_value_t = 600)]
     pub body_total_timeout_s: u64,
     /// Seconds a write to a client may stay blocked (a client not reading).
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, env = "TIDEGATE_WRITE_TIMEOUT_S", default_value_t = 60)]
     pub write_timeout_s: u64,
     /// Seconds an upgraded (WebSocket) tunnel may carry no byte before it is closed.
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, env = "TIDEGATE_TUNNEL_IDLE_TIMEOUT_S", default_value_t = 300)]
     pub tunnel_idle_timeout_s: u64,
     /// Most client connections open at once; beyond it accepting pauses.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, env = "TIDEGATE_MAX_CONNECTIONS", default_value_t = 10_000)]
     pub max_connections: usize,
     /// Largest request head in bytes (request line and headers); larger gets 431.
-    #[arg(long, default_value_t = 65_536)]
+    #[arg(long, env = "TIDEGATE_MAX_HEADER_BYTES", default_value_t = 65_536)]
     pub max_header_bytes: usize,
     /// Most request headers; more gets 431.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, env = "TIDEGATE_MAX_HEADERS", default_value_t = 100)]
     pub max_headers: usize,
     /// Most concurrent streams per HTTP/2 client connection.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, env = "TIDEGATE_H2_MAX_STREAMS", default_value_t = 100)]
     pub h2_max_streams: u32,
     /// Comma-separated IPs or CIDR blocks of trusted proxies in front of
     /// Tidegate, whose X-Forwarded-For, Forwarded and X-Real-IP are kept.
     /// Default: none; those headers from any other peer are replaced.
-    #[arg(long, default_value = "")]
+    #[arg(long, env = "TIDEGATE_TRUSTED_PROXIES", default_value = "")]
     pub trusted_proxies: tidegate_proxy::TrustedProxies,
     /// Seconds open connections may take to finish at shutdown.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, env = "TIDEGATE_DRAIN_TIMEOUT_S", default_value_t = 10)]
     pub drain_timeout_s: u64,
+    /// A path the proxy answers itself on its listeners, before routing,
+    /// for load balancers' health checks: `GET`/`HEAD` get 200 `ok`, and
+    /// 503 `draining` on keep-alive connections once shutdown has begun.
+    /// Default: none (every path is routed).
+    #[arg(long, env = "TIDEGATE_HEALTH_PATH")]
+    pub health_path: Option<String>,
+    /// Application log format on standard error: readable `text`, or `json`
+    /// (one object per line).
+    #[arg(long, env = "TIDEGATE_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// How application logs are written.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 #[derive(Args, Debug)]
@@ -150,6 +180,11 @@ pub struct CtlArgs {
     /// Data directory to read the admin token from.
     #[arg(long, default_value = "./tidegate-data")]
     pub data_dir: PathBuf,
+    /// How answers are printed: `table` (lists as aligned columns, other
+    /// answers as YAML), `json` (the API's own) or `yaml`. Default: `table`
+    /// on a terminal, `json` otherwise.
+    #[arg(short = 'o', long = "output", value_enum, global = true)]
+    pub output: Option<crate::output::Output>,
     #[command(subcommand)]
     pub command: CtlCommand,
 }

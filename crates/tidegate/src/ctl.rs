@@ -13,10 +13,15 @@ use serde_json::{json, Value};
 
 use crate::cli::{BackendCommand, CertCommand, CtlArgs, CtlCommand, RouteCommand, ServiceCommand};
 use crate::config_file;
+use crate::output::{render, Output, View};
 
 struct Admin {
     base: String,
     token: String,
+    output: Output,
+    /// `-o` as given: `diff` and `apply --prune` print their plan as lines
+    /// unless JSON or YAML is asked for.
+    asked: Option<Output>,
     client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
 }
 
@@ -36,6 +41,8 @@ pub fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
     let admin = Admin {
         base: format!("http://{}", args.admin),
         token,
+        output: args.output.unwrap_or_else(Output::default_for_stdout),
+        asked: args.output,
         client: Client::builder(TokioExecutor::new()).build_http(),
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -63,6 +70,14 @@ fn document_file(file: &Path) -> anyhow::Result<Value> {
 impl Admin {
     async fn dispatch(&self, cmd: CtlCommand) -> anyhow::Result<ExitCode> {
         use Method as M;
+        let view = match &cmd {
+            CtlCommand::Status => View::Status,
+            CtlCommand::Events { .. } => View::Events,
+            CtlCommand::Service(ServiceCommand::List) => View::Services,
+            CtlCommand::Route(RouteCommand::List) => View::Routes,
+            CtlCommand::Cert(CertCommand::List) => View::Certificates,
+            _ => View::Other,
+        };
         let (method, path, body) = match cmd {
             CtlCommand::Apply { file, if_revision, prune: false } => {
                 let mut cs = config_file::read(&file)?.into_change_set();
@@ -159,7 +174,9 @@ impl Admin {
             },
         };
         let (status, value) = self.call(method, &path, body).await?;
-        print_out(&serde_json::to_string_pretty(&value)?);
+        // An error prints as the API's document (status, message, field).
+        let view = if status.is_success() { view } else { View::Other };
+        print_out(&render(&value, view, self.output));
         Ok(if status.is_success() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
     }
 
@@ -170,8 +187,12 @@ impl Admin {
         let path = if dry_run { "/v1/config?dry_run=true" } else { "/v1/config" };
         let (status, value) = self.call(Method::PUT, path, Some(doc)).await?;
         if !status.is_success() {
-            print_out(&serde_json::to_string_pretty(&value)?);
+            print_out(&render(&value, View::Other, self.output));
             return Ok(ExitCode::FAILURE);
+        }
+        if let Some(format @ (Output::Json | Output::Yaml)) = self.asked {
+            print_out(&render(&value, View::Other, format));
+            return Ok(ExitCode::SUCCESS);
         }
         let changes = value["changes"].as_array().cloned().unwrap_or_default();
         let mut out = String::new();

@@ -4,6 +4,7 @@
 mod cli;
 mod config_file;
 mod ctl;
+mod output;
 mod serve;
 
 use clap::Parser;
@@ -21,6 +22,13 @@ fn main() -> std::process::ExitCode {
         cli::Command::Serve(opts) => serve::run(opts),
         cli::Command::Ctl(opts) => ctl::run(opts),
         cli::Command::Validate { file } => validate(&file),
+        cli::Command::Completions { shell } => {
+            let mut cmd = <cli::Cli as clap::CommandFactory>::command();
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "tidegate", &mut script);
+            write_stdout(&script)
+        }
+        cli::Command::Man => man(),
         cli::Command::Distributor(opts) => distributor(opts),
     };
     match result {
@@ -29,6 +37,28 @@ fn main() -> std::process::ExitCode {
             eprintln!("tidegate: error: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// `tidegate man`: the manual page of `tidegate` and its commands, in roff.
+fn man() -> anyhow::Result<std::process::ExitCode> {
+    let cmd = <cli::Cli as clap::CommandFactory>::command();
+    let mut out = Vec::new();
+    clap_mangen::Man::new(cmd.clone()).render(&mut out)?;
+    for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+        let name = format!("tidegate-{}", sub.get_name());
+        let page = sub.clone().display_name(name.clone()).bin_name(name.clone());
+        clap_mangen::Man::new(page).title(name).render(&mut out)?;
+    }
+    write_stdout(&out)
+}
+
+/// Writes to standard output; a reader that went away (`| head`) ends the
+/// output quietly.
+fn write_stdout(bytes: &[u8]) -> anyhow::Result<std::process::ExitCode> {
+    match std::io::Write::write_all(&mut std::io::stdout().lock(), bytes) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(std::process::ExitCode::SUCCESS),
     }
 }
 
@@ -48,7 +78,7 @@ fn validate(file: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
 
 /// `tidegate distributor`: the reference external distributor.
 fn distributor(opts: tidegate_distributor::ServeOptions) -> anyhow::Result<std::process::ExitCode> {
-    serve::init_logs();
+    serve::init_logs(std::env::var("TIDEGATE_LOG_FORMAT").is_ok_and(|f| f == "json"));
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(tidegate_distributor::serve(opts))?;
     Ok(std::process::ExitCode::SUCCESS)

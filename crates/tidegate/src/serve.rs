@@ -13,21 +13,31 @@ use tidegate_control::Control;
 use tidegate_proxy::{Http1Engine, Limits, ProxyMetrics, RuntimeMode, ServerOptions};
 use tidegate_store::{RedbStore, SqliteStore, Store};
 
-use crate::cli::{ConfigMode, Http1Arg, RuntimeArg, ServeArgs};
+use crate::cli::{ConfigMode, Http1Arg, LogFormat, RuntimeArg, ServeArgs};
 use crate::config_file;
 
 /// Logs to stderr, filtered by `TIDEGATE_LOG` (default `info`), in colour
 /// only on a terminal.
-pub fn init_logs() {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("TIDEGATE_LOG").unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+/// Application logs on standard error, filtered by `TIDEGATE_LOG` (default
+/// `info`): readable text, or one JSON object per line with
+/// `TIDEGATE_LOG_FORMAT=json` (or `--log-format json`).
+pub fn init_logs(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TIDEGATE_LOG").unwrap_or_else(|_| "info".into());
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        logs.json().with_current_span(false).init();
+    } else {
+        logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init();
+    }
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    init_logs();
+    init_logs(args.log_format == LogFormat::Json);
+    if let Some(p) = &args.health_path {
+        if !p.starts_with('/') || p.contains(['?', '#', ' ']) {
+            bail!("--health-path {p:?}: must be a path starting with '/', with no query");
+        }
+    }
     if let Some(store) = &args.store {
         bail!("--store {store}: only the embedded store is available in this version (etcd cluster mode is planned)");
     }
@@ -74,6 +84,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             },
             limits: limits(&args, fd_cap),
             drain_timeout: Duration::from_secs(args.drain_timeout_s),
+            health_path: args.health_path.clone(),
         },
         control.snapshots(),
         metrics.clone(),

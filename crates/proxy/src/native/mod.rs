@@ -359,6 +359,9 @@ async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Res
         (p, Some(q)) => Cow::Owned(format!("{p}?{q}")),
         (p, None) => Cow::Owned(p.to_string()),
     };
+    if let Some(resp) = proxy.health_answer(&method, &path, ctx.stopping) {
+        return Ok(ctx.answer(client, resp, ctx.closes(client)).await);
+    }
     let routing = hygiene::routing_host(host.unwrap_or(""));
     let view = HeadView { buf, headers: &head.headers };
     let snapshot = proxy.snapshot();

@@ -261,6 +261,39 @@ async fn probes_need_no_token_and_a_dry_run_applies_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_query_parameters_are_refused_and_ctl_prints_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let change = json!({"ops": [{"op": "put_service", "name": "web", "spec": {"backends": [{"id": "a", "addr": "127.0.0.1:9"}]}}]});
+    let (s, v) = tg.api("POST", "/v1/changes?dry_rn=true", Some(change)).await;
+    assert_eq!(s, 400, "{v}");
+    assert_eq!(v["error"]["field"], "query.dry_rn", "{v}");
+    let (_, config) = tg.api("GET", "/v1/config", None).await;
+    assert_eq!(config["revision"], 0, "a misspelt dry run applies nothing");
+    for path in ["/v1/services?verbose=1", "/v1/status?x", "/healthz?probe=1", "/v1/watch?frm=0"] {
+        let (s, v) = tg.api("GET", path, None).await;
+        assert_eq!(s, 400, "{path}: {v}");
+    }
+    let (s, _) = tg.api("GET", "/v1/events?after=0", None).await;
+    assert_eq!(s, 200, "a parameter the endpoint takes");
+
+    let route = json!({"ops": [
+        {"op": "put_service", "name": "web", "spec": {"backends": [{"id": "a", "addr": "127.0.0.1:9"}]}},
+        {"op": "put_route", "name": "web", "spec": {"match": {"path_prefix": "/"}, "service": "web"}}]});
+    assert_eq!(tg.api("POST", "/v1/changes", Some(route)).await.0, 200);
+    let out = tg.ctl(&["-o", "table", "status"]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}");
+    assert!(table.starts_with("revision 1, 1 route(s)\nSERVICE"), "{table}");
+    assert!(table.contains("web      round_robin  a        127.0.0.1:9"), "{table}");
+    let out = tg.ctl(&["route", "list", "-o", "yaml"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("path_prefix: /"), "{out:?}");
+    let out = tg.ctl(&["service", "list"]);
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON when stdout is not a terminal");
+    assert!(v["services"]["web"].is_object());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_does_not_stop_the_proxy() {
     let dir = tempfile::tempdir().unwrap();
     let tg = Tidegate::start(dir.path());

@@ -12,6 +12,7 @@ mod durability;
 mod engines;
 mod external;
 mod hostile;
+mod operator;
 mod proxying;
 mod sources;
 mod tls;

@@ -1,0 +1,241 @@
+//! How `ctl` prints answers: JSON (the API's own), YAML, or tables for
+//! people. Tables exist for the lists an operator reads (status, services,
+//! routes, certificates, events); any other answer prints as YAML in table
+//! mode.
+
+use clap::ValueEnum;
+use serde_json::Value;
+
+/// `ctl -o FORMAT`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// Aligned columns (YAML for answers that are not lists).
+    Table,
+    /// The API's JSON, pretty-printed.
+    Json,
+    /// YAML.
+    Yaml,
+}
+
+impl Output {
+    /// Tables on a terminal, JSON for scripts and pipes.
+    pub fn default_for_stdout() -> Output {
+        if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+            Output::Table
+        } else {
+            Output::Json
+        }
+    }
+}
+
+/// What an answer is, for its table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum View {
+    /// `/v1/status`.
+    Status,
+    /// `/v1/services`.
+    Services,
+    /// `/v1/routes`.
+    Routes,
+    /// `/v1/certificates`.
+    Certificates,
+    /// `/v1/events`.
+    Events,
+    /// Anything else.
+    Other,
+}
+
+/// Renders an answer.
+pub fn render(value: &Value, view: View, format: Output) -> String {
+    match format {
+        Output::Json => serde_json::to_string_pretty(value).unwrap_or_default(),
+        Output::Yaml => yaml(value),
+        Output::Table => match table(value, view) {
+            Some(t) => t,
+            None => yaml(value),
+        },
+    }
+}
+
+fn yaml(value: &Value) -> String {
+    serde_norway::to_string(value).map(|s| s.trim_end().to_string()).unwrap_or_default()
+}
+
+/// A value as a table cell.
+fn cell(v: &Value) -> String {
+    match v {
+        Value::Null => "-".to_string(),
+        Value::String(s) => s.clone(),
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if n.is_f64() => format!("{f:.2}"),
+            _ => n.to_string(),
+        },
+        other => other.to_string(),
+    }
+}
+
+/// Aligned columns with a header row.
+fn columns(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        padded.join("  ").trim_end().to_string()
+    };
+    let mut out = vec![line(header.to_vec())];
+    out.extend(rows.iter().map(|r| line(r.iter().map(String::as_str).collect())));
+    out.join("\n")
+}
+
+fn entries<'a>(value: &'a Value, key: &str) -> Vec<(&'a String, &'a Value)> {
+    value[key].as_object().map(|m| m.iter().collect()).unwrap_or_default()
+}
+
+fn table(value: &Value, view: View) -> Option<String> {
+    let revision = format!("revision {}", cell(&value["revision"]));
+    let body = match view {
+        View::Status => {
+            let mut rows = Vec::new();
+            for (name, s) in entries(value, "services") {
+                let policy = cell(&s["policy"]["kind"]);
+                for b in s["backends"].as_array().into_iter().flatten() {
+                    rows.push(vec![
+                        name.clone(),
+                        policy.clone(),
+                        cell(&b["id"]),
+                        cell(&b["addr"]),
+                        cell(&b["health"]),
+                        cell(&b["weight"]),
+                        cell(&b["in_flight"]),
+                        cell(&b["requests"]),
+                        cell(&b["failures"]),
+                        cell(&b["latency_ewma_ms"]),
+                    ]);
+                }
+                if s["backends"].as_array().is_none_or(Vec::is_empty) {
+                    rows.push(vec![name.clone(), policy, "-".into(), "(no backends)".into()]);
+                }
+            }
+            let header = [
+                "SERVICE",
+                "POLICY",
+                "BACKEND",
+                "ADDR",
+                "HEALTH",
+                "WEIGHT",
+                "IN FLIGHT",
+                "REQUESTS",
+                "FAILURES",
+                "LATENCY MS",
+            ];
+            let mut out = format!("{revision}, {} route(s)\n{}", cell(&value["routes"]), columns(&header, &rows));
+            for c in value["certificates_expiring"].as_array().into_iter().flatten() {
+                out.push_str(&format!(
+                    "\ncertificate {} expires at {} (Unix time)",
+                    cell(&c["name"]),
+                    cell(&c["not_after"])
+                ));
+            }
+            return Some(out);
+        }
+        View::Services => {
+            let rows: Vec<Vec<String>> = entries(value, "services")
+                .into_iter()
+                .map(|(name, s)| {
+                    let upstream = &s["upstream"];
+                    let tls = if upstream["tls"].is_object() { "+tls" } else { "" };
+                    vec![
+                        name.clone(),
+                        cell(&s["policy"]["kind"]),
+                        s["backends"].as_array().map_or(0, Vec::len).to_string(),
+                        format!("{}{tls}", cell(&upstream["protocol"])),
+                        if s["autoscale"].is_object() { "yes" } else { "no" }.to_string(),
+                    ]
+                })
+                .collect();
+            columns(&["SERVICE", "POLICY", "BACKENDS", "UPSTREAM", "AUTOSCALE"], &rows)
+        }
+        View::Routes => {
+            let rows: Vec<Vec<String>> = entries(value, "routes")
+                .into_iter()
+                .map(|(name, r)| {
+                    let m = &r["match"];
+                    let path = m["path_prefix"].as_str().map(|p| format!("{p}*")).unwrap_or_else(|| cell(&m["path"]));
+                    let target = match r["service"].as_str() {
+                        Some(s) => s.to_string(),
+                        None => format!("static {}", cell(&r["static"]["root"])),
+                    };
+                    vec![name.clone(), cell(&m["host"]), path, target, cell(&r["priority"])]
+                })
+                .collect();
+            columns(&["ROUTE", "HOST", "PATH", "TARGET", "PRIORITY"], &rows)
+        }
+        View::Certificates => {
+            let rows: Vec<Vec<String>> = entries(value, "certificates")
+                .into_iter()
+                .map(|(name, c)| {
+                    let names: Vec<String> = c["names"].as_array().into_iter().flatten().map(cell).collect();
+                    vec![name.clone(), names.join(","), cell(&c["not_after"]), cell(&c["default"])]
+                })
+                .collect();
+            columns(&["CERTIFICATE", "NAMES", "NOT AFTER (UNIX)", "DEFAULT"], &rows)
+        }
+        View::Events => {
+            let rows: Vec<Vec<String>> = value["events"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|e| {
+                    vec![
+                        cell(&e["seq"]),
+                        cell(&e["at_unix_ms"]),
+                        cell(&e["service"]),
+                        cell(&e["kind"]),
+                        cell(&e["instance"]),
+                        cell(&e["detail"]),
+                    ]
+                })
+                .collect();
+            return Some(columns(&["SEQ", "AT (UNIX MS)", "SERVICE", "KIND", "INSTANCE", "DETAIL"], &rows));
+        }
+        View::Other => return None,
+    };
+    Some(format!("{revision}\n{body}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn status_is_a_table_of_services_and_backends() {
+        let status = json!({
+            "revision": 7, "routes": 2, "certificates_expiring": [],
+            "services": { "web": { "policy": { "kind": "round_robin" }, "backends": [
+                { "id": "a", "addr": "127.0.0.1:8001", "health": "up", "weight": 1, "in_flight": 0,
+                  "requests": 12, "failures": 0, "latency_ewma_ms": 1.25 }
+            ] }, "empty": { "policy": { "kind": "random" }, "backends": [] } }
+        });
+        let t = render(&status, View::Status, Output::Table);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines[0], "revision 7, 2 route(s)");
+        assert!(lines[1].starts_with("SERVICE  POLICY"), "{t}");
+        let web: Vec<&str> = lines.iter().find(|l| l.starts_with("web")).unwrap().split_whitespace().collect();
+        assert_eq!(web, ["web", "round_robin", "a", "127.0.0.1:8001", "up", "1", "0", "12", "0", "1.25"], "{t}");
+        assert!(t.contains("(no backends)"), "{t}");
+        let header = lines[1];
+        assert_eq!(header.find("ADDR"), lines[2].find("(no backends)"), "columns line up: {t}");
+    }
+
+    #[test]
+    fn answers_without_a_table_print_as_yaml_and_json_stays_json() {
+        let v = json!({ "revision": 3 });
+        assert_eq!(render(&v, View::Other, Output::Table), "revision: 3");
+        assert_eq!(serde_json::from_str::<Value>(&render(&v, View::Other, Output::Json)).unwrap(), v);
+    }
+}
