@@ -152,7 +152,9 @@ impl Profile {
                 UpstreamProtocol::Http1 => &tls.http1,
                 UpstreamProtocol::Http2 => &tls.http2,
             };
-            match connector.connect(name, tcp).await {
+            // Boxed: the handshake's state is large, and inline it would
+            // grow every connect's future, plain ones included.
+            match Box::pin(connector.connect(name, tcp)).await {
                 Ok(s) => Ok(Stream::Tls(Box::new(s))),
                 Err(e) => Err(ConnectError::Tls(e)),
             }

@@ -455,7 +455,9 @@ async fn forward<S: ClientIo>(
         _ => None,
     };
     if upgrade.is_none() && service.upstream.protocol() == UpstreamProtocol::Http2 {
-        return h2::forward(client, ctx, &req, service, body, first, body_until).await;
+        // Boxed: its state (hyper's client, the body channel) is large, and
+        // inline it would make every request's state as large.
+        return Box::pin(h2::forward(client, ctx, &req, service, body, first, body_until)).await;
     }
     let forwarding = Forwarding {
         host: req.host.unwrap_or(""),
@@ -676,5 +678,29 @@ mod sizes {
         let peer = Peer::new("127.0.0.1:1".parse().unwrap());
         let f = serve(s, peer, proxy, rx, Limits::default(), crate::server::HyperServer::for_tests());
         assert!(size(&f) <= 3 * 1024, "the connection future grew to {} bytes", size(&f));
+    }
+
+    /// The state of a request in progress, boxed once per request: rare
+    /// paths (HTTP/2 backends, TLS handshakes) are boxed apart, so the
+    /// common one stays small and cheap to move.
+    #[tokio::test]
+    async fn a_request_future_stays_small() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let s = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let snaps = Arc::new(arc_swap::ArcSwap::from_pointee(tidegate_snapshot::Snapshot::empty()));
+        let proxy = Arc::new(Proxy::new(snaps, &crate::ProxyMetrics::default(), Arc::new(Limits::default()), None));
+        let limits = Limits::default();
+        let mut client = ClientSide {
+            io: TimedIo::new(s, limits.write_timeout),
+            inbox: BytesMut::new(),
+            timer: Timer::new(),
+            scratch: Vec::new(),
+            body_done: true,
+        };
+        let (head, buf) = (RequestHead::default(), BytesMut::new());
+        let peer = Peer::new("127.0.0.1:1".parse().unwrap());
+        let ctx = Ctx { head: &head, buf: &buf, peer: &peer, proxy: &proxy, limits: &limits, stopping: false };
+        let f = handle(&mut client, &ctx);
+        assert!(size(&f) <= 4 * 1024, "the request future grew to {} bytes", size(&f));
     }
 }
