@@ -146,6 +146,12 @@ async fn validate_names_the_line_column_and_field() {
     assert!(out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("1 service(s), 1 route(s)"), "{}", text(&out));
 
+    for example in ["tidegate.yaml", "batch.yaml"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples").join(example);
+        let out = validate(&path);
+        assert!(out.status.success(), "the shipped example {example} is valid: {}", text(&out));
+    }
+
     let cases = [
         (
             "services:\n  web:\n    backends:\n      - id: a\n        addr: 'no port'\n",
