@@ -104,6 +104,18 @@ pub fn router(state: AdminState) -> Router {
     authed.merge(probes)
 }
 
+/// `/metrics` alone, with no token: for `--metrics-listen`, where scrapers
+/// read metrics without holding the admin token (which can change the
+/// configuration). Nothing else is served there.
+pub fn metrics_router(state: AdminState) -> Router {
+    Router::new()
+        .route("/metrics", get(status::get_metrics))
+        .fallback(|| async { ApiError::not_found("only /metrics is served here") })
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .layer(middleware::from_fn(known_query))
+        .with_state(state)
+}
+
 /// Rejects requests without `Authorization: Bearer <token>`.
 async fn authenticate(State(state): State<AdminState>, req: Request, next: Next) -> Response {
     let presented = req

@@ -80,6 +80,11 @@ pub struct ServeArgs {
     /// (`/v1/certificates`, `ctl cert put`).
     #[arg(long, env = "TIDEGATE_LISTEN_TLS")]
     pub listen_tls: Option<SocketAddr>,
+    /// An extra address serving only `GET /metrics`, with no token, for
+    /// Prometheus and other scrapers (default: none; metrics stay on the
+    /// admin API, behind the token).
+    #[arg(long, env = "TIDEGATE_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     /// Address of the admin API (keep it on loopback or a private network).
     #[arg(long, env = "TIDEGATE_ADMIN", default_value = "127.0.0.1:9900")]
     pub admin: SocketAddr,

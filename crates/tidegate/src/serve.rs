@@ -136,8 +136,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let hook_metrics = metrics.clone();
         let state = AdminState::new(control.clone(), &token, Arc::new(move |out: &mut String| hook_metrics.render(out)))
             .with_autoscaler(events, scaling);
-        // One machine-readable line for scripts and tests: `proxy=` and
-        // `proxy_tls=` for the listeners there are.
+        // One machine-readable line for scripts and tests: `proxy=`,
+        // `proxy_tls=` and `metrics=` for the listeners there are.
         let mut listeners = String::new();
         if let Some(a) = proxy.local_addr() {
             listeners.push_str(&format!("proxy={a} "));
@@ -145,6 +145,17 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         if let Some(a) = proxy.tls_addr() {
             listeners.push_str(&format!("proxy_tls={a} "));
         }
+        let _metrics = match args.metrics_listen {
+            Some(addr) => {
+                let l = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("--metrics-listen on {addr}"))?;
+                listeners.push_str(&format!("metrics={} ", l.local_addr()?));
+                let app = tidegate_admin::metrics_router(state.clone());
+                Some(tokio::spawn(async move { axum::serve(l, app).await }))
+            }
+            None => None,
+        };
         tracing::info!(listeners = %listeners.trim_end(), admin = %admin_addr, revision = control.config().revision, workers, "tidegate ready");
         println!("tidegate ready {listeners}admin={} revision={}", admin_addr, control.config().revision);
         let _ = std::io::stdout().flush();

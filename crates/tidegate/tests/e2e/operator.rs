@@ -98,3 +98,30 @@ fn completions_and_the_manual_come_from_the_command_definitions() {
     assert!(man.contains(".TH tidegate 1") && man.contains(".TH tidegate-serve"), "one page per command");
     assert!(man.contains("health\\-path"), "flags are documented");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_can_be_scraped_without_the_token_on_their_own_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tidegate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .env("TIDEGATE_ADMIN_TOKEN", TOKEN)
+        .env("TIDEGATE_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut ready).unwrap();
+    let field = |name: &str| ready.split_whitespace().find_map(|w| w.strip_prefix(name)).map(str::to_string);
+    let metrics = field("metrics=").unwrap_or_else(|| panic!("no metrics= in {ready:?}"));
+    let admin = field("admin=").unwrap();
+    let r = get(&format!("http://{metrics}/metrics")).await;
+    assert_eq!(r.status, 200, "no token needed: {}", r.text());
+    assert!(r.text().contains("tidegate_config_revision 0"), "{}", r.text());
+    assert_eq!(get(&format!("http://{metrics}/v1/config")).await.status, 404, "metrics only");
+    assert_eq!(get(&format!("http://{metrics}/metrics?x=1")).await.status, 400);
+    assert_eq!(get(&format!("http://{admin}/metrics")).await.status, 401, "the admin API still wants the token");
+    let _ = child.kill();
+    let _ = child.wait();
+}
