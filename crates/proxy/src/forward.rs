@@ -150,6 +150,13 @@ impl Prepared {
     }
 }
 
+impl Prepared {
+    /// What the retry decision needs to know of this request and its body.
+    fn retry_request(&self, body: &Replay) -> crate::retry::Request {
+        crate::retry::Request { idempotent: self.idempotent, replayable: body.replayable() }
+    }
+}
+
 impl ConnSettings {
     pub(crate) fn of(service: &ServiceRuntime) -> ConnSettings {
         let settings = &service.settings;
@@ -251,7 +258,7 @@ impl Exchange for H2Exchange<'_> {
     type Answer = Response<Incoming>;
 
     fn request(&self) -> crate::retry::Request {
-        crate::retry::Request { idempotent: self.req.idempotent, replayable: self.body.replayable() }
+        self.req.retry_request(&self.body)
     }
 
     fn sendable(&self) -> bool {
@@ -265,9 +272,7 @@ impl Exchange for H2Exchange<'_> {
         fresh: bool,
         deadline: tokio::time::Instant,
     ) -> Result<Response<Incoming>, ErrorKind> {
-        let Some(body) = self.body.take() else {
-            return Err(ErrorKind::ClientBody);
-        };
+        let body = self.body.take().ok_or(ErrorKind::ClientBody)?;
         let (req, profile) = (self.req, &service.upstream);
         let up =
             upstream_h2::request(&req.parts, backend, profile.scheme(), &req.path_and_query, req.te_trailers, body)?;
@@ -296,7 +301,7 @@ impl Exchange for HyperExchange<'_> {
     type Answer = Sent;
 
     fn request(&self) -> crate::retry::Request {
-        crate::retry::Request { idempotent: self.req.idempotent, replayable: self.body.replayable() }
+        self.req.retry_request(&self.body)
     }
 
     fn sendable(&self) -> bool {
@@ -312,9 +317,7 @@ impl Exchange for HyperExchange<'_> {
         fresh: bool,
         deadline: tokio::time::Instant,
     ) -> Result<Sent, ErrorKind> {
-        let Some(body) = self.body.take() else {
-            return Err(ErrorKind::ClientBody);
-        };
+        let body = self.body.take().ok_or(ErrorKind::ClientBody)?;
         let up = upstream_request(&self.req.parts, backend, &self.req.path_and_query, body)?;
         let cs = ConnSettings::of(service);
         let sending = self.pool.send(&backend.addr, &service.upstream, cs, up, fresh, self.upgrade);
