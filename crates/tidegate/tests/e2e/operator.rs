@@ -125,3 +125,22 @@ async fn metrics_can_be_scraped_without_the_token_on_their_own_listener() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// The shipped systemd unit stays valid (checked by `systemd-analyze
+/// verify` where systemd is installed, against the built binary).
+#[test]
+fn the_systemd_unit_verifies() {
+    let Ok(which) = Command::new("systemd-analyze").arg("--version").output() else {
+        eprintln!("systemd-analyze is not installed: skipped");
+        return;
+    };
+    assert!(which.status.success());
+    let unit =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../packaging/tidegate.service")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tidegate.service");
+    std::fs::write(&path, unit.replace("/usr/local/bin/tidegate", env!("CARGO_BIN_EXE_tidegate"))).unwrap();
+    let out = Command::new("systemd-analyze").arg("verify").arg(&path).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stderr.is_empty(), "warnings: {}", String::from_utf8_lossy(&out.stderr));
+}
