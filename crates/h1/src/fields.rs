@@ -42,6 +42,8 @@ pub enum HeaderKind {
     XRealIp,
     /// `Forwarded`.
     Forwarded,
+    /// `X-Request-Id`.
+    XRequestId,
     /// Any other name.
     Other,
 }
@@ -62,6 +64,7 @@ impl HeaderKind {
             9 if is("x-real-ip") => XRealIp,
             10 if is("connection") => Connection,
             10 if is("keep-alive") => KeepAlive,
+            12 if is("x-request-id") => XRequestId,
             14 if is("content-length") => ContentLength,
             15 if is("x-forwarded-for") => XForwardedFor,
             16 if is("proxy-connection") => ProxyConnection,

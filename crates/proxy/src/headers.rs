@@ -60,6 +60,21 @@ static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 static X_FORWARDED_PORT: HeaderName = HeaderName::from_static("x-forwarded-port");
+static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// A new request id: 128 random bits as 32 lowercase hex digits, for a
+/// request that arrives without `X-Request-Id`. Not a secret (the
+/// generator is fast, not cryptographic): it only has to be unique enough
+/// to follow one request through the logs of the proxy and its backends.
+pub(crate) fn new_request_id() -> [u8; 32] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut id = [0u8; 32];
+    let bits = fastrand::u128(..);
+    for (i, d) in id.iter_mut().enumerate() {
+        *d = HEX[((bits >> (4 * i)) & 0xf) as usize];
+    }
+    id
+}
 
 /// Rewrites a request's headers for its backend: hop-by-hop headers out
 /// (an upgrade's `Upgrade` kept), `X-Forwarded-For`/`-Proto`/`-Host` set,
@@ -86,6 +101,11 @@ pub(crate) fn request_headers(parts: &mut Parts, peer: &Peer, upgrade: bool) {
     let xff = appended.or_else(|| Some(peer.ip_header.clone()));
     if let Some(v) = xff {
         h.insert(X_FORWARDED_FOR.clone(), v);
+    }
+    if !h.contains_key(&X_REQUEST_ID) {
+        if let Ok(id) = HeaderValue::from_bytes(&new_request_id()) {
+            h.insert(X_REQUEST_ID.clone(), id);
+        }
     }
     h.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(peer.scheme()));
     h.insert(X_FORWARDED_PORT.clone(), peer.port_header.clone());

@@ -459,7 +459,9 @@ async fn forward<S: ClientIo>(
         // inline it would make every request's state as large.
         return Box::pin(h2::forward(client, ctx, &req, service, body, first, body_until)).await;
     }
+    let request_id = crate::headers::new_request_id();
     let forwarding = Forwarding {
+        request_id: Some(&request_id),
         host: req.host.unwrap_or(""),
         named_host: req.host.is_some(),
         peer,

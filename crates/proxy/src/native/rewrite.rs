@@ -36,6 +36,8 @@ pub(crate) struct Forwarding<'a> {
     pub upgrade: Option<&'a [u8]>,
     /// The body's framing towards the backend.
     pub body: Framing,
+    /// The `X-Request-Id` to send when the client sent none.
+    pub request_id: Option<&'a [u8]>,
 }
 
 /// Whether `h` is dropped when a message is forwarded: hop-by-hop, or
@@ -89,6 +91,7 @@ pub(crate) fn request_head(out: &mut Vec<u8>, buf: &[u8], head: &RequestHead, ta
     let has_connection = head.connection.present;
     let trusted = f.peer.trusted;
     let mut prior_xff: Option<&[u8]> = None;
+    let mut has_id = false;
     for h in headers {
         if dropped(buf, headers, h, has_connection) {
             continue;
@@ -108,6 +111,10 @@ pub(crate) fn request_head(out: &mut Vec<u8>, buf: &[u8], head: &RequestHead, ta
                 continue;
             }
             HeaderKind::Forwarded | HeaderKind::XRealIp if !trusted => continue,
+            HeaderKind::XRequestId => {
+                has_id = true;
+                field(out, h.name.of(buf), h.value.of(buf));
+            }
             _ => field(out, h.name.of(buf), h.value.of(buf)),
         }
     }
@@ -124,6 +131,9 @@ pub(crate) fn request_head(out: &mut Vec<u8>, buf: &[u8], head: &RequestHead, ta
     out.extend_from_slice(b"\r\n");
     if f.named_host {
         field(out, b"x-forwarded-host", f.host.as_bytes());
+    }
+    if let (false, Some(id)) = (has_id, f.request_id) {
+        field(out, b"x-request-id", id);
     }
     framing_fields(out, f.body);
     if let Some(u) = f.upgrade {
@@ -213,15 +223,32 @@ mod tests {
     use tidegate_h1::{parse_request, parse_response, HeadLimits};
 
     fn rewrite(raw: &str, trusted: bool, body: Framing) -> String {
+        rewrite_with_id(raw, trusted, body, None)
+    }
+
+    fn rewrite_with_id(raw: &str, trusted: bool, body: Framing, request_id: Option<&[u8]>) -> String {
         let mut head = RequestHead::default();
         parse_request(raw.as_bytes(), HeadLimits::default(), &mut head).unwrap().unwrap();
         let mut peer = Peer::new("192.0.2.9:5000".parse().unwrap());
         peer.trusted = trusted;
         peer.set_listener(8080, false);
-        let f = Forwarding { host: "h.example", named_host: true, peer: &peer, upgrade: None, body };
+        let f = Forwarding { host: "h.example", named_host: true, peer: &peer, upgrade: None, body, request_id };
         let mut out = Vec::new();
         request_head(&mut out, raw.as_bytes(), &head, "/p?q", &f);
         String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn a_request_id_is_added_when_the_client_sent_none() {
+        let id = crate::headers::new_request_id();
+        assert!(id.iter().all(u8::is_ascii_hexdigit));
+        assert_ne!(id, crate::headers::new_request_id(), "a new one each time");
+        let added = rewrite_with_id("GET / HTTP/1.1\r\nHost: h\r\n\r\n", false, Framing::None, Some(&id));
+        let line = format!("x-request-id: {}\r\n", std::str::from_utf8(&id).unwrap());
+        assert!(added.contains(&line), "{added}");
+        let kept =
+            rewrite_with_id("GET / HTTP/1.1\r\nHost: h\r\nX-Request-Id: abc\r\n\r\n", false, Framing::None, Some(&id));
+        assert!(kept.contains("X-Request-Id: abc\r\n") && !kept.contains(&line), "{kept}");
     }
 
     #[test]

@@ -144,3 +144,23 @@ fn the_systemd_unit_verifies() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.stderr.is_empty(), "warnings: {}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_reaches_its_backend_with_a_request_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Backend::start("ids", &[]);
+    for engine in ["native", "hyper"] {
+        let tg = Tidegate::start_with(&dir.path().join(engine), &["--http1", engine]);
+        route_to(&tg, "web", &[&b], "round_robin").await;
+        let id_of = |r: &Reply| {
+            let doc: Value = serde_json::from_slice(&r.body).expect("the echo's JSON");
+            doc["headers"]["x-request-id"].as_str().map(str::to_string)
+        };
+        let first = id_of(&get(&tg.url("/echo")).await).expect("an id was added");
+        let second = id_of(&get(&tg.url("/echo")).await).expect("an id was added");
+        assert!(first.len() == 32 && first.bytes().all(|c| c.is_ascii_hexdigit()), "{engine}: {first}");
+        assert_ne!(first, second, "{engine}: one per request");
+        let given = send("GET", &tg.url("/echo"), None, Vec::new(), &[("x-request-id", "from-the-client")]).await;
+        assert_eq!(id_of(&given).as_deref(), Some("from-the-client"), "{engine}: the client's id is kept");
+    }
+}
