@@ -242,13 +242,6 @@ pub(crate) async fn put_config(
     let (query, bytes) = query_and_body(query, bytes)?;
     let doc: Document = parse_json(&bytes).map_err(|e| ApiError::parse(e, None))?;
     doc.check().map_err(|e| ApiError::parse(e, None))?;
-    let now = unix_now();
-    for (name, spec) in &doc.certificates {
-        spec.check_current(now).map_err(|m| {
-            let (field, message) = m.split_once(": ").unwrap_or(("cert_pem", &m));
-            ApiError::bad_field(&format!("certificates.{}.{field}", name.as_str()), message)
-        })?;
-    }
     let view = state.control.config();
     let (ops, changes) = plan(&view.state, &doc);
     let change = ChangeSet { if_revision: Some(view.revision), ops };

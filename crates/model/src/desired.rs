@@ -39,12 +39,25 @@ pub struct Document {
 }
 
 impl Document {
-    /// Checks that the document holds together on its own (every route's
-    /// service is in it, one default certificate at most), as applying it
-    /// to an empty configuration does; an error names the document's field
-    /// (`routes.web.service`).
+    /// Checks what the model's types cannot: that no certificate has
+    /// expired (as every edge where changes come in does), and that the
+    /// document holds together on its own (every route's service is in it,
+    /// one default certificate at most), as applying it to an empty
+    /// configuration does. An error names the document's field
+    /// (`routes.web.service`, `certificates.c.cert_pem`).
     pub fn check(&self) -> Result<ConfigState, ParseError> {
-        let (ops, _) = plan(&ConfigState::default(), self);
+        let now = crate::certificate::unix_now();
+        for (name, spec) in &self.certificates {
+            spec.check_current(now).map_err(|m| {
+                let (field, message) = m.split_once(": ").unwrap_or(("cert_pem", &m));
+                ParseError {
+                    op: None,
+                    field: format!("certificates.{}.{field}", name.as_str()),
+                    message: message.into(),
+                }
+            })?;
+        }
+        let ops = self.put_ops();
         let names: Vec<String> = ops.iter().map(document_path).collect();
         let change = ChangeSet { if_revision: None, ops };
         ConfigState::default().apply(&change, 1).map(|(state, _)| state).map_err(|e: ChangeError| {
@@ -60,6 +73,14 @@ impl Document {
             };
             ParseError { op: None, field, message: e.message }
         })
+    }
+}
+
+impl Document {
+    /// Every object of the document as a put operation: services and
+    /// certificates before the routes that name them. Nothing is deleted.
+    pub fn put_ops(&self) -> Vec<Op> {
+        plan(&ConfigState::default(), self).0
     }
 }
 
@@ -295,6 +316,18 @@ mod tests {
         let (current, _) = current.apply(&grown, 2).expect("applies");
         let (ops, changes) = plan(&current, &doc(serde_json::json!({ "services": { "web": spec } })));
         assert!(ops.is_empty(), "the autoscaled backend stays: {changes:?}");
+    }
+
+    #[test]
+    fn a_document_with_an_expired_certificate_is_refused() {
+        let mut params = rcgen::CertificateParams::new(vec!["old.example".to_string()]).unwrap();
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let spec = serde_json::json!({ "cert_pem": cert.pem(), "key_pem": key.serialize_pem() });
+        let e = doc(serde_json::json!({ "certificates": { "old": spec } })).check().unwrap_err();
+        assert_eq!(e.field, "certificates.old.cert_pem", "{e}");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
-use tidegate_model::{check_change_set, ChangeSet, Document, Op};
+use tidegate_model::{check_change_set, ChangeSet, Document};
 
 /// What a configuration file holds.
 #[derive(Debug)]
@@ -127,19 +127,7 @@ impl ConfigFile {
     pub fn into_change_set(self) -> ChangeSet {
         match self {
             ConfigFile::Changes(cs) => cs,
-            ConfigFile::Document(doc) => {
-                let mut ops = Vec::new();
-                for (name, spec) in doc.services {
-                    ops.push(Op::PutService { name, spec: Box::new(spec) });
-                }
-                for (name, spec) in doc.certificates {
-                    ops.push(Op::PutCertificate { name, spec: Box::new(spec) });
-                }
-                for (name, spec) in doc.routes {
-                    ops.push(Op::PutRoute { name, spec });
-                }
-                ChangeSet { if_revision: None, ops }
-            }
+            ConfigFile::Document(doc) => ChangeSet { if_revision: None, ops: doc.put_ops() },
         }
     }
 
@@ -160,6 +148,7 @@ impl ConfigFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tidegate_model::Op;
 
     fn file(text: &str) -> (tempfile::NamedTempFile, PathBuf) {
         let mut f = tempfile::Builder::new().suffix(".yaml").tempfile().unwrap();
