@@ -89,7 +89,8 @@ impl From<SubmitError> for ApiError {
                 op: c.op,
                 field: c.field,
             },
-            SubmitError::Store(m) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, m),
+            SubmitError::Store(m) | SubmitError::Unavailable(m) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, m),
+            SubmitError::TooLarge(m) => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, m),
             SubmitError::Closed => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the configuration writer stopped before answering (shutting down, or it failed: see the logs)",

@@ -262,10 +262,20 @@ pub(crate) async fn healthz() -> Answer {
 }
 
 /// `GET /readyz`: the store is open, the configuration loaded, and the
-/// listeners bound (the admin API starts after the proxy's listener). No
-/// token.
-pub(crate) async fn readyz(State(state): State<AdminState>) -> Answer {
-    Ok(Json(json!({ "status": "ready", "revision": state.control.config().revision })))
+/// listeners bound (the admin API starts after the proxy's listener); in
+/// cluster mode, the watch on etcd is live too (503 otherwise: the proxy
+/// still serves its last configuration, but changes made elsewhere do not
+/// reach it). No token.
+pub(crate) async fn readyz(State(state): State<AdminState>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let revision = state.control.config().revision;
+    let store = state.control.store_status();
+    if store.connected {
+        Json(json!({ "status": "ready", "revision": revision })).into_response()
+    } else {
+        let body = json!({ "status": "store unavailable", "revision": revision, "error": store.last_error });
+        (axum::http::StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+    }
 }
 
 pub(crate) async fn get_config(State(state): State<AdminState>) -> Answer {

@@ -86,8 +86,24 @@ pub(crate) async fn get_status(State(state): State<AdminState>) -> Json<Value> {
             (k.to_string(), v)
         })
         .collect();
+    let store = state.control.store_status();
+    let applied = snapshot.revision();
+    let lag = store.latest_revision.saturating_sub(applied);
+    let instances: Vec<Value> = store
+        .instances
+        .iter()
+        .map(|i| {
+            json!({ "name": i.name, "admin": i.admin, "applied_revision": i.applied_revision,
+                          "lag": store.latest_revision.saturating_sub(i.applied_revision) })
+        })
+        .collect();
     Json(json!({
-        "revision": snapshot.revision(),
+        "revision": applied,
+        "store": {
+            "kind": store.kind, "location": store.location, "connected": store.connected,
+            "latest_revision": store.latest_revision, "lag": lag, "last_error": store.last_error,
+            "instances": instances,
+        },
         "routes": snapshot.route_count(),
         "services": services,
         "certificates_expiring": expiring(&snapshot, tidegate_model::unix_now()),
@@ -116,6 +132,17 @@ pub(crate) async fn get_metrics(State(state): State<AdminState>) -> impl IntoRes
     let mut out = String::new();
     let m = state.control.metrics();
     let snapshot = state.control.snapshots().load_full();
+    let store = state.control.store_status();
+    let _ = writeln!(
+        out,
+        "# HELP tidegate_store_connected 1 while the configuration store answers (cluster mode: the etcd watch is live).\n# TYPE tidegate_store_connected gauge\ntidegate_store_connected {}",
+        u8::from(store.connected)
+    );
+    let _ = writeln!(
+        out,
+        "# HELP tidegate_store_lag_revisions Revisions the store holds that this instance has not applied yet.\n# TYPE tidegate_store_lag_revisions gauge\ntidegate_store_lag_revisions {}",
+        store.latest_revision.saturating_sub(snapshot.revision())
+    );
     let _ = writeln!(out, "# HELP tidegate_config_revision Revision of the live configuration.");
     let _ = writeln!(out, "# TYPE tidegate_config_revision gauge\ntidegate_config_revision {}", snapshot.revision());
     for (name, help, v) in [
@@ -127,6 +154,21 @@ pub(crate) async fn get_metrics(State(state): State<AdminState>) -> impl IntoRes
             "tidegate_config_writer_panics_total",
             "Panics of the configuration writer it recovered from by reloading the store.",
             m.panics.load(Relaxed),
+        ),
+        (
+            "tidegate_config_remote_change_sets_total",
+            "Change sets applied that other instances committed (cluster mode).",
+            m.remote_change_sets.load(Relaxed),
+        ),
+        (
+            "tidegate_config_conflicts_total",
+            "Commits refused because another instance committed first (each is retried after catching up).",
+            m.conflicts.load(Relaxed),
+        ),
+        (
+            "tidegate_config_reloads_total",
+            "Whole reloads of the configuration from the store.",
+            m.reloads.load(Relaxed),
         ),
     ] {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");

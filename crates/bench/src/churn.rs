@@ -79,6 +79,8 @@ enum Outcome {
 struct Ctx {
     admin: Http,
     proxy: Http,
+    /// Further instances' proxies that must serve the change too.
+    others: Vec<Http>,
     service: String,
     tag: String,
     expect_backend: Option<String>,
@@ -109,8 +111,15 @@ pub async fn run(target: &Target, args: &ChurnArgs) -> anyhow::Result<ChurnRepor
     client::expect_ok("GET service (create it with `setup`)", reply)?;
 
     let tag = args.tag.clone().unwrap_or_else(default_tag);
-    let ctx =
-        Arc::new(Ctx { admin, proxy, service: args.service.clone(), tag, expect_backend: args.expect_backend.clone() });
+    let others = args.also_proxy.iter().map(|a| Http::new(*a, None, timeout)).collect::<Result<Vec<_>, _>>()?;
+    let ctx = Arc::new(Ctx {
+        admin,
+        proxy,
+        others,
+        service: args.service.clone(),
+        tag,
+        expect_backend: args.expect_backend.clone(),
+    });
 
     let mut warnings = Vec::new();
     let probe = ctx.proxy.get(&format!("{}-probe", ctx.path(0))).await;
@@ -181,24 +190,29 @@ async fn change(ctx: Arc<Ctx>, i: u64, scheduled: Instant) -> Outcome {
     let path = ctx.path(i);
     let mut first_miss = None;
     let mut attempts: u32 = 0;
-    loop {
-        attempts += 1;
-        let reply = ctx.proxy.get(&path).await;
-        let Some(miss) = ctx.miss(&reply) else {
-            let now = Instant::now();
-            return Outcome::Effective {
-                admin,
-                effective: now - scheduled,
-                after_admin: now - answered,
-                retries: attempts - 1,
-                first_miss,
+    // The instance that answered first, then every other one.
+    for proxy in std::iter::once(&ctx.proxy).chain(&ctx.others) {
+        loop {
+            attempts += 1;
+            let reply = proxy.get(&path).await;
+            let Some(miss) = ctx.miss(&reply) else {
+                break;
             };
-        };
-        if answered.elapsed() >= EFFECTIVE_WINDOW || attempts >= MAX_ATTEMPTS {
-            return Outcome::NeverEffective { admin, last_miss: miss };
+            if answered.elapsed() >= EFFECTIVE_WINDOW || attempts >= MAX_ATTEMPTS {
+                return Outcome::NeverEffective { admin, last_miss: miss };
+            }
+            first_miss.get_or_insert(miss);
+            tokio::time::sleep(RETRY_EVERY).await;
         }
-        first_miss.get_or_insert(miss);
-        tokio::time::sleep(RETRY_EVERY).await;
+    }
+    let now = Instant::now();
+    let served = 1 + ctx.others.len() as u32;
+    Outcome::Effective {
+        admin,
+        effective: now - scheduled,
+        after_admin: now - answered,
+        retries: attempts - served,
+        first_miss,
     }
 }
 

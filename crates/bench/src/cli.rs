@@ -206,6 +206,12 @@ pub struct ChurnArgs {
     /// Changes in flight at most; beyond it a change is skipped and counted.
     #[arg(long, default_value_t = 10_000)]
     pub max_in_flight: usize,
+
+    /// Other instances' proxies (cluster mode; repeatable): a change is
+    /// effective once `--proxy` and every one of these serves it, and
+    /// `time_to_effective_us` runs until the last one does.
+    #[arg(long)]
+    pub also_proxy: Vec<std::net::SocketAddr>,
 }
 
 /// Options of `saturate`.

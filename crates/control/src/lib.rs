@@ -12,6 +12,13 @@
 //! 4. answers every submitter with its revision and feeds watchers.
 //!
 //! So an answer means: durable and live in the data plane.
+//!
+//! With a store shared by several instances (cluster mode), the writer also
+//! applies what other instances committed: the store wakes it, and it reads
+//! the change sets it has not applied, in order, and publishes them as it
+//! does its own. A commit built on a revision that is no longer the newest
+//! is refused by the store; the writer then catches up and validates the
+//! group again on top, so `if_revision` means the cluster's revision.
 
 mod watch;
 mod writer;
@@ -45,6 +52,14 @@ pub enum SubmitError {
     /// The store failed to persist it; nothing was applied.
     #[error("not persisted: {0}")]
     Store(String),
+    /// The store cannot be reached (cluster mode: etcd is down or has no
+    /// quorum); nothing was applied here, and the data plane keeps serving
+    /// the last configuration.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The change set is larger than the store takes in one transaction.
+    #[error("{0}")]
+    TooLarge(String),
     /// The writer is shutting down.
     #[error("the configuration writer has stopped")]
     Closed,
@@ -67,6 +82,13 @@ pub struct WriterMetrics {
     pub apply_nanos: AtomicU64,
     /// Panics of the writer it recovered from (by reloading the store).
     pub panics: AtomicU64,
+    /// Change sets applied that other instances committed (cluster mode).
+    pub remote_change_sets: AtomicU64,
+    /// Commits refused because another instance committed first (each is
+    /// followed by a catch-up and a new attempt).
+    pub conflicts: AtomicU64,
+    /// Whole reloads from the store (history to catch up from was gone).
+    pub reloads: AtomicU64,
 }
 
 impl WriterMetrics {
@@ -82,6 +104,14 @@ struct Pending {
     reply: Reply,
 }
 
+/// What the writer is asked to do.
+enum Work {
+    /// Apply a change set submitted here.
+    Submit(Pending),
+    /// Another instance committed: catch up with the store.
+    CatchUp,
+}
+
 /// Shared by the writer thread and the handles.
 struct Shared {
     snapshot: Arc<ArcSwap<Snapshot>>,
@@ -94,7 +124,7 @@ struct Shared {
 /// A handle on the configuration: submit changes, read, watch. Cheap to clone.
 #[derive(Clone)]
 pub struct Control {
-    queue: mpsc::Sender<Pending>,
+    queue: mpsc::Sender<Work>,
     shared: Arc<Shared>,
 }
 
@@ -116,6 +146,16 @@ impl Control {
             store,
             metrics: WriterMetrics::default(),
         });
+        let wake = queue.clone();
+        let applied = shared.clone();
+        shared.store.follow(tidegate_store::Follow {
+            // A full queue is fine: the writer checks the store's revision
+            // after every group anyway.
+            wake: Box::new(move || {
+                let _ = wake.try_send(Work::CatchUp);
+            }),
+            applied: Box::new(move || applied.config.load().revision),
+        });
         let writer = writer::Writer::new(shared.clone(), rx);
         std::thread::Builder::new()
             .name("tidegate-writer".into())
@@ -128,7 +168,7 @@ impl Control {
     /// revision it produced.
     pub async fn submit(&self, change: ChangeSet) -> Result<u64, SubmitError> {
         let (reply, answer) = oneshot::channel();
-        self.queue.send(Pending { change, reply }).await.map_err(|_| SubmitError::Closed)?;
+        self.queue.send(Work::Submit(Pending { change, reply })).await.map_err(|_| SubmitError::Closed)?;
         answer.await.map_err(|_| SubmitError::Closed)?
     }
 
@@ -140,6 +180,18 @@ impl Control {
     /// The handle the data plane reads snapshots from.
     pub fn snapshots(&self) -> Arc<ArcSwap<Snapshot>> {
         self.shared.snapshot.clone()
+    }
+
+    /// How the store is doing, with this instance's applied revision.
+    pub fn store_status(&self) -> tidegate_store::StoreStatus {
+        let mut status = self.shared.store.status();
+        status.latest_revision = status.latest_revision.max(self.shared.config.load().revision);
+        status
+    }
+
+    /// Announces this instance to the others sharing the store.
+    pub fn announce(&self, name: String, admin: String) {
+        self.shared.store.announce(name, admin);
     }
 
     /// The writer's counters.

@@ -99,11 +99,15 @@ impl tidegate_store::Store for PanicsOnce {
         self.inner.load()
     }
 
-    fn commit(&self, changes: &[AppliedChange]) -> Result<(), StoreError> {
+    fn commit(&self, commit: &tidegate_store::Commit<'_>) -> Result<(), StoreError> {
         if !self.panicked.swap(true, Relaxed) {
             panic!("injected writer panic");
         }
-        self.inner.commit(changes)
+        self.inner.commit(commit)
+    }
+
+    fn status(&self) -> tidegate_store::StoreStatus {
+        self.inner.status()
     }
 
     fn changes_since(&self, after: u64, limit: usize) -> Result<Vec<AppliedChange>, StoreError> {

@@ -1,25 +1,33 @@
 //! The writer thread: adaptive group commit.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tidegate_model::Delta;
-use tidegate_store::AppliedChange;
+use tidegate_model::{ConfigState, Delta};
+use tidegate_store::{AppliedChange, Commit, CommitCost, StoreError};
 use tokio::sync::mpsc;
 
-use crate::{Pending, Reply, Shared, SubmitError, WriterMetrics};
+use crate::{Pending, Reply, Shared, SubmitError, Work, WriterMetrics};
 
 /// The most change sets one group takes, so one huge burst cannot delay
 /// every answer in it without bound.
 const MAX_GROUP: usize = 4_096;
 
+/// How many times a group is built again after another instance committed
+/// first, before its submitters are told to try again later.
+const MAX_CONFLICTS: usize = 32;
+
+/// Change sets read per page when catching up.
+const CATCH_UP_PAGE: usize = 1_000;
+
 pub(crate) struct Writer {
     shared: Arc<Shared>,
-    rx: mpsc::Receiver<Pending>,
+    rx: mpsc::Receiver<Work>,
 }
 
 impl Writer {
-    pub(crate) fn new(shared: Arc<Shared>, rx: mpsc::Receiver<Pending>) -> Writer {
+    pub(crate) fn new(shared: Arc<Shared>, rx: mpsc::Receiver<Work>) -> Writer {
         Writer { shared, rx }
     }
 
@@ -51,20 +59,17 @@ impl Writer {
         }
     }
 
-    /// Makes memory match the store again (after a panic).
-    fn reload(&self) -> Result<(), tidegate_store::StoreError> {
+    /// Makes memory match the store again: after a panic, or when the
+    /// history to catch up from is gone. Only what differs is rebuilt, so
+    /// live statistics of everything else carry over.
+    fn reload(&self) -> Result<(), StoreError> {
         let loaded = self.shared.store.load()?;
-        // Rebuild every service and route the old or the new view has,
-        // from the current snapshot, so live statistics carry over.
         let old = self.shared.config.load_full();
-        let mut all = Delta::default();
-        for state in [&old.state, &loaded.state] {
-            all.services.extend(state.services().keys().cloned());
-            all.routes.extend(state.routes().keys().cloned());
-        }
-        let snapshot = self.shared.snapshot.load().next(&loaded.state, &all, loaded.revision);
+        let delta = difference(&old.state, &loaded.state);
+        let snapshot = self.shared.snapshot.load().next(&loaded.state, &delta, loaded.revision);
         self.shared.snapshot.store(Arc::new(snapshot));
         self.shared.config.store(Arc::new(crate::ConfigView { revision: loaded.revision, state: loaded.state }));
+        WriterMetrics::add(&self.shared.metrics.reloads, 1);
         Ok(())
     }
 
@@ -72,67 +77,219 @@ impl Writer {
     fn serve(&mut self) {
         let mut group = Vec::new();
         while let Some(first) = self.rx.blocking_recv() {
-            group.push(first);
-            while group.len() < MAX_GROUP {
-                match self.rx.try_recv() {
-                    Ok(p) => group.push(p),
-                    Err(_) => break,
+            let mut next = Some(first);
+            while let Some(work) = next.take() {
+                if let Work::Submit(p) = work {
+                    group.push(p);
                 }
+                if group.len() >= MAX_GROUP {
+                    break;
+                }
+                next = self.rx.try_recv().ok();
             }
-            self.commit_group(std::mem::take(&mut group));
+            self.catch_up();
+            if !group.is_empty() {
+                self.commit_group(std::mem::take(&mut group));
+            }
         }
     }
 
-    fn commit_group(&self, group: Vec<Pending>) {
-        let started = Instant::now();
-        let m = &self.shared.metrics;
-        let current = self.shared.config.load_full();
-        let mut state = current.state.clone();
-        let mut revision = current.revision;
-        let mut delta = Delta::default();
-        let mut applied: Vec<AppliedChange> = Vec::with_capacity(group.len());
-        let mut replies: Vec<Reply> = Vec::with_capacity(group.len());
-        for Pending { change, reply } in group {
-            match state.apply(&change, revision) {
-                Ok((next, d)) => {
-                    state = next;
-                    revision += 1;
-                    delta.merge(d);
-                    applied.push(AppliedChange { revision, change });
-                    replies.push(reply);
+    /// Applies what other instances committed, if the store holds a newer
+    /// revision than this writer has applied (cluster mode).
+    fn catch_up(&self) {
+        while self.shared.store.latest_revision() > self.shared.config.load().revision {
+            let started = Instant::now();
+            let current = self.shared.config.load_full();
+            let page = match self.shared.store.changes_since(current.revision, CATCH_UP_PAGE) {
+                Ok(page) => page,
+                Err(StoreError::Compacted { oldest }) => {
+                    tracing::warn!(
+                        applied = current.revision,
+                        oldest,
+                        "history to catch up from is gone; reloading the configuration"
+                    );
+                    if let Err(e) = self.reload() {
+                        tracing::warn!(error = %e, "cannot reload the configuration; serving the last one");
+                    }
+                    return;
                 }
                 Err(e) => {
-                    WriterMetrics::add(&m.rejected, 1);
-                    let _ = reply.send(Err(SubmitError::Rejected(e)));
+                    // The follower retries; until then, serve what we have.
+                    tracing::warn!(error = %e, "cannot read changes made elsewhere; serving the last configuration");
+                    return;
+                }
+            };
+            if page.is_empty() {
+                return;
+            }
+            let mut state = current.state.clone();
+            let mut revision = current.revision;
+            let mut delta = Delta::default();
+            for a in &page {
+                match state.apply(&a.change, revision) {
+                    Ok((next, d)) => {
+                        state = next;
+                        revision = a.revision;
+                        delta.merge(d);
+                    }
+                    Err(e) => {
+                        // It applied where it was made: this instance has
+                        // drifted. Take the store's configuration whole.
+                        tracing::error!(revision = a.revision, error = %e, "a change made elsewhere does not apply here; reloading");
+                        if let Err(e) = self.reload() {
+                            tracing::warn!(error = %e, "cannot reload the configuration; serving the last one");
+                        }
+                        return;
+                    }
                 }
             }
-        }
-        if applied.is_empty() {
-            return;
-        }
-        let commit_started = Instant::now();
-        if let Err(e) = self.shared.store.commit(&applied) {
-            tracing::error!(error = %e, "configuration commit failed; nothing applied");
-            for reply in replies {
-                let _ = reply.send(Err(SubmitError::Store(e.to_string())));
+            let snapshot = self.shared.snapshot.load().next(&state, &delta, revision);
+            self.shared.snapshot.store(Arc::new(snapshot));
+            self.shared.config.store(Arc::new(crate::ConfigView { revision, state }));
+            let m = &self.shared.metrics;
+            WriterMetrics::add(&m.remote_change_sets, page.len() as u64);
+            for a in page {
+                let _ = self.shared.feed.send(Arc::new(a));
             }
-            return;
+            WriterMetrics::add(&m.apply_nanos, started.elapsed().as_nanos() as u64);
         }
-        WriterMetrics::add(&m.commit_nanos, commit_started.elapsed().as_nanos() as u64);
-
-        let snapshot = self.shared.snapshot.load().next(&state, &delta, revision);
-        self.shared.snapshot.store(Arc::new(snapshot));
-        self.shared.config.store(Arc::new(crate::ConfigView { revision, state }));
-
-        WriterMetrics::add(&m.commits, 1);
-        WriterMetrics::add(&m.change_sets, applied.len() as u64);
-        let ops: usize = applied.iter().map(|a| a.change.ops.len()).sum();
-        WriterMetrics::add(&m.ops, ops as u64);
-        for (a, reply) in applied.into_iter().zip(replies) {
-            let _ = reply.send(Ok(a.revision));
-            // No watcher is fine: send only fails when nobody listens.
-            let _ = self.shared.feed.send(Arc::new(a));
-        }
-        WriterMetrics::add(&m.apply_nanos, started.elapsed().as_nanos() as u64);
     }
+
+    /// Validates, persists and publishes one group, in as many commits as
+    /// the store's bound on one commit needs. When another instance
+    /// committed first, catches up and builds the rest again on top.
+    fn commit_group(&self, group: Vec<Pending>) {
+        let m = &self.shared.metrics;
+        let store = &self.shared.store;
+        let max = store.max_commit_cost();
+        let mut queue: VecDeque<Pending> = group.into();
+        let mut conflicts = 0;
+        while !queue.is_empty() {
+            let started = Instant::now();
+            let current = self.shared.config.load_full();
+            let mut state = current.state.clone();
+            let mut revision = current.revision;
+            let mut delta = Delta::default();
+            let mut cost = CommitCost::default();
+            let mut applied: Vec<AppliedChange> = Vec::new();
+            let mut waiting: Vec<Reply> = Vec::new();
+            while let Some(Pending { change, reply }) = queue.pop_front() {
+                let more = store.commit_cost(&change, &state);
+                if !applied.is_empty() && !cost.plus(more).within(max) {
+                    // The next commit takes it.
+                    queue.push_front(Pending { change, reply });
+                    break;
+                }
+                match state.apply(&change, revision) {
+                    Ok((next, d)) => {
+                        cost = cost.plus(more);
+                        state = next;
+                        revision += 1;
+                        delta.merge(d);
+                        applied.push(AppliedChange { revision, change });
+                        waiting.push(reply);
+                    }
+                    Err(e) => {
+                        WriterMetrics::add(&m.rejected, 1);
+                        let _ = reply.send(Err(SubmitError::Rejected(e)));
+                    }
+                }
+            }
+            if applied.is_empty() {
+                return;
+            }
+            let commit_started = Instant::now();
+            let commit = Commit { base: current.revision, changes: &applied, before: &current.state, after: &state };
+            match store.commit(&commit) {
+                Ok(()) => {}
+                Err(StoreError::Conflict { .. }) if conflicts < MAX_CONFLICTS => {
+                    conflicts += 1;
+                    WriterMetrics::add(&m.conflicts, 1);
+                    for (a, reply) in applied.into_iter().zip(waiting).rev() {
+                        queue.push_front(Pending { change: a.change, reply });
+                    }
+                    self.catch_up();
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "configuration commit failed; nothing applied");
+                    let error = || {
+                        match &e {
+                        StoreError::Unavailable(_) => SubmitError::Unavailable(format!(
+                            "{e}; nothing was applied here (if the store received it before the failure, it will appear in a moment: read the configuration before retrying)"
+                        )),
+                        StoreError::Conflict { .. } => SubmitError::Unavailable(
+                            "other instances kept changing the configuration first; try again".into(),
+                        ),
+                        StoreError::TooLarge(m) => SubmitError::TooLarge(m.clone()),
+                        _ => SubmitError::Store(e.to_string()),
+                    }
+                    };
+                    // Too large concerns this commit alone; any other
+                    // failure would fail the rest the same way.
+                    let failed = waiting.into_iter().chain(if matches!(e, StoreError::TooLarge(_)) {
+                        Vec::new()
+                    } else {
+                        queue.drain(..).map(|p| p.reply).collect()
+                    });
+                    for reply in failed {
+                        let _ = reply.send(Err(error()));
+                    }
+                    continue;
+                }
+            }
+            WriterMetrics::add(&m.commit_nanos, commit_started.elapsed().as_nanos() as u64);
+
+            let snapshot = self.shared.snapshot.load().next(&state, &delta, revision);
+            self.shared.snapshot.store(Arc::new(snapshot));
+            self.shared.config.store(Arc::new(crate::ConfigView { revision, state }));
+
+            WriterMetrics::add(&m.commits, 1);
+            WriterMetrics::add(&m.change_sets, applied.len() as u64);
+            let ops: usize = applied.iter().map(|a| a.change.ops.len()).sum();
+            WriterMetrics::add(&m.ops, ops as u64);
+            for (a, reply) in applied.into_iter().zip(waiting) {
+                let _ = reply.send(Ok(a.revision));
+                // No watcher is fine: send only fails when nobody listens.
+                let _ = self.shared.feed.send(Arc::new(a));
+            }
+            WriterMetrics::add(&m.apply_nanos, started.elapsed().as_nanos() as u64);
+        }
+    }
+}
+
+/// What differs between two configurations, as a delta to rebuild.
+fn difference(old: &ConfigState, new: &ConfigState) -> Delta {
+    let mut delta = Delta::default();
+    for (name, spec) in old.services() {
+        if new.services().get(name) != Some(spec) {
+            delta.services.insert(name.clone());
+        }
+    }
+    for name in new.services().keys() {
+        if !old.services().contains_key(name) {
+            delta.services.insert(name.clone());
+        }
+    }
+    for (name, spec) in old.routes() {
+        if new.routes().get(name) != Some(spec) {
+            delta.routes.insert(name.clone());
+        }
+    }
+    for name in new.routes().keys() {
+        if !old.routes().contains_key(name) {
+            delta.routes.insert(name.clone());
+        }
+    }
+    for (name, spec) in old.certificates() {
+        if new.certificates().get(name) != Some(spec) {
+            delta.certificates.insert(name.clone());
+        }
+    }
+    for name in new.certificates().keys() {
+        if !old.certificates().contains_key(name) {
+            delta.certificates.insert(name.clone());
+        }
+    }
+    delta
 }

@@ -18,8 +18,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use tidegate_model::parse_change_set;
-use tidegate_store::{AppliedChange, RedbStore, SqliteStore, Store};
+use tidegate_model::{parse_change_set, ConfigState};
+use tidegate_store::{AppliedChange, Commit, RedbStore, SqliteStore, Store};
 
 fn change(rev: u64) -> AppliedChange {
     let text = if rev == 1 {
@@ -58,12 +58,23 @@ fn preload(n: usize) -> AppliedChange {
     AppliedChange { revision: 0, change: parse_change_set(text.as_bytes()).expect("valid") }
 }
 
+/// Commits one change set on top of `state`, as the writer does.
+fn commit(store: &dyn Store, state: &mut ConfigState, c: AppliedChange) {
+    let (after, _) = state.apply(&c.change, c.revision - 1).expect("applies");
+    let changes = [c];
+    store
+        .commit(&Commit { base: changes[0].revision - 1, changes: &changes, before: state, after: &after })
+        .expect("commit");
+    *state = after;
+}
+
 fn time_store(store: &dyn Store, commits: u64, preloaded: &Option<AppliedChange>) -> Vec<f64> {
+    let mut state = ConfigState::default();
     let offset = match preloaded {
         Some(p) => {
             let mut p = p.clone();
             p.revision = 1;
-            store.commit(std::slice::from_ref(&p)).expect("preload");
+            commit(store, &mut state, p);
             1
         }
         None => 0,
@@ -72,7 +83,7 @@ fn time_store(store: &dyn Store, commits: u64, preloaded: &Option<AppliedChange>
         .map(|rev| {
             let c = AppliedChange { revision: rev + offset, ..change(rev) };
             let t = Instant::now();
-            store.commit(std::slice::from_ref(&c)).expect("commit");
+            commit(store, &mut state, c);
             t.elapsed().as_secs_f64() * 1e3
         })
         .collect()

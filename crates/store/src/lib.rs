@@ -9,7 +9,14 @@
 //! take over an existing data directory. With both, a commit returns only
 //! once it is on disk, so an acknowledged change survives `kill -9` and
 //! power loss.
+//!
+//! [`EtcdStore`] is cluster mode: the configuration lives in etcd, shared by
+//! every Tidegate pointed at the same prefix. A commit is one etcd
+//! transaction guarded by the revision the writer built it on, so two
+//! instances never both build on one revision; [`Store::follow`] tells the
+//! writer when another instance moved the revision on.
 
+mod etcd_store;
 mod redb_store;
 mod sqlite_store;
 #[cfg(test)]
@@ -17,8 +24,10 @@ mod suite;
 
 use tidegate_model::{ChangeSet, ConfigState};
 
+pub use etcd_store::{EtcdAccess, EtcdStore, EtcdUrl};
 pub use redb_store::RedbStore;
 pub use sqlite_store::SqliteStore;
+pub use tidegate_etcd::{Credentials as EtcdCredentials, TlsOptions as EtcdTls};
 
 /// How many change sets the log keeps for replay.
 pub(crate) const LOG_RETAIN: u64 = 10_000;
@@ -50,12 +59,105 @@ pub enum StoreError {
     /// Stored data could not be decoded.
     #[error("stored configuration is invalid: {0}")]
     Corrupt(String),
+    /// Another instance committed first: the revision the group was built
+    /// on is no longer the newest. Nothing was written.
+    #[error("another instance changed the configuration first (the newest revision is no longer {base})")]
+    Conflict {
+        /// The revision the refused group was built on.
+        base: u64,
+    },
+    /// The store cannot be reached (shared stores). Nothing is known to be
+    /// written: the outcome of the last commit may be unknown.
+    #[error("the configuration store is unavailable: {0}")]
+    Unavailable(String),
+    /// The store refuses a commit this large.
+    #[error("{0}")]
+    TooLarge(String),
     /// The requested history is no longer retained.
     #[error("change history before revision {oldest} is no longer kept")]
     Compacted {
         /// The oldest revision still replayable.
         oldest: u64,
     },
+}
+
+/// One group of applied change sets to persist, with the configuration
+/// before and after them (a store that keeps one record per object writes
+/// exactly the objects that changed).
+#[derive(Debug, Clone, Copy)]
+pub struct Commit<'a> {
+    /// The revision the group was built on: the newest one before it.
+    pub base: u64,
+    /// The change sets, in order, with revisions `base + 1 ..`.
+    pub changes: &'a [AppliedChange],
+    /// The configuration at `base`.
+    pub before: &'a ConfigState,
+    /// The configuration after the group.
+    pub after: &'a ConfigState,
+}
+
+/// What one commit carries, for stores that bound it (etcd refuses a
+/// transaction of more than `--max-txn-ops` operations or
+/// `--max-request-bytes` bytes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitCost {
+    /// Writes (keys put or deleted).
+    pub ops: usize,
+    /// Bytes on the wire, roughly.
+    pub bytes: usize,
+}
+
+impl CommitCost {
+    /// Both together.
+    pub fn plus(self, other: CommitCost) -> CommitCost {
+        CommitCost { ops: self.ops + other.ops, bytes: self.bytes + other.bytes }
+    }
+
+    /// True when neither exceeds `max`'s.
+    pub fn within(self, max: CommitCost) -> bool {
+        self.ops <= max.ops && self.bytes <= max.bytes
+    }
+}
+
+/// How the store is doing, for `/v1/status` and `/readyz`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StoreStatus {
+    /// `embedded` or `etcd`.
+    pub kind: &'static str,
+    /// Where it is: a file, or etcd's members and prefix.
+    pub location: String,
+    /// The store answers (a shared store: the watch is live).
+    pub connected: bool,
+    /// The newest revision the store is known to hold (a shared store: as
+    /// last seen from the watch).
+    pub latest_revision: u64,
+    /// The last error, while not connected.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// The other instances sharing the store, and how far each has applied.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub instances: Vec<InstanceRecord>,
+}
+
+/// What an instance in cluster mode says about itself, refreshed every
+/// second under a lease (so a dead instance's record disappears).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct InstanceRecord {
+    /// The instance's name (`--instance-name`).
+    pub name: String,
+    /// Its admin API address.
+    pub admin: String,
+    /// The revision it has applied.
+    pub applied_revision: u64,
+}
+
+/// Hooks the writer gives a shared store to follow changes made elsewhere.
+pub struct Follow {
+    /// Called (from the store's own thread) whenever the store learns of a
+    /// newer revision; the writer then catches up with `changes_since`.
+    pub wake: Box<dyn Fn() + Send + Sync>,
+    /// The revision this instance has applied, for its instance record.
+    pub applied: Box<dyn Fn() -> u64 + Send + Sync>,
 }
 
 /// Durable storage of the configuration and its recent history.
@@ -65,11 +167,43 @@ pub trait Store: Send + Sync + 'static {
     /// Reads the whole configuration.
     fn load(&self) -> Result<Loaded, StoreError>;
 
-    /// Persists applied change sets, in order, in one durable transaction.
+    /// Persists a group of applied change sets in one durable transaction.
     /// The state after them must equal what the writer applied in memory.
-    fn commit(&self, changes: &[AppliedChange]) -> Result<(), StoreError>;
+    /// A shared store refuses it with [`StoreError::Conflict`] when its
+    /// newest revision is no longer `commit.base`.
+    fn commit(&self, commit: &Commit<'_>) -> Result<(), StoreError>;
+
+    /// What committing `change` on top of `state` costs (an upper bound),
+    /// for a store that bounds one commit; the writer splits a group so
+    /// each commit stays within [`Store::max_commit_cost`].
+    fn commit_cost(&self, _change: &ChangeSet, _state: &ConfigState) -> CommitCost {
+        CommitCost::default()
+    }
+
+    /// The most one commit may carry (unbounded by default). One change
+    /// set that alone costs more is still tried, and may be refused with
+    /// [`StoreError::TooLarge`].
+    fn max_commit_cost(&self) -> CommitCost {
+        CommitCost { ops: usize::MAX, bytes: usize::MAX }
+    }
 
     /// Change sets with revisions above `after`, oldest first, at most `limit`.
     /// [`StoreError::Compacted`] when some of them are no longer kept.
     fn changes_since(&self, after: u64, limit: usize) -> Result<Vec<AppliedChange>, StoreError>;
+
+    /// Starts following changes committed by other instances (shared
+    /// stores only; an embedded store has no one else to follow).
+    fn follow(&self, _hooks: Follow) {}
+
+    /// The newest revision the store is known to hold; ahead of the
+    /// writer's only when another instance committed.
+    fn latest_revision(&self) -> u64 {
+        0
+    }
+
+    /// How the store is doing.
+    fn status(&self) -> StoreStatus;
+
+    /// Announces this instance to the others (shared stores only).
+    fn announce(&self, _name: String, _admin: String) {}
 }

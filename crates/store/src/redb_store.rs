@@ -5,7 +5,7 @@ use std::path::Path;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use tidegate_model::{ChangeSet, ConfigState, Op, RouteSpec, ServiceSettings, ServiceSpec};
 
-use crate::{AppliedChange, Loaded, Store, StoreError, LOG_RETAIN};
+use crate::{AppliedChange, Commit, Loaded, Store, StoreError, StoreStatus, LOG_RETAIN};
 
 /// Service settings (without backends), by service name.
 const SERVICES: TableDefinition<&str, &[u8]> = TableDefinition::new("services");
@@ -29,6 +29,7 @@ struct Tables<'txn> {
 /// The embedded default store: one redb file in the data directory.
 pub struct RedbStore {
     db: Database,
+    path: std::path::PathBuf,
 }
 
 fn err<E: std::fmt::Display>(e: E) -> StoreError {
@@ -58,7 +59,7 @@ impl RedbStore {
         txn.open_table(LOG).map_err(err)?;
         txn.open_table(META).map_err(err)?;
         txn.commit().map_err(err)?;
-        Ok(RedbStore { db })
+        Ok(RedbStore { db, path: path.to_path_buf() })
     }
 
     /// Writes one op into the tables of an open transaction.
@@ -141,7 +142,8 @@ impl Store for RedbStore {
         Ok(Loaded { state, revision })
     }
 
-    fn commit(&self, changes: &[AppliedChange]) -> Result<(), StoreError> {
+    fn commit(&self, commit: &Commit<'_>) -> Result<(), StoreError> {
+        let changes = commit.changes;
         let Some(last) = changes.last() else {
             return Ok(());
         };
@@ -170,6 +172,17 @@ impl Store for RedbStore {
             meta.insert("revision", last.revision).map_err(err)?;
         }
         txn.commit().map_err(err)
+    }
+
+    fn status(&self) -> StoreStatus {
+        StoreStatus {
+            kind: "embedded",
+            location: self.path.display().to_string(),
+            connected: true,
+            latest_revision: 0,
+            last_error: None,
+            instances: Vec::new(),
+        }
     }
 
     fn changes_since(&self, after: u64, limit: usize) -> Result<Vec<AppliedChange>, StoreError> {

@@ -12,7 +12,7 @@ use tidegate_model::{
     ServiceSettings, ServiceSpec,
 };
 
-use crate::{AppliedChange, Loaded, Store, StoreError, LOG_RETAIN};
+use crate::{AppliedChange, Commit, Loaded, Store, StoreError, StoreStatus, LOG_RETAIN};
 
 const SCHEMA: &str = "
     CREATE TABLE IF NOT EXISTS services (name TEXT PRIMARY KEY, settings BLOB NOT NULL) WITHOUT ROWID;
@@ -28,6 +28,7 @@ const SCHEMA: &str = "
 /// opened by one process at a time.
 pub struct SqliteStore {
     conn: Mutex<Connection>,
+    path: std::path::PathBuf,
 }
 
 fn err<E: std::fmt::Display>(e: E) -> StoreError {
@@ -64,7 +65,7 @@ impl SqliteStore {
         conn.pragma_update(None, "synchronous", "FULL").map_err(opening)?;
         conn.execute_batch("BEGIN IMMEDIATE; COMMIT;").map_err(opening)?;
         conn.execute_batch(SCHEMA).map_err(opening)?;
-        Ok(SqliteStore { conn: Mutex::new(conn) })
+        Ok(SqliteStore { conn: Mutex::new(conn), path: path.to_path_buf() })
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Connection>, StoreError> {
@@ -201,7 +202,8 @@ impl Store for SqliteStore {
         Ok(Loaded { state, revision: revision.unwrap_or(0).max(0) as u64 })
     }
 
-    fn commit(&self, changes: &[AppliedChange]) -> Result<(), StoreError> {
+    fn commit(&self, commit: &Commit<'_>) -> Result<(), StoreError> {
+        let changes = commit.changes;
         let Some(last) = changes.last() else {
             return Ok(());
         };
@@ -227,6 +229,17 @@ impl Store for SqliteStore {
             .and_then(|mut s| s.execute(params![last.revision as i64]))
             .map_err(err)?;
         txn.commit().map_err(err)
+    }
+
+    fn status(&self) -> StoreStatus {
+        StoreStatus {
+            kind: "embedded",
+            location: self.path.display().to_string(),
+            connected: true,
+            latest_revision: 0,
+            last_error: None,
+            instances: Vec::new(),
+        }
     }
 
     fn changes_since(&self, after: u64, limit: usize) -> Result<Vec<AppliedChange>, StoreError> {
@@ -284,7 +297,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let old = crate::RedbStore::open(&dir.path().join("c.redb")).unwrap();
         for c in crate::suite::changes() {
-            old.commit(std::slice::from_ref(&c)).unwrap();
+            crate::suite::commit(&old, std::slice::from_ref(&c)).unwrap();
         }
         let loaded = old.load().unwrap();
         let new = SqliteStore::open(&dir.path().join("c.sqlite")).unwrap();

@@ -4,10 +4,20 @@ use std::path::Path;
 
 use tidegate_model::{parse_change_set, ConfigState};
 
-use crate::{AppliedChange, Store, StoreError};
+use crate::{AppliedChange, Commit, Store, StoreError};
 
 fn applied(rev: u64, text: &str) -> AppliedChange {
     AppliedChange { revision: rev, change: parse_change_set(text.as_bytes()).expect("a valid change set") }
+}
+
+/// Commits `changes` on top of what `store` holds, as the writer would.
+pub(crate) fn commit<S: Store + ?Sized>(store: &S, changes: &[AppliedChange]) -> Result<(), StoreError> {
+    let loaded = store.load()?;
+    let mut after = loaded.state.clone();
+    for c in changes {
+        after = after.apply(&c.change, c.revision - 1).map_err(|e| StoreError::Corrupt(e.to_string()))?.0;
+    }
+    store.commit(&Commit { base: loaded.revision, changes, before: &loaded.state, after: &after })
 }
 
 /// Three change sets touching services, backends and routes.
@@ -47,8 +57,8 @@ fn commits_survive_reopening_and_replay<S: Store>(open: &impl Fn(&Path) -> Resul
     let (want, _) = want.apply(&c3.change, 2).expect("applies");
     {
         let store = open(&path).expect("opens");
-        store.commit(&[c1.clone(), c2.clone()]).expect("commits");
-        store.commit(std::slice::from_ref(&c3)).expect("commits");
+        commit(&store, &[c1.clone(), c2.clone()]).expect("commits");
+        commit(&store, std::slice::from_ref(&c3)).expect("commits");
     }
     let store = open(&path).expect("reopens");
     let loaded = store.load().expect("loads");
@@ -73,7 +83,7 @@ fn an_old_log_is_compacted<S: Store>(open: &impl Fn(&Path) -> Result<S, StoreErr
     let dir = tempfile::tempdir().expect("a temporary directory");
     let store = open(&dir.path().join("config")).expect("opens");
     let first = &changes()[0];
-    store.commit(std::slice::from_ref(first)).expect("commits");
+    commit(&store, std::slice::from_ref(first)).expect("commits");
     // Many single-backend changes: the log keeps only the last LOG_RETAIN.
     let n = crate::LOG_RETAIN + 5;
     let batch: Vec<AppliedChange> = (2..=n + 1)
@@ -85,7 +95,7 @@ fn an_old_log_is_compacted<S: Store>(open: &impl Fn(&Path) -> Result<S, StoreErr
             applied(rev, &text)
         })
         .collect();
-    store.commit(&batch).expect("commits");
+    commit(&store, &batch).expect("commits");
     match store.changes_since(1, 10) {
         Err(StoreError::Compacted { oldest }) => assert_eq!(oldest, n + 1 - crate::LOG_RETAIN + 1),
         other => panic!("expected Compacted, got {:?}", other.map(|v| v.len())),

@@ -16,7 +16,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the proxy and its admin API.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Talk to a running Tidegate through its admin API.
     Ctl(CtlArgs),
     /// Check a configuration file (YAML or JSON) without a server: exit
@@ -34,9 +34,52 @@ pub enum Command {
     },
     /// Print the manual page (roff; `tidegate man | man -l -`).
     Man,
+    /// Manage configuration stores.
+    #[command(subcommand)]
+    Store(StoreCommand),
     /// Run the reference external distributor (paper S4): answers proxies'
     /// UDP queries with a backend.
     Distributor(tidegate_distributor::ServeOptions),
+}
+
+/// `tidegate store ...`.
+#[derive(Subcommand, Debug)]
+pub enum StoreCommand {
+    /// Copy the configuration of an embedded store (a stopped Tidegate's
+    /// data directory) into an empty etcd prefix, at the same revision, to
+    /// move to cluster mode.
+    Copy {
+        /// The data directory of the embedded store.
+        #[arg(long)]
+        from: PathBuf,
+        /// The etcd store: etcd://HOST:PORT[,HOST:PORT...]/PREFIX.
+        #[arg(long)]
+        to: tidegate_store::EtcdUrl,
+        #[command(flatten)]
+        etcd: EtcdArgs,
+    },
+}
+
+/// How to reach etcd in cluster mode: TLS and authentication.
+#[derive(Args, Debug, Clone, Default)]
+pub struct EtcdArgs {
+    /// CA certificate (PEM) that signs the etcd members' certificates;
+    /// given, Tidegate speaks TLS to etcd.
+    #[arg(long, env = "TIDEGATE_ETCD_CA")]
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for etcd members that require one (with `--etcd-key`).
+    #[arg(long, env = "TIDEGATE_ETCD_CERT", requires_all = ["etcd_ca", "etcd_key"])]
+    pub etcd_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, env = "TIDEGATE_ETCD_KEY", requires = "etcd_cert")]
+    pub etcd_key: Option<PathBuf>,
+    /// etcd user, when etcd has authentication enabled; the password comes
+    /// from TIDEGATE_ETCD_PASSWORD or `--etcd-password-file`.
+    #[arg(long, env = "TIDEGATE_ETCD_USER")]
+    pub etcd_user: Option<String>,
+    /// A file holding the etcd user's password.
+    #[arg(long, env = "TIDEGATE_ETCD_PASSWORD_FILE", requires = "etcd_user")]
+    pub etcd_password_file: Option<PathBuf>,
 }
 
 /// What `serve --config` does with its file.
@@ -101,9 +144,18 @@ pub struct ServeArgs {
     /// deleting what it leaves out; the changes are logged.
     #[arg(long, env = "TIDEGATE_CONFIG_MODE", value_enum, default_value = "seed", requires = "config")]
     pub config_mode: ConfigMode,
-    /// Configuration store: the embedded default, or etcd://HOST:PORT/PREFIX.
+    /// Configuration store: the embedded default (in --data-dir), or
+    /// cluster mode, etcd://HOST:PORT[,HOST:PORT...]/PREFIX[?history=N]:
+    /// every instance given the same prefix serves the same configuration
+    /// (docs/cluster.md).
     #[arg(long, env = "TIDEGATE_STORE")]
-    pub store: Option<String>,
+    pub store: Option<tidegate_store::EtcdUrl>,
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    /// This instance's name in cluster mode, as the others list it in
+    /// `/v1/status` (default: HOSTNAME:ADMIN-PORT).
+    #[arg(long, env = "TIDEGATE_INSTANCE_NAME")]
+    pub instance_name: Option<String>,
     /// Data-plane worker threads (default: one per core).
     #[arg(long, env = "TIDEGATE_WORKERS")]
     pub workers: Option<usize>,

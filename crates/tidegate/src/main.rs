@@ -19,7 +19,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> std::process::ExitCode {
     let args = cli::Cli::parse();
     let result = match args.command {
-        cli::Command::Serve(opts) => serve::run(opts),
+        cli::Command::Serve(opts) => serve::run(*opts),
         cli::Command::Ctl(opts) => ctl::run(opts),
         cli::Command::Validate { file } => validate(&file),
         cli::Command::Completions { shell } => {
@@ -29,6 +29,7 @@ fn main() -> std::process::ExitCode {
             write_stdout(&script)
         }
         cli::Command::Man => man(),
+        cli::Command::Store(cli::StoreCommand::Copy { from, to, etcd }) => serve::copy_store(&from, to, &etcd),
         cli::Command::Distributor(opts) => distributor(opts),
     };
     match result {

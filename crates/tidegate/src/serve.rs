@@ -11,9 +11,9 @@ use anyhow::{bail, Context};
 use tidegate_admin::AdminState;
 use tidegate_control::Control;
 use tidegate_proxy::{Http1Engine, Limits, ProxyMetrics, RuntimeMode, ServerOptions};
-use tidegate_store::{RedbStore, SqliteStore, Store};
+use tidegate_store::{EtcdAccess, EtcdCredentials, EtcdStore, EtcdTls, EtcdUrl, RedbStore, SqliteStore, Store};
 
-use crate::cli::{ConfigMode, Http1Arg, LogFormat, RuntimeArg, ServeArgs};
+use crate::cli::{ConfigMode, EtcdArgs, Http1Arg, LogFormat, RuntimeArg, ServeArgs};
 use crate::config_file;
 
 /// Logs to stderr, filtered by `TIDEGATE_LOG` (default `info`), in colour
@@ -38,15 +38,19 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             bail!("--health-path {p:?}: must be a path starting with '/', with no query");
         }
     }
-    if let Some(store) = &args.store {
-        bail!("--store {store}: only the embedded store is available in this version (etcd cluster mode is planned)");
-    }
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating data directory {}", args.data_dir.display()))?;
     // The store locks the data directory; only then may the token be written.
-    let store = open_store(&args.data_dir)?;
+    let store: Arc<dyn Store> = match &args.store {
+        None => Arc::new(open_store(&args.data_dir)?),
+        Some(url) => {
+            let store = EtcdStore::open(url.clone(), etcd_access(&args.etcd)?)
+                .with_context(|| format!("connecting to the configuration store {}", url))?;
+            Arc::new(store)
+        }
+    };
     let token = admin_token(&args.data_dir)?;
-    let control = Control::start(Arc::new(store))?;
+    let control = Control::start(store)?;
 
     // Every client connection and every backend connection is a
     // descriptor: take all the system allows (the soft limit is often 1024).
@@ -133,6 +137,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             .await
             .with_context(|| format!("admin API on {}", args.admin))?;
         let admin_addr = listener.local_addr()?;
+        if args.store.is_some() {
+            let name = args.instance_name.clone().unwrap_or_else(|| format!("{}:{}", hostname(), admin_addr.port()));
+            control.announce(name, admin_addr.to_string());
+        }
         let hook_metrics = metrics.clone();
         let state = AdminState::new(control.clone(), &token, Arc::new(move |out: &mut String| hook_metrics.render(out)))
             .with_autoscaler(events, scaling);
@@ -191,9 +199,21 @@ async fn load_initial_config(control: &Control, path: &Path) -> anyhow::Result<(
         );
         return Ok(());
     }
-    let change = config_file::read(path)?.into_change_set();
+    let mut change = config_file::read(path)?.into_change_set();
+    // Only onto an empty store: in cluster mode, instances starting
+    // together seed it once.
+    change.if_revision = Some(0);
     let ops = change.ops.len();
-    let revision = control.submit(change).await.map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let revision = match control.submit(change).await {
+        Ok(r) => r,
+        Err(tidegate_control::SubmitError::Rejected(e))
+            if e.kind == tidegate_model::ChangeErrorKind::Conflict && control.config().revision > 0 =>
+        {
+            tracing::info!(file = %path.display(), "--config ignored: another instance seeded the store first");
+            return Ok(());
+        }
+        Err(e) => bail!("{}: {e}", path.display()),
+    };
     tracing::info!(file = %path.display(), ops, revision, "initial configuration applied");
     Ok(())
 }
@@ -335,6 +355,66 @@ fn limits(args: &ServeArgs, fd_cap: usize) -> Limits {
         h2_max_streams: args.h2_max_streams.max(1),
         trusted_proxies: args.trusted_proxies.clone(),
     }
+}
+
+/// The TLS and user settings for etcd, read from their files.
+fn etcd_access(args: &EtcdArgs) -> anyhow::Result<EtcdAccess> {
+    let read = |p: &Path| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
+    let tls = match &args.etcd_ca {
+        None => None,
+        Some(ca) => Some(EtcdTls {
+            ca_pem: read(ca)?,
+            cert_pem: args.etcd_cert.as_deref().map(read).transpose()?,
+            key_pem: args.etcd_key.as_deref().map(read).transpose()?,
+        }),
+    };
+    let credentials = match &args.etcd_user {
+        None => None,
+        Some(user) => {
+            let password = match (&args.etcd_password_file, std::env::var("TIDEGATE_ETCD_PASSWORD")) {
+                (Some(file), _) => read(file)?.trim_end_matches(['\n', '\r']).to_string(),
+                (None, Ok(p)) => p,
+                (None, Err(_)) => {
+                    bail!("--etcd-user {user}: give the password in TIDEGATE_ETCD_PASSWORD or --etcd-password-file")
+                }
+            };
+            Some(EtcdCredentials { user: user.clone(), password })
+        }
+    };
+    Ok(EtcdAccess { tls, credentials })
+}
+
+/// The machine's name, for the default instance name.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "tidegate".into())
+}
+
+/// `tidegate store copy --from DIR --to etcd://...`: an embedded store's
+/// configuration into an empty etcd prefix, at the same revision.
+pub fn copy_store(from: &Path, to: EtcdUrl, etcd: &EtcdArgs) -> anyhow::Result<ExitCode> {
+    let path = from.join("config.sqlite");
+    if !path.exists() {
+        bail!("{}: no embedded store there (config.sqlite is missing)", from.display());
+    }
+    // Opening takes the store's lock: a running Tidegate keeps it.
+    let source = SqliteStore::open(&path)
+        .with_context(|| format!("opening {} (stop the Tidegate using it first)", path.display()))?;
+    let loaded = source.load().with_context(|| format!("reading {}", path.display()))?;
+    let target = EtcdStore::open(to.clone(), etcd_access(etcd)?).context("connecting to etcd")?;
+    target.import(&loaded.state, loaded.revision).context("copying into etcd")?;
+    println!(
+        "copied revision {} ({} services, {} routes, {} certificates) into {}",
+        loaded.revision,
+        loaded.state.services().len(),
+        loaded.state.routes().len(),
+        loaded.state.certificates().len(),
+        to
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Opens the embedded store, `DIR/config.sqlite` (created mode 0600). A

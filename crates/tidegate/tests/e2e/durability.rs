@@ -43,7 +43,7 @@ async fn kill_9_then_restart_restores_every_acknowledged_change() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redb_data_directory_is_taken_over_once() {
-    use tidegate_store::{AppliedChange, RedbStore, Store};
+    use tidegate_store::{AppliedChange, Commit, RedbStore, Store};
     let dir = tempfile::tempdir().unwrap();
     {
         // What an older Tidegate left: a redb store at revision 7.
@@ -52,7 +52,10 @@ async fn a_redb_data_directory_is_taken_over_once() {
             {"op":"put_service","name":"legacy","spec":{"backends":[{"id":"a","addr":"127.0.0.1:9"}]}},
             {"op":"put_route","name":"legacy","spec":{"match":{"path_prefix":"/old"},"service":"legacy"}}]}"#;
         let change = tidegate_model::parse_change_set(text.as_bytes()).unwrap();
-        old.commit(&[AppliedChange { revision: 7, change }]).unwrap();
+        let (after, _) = tidegate_model::ConfigState::default().apply(&change, 6).unwrap();
+        let changes = [AppliedChange { revision: 7, change }];
+        let before = tidegate_model::ConfigState::default();
+        old.commit(&Commit { base: 6, changes: &changes, before: &before, after: &after }).unwrap();
     }
     let tg = Tidegate::start(dir.path());
     let (_, config) = tg.api("GET", "/v1/config", None).await;

@@ -7,6 +7,7 @@ mod support;
 mod admin;
 mod autoscale;
 mod balancing;
+mod cluster;
 mod config;
 mod durability;
 mod engines;

@@ -1,0 +1,512 @@
+//! Cluster mode against real etcd (Debian's `etcd-server`): several
+//! Tidegate instances share one configuration through one etcd prefix.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::support::{get, send, try_send, Backend, Tidegate, TOKEN};
+
+/// A port nobody listens on right now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+struct Member {
+    name: String,
+    client: u16,
+    peer: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+/// An etcd cluster of real `etcd` processes on loopback, removed on drop.
+struct Etcd {
+    members: Vec<Member>,
+    initial: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Etcd {
+    fn start(n: usize) -> Etcd {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let members: Vec<Member> = (0..n)
+            .map(|i| Member {
+                name: format!("m{i}"),
+                client: free_port(),
+                peer: free_port(),
+                dir: dir.path().join(format!("m{i}")),
+                child: None,
+            })
+            .collect();
+        let initial =
+            members.iter().map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer)).collect::<Vec<_>>().join(",");
+        let mut etcd = Etcd { members, initial, _dir: dir };
+        for i in 0..n {
+            etcd.spawn(i);
+        }
+        for i in 0..n {
+            etcd.wait_healthy(i);
+        }
+        etcd
+    }
+
+    fn spawn(&mut self, i: usize) {
+        let m = &self.members[i];
+        let child = Command::new("etcd")
+            .args(["--name", &m.name, "--data-dir"])
+            .arg(&m.dir)
+            .args(["--listen-client-urls", &format!("http://127.0.0.1:{}", m.client)])
+            .args(["--advertise-client-urls", &format!("http://127.0.0.1:{}", m.client)])
+            .args(["--listen-peer-urls", &format!("http://127.0.0.1:{}", m.peer)])
+            .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{}", m.peer)])
+            .args(["--initial-cluster", &self.initial, "--initial-cluster-state", "new"])
+            .args(["--initial-cluster-token", &format!("tidegate-e2e-{}", self.members[0].peer)])
+            // Fast elections on loopback; room for a 2,000-op change set.
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .args(["--max-txn-ops", "10000", "--max-request-bytes", "10485760"])
+            .args(["--logger", "zap", "--log-level", "error"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("etcd runs (apt-get install etcd-server)");
+        self.members[i].child = Some(child);
+    }
+
+    fn wait_healthy(&self, i: usize) {
+        let url = format!("http://127.0.0.1:{}/health", self.members[i].client);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ok = std::process::Command::new("curl")
+                .args(["-sf", "--max-time", "1", &url])
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("\"true\""));
+            if ok {
+                return;
+            }
+            assert!(Instant::now() < deadline, "etcd member {i} did not become healthy");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.members[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts a killed member again, on its data directory.
+    fn restart(&mut self, i: usize) {
+        self.spawn(i);
+    }
+
+    /// The store URL over these members.
+    fn url(&self, members: &[usize], prefix: &str) -> String {
+        let hosts: Vec<String> = members.iter().map(|&i| format!("127.0.0.1:{}", self.members[i].client)).collect();
+        format!("etcd://{}/{prefix}", hosts.join(","))
+    }
+
+    /// Which member leads.
+    async fn leader(&self) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            for (i, m) in self.members.iter().enumerate().filter(|(_, m)| m.child.is_some()) {
+                let url = format!("http://127.0.0.1:{}/v3/maintenance/status", m.client);
+                if let Ok(r) = try_send("POST", &url, None, b"{}".to_vec(), &[]).await {
+                    let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+                    if v["leader"].is_string() && v["leader"] == v["header"]["member_id"] {
+                        return i;
+                    }
+                }
+            }
+            assert!(Instant::now() < deadline, "no etcd leader");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Compacts etcd's history up to its current revision.
+    async fn compact(&self, member: usize) {
+        let base = format!("http://127.0.0.1:{}", self.members[member].client);
+        let r =
+            send("POST", &format!("{base}/v3/kv/range"), None, json!({"key": "AA=="}).to_string().into(), &[]).await;
+        let v: Value = serde_json::from_slice(&r.body).expect("json");
+        let revision = v["header"]["revision"].as_str().expect("revision").to_string();
+        let body = json!({ "revision": revision, "physical": true }).to_string();
+        let r = send("POST", &format!("{base}/v3/kv/compaction"), None, body.into(), &[]).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill(i);
+        }
+    }
+}
+
+/// A Tidegate instance in cluster mode.
+fn instance(store: &str, extra: &[&str]) -> (Tidegate, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut args = vec!["--store", store];
+    args.extend_from_slice(extra);
+    (Tidegate::start_with(dir.path(), &args), dir)
+}
+
+/// Waits until `tg` has applied `revision`.
+async fn converged(tg: &Tidegate, revision: u64) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (_, v) = tg.api("GET", "/v1/config", None).await;
+        if v["revision"].as_u64().unwrap_or(0) >= revision {
+            return;
+        }
+        assert!(Instant::now() < deadline, "instance {} stuck at {} (wanted {revision})", tg.admin, v["revision"]);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn service_with_route(tg: &Tidegate, backend: &Backend) -> u64 {
+    let (s, v) = tg
+        .api("PUT", "/v1/services/web", Some(json!({ "backends": [{ "id": "a", "addr": backend.addr.to_string() }] })))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) =
+        tg.api("PUT", "/v1/routes/web", Some(json!({ "match": { "path_prefix": "/" }, "service": "web" }))).await;
+    assert_eq!(s, 200, "{v}");
+    v["revision"].as_u64().expect("revision")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_serve_what_any_of_them_was_told() {
+    let etcd = Etcd::start(3);
+    let store = format!("{}?max_txn_ops=10000", etcd.url(&[0, 1, 2], "tg"));
+    let (a, _da) = instance(&store, &["--instance-name", "a"]);
+    let (b, _db) = instance(&store, &["--instance-name", "b"]);
+    let (c, _dc) = instance(&store, &["--instance-name", "c"]);
+    let backend = Backend::start("one", &[]);
+
+    // A change through A is live on B and C, each through its own proxy.
+    let revision = service_with_route(&a, &backend).await;
+    for tg in [&b, &c] {
+        converged(tg, revision).await;
+        let r = get(&tg.url("/hello")).await;
+        assert_eq!((r.status, crate::support::served_by(&r)), (200, "one".to_string()), "{}", r.text());
+    }
+
+    // A 2,000-op change set through B is applied whole, at one revision, everywhere.
+    let ops: Vec<Value> = (0..2000)
+        .map(|i| json!({"op": "put_backend", "service": "web", "id": format!("n{i}"), "spec": {"addr": format!("127.0.0.1:{}", 10000 + i)}}))
+        .collect();
+    let (s, v) = b.api("POST", "/v1/changes", Some(json!({ "ops": ops }))).await;
+    assert_eq!(s, 200, "{v}");
+    let batch = v["revision"].as_u64().expect("revision");
+    assert_eq!(batch, revision + 1, "one change set, one revision");
+    for tg in [&a, &b, &c] {
+        converged(tg, batch).await;
+        let (_, v) = tg.api("GET", "/v1/services/web", None).await;
+        assert_eq!(v["revision"], json!(batch));
+        assert_eq!(v["spec"]["backends"].as_array().map(Vec::len), Some(2001), "{}", tg.admin);
+    }
+
+    // A stale if_revision is refused by every instance.
+    for tg in [&a, &b, &c] {
+        let stale = json!({ "if_revision": revision, "ops": [{"op": "delete_backend", "service": "web", "id": "n1"}] });
+        let (s, v) = tg.api("POST", "/v1/changes", Some(stale)).await;
+        assert_eq!(s, 409, "{v}");
+    }
+
+    // Writes through all three at once: every one is acknowledged, and all
+    // three end with the same configuration at the same revision.
+    let mut writes = Vec::new();
+    for (k, tg) in [&a, &b, &c].into_iter().enumerate() {
+        for i in 0..40 {
+            let url = tg.admin_url(&format!("/v1/services/web/backends/w{k}-{i}"));
+            let body = json!({ "addr": format!("127.0.0.1:{}", 20000 + k * 100 + i) }).to_string();
+            writes.push(tokio::spawn(async move { send("PUT", &url, Some(TOKEN), body.into(), &[]).await.status }));
+        }
+    }
+    for w in writes {
+        assert_eq!(w.await.expect("task"), 200);
+    }
+    // Each change set got its own revision, and every instance applies them all.
+    let last = batch + 120;
+    converged(&a, last).await;
+    let (_, v) = a.api("GET", "/v1/config", None).await;
+    assert_eq!(v["revision"], json!(last), "no revision was taken twice");
+    for tg in [&b, &c] {
+        converged(tg, last).await;
+        let (_, w) = tg.api("GET", "/v1/config", None).await;
+        assert_eq!(w, v, "{} differs from a", tg.admin);
+    }
+
+    // Each instance lists the others in its status.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (_, status) = c.api("GET", "/v1/status", None).await;
+    assert_eq!(status["store"]["kind"], "etcd", "{status}");
+    assert_eq!(status["store"]["connected"], true, "{status}");
+    let mut names: Vec<String> = status["store"]["instances"]
+        .as_array()
+        .expect("instances")
+        .iter()
+        .map(|i| i["name"].as_str().unwrap_or("").to_string())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["a", "b", "c"], "{status}");
+}
+
+/// Sends requests through every proxy until stopped; counts failures.
+fn load(
+    proxies: Vec<String>,
+    stop: Arc<AtomicBool>,
+    failures: Arc<AtomicU64>,
+    served: Arc<AtomicU64>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while !stop.load(Relaxed) {
+            for url in &proxies {
+                match try_send("GET", url, None, Vec::new(), &[]).await {
+                    Ok(r) if r.status == 200 => served.fetch_add(1, Relaxed),
+                    _ => failures.fetch_add(1, Relaxed),
+                };
+            }
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_etcd_never_stops_the_proxies() {
+    let mut etcd = Etcd::start(3);
+    let store = etcd.url(&[0, 1, 2], "tg");
+    let (a, _da) = instance(&store, &[]);
+    let (b, _db) = instance(&store, &[]);
+    let backend = Backend::start("one", &[]);
+    let revision = service_with_route(&a, &backend).await;
+    converged(&b, revision).await;
+
+    let (stop, failures, served) = (Arc::new(AtomicBool::new(false)), Arc::default(), Arc::default());
+    let traffic = load(vec![a.url("/x"), b.url("/x")], stop.clone(), Arc::clone(&failures), Arc::clone(&served));
+
+    // The etcd leader dies: writes continue once the others elect one.
+    let leader = etcd.leader().await;
+    etcd.kill(leader);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let after_leader = loop {
+        let (s, v) = b.api("PUT", "/v1/services/web/backends/after-leader", Some(json!({"addr": "127.0.0.1:9"}))).await;
+        if s == 200 {
+            break v["revision"].as_u64().expect("revision");
+        }
+        assert_eq!(s, 503, "{v}");
+        assert!(Instant::now() < deadline, "no write succeeded after the leader died: {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    converged(&a, after_leader).await;
+
+    // Every member stops: the proxies keep serving, writes are refused
+    // clearly, readiness and status say why.
+    for i in 0..3 {
+        etcd.kill(i);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (s, v) = a.api("PUT", "/v1/services/web/backends/lost", Some(json!({"addr": "127.0.0.1:9"}))).await;
+    assert_eq!(s, 503, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap_or("").contains("unavailable"), "{v}");
+    let r = get(&a.admin_url("/readyz")).await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    let (_, status) = b.api("GET", "/v1/status", None).await;
+    assert_eq!(status["store"]["connected"], false, "{status}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // etcd comes back: both instances reconnect, and writes flow again.
+    for i in 0..3 {
+        etcd.restart(i);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let back = loop {
+        let (s, v) = a.api("PUT", "/v1/services/web/backends/back", Some(json!({"addr": "127.0.0.1:10"}))).await;
+        if s == 200 {
+            break v["revision"].as_u64().expect("revision");
+        }
+        assert!(Instant::now() < deadline, "writes did not resume: {v}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    converged(&b, back).await;
+    stop.store(true, Relaxed);
+    traffic.await.expect("load");
+    assert_eq!(failures.load(Relaxed), 0, "proxied requests failed ({} served)", served.load(Relaxed));
+    assert!(served.load(Relaxed) > 100, "the load ran");
+    let (_, va) = a.api("GET", "/v1/config", None).await;
+    let (_, vb) = b.api("GET", "/v1/config", None).await;
+    assert_eq!(va, vb);
+    let ids: Vec<&str> = va["services"]["web"]["backends"]
+        .as_array()
+        .expect("backends")
+        .iter()
+        .filter_map(|b| b["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["a", "after-leader", "back"], "nothing acknowledged was lost, nothing refused appeared");
+    let r = get(&b.admin_url("/readyz")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_cut_off_past_the_history_reloads_and_converges() {
+    let mut etcd = Etcd::start(3);
+    // C reaches etcd only through one follower, and keeps a short history
+    // (a leader's death is the other test's business).
+    let leader = etcd.leader().await;
+    let cut = (leader + 1) % 3;
+    let others: Vec<usize> = (0..3).filter(|&i| i != cut).collect();
+    let (a, _da) = instance(&format!("{}?history=20", etcd.url(&others, "tg")), &[]);
+    let (c, _dc) = instance(&format!("{}?history=20", etcd.url(&[cut], "tg")), &[]);
+    let backend = Backend::start("one", &[]);
+    let revision = service_with_route(&a, &backend).await;
+    converged(&c, revision).await;
+
+    etcd.kill(cut);
+    // Far more change sets than the history keeps, while C is cut off.
+    for i in 0..150 {
+        let (s, v) =
+            a.api("PUT", &format!("/v1/services/web/backends/n{i}"), Some(json!({"addr": "127.0.0.1:9"}))).await;
+        assert_eq!(s, 200, "{v}");
+    }
+    let (_, s) = a.api("DELETE", "/v1/services/web/backends/n0", None).await;
+    let last = s["revision"].as_u64().expect("revision");
+    etcd.compact(leader).await;
+    // C still serves what it had.
+    let r = get(&c.url("/still")).await;
+    assert_eq!(r.status, 200);
+
+    etcd.restart(cut);
+    converged(&c, last).await;
+    let (_, va) = a.api("GET", "/v1/config", None).await;
+    let (_, vc) = c.api("GET", "/v1/config", None).await;
+    assert_eq!(va, vc);
+    let metrics = send("GET", &c.admin_url("/metrics"), Some(TOKEN), Vec::new(), &[]).await.text();
+    assert!(
+        metrics.lines().any(|l| l.starts_with("tidegate_config_reloads_total ") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_instance_loses_no_acknowledged_change() {
+    let etcd = Etcd::start(1);
+    let store = etcd.url(&[0], "tg");
+    let (a, _da) = instance(&store, &[]);
+    let (b, _db) = instance(&store, &[]);
+    let (s, _) = a.api("PUT", "/v1/services/web", Some(json!({}))).await;
+    assert_eq!(s, 200);
+    // Writers through A; A is killed in the middle of them.
+    let mut writes = Vec::new();
+    for i in 0..200 {
+        let url = a.admin_url(&format!("/v1/services/web/backends/k{i}"));
+        writes.push(tokio::spawn(async move {
+            let body = json!({ "addr": "127.0.0.1:9" }).to_string();
+            (i, try_send("PUT", &url, Some(TOKEN), body.into(), &[]).await.map(|r| r.status))
+        }));
+        if i == 100 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    a.kill9();
+    let mut acknowledged = Vec::new();
+    for w in writes {
+        if let (i, Ok(200)) = w.await.expect("task") {
+            acknowledged.push(format!("k{i}"));
+        }
+    }
+    // Give B a moment to apply whatever reached etcd.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, v) = b.api("GET", "/v1/services/web", None).await;
+    let present: Vec<String> = v["spec"]["backends"]
+        .as_array()
+        .expect("backends")
+        .iter()
+        .filter_map(|b| b["id"].as_str().map(String::from))
+        .collect();
+    for id in &acknowledged {
+        assert!(present.contains(id), "{id} was acknowledged but is gone");
+    }
+    // A restarted instance serves the same.
+    let (a2, _da2) = instance(&store, &[]);
+    let (_, v2) = a2.api("GET", "/v1/services/web", None).await;
+    assert_eq!(v2, v);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedded_store_moves_into_etcd_and_seeding_happens_once() {
+    let etcd = Etcd::start(1);
+    // An embedded store with a configuration, then stopped.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let embedded = Tidegate::start(dir.path());
+    let backend = Backend::start("one", &[]);
+    let revision = service_with_route(&embedded, &backend).await;
+    let (_, before) = embedded.api("GET", "/v1/config", None).await;
+    drop(embedded);
+
+    let copy = |to: &str| {
+        Command::new(env!("CARGO_BIN_EXE_tidegate"))
+            .args(["store", "copy", "--from"])
+            .arg(dir.path())
+            .args(["--to", to])
+            .output()
+            .expect("runs")
+    };
+    let store = etcd.url(&[0], "moved");
+    let out = copy(&store);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("copied revision {revision}")));
+    // Never over a configuration that is there.
+    let again = copy(&store);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already holds a configuration"));
+
+    let (moved, _dm) = instance(&store, &[]);
+    let (_, after) = moved.api("GET", "/v1/config", None).await;
+    assert_eq!(after, before, "the same configuration at the same revision");
+    assert_eq!(get(&moved.url("/")).await.status, 200);
+    let (s, v) = moved.api("PUT", "/v1/services/web/backends/b", Some(json!({"addr": "127.0.0.1:9"}))).await;
+    assert_eq!((s, v["revision"].as_u64()), (200, Some(revision + 1)));
+
+    // Two instances started together with a seed file on an empty prefix
+    // seed it once.
+    let seed = dir.path().join("seed.json");
+    std::fs::write(&seed, r#"{"services": {"s": {"backends": [{"id": "x", "addr": "127.0.0.1:9"}]}}}"#).expect("write");
+    let fresh = etcd.url(&[0], "fresh");
+    let seed_arg = seed.to_string_lossy().to_string();
+    let (x, _dx) = instance(&fresh, &["--config", &seed_arg]);
+    let (y, _dy) = instance(&fresh, &["--config", &seed_arg]);
+    converged(&y, 1).await;
+    for tg in [&x, &y] {
+        let (_, v) = tg.api("GET", "/v1/config", None).await;
+        assert_eq!(v["revision"], 1, "{v}");
+    }
+}
+
+#[test]
+fn a_bad_store_url_or_an_unreachable_etcd_stops_the_start_with_the_reason() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |store: &str| {
+        Command::new(env!("CARGO_BIN_EXE_tidegate"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--store", store, "--data-dir"])
+            .arg(dir.path())
+            .env("TIDEGATE_ADMIN_TOKEN", TOKEN)
+            .output()
+            .expect("runs")
+    };
+    let out = run("etcd://127.0.0.1:2379");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("key prefix"), "{}", String::from_utf8_lossy(&out.stderr));
+    let port = free_port();
+    let out = run(&format!("etcd://127.0.0.1:{port}/tg"));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unavailable") && err.contains(&port.to_string()), "{err}");
+}
