@@ -78,21 +78,20 @@ start_etcd() { # members -> sets ENDPOINTS
 stop_etcd() { for p in "${ETCD_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; ETCD_PIDS=(); sleep 0.5; }
 
 TG_PIDS=()
-start_tidegate() { # name store... -> prints "proxy admin"
+start_tidegate() { # name store... -> sets PROXY and ADMIN (in this shell, so cleanup knows the pid)
   local name=$1; shift
   TIDEGATE_ADMIN_TOKEN=$TOKEN TIDEGATE_LOG=warn "$BIN/tidegate" serve --listen 127.0.0.1:0 --admin 127.0.0.1:0 \
     --data-dir "$WORK/data-$name" --workers 1 "$@" > "$WORK/tg-$name.out" & PIDS+=($!); TG_PIDS+=($!)
   for _ in $(seq 200); do grep -q ready "$WORK/tg-$name.out" 2>/dev/null && break; sleep 0.05; done
   local line; line=$(head -1 "$WORK/tg-$name.out")
-  local proxy=${line#*proxy=}; local admin=${line#*admin=}
-  echo "${proxy%% *} ${admin%% *}"
+  PROXY=${line#*proxy=}; PROXY=${PROXY%% *}; ADMIN=${line#*admin=}; ADMIN=${ADMIN%% *}
 }
 stop_tidegates() { for p in "${TG_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; TG_PIDS=(); sleep 0.3; }
 bench() { "$BIN/tidegate-bench" --token "$TOKEN" "$@"; }
 
-# Propagation through A to A, B and C, with live traffic through B.
+# Propagation through A to A, B and C, with live traffic through B (or A alone).
 propagation() { # suite label
-  bench --admin "$A_ADMIN" --proxy "$B_PROXY" traffic --rate 500 --duration-s "$DURATION" --path / --expect-backend live > "$WORK/traffic.json" &
+  bench --admin "$A_ADMIN" --proxy "${B_PROXY:-$A_PROXY}" traffic --rate 500 --duration-s "$DURATION" --path / --expect-backend live > "$WORK/traffic.json" &
   local tp=$!
   bench --admin "$A_ADMIN" --proxy "$A_PROXY" churn --rate "$RATE" --duration-s "$DURATION" --service churnsvc \
     --expect-backend churn ${B_PROXY:+--also-proxy "$B_PROXY"} ${C_PROXY:+--also-proxy "$C_PROXY"} | emit "$1" "$2"
@@ -105,7 +104,7 @@ setup() {
 }
 
 # Baseline: the embedded store, one instance.
-read -r A_PROXY A_ADMIN < <(start_tidegate embedded)
+start_tidegate embedded; A_PROXY=$PROXY A_ADMIN=$ADMIN
 B_PROXY="" C_PROXY=""
 setup
 propagation embedded "propagation-$RATE"
@@ -114,9 +113,9 @@ stop_tidegates
 for n in $MEMBERS; do
   start_etcd "$n"
   store="etcd://$ENDPOINTS/bench?max_txn_ops=200000"
-  read -r A_PROXY A_ADMIN < <(start_tidegate "a$n" --store "$store" --instance-name a)
-  read -r B_PROXY B_ADMIN < <(start_tidegate "b$n" --store "$store" --instance-name b)
-  read -r C_PROXY C_ADMIN < <(start_tidegate "c$n" --store "$store" --instance-name c)
+  start_tidegate "a$n" --store "$store" --instance-name a; A_PROXY=$PROXY A_ADMIN=$ADMIN
+  start_tidegate "b$n" --store "$store" --instance-name b; B_PROXY=$PROXY B_ADMIN=$ADMIN
+  start_tidegate "c$n" --store "$store" --instance-name c; C_PROXY=$PROXY C_ADMIN=$ADMIN
   setup
   propagation "etcd-$n" "propagation-$RATE"
   bench --admin "$A_ADMIN" saturate --clients "$CLIENTS" --duration-s "$DURATION" --service churnsvc --weight 0 | emit "etcd-$n" saturate-one

@@ -92,11 +92,21 @@ const TICK: Duration = Duration::from_secs(1);
 /// Time between in-flight readings, averaged into each decision's sample.
 const SAMPLE: Duration = Duration::from_millis(100);
 
+/// The cluster-wide role of scaling one service.
+fn role(service: &ServiceName) -> String {
+    format!("autoscale/{service}")
+}
+
 /// Runs the autoscaler until aborted: a supervisor that keeps one scaler
 /// task per service with an `autoscale` block.
+///
+/// In cluster mode only the instance that leads a service's role (an etcd
+/// lease) runs its scaler; when it loses the role its scaler is stopped
+/// without touching the instances, and the new leader adopts them.
 pub fn spawn(control: Control, events: Arc<Events>, state_dir: PathBuf, board: StatusBoard) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut scalers: BTreeMap<ServiceName, (ProviderSpec, JoinHandle<()>)> = BTreeMap::new();
+        let mut asked: std::collections::BTreeSet<ServiceName> = Default::default();
         let mut tick = tokio::time::interval(TICK);
         loop {
             tick.tick().await;
@@ -107,12 +117,47 @@ pub fn spawn(control: Control, events: Arc<Events>, state_dir: PathBuf, board: S
                 .iter()
                 .filter_map(|(n, s)| s.settings.autoscale.as_ref().map(|a| (n.clone(), a.provider.clone())))
                 .collect();
+            for name in wanted.keys() {
+                if asked.insert(name.clone()) {
+                    control.campaign(&role(name));
+                }
+            }
+            asked.retain(|name| {
+                let keep = wanted.contains_key(name);
+                if !keep {
+                    control.resign(&role(name));
+                }
+                keep
+            });
             // A scaler whose service or provider changed ends by itself;
-            // forget finished ones so they can be started afresh.
-            scalers.retain(|name, (spec, task)| !task.is_finished() && wanted.get(name) == Some(spec));
+            // forget finished ones so they can be started afresh. One whose
+            // instance no longer leads is stopped here.
+            scalers.retain(|name, (spec, task)| {
+                if !control.leads(&role(name)) {
+                    task.abort();
+                    events.record(
+                        name.as_str(),
+                        EventKind::Follower,
+                        None,
+                        "another instance leads this service's scaling".into(),
+                        None,
+                    );
+                    return false;
+                }
+                !task.is_finished() && wanted.get(name) == Some(spec)
+            });
             for (name, spec) in wanted {
-                if scalers.contains_key(&name) {
+                if scalers.contains_key(&name) || !control.leads(&role(&name)) {
                     continue;
+                }
+                if asked.contains(&name) && control.store_status().kind != "embedded" {
+                    events.record(
+                        name.as_str(),
+                        EventKind::Leader,
+                        None,
+                        "this instance leads the service's scaling".into(),
+                        None,
+                    );
                 }
                 let provider = provider_for(&spec, name.as_str(), &state_dir);
                 let scaler = Scaler {
@@ -198,7 +243,9 @@ impl Scaler {
     fn observe(&self, rt: &ServiceRuntime) -> (Sample, Counts) {
         let now = clock::now_ms();
         let serving: Vec<_> = rt.selector.primaries().filter(|b| b.weight > 0 && b.stats.is_available(now)).collect();
-        let in_flight: f64 = serving.iter().map(|b| b.stats.in_flight() as f64).sum();
+        // In cluster mode, the other instances' requests to the service too.
+        let in_flight: f64 = serving.iter().map(|b| b.stats.in_flight() as f64).sum::<f64>()
+            + self.control.peers_in_flight(self.name.as_str());
         let latencies: Vec<f64> =
             serving.iter().filter_map(|b| b.stats.latency_ewma()).map(|d| d.as_secs_f64() * 1e3).collect();
         let latency_ms = (!latencies.is_empty()).then(|| latencies.iter().sum::<f64>() / latencies.len() as f64);

@@ -33,6 +33,10 @@ pub enum EventKind {
     Died,
     /// An instance from before a restart was taken over.
     Adopted,
+    /// This instance leads the service's scaling now (cluster mode).
+    Leader,
+    /// Another instance leads it now; this one stopped scaling it.
+    Follower,
 }
 
 /// One event.
@@ -90,6 +94,8 @@ fn kind_name(k: EventKind) -> &'static str {
         EventKind::Stopped => "stopped",
         EventKind::Died => "died",
         EventKind::Adopted => "adopted",
+        EventKind::Leader => "leader",
+        EventKind::Follower => "follower",
     }
 }
 

@@ -155,6 +155,10 @@ impl Control {
                 let _ = wake.try_send(Work::CatchUp);
             }),
             applied: Box::new(move || applied.config.load().revision),
+            in_flight: {
+                let shared = shared.clone();
+                Box::new(move || autoscaled_in_flight(&shared))
+            },
         });
         let writer = writer::Writer::new(shared.clone(), rx);
         std::thread::Builder::new()
@@ -194,10 +198,61 @@ impl Control {
         self.shared.store.announce(name, admin);
     }
 
+    /// Asks to lead `role` across the cluster (see [`Store::campaign`]).
+    pub fn campaign(&self, role: &str) {
+        self.shared.store.campaign(role);
+    }
+
+    /// Whether this instance leads `role` now (always, with an embedded store).
+    pub fn leads(&self, role: &str) -> bool {
+        self.shared.store.leads(role)
+    }
+
+    /// Gives `role` up.
+    pub fn resign(&self, role: &str) {
+        self.shared.store.resign(role);
+    }
+
+    /// Requests in flight to `service` through the other instances of the
+    /// cluster, as they last reported (0 with an embedded store).
+    pub fn peers_in_flight(&self, service: &str) -> f64 {
+        let status = self.shared.store.status();
+        let me = self.shared.store.name();
+        status
+            .instances
+            .iter()
+            .filter(|i| Some(i.name.as_str()) != me.as_deref())
+            .filter_map(|i| i.in_flight.get(service))
+            .map(|&n| n as f64)
+            .sum()
+    }
+
+    /// Leaves the cluster now (at shutdown).
+    pub fn retire(&self) {
+        self.shared.store.retire();
+    }
+
     /// The writer's counters.
     pub fn metrics(&self) -> &WriterMetrics {
         &self.shared.metrics
     }
+}
+
+/// Requests in flight through this instance to each autoscaled service.
+fn autoscaled_in_flight(shared: &Shared) -> std::collections::BTreeMap<String, u64> {
+    let config = shared.config.load();
+    let snapshot = shared.snapshot.load();
+    config
+        .state
+        .services()
+        .iter()
+        .filter(|(_, spec)| spec.settings.autoscale.is_some())
+        .filter_map(|(name, _)| {
+            let rt = snapshot.service(name.as_str())?;
+            let n: u64 = rt.selector.primaries().map(|b| b.stats.in_flight()).sum();
+            Some((name.to_string(), n))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tidegate_model::{ConfigState, Delta};
 use tidegate_store::{AppliedChange, Commit, CommitCost, StoreError};
@@ -14,9 +14,9 @@ use crate::{Pending, Reply, Shared, SubmitError, Work, WriterMetrics};
 /// every answer in it without bound.
 const MAX_GROUP: usize = 4_096;
 
-/// How many times a group is built again after another instance committed
-/// first, before its submitters are told to try again later.
-const MAX_CONFLICTS: usize = 32;
+/// How long a group is built again and again while other instances keep
+/// committing first, before its submitters are told to try again later.
+const MAX_CONFLICT_TIME: Duration = Duration::from_secs(5);
 
 /// Change sets read per page when catching up.
 const CATCH_UP_PAGE: usize = 1_000;
@@ -163,7 +163,8 @@ impl Writer {
         let store = &self.shared.store;
         let max = store.max_commit_cost();
         let mut queue: VecDeque<Pending> = group.into();
-        let mut conflicts = 0;
+        let mut conflicts: u32 = 0;
+        let first_try = Instant::now();
         while !queue.is_empty() {
             let started = Instant::now();
             let current = self.shared.config.load_full();
@@ -202,11 +203,16 @@ impl Writer {
             let commit = Commit { base: current.revision, changes: &applied, before: &current.state, after: &state };
             match store.commit(&commit) {
                 Ok(()) => {}
-                Err(StoreError::Conflict { .. }) if conflicts < MAX_CONFLICTS => {
+                Err(StoreError::Conflict { .. }) if first_try.elapsed() < MAX_CONFLICT_TIME => {
                     conflicts += 1;
                     WriterMetrics::add(&m.conflicts, 1);
                     for (a, reply) in applied.into_iter().zip(waiting).rev() {
                         queue.push_front(Pending { change: a.change, reply });
+                    }
+                    // Writers that keep colliding step aside for a random
+                    // moment, growing with the collisions, so one gets through.
+                    if conflicts > 1 {
+                        std::thread::sleep(jitter(conflicts));
                     }
                     self.catch_up();
                     continue;
@@ -256,6 +262,13 @@ impl Writer {
             WriterMetrics::add(&m.apply_nanos, started.elapsed().as_nanos() as u64);
         }
     }
+}
+
+/// A random pause of up to 250 µs per collision so far (at most 2 ms).
+fn jitter(conflicts: u32) -> Duration {
+    let span = 250 * u64::from(conflicts.min(8));
+    let noise = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    Duration::from_micros(u64::from(noise) % span)
 }
 
 /// What differs between two configurations, as a delta to rebuild.

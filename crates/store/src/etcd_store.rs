@@ -11,6 +11,7 @@
 //! | `routes/NAME`, `certificates/NAME` | one route, one certificate |
 //! | `log/REVISION` (20 digits) | the change set that made that revision |
 //! | `instances/NAME` | a live instance's record, under its lease |
+//! | `leaders/ROLE` | the name of the instance that leads ROLE (one service's autoscaling), under its lease |
 //!
 //! A group of change sets is one transaction: the objects it changed, its
 //! log entries and the new `rev`, guarded by `rev` still holding the
@@ -21,9 +22,9 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tidegate_etcd::{prefix_end, Client, ClientOptions, Compare, Credentials, EtcdError, TlsOptions, TxnOp};
+use tidegate_etcd::{prefix_end, Client, ClientOptions, Compare, Credentials, EtcdError, EventKind, TlsOptions, TxnOp};
 use tidegate_model::{
     BackendId, CertName, CertificateSpec, ChangeSet, ConfigState, Op, RouteName, RouteSpec, ServiceName,
     ServiceSettings, ServiceSpec,
@@ -142,6 +143,56 @@ struct Live {
     last_error: Mutex<Option<String>>,
     instances: Mutex<Vec<InstanceRecord>>,
     announced: Mutex<Option<(String, String)>>,
+    /// Roles asked for, and whether this instance holds each.
+    roles: Mutex<BTreeMap<String, bool>>,
+    /// The instance's lease and until when it is surely alive at etcd.
+    lease: Mutex<Option<(i64, Instant)>>,
+    /// Change sets the watch brought that the writer has not taken yet.
+    received: Mutex<BTreeMap<u64, AppliedChange>>,
+}
+
+/// The most change sets kept from the watch for the writer; beyond it they
+/// are dropped and read from etcd when needed.
+const MAX_RECEIVED: usize = 65_536;
+
+impl Live {
+    /// Keeps `change` for the writer, which has applied up to `applied`
+    /// (what it has applied is dropped: its own commits come back too).
+    fn keep(&self, change: AppliedChange, applied: u64) {
+        if let Ok(mut received) = self.received.lock() {
+            if received.first_key_value().is_some_and(|(r, _)| *r <= applied) {
+                let newer = received.split_off(&(applied + 1));
+                *received = newer;
+            }
+            if received.len() < MAX_RECEIVED {
+                received.insert(change.revision, change);
+            }
+        }
+    }
+
+    /// Up to `limit` change sets from `after + 1` on, if the watch brought
+    /// them all, without a gap; forgets those at or below `after`.
+    fn take(&self, after: u64, limit: usize) -> Option<Vec<AppliedChange>> {
+        let mut received = self.received.lock().ok()?;
+        let newer = received.split_off(&(after + 1));
+        *received = newer;
+        let latest = self.latest.load(Relaxed);
+        let mut out = Vec::new();
+        for (expected, (revision, change)) in (after + 1..).zip(received.iter()) {
+            if *revision != expected || out.len() == limit {
+                break;
+            }
+            out.push(change.clone());
+        }
+        let complete = out.len() == limit || out.last().map_or(after, |c| c.revision) >= latest;
+        (complete && !out.is_empty()).then_some(out)
+    }
+
+    /// The lease, while it is surely still alive at etcd.
+    fn valid_lease(&self) -> Option<i64> {
+        let lease = *self.lease.lock().ok()?;
+        lease.filter(|(_, until)| Instant::now() < *until).map(|(id, _)| id)
+    }
 }
 
 impl Live {
@@ -438,6 +489,9 @@ impl Store for EtcdStore {
     }
 
     fn changes_since(&self, after: u64, limit: usize) -> Result<Vec<AppliedChange>, StoreError> {
+        if let Some(changes) = self.live.take(after, limit) {
+            return Ok(changes);
+        }
         self.runtime.block_on(async {
             let from = self.log_key(after + 1);
             let end = prefix_end(&self.key("log/"));
@@ -467,9 +521,11 @@ impl Store for EtcdStore {
         let client = self.client.clone();
         let live = self.live.clone();
         let rev_key = self.key("rev");
-        self.runtime.spawn(watch_revisions(client.clone(), rev_key, live.clone(), hooks.clone()));
+        let log_prefix = self.key("log/");
+        self.runtime.spawn(follow_log(client.clone(), rev_key, log_prefix, live.clone(), hooks.clone()));
         let instances = self.key("instances/");
-        self.runtime.spawn(heartbeat(client, instances, live, hooks));
+        let leaders = self.key("leaders/");
+        self.runtime.spawn(heartbeat(client, instances, leaders, live, hooks));
     }
 
     fn latest_revision(&self) -> u64 {
@@ -492,34 +548,79 @@ impl Store for EtcdStore {
             *a = Some((name, admin));
         }
     }
+
+    fn name(&self) -> Option<String> {
+        self.live.announced.lock().ok().and_then(|a| a.as_ref().map(|(name, _)| name.clone()))
+    }
+
+    fn campaign(&self, role: &str) {
+        if let Ok(mut roles) = self.live.roles.lock() {
+            roles.entry(role.to_string()).or_insert(false);
+        }
+    }
+
+    fn leads(&self, role: &str) -> bool {
+        let held = self.live.roles.lock().ok().and_then(|r| r.get(role).copied()).unwrap_or(false);
+        held && self.live.valid_lease().is_some()
+    }
+
+    fn resign(&self, role: &str) {
+        let held = self.live.roles.lock().ok().and_then(|mut r| r.remove(role)).unwrap_or(false);
+        if held {
+            let key = self.key(&format!("leaders/{role}"));
+            let client = self.client.clone();
+            self.runtime.spawn(async move {
+                let _ = client.delete(&key).await;
+            });
+        }
+    }
+
+    fn retire(&self) {
+        let lease = self.live.lease.lock().ok().and_then(|mut l| l.take());
+        if let Some((id, _)) = lease {
+            let client = self.client.clone();
+            let revoke = async move { tokio::time::timeout(Duration::from_secs(1), client.lease_revoke(id)).await };
+            let _ = self.runtime.block_on(revoke);
+        }
+    }
 }
 
-/// Follows `rev` for as long as the process lives: reads it, wakes the
-/// writer, watches it from there; after any break, starts again (backing
-/// off to 2 s), so a reconnected instance catches up from the revision it
-/// has applied.
-async fn watch_revisions(client: Client, rev_key: Vec<u8>, live: Arc<Live>, hooks: Arc<Follow>) {
+/// Follows the log for as long as the process lives: reads `rev`, wakes
+/// the writer (which catches up from what it has applied), then watches the
+/// log from there, keeping the change sets it brings for the writer (so
+/// following another instance costs no read). After any break it starts
+/// again (backing off to 2 s).
+async fn follow_log(client: Client, rev_key: Vec<u8>, log_prefix: Vec<u8>, live: Arc<Live>, hooks: Arc<Follow>) {
     let mut backoff = Duration::from_millis(100);
+    let log_end = prefix_end(&log_prefix);
     loop {
         match read_rev(&client, &rev_key).await {
             Ok((etcd_rev, rev)) => {
                 live.latest.fetch_max(rev, Relaxed);
                 (hooks.wake)();
-                match client.watch(&rev_key, None, etcd_rev + 1).await {
+                match client.watch(&log_prefix, Some(&log_end), etcd_rev + 1).await {
                     Ok(mut watch) => {
                         live.ok();
                         backoff = Duration::from_millis(100);
                         loop {
                             match watch.next().await {
                                 Ok(Some(message)) => {
-                                    for event in &message.events {
-                                        let rev =
-                                            std::str::from_utf8(&event.kv.value).ok().and_then(|v| v.parse().ok());
-                                        if let Some(rev) = rev {
-                                            live.latest.fetch_max(rev, Relaxed);
+                                    let applied = (hooks.applied)();
+                                    let mut newest = 0;
+                                    for event in message.events.iter().filter(|e| e.kind == EventKind::Put) {
+                                        // A change set this instance has not applied yet; a
+                                        // value that does not decode is read again later.
+                                        let Ok(change) = serde_json::from_slice::<AppliedChange>(&event.kv.value)
+                                        else {
+                                            continue;
+                                        };
+                                        newest = newest.max(change.revision);
+                                        if change.revision > applied {
+                                            live.keep(change, applied);
                                         }
                                     }
-                                    if !message.events.is_empty() {
+                                    if newest > 0 {
+                                        live.latest.fetch_max(newest, Relaxed);
                                         (hooks.wake)();
                                     }
                                     if message.canceled {
@@ -543,6 +644,9 @@ async fn watch_revisions(client: Client, rev_key: Vec<u8>, live: Arc<Live>, hook
             }
             Err(e) => live.failed(&e),
         }
+        if let Ok(mut received) = live.received.lock() {
+            received.clear();
+        }
         if !live.connected.load(Relaxed) {
             tracing::warn!(error = ?live.last_error.lock().ok().and_then(|e| e.clone()), "etcd unreachable; serving the last configuration");
         }
@@ -551,28 +655,53 @@ async fn watch_revisions(client: Client, rev_key: Vec<u8>, live: Arc<Live>, hook
     }
 }
 
-/// Keeps this instance's record (under a 5 s lease) and reads the others'.
-async fn heartbeat(client: Client, prefix: Vec<u8>, live: Arc<Live>, hooks: Arc<Follow>) {
-    let mut lease = 0;
+/// How long an instance's lease lives without renewal: its record and its
+/// roles outlive it by at most this much.
+const LEASE_TTL: Duration = Duration::from_secs(5);
+
+/// Keeps this instance's lease (renewed every second), its record and its
+/// roles, and reads the others' records.
+async fn heartbeat(client: Client, prefix: Vec<u8>, leaders: Vec<u8>, live: Arc<Live>, hooks: Arc<Follow>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
         let announced = live.announced.lock().ok().and_then(|a| a.clone());
         if let Some((name, admin)) = announced {
-            if lease == 0 {
-                lease = client.lease_grant(Duration::from_secs(5)).await.unwrap_or(0);
-            } else if !client.lease_keep_alive(lease).await.unwrap_or(false) {
-                lease = 0;
-                continue;
+            let sent = Instant::now();
+            let current = live.lease.lock().ok().and_then(|l| l.map(|(id, _)| id));
+            let lease = match current {
+                None => client.lease_grant(LEASE_TTL).await.ok(),
+                Some(id) => match client.lease_keep_alive(id).await {
+                    Ok(true) => Some(id),
+                    // Expired: every role it held is gone with it.
+                    Ok(false) => None,
+                    // Unknown: it stays valid until its time runs out.
+                    Err(_) => continue,
+                },
+            };
+            // Counted from before the request: etcd's clock started no earlier.
+            let until = sent + LEASE_TTL - Duration::from_secs(1);
+            if let Ok(mut l) = live.lease.lock() {
+                *l = lease.map(|id| (id, until));
             }
-            if lease != 0 {
-                let record = InstanceRecord { name: name.clone(), admin, applied_revision: (hooks.applied)() };
-                let mut key = prefix.clone();
-                key.extend_from_slice(name.as_bytes());
-                if let Ok(value) = serde_json::to_vec(&record) {
-                    let _ = client.put(&key, &value, lease).await;
+            let Some(lease) = lease else {
+                if let Ok(mut roles) = live.roles.lock() {
+                    roles.values_mut().for_each(|held| *held = false);
                 }
+                continue;
+            };
+            let record = InstanceRecord {
+                name: name.clone(),
+                admin,
+                applied_revision: (hooks.applied)(),
+                in_flight: (hooks.in_flight)(),
+            };
+            let mut key = prefix.clone();
+            key.extend_from_slice(name.as_bytes());
+            if let Ok(value) = serde_json::to_vec(&record) {
+                let _ = client.put(&key, &value, lease).await;
             }
+            campaign(&client, &leaders, &name, lease, &live).await;
         }
         if let Ok(range) = client.range(&prefix, Some(&prefix_end(&prefix))).await {
             let records = range.kvs.iter().filter_map(|kv| serde_json::from_slice(&kv.value).ok()).collect();
@@ -583,9 +712,65 @@ async fn heartbeat(client: Client, prefix: Vec<u8>, live: Arc<Live>, hooks: Arc<
     }
 }
 
+/// Takes every role asked for that no one holds, under `lease`.
+async fn campaign(client: &Client, leaders: &[u8], name: &str, lease: i64, live: &Live) {
+    let wanted: Vec<String> = match live.roles.lock() {
+        Ok(roles) => roles.iter().filter(|(_, held)| !**held).map(|(r, _)| r.clone()).collect(),
+        Err(_) => return,
+    };
+    for role in wanted {
+        let mut key = leaders.to_vec();
+        key.extend_from_slice(role.as_bytes());
+        let take = TxnOp::Put { key: key.clone(), value: name.as_bytes().to_vec(), lease };
+        let held = match client.txn(&[Compare::Absent(key.clone())], &[take]).await {
+            Ok(outcome) if outcome.succeeded => true,
+            // Held already: by this very lease (an answer lost in transit)?
+            Ok(_) => matches!(client.get(&key).await, Ok((_, Some(kv))) if kv.lease == lease),
+            Err(_) => false,
+        };
+        if held {
+            tracing::info!(role, "this instance now leads");
+        }
+        if let Ok(mut roles) = live.roles.lock() {
+            if let Some(h) = roles.get_mut(&role) {
+                *h = held;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn change(revision: u64) -> AppliedChange {
+        AppliedChange { revision, change: ChangeSet { if_revision: None, ops: Vec::new() } }
+    }
+
+    fn revisions(changes: Option<Vec<AppliedChange>>) -> Vec<u64> {
+        changes.unwrap_or_default().iter().map(|c| c.revision).collect()
+    }
+
+    #[test]
+    fn change_sets_from_the_watch_are_taken_only_without_a_gap() {
+        let live = Live::default();
+        live.latest.store(5, Relaxed);
+        for r in [2, 3, 5] {
+            live.keep(change(r), 1);
+        }
+        assert!(live.take(1, 10).is_none(), "4 is missing: read it from etcd");
+        live.keep(change(4), 1);
+        assert_eq!(revisions(live.take(1, 10)), [2, 3, 4, 5]);
+        assert_eq!(revisions(live.take(3, 1)), [4], "the limit holds");
+        assert!(live.take(5, 10).is_none(), "nothing newer");
+        // What the writer has applied (its own commits among them) is dropped.
+        live.latest.store(9, Relaxed);
+        for r in [6, 7, 8, 9] {
+            live.keep(change(r), 7);
+        }
+        assert_eq!(live.received.lock().map(|r| r.len()).unwrap_or(0), 2);
+        assert_eq!(revisions(live.take(7, 10)), [8, 9]);
+    }
 
     #[test]
     fn store_urls_parse_or_say_what_is_wrong() {

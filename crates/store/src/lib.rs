@@ -149,6 +149,10 @@ pub struct InstanceRecord {
     pub admin: String,
     /// The revision it has applied.
     pub applied_revision: u64,
+    /// Requests in flight through this instance, per autoscaled service:
+    /// the leader of a service's autoscaling adds the others' to its own.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub in_flight: std::collections::BTreeMap<String, u64>,
 }
 
 /// Hooks the writer gives a shared store to follow changes made elsewhere.
@@ -158,6 +162,8 @@ pub struct Follow {
     pub wake: Box<dyn Fn() + Send + Sync>,
     /// The revision this instance has applied, for its instance record.
     pub applied: Box<dyn Fn() -> u64 + Send + Sync>,
+    /// Requests in flight here per autoscaled service, for its instance record.
+    pub in_flight: Box<dyn Fn() -> std::collections::BTreeMap<String, u64> + Send + Sync>,
 }
 
 /// Durable storage of the configuration and its recent history.
@@ -206,4 +212,27 @@ pub trait Store: Send + Sync + 'static {
 
     /// Announces this instance to the others (shared stores only).
     fn announce(&self, _name: String, _admin: String) {}
+
+    /// The name this instance announced, if any.
+    fn name(&self) -> Option<String> {
+        None
+    }
+
+    /// Asks to lead `role` (a shared store: one instance at a time holds a
+    /// role, under a lease that lapses when the holder dies). Keeps asking
+    /// until [`Store::resign`].
+    fn campaign(&self, _role: &str) {}
+
+    /// Whether this instance leads `role` now. With an embedded store there
+    /// is no one else: always.
+    fn leads(&self, _role: &str) -> bool {
+        true
+    }
+
+    /// Stops asking for `role`, and gives it up if held.
+    fn resign(&self, _role: &str) {}
+
+    /// Ends this instance's membership now (at shutdown): its record and
+    /// its roles go at once rather than when the lease lapses.
+    fn retire(&self) {}
 }

@@ -184,6 +184,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
         anyhow::Ok(())
     })?;
+    // In cluster mode, leave at once: this instance's record and roles go
+    // now, not when its lease lapses.
+    control.retire();
     tracing::info!("shutting down: draining client connections");
     proxy.shutdown();
     Ok(ExitCode::SUCCESS)

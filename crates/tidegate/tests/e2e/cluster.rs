@@ -510,3 +510,121 @@ fn a_bad_store_url_or_an_unreachable_etcd_stops_the_start_with_the_reason() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("unavailable") && err.contains(&port.to_string()), "{err}");
 }
+
+/// Shell scripts standing in for shared infrastructure: they start backend
+/// emulators detached from any Tidegate and keep one record file per
+/// instance in `dir`, so every instance (and the test) sees the same ones.
+fn command_provider(dir: &std::path::Path) -> Value {
+    let emulator = crate::support::bin_dir().join("tidegate-emulator");
+    let write = |name: &str, body: String| {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).expect("write script");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        path.to_string_lossy().into_owned()
+    };
+    let records = dir.join("records");
+    std::fs::create_dir_all(&records).expect("records dir");
+    let r = records.to_string_lossy();
+    let start = write(
+        "start.sh",
+        format!(
+            "set -e\nid=$1\nport=$(( 0x${{id##*-}} % 4000 + 24000 ))\n{} --listen 127.0.0.1:$port --name $id --threads 1 >/dev/null 2>&1 </dev/null &\necho \"$! 127.0.0.1:$port\" > {r}/$id\necho \"{{\\\"addr\\\": \\\"127.0.0.1:$port\\\"}}\"",
+            emulator.display()
+        ),
+    );
+    let stop = write(
+        "stop.sh",
+        format!("[ -e {r}/$1 ] || exit 0\nkill $(cut -d' ' -f1 {r}/$1) 2>/dev/null || true\nrm -f {r}/$1"),
+    );
+    let list = write(
+        "list.sh",
+        format!(
+            "first=1\nprintf '['\nfor f in {r}/*; do\n  [ -e \"$f\" ] || continue\n  read pid addr < \"$f\"\n  [ $first = 1 ] || printf ','\n  first=0\n  printf '{{\"id\":\"%s\",\"addr\":\"%s\"}}' \"${{f##*/}}\" \"$addr\"\ndone\nprintf ']'"
+        ),
+    );
+    json!({"kind": "command", "start": [start, "{id}"], "stop": [stop, "{id}"], "list": [list]})
+}
+
+/// Stops every instance the scripts started.
+struct Records(PathBuf);
+
+impl Records {
+    fn count(&self) -> usize {
+        std::fs::read_dir(&self.0).map(|d| d.count()).unwrap_or(0)
+    }
+}
+
+impl Drop for Records {
+    fn drop(&mut self) {
+        for entry in std::fs::read_dir(&self.0).into_iter().flatten().flatten() {
+            let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+            if let Some(pid) = text.split_whitespace().next() {
+                let _ = Command::new("kill").args(["-9", pid]).status();
+            }
+        }
+    }
+}
+
+async fn event_kinds(tg: &Tidegate) -> Vec<String> {
+    let (_, v) = tg.api("GET", "/v1/events", None).await;
+    v["events"].as_array().into_iter().flatten().filter_map(|e| e["kind"].as_str().map(String::from)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_instance_scales_a_service_and_another_takes_over_when_it_dies() {
+    let etcd = Etcd::start(1);
+    let store = etcd.url(&[0], "tg");
+    let scripts = tempfile::tempdir().expect("tempdir");
+    let provider = command_provider(scripts.path());
+    let records = Records(scripts.path().join("records"));
+    let (a, _da) = instance(&store, &["--instance-name", "a"]);
+    let (b, _db) = instance(&store, &["--instance-name", "b"]);
+    let base = Backend::start("base", &[]);
+    let spec = json!({
+        "policy": {"kind": "least_conn"},
+        "autoscale": {"provider": provider, "min": 1, "max": 4, "pinned": 3,
+                      "ready": {"path": "/health", "interval_ms": 100, "timeout_s": 10}},
+        "backends": [{"id": "base", "addr": base.addr.to_string()}],
+    });
+    let (s, v) = a.api("PUT", "/v1/services/app", Some(spec)).await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = a.api("PUT", "/v1/routes/app", Some(json!({"service": "app"}))).await;
+    assert_eq!(s, 200, "{v}");
+
+    // Exactly one instance scales: two instances started (three backends
+    // with the static one), not four.
+    let autoscaled = |v: &Value| {
+        v["spec"]["backends"].as_array().map_or(0, |b| b.iter().filter(|b| b["autoscaled"] == true).count())
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, v) = b.api("GET", "/v1/services/app", None).await;
+        if autoscaled(&v) == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no two autoscaled backends: {v}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(records.count(), 2, "one leader, one set of instances");
+    let (leader, follower) = if event_kinds(&a).await.contains(&"leader".to_string()) { (a, b) } else { (b, a) };
+    assert!(!event_kinds(&follower).await.contains(&"leader".to_string()));
+
+    // The leader dies: within its lease's 5 s the other takes over, adopts
+    // both instances, and starts none.
+    leader.kill9();
+    let deadline = Instant::now() + Duration::from_secs(12);
+    while !event_kinds(&follower).await.contains(&"leader".to_string()) {
+        assert!(Instant::now() < deadline, "no takeover: {:?}", event_kinds(&follower).await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let kinds = event_kinds(&follower).await;
+    assert_eq!(kinds.iter().filter(|k| *k == "adopted").count(), 2, "{kinds:?}");
+    assert!(!kinds.contains(&"started".to_string()), "{kinds:?}");
+    assert_eq!(records.count(), 2, "no duplicate instances");
+    let (_, v) = follower.api("GET", "/v1/services/app", None).await;
+    assert_eq!(autoscaled(&v), 2, "{v}");
+    assert_eq!(get(&follower.url("/")).await.status, 200);
+}
