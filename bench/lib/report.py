@@ -249,7 +249,8 @@ def markdown(out: Path, results: dict, meta: dict, pngs: list[str]) -> str:
                             ("peak", "4. Peak and autoscaling (paper S1)", md_peak),
                             ("overhead", "5. Overhead (paper S4)", md_overhead),
                             ("hostile", "6. Hostile load (issue 9)", md_hostile),
-                            ("tls", "7. TLS at the front door and to backends (issue 10)", md_tls)):
+                            ("tls", "7. TLS at the front door and to backends (issue 10)", md_tls),
+                            ("cluster", "8. Cluster mode through etcd (issue 11)", md_cluster)):
         if name not in results:
             continue
         md.append(f"\n## {title}\n")
@@ -507,6 +508,29 @@ def md_tls(r):
     if ratios:
         s.append("\nGoal (≥ nginx in every mode): " + ", ".join(f"{m}: {v:.2f}x" for m, v in ratios)
                  + (" — met" if all(v >= 1 for _, v in ratios) else " — not met") + ".\n")
+    return "".join(s)
+
+
+def md_cluster(r):
+    p = r["params"]
+    s = [f"Three Tidegate instances (A, B, C; one worker each) on one etcd prefix, etcd with "
+         f"{p['members']} member(s), everything on the same 2 cores. Propagation: {p['rate']} route changes/s "
+         f"through A for {p['duration']} s, each counted once A, B and C all serve it, with live traffic through "
+         "B; `embedded` is one instance on the embedded store in the same run. Saturation: closed-loop "
+         f"single-op changes from {p['clients']} clients through A alone, then through A, B and C at once. "
+         f"`loaded`: after {p['preload']} services (10 backends each) and routes were added.\n\n"]
+    rows = []
+    for x in r["summary"]:
+        if "everywhere_p50_ms" in x:
+            rows.append([x["suite"], x["what"], x["changes"], x["effective_everywhere"], x["admin_p50_ms"],
+                         x["admin_p99_ms"], x["everywhere_p50_ms"], x["everywhere_p99_ms"], x["errors"]])
+    s.append(table(["store", "run", "changes", "live everywhere", "answer p50 ms", "answer p99 ms",
+                    "everywhere p50 ms", "everywhere p99 ms", "errors"], rows))
+    rows = [[x["suite"], x["what"], x["requests"], x["errors"], x["p99_ms"]] for x in r["summary"] if "requests" in x]
+    s.append("\n" + table(["store", "live traffic during", "requests", "errors", "p99 ms"], rows))
+    rows = [[x["suite"], x["what"], x["change_sets_per_s"], x["p50_ms"], x["p99_ms"], x["errors"]]
+            for x in r["summary"] if "change_sets_per_s" in x]
+    s.append("\n" + table(["store", "saturation", "change sets/s", "p50 ms", "p99 ms", "errors"], rows))
     return "".join(s)
 
 

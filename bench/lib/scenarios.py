@@ -48,6 +48,10 @@ PARAMS = {
         "smoke": {"duration": 3, "rate": 200, "attackers_scale": 0.1},
         "full": {"duration": 60, "rate": 1000, "attackers_scale": 1.0},
     },
+    "cluster": {
+        "smoke": {"duration": 1, "rate": 100, "members": "1", "preload": 200, "clients": 4},
+        "full": {"duration": 10, "rate": 600, "members": "1 3", "preload": 10000, "clients": 32},
+    },
 }
 
 # What each scenario's JSON must contain (the smoke profile checks these).
@@ -59,6 +63,7 @@ EXPECTED = {
     "overhead": ["runs", "summary", "goal"],
     "hostile": ["runs", "summary", "goal"],
     "tls": ["runs", "summary"],
+    "cluster": ["runs", "summary"],
 }
 
 
@@ -193,6 +198,34 @@ def tls(ctx: Ctx) -> dict:
     return {"params": p, "runs": runs, "summary": summarize(runs, lambda r: r["mode"], lambda rs: {})}
 
 
+def cluster(ctx: Ctx) -> dict:
+    """Cluster mode: propagation from one instance to three through etcd,
+    sustained changes/s, next to the embedded store (bench/cluster.sh)."""
+    p = PARAMS["cluster"][ctx.profile]
+    out = ctx.work / "cluster.jsonl"
+    sh(ctx, "cluster.sh", ["--duration", str(p["duration"]), "--rate", str(p["rate"]), "--members", p["members"],
+                           "--preload", str(p["preload"]), "--clients", str(p["clients"]), "--out", str(out)],
+       "cluster")
+    runs = jsonl(out)
+    summary = []
+    for r in runs:
+        label, suite = r["label"], r["suite"]
+        if r.get("scenario") == "churn":
+            lat, adm = r["time_to_effective_us"], r["admin_us"]
+            summary.append({"suite": suite, "what": label, "changes": r["sending"]["planned"],
+                            "effective_everywhere": r["effective"], "admin_p50_ms": adm["p50"] / 1e3,
+                            "admin_p99_ms": adm["p99"] / 1e3, "everywhere_p50_ms": lat["p50"] / 1e3,
+                            "everywhere_p99_ms": lat["p99"] / 1e3, "errors": r["error_total"]})
+        elif r.get("scenario") == "traffic":
+            summary.append({"suite": suite, "what": label, "requests": r["sending"]["sent"],
+                            "errors": r["error_total"] + r["non_200"], "p99_ms": r["latency_us"]["p99"] / 1e3})
+        elif "change_sets_per_s" in r:
+            summary.append({"suite": suite, "what": label, "change_sets_per_s": r["change_sets_per_s"],
+                            "p50_ms": r["latency_us"]["p50"] / 1e3, "p99_ms": r["latency_us"]["p99"] / 1e3,
+                            "errors": r["error_total"]})
+    return {"params": p, "runs": runs, "summary": summary}
+
+
 def hostile_scenario(ctx: Ctx) -> dict:
     p = PARAMS["hostile"][ctx.profile]
     return hostile.run(ctx, p["duration"], p["rate"], p["attackers_scale"])
@@ -206,4 +239,5 @@ SCENARIOS = {
     "overhead": overhead_scenario,
     "hostile": hostile_scenario,
     "tls": tls,
+    "cluster": cluster,
 }
