@@ -4,6 +4,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use imbl::{OrdMap, OrdSet};
 use tidegate_model::{ConfigState, Delta};
 use tidegate_store::{AppliedChange, Commit, CommitCost, StoreError};
 use tokio::sync::mpsc;
@@ -273,36 +274,16 @@ fn jitter(conflicts: u32) -> Duration {
 
 /// What differs between two configurations, as a delta to rebuild.
 fn difference(old: &ConfigState, new: &ConfigState) -> Delta {
-    let mut delta = Delta::default();
-    for (name, spec) in old.services() {
-        if new.services().get(name) != Some(spec) {
-            delta.services.insert(name.clone());
-        }
+    Delta {
+        services: changed(old.services(), new.services()),
+        routes: changed(old.routes(), new.routes()),
+        certificates: changed(old.certificates(), new.certificates()),
     }
-    for name in new.services().keys() {
-        if !old.services().contains_key(name) {
-            delta.services.insert(name.clone());
-        }
-    }
-    for (name, spec) in old.routes() {
-        if new.routes().get(name) != Some(spec) {
-            delta.routes.insert(name.clone());
-        }
-    }
-    for name in new.routes().keys() {
-        if !old.routes().contains_key(name) {
-            delta.routes.insert(name.clone());
-        }
-    }
-    for (name, spec) in old.certificates() {
-        if new.certificates().get(name) != Some(spec) {
-            delta.certificates.insert(name.clone());
-        }
-    }
-    for name in new.certificates().keys() {
-        if !old.certificates().contains_key(name) {
-            delta.certificates.insert(name.clone());
-        }
-    }
-    delta
+}
+
+/// The keys whose values differ between `old` and `new`, or that only one has.
+fn changed<K: Ord + Clone, V: PartialEq>(old: &OrdMap<K, V>, new: &OrdMap<K, V>) -> OrdSet<K> {
+    let gone_or_changed = old.iter().filter(|(k, v)| new.get(*k) != Some(*v)).map(|(k, _)| k.clone());
+    let added = new.keys().filter(|k| !old.contains_key(*k)).cloned();
+    gone_or_changed.chain(added).collect()
 }

@@ -139,6 +139,20 @@ pub struct StoreStatus {
     pub instances: Vec<InstanceRecord>,
 }
 
+impl StoreStatus {
+    /// An embedded store at `path`: always there, no one else.
+    pub fn embedded(path: &std::path::Path) -> StoreStatus {
+        StoreStatus {
+            kind: "embedded",
+            location: path.display().to_string(),
+            connected: true,
+            latest_revision: 0,
+            last_error: None,
+            instances: Vec::new(),
+        }
+    }
+}
+
 /// What an instance in cluster mode says about itself, refreshed every
 /// second under a lease (so a dead instance's record disappears).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

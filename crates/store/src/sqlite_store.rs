@@ -232,14 +232,7 @@ impl Store for SqliteStore {
     }
 
     fn status(&self) -> StoreStatus {
-        StoreStatus {
-            kind: "embedded",
-            location: self.path.display().to_string(),
-            connected: true,
-            latest_revision: 0,
-            last_error: None,
-            instances: Vec::new(),
-        }
+        StoreStatus::embedded(&self.path)
     }
 
     fn changes_since(&self, after: u64, limit: usize) -> Result<Vec<AppliedChange>, StoreError> {

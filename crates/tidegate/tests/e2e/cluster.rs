@@ -28,11 +28,21 @@ struct Member {
 struct Etcd {
     members: Vec<Member>,
     initial: String,
+    /// Extra flags for every member (TLS).
+    extra: Vec<String>,
+    /// `http` or `https`.
+    scheme: &'static str,
+    /// curl's options to reach a member (TLS files).
+    curl: Vec<String>,
     _dir: tempfile::TempDir,
 }
 
 impl Etcd {
     fn start(n: usize) -> Etcd {
+        Self::start_with(n, Vec::new(), "http", Vec::new())
+    }
+
+    fn start_with(n: usize, extra: Vec<String>, scheme: &'static str, curl: Vec<String>) -> Etcd {
         let dir = tempfile::tempdir().expect("tempdir");
         let members: Vec<Member> = (0..n)
             .map(|i| Member {
@@ -45,7 +55,7 @@ impl Etcd {
             .collect();
         let initial =
             members.iter().map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer)).collect::<Vec<_>>().join(",");
-        let mut etcd = Etcd { members, initial, _dir: dir };
+        let mut etcd = Etcd { members, initial, extra, scheme, curl, _dir: dir };
         for i in 0..n {
             etcd.spawn(i);
         }
@@ -60,8 +70,8 @@ impl Etcd {
         let child = Command::new("etcd")
             .args(["--name", &m.name, "--data-dir"])
             .arg(&m.dir)
-            .args(["--listen-client-urls", &format!("http://127.0.0.1:{}", m.client)])
-            .args(["--advertise-client-urls", &format!("http://127.0.0.1:{}", m.client)])
+            .args(["--listen-client-urls", &format!("{}://127.0.0.1:{}", self.scheme, m.client)])
+            .args(["--advertise-client-urls", &format!("{}://127.0.0.1:{}", self.scheme, m.client)])
             .args(["--listen-peer-urls", &format!("http://127.0.0.1:{}", m.peer)])
             .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{}", m.peer)])
             .args(["--initial-cluster", &self.initial, "--initial-cluster-state", "new"])
@@ -70,6 +80,7 @@ impl Etcd {
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
             .args(["--max-txn-ops", "10000", "--max-request-bytes", "10485760"])
             .args(["--logger", "zap", "--log-level", "error"])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -78,11 +89,12 @@ impl Etcd {
     }
 
     fn wait_healthy(&self, i: usize) {
-        let url = format!("http://127.0.0.1:{}/health", self.members[i].client);
+        let url = format!("{}://127.0.0.1:{}/health", self.scheme, self.members[i].client);
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let ok = std::process::Command::new("curl")
                 .args(["-sf", "--max-time", "1", &url])
+                .args(&self.curl)
                 .output()
                 .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("\"true\""));
             if ok {
@@ -627,4 +639,92 @@ async fn one_instance_scales_a_service_and_another_takes_over_when_it_dies() {
     let (_, v) = follower.api("GET", "/v1/services/app", None).await;
     assert_eq!(autoscaled(&v), 2, "{v}");
     assert_eq!(get(&follower.url("/")).await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_with_authentication_takes_a_user_and_refuses_a_wrong_password() {
+    let etcd = Etcd::start(1);
+    let base = format!("http://127.0.0.1:{}/v3/auth", etcd.members[0].client);
+    for (path, body) in [
+        ("user/add", json!({"name": "root", "password": "s3cret-pw"})),
+        ("role/add", json!({"name": "root"})),
+        ("user/grant", json!({"user": "root", "role": "root"})),
+        ("enable", json!({})),
+    ] {
+        let r = send("POST", &format!("{base}/{path}"), None, body.to_string().into(), &[]).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+    }
+    let store = etcd.url(&[0], "tg");
+    let start = |password: &str| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidegate"));
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--store", &store])
+            .args(["--etcd-user", "root", "--data-dir"])
+            .arg(dir.path())
+            .env("TIDEGATE_ADMIN_TOKEN", TOKEN)
+            .env("TIDEGATE_ETCD_PASSWORD", password);
+        (cmd, dir)
+    };
+    let (mut wrong, _d) = start("not-it");
+    let out = wrong.output().expect("runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("authentication failed"), "{err}");
+
+    // The right password: writes, and another instance follows them.
+    let password = tempfile::NamedTempFile::new().expect("a file");
+    std::fs::write(password.path(), "s3cret-pw\n").expect("write");
+    let pw = password.path().to_string_lossy().to_string();
+    let (a, _da) = instance(&store, &["--etcd-user", "root", "--etcd-password-file", &pw]);
+    let (b, _db) = instance(&store, &["--etcd-user", "root", "--etcd-password-file", &pw]);
+    let backend = Backend::start("one", &[]);
+    let revision = service_with_route(&a, &backend).await;
+    converged(&b, revision).await;
+    assert_eq!(get(&b.url("/")).await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_over_tls_with_client_certificates() {
+    let ca = crate::tls::Ca::new();
+    let server = ca.leaf(&["127.0.0.1", "localhost"]);
+    let client = ca.leaf(&["tidegate"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).expect("write");
+        p.to_string_lossy().to_string()
+    };
+    let (ca_pem, server_cert, server_key) =
+        (file("ca.pem", &ca.pem()), file("server.pem", &server.cert_pem), file("server.key", &server.key_pem));
+    let (client_cert, client_key) = (file("client.pem", &client.cert_pem), file("client.key", &client.key_pem));
+    let flags =
+        ["--cert-file", &server_cert, "--key-file", &server_key, "--trusted-ca-file", &ca_pem, "--client-cert-auth"];
+    let curl = ["--cacert", &ca_pem, "--cert", &client_cert, "--key", &client_key];
+    let etcd = Etcd::start_with(
+        1,
+        flags.iter().map(|s| s.to_string()).collect(),
+        "https",
+        curl.iter().map(|s| s.to_string()).collect(),
+    );
+    let store = etcd.url(&[0], "tg");
+    let tls = ["--etcd-ca", &ca_pem, "--etcd-cert", &client_cert, "--etcd-key", &client_key];
+    let (a, _da) = instance(&store, &tls);
+    let (b, _db) = instance(&store, &tls);
+    let backend = Backend::start("one", &[]);
+    let revision = service_with_route(&a, &backend).await;
+    converged(&b, revision).await;
+    assert_eq!(get(&b.url("/")).await.status, 200);
+
+    // Without the client certificate, etcd refuses the connection: the start fails and says why.
+    let data = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(env!("CARGO_BIN_EXE_tidegate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--store", &store, "--etcd-ca", &ca_pem])
+        .arg("--data-dir")
+        .arg(data.path())
+        .env("TIDEGATE_ADMIN_TOKEN", TOKEN)
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unavailable") || err.contains("certificate"), "{err}");
 }
