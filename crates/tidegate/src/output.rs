@@ -140,6 +140,7 @@ fn table(value: &Value, view: View) -> Option<String> {
                     cell(&c["not_after"])
                 ));
             }
+            out.push_str(&cluster(&value["store"]));
             return Some(out);
         }
         View::Services => {
@@ -207,6 +208,31 @@ fn table(value: &Value, view: View) -> Option<String> {
     Some(format!("{revision}\n{body}"))
 }
 
+/// Cluster mode's part of the status: the store's state and every
+/// instance's progress (nothing for the embedded store).
+fn cluster(store: &Value) -> String {
+    if store["kind"] != "etcd" {
+        return String::new();
+    }
+    let state = if store["connected"] == true {
+        "connected".to_string()
+    } else {
+        format!("UNREACHABLE ({}): serving the last configuration", cell(&store["last_error"]))
+    };
+    let mut out = format!("\n\nstore {} {state}, lag {}", cell(&store["location"]), cell(&store["lag"]));
+    let rows: Vec<Vec<String>> = store["instances"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|i| vec![cell(&i["name"]), cell(&i["admin"]), cell(&i["applied_revision"]), cell(&i["lag"])])
+        .collect();
+    if !rows.is_empty() {
+        out.push('\n');
+        out.push_str(&columns(&["INSTANCE", "ADMIN", "APPLIED", "LAG"], &rows));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -230,6 +256,25 @@ mod tests {
         assert!(t.contains("(no backends)"), "{t}");
         let header = lines[1];
         assert_eq!(header.find("ADDR"), lines[2].find("(no backends)"), "columns line up: {t}");
+    }
+
+    #[test]
+    fn status_in_cluster_mode_lists_the_store_and_the_instances() {
+        let status = json!({
+            "revision": 9, "routes": 0, "services": {},
+            "store": { "kind": "etcd", "location": "etcd://127.0.0.1:2379/tg", "connected": false,
+                       "last_error": "refused", "lag": 2,
+                       "instances": [{ "name": "a", "admin": "10.0.0.1:9900", "applied_revision": 9, "lag": 2 }] }
+        });
+        let t = render(&status, View::Status, Output::Table);
+        assert!(
+            t.contains("store etcd://127.0.0.1:2379/tg UNREACHABLE (refused): serving the last configuration, lag 2"),
+            "{t}"
+        );
+        let a: Vec<&str> = t.lines().find(|l| l.starts_with("a ")).expect("a row").split_whitespace().collect();
+        assert_eq!(a, ["a", "10.0.0.1:9900", "9", "2"], "{t}");
+        let embedded = json!({ "revision": 1, "routes": 0, "services": {}, "store": { "kind": "embedded" } });
+        assert!(!render(&embedded, View::Status, Output::Table).contains("store"));
     }
 
     #[test]
