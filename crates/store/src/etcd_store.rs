@@ -298,9 +298,9 @@ impl EtcdStore {
     }
 
     /// The writes that make the objects `ops` touched equal to `after`.
-    fn object_writes(
+    fn object_writes<'a>(
         &self,
-        ops: &[Op],
+        ops: impl IntoIterator<Item = &'a Op>,
         before: &ConfigState,
         after: &ConfigState,
         out: &mut Vec<TxnOp>,
@@ -444,9 +444,9 @@ impl Store for EtcdStore {
         } else {
             Compare::ValueIs(rev_key.clone(), commit.base.to_string().into_bytes())
         };
-        let all_ops: Vec<Op> = commit.changes.iter().flat_map(|c| c.change.ops.iter().cloned()).collect();
-        let mut ops = Vec::with_capacity(all_ops.len() + commit.changes.len() + 2);
-        self.object_writes(&all_ops, commit.before, commit.after, &mut ops)?;
+        let all_ops = commit.changes.iter().flat_map(|c| &c.change.ops);
+        let mut ops = Vec::with_capacity(commit.changes.len() * 2 + 2);
+        self.object_writes(all_ops, commit.before, commit.after, &mut ops)?;
         for c in commit.changes {
             ops.push(TxnOp::Put { key: self.log_key(c.revision), value: json(c)?, lease: 0 });
         }
@@ -456,10 +456,10 @@ impl Store for EtcdStore {
         if last.revision > history && last.revision / 64 != commit.base / 64 {
             ops.push(TxnOp::DeleteRange(self.log_key(0), self.log_key(last.revision - history + 1)));
         }
-        let outcome = self.runtime.block_on(self.client.txn(&[guard], &ops)).map_err(|e| {
-            self.live.failed(&e);
-            unavailable(e)
-        })?;
+        // A failed commit says nothing about the watch, which is what
+        // `connected` (and readiness) reports: it breaks by itself when
+        // etcd is gone.
+        let outcome = self.runtime.block_on(self.client.txn(&[guard], &ops)).map_err(unavailable)?;
         if !outcome.succeeded {
             return Err(StoreError::Conflict { base: commit.base });
         }

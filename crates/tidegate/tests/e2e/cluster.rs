@@ -226,6 +226,19 @@ async fn three_instances_serve_what_any_of_them_was_told() {
         assert_eq!(v["spec"]["backends"].as_array().map(Vec::len), Some(2001), "{}", tg.admin);
     }
 
+    // A change set larger than etcd takes in one transaction is refused
+    // with 413 and the setting to raise; nothing is applied, and the
+    // instance stays ready.
+    let ops: Vec<Value> = (0..10_001)
+        .map(|i| json!({"op": "put_backend", "service": "web", "id": format!("big{i}"), "spec": {"addr": "127.0.0.1:9"}}))
+        .collect();
+    let (s, v) = c.api("POST", "/v1/changes", Some(json!({ "ops": ops }))).await;
+    assert_eq!(s, 413, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap_or("").contains("--max-txn-ops"), "{v}");
+    assert_eq!(get(&c.admin_url("/readyz")).await.status, 200);
+    let (_, v) = c.api("GET", "/v1/config", None).await;
+    assert_eq!(v["revision"], json!(batch));
+
     // A stale if_revision is refused by every instance.
     for tg in [&a, &b, &c] {
         let stale = json!({ "if_revision": revision, "ops": [{"op": "delete_backend", "service": "web", "id": "n1"}] });
