@@ -31,22 +31,15 @@ done
 mkdir -p bench/results
 OUT=${OUT:-bench/results/churn-$(date +%Y%m%d-%H%M%S).jsonl}
 BIN=${BIN_DIR:-target/release}
-for b in tidegate tidegate-emulator tidegate-bench; do
-  [ -x "$BIN/$b" ] && continue
-  [ -z "$BIN_DIR" ] || { echo "no $BIN/$b" >&2; exit 1; }
-  cargo build --release -p tidegate -p tidegate-emulator -p tidegate-bench; break
-done
+source bench/lib/run.sh
+ensure_binaries
 WORK=$(mktemp -d /tmp/tidegate-churn.XXXXXX)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; sleep 0.3; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-start_emulator() { # name -> prints address
-  "$BIN/tidegate-emulator" --listen 127.0.0.1:0 --name "$1" --threads 1 > "$WORK/$1.out" & PIDS+=($!)
-  for _ in $(seq 50); do grep -q listening "$WORK/$1.out" 2>/dev/null && break; sleep 0.05; done
-}
 start_emulator churn; start_emulator live
-CHURN_ADDR=$(sed 's/listening on //' "$WORK/churn.out"); LIVE_ADDR=$(sed 's/listening on //' "$WORK/live.out")
+CHURN_ADDR=$(emulator_addr churn); LIVE_ADDR=$(emulator_addr live)
 
 run_suite() { # label
   local label=$1

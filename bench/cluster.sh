@@ -28,54 +28,24 @@ while [ $# -gt 0 ]; do
     *) echo "unknown option $1" >&2; exit 2;;
   esac
 done
-command -v etcd >/dev/null || { echo "etcd is needed (apt-get install etcd-server)" >&2; exit 1; }
 mkdir -p bench/results
 OUT=${OUT:-bench/results/cluster-$(date +%Y%m%d-%H%M%S).jsonl}
 BIN=${BIN_DIR:-target/release}
-for b in tidegate tidegate-emulator tidegate-bench; do
-  [ -x "$BIN/$b" ] && continue
-  [ -z "$BIN_DIR" ] || { echo "no $BIN/$b" >&2; exit 1; }
-  cargo build --release -p tidegate -p tidegate-emulator -p tidegate-bench; break
-done
+source bench/lib/run.sh
+ensure_binaries
 TOKEN=bench-token-0123456789abcdef0123456789
 WORK=$(mktemp -d /tmp/tidegate-cluster.XXXXXX)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; sleep 0.5; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 emit() { # suite label: adds them to the JSON on stdin, appends it to OUT
   python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); d["suite"]=sys.argv[1]; d["label"]=sys.argv[2]; print(json.dumps(d))' "$1" "$2" \
     | tee -a "$OUT" | cut -c1-300
 }
 
-start_emulator() { # name
-  "$BIN/tidegate-emulator" --listen 127.0.0.1:0 --name "$1" --threads 1 > "$WORK/$1.out" & PIDS+=($!)
-  for _ in $(seq 50); do grep -q listening "$WORK/$1.out" 2>/dev/null && break; sleep 0.05; done
-}
 start_emulator churn; start_emulator live
-CHURN_ADDR=$(sed 's/listening on //' "$WORK/churn.out"); LIVE_ADDR=$(sed 's/listening on //' "$WORK/live.out")
-
-ETCD_PIDS=()
-start_etcd() { # members -> sets ENDPOINTS
-  local n=$1 initial="" clients=() peers=()
-  for i in $(seq 0 $((n - 1))); do clients+=("$(free_port)"); peers+=("$(free_port)"); done
-  for i in $(seq 0 $((n - 1))); do initial+="${initial:+,}m$i=http://127.0.0.1:${peers[$i]}"; done
-  ENDPOINTS=""
-  for i in $(seq 0 $((n - 1))); do
-    etcd --name "m$i" --data-dir "$WORK/etcd-$n-$i" \
-      --listen-client-urls "http://127.0.0.1:${clients[$i]}" --advertise-client-urls "http://127.0.0.1:${clients[$i]}" \
-      --listen-peer-urls "http://127.0.0.1:${peers[$i]}" --initial-advertise-peer-urls "http://127.0.0.1:${peers[$i]}" \
-      --initial-cluster "$initial" --initial-cluster-state new --initial-cluster-token "bench-$n-$$" \
-      --max-txn-ops 200000 --max-request-bytes 67108864 --quota-backend-bytes 4294967296 \
-      --logger zap --log-level error > "$WORK/etcd-$n-$i.log" 2>&1 & PIDS+=($!); ETCD_PIDS+=($!)
-    ENDPOINTS+="${ENDPOINTS:+,}127.0.0.1:${clients[$i]}"
-  done
-  for i in $(seq 0 $((n - 1))); do
-    for _ in $(seq 200); do curl -sf "http://127.0.0.1:${clients[$i]}/health" | grep -q true && break; sleep 0.1; done
-  done
-}
-stop_etcd() { for p in "${ETCD_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; ETCD_PIDS=(); sleep 0.5; }
+CHURN_ADDR=$(emulator_addr churn); LIVE_ADDR=$(emulator_addr live)
 
 TG_PIDS=()
 start_tidegate() { # name store... -> sets PROXY and ADMIN (in this shell, so cleanup knows the pid)

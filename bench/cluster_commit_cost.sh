@@ -8,24 +8,20 @@
 #   bench/cluster_commit_cost.sh [--bin-dir DIR]   (default target/release)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=target/release
-[ "${1:-}" = --bin-dir ] && BIN=$2
+BIN=target/release BIN_DIR=""
+[ "${1:-}" = --bin-dir ] && BIN=$2 BIN_DIR=$2
+source bench/lib/run.sh
+ensure_binaries
 TOKEN=bench-token-0123456789abcdef0123456789
-W=$(mktemp -d /tmp/tidegate-commit-cost.XXXXXX); PIDS=()
-trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; sleep 0.5; rm -rf "$W"' EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-"$BIN/tidegate-emulator" --listen 127.0.0.1:0 --name churn --threads 1 > "$W/e.out" & PIDS+=($!)
-for _ in $(seq 50); do grep -q listening "$W/e.out" 2>/dev/null && break; sleep 0.05; done
-E=$(sed 's/listening on //' "$W/e.out")
-C=$(port) P=$(port)
-etcd --name m --data-dir "$W/etcd" --listen-client-urls "http://127.0.0.1:$C" --advertise-client-urls "http://127.0.0.1:$C" \
-  --listen-peer-urls "http://127.0.0.1:$P" --initial-advertise-peer-urls "http://127.0.0.1:$P" --initial-cluster "m=http://127.0.0.1:$P" \
-  --max-txn-ops 200000 --max-request-bytes 67108864 --logger zap --log-level error > "$W/etcd.log" 2>&1 & PIDS+=($!)
-for _ in $(seq 100); do curl -sf "http://127.0.0.1:$C/health" | grep -q true && break; sleep 0.1; done
+WORK=$(mktemp -d /tmp/tidegate-commit-cost.XXXXXX); PIDS=()
+trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; sleep 0.5; rm -rf "$WORK"' EXIT
+start_emulator churn
+E=$(emulator_addr churn)
+start_etcd 1
 TIDEGATE_ADMIN_TOKEN=$TOKEN TIDEGATE_LOG=warn "$BIN/tidegate" serve --listen 127.0.0.1:0 --admin 127.0.0.1:0 --workers 1 \
-  --data-dir "$W/data" --store "etcd://127.0.0.1:$C/x?max_txn_ops=200000" > "$W/a.out" 2>&1 & PIDS+=($!)
-for _ in $(seq 100); do grep -q ready "$W/a.out" 2>/dev/null && break; sleep 0.05; done
-L=$(head -1 "$W/a.out"); AP=${L#*proxy=}; AP=${AP%% *}; AA=${L#*admin=}; AA=${AA%% *}
+  --data-dir "$WORK/data" --store "etcd://$ENDPOINTS/x?max_txn_ops=200000" > "$WORK/a.out" 2>&1 & PIDS+=($!)
+for _ in $(seq 100); do grep -q ready "$WORK/a.out" 2>/dev/null && break; sleep 0.05; done
+L=$(head -1 "$WORK/a.out"); AP=${L#*proxy=}; AP=${AP%% *}; AA=${L#*admin=}; AA=${AA%% *}
 B="$BIN/tidegate-bench --token $TOKEN --admin $AA --proxy $AP"
 metrics() { curl -s -H "Authorization: Bearer $TOKEN" "http://$AA/metrics" | awk '/^tidegate_config_(commits_total|commit_seconds_total|apply_seconds_total) /{printf "%s=%s ", $1, $2}'; }
 measure() { # label

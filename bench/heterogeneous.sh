@@ -40,11 +40,8 @@ export PATH=$PATH:/usr/sbin
 command -v nginx >/dev/null && command -v haproxy >/dev/null || {
   apt-get update -qq && RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx haproxy; }
 BIN=${BIN_DIR:-target/release}
-for b in tidegate tidegate-emulator tidegate-bench; do
-  [ -x "$BIN/$b" ] && continue
-  [ -z "$BIN_DIR" ] || { echo "no $BIN/$b" >&2; exit 1; }
-  cargo build --release -p tidegate -p tidegate-emulator -p tidegate-bench; break
-done
+source bench/lib/run.sh
+ensure_binaries
 wanted() { [ -z "$VARIANTS" ] || [[ " $VARIANTS " == *" $1 "* ]]; }
 WORK=$(mktemp -d /tmp/tidegate-s3.XXXXXX)
 PIDS=()

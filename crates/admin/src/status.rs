@@ -133,18 +133,21 @@ pub(crate) async fn get_metrics(State(state): State<AdminState>) -> impl IntoRes
     let m = state.control.metrics();
     let snapshot = state.control.snapshots().load_full();
     let store = state.control.store_status();
-    let _ = writeln!(
-        out,
-        "# HELP tidegate_store_connected 1 while the configuration store answers (cluster mode: the etcd watch is live).\n# TYPE tidegate_store_connected gauge\ntidegate_store_connected {}",
-        u8::from(store.connected)
-    );
-    let _ = writeln!(
-        out,
-        "# HELP tidegate_store_lag_revisions Revisions the store holds that this instance has not applied yet.\n# TYPE tidegate_store_lag_revisions gauge\ntidegate_store_lag_revisions {}",
-        store.latest_revision.saturating_sub(snapshot.revision())
-    );
-    let _ = writeln!(out, "# HELP tidegate_config_revision Revision of the live configuration.");
-    let _ = writeln!(out, "# TYPE tidegate_config_revision gauge\ntidegate_config_revision {}", snapshot.revision());
+    for (name, help, v) in [
+        ("tidegate_config_revision", "Revision of the live configuration.", snapshot.revision()),
+        (
+            "tidegate_store_connected",
+            "1 while the configuration store answers (cluster mode: the etcd watch is live).",
+            u64::from(store.connected),
+        ),
+        (
+            "tidegate_store_lag_revisions",
+            "Revisions the store holds that this instance has not applied yet.",
+            store.latest_revision.saturating_sub(snapshot.revision()),
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+    }
     for (name, help, v) in [
         ("tidegate_config_commits_total", "Durable configuration commits.", m.commits.load(Relaxed)),
         ("tidegate_config_change_sets_total", "Change sets applied.", m.change_sets.load(Relaxed)),
