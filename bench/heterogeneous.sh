@@ -12,15 +12,22 @@
 #   bench/heterogeneous.sh [--users 500] [--think-ms 1800] [--duration 10] [--out FILE]
 #                          [--sweep "0.5 0.8 0.95 1.05"] [--sweep-duration S] [--pause S]
 #                          [--variants "tidegate-round_robin nginx-rr ..."] [--bin-dir DIR] [--port-base N]
+#                          [--no-halve]
+# Variants: tidegate-default (no policy named), tidegate-P and
+# tidegate-P+learned for every policy P (without and with learned
+# concurrency limits), tidegate-round_robin-weighted,
+# tidegate-least_conn-max_conns, nginx-*, haproxy-*; then the runs in which
+# c4's capacity halves mid-run (*-halved; skipped with --no-halve).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 USERS=500 THINK=1800 DURATION=10 SERVICE="exp:20ms" QUEUE=20 OUT=""
-SWEEP="0.5 0.8 0.95 1.05" SWEEP_DURATION="" PAUSE=1 VARIANTS="" BIN_DIR="" PORT_BASE=19300
+SWEEP="0.5 0.8 0.95 1.05" SWEEP_DURATION="" PAUSE=1 VARIANTS="" BIN_DIR="" PORT_BASE=19300 HALVE=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --sweep) SWEEP=$2; shift 2;;
     --sweep-duration) SWEEP_DURATION=$2; shift 2;;
     --pause) PAUSE=$2; shift 2;;
+    --no-halve) HALVE=""; shift;;
     --variants) VARIANTS=$2; shift 2;;
     --bin-dir) BIN_DIR=$2; shift 2;;
     --port-base) PORT_BASE=$2; shift 2;;
@@ -106,16 +113,20 @@ for _ in $(seq 100); do grep -q ready "$WORK/tg.out" 2>/dev/null && break; sleep
 line=$(head -1 "$WORK/tg.out"); TG_PROXY=${line#*proxy=}; TG_PROXY=${TG_PROXY%% *}; TG_ADMIN=${line#*admin=}; TG_ADMIN=${TG_ADMIN%% *}
 sleep 0.5
 
-tg_policy() { # policy-json weights(c1 c2 c4) [max_conns(c1 c2 c4)]
+TG_AUTH="Authorization: Bearer bench-token-0123456789abcdef0123456789"
+tg_policy() { # settings-json (policy, concurrency) weights(c1 c2 c4) [max_conns(c1 c2 c4)]
   local w=($2) m=(${3:-})
   local lim=("" "" "")
   if [ ${#m[@]} -eq 3 ]; then lim=(",\"max_conns\":${m[0]}" ",\"max_conns\":${m[1]}" ",\"max_conns\":${m[2]}"); fi
-  curl -sf -XPUT -H "Authorization: Bearer bench-token-0123456789abcdef0123456789" "http://$TG_ADMIN/v1/services/app" -d "{\"policy\": $1,
+  # A new service per variant: nothing learned by the previous one carries over.
+  curl -s -XDELETE -H "$TG_AUTH" "http://$TG_ADMIN/v1/routes/app" > /dev/null
+  curl -s -XDELETE -H "$TG_AUTH" "http://$TG_ADMIN/v1/services/app" > /dev/null
+  curl -sf -XPUT -H "$TG_AUTH" "http://$TG_ADMIN/v1/services/app" -d "{$1
     \"queue\": {\"max\": 10000, \"timeout_ms\": 5000},
     \"backends\": [{\"id\":\"c1\",\"addr\":\"${ADDR[c1]}\",\"weight\":${w[0]}${lim[0]}},
                    {\"id\":\"c2\",\"addr\":\"${ADDR[c2]}\",\"weight\":${w[1]}${lim[1]}},
                    {\"id\":\"c4\",\"addr\":\"${ADDR[c4]}\",\"weight\":${w[2]}${lim[2]}}]}" > /dev/null
-  curl -sf -XPUT -H "Authorization: Bearer bench-token-0123456789abcdef0123456789" "http://$TG_ADMIN/v1/routes/app" -d '{"service":"app"}' > /dev/null
+  curl -sf -XPUT -H "$TG_AUTH" "http://$TG_ADMIN/v1/routes/app" -d '{"service":"app"}' > /dev/null
 }
 
 # Total capacity in requests/s: 7 slots over the mean service time.
@@ -154,18 +165,71 @@ print("%-28s load %4.2f (%5.0f/s) fail %6.2f%%  p50 %7.1f  p99 %7.1f  max %7.1f 
   done
 }
 
+# One closed-loop run in which c4 loses half its slots (4 -> 2) halfway
+# through (the emulator's runtime control), restored afterwards. For
+# Tidegate, how long until c4's learned limit is at most 3 (1.5 x 2 slots).
+run_halved() { # label proxy-addr
+  wanted "$1" || return 0
+  sleep "$PAUSE"
+  "$BIN/tidegate-bench" --proxy "$2" --threads 2 --timeout-ms 10000 users --users "$USERS" \
+    --duration-s "$DURATION" --think-ms "$THINK" > "$WORK/halved.json" &
+  local users=$!
+  sleep "$(python3 -c "print($DURATION / 2)")"
+  curl -sf -XPOST "http://${ADDR[c4]}/_emulator/slots?n=2" > /dev/null
+  local t0 follow="null"; t0=$(date +%s.%N)
+  if [[ $1 == tidegate* ]]; then
+    for _ in $(seq 80); do
+      limit=$(curl -sf -H "$TG_AUTH" "http://$TG_ADMIN/v1/status" | python3 -c '
+import json, sys
+b = [b for b in json.load(sys.stdin)["services"]["app"]["backends"] if b["id"] == "c4"][0]
+print(b["concurrency_limit"] if b["concurrency_limit"] is not None else 99999)')
+      if [ "$limit" -le 3 ]; then follow=$(python3 -c "print(round($(date +%s.%N) - $t0, 2))"); break; fi
+      sleep 0.25
+    done
+  fi
+  wait "$users"
+  curl -sf -XPOST "http://${ADDR[c4]}/_emulator/slots?n=4" > /dev/null
+  python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1])); d["label"] = sys.argv[2]; d["mode"] = "halve"
+d["limit_follow_s"] = None if sys.argv[3] == "null" else float(sys.argv[3])
+print(json.dumps(d))
+lat = d["latency_us"]
+print("%-28s c4 halved mid-run: fail %6.2f%%  p99 %7.1f ms  limit followed in %s s" % (d["label"], d["failure_pct"],
+      lat["p99"] / 1e3, sys.argv[3]), file=sys.stderr)' "$WORK/halved.json" "$1" "$follow" >> "$OUT"
+}
+
 echo "S3: capacities 1:2:4 (slots), service $SERVICE, queue $QUEUE, $USERS users, think ${THINK} ms, ${DURATION}s per run; sweep ${SWEEP:-none} x ${CAPACITY} req/s"
+# tidegate-P: policy P alone; tidegate-P+learned: with learned concurrency
+# limits; tidegate-default: a service that names no policy (the defaults).
+if wanted tidegate-default; then
+  tg_policy '' "1 1 1"; run "tidegate-default" "$TG_PROXY"
+fi
 for p in round_robin least_conn least_time p2c_ewma dynamic_feedback ip_hash; do
-  wanted "tidegate-$p" || continue
-  tg_policy "{\"kind\":\"$p\"}" "1 1 1"; run "tidegate-$p" "$TG_PROXY"
+  if wanted "tidegate-$p"; then
+    tg_policy "\"policy\": {\"kind\":\"$p\"}, \"concurrency\": {\"learn\": false}," "1 1 1"; run "tidegate-$p" "$TG_PROXY"
+  fi
+  if wanted "tidegate-$p+learned"; then
+    tg_policy "\"policy\": {\"kind\":\"$p\"}, \"concurrency\": {\"learn\": true}," "1 1 1"
+    run "tidegate-$p+learned" "$TG_PROXY"
+  fi
 done
 if wanted tidegate-round_robin-weighted; then
-  tg_policy '{"kind":"round_robin"}' "1 2 4"; run "tidegate-round_robin-weighted" "$TG_PROXY"
+  tg_policy '"policy": {"kind":"round_robin"}, "concurrency": {"learn": false},' "1 2 4"
+  run "tidegate-round_robin-weighted" "$TG_PROXY"
 fi
 if wanted tidegate-least_conn-max_conns; then
-  tg_policy '{"kind":"least_conn"}' "1 1 1" "1 2 4"; run "tidegate-least_conn-max_conns" "$TG_PROXY"
+  tg_policy '"policy": {"kind":"least_conn"}, "concurrency": {"learn": false},' "1 1 1" "1 2 4"
+  run "tidegate-least_conn-max_conns" "$TG_PROXY"
 fi
 for name in nginx-rr nginx-weighted nginx-least_conn nginx-ip_hash haproxy-roundrobin haproxy-leastconn haproxy-leastconn-maxconn; do
   run "$name" "127.0.0.1:${PEER_PORT[$name]}"
 done
+# Capacity that changes at run time: the defaults, and the oracles told the
+# old capacities.
+if [ -n "$HALVE" ]; then
+  if wanted tidegate-default-halved; then tg_policy '' "1 1 1"; run_halved tidegate-default-halved "$TG_PROXY"; fi
+  run_halved nginx-weighted-halved "127.0.0.1:${PEER_PORT[nginx-weighted]}"
+  run_halved haproxy-leastconn-maxconn-halved "127.0.0.1:${PEER_PORT[haproxy-leastconn-maxconn]}"
+fi
 echo "results: $OUT"

@@ -381,6 +381,13 @@ def md_heterogeneous(r):
                 cells.append(f"{x['p99_ms']:.1f} ({x['failure_pct']:.2f}%)" if x else "—")
             rows.append([label, *cells])
         s.append(table(["variant", *[f"{x:g}" for x in loads]], rows))
+    if r.get("halved"):
+        s.append(f"\nCapacity halved at run time: c4 goes from 4 to 2 slots halfway through a {p['duration']} s "
+                 "closed-loop run (the emulator's runtime control); for Tidegate, the time until c4's learned limit "
+                 "is at most 3.\n\n")
+        rows = [[h["label"], h["failure_pct"], h["p50_ms"], h["p99_ms"], h.get("rps"),
+                 "—" if h["limit_follow_s"] is None else h["limit_follow_s"]] for h in r["halved"]]
+        s.append(table(["variant", "failed %", "p50 ms", "p99 ms", "req/s", "limit followed in s"], rows))
     return "".join(s)
 
 

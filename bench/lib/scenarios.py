@@ -31,9 +31,10 @@ PARAMS = {
     },
     "heterogeneous": {
         "smoke": {"users": 50, "think_ms": 200, "duration": 1, "sweep": "0.8", "sweep_duration": 1, "pause": 0.2,
-                  "variants": "tidegate-round_robin tidegate-least_conn nginx-rr haproxy-leastconn"},
+                  "variants": "tidegate-default tidegate-least_conn tidegate-least_conn+learned nginx-rr "
+                              "haproxy-leastconn", "halve": False},
         "full": {"users": 500, "think_ms": 1800, "duration": 10, "sweep": "0.5 0.8 0.95 1.05", "sweep_duration": 8,
-                 "pause": 1, "variants": ""},
+                 "pause": 1, "variants": "", "halve": True},
     },
     "peak": {"smoke": {}, "full": {}},
     "overhead": {
@@ -165,6 +166,8 @@ def heterogeneous(ctx: Ctx) -> dict:
             "--port-base", str(free_port_block()), "--out", str(out)]
     if p["variants"]:
         args += ["--variants", p["variants"]]
+    if not p["halve"]:
+        args.append("--no-halve")
     sh(ctx, "heterogeneous.sh", args, "heterogeneous")
     runs = jsonl(out)
 
@@ -177,7 +180,8 @@ def heterogeneous(ctx: Ctx) -> dict:
                 "share_pct": {k: round(v * 100 / total, 1) for k, v in sorted(share.items())},
                 **({"rps": r["requests_per_s"]} if "requests_per_s" in r else {"load": r["load"], "rate": r["rate"]})}
     return {"params": p, "runs": runs, "users": [row(r) for r in runs if r.get("mode") == "users"],
-            "sweep": [row(r) for r in runs if r.get("mode") == "sweep"]}
+            "sweep": [row(r) for r in runs if r.get("mode") == "sweep"],
+            "halved": [{**row(r), "limit_follow_s": r.get("limit_follow_s")} for r in runs if r.get("mode") == "halve"]}
 
 
 def peak_scenario(ctx: Ctx) -> dict:

@@ -53,6 +53,8 @@ fn service_status(s: &ServiceRuntime) -> Value {
                 "requests": v.requests,
                 "failures": v.failures,
                 "latency_ewma_ms": v.latency_ewma_ms,
+                "concurrency_limit": v.learned_limit,
+                "no_load_latency_ms": v.no_load_latency_ms,
                 "load": {
                     "cpu": num(load.cpu.get()),
                     "memory": num(load.memory.get()),
@@ -66,6 +68,8 @@ fn service_status(s: &ServiceRuntime) -> Value {
     json!({
         "policy": s.settings.policy,
         "in_flight": s.selector.backends().iter().map(|b| b.stats.in_flight()).sum::<u64>(),
+        "queued": s.live.queued.load(Relaxed),
+        "learns_limits": s.settings.learns_limits(),
         "retries_in_flight": s.live.retries_in_flight.load(Relaxed),
         "retries_refused": s.live.retries_refused.load(Relaxed),
         "backends": backends,
@@ -200,11 +204,23 @@ pub(crate) async fn get_metrics(State(state): State<AdminState>) -> impl IntoRes
 
 /// Per-backend series, each metric's samples grouped under its HELP and TYPE.
 fn render_backends(out: &mut String, snapshot: &tidegate_snapshot::Snapshot) {
-    type Pick = fn(&tidegate_balance::StatsView) -> u64;
-    let metrics: [(&str, &str, &str, Pick); 3] = [
-        ("tidegate_backend_in_flight", "gauge", "Requests in flight per backend.", |v| v.in_flight),
-        ("tidegate_backend_requests_total", "counter", "Requests finished per backend.", |v| v.requests),
-        ("tidegate_backend_failures_total", "counter", "Failed requests per backend.", |v| v.failures),
+    type Pick = fn(&tidegate_balance::StatsView) -> Option<f64>;
+    let metrics: [(&str, &str, &str, Pick); 5] = [
+        ("tidegate_backend_in_flight", "gauge", "Requests in flight per backend.", |v| Some(v.in_flight as f64)),
+        ("tidegate_backend_requests_total", "counter", "Requests finished per backend.", |v| Some(v.requests as f64)),
+        ("tidegate_backend_failures_total", "counter", "Failed requests per backend.", |v| Some(v.failures as f64)),
+        (
+            "tidegate_backend_concurrency_limit",
+            "gauge",
+            "Learned limit on requests in flight per backend (services that learn limits).",
+            |v| v.learned_limit.map(|l| l as f64),
+        ),
+        (
+            "tidegate_backend_no_load_latency_seconds",
+            "gauge",
+            "Learned no-load latency per backend (services that learn limits).",
+            |v| v.no_load_latency_ms.map(|ms| ms / 1e3),
+        ),
     ];
     let views: Vec<(String, tidegate_balance::StatsView)> = snapshot
         .services()
@@ -218,7 +234,15 @@ fn render_backends(out: &mut String, snapshot: &tidegate_snapshot::Snapshot) {
     for (name, kind, help, value) in metrics {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for (labels, v) in &views {
-            let _ = writeln!(out, "{name}{{{labels}}} {}", value(v));
+            if let Some(x) = value(v) {
+                let _ = writeln!(out, "{name}{{{labels}}} {x}");
+            }
         }
+    }
+    let name = "tidegate_service_queued";
+    let _ = writeln!(out, "# HELP {name} Requests waiting for a backend under its limit, per service.");
+    let _ = writeln!(out, "# TYPE {name} gauge");
+    for s in snapshot.services() {
+        let _ = writeln!(out, "{name}{{service=\"{}\"}} {}", s.name, s.live.queued.load(Relaxed));
     }
 }

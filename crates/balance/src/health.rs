@@ -76,7 +76,7 @@ pub fn record_outcome(
         // Shedding load is not breakage: ejecting an overloaded backend
         // would only pile its share onto the others.
         Outcome::Overloaded => return false,
-        Outcome::Failure => {}
+        Outcome::Failure | Outcome::TimedOut => {}
     }
     let n = s.consecutive_failures.fetch_add(1, Relaxed).saturating_add(1);
     if passive.consecutive_failures == 0 || n < passive.consecutive_failures || s.is_ejected(now_ms) {

@@ -15,6 +15,7 @@ mod feedback;
 mod hashing;
 mod health;
 mod latency;
+pub mod limit;
 pub mod orca;
 mod policies;
 mod stats;
@@ -55,9 +56,22 @@ pub struct Backend {
 }
 
 impl Backend {
-    /// Whether the backend is below its `max_conns` (always, when unlimited).
+    /// Whether the backend is below its limit: `max_conns` and the learned
+    /// concurrency limit (always, when neither applies).
     pub fn has_room(&self) -> bool {
-        self.max_conns.is_none_or(|m| self.stats.in_flight() < m)
+        self.stats.in_flight() < self.limit()
+    }
+
+    /// The limit on requests in flight in effect: the lower of `max_conns`
+    /// and the learned limit (`u64::MAX` when neither applies).
+    pub fn limit(&self) -> u64 {
+        self.max_conns.unwrap_or(u64::MAX).min(self.stats.learned_limit())
+    }
+
+    /// Whether requests may have to wait for this backend: it has
+    /// `max_conns` or a learned limit.
+    pub fn is_limited(&self) -> bool {
+        self.max_conns.is_some() || self.stats.learns_limit()
     }
 
     /// Builds a backend from its spec, reusing `stats` when given.

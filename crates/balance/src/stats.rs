@@ -1,11 +1,12 @@
 //! Live per-backend state, updated with atomics on the request path and by
 //! background tasks (health probes, load sources).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::clock;
+use crate::limit::{LimitEstimator, LimitParams, Sample};
 
 /// A backend's state as seen by active health checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,6 +94,11 @@ pub struct BackendStats {
     pub(crate) available_since_ms: AtomicU64,
     /// Load reports from the backend or its host.
     pub load: LoadReport,
+    /// The learned concurrency limit (`u64::MAX` when not learned), read
+    /// on the request path; written by `learner`.
+    limit: AtomicU64,
+    learning: AtomicBool,
+    learner: Mutex<Option<LimitEstimator>>,
 }
 
 impl Default for BackendStats {
@@ -112,6 +118,9 @@ impl Default for BackendStats {
             ejected_until_ms: AtomicU64::new(0),
             available_since_ms: AtomicU64::new(clock::now_ms()),
             load: LoadReport::default(),
+            limit: AtomicU64::new(u64::MAX),
+            learning: AtomicBool::new(false),
+            learner: Mutex::new(None),
         }
     }
 }
@@ -126,6 +135,9 @@ pub enum Outcome {
     /// The backend shed the request (503 or 429): counted as a failed
     /// request, but not as a sign of a broken backend.
     Overloaded,
+    /// The backend did not accept a connection or answer in time: a
+    /// failure, and a sign of overload for the learned limit.
+    TimedOut,
 }
 
 /// Weight of a new latency sample in the plain EWMA.
@@ -138,8 +150,54 @@ const PEAK_DECAY_NS: f64 = 10e9;
 impl BackendStats {
     /// Marks a request as started; the guard marks it finished when dropped.
     pub fn start(self: &Arc<Self>) -> InFlight {
-        self.in_flight.fetch_add(1, Relaxed);
-        InFlight { stats: self.clone(), started: Instant::now(), done: false }
+        let concurrency = self.in_flight.fetch_add(1, Relaxed) + 1;
+        InFlight { stats: self.clone(), started: Instant::now(), concurrency, done: false }
+    }
+
+    /// Starts, updates or stops learning this backend's concurrency limit.
+    /// What was learned is kept across parameter changes (and snapshots).
+    pub fn learn_limit(&self, params: Option<LimitParams>) {
+        let mut learner = self.learner.lock().unwrap_or_else(|e| e.into_inner());
+        match (params, learner.as_mut()) {
+            (None, _) => *learner = None,
+            (Some(p), Some(l)) if l.params() == p => {}
+            (Some(p), Some(l)) => l.set_params(p),
+            (Some(p), None) => *learner = Some(LimitEstimator::new(p)),
+        }
+        let limit = learner.as_ref().map_or(u64::MAX, LimitEstimator::limit);
+        self.limit.store(limit, Relaxed);
+        self.learning.store(learner.is_some(), Relaxed);
+    }
+
+    /// The learned limit on requests in flight (`u64::MAX` when not learned).
+    pub fn learned_limit(&self) -> u64 {
+        self.limit.load(Relaxed)
+    }
+
+    /// Whether a limit is being learned.
+    pub fn learns_limit(&self) -> bool {
+        self.learning.load(Relaxed)
+    }
+
+    /// The learned no-load latency, if learning and known.
+    pub fn no_load_latency(&self) -> Option<Duration> {
+        self.learner.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(LimitEstimator::baseline)
+    }
+
+    fn learn(&self, outcome: Outcome, latency: Duration, concurrency: u64) {
+        let congested = match outcome {
+            Outcome::Success => false,
+            Outcome::Overloaded | Outcome::TimedOut => true,
+            // An error answer says nothing about capacity.
+            Outcome::Failure => return,
+        };
+        let mut learner = self.learner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(l) = learner.as_mut() {
+            let sample =
+                Sample { now_ns: clock::now_ns(), latency_ns: latency.as_nanos() as u64, concurrency, congested };
+            l.observe(sample);
+            self.limit.store(l.limit(), Relaxed);
+        }
     }
 
     /// Requests in flight now.
@@ -176,7 +234,10 @@ impl BackendStats {
         cost * (-age / decay_ns).exp()
     }
 
-    fn record(&self, outcome: Outcome, latency: Duration) {
+    fn record(&self, outcome: Outcome, latency: Duration, concurrency: u64) {
+        if self.learns_limit() {
+            self.learn(outcome, latency, concurrency);
+        }
         self.requests.fetch_add(1, Relaxed);
         if outcome != Outcome::Success {
             self.failures.fetch_add(1, Relaxed);
@@ -208,6 +269,8 @@ impl BackendStats {
             active: self.active_state(),
             ejected_for_ms: self.ejected_until_ms.load(Relaxed).saturating_sub(now),
             ejections: self.ejections.load(Relaxed),
+            learned_limit: self.learns_limit().then(|| self.learned_limit()),
+            no_load_latency_ms: self.no_load_latency().map(|d| d.as_secs_f64() * 1e3),
         }
     }
 }
@@ -229,6 +292,10 @@ pub struct StatsView {
     pub ejected_for_ms: u64,
     /// Ejections in the current streak.
     pub ejections: u32,
+    /// The learned concurrency limit, when learned.
+    pub learned_limit: Option<u64>,
+    /// The learned no-load latency in milliseconds, when learned.
+    pub no_load_latency_ms: Option<f64>,
 }
 
 /// A request in flight to a backend: counted in flight until dropped (the
@@ -239,6 +306,8 @@ pub struct StatsView {
 pub struct InFlight {
     stats: Arc<BackendStats>,
     started: Instant,
+    /// Requests in flight when this one started, itself included.
+    concurrency: u64,
     done: bool,
 }
 
@@ -247,7 +316,7 @@ impl InFlight {
     /// calls are ignored).
     pub fn record(&mut self, outcome: Outcome) {
         if !self.done {
-            self.stats.record(outcome, self.started.elapsed());
+            self.stats.record(outcome, self.started.elapsed(), self.concurrency);
             self.done = true;
         }
     }
@@ -286,7 +355,7 @@ mod tests {
     #[test]
     fn peak_ewma_jumps_up_and_decays() {
         let s = BackendStats::default();
-        s.record(Outcome::Success, Duration::from_millis(100));
+        s.record(Outcome::Success, Duration::from_millis(100), 1);
         let now = clock::now_ns();
         let peak = s.peak_ewma_ns(now, 1e9);
         assert!(peak > 90e6, "{peak}");

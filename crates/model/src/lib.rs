@@ -29,9 +29,9 @@ pub use headers::Headers;
 pub use names::{BackendAddr, BackendId, CertName, NameError, RouteName, ServiceName};
 pub use route::{HeaderMatch, HostPattern, PathPattern, RouteAction, RouteMatch, RouteSpec, StaticDir};
 pub use service::{
-    ActiveCheck, AutoscaleSpec, BackendSpec, BalanceFactor, CheckKind, ExternalSpec, FeedbackFormula, FeedbackSpec,
-    Gammas, GangliaSource, HeaderKey, HealthSpec, LoadSources, MaxConns, NodeExporterSource, OrcaSpec, PassiveCheck,
-    PolicySpec, PortRange, ProviderSpec, QueueSpec, ReadySpec, RetryBudget, ServiceSettings, ServiceSpec, Timeouts,
-    UpstreamProtocol, UpstreamSpec, UpstreamTls, Weight, REDACTED,
+    ActiveCheck, AutoscaleSpec, BackendSpec, BalanceFactor, CheckKind, ConcurrencySpec, ExternalSpec, FeedbackFormula,
+    FeedbackSpec, Gammas, GangliaSource, HeaderKey, HealthSpec, LoadSources, MaxConns, NodeExporterSource, OrcaSpec,
+    PassiveCheck, PolicySpec, PortRange, ProviderSpec, QueueSpec, ReadySpec, RetryBudget, ServiceSettings, ServiceSpec,
+    Timeouts, UpstreamProtocol, UpstreamSpec, UpstreamTls, Weight, REDACTED,
 };
 pub use state::{ChangeError, ChangeErrorKind, ConfigState, Delta};

@@ -71,6 +71,10 @@ fn is_false(b: &bool) -> bool {
     !b
 }
 
+fn is_default_concurrency(c: &ConcurrencySpec) -> bool {
+    *c == ConcurrencySpec::default()
+}
+
 /// A per-backend connection limit, 1..=100000.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "u32", into = "u32")]
@@ -100,11 +104,13 @@ impl From<MaxConns> for u32 {
     }
 }
 
-/// Requests waiting for a backend under its `max_conns`.
+/// Requests waiting while every backend is at its limit (`max_conns`, or
+/// the learned limit of `concurrency`), HAProxy's `maxconn` queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct QueueSpec {
-    /// Most requests waiting at once (default 0: no waiting, answer 503 at
+    /// Most requests waiting at once (default 10000, as many as the
+    /// listener's default connection limit; 0: no waiting, answer 503 at
     /// once when every backend is at its limit).
     pub max: u32,
     /// Longest wait, ms (default 1000); then 503.
@@ -113,7 +119,62 @@ pub struct QueueSpec {
 
 impl Default for QueueSpec {
     fn default() -> Self {
-        QueueSpec { max: 0, timeout_ms: 1_000 }
+        QueueSpec { max: 10_000, timeout_ms: 1_000 }
+    }
+}
+
+/// Learned concurrency limits: for each backend, a limit on requests in
+/// flight that the proxy learns from what it sees (shed answers, timeouts,
+/// and latency rising above the backend's no-load latency). Requests beyond
+/// every candidate's limit wait in the service's queue (`queue`) instead of
+/// being sent to a backend that would shed them. An operator's `max_conns`
+/// stays a hard cap above the learned limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConcurrencySpec {
+    /// Learn the limits. Default (absent): on when the service uses the
+    /// default policy, off when it names another one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub learn: Option<bool>,
+    /// How far a backend's latency may rise above its no-load latency
+    /// before its limit is lowered, in percent of the no-load latency
+    /// (default 150: up to 1.5 times; 110..=1000).
+    pub latency_tolerance_pct: u32,
+    /// The limit a backend starts with (default 1), before anything is
+    /// learned; it grows by a quarter per window of answers while latency
+    /// stays flat. Starting low lets the first windows measure the
+    /// backend's no-load latency.
+    pub initial: u32,
+    /// The lowest a learned limit goes (default 1).
+    pub min: u32,
+    /// The highest a learned limit goes (default 10000).
+    pub max: u32,
+}
+
+impl Default for ConcurrencySpec {
+    fn default() -> Self {
+        ConcurrencySpec { learn: None, latency_tolerance_pct: 150, initial: 1, min: 1, max: 10_000 }
+    }
+}
+
+impl ConcurrencySpec {
+    fn validate(&self) -> Result<(), String> {
+        if !(110..=1000).contains(&self.latency_tolerance_pct) {
+            return Err(format!(
+                "concurrency.latency_tolerance_pct: must be 110..=1000, got {}",
+                self.latency_tolerance_pct
+            ));
+        }
+        if self.min == 0 || self.max > 100_000 || self.min > self.max {
+            return Err(format!(
+                "concurrency: need 1 <= min <= max <= 100000, got min {} and max {}",
+                self.min, self.max
+            ));
+        }
+        if !(self.min..=self.max).contains(&self.initial) {
+            return Err(format!("concurrency.initial: must be within min..=max, got {}", self.initial));
+        }
+        Ok(())
     }
 }
 
@@ -999,9 +1060,12 @@ pub struct ServiceSettings {
     /// Load reports from backends (ORCA, node_exporter, Ganglia).
     #[serde(default)]
     pub load_metrics: LoadSources,
-    /// Waiting for backends at their `max_conns`.
+    /// Waiting for backends at their limits.
     #[serde(default)]
     pub queue: QueueSpec,
+    /// Learned per-backend concurrency limits.
+    #[serde(default)]
+    pub concurrency: ConcurrencySpec,
     /// Connections to the backends: how many idle ones are kept for reuse.
     #[serde(default)]
     pub upstream: UpstreamSpec,
@@ -1024,6 +1088,7 @@ impl Default for ServiceSettings {
             health: HealthSpec::default(),
             load_metrics: LoadSources::default(),
             queue: QueueSpec::default(),
+            concurrency: ConcurrencySpec::default(),
             upstream: UpstreamSpec::default(),
             autoscale: None,
         }
@@ -1031,7 +1096,14 @@ impl Default for ServiceSettings {
 }
 
 impl ServiceSettings {
+    /// Whether the backends' concurrency limits are learned: as
+    /// `concurrency.learn` says, else when the policy is the default one.
+    pub fn learns_limits(&self) -> bool {
+        self.concurrency.learn.unwrap_or_else(|| self.policy == PolicySpec::default())
+    }
+
     fn validate(&self) -> Result<(), String> {
+        self.concurrency.validate()?;
         let t = &self.timeouts;
         const DAY_MS: u64 = 86_400_000;
         for (field, v) in [
@@ -1156,6 +1228,8 @@ struct ServiceWire {
     load_metrics: LoadSources,
     #[serde(default)]
     queue: QueueSpec,
+    #[serde(default, skip_serializing_if = "is_default_concurrency")]
+    concurrency: ConcurrencySpec,
     #[serde(default)]
     upstream: UpstreamSpec,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1242,6 +1316,7 @@ impl<'de> Deserialize<'de> for ServiceSpec {
             health: w.health,
             load_metrics: w.load_metrics,
             queue: w.queue,
+            concurrency: w.concurrency,
             upstream: w.upstream,
             autoscale: w.autoscale,
         };
@@ -1261,6 +1336,7 @@ impl Serialize for ServiceSpec {
             health: st.health.clone(),
             load_metrics: st.load_metrics.clone(),
             queue: st.queue,
+            concurrency: st.concurrency,
             upstream: st.upstream.clone(),
             autoscale: st.autoscale.clone(),
             backends: BackendList(self.backends.clone()),
@@ -1302,5 +1378,30 @@ mod tests {
         let s: ServiceSpec = serde_json::from_str(text).unwrap();
         let again: ServiceSpec = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
         assert_eq!(s, again);
+    }
+
+    #[test]
+    fn learned_limits_default_to_the_default_policy_and_are_validated() {
+        let parse = |t: &str| serde_json::from_str::<ServiceSpec>(t);
+        assert!(parse("{}").unwrap().settings.learns_limits());
+        assert!(!parse(r#"{"policy":{"kind":"random"}}"#).unwrap().settings.learns_limits());
+        let on = parse(r#"{"policy":{"kind":"random"},"concurrency":{"learn":true}}"#).unwrap();
+        assert!(on.settings.learns_limits());
+        assert!(!parse(r#"{"concurrency":{"learn":false}}"#).unwrap().settings.learns_limits());
+        // The default block is not written back; a changed one is.
+        assert!(!serde_json::to_string(&parse("{}").unwrap()).unwrap().contains("concurrency"));
+        let text = serde_json::to_string(&on).unwrap();
+        assert!(text.contains(r#""concurrency":{"learn":true"#), "{text}");
+        assert_eq!(parse(&text).unwrap(), on);
+        for (bad, field) in [
+            (r#"{"concurrency":{"latency_tolerance_pct":100}}"#, "latency_tolerance_pct"),
+            (r#"{"concurrency":{"min":0}}"#, "min"),
+            (r#"{"concurrency":{"min":5,"max":4,"initial":4}}"#, "min"),
+            (r#"{"concurrency":{"initial":0}}"#, "initial"),
+            (r#"{"concurrency":{"bogus":1}}"#, "bogus"),
+        ] {
+            let err = parse(bad).unwrap_err().to_string();
+            assert!(err.contains(field), "{bad}: {err}");
+        }
     }
 }

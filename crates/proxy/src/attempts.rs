@@ -69,6 +69,7 @@ fn outcome_of(result: &Result<u16, ErrorKind>) -> Option<Outcome> {
             s if *s >= 500 => Outcome::Failure,
             _ => Outcome::Success,
         }),
+        Err(ErrorKind::ConnectTimeout | ErrorKind::ResponseTimeout) => Some(Outcome::TimedOut),
         Err(kind) if kind.blames_backend() => Some(Outcome::Failure),
         Err(_) => None,
     }

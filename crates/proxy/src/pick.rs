@@ -1,6 +1,6 @@
 //! Picking a backend for an attempt, and waiting in the service's bounded
-//! queue while every backend is at its `max_conns` (HAProxy's maxconn
-//! queue).
+//! queue while every backend is at its limit (`max_conns` or the learned
+//! concurrency limit; HAProxy's maxconn queue).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -113,7 +113,7 @@ pub(crate) async fn pick_or_wait<'a>(
 }
 
 /// One attempt's hold on a backend: counted in flight until dropped; for a
-/// backend with `max_conns`, dropping it also wakes a queued request.
+/// backend with a limit, dropping it also wakes a queued request.
 #[derive(Debug)]
 pub struct Slot {
     guard: Option<InFlight>,
@@ -123,7 +123,7 @@ pub struct Slot {
 impl Slot {
     /// Counts a request in flight to `backend` of `service`.
     pub(crate) fn take(backend: &Backend, service: &ServiceRuntime) -> Slot {
-        let limited = backend.max_conns.is_some();
+        let limited = backend.is_limited();
         Slot { guard: Some(backend.stats.start()), live: limited.then(|| service.live.clone()) }
     }
 

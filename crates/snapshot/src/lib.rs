@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use imbl::HashMap;
+use tidegate_balance::limit::LimitParams;
 use tidegate_balance::{Backend, ServiceSelector};
 use tidegate_model::{ConfigState, Delta, RetryBudget, ServiceName, ServiceSettings, ServiceSpec};
 use tidegate_router::Router;
@@ -73,6 +74,7 @@ impl ServiceRuntime {
     pub fn build(name: ServiceName, spec: &ServiceSpec, previous: Option<&ServiceRuntime>) -> ServiceRuntime {
         // Both sides are in id order: carry stats over with one merge pass,
         // so a rebuild costs O(backends), not O(backends²).
+        let learning = spec.settings.learns_limits().then(|| LimitParams::from(&spec.settings.concurrency));
         let mut old = previous.map(|p| p.selector.backends()).unwrap_or_default().iter().peekable();
         let backends = spec
             .backends
@@ -80,7 +82,9 @@ impl ServiceRuntime {
             .map(|(id, b)| {
                 while old.next_if(|o| &o.id < id).is_some() {}
                 let stats = old.next_if(|o| &o.id == id).filter(|o| o.addr == b.addr).map(|o| o.stats.clone());
-                Arc::new(Backend::new(id.clone(), b, stats))
+                let backend = Backend::new(id.clone(), b, stats);
+                backend.stats.learn_limit(learning);
+                Arc::new(backend)
             })
             .collect();
         let upstream = match previous.filter(|p| p.settings.upstream == spec.settings.upstream) {

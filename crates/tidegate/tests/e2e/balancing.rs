@@ -76,8 +76,11 @@ async fn latency_aware_policies_beat_round_robin_on_heterogeneous_backends() {
     let b2 = Backend::start("c2", &[&["--slots", "2"], &common[..]].concat());
     let b4 = Backend::start("c4", &[&["--slots", "4"], &common[..]].concat());
     let pool = [("c1", &b1), ("c2", &b2), ("c4", &b4)];
-    // Passive ejection would hide round robin's overload: measure policies alone.
-    let no_ejection = json!({"health": {"passive": {"consecutive_failures": 0}}, "retries": 0});
+    // Passive ejection (and learned limits) would hide round robin's
+    // overload: measure the policies alone.
+    let no_ejection = json!({
+        "health": {"passive": {"consecutive_failures": 0}}, "retries": 0, "concurrency": {"learn": false},
+    });
     let mut results = Vec::new();
     for policy in ["round_robin", "p2c_ewma", "least_time", "dynamic_feedback"] {
         put(&tg, service(&pool, json!({"kind": policy}), no_ejection.clone())).await;
@@ -254,4 +257,87 @@ async fn connection_limits_queue_requests_and_bound_the_queue() {
     assert_eq!(r.status, 503);
     assert!(r.text().contains("queue timeout") || r.text().contains("within the queue timeout"), "{}", r.text());
     assert_eq!(busy.await.unwrap().status, 200);
+}
+
+/// Each backend's learned concurrency limit, by id.
+async fn learned_limits(tg: &Tidegate) -> Vec<(String, u64)> {
+    let (_, status) = tg.api("GET", "/v1/status", None).await;
+    let backends = status["services"]["web"]["backends"].as_array().cloned().unwrap_or_default();
+    backends
+        .iter()
+        .map(|b| (b["id"].as_str().unwrap_or("").to_string(), b["concurrency_limit"].as_u64().unwrap_or(0)))
+        .collect()
+}
+
+/// The median of each backend's learned limit over `samples` reads of
+/// `/v1/status`, 200 ms apart.
+async fn median_limits(tg: &Tidegate, samples: usize) -> Vec<(String, u64)> {
+    let mut seen: Vec<(String, Vec<u64>)> = Vec::new();
+    for _ in 0..samples {
+        for (id, limit) in learned_limits(tg).await {
+            match seen.iter_mut().find(|(i, _)| *i == id) {
+                Some((_, v)) => v.push(limit),
+                None => seen.push((id, vec![limit])),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    seen.into_iter()
+        .map(|(id, mut v)| {
+            v.sort_unstable();
+            (id, v[v.len() / 2])
+        })
+        .collect()
+}
+
+/// Requests a backend emulator shed (503, queue full) so far.
+async fn shed_by(b: &Backend) -> u64 {
+    let reply = get(&format!("http://{}/_emulator/stats", b.addr)).await;
+    let stats: Value = serde_json::from_str(&reply.text()).expect("the emulator's stats are JSON");
+    stats["rejected"].as_u64().expect("a rejected count")
+}
+
+/// Issue 12: a service on the default policy learns each backend's
+/// concurrency limit, without being told any capacity. Capacities 1:2:4
+/// with small backend queues and twice as many users as slots: the
+/// learned limits come within a factor of 1.5 of the true slots, the
+/// excess waits in the proxy's queue, and nothing fails; when one
+/// backend's capacity halves mid-run, its limit follows within 5 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn learned_limits_find_each_backends_capacity_and_nothing_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Arc::new(Tidegate::start(dir.path()));
+    let common = ["--service-time", "fixed:20ms", "--queue", "4"];
+    let b1 = Backend::start("c1", &[&["--slots", "1"], &common[..]].concat());
+    let b2 = Backend::start("c2", &[&["--slots", "2"], &common[..]].concat());
+    let b4 = Backend::start("c4", &[&["--slots", "4"], &common[..]].concat());
+    let pool = [("c1", &b1), ("c2", &b2), ("c4", &b4)];
+    // No policy: the default, which learns limits.
+    let list: Vec<Value> = pool.iter().map(|(id, b)| json!({"id": id, "addr": b.addr.to_string()})).collect();
+    put(&tg, json!({"backends": list})).await;
+    let (_, status) = tg.api("GET", "/v1/status", None).await;
+    assert_eq!(status["services"]["web"]["learns_limits"], true, "{status}");
+
+    let load = tokio::spawn({
+        let tg = tg.clone();
+        async move { closed_loop(&tg, 14, 13.0).await }
+    });
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let limits = median_limits(&tg, 10).await;
+    for ((id, limit), slots) in limits.iter().zip([1.0, 2.0, 4.0]) {
+        let l = *limit as f64;
+        assert!(l >= slots / 1.5 && l <= slots * 1.5, "{id}: learned {limit} for {slots} slots ({limits:?})");
+    }
+    // c4 loses half its slots: its limit comes down within 5 s.
+    let halved = send("POST", &format!("http://{}/_emulator/slots?n=2", b4.addr), None, vec![], &[]).await;
+    assert_eq!(halved.status, 200);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = median_limits(&tg, 5).await;
+    assert!(after[2].1 <= 3, "c4 kept limit {} after its slots went 4 -> 2 ({after:?})", after[2].1);
+    let r = load.await.unwrap();
+    eprintln!("learned {limits:?}, after halving {after:?}, load {r:?}");
+    assert_eq!(r.failed, 0, "{r:?}");
+    assert!(r.ok > 2_000, "{r:?}");
+    let shed = shed_by(&b1).await + shed_by(&b2).await + shed_by(&b4).await;
+    assert!((shed as f64) < 0.01 * r.ok as f64, "backends shed {shed} of {} requests", r.ok);
 }

@@ -262,7 +262,9 @@ async fn tunnels_hold_their_backend_slot_and_close_when_idle() {
     let dir = tempfile::tempdir().unwrap();
     let tg = Tidegate::start_with(dir.path(), &["--tunnel-idle-timeout-s", "1"]);
     let b = Backend::start("ws", &[]);
-    let spec = json!({ "backends": [{ "id": "b0", "addr": b.addr.to_string(), "max_conns": 1 }] });
+    // No queue: a request for a full backend is refused at once.
+    let spec =
+        json!({ "queue": { "max": 0 }, "backends": [{ "id": "b0", "addr": b.addr.to_string(), "max_conns": 1 }] });
     assert_eq!(tg.api("PUT", "/v1/services/web", Some(spec)).await.0, 200);
     let route = json!({ "match": { "path_prefix": "/" }, "service": "web" });
     assert_eq!(tg.api("PUT", "/v1/routes/web", Some(route)).await.0, 200);

@@ -1,0 +1,422 @@
+//! Learned concurrency limits: how many requests in flight a backend holds
+//! before it queues or sheds, learned from what the proxy sees of it.
+//!
+//! The estimator is pure: it is fed one [`Sample`] per finished attempt
+//! and answers with a limit. It works on windows of at least
+//! [`MIN_WINDOW_SAMPLES`] answered requests (and at least one no-load
+//! latency long):
+//!
+//! - **No-load latency** (the baseline): follows the windows' mean latency
+//!   quickly downward, and slowly upward only from calm windows, so it
+//!   settles near the latency of a backend that is not queueing.
+//! - **Queued**: a window whose mean latency exceeds the baseline by more
+//!   than the tolerance (and by more than [`MIN_RISE_NS`], a rise the
+//!   proxy's own scheduling can cause) lowers the limit in proportion,
+//!   between 10 % and 50 % at a time, and remembers the level as a
+//!   ceiling.
+//! - **Calm**: a window within the tolerance, in which demand reached the
+//!   limit, raises it: by a quarter while the rise is under half the
+//!   tolerance, else by one. Growth stops below a remembered ceiling, except for one
+//!   probe every [`PROBE_AFTER`] calm windows (so a backend that gained
+//!   capacity is found again).
+//! - **Shed or timed out** (503, 429, a response or connect timeout): the
+//!   limit drops below the concurrency at which it happened, at most once
+//!   per hold time (the requests already sent meet the same fate).
+//! - **A flat curve**: when lowering the limit three windows in a row
+//!   did not lower the latency, the rise is not queueing at this backend
+//!   (the proxy itself is busy, or other clients load the backend): the
+//!   baseline is reset to the current latency instead of starving it.
+
+use std::time::Duration;
+
+use tidegate_model::ConcurrencySpec;
+
+/// Fewest answered requests in a window.
+pub const MIN_WINDOW_SAMPLES: u32 = 32;
+/// A latency rise smaller than this (1 ms) is never taken for queueing:
+/// the proxy's own scheduling can add that much under load.
+pub const MIN_RISE_NS: f64 = 1e6;
+/// Calm windows below a ceiling before one probe above it.
+pub const PROBE_AFTER: u32 = 8;
+/// Queued windows without a latency drop before the baseline is reset.
+const FLAT_DECREASES: u32 = 3;
+/// How fast the baseline follows a lower and a higher window mean.
+const BASELINE_DOWN: f64 = 0.25;
+const BASELINE_UP: f64 = 0.02;
+
+/// The estimator's parameters (a service's `concurrency` settings).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LimitParams {
+    /// Latency may reach this multiple of the no-load latency (e.g. 1.5).
+    pub tolerance: f64,
+    /// The starting limit.
+    pub initial: f64,
+    /// The lowest limit.
+    pub min: f64,
+    /// The highest limit.
+    pub max: f64,
+}
+
+impl From<&ConcurrencySpec> for LimitParams {
+    fn from(spec: &ConcurrencySpec) -> LimitParams {
+        LimitParams {
+            tolerance: f64::from(spec.latency_tolerance_pct) / 100.0,
+            initial: f64::from(spec.initial),
+            min: f64::from(spec.min),
+            max: f64::from(spec.max),
+        }
+    }
+}
+
+/// What one finished attempt tells the estimator.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample {
+    /// When it finished, ns on the [`crate::clock`].
+    pub now_ns: u64,
+    /// Time from the start of the attempt to the response head.
+    pub latency_ns: u64,
+    /// Requests in flight to the backend when it started, itself included.
+    pub concurrency: u64,
+    /// The backend shed it (503, 429) or did not answer in time.
+    pub congested: bool,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Window {
+    start_ns: u64,
+    samples: u32,
+    sum_ns: f64,
+    max_concurrency: u64,
+}
+
+/// A learned limit and what it was learned from.
+#[derive(Debug, Clone)]
+pub struct LimitEstimator {
+    params: LimitParams,
+    limit: f64,
+    /// No-load latency, ns (0 until the first window).
+    baseline_ns: f64,
+    window: Window,
+    /// Congestion signals are ignored until then (ns).
+    hold_until_ns: u64,
+    /// The lowest limit level found queued, while remembered.
+    ceiling: Option<f64>,
+    calm_below_ceiling: u32,
+    /// Mean latency of the last queued window, and how many queued windows
+    /// in a row did not improve on it.
+    last_queued_ns: f64,
+    flat: u32,
+}
+
+/// What the estimator decided about a closed window (for tests and logs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Latency within half the tolerance: the limit may grow by a quarter.
+    Calm,
+    /// Between half and the whole tolerance: the limit may grow by one.
+    Near,
+    /// Above the tolerance: the limit was lowered.
+    Queued,
+    /// Queued, but lowering the limit did not help: the baseline was reset.
+    Rebaselined,
+}
+
+impl LimitEstimator {
+    /// A fresh estimator at `params.initial`.
+    pub fn new(params: LimitParams) -> LimitEstimator {
+        LimitEstimator {
+            params,
+            limit: params.initial.clamp(params.min, params.max),
+            baseline_ns: 0.0,
+            window: Window::default(),
+            hold_until_ns: 0,
+            ceiling: None,
+            calm_below_ceiling: 0,
+            last_queued_ns: 0.0,
+            flat: 0,
+        }
+    }
+
+    /// Changes the parameters, keeping what was learned (within the new bounds).
+    pub fn set_params(&mut self, params: LimitParams) {
+        self.params = params;
+        self.limit = self.limit.clamp(params.min, params.max);
+    }
+
+    /// The parameters in use.
+    pub fn params(&self) -> LimitParams {
+        self.params
+    }
+
+    /// The limit: a new request may start while fewer are in flight.
+    pub fn limit(&self) -> u64 {
+        self.limit.floor().max(1.0) as u64
+    }
+
+    /// The learned no-load latency, once one window closed.
+    pub fn baseline(&self) -> Option<Duration> {
+        (self.baseline_ns > 0.0).then(|| Duration::from_nanos(self.baseline_ns as u64))
+    }
+
+    /// Takes one sample; returns the verdict when it closed a window.
+    pub fn observe(&mut self, s: Sample) -> Option<Verdict> {
+        if s.congested {
+            self.congested(s);
+            return None;
+        }
+        let w = &mut self.window;
+        if w.samples == 0 {
+            w.start_ns = s.now_ns.saturating_sub(s.latency_ns);
+        }
+        w.samples += 1;
+        w.sum_ns += s.latency_ns as f64;
+        w.max_concurrency = w.max_concurrency.max(s.concurrency);
+        let need = MIN_WINDOW_SAMPLES.max(self.limit as u32);
+        if w.samples < need || (s.now_ns.saturating_sub(w.start_ns) as f64) < self.baseline_ns {
+            return None;
+        }
+        let window = std::mem::take(&mut self.window);
+        Some(self.close(window))
+    }
+
+    fn congested(&mut self, s: Sample) {
+        if s.now_ns < self.hold_until_ns {
+            return;
+        }
+        let p = self.params;
+        let level = (s.concurrency as f64).max(1.0);
+        self.limit = (self.limit.min(level - 1.0) * 0.9).clamp(p.min, p.max);
+        self.ceiling = Some(self.ceiling.map_or(level, |c| c.min(level)));
+        self.calm_below_ceiling = 0;
+        // The requests sent before this one meet the same fate: one cut for
+        // all of them. Hold for about one answer's time.
+        let hold = (self.baseline_ns * p.tolerance).max(s.latency_ns as f64).max(1e6);
+        self.hold_until_ns = s.now_ns + hold as u64;
+        self.window = Window::default();
+    }
+
+    fn close(&mut self, w: Window) -> Verdict {
+        let p = self.params;
+        let mean = w.sum_ns / f64::from(w.samples);
+        if self.baseline_ns == 0.0 {
+            self.baseline_ns = mean;
+        }
+        let allowed = (self.baseline_ns * (p.tolerance - 1.0)).max(MIN_RISE_NS);
+        let excess = mean - self.baseline_ns;
+        if excess > allowed {
+            return self.queued(mean);
+        }
+        self.flat = 0;
+        self.last_queued_ns = 0.0;
+        if mean < self.baseline_ns {
+            self.baseline_ns += BASELINE_DOWN * (mean - self.baseline_ns);
+        }
+        let saturated = w.max_concurrency as f64 >= self.limit.floor();
+        if excess > allowed / 2.0 {
+            if saturated {
+                self.grow(1.0);
+            }
+            return Verdict::Near;
+        }
+        // Only calm windows may move the baseline up (a backend that got
+        // slower for good); near ones may be queueing already.
+        if mean > self.baseline_ns {
+            self.baseline_ns += BASELINE_UP * (mean - self.baseline_ns);
+        }
+        if saturated {
+            self.grow((self.limit * 0.25).max(1.0));
+        }
+        Verdict::Calm
+    }
+
+    fn queued(&mut self, mean: f64) -> Verdict {
+        let p = self.params;
+        if self.last_queued_ns > 0.0 && mean >= 0.95 * self.last_queued_ns {
+            self.flat += 1;
+        } else {
+            self.flat = 0;
+            self.last_queued_ns = mean;
+        }
+        if self.flat >= FLAT_DECREASES {
+            // Lowering the limit did not lower the latency: not our queue.
+            self.baseline_ns = mean;
+            self.flat = 0;
+            self.last_queued_ns = 0.0;
+            self.ceiling = None;
+            return Verdict::Rebaselined;
+        }
+        let level = self.limit.floor();
+        self.ceiling = Some(self.ceiling.map_or(level, |c| c.min(level)).max(p.min + 1.0));
+        self.calm_below_ceiling = 0;
+        let factor = (self.baseline_ns * p.tolerance / mean).clamp(0.5, 0.9);
+        self.limit = (self.limit * factor).clamp(p.min, p.max);
+        Verdict::Queued
+    }
+
+    fn grow(&mut self, step: f64) {
+        let p = self.params;
+        let mut next = self.limit + step;
+        if let Some(ceiling) = self.ceiling {
+            if next.floor() >= ceiling {
+                if self.calm_below_ceiling >= PROBE_AFTER {
+                    // Probe above the ceiling; it is found again if still there.
+                    self.ceiling = None;
+                    self.calm_below_ceiling = 0;
+                    next = next.min(ceiling + 0.5);
+                } else {
+                    self.calm_below_ceiling += 1;
+                    next = next.min(ceiling - 0.5).max(self.limit);
+                }
+            }
+        }
+        self.limit = next.clamp(p.min, p.max);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> LimitParams {
+        LimitParams { tolerance: 1.5, initial: 1.0, min: 1.0, max: 1000.0 }
+    }
+
+    /// A backend with `slots` servers of a fixed `service_ms`, kept busy
+    /// with `limit` requests in flight (the proxy's limit): each window's
+    /// latency is the queueing model's mean, `service * max(1, L/slots)`.
+    struct Backend {
+        slots: f64,
+        service_ns: f64,
+        /// Sheds (503) beyond slots + queue.
+        queue: f64,
+    }
+
+    impl Backend {
+        /// Feeds `windows` windows' worth of samples at the estimator's
+        /// current limit; returns the limits seen after each window.
+        fn drive(&self, est: &mut LimitEstimator, now: &mut u64, windows: usize) -> Vec<u64> {
+            let mut seen = Vec::new();
+            let mut closed = 0;
+            while closed < windows {
+                let l = est.limit() as f64;
+                let latency = self.service_ns * (l / self.slots).max(1.0);
+                *now += (latency / l) as u64;
+                let congested = l > self.slots + self.queue;
+                let s = Sample { now_ns: *now, latency_ns: latency as u64, concurrency: l as u64, congested };
+                if est.observe(s).is_some() || congested {
+                    closed += 1;
+                    seen.push(est.limit());
+                }
+            }
+            seen
+        }
+    }
+
+    fn median(mut v: Vec<u64>) -> u64 {
+        v.sort_unstable();
+        v[v.len() / 2]
+    }
+
+    #[test]
+    fn converges_up_on_a_fast_backend() {
+        let b = Backend { slots: 64.0, service_ns: 20e6, queue: 1000.0 };
+        let mut est = LimitEstimator::new(params());
+        let mut now = 0;
+        let seen = b.drive(&mut est, &mut now, 60);
+        let settled = median(seen[40..].to_vec());
+        assert!((64..=96).contains(&settled), "limit {settled}, history {seen:?}");
+        assert!(est.baseline().unwrap() >= Duration::from_millis(19), "{:?}", est.baseline());
+    }
+
+    #[test]
+    fn settles_within_half_again_of_the_true_slots() {
+        for slots in [1.0, 2.0, 4.0, 8.0] {
+            let b = Backend { slots, service_ns: 20e6, queue: 4.0 };
+            let mut est = LimitEstimator::new(params());
+            let mut now = 0;
+            let seen = b.drive(&mut est, &mut now, 80);
+            let settled = median(seen[30..].to_vec()) as f64;
+            assert!(settled >= slots / 1.5 && settled <= slots * 1.5, "slots {slots}: limit {settled}, {seen:?}");
+        }
+    }
+
+    #[test]
+    fn comes_down_on_a_shedding_backend() {
+        // Learned with the backend at 16 slots, then it drops to 2 and sheds
+        // past 2 queued: the limit follows.
+        let mut est = LimitEstimator::new(params());
+        let mut now = 0;
+        Backend { slots: 16.0, service_ns: 10e6, queue: 2.0 }.drive(&mut est, &mut now, 40);
+        assert!(est.limit() >= 12, "{}", est.limit());
+        let seen = Backend { slots: 2.0, service_ns: 10e6, queue: 2.0 }.drive(&mut est, &mut now, 200);
+        assert!(est.limit() <= 3, "{seen:?}");
+    }
+
+    #[test]
+    fn recovers_after_the_backend_recovers() {
+        let mut est = LimitEstimator::new(params());
+        let mut now = 0;
+        Backend { slots: 2.0, service_ns: 10e6, queue: 1.0 }.drive(&mut est, &mut now, 40);
+        assert!(est.limit() <= 3);
+        let seen = Backend { slots: 12.0, service_ns: 10e6, queue: 1.0 }.drive(&mut est, &mut now, 120);
+        let settled = median(seen[80..].to_vec());
+        assert!((8..=18).contains(&settled), "{seen:?}");
+    }
+
+    #[test]
+    fn never_goes_below_the_minimum() {
+        let mut est = LimitEstimator::new(params());
+        for i in 0..1000u64 {
+            est.observe(Sample { now_ns: i * 100_000_000, latency_ns: 50_000_000, concurrency: 1, congested: true });
+            assert!(est.limit() >= 1);
+        }
+        let mut est = LimitEstimator::new(LimitParams { min: 3.0, initial: 5.0, ..params() });
+        for i in 0..1000u64 {
+            est.observe(Sample { now_ns: i * 1_000_000_000, latency_ns: 10_000_000, concurrency: 50, congested: true });
+        }
+        assert_eq!(est.limit(), 3);
+    }
+
+    #[test]
+    fn a_flat_curve_resets_the_baseline_instead_of_starving_the_backend() {
+        // Latency jumps from 0.1 ms to 5 ms whatever the limit: the proxy,
+        // not the backend, is slow. The limit dips, then recovers.
+        let mut est = LimitEstimator::new(LimitParams { initial: 100.0, ..params() });
+        let mut now = 0u64;
+        let mut feed = |est: &mut LimitEstimator, latency_ns: u64, n: usize| {
+            let mut verdicts = Vec::new();
+            for _ in 0..n {
+                now += 10_000;
+                let s = Sample { now_ns: now, latency_ns, concurrency: est.limit(), congested: false };
+                verdicts.extend(est.observe(s));
+            }
+            verdicts
+        };
+        feed(&mut est, 100_000, 2_000);
+        let before = est.limit();
+        let verdicts = feed(&mut est, 5_000_000, 20_000);
+        assert!(verdicts.contains(&Verdict::Rebaselined), "{verdicts:?}");
+        assert!(est.limit() >= before / 2, "limit {} fell from {before}", est.limit());
+    }
+
+    #[test]
+    fn small_rises_are_not_queueing() {
+        // 50 µs → 600 µs: under MIN_RISE_NS, so never queued; the limit grows.
+        let mut est = LimitEstimator::new(params());
+        for i in 0..10_000u64 {
+            let latency_ns = if i < 500 { 50_000 } else { 600_000 };
+            let v = est.observe(Sample { now_ns: i * 20_000, latency_ns, concurrency: est.limit(), congested: false });
+            assert!(!matches!(v, Some(Verdict::Queued | Verdict::Rebaselined)), "at {i}");
+        }
+        assert!(est.limit() > 100, "{}", est.limit());
+    }
+
+    #[test]
+    fn one_burst_of_sheds_cuts_the_limit_once() {
+        let mut est = LimitEstimator::new(LimitParams { initial: 40.0, ..params() });
+        for i in 0..30u64 {
+            est.observe(Sample { now_ns: 1_000_000 + i, latency_ns: 200_000, concurrency: 40, congested: true });
+        }
+        assert_eq!(est.limit(), 35, "39 * 0.9, once");
+    }
+}
