@@ -59,7 +59,7 @@ declare -A ADDR
 for spec in c1:1 c2:2 c4:4; do
   name=${spec%%:*}; slots=${spec#*:}
   "$BIN/tidegate-emulator" --listen 127.0.0.1:0 --name "$name" --threads 1 --slots "$slots" \
-    --queue "$QUEUE" --service-time "$SERVICE" > "$WORK/$name.out" & PIDS+=($!)
+    --queue "$QUEUE" --service-time "$SERVICE" --orca > "$WORK/$name.out" & PIDS+=($!)
 done
 for name in c1 c2 c4; do
   for _ in $(seq 50); do grep -q listening "$WORK/$name.out" 2>/dev/null && break; sleep 0.05; done
@@ -205,7 +205,7 @@ echo "S3: capacities 1:2:4 (slots), service $SERVICE, queue $QUEUE, $USERS users
 if wanted tidegate-default; then
   tg_policy '' "1 1 1"; run "tidegate-default" "$TG_PROXY"
 fi
-for p in round_robin least_conn least_time p2c_ewma dynamic_feedback ip_hash; do
+for p in round_robin least_conn least_time p2c_ewma dynamic_feedback ip_hash prequal; do
   if wanted "tidegate-$p"; then
     tg_policy "\"policy\": {\"kind\":\"$p\"}, \"concurrency\": {\"learn\": false}," "1 1 1"; run "tidegate-$p" "$TG_PROXY"
   fi

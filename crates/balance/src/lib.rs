@@ -18,6 +18,7 @@ mod latency;
 pub mod limit;
 pub mod orca;
 mod policies;
+mod prequal;
 mod stats;
 #[cfg(test)]
 mod testing;
@@ -33,7 +34,8 @@ pub use hashing::{hash_bytes, ConsistentHash, HashKey};
 pub use health::record_outcome;
 pub use latency::{LeastTime, P2cEwma};
 pub use policies::{policy_for, LeastConn, RandomPolicy, RoundRobin};
-pub use stats::{ActiveState, AtomicF64, BackendStats, InFlight, LoadReport, Outcome, StatsView};
+pub use prequal::{hot_cold, Prequal, Probed};
+pub use stats::{ActiveState, AtomicF64, BackendStats, InFlight, LoadReport, Outcome, ProbeState, StatsView};
 pub use tidegate_model::Headers;
 
 /// A backend as the data plane sees it.

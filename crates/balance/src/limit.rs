@@ -6,9 +6,13 @@
 //! [`MIN_WINDOW_SAMPLES`] answered requests (and at least one no-load
 //! latency long):
 //!
-//! - **No-load latency** (the baseline): follows the windows' mean latency
-//!   quickly downward, and slowly upward only from calm windows, so it
-//!   settles near the latency of a backend that is not queueing.
+//! - **Slow start**: from `initial`, the limit doubles per window of
+//!   [`SLOW_START_SAMPLES`] answers until the first window that is not
+//!   calm; the baseline meanwhile is the mean of all those answers.
+//! - **No-load latency** (the baseline): an average of the calm windows'
+//!   mean latency (and of the first window), so it settles at the latency
+//!   of a backend that is not queueing; it moves down faster from a window
+//!   far below it.
 //! - **Queued**: a window whose mean latency exceeds the baseline by more
 //!   than the tolerance (and by more than [`MIN_RISE_NS`], a rise the
 //!   proxy's own scheduling can cause) lowers the limit in proportion,
@@ -33,6 +37,8 @@ use tidegate_model::ConcurrencySpec;
 
 /// Fewest answered requests in a window.
 pub const MIN_WINDOW_SAMPLES: u32 = 32;
+/// Fewest answered requests in a window of the slow start.
+pub const SLOW_START_SAMPLES: u32 = 8;
 /// A latency rise smaller than this (1 ms) is never taken for queueing:
 /// the proxy's own scheduling can add that much under load.
 pub const MIN_RISE_NS: f64 = 1e6;
@@ -40,9 +46,9 @@ pub const MIN_RISE_NS: f64 = 1e6;
 pub const PROBE_AFTER: u32 = 8;
 /// Queued windows without a latency drop before the baseline is reset.
 const FLAT_DECREASES: u32 = 3;
-/// How fast the baseline follows a lower and a higher window mean.
-const BASELINE_DOWN: f64 = 0.25;
-const BASELINE_UP: f64 = 0.02;
+/// How fast the baseline follows calm windows, and windows far below it.
+const BASELINE_RATE: f64 = 0.1;
+const BASELINE_FAST: f64 = 0.3;
 
 /// The estimator's parameters (a service's `concurrency` settings).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -106,6 +112,9 @@ pub struct LimitEstimator {
     /// in a row did not improve on it.
     last_queued_ns: f64,
     flat: u32,
+    /// Until the first window that is not calm: the limit doubles per
+    /// (short) window, and the baseline is the mean of every answer so far.
+    slow_start: Option<(f64, u32)>,
 }
 
 /// What the estimator decided about a closed window (for tests and logs).
@@ -134,6 +143,7 @@ impl LimitEstimator {
             calm_below_ceiling: 0,
             last_queued_ns: 0.0,
             flat: 0,
+            slow_start: Some((0.0, 0)),
         }
     }
 
@@ -171,7 +181,8 @@ impl LimitEstimator {
         w.samples += 1;
         w.sum_ns += s.latency_ns as f64;
         w.max_concurrency = w.max_concurrency.max(s.concurrency);
-        let need = MIN_WINDOW_SAMPLES.max(self.limit as u32);
+        let need = if self.slow_start.is_some() { SLOW_START_SAMPLES } else { MIN_WINDOW_SAMPLES };
+        let need = need.max(self.limit as u32);
         if w.samples < need || (s.now_ns.saturating_sub(w.start_ns) as f64) < self.baseline_ns {
             return None;
         }
@@ -188,6 +199,7 @@ impl LimitEstimator {
         self.limit = (self.limit.min(level - 1.0) * 0.9).clamp(p.min, p.max);
         self.ceiling = Some(self.ceiling.map_or(level, |c| c.min(level)));
         self.calm_below_ceiling = 0;
+        self.slow_start = None;
         // The requests sent before this one meet the same fate: one cut for
         // all of them. Hold for about one answer's time.
         let hold = (self.baseline_ns * p.tolerance).max(s.latency_ns as f64).max(1e6);
@@ -203,14 +215,23 @@ impl LimitEstimator {
         }
         let allowed = (self.baseline_ns * (p.tolerance - 1.0)).max(MIN_RISE_NS);
         let excess = mean - self.baseline_ns;
+        if let Some((sum, n)) = self.slow_start {
+            if excess <= allowed / 2.0 {
+                let (sum, n) = (sum + w.sum_ns, n + w.samples);
+                self.baseline_ns = sum / f64::from(n);
+                self.slow_start = Some((sum, n));
+                if w.max_concurrency as f64 >= self.limit.floor() {
+                    self.limit = (self.limit * 2.0).clamp(p.min, p.max);
+                }
+                return Verdict::Calm;
+            }
+            self.slow_start = None;
+        }
         if excess > allowed {
             return self.queued(mean);
         }
         self.flat = 0;
         self.last_queued_ns = 0.0;
-        if mean < self.baseline_ns {
-            self.baseline_ns += BASELINE_DOWN * (mean - self.baseline_ns);
-        }
         let saturated = w.max_concurrency as f64 >= self.limit.floor();
         if excess > allowed / 2.0 {
             if saturated {
@@ -218,11 +239,13 @@ impl LimitEstimator {
             }
             return Verdict::Near;
         }
-        // Only calm windows may move the baseline up (a backend that got
-        // slower for good); near ones may be queueing already.
-        if mean > self.baseline_ns {
-            self.baseline_ns += BASELINE_UP * (mean - self.baseline_ns);
-        }
+        // Only calm windows move the baseline (near ones may be queueing
+        // already): an average of them, so that the noise of one window
+        // (a third of the mean for 32 exponential service times) neither
+        // drags it down nor reads as queueing. Far below it, it was learned
+        // while queued: catch up faster.
+        let rate = if mean < self.baseline_ns * 0.75 { BASELINE_FAST } else { BASELINE_RATE };
+        self.baseline_ns += rate * (mean - self.baseline_ns);
         if saturated {
             self.grow((self.limit * 0.25).max(1.0));
         }
@@ -324,7 +347,7 @@ mod tests {
         let mut now = 0;
         let seen = b.drive(&mut est, &mut now, 60);
         let settled = median(seen[40..].to_vec());
-        assert!((64..=96).contains(&settled), "limit {settled}, history {seen:?}");
+        assert!((64..=100).contains(&settled), "limit {settled}, history {seen:?}");
         assert!(est.baseline().unwrap() >= Duration::from_millis(19), "{:?}", est.baseline());
     }
 
@@ -337,6 +360,32 @@ mod tests {
             let seen = b.drive(&mut est, &mut now, 80);
             let settled = median(seen[30..].to_vec()) as f64;
             assert!(settled >= slots / 1.5 && settled <= slots * 1.5, "slots {slots}: limit {settled}, {seen:?}");
+        }
+    }
+
+    #[test]
+    fn settles_near_the_true_slots_with_exponential_service_times() {
+        // Each answer's latency is exponential around the queueing model's
+        // mean: the noise of a real backend of exponential jobs.
+        let mut rng = fastrand::Rng::with_seed(7);
+        for slots in [1.0, 2.0, 4.0, 8.0] {
+            let mut est = LimitEstimator::new(params());
+            let mut now = 0u64;
+            let mut seen = Vec::new();
+            while seen.len() < 200 {
+                let l = est.limit() as f64;
+                let mean = 20e6 * (l / slots).max(1.0);
+                let latency = -mean * (1.0 - rng.f64()).ln();
+                now += (mean / l) as u64;
+                let s = Sample { now_ns: now, latency_ns: latency as u64, concurrency: l as u64, congested: false };
+                if est.observe(s).is_some() {
+                    seen.push(est.limit());
+                }
+            }
+            let settled = median(seen[50..].to_vec()) as f64;
+            assert!(settled >= slots / 1.5 && settled <= slots * 1.5, "slots {slots}: limit {settled}, {seen:?}");
+            let low = seen[50..].iter().filter(|&&l| (l as f64) < slots).count();
+            assert!(low * 4 < seen.len() - 50, "slots {slots}: below the slots {low} times: {seen:?}");
         }
     }
 

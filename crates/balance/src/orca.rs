@@ -16,6 +16,10 @@ pub struct OrcaReport {
     pub qps: Option<f64>,
     /// `eps`: errors per second.
     pub eps: Option<f64>,
+    /// `named_metrics.rif`: requests in flight at the backend (Prequal).
+    pub rif: Option<f64>,
+    /// `named_metrics.latency_ms`: the backend's latency estimate (Prequal).
+    pub latency_ms: Option<f64>,
 }
 
 /// Parses `TEXT k=v, k=v` or `JSON {...}`; `None` for other forms (the
@@ -32,6 +36,8 @@ pub fn parse(value: &str) -> Option<OrcaReport> {
             "mem_utilization" => r.memory = Some(v),
             "rps_fractional" | "rps" => r.qps = Some(v),
             "eps" => r.eps = Some(v),
+            "named_metrics.rif" => r.rif = Some(v),
+            "named_metrics.latency_ms" => r.latency_ms = Some(v),
             _ => {}
         }
     };
@@ -48,6 +54,13 @@ pub fn parse(value: &str) -> Option<OrcaReport> {
         for (k, v) in &map {
             if let Some(v) = v.as_f64() {
                 set(k, v);
+            }
+            if let (true, Some(named)) = (k == "named_metrics", v.as_object()) {
+                for (name, v) in named {
+                    if let Some(v) = v.as_f64() {
+                        set(&format!("named_metrics.{name}"), v);
+                    }
+                }
             }
         }
     } else {
@@ -70,6 +83,14 @@ impl OrcaReport {
     }
 }
 
+impl OrcaReport {
+    /// The report as a Prequal probe answer: requests in flight, and the
+    /// latency in ms when the backend gave one.
+    pub fn probe(&self) -> Option<(f64, Option<f64>)> {
+        self.rif.map(|rif| (rif, self.latency_ms))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -77,9 +98,14 @@ mod tests {
     #[test]
     fn text_and_json_forms() {
         let r = parse("TEXT cpu_utilization=0.3, rps_fractional=10.5, eps=0.2, named_metrics.x=1").unwrap();
+        assert_eq!(r.probe(), None);
         assert_eq!((r.cpu, r.qps, r.eps, r.memory), (Some(0.3), Some(10.5), Some(0.2), None));
         let r = parse(r#"JSON {"cpu_utilization": 0.7, "mem_utilization": 0.1, "rps_fractional": 3}"#).unwrap();
         assert_eq!((r.cpu, r.memory, r.qps), (Some(0.7), Some(0.1), Some(3.0)));
+        let r = parse("TEXT named_metrics.rif=4, named_metrics.latency_ms=12.5").unwrap();
+        assert_eq!(r.probe(), Some((4.0, Some(12.5))));
+        let r = parse(r#"JSON {"named_metrics": {"rif": 2}}"#).unwrap();
+        assert_eq!(r.probe(), Some((2.0, None)));
         for bad in ["BIN abc", "TEXT nothing", "JSON {", "TEXT cpu_utilization=-1", ""] {
             assert_eq!(parse(bad), None, "{bad}");
         }
@@ -93,7 +119,7 @@ mod tests {
         #[test]
         fn any_value_parses_or_is_refused(v in "(TEXT |JSON )?\\PC{0,120}|\\{[a-z_:\",.0-9e+-]{0,80}\\}") {
             if let Some(r) = parse(&v) {
-                for x in [r.cpu, r.memory, r.qps, r.eps].into_iter().flatten() {
+                for x in [r.cpu, r.memory, r.qps, r.eps, r.rif, r.latency_ms].into_iter().flatten() {
                     proptest::prop_assert!(x.is_finite() && x >= 0.0, "{x} from {v:?}");
                 }
             }

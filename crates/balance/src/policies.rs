@@ -9,6 +9,7 @@ use tidegate_model::PolicySpec;
 use crate::feedback::{DynamicFeedback, OrcaWrr};
 use crate::hashing::{ConsistentHash, HashKey};
 use crate::latency::{LeastTime, P2cEwma};
+use crate::prequal::Prequal;
 use crate::{Backend, Policy, Pool, RequestCtx, Selector};
 
 /// The policy for a configured kind.
@@ -29,6 +30,7 @@ pub fn policy_for(spec: &PolicySpec) -> Arc<dyn Policy> {
         }
         PolicySpec::DynamicFeedback(spec) => Arc::new(DynamicFeedback(spec.clone())),
         PolicySpec::OrcaWrr(spec) => Arc::new(OrcaWrr(spec.clone())),
+        PolicySpec::Prequal(spec) => Arc::new(Prequal(spec.clone())),
     }
 }
 

@@ -74,6 +74,41 @@ impl LoadReport {
     }
 }
 
+/// The latest Prequal probe answer of a backend: its requests in flight
+/// (RIF) and latency, when it came, and how often it has been used since.
+#[derive(Debug, Default)]
+pub struct ProbeState {
+    rif: AtomicF64,
+    latency_ms: AtomicF64,
+    at_ms: AtomicU64,
+    uses: AtomicU32,
+}
+
+impl ProbeState {
+    /// Stores a probe answer received at `now_ms`.
+    pub fn store(&self, rif: f64, latency_ms: f64, now_ms: u64) {
+        self.rif.set(rif);
+        self.latency_ms.set(latency_ms);
+        self.uses.store(0, Relaxed);
+        self.at_ms.store(now_ms.max(1), Relaxed);
+    }
+
+    /// `(rif, latency_ms)` of an answer younger than `max_age_ms` and used
+    /// fewer than `reuse` times.
+    pub fn fresh(&self, now_ms: u64, max_age_ms: u64, reuse: u32) -> Option<(f64, f64)> {
+        let at = self.at_ms.load(Relaxed);
+        let usable = at > 0 && now_ms.saturating_sub(at) < max_age_ms && self.uses.load(Relaxed) < reuse;
+        usable.then(|| (self.rif.get(), self.latency_ms.get()))
+    }
+
+    /// Counts a choice made on this answer: one more use, and one more
+    /// request in flight than the backend reported.
+    pub fn used(&self) {
+        self.uses.fetch_add(1, Relaxed);
+        self.rif.set(self.rif.get() + 1.0);
+    }
+}
+
 /// Counters and gauges of one backend. Shared across snapshots by `Arc`.
 #[derive(Debug)]
 pub struct BackendStats {
@@ -94,6 +129,8 @@ pub struct BackendStats {
     pub(crate) available_since_ms: AtomicU64,
     /// Load reports from the backend or its host.
     pub load: LoadReport,
+    /// The latest Prequal probe answer.
+    pub probe: ProbeState,
     /// The learned concurrency limit (`u64::MAX` when not learned), read
     /// on the request path; written by `learner`.
     limit: AtomicU64,
@@ -118,6 +155,7 @@ impl Default for BackendStats {
             ejected_until_ms: AtomicU64::new(0),
             available_since_ms: AtomicU64::new(clock::now_ms()),
             load: LoadReport::default(),
+            probe: ProbeState::default(),
             limit: AtomicU64::new(u64::MAX),
             learning: AtomicBool::new(false),
             learner: Mutex::new(None),

@@ -49,6 +49,9 @@ pub struct AppState {
     pub rejected: AtomicU64,
     /// Recent completions per second.
     pub completions: RateMeter,
+    /// Latency of served requests (queueing and service), EWMA in
+    /// microseconds as f64 bits; 0 before the first.
+    pub latency_ewma_us: AtomicU64,
 }
 
 impl AppState {
@@ -73,7 +76,17 @@ impl AppState {
             connections_open: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
             completions: RateMeter::new(),
+            latency_ewma_us: AtomicU64::new(0),
         }))
+    }
+
+    /// Folds one served request's latency into the EWMA (weight 0.1).
+    pub fn record_latency(&self, latency: std::time::Duration) {
+        let sample = latency.as_secs_f64() * 1e6;
+        let _ = self.latency_ewma_us.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+            let old = f64::from_bits(bits);
+            Some(if old > 0.0 { old + 0.1 * (sample - old) } else { sample }.to_bits())
+        });
     }
 
     /// Adds `x-backend` and, with `--orca`, the load report to a response.
@@ -87,11 +100,18 @@ impl AppState {
         }
     }
 
-    /// ORCA text-format load report.
+    /// ORCA text-format load report, with the requests in flight (busy
+    /// and queued) and the latency EWMA as named metrics (for Prequal).
     pub fn load_report(&self) -> String {
-        let cpu = self.admission.load().utilization();
+        let load = self.admission.load();
+        let cpu = load.utilization();
         let rps = self.completions.rate();
-        format!("TEXT cpu_utilization={cpu:.3}, rps_fractional={rps:.3}")
+        let rif = load.busy + load.queued;
+        let latency_ms = f64::from_bits(self.latency_ewma_us.load(Ordering::Relaxed)) / 1e3;
+        format!(
+            "TEXT cpu_utilization={cpu:.3}, rps_fractional={rps:.3}, named_metrics.rif={rif}, \
+             named_metrics.latency_ms={latency_ms:.3}"
+        )
     }
 
     /// The `/_emulator/stats` document.
@@ -150,7 +170,10 @@ mod tests {
     fn orca_report_reflects_load() {
         let args = Args { slots: 2, orca: true, ..Args::default() };
         let state = AppState::new(&args).expect("state");
-        assert_eq!(state.load_report(), "TEXT cpu_utilization=0.000, rps_fractional=0.000");
+        assert_eq!(
+            state.load_report(),
+            "TEXT cpu_utilization=0.000, rps_fractional=0.000, named_metrics.rif=0, named_metrics.latency_ms=0.000"
+        );
         let mut resp = text(StatusCode::OK, "x");
         state.decorate(&mut resp);
         assert_eq!(resp.headers()[X_BACKEND], "emu");

@@ -58,6 +58,7 @@ async fn serve(state: &AppState, req: Request<Incoming>) -> Resp {
     let forced =
         query_param(req.uri().query(), "delay_ms").and_then(|v| v.parse::<u64>().ok()).map(Duration::from_millis);
     drain(req.into_body()).await;
+    let arrived = std::time::Instant::now();
     let Ok(slot) = state.admission.acquire().await else {
         state.rejected.fetch_add(1, Ordering::Relaxed);
         let mut resp = text(StatusCode::SERVICE_UNAVAILABLE, "queue full\n");
@@ -70,6 +71,7 @@ async fn serve(state: &AppState, req: Request<Incoming>) -> Resp {
     }
     state.served.fetch_add(1, Ordering::Relaxed);
     state.completions.record();
+    state.record_latency(arrived.elapsed());
     let mut resp = text(StatusCode::OK, state.body.clone());
     state.decorate(&mut resp);
     drop(slot);

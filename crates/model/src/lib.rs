@@ -31,7 +31,7 @@ pub use route::{HeaderMatch, HostPattern, PathPattern, RouteAction, RouteMatch, 
 pub use service::{
     ActiveCheck, AutoscaleSpec, BackendSpec, BalanceFactor, CheckKind, ConcurrencySpec, ExternalSpec, FeedbackFormula,
     FeedbackSpec, Gammas, GangliaSource, HeaderKey, HealthSpec, LoadSources, MaxConns, NodeExporterSource, OrcaSpec,
-    PassiveCheck, PolicySpec, PortRange, ProviderSpec, QueueSpec, ReadySpec, RetryBudget, ServiceSettings, ServiceSpec,
-    Timeouts, UpstreamProtocol, UpstreamSpec, UpstreamTls, Weight, REDACTED,
+    PassiveCheck, PolicySpec, PortRange, PrequalSpec, ProviderSpec, QueueSpec, ReadySpec, RetryBudget, ServiceSettings,
+    ServiceSpec, Timeouts, UpstreamProtocol, UpstreamSpec, UpstreamTls, Weight, REDACTED,
 };
 pub use state::{ChangeError, ChangeErrorKind, ConfigState, Delta};

@@ -354,6 +354,10 @@ pub enum PolicySpec {
     /// Weights from backends' ORCA `endpoint-load-metrics` response headers
     /// (qps / (cpu utilization + error penalty)), as gRPC's weighted round robin.
     OrcaWrr(OrcaSpec),
+    /// Prequal (NSDI 2024): asynchronous probes of each backend's requests
+    /// in flight and latency; among recently probed backends, the lowest
+    /// latency among the cold ones, else the fewest requests in flight.
+    Prequal(PrequalSpec),
     /// Ask an external distributor over UDP for each request (paper S4).
     External(ExternalSpec),
 }
@@ -556,6 +560,64 @@ fn default_expiry() -> u64 {
 }
 fn default_penalty() -> u32 {
     100
+}
+
+/// Parameters of the `prequal` policy.
+///
+/// A background prober sends `GET probe_path` to randomly chosen backends,
+/// about `probes_per_request_pct` / 100 probes per request. A probe answer
+/// gives the backend's requests in flight (RIF) and latency: from its ORCA
+/// `endpoint-load-metrics` header (`named_metrics.rif`,
+/// `named_metrics.latency_ms`) when present, else the proxy's own count of
+/// requests in flight to it and the probe's round-trip time. ORCA headers
+/// on normal responses count as probes too.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PrequalSpec {
+    /// The path probed (default `/health`).
+    pub probe_path: String,
+    /// Probes per request, percent (default 100: one per request; 1..=1000).
+    pub probes_per_request_pct: u32,
+    /// A probe answer is used for at most this many choices (default 3).
+    pub reuse: u32,
+    /// A probe answer older than this is not used, ms (default 1000).
+    pub max_age_ms: u64,
+    /// Backends whose RIF is above this quantile of the probed backends'
+    /// RIFs are hot, percent (default 80; the paper's range is 60..=90).
+    pub hot_quantile_pct: u32,
+}
+
+impl Default for PrequalSpec {
+    fn default() -> Self {
+        PrequalSpec {
+            probe_path: "/health".into(),
+            probes_per_request_pct: 100,
+            reuse: 3,
+            max_age_ms: 1_000,
+            hot_quantile_pct: 80,
+        }
+    }
+}
+
+impl PrequalSpec {
+    fn validate(&self) -> Result<(), String> {
+        if !self.probe_path.starts_with('/') || self.probe_path.contains(char::is_whitespace) {
+            return Err(format!("policy.probe_path: {:?} must be a path starting with '/'", self.probe_path));
+        }
+        if !(1..=1000).contains(&self.probes_per_request_pct) {
+            return Err("policy.probes_per_request_pct: must be 1..=1000".into());
+        }
+        if !(1..=100).contains(&self.reuse) {
+            return Err("policy.reuse: must be 1..=100".into());
+        }
+        if !(10..=60_000).contains(&self.max_age_ms) {
+            return Err("policy.max_age_ms: must be 10..=60000".into());
+        }
+        if !(1..=100).contains(&self.hot_quantile_pct) {
+            return Err("policy.hot_quantile_pct: must be 1..=100".into());
+        }
+        Ok(())
+    }
 }
 
 /// Parameters of the external distributor policy (paper S4).
@@ -1170,6 +1232,7 @@ impl ServiceSettings {
             PolicySpec::DynamicFeedback(f) if !(10..=DAY_MS).contains(&f.interval_ms) => {
                 return Err("policy.interval_ms: must be 10..=86400000".into());
             }
+            PolicySpec::Prequal(p) => p.validate()?,
             PolicySpec::External(e) => {
                 if !(1..=10_000).contains(&e.timeout_ms) || !(1..=10).contains(&e.tries) {
                     return Err("policy: external needs timeout_ms 1..=10000 and tries 1..=10".into());

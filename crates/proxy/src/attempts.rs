@@ -87,7 +87,8 @@ pub(crate) async fn run<E: Exchange>(
     metrics: &Counters,
 ) -> Result<Answered<E::Answer>, ErrorKind> {
     let settings = &service.settings;
-    let reads_orca = settings.load_metrics.orca || matches!(settings.policy, PolicySpec::OrcaWrr(_));
+    let reads_orca =
+        settings.load_metrics.orca || matches!(settings.policy, PolicySpec::OrcaWrr(_) | PolicySpec::Prequal(_));
     let mut tried: smallvec::SmallVec<[Arc<Backend>; 2]> = smallvec::SmallVec::new();
     let mut queue = Queue::new(settings.queue.timeout_ms);
     let mut progress = Progress { retries: 0, max_retries: settings.retries, fresh_retries: 0 };
@@ -183,11 +184,17 @@ async fn attempt<E: Exchange>(
     (result, slot)
 }
 
-/// Stores an ORCA load report carried by a response.
+/// Stores an ORCA load report carried by a response (a Prequal probe
+/// answer too, when it reports requests in flight).
 fn read_orca(header: Option<&[u8]>, backend: &Backend) {
     let report = header.and_then(|v| std::str::from_utf8(v).ok()).and_then(orca::parse);
     if let Some(r) = report {
-        r.apply(&backend.stats.load, clock::now_ms());
+        let now = clock::now_ms();
+        r.apply(&backend.stats.load, now);
+        if let Some((rif, latency_ms)) = r.probe() {
+            let own = || backend.stats.latency_ewma().map_or(0.0, |d| d.as_secs_f64() * 1e3);
+            backend.stats.probe.store(rif, latency_ms.unwrap_or_else(own), now);
+        }
     }
 }
 

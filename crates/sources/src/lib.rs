@@ -36,6 +36,7 @@ mod ganglia;
 pub mod gmond;
 pub mod load;
 mod node_exporter;
+pub mod prober;
 pub mod prometheus;
 mod targets;
 mod throttle;
@@ -128,6 +129,8 @@ struct Supervisor {
     client: HttpClient,
     node: HashMap<NodeKey, Running<targets::NodeTarget>>,
     ganglia: HashMap<SocketAddr, Running<targets::GangliaTarget>>,
+    probe_client: prober::ProbeClient,
+    probers: HashMap<tidegate_model::ServiceName, Running<prober::ProbeTarget>>,
     /// Every backend fed by some task, by stats address.
     fed: HashMap<usize, Arc<BackendStats>>,
 }
@@ -139,6 +142,8 @@ impl Supervisor {
             client: node_exporter::client(),
             node: HashMap::new(),
             ganglia: HashMap::new(),
+            probe_client: prober::client(),
+            probers: HashMap::new(),
             fed: HashMap::new(),
         }
     }
@@ -147,10 +152,13 @@ impl Supervisor {
         let client = self.client.clone();
         let start_node = |key: &NodeKey, rx| tokio::spawn(node_exporter::run(client.clone(), key.clone(), rx));
         let start_ganglia = |addr: &SocketAddr, rx| tokio::spawn(ganglia::run(*addr, rx));
+        let probe_client = self.probe_client.clone();
+        let start_prober = |_: &tidegate_model::ServiceName, rx| tokio::spawn(prober::run(probe_client.clone(), rx));
         if std::ptr::eq(self.seen.as_ptr(), Arc::as_ptr(snapshot)) {
             // Unchanged: only restart a task that ended (it never should).
             restart_finished(&mut self.node, start_node);
             restart_finished(&mut self.ganglia, start_ganglia);
+            restart_finished(&mut self.probers, start_prober);
             return;
         }
         self.seen = Arc::downgrade(snapshot);
@@ -158,6 +166,12 @@ impl Supervisor {
         let fed = targets.fed();
         let mut stopped = sync(&mut self.node, targets.node, start_node);
         stopped.extend(sync(&mut self.ganglia, targets.ganglia, start_ganglia));
+        let prequal = snapshot
+            .services()
+            .filter(|s| matches!(s.settings.policy, tidegate_model::PolicySpec::Prequal(_)))
+            .map(|s| (s.name.clone(), prober::ProbeTarget(s.clone())))
+            .collect();
+        stopped.extend(sync(&mut self.probers, prequal, start_prober));
         for task in stopped {
             task.stop().await;
         }

@@ -341,3 +341,33 @@ async fn learned_limits_find_each_backends_capacity_and_nothing_fails() {
     let shed = shed_by(&b1).await + shed_by(&b2).await + shed_by(&b4).await;
     assert!((shed as f64) < 0.01 * r.ok as f64, "backends shed {shed} of {} requests", r.ok);
 }
+
+/// Issue 12: the `prequal` policy probes the backends (here the emulators'
+/// health path, which reports requests in flight and latency in an ORCA
+/// header) and sends little to a backend that is ten times slower, with
+/// nothing failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prequal_probes_steer_requests_away_from_a_slow_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Arc::new(Tidegate::start(dir.path()));
+    let fast = ["--slots", "4", "--service-time", "fixed:5ms", "--orca"];
+    let a = Backend::start("fast-a", &fast);
+    let b = Backend::start("fast-b", &fast);
+    let slow = Backend::start("slow", &["--slots", "4", "--service-time", "fixed:50ms", "--orca"]);
+    let pool = [("fast-a", &a), ("fast-b", &b), ("slow", &slow)];
+    let policy = json!({"kind": "prequal", "probe_path": "/health", "max_age_ms": 500});
+    put(&tg, service(&pool, policy, json!({}))).await;
+    let r = closed_loop(&tg, 6, 3.0).await;
+    assert_eq!(r.failed, 0, "{r:?}");
+    let (_, status) = tg.api("GET", "/v1/status", None).await;
+    let requests: Vec<u64> = status["services"]["web"]["backends"]
+        .as_array()
+        .expect("backends")
+        .iter()
+        .map(|b| b["requests"].as_u64().unwrap_or(0))
+        .collect();
+    let total: u64 = requests.iter().sum();
+    eprintln!("prequal: {r:?}, requests per backend {requests:?}");
+    assert!(total > 500, "{requests:?}");
+    assert!(requests[2] * 10 < total, "the slow backend got {} of {total}", requests[2]);
+}
