@@ -214,6 +214,12 @@ for p in round_robin least_conn least_time p2c_ewma dynamic_feedback ip_hash pre
     run "tidegate-$p+learned" "$TG_PROXY"
   fi
 done
+# The paper's policy with its weights recomputed every 100 ms instead of
+# every 500 ms (the refresh tick's floor), without learned limits.
+if wanted tidegate-dynamic_feedback-100ms; then
+  tg_policy '"policy": {"kind":"dynamic_feedback","interval_ms":100}, "concurrency": {"learn": false},' "1 1 1"
+  run "tidegate-dynamic_feedback-100ms" "$TG_PROXY"
+fi
 if wanted tidegate-round_robin-weighted; then
   tg_policy '"policy": {"kind":"round_robin"}, "concurrency": {"learn": false},' "1 2 4"
   run "tidegate-round_robin-weighted" "$TG_PROXY"

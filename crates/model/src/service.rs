@@ -132,8 +132,9 @@ impl Default for QueueSpec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ConcurrencySpec {
-    /// Learn the limits. Default (absent): on when the service uses the
-    /// default policy, off when it names another one.
+    /// Learn the limits. Default (absent): on for the default policy and
+    /// for `dynamic_feedback` (whose weights alone cannot keep a full
+    /// backend from being sent more), off for the others.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub learn: Option<bool>,
     /// How far a backend's latency may rise above its no-load latency
@@ -1159,9 +1160,11 @@ impl Default for ServiceSettings {
 
 impl ServiceSettings {
     /// Whether the backends' concurrency limits are learned: as
-    /// `concurrency.learn` says, else when the policy is the default one.
+    /// `concurrency.learn` says, else for the default policy and
+    /// `dynamic_feedback`.
     pub fn learns_limits(&self) -> bool {
-        self.concurrency.learn.unwrap_or_else(|| self.policy == PolicySpec::default())
+        let by_default = self.policy == PolicySpec::default() || matches!(self.policy, PolicySpec::DynamicFeedback(_));
+        self.concurrency.learn.unwrap_or(by_default)
     }
 
     fn validate(&self) -> Result<(), String> {
@@ -1448,6 +1451,7 @@ mod tests {
         let parse = |t: &str| serde_json::from_str::<ServiceSpec>(t);
         assert!(parse("{}").unwrap().settings.learns_limits());
         assert!(!parse(r#"{"policy":{"kind":"random"}}"#).unwrap().settings.learns_limits());
+        assert!(parse(r#"{"policy":{"kind":"dynamic_feedback"}}"#).unwrap().settings.learns_limits());
         let on = parse(r#"{"policy":{"kind":"random"},"concurrency":{"learn":true}}"#).unwrap();
         assert!(on.settings.learns_limits());
         assert!(!parse(r#"{"concurrency":{"learn":false}}"#).unwrap().settings.learns_limits());
