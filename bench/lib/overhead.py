@@ -1,6 +1,7 @@
 """Overhead (paper S4, Table 1): sequential requests, one at a time over a
 keep-alive connection (tidegate-bench sequential), to one backend emulator
-directly, through Tidegate (round_robin), through Tidegate asking the
+directly, through Tidegate (round_robin, which learns concurrency limits
+by default), through Tidegate without learned limits, through Tidegate asking the
 external distributor (UDP) for every request, through nginx and through
 HAProxy (upstream keep-alive for both). Mean, standard deviation and
 percentiles; the added microseconds are each path's minus direct's, per
@@ -28,7 +29,10 @@ def run(ctx: Ctx, requests: int, reps: int, service_time: str = "fixed:0ms", war
     a.call("PUT", "/v1/services/rr", {"policy": {"kind": "round_robin"}, "backends": [{"id": "app", "addr": emu}]})
     a.call("PUT", "/v1/services/ext", {"policy": {"kind": "external", "addr": dist_addr, "policy": "round_robin"},
                                        "backends": [{"id": "app", "addr": emu}]})
+    a.call("PUT", "/v1/services/plain", {"policy": {"kind": "round_robin"}, "concurrency": {"learn": False},
+                                         "backends": [{"id": "app", "addr": emu}]})
     a.call("PUT", "/v1/routes/rr", {"match": {"path_prefix": "/rr"}, "service": "rr"})
+    a.call("PUT", "/v1/routes/plain", {"match": {"path_prefix": "/plain"}, "service": "plain"})
     a.call("PUT", "/v1/routes/ext", {"match": {"path_prefix": "/ext"}, "service": "ext"})
 
     nginx_port, haproxy_port = free_port(), free_port()
@@ -55,6 +59,7 @@ backend app
     targets = {
         "direct": (emu, "/rr"),
         "tidegate": (tg.proxy, "/rr"),
+        "tidegate_no_learning": (tg.proxy, "/plain"),
         "tidegate_distributor": (tg.proxy, "/ext"),
         "nginx": (f"127.0.0.1:{nginx_port}", "/rr"),
         "haproxy": (f"127.0.0.1:{haproxy_port}", "/rr"),
@@ -94,6 +99,10 @@ backend app
         d = summary["direct"]["mean_us"] if "direct" in summary else None
         summary[name]["added_pct"] = round(100 * summary[name]["added_mean_us"] / d, 1) if d else None
     goal = summary["tidegate"]["added_p50_us"]
-    return {"requests": requests, "warmup": warmup, "reps": reps, "service_time": service_time,
+    # What the learned limits cost per request: the same path with and
+    # without them (issue 12: at most 2 us at p50).
+    learning = median([r["p50_us"] - next(x["p50_us"] for x in runs if x["system"] == "tidegate_no_learning"
+                                           and x["rep"] == r["rep"]) for r in runs if r["system"] == "tidegate"])
+    return {"learned_limits_added_p50_us": learning,"requests": requests, "warmup": warmup, "reps": reps, "service_time": service_time,
             "distributor": dist_addr, "runs": runs, "summary": summary, "paper": PAPER,
             "goal": {"added_p50_us_max": 100, "tidegate_added_p50_us": goal, "met": goal is not None and goal < 100}}

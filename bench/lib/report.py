@@ -462,6 +462,10 @@ def md_overhead(r):
     g = r["goal"]
     s.append(f"\nGoal (< 100 µs added at p50 by Tidegate): {fmt(g['tidegate_added_p50_us'], 1)} µs — "
              f"{'met' if g['met'] else 'not met'}.\n")
+    if r.get("learned_limits_added_p50_us") is not None:
+        added = r["learned_limits_added_p50_us"]
+        s.append(f"\nLearned concurrency limits (`tidegate` against `tidegate_no_learning`, same process): "
+                 f"{added:+.1f} µs at p50 (goal: at most 2 µs) — {'met' if added <= 2 else 'not met'}.\n")
     return "".join(s)
 
 

@@ -56,10 +56,13 @@ pub fn hot_cold(pool: &[Probed], hot_quantile: f64) -> Option<usize> {
     if pool.is_empty() {
         return None;
     }
-    let mut rifs: Vec<f64> = pool.iter().map(|p| p.rif).collect();
+    let mut rifs: smallvec::SmallVec<[f64; 16]> = pool.iter().map(|p| p.rif).collect();
     rifs.sort_by(f64::total_cmp);
-    let rank = ((hot_quantile * rifs.len() as f64).ceil() as usize).clamp(1, rifs.len());
-    let threshold = rifs[rank - 1];
+    // The quantile, interpolated between neighbours, so that in a small
+    // pool the busiest backend is hot as soon as it is busier than the rest.
+    let pos = hot_quantile.clamp(0.0, 1.0) * (rifs.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    let threshold = rifs[lo] + (rifs[hi] - rifs[lo]) * (pos - lo as f64);
     let by = |key: fn(&Probed) -> f64| move |a: &(usize, &Probed), b: &(usize, &Probed)| key(a.1).total_cmp(&key(b.1));
     let cold = pool.iter().enumerate().filter(|(_, p)| p.rif <= threshold).min_by(by(|p| p.latency_ms));
     cold.or_else(|| pool.iter().enumerate().min_by(by(|p| p.rif))).map(|(i, _)| i)
@@ -130,8 +133,8 @@ mod tests {
 
     #[test]
     fn the_fastest_cold_backend_wins() {
-        // RIFs 1, 2, 3, 9: at the 0.75 quantile (3) the one with 9 is hot,
-        // even though it reports the lowest latency.
+        // RIFs 1, 2, 3, 9: the 0.75 quantile is 4.5, so the one with 9 is
+        // hot, even though it reports the lowest latency.
         let pool = [p(0, 1.0, 30.0), p(1, 2.0, 10.0), p(2, 3.0, 20.0), p(3, 9.0, 1.0)];
         assert_eq!(hot_cold(&pool, 0.75), Some(1));
     }
@@ -143,6 +146,14 @@ mod tests {
         let pool = [p(0, 5.0, 1.0), p(1, 2.0, 50.0), p(2, 7.0, 2.0)];
         assert_eq!(hot_cold(&pool, 0.0), Some(1));
         assert_eq!(hot_cold(&[], 0.8), None);
+    }
+
+    #[test]
+    fn in_a_small_pool_the_busiest_is_hot() {
+        // Three backends at the 0.8 quantile (2.6 here): the one with 3 in
+        // flight is hot although it is the fastest.
+        let pool = [p(0, 1.0, 30.0), p(1, 2.0, 20.0), p(2, 3.0, 10.0)];
+        assert_eq!(hot_cold(&pool, 0.8), Some(1));
     }
 
     #[test]

@@ -391,6 +391,26 @@ mod tests {
     }
 
     #[test]
+    fn a_learned_limit_is_kept_across_parameter_changes_and_cleared_when_off() {
+        let s = Arc::new(BackendStats::default());
+        assert_eq!((s.learned_limit(), s.learns_limit()), (u64::MAX, false));
+        let params = LimitParams { tolerance: 1.5, initial: 4.0, min: 1.0, max: 100.0 };
+        s.learn_limit(Some(params));
+        assert_eq!((s.learned_limit(), s.learns_limit()), (4, true));
+        // A shed answer at concurrency 4 cuts the limit: 3 * 0.9.
+        s.record(Outcome::Overloaded, Duration::from_millis(1), 4);
+        assert_eq!(s.learned_limit(), 2);
+        // New bounds keep what was learned, clamped.
+        s.learn_limit(Some(LimitParams { min: 3.0, ..params }));
+        assert_eq!(s.learned_limit(), 3);
+        // An error answer (500) says nothing about capacity.
+        s.record(Outcome::Failure, Duration::from_millis(1), 50);
+        assert_eq!(s.learned_limit(), 3);
+        s.learn_limit(None);
+        assert_eq!((s.learned_limit(), s.learns_limit(), s.view().learned_limit), (u64::MAX, false, None));
+    }
+
+    #[test]
     fn peak_ewma_jumps_up_and_decays() {
         let s = BackendStats::default();
         s.record(Outcome::Success, Duration::from_millis(100), 1);

@@ -15,6 +15,8 @@
 //!     scrapes, memory 1 - `MemAvailable` / `MemTotal`, network the growth of
 //!     the byte counters (non-`lo` devices, or `lo` when nothing else has
 //!     traffic) per second over the service's `link_bytes_per_s`, capped at 1.
+//!   - Prequal: one task per service on the `prequal` policy, probing its
+//!     backends at a rate that follows its traffic (see [`prober`]).
 //!   - Ganglia: one task per gmond address, reading its XML dump each
 //!     interval and writing each `<HOST>`'s CPU (`cpu_idle`), memory
 //!     (`mem_free` + `mem_cached` + `mem_buffers` over `mem_total`) and network

@@ -30,12 +30,18 @@ pub(crate) type HttpClient = Client<HttpConnector, Empty<Bytes>>;
 
 /// A pooled client: one idle keep-alive connection per exporter.
 pub(crate) fn client() -> HttpClient {
+    pooled_client(Duration::from_secs(2), 1)
+}
+
+/// A client keeping up to `idle_per_host` keep-alive connections per host
+/// (idle for at most 30 s), connecting within `connect_timeout`.
+pub(crate) fn pooled_client(connect_timeout: Duration, idle_per_host: usize) -> HttpClient {
     let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(Duration::from_secs(2)));
+    connector.set_connect_timeout(Some(connect_timeout));
     connector.set_nodelay(true);
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(30))
-        .pool_max_idle_per_host(1)
+        .pool_max_idle_per_host(idle_per_host)
         .build(connector)
 }
 

@@ -15,12 +15,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::{header, Request, Uri};
 use http_body_util::{BodyExt, Empty, Limited};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use tidegate_balance::{clock, orca, Backend};
 use tidegate_model::{PolicySpec, PrequalSpec};
 use tidegate_snapshot::ServiceRuntime;
@@ -35,16 +31,10 @@ const MAX_PER_TICK: usize = 16;
 const MAX_PROBE_BODY: usize = 64 * 1024;
 
 /// The client the probes share: a few idle connections per backend.
-pub(crate) type ProbeClient = Client<HttpConnector, Empty<Bytes>>;
+pub(crate) type ProbeClient = crate::node_exporter::HttpClient;
 
 pub(crate) fn client() -> ProbeClient {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(Duration::from_secs(1)));
-    connector.set_nodelay(true);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(30))
-        .pool_max_idle_per_host(8)
-        .build(connector)
+    crate::node_exporter::pooled_client(Duration::from_secs(1), 8)
 }
 
 /// How many probes the traffic since the last tick asks for, carrying
