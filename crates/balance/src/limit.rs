@@ -13,9 +13,12 @@
 //!   mean latency (and of the first window), so it settles at the latency
 //!   of a backend that is not queueing; it moves down faster from a window
 //!   far below it.
+//! - **Outliers**: an answer counts for at most eight no-load latencies
+//!   plus `min_rise` in its window's mean, so that one late answer (the proxy
+//!   busy elsewhere for a moment) does not read as queueing.
 //! - **Queued**: a window whose mean latency exceeds the baseline by more
-//!   than the tolerance (and by more than [`MIN_RISE_NS`], a rise the
-//!   proxy's own scheduling can cause) lowers the limit in proportion,
+//!   than the tolerance (and by more than `min_rise`, 5 ms by default: a
+//!   rise the proxy's own scheduling can cause on a busy machine) lowers the limit in proportion,
 //!   between 10 % and 50 % at a time, and remembers the level as a
 //!   ceiling.
 //! - **Calm**: a window within the tolerance, in which demand reached the
@@ -39,9 +42,10 @@ use tidegate_model::ConcurrencySpec;
 pub const MIN_WINDOW_SAMPLES: u32 = 32;
 /// Fewest answered requests in a window of the slow start.
 pub const SLOW_START_SAMPLES: u32 = 8;
-/// A latency rise smaller than this (1 ms) is never taken for queueing:
-/// the proxy's own scheduling can add that much under load.
-pub const MIN_RISE_NS: f64 = 1e6;
+
+/// An answer counts for at most this many no-load latencies (plus
+/// `min_rise`) in its window's mean.
+const CLIP_FACTOR: f64 = 8.0;
 /// Calm windows below a ceiling before one probe above it.
 pub const PROBE_AFTER: u32 = 8;
 /// Queued windows without a latency drop before the baseline is reset.
@@ -61,6 +65,10 @@ pub struct LimitParams {
     pub min: f64,
     /// The highest limit.
     pub max: f64,
+    /// A latency rise smaller than this (ns) is never taken for queueing:
+    /// on a busy machine the proxy's own scheduling adds that much to the
+    /// time it takes to read an answer.
+    pub min_rise_ns: f64,
 }
 
 impl From<&ConcurrencySpec> for LimitParams {
@@ -70,6 +78,7 @@ impl From<&ConcurrencySpec> for LimitParams {
             initial: f64::from(spec.initial),
             min: f64::from(spec.min),
             max: f64::from(spec.max),
+            min_rise_ns: spec.min_rise_us as f64 * 1e3,
         }
     }
 }
@@ -179,7 +188,13 @@ impl LimitEstimator {
             w.start_ns = s.now_ns.saturating_sub(s.latency_ns);
         }
         w.samples += 1;
-        w.sum_ns += s.latency_ns as f64;
+        // A single late answer (the proxy's own thread busy elsewhere for a
+        // moment) must not read as queueing: each answer counts for at most
+        // eight no-load latencies (plus `min_rise`). Queueing at the
+        // backend delays every answer, and still shows.
+        let clip =
+            if self.baseline_ns > 0.0 { self.baseline_ns * CLIP_FACTOR + self.params.min_rise_ns } else { f64::MAX };
+        w.sum_ns += (s.latency_ns as f64).min(clip);
         w.max_concurrency = w.max_concurrency.max(s.concurrency);
         let need = if self.slow_start.is_some() { SLOW_START_SAMPLES } else { MIN_WINDOW_SAMPLES };
         let need = need.max(self.limit as u32);
@@ -213,7 +228,7 @@ impl LimitEstimator {
         if self.baseline_ns == 0.0 {
             self.baseline_ns = mean;
         }
-        let allowed = (self.baseline_ns * (p.tolerance - 1.0)).max(MIN_RISE_NS);
+        let allowed = (self.baseline_ns * (p.tolerance - 1.0)).max(p.min_rise_ns);
         let excess = mean - self.baseline_ns;
         if let Some((sum, n)) = self.slow_start {
             if excess <= allowed / 2.0 {
@@ -301,7 +316,7 @@ mod tests {
     use super::*;
 
     fn params() -> LimitParams {
-        LimitParams { tolerance: 1.5, initial: 1.0, min: 1.0, max: 1000.0 }
+        LimitParams { tolerance: 1.5, initial: 1.0, min: 1.0, max: 1000.0, min_rise_ns: 1e6 }
     }
 
     /// A backend with `slots` servers of a fixed `service_ms`, kept busy
@@ -450,7 +465,7 @@ mod tests {
 
     #[test]
     fn small_rises_are_not_queueing() {
-        // 50 µs → 600 µs: under MIN_RISE_NS, so never queued; the limit grows.
+        // 50 µs → 600 µs: under min_rise (1 ms here), so never queued; the limit grows.
         let mut est = LimitEstimator::new(params());
         for i in 0..10_000u64 {
             let latency_ns = if i < 500 { 50_000 } else { 600_000 };
@@ -458,6 +473,40 @@ mod tests {
             assert!(!matches!(v, Some(Verdict::Queued | Verdict::Rebaselined)), "at {i}");
         }
         assert!(est.limit() > 100, "{}", est.limit());
+    }
+
+    #[test]
+    fn one_late_answer_per_window_is_not_queueing() {
+        // 1 ms answers with one 200 ms straggler every 32: unclipped, each
+        // window's mean would be 7 ms, far past the 1 ms allowed rise.
+        let mut est = LimitEstimator::new(params());
+        for i in 0..10_000u64 {
+            let latency_ns = if i % 32 == 31 { 200_000_000 } else { 1_000_000 };
+            let v =
+                est.observe(Sample { now_ns: i * 1_000_000, latency_ns, concurrency: est.limit(), congested: false });
+            assert!(!matches!(v, Some(Verdict::Queued | Verdict::Rebaselined)), "at {i}");
+        }
+        assert!(est.limit() > 100, "{}", est.limit());
+    }
+
+    #[test]
+    fn queueing_that_delays_every_answer_still_shows_through_the_clip() {
+        // A backend whose every answer goes from 1 ms to 30 ms (far past
+        // the clip of 8 no-load latencies + 1 ms) is still seen queueing.
+        let mut est = LimitEstimator::new(LimitParams { initial: 64.0, ..params() });
+        let mut now = 0;
+        for _ in 0..500 {
+            now += 1_000_000;
+            est.observe(Sample { now_ns: now, latency_ns: 1_000_000, concurrency: 64, congested: false });
+        }
+        let before = est.limit();
+        let mut queued = false;
+        for _ in 0..500 {
+            now += 1_000_000;
+            let v = est.observe(Sample { now_ns: now, latency_ns: 30_000_000, concurrency: 64, congested: false });
+            queued |= matches!(v, Some(Verdict::Queued));
+        }
+        assert!(queued && est.limit() < before, "limit {before} -> {}", est.limit());
     }
 
     #[test]

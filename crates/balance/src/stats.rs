@@ -394,7 +394,7 @@ mod tests {
     fn a_learned_limit_is_kept_across_parameter_changes_and_cleared_when_off() {
         let s = Arc::new(BackendStats::default());
         assert_eq!((s.learned_limit(), s.learns_limit()), (u64::MAX, false));
-        let params = LimitParams { tolerance: 1.5, initial: 4.0, min: 1.0, max: 100.0 };
+        let params = LimitParams { tolerance: 1.5, initial: 4.0, min: 1.0, max: 100.0, min_rise_ns: 1e6 };
         s.learn_limit(Some(params));
         assert_eq!((s.learned_limit(), s.learns_limit()), (4, true));
         // A shed answer at concurrency 4 cuts the limit: 3 * 0.9.

@@ -150,11 +150,17 @@ pub struct ConcurrencySpec {
     pub min: u32,
     /// The highest a learned limit goes (default 10000).
     pub max: u32,
+    /// A latency rise smaller than this, in microseconds, is never taken
+    /// for queueing at the backend (default 5000: 5 ms; 0..=10000000). On
+    /// a busy machine the proxy's own scheduling adds milliseconds to the
+    /// time it takes to read an answer; for backends that answer in
+    /// microseconds and queue for real, lower it.
+    pub min_rise_us: u64,
 }
 
 impl Default for ConcurrencySpec {
     fn default() -> Self {
-        ConcurrencySpec { learn: None, latency_tolerance_pct: 150, initial: 1, min: 1, max: 10_000 }
+        ConcurrencySpec { learn: None, latency_tolerance_pct: 150, initial: 1, min: 1, max: 10_000, min_rise_us: 5_000 }
     }
 }
 
@@ -171,6 +177,9 @@ impl ConcurrencySpec {
                 "concurrency: need 1 <= min <= max <= 100000, got min {} and max {}",
                 self.min, self.max
             ));
+        }
+        if self.min_rise_us > 10_000_000 {
+            return Err(format!("concurrency.min_rise_us: must be 0..=10000000, got {}", self.min_rise_us));
         }
         if !(self.min..=self.max).contains(&self.initial) {
             return Err(format!("concurrency.initial: must be within min..=max, got {}", self.initial));
