@@ -68,7 +68,7 @@ fn service_status(s: &ServiceRuntime) -> Value {
     json!({
         "policy": s.settings.policy,
         "in_flight": s.selector.backends().iter().map(|b| b.stats.in_flight()).sum::<u64>(),
-        "queued": s.live.queued.load(Relaxed),
+        "queued": s.live.queue.len(),
         "learns_limits": s.settings.learns_limits(),
         "retries_in_flight": s.live.retries_in_flight.load(Relaxed),
         "retries_refused": s.live.retries_refused.load(Relaxed),
@@ -243,6 +243,6 @@ fn render_backends(out: &mut String, snapshot: &tidegate_snapshot::Snapshot) {
     let _ = writeln!(out, "# HELP {name} Requests waiting for a backend under its limit, per service.");
     let _ = writeln!(out, "# TYPE {name} gauge");
     for s in snapshot.services() {
-        let _ = writeln!(out, "{name}{{service=\"{}\"}} {}", s.name, s.live.queued.load(Relaxed));
+        let _ = writeln!(out, "{name}{{service=\"{}\"}} {}", s.name, s.live.queue.len());
     }
 }

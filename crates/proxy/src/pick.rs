@@ -2,12 +2,11 @@
 //! queue while every backend is at its limit (`max_conns` or the learned
 //! concurrency limit; HAProxy's maxconn queue).
 
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tidegate_balance::{clock, Backend, InFlight, Outcome, RequestCtx};
-use tidegate_snapshot::{ServiceLive, ServiceRuntime};
+use tidegate_snapshot::{ServiceLive, ServiceRuntime, WaitQueue, Waiter};
 
 use crate::error::ErrorKind;
 
@@ -72,12 +71,20 @@ impl Queue<'_> {
     }
 }
 
-/// Counts a request in `queued` while it waits.
-pub(crate) struct Waiting<'a>(&'a ServiceLive);
+/// A request in its service's [`WaitQueue`]. Dropped (the request picked a
+/// backend, timed out or went away), it leaves the queue; if the queue had
+/// already woken it for room it did not take, the turn passes on.
+pub(crate) struct Waiting<'a> {
+    queue: &'a WaitQueue,
+    waiter: Arc<Waiter>,
+    took_room: bool,
+}
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.0.queued.fetch_sub(1, Relaxed);
+        if !self.queue.remove(&self.waiter) && !self.took_room {
+            self.queue.wake_one();
+        }
     }
 }
 
@@ -86,28 +93,34 @@ impl Drop for Waiting<'_> {
 ///
 /// The queue is first come, first served: while requests wait, a new one
 /// queues behind them instead of taking the room a release just made for
-/// the longest-waiting one (tokio's `Notify` wakes waiters in order).
-/// Letting newcomers barge in made the tail of a saturated service's
-/// latency several times longer than its median.
+/// the longest-waiting one, and a woken request that finds no room after
+/// all keeps its turn at the front. Letting newcomers barge in made the
+/// tail of a saturated service's latency several times longer than its
+/// median.
 pub(crate) async fn pick_or_wait<'a>(
     service: &'a ServiceRuntime,
     ctx: &RequestCtx<'_>,
     tried: &[Arc<Backend>],
     queue: &mut Queue<'a>,
 ) -> Result<Option<Arc<Backend>>, ErrorKind> {
-    let live = &*service.live;
+    let waiters = &service.live.queue;
     // A first attempt that finds others waiting joins them (a retry has
     // waited its turn already).
-    let mut behind_others = tried.is_empty() && live.queued.load(Relaxed) > 0;
+    let mut behind_others = tried.is_empty() && !waiters.is_empty();
+    // Woken by the queue (and so out of it) since the last pick.
+    let mut woken = false;
     loop {
         if !std::mem::take(&mut behind_others) {
             match pick(service, ctx, tried, clock::now_ms()) {
                 Pick::Backend(b) => {
-                    if queue.waiting.is_some() {
-                        // Pass the turn on: there may be room for the next
-                        // one too (a limit that grew, several releases at
-                        // once); if not, it waits again.
-                        live.freed.notify_one();
+                    if let Some(w) = &mut queue.waiting {
+                        w.took_room = true;
+                        waiters.remove(&w.waiter);
+                        // Pass the turn on if there is room for the next
+                        // one too (a limit that grew, several releases).
+                        if room_left(service) {
+                            waiters.wake_one();
+                        }
                     }
                     return Ok(Some(b));
                 }
@@ -115,20 +128,41 @@ pub(crate) async fn pick_or_wait<'a>(
                 Pick::Full => {}
             }
         }
-        if queue.waiting.is_none() {
-            let max = u64::from(service.settings.queue.max);
-            if live.queued.fetch_add(1, Relaxed) >= max {
-                live.queued.fetch_sub(1, Relaxed);
-                return Err(ErrorKind::QueueFull);
+        match &queue.waiting {
+            None => {
+                let waiter = Arc::new(Waiter::default());
+                let max = service.settings.queue.max as usize;
+                let Some(place) = waiters.push_back(&waiter, max) else { return Err(ErrorKind::QueueFull) };
+                queue.waiting = Some(Waiting { queue: waiters, waiter, took_room: false });
+                if place == 1 {
+                    // First in line: room freed between the pick and
+                    // joining the queue woke nobody; look once more.
+                    continue;
+                }
             }
-            queue.waiting = Some(Waiting(live));
+            Some(w) if std::mem::take(&mut woken) => {
+                // Woken, but the room was gone (a retry took it, a limit
+                // came down): back to the front, keeping the turn, and one
+                // more look for room freed meanwhile.
+                waiters.push_front(&w.waiter);
+                continue;
+            }
+            Some(_) => {}
         }
+        let Some(w) = &queue.waiting else { continue };
         let deadline = *queue.deadline.get_or_insert_with(|| tokio::time::Instant::now() + queue.timeout);
-        // A slot freed between the pick and here left a permit: no lost wake-up.
-        if tokio::time::timeout_at(deadline, live.freed.notified()).await.is_err() {
+        if tokio::time::timeout_at(deadline, w.waiter.woken()).await.is_err() {
             return Err(ErrorKind::QueueTimeout);
         }
+        woken = true;
     }
+}
+
+/// Whether some available backend of `service` has room: worth waking the
+/// next waiter for.
+fn room_left(service: &ServiceRuntime) -> bool {
+    let now = clock::now_ms();
+    service.selector.backends().iter().any(|b| b.weight > 0 && b.stats.is_available(now) && b.has_room())
 }
 
 /// One attempt's hold on a backend: counted in flight until dropped; for a
@@ -158,7 +192,7 @@ impl Drop for Slot {
         // Free the slot first, so the woken request finds room.
         drop(self.guard.take());
         if let Some(live) = &self.live {
-            live.freed.notify_one();
+            live.queue.wake_one();
         }
     }
 }

@@ -17,7 +17,9 @@ use tidegate_model::{ConfigState, Delta, RetryBudget, ServiceName, ServiceSettin
 use tidegate_router::Router;
 pub use tidegate_router::{Entry, RequestView};
 
+mod queue;
 mod tls;
+pub use queue::{WaitQueue, Waiter};
 pub use tls::Certificates;
 
 /// Live counters of a service, shared across snapshots like backend stats.
@@ -27,10 +29,10 @@ pub struct ServiceLive {
     pub retries_in_flight: AtomicU64,
     /// Retries refused by the budget.
     pub retries_refused: AtomicU64,
-    /// Requests waiting for a backend under its `max_conns`.
-    pub queued: AtomicU64,
-    /// Signalled when a request to a limited backend finishes.
-    pub freed: tokio::sync::Notify,
+    /// Requests waiting for room under a backend's limit (`max_conns` or
+    /// learned), oldest first; woken when a request to a limited backend
+    /// finishes.
+    pub queue: WaitQueue,
 }
 
 impl ServiceLive {
