@@ -5,12 +5,15 @@
 //! become change sets for the writer; every write answers `{"revision": N}`
 //! only once that revision is durable and live. Reads: `/v1/config`,
 //! `/v1/status`, `/v1/watch` (server-sent events), `/metrics` (Prometheus).
+//! The dashboard at `/ui/` is a page that reads the same API.
 //! Every error is JSON naming what is wrong and, for bodies, the field.
 
 mod autoscale;
 mod error;
 mod handlers;
+mod metrics;
 mod status;
+mod ui;
 mod watch;
 
 use std::sync::Arc;
@@ -25,18 +28,19 @@ use tidegate_autoscale::{Events, StatusBoard};
 use tidegate_control::Control;
 
 pub use error::ApiError;
-
-/// Appends extra Prometheus text (the data plane's counters) to `/metrics`.
-pub type MetricsHook = Arc<dyn Fn(&mut String) + Send + Sync>;
+pub use metrics::SharedCollector;
+pub use tidegate_metrics::Collector;
 
 /// What the handlers share.
 #[derive(Clone)]
 pub struct AdminState {
     control: Control,
     token: Arc<str>,
-    extra_metrics: MetricsHook,
+    data_plane: SharedCollector,
     events: Arc<Events>,
     scaling: StatusBoard,
+    /// Everything `/metrics` shows.
+    registry: Arc<tidegate_metrics::Registry>,
 }
 
 /// The largest request body accepted (a batch of ~100,000 ops).
@@ -45,18 +49,16 @@ pub const BODY_LIMIT: usize = 32 * 1024 * 1024;
 impl AdminState {
     /// State for the API: the configuration handle, the token every request
     /// must present, and the data plane's metrics.
-    pub fn new(control: Control, token: &str, extra_metrics: MetricsHook) -> AdminState {
-        AdminState {
-            control,
-            token: Arc::from(token),
-            extra_metrics,
-            events: Arc::default(),
-            scaling: StatusBoard::default(),
-        }
+    pub fn new(control: Control, token: &str, data_plane: Arc<dyn Collector>) -> AdminState {
+        let data_plane = SharedCollector(data_plane);
+        let events = Arc::<Events>::default();
+        let registry = Arc::new(metrics::registry(&control, &events, &data_plane));
+        AdminState { control, token: Arc::from(token), data_plane, events, scaling: StatusBoard::default(), registry }
     }
 
     /// Shows the autoscaler's events and per-service scaling state.
     pub fn with_autoscaler(mut self, events: Arc<Events>, scaling: StatusBoard) -> AdminState {
+        self.registry = Arc::new(metrics::registry(&self.control, &events, &self.data_plane));
         self.events = events;
         self.scaling = scaling;
         self
@@ -88,7 +90,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/config", get(handlers::get_config).put(handlers::put_config))
         .route("/v1/status", get(status::get_status))
         .route("/v1/watch", get(watch::get_watch))
-        .route("/metrics", get(status::get_metrics))
+        .route("/metrics", get(metrics::get_metrics))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(middleware::from_fn(known_query))
@@ -101,7 +103,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/readyz", get(handlers::readyz))
         .layer(middleware::from_fn(known_query))
         .with_state(state);
-    authed.merge(probes)
+    authed.merge(probes).merge(ui::router())
 }
 
 /// `/metrics` alone, with no token: for `--metrics-listen`, where scrapers
@@ -109,7 +111,7 @@ pub fn router(state: AdminState) -> Router {
 /// configuration). Nothing else is served there.
 pub fn metrics_router(state: AdminState) -> Router {
     Router::new()
-        .route("/metrics", get(status::get_metrics))
+        .route("/metrics", get(metrics::get_metrics))
         .fallback(|| async { ApiError::not_found("only /metrics is served here") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(middleware::from_fn(known_query))

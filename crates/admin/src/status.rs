@@ -1,11 +1,8 @@
-//! Live status and Prometheus metrics.
+//! Live status: `/v1/status`.
 
-use std::fmt::Write;
 use std::sync::atomic::Ordering::Relaxed;
 
 use axum::extract::State;
-use axum::http::header::CONTENT_TYPE;
-use axum::response::IntoResponse;
 use axum::Json;
 use serde_json::{json, Value};
 use tidegate_balance::{clock, ActiveState};
@@ -130,119 +127,4 @@ fn expiring(snapshot: &tidegate_snapshot::Snapshot, now: i64) -> Vec<Value> {
                     "expired": info.not_after < now })
         })
         .collect()
-}
-
-pub(crate) async fn get_metrics(State(state): State<AdminState>) -> impl IntoResponse {
-    let mut out = String::new();
-    let m = state.control.metrics();
-    let snapshot = state.control.snapshots().load_full();
-    let store = state.control.store_status();
-    for (name, help, v) in [
-        ("tidegate_config_revision", "Revision of the live configuration.", snapshot.revision()),
-        (
-            "tidegate_store_connected",
-            "1 while the configuration store answers (cluster mode: the etcd watch is live).",
-            u64::from(store.connected),
-        ),
-        (
-            "tidegate_store_lag_revisions",
-            "Revisions the store holds that this instance has not applied yet.",
-            store.latest_revision.saturating_sub(snapshot.revision()),
-        ),
-    ] {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
-    }
-    for (name, help, v) in [
-        ("tidegate_config_commits_total", "Durable configuration commits.", m.commits.load(Relaxed)),
-        ("tidegate_config_change_sets_total", "Change sets applied.", m.change_sets.load(Relaxed)),
-        ("tidegate_config_rejected_total", "Change sets rejected.", m.rejected.load(Relaxed)),
-        ("tidegate_config_ops_total", "Operations applied.", m.ops.load(Relaxed)),
-        (
-            "tidegate_config_writer_panics_total",
-            "Panics of the configuration writer it recovered from by reloading the store.",
-            m.panics.load(Relaxed),
-        ),
-        (
-            "tidegate_config_remote_change_sets_total",
-            "Change sets applied that other instances committed (cluster mode).",
-            m.remote_change_sets.load(Relaxed),
-        ),
-        (
-            "tidegate_config_conflicts_total",
-            "Commits refused because another instance committed first (each is retried after catching up).",
-            m.conflicts.load(Relaxed),
-        ),
-        (
-            "tidegate_config_reloads_total",
-            "Whole reloads of the configuration from the store.",
-            m.reloads.load(Relaxed),
-        ),
-    ] {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
-    }
-    for (name, help, nanos) in [
-        ("tidegate_config_commit_seconds_total", "Time spent in durable commits.", &m.commit_nanos),
-        ("tidegate_config_apply_seconds_total", "Time from dequeue to publication.", &m.apply_nanos),
-    ] {
-        let secs = nanos.load(Relaxed) as f64 / 1e9;
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {secs}");
-    }
-    let certs = snapshot.certificates().all();
-    if !certs.is_empty() {
-        let name = "tidegate_certificate_not_after_seconds";
-        let _ = writeln!(out, "# HELP {name} End of validity of each TLS certificate (Unix time).");
-        let _ = writeln!(out, "# TYPE {name} gauge");
-        for (cert, info) in certs {
-            let _ = writeln!(out, "{name}{{name=\"{cert}\"}} {}", info.not_after);
-        }
-    }
-    (state.extra_metrics)(&mut out);
-    state.events.render(&mut out);
-    render_backends(&mut out, &snapshot);
-    ([(CONTENT_TYPE, "text/plain; version=0.0.4")], out)
-}
-
-/// Per-backend series, each metric's samples grouped under its HELP and TYPE.
-fn render_backends(out: &mut String, snapshot: &tidegate_snapshot::Snapshot) {
-    type Pick = fn(&tidegate_balance::StatsView) -> Option<f64>;
-    let metrics: [(&str, &str, &str, Pick); 5] = [
-        ("tidegate_backend_in_flight", "gauge", "Requests in flight per backend.", |v| Some(v.in_flight as f64)),
-        ("tidegate_backend_requests_total", "counter", "Requests finished per backend.", |v| Some(v.requests as f64)),
-        ("tidegate_backend_failures_total", "counter", "Failed requests per backend.", |v| Some(v.failures as f64)),
-        (
-            "tidegate_backend_concurrency_limit",
-            "gauge",
-            "Learned limit on requests in flight per backend (services that learn limits).",
-            |v| v.learned_limit.map(|l| l as f64),
-        ),
-        (
-            "tidegate_backend_no_load_latency_seconds",
-            "gauge",
-            "Learned no-load latency per backend (services that learn limits).",
-            |v| v.no_load_latency_ms.map(|ms| ms / 1e3),
-        ),
-    ];
-    let views: Vec<(String, tidegate_balance::StatsView)> = snapshot
-        .services()
-        .flat_map(|s| {
-            s.selector.backends().iter().map(move |b| {
-                let labels = format!("service=\"{}\",backend=\"{}\"", s.name, b.id);
-                (labels, b.stats.view())
-            })
-        })
-        .collect();
-    for (name, kind, help, value) in metrics {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (labels, v) in &views {
-            if let Some(x) = value(v) {
-                let _ = writeln!(out, "{name}{{{labels}}} {x}");
-            }
-        }
-    }
-    let name = "tidegate_service_queued";
-    let _ = writeln!(out, "# HELP {name} Requests waiting for a backend under its limit, per service.");
-    let _ = writeln!(out, "# TYPE {name} gauge");
-    for s in snapshot.services() {
-        let _ = writeln!(out, "{name}{{service=\"{}\"}} {}", s.name, s.live.queue.len());
-    }
 }

@@ -143,15 +143,8 @@ impl Events {
         self.feed.subscribe()
     }
 
-    /// Appends `tidegate_autoscale_events_total` in Prometheus' format.
-    pub fn render(&self, out: &mut String) {
-        use std::fmt::Write;
-        let _ = writeln!(out, "# HELP tidegate_autoscale_events_total Autoscaling decisions and actions.");
-        let _ = writeln!(out, "# TYPE tidegate_autoscale_events_total counter");
-        if let Ok(c) = self.counts.lock() {
-            for ((service, kind), n) in c.iter() {
-                let _ = writeln!(out, "tidegate_autoscale_events_total{{service=\"{service}\",kind=\"{kind}\"}} {n}");
-            }
-        }
+    /// How many events of each kind each service had, by (service, kind).
+    pub fn counts(&self) -> Vec<((String, &'static str), u64)> {
+        self.counts.lock().map(|c| c.iter().map(|(k, n)| (k.clone(), *n)).collect()).unwrap_or_default()
     }
 }

@@ -88,6 +88,7 @@ pub fn record_outcome(
         return false;
     }
     let until = now_ms + ejection_ms(s, now_ms, passive);
+    s.ejections_total.fetch_add(1, Relaxed);
     s.ejected_until_ms.store(until, Relaxed);
     s.available_since_ms.store(until, Relaxed);
     s.consecutive_failures.store(0, Relaxed);

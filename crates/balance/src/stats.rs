@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::clock;
 use crate::limit::{LimitEstimator, LimitParams, Sample};
+use tidegate_metrics::LazyHistogram;
 
 /// A backend's state as seen by active health checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,6 +126,8 @@ pub struct BackendStats {
     pub(crate) probe_fails: AtomicU32,
     pub(crate) consecutive_failures: AtomicU32,
     pub(crate) ejections: AtomicU32,
+    /// Ejections since the backend appeared.
+    pub(crate) ejections_total: AtomicU64,
     pub(crate) ejected_until_ms: AtomicU64,
     pub(crate) available_since_ms: AtomicU64,
     /// Load reports from the backend or its host.
@@ -136,6 +139,8 @@ pub struct BackendStats {
     limit: AtomicU64,
     learning: AtomicBool,
     learner: Mutex<Option<LimitEstimator>>,
+    /// Attempt durations (sent to response head), allocated at the first.
+    pub attempts: LazyHistogram,
 }
 
 impl Default for BackendStats {
@@ -152,6 +157,7 @@ impl Default for BackendStats {
             probe_fails: AtomicU32::new(0),
             consecutive_failures: AtomicU32::new(0),
             ejections: AtomicU32::new(0),
+            ejections_total: AtomicU64::new(0),
             ejected_until_ms: AtomicU64::new(0),
             available_since_ms: AtomicU64::new(clock::now_ms()),
             load: LoadReport::default(),
@@ -159,6 +165,7 @@ impl Default for BackendStats {
             limit: AtomicU64::new(u64::MAX),
             learning: AtomicBool::new(false),
             learner: Mutex::new(None),
+            attempts: LazyHistogram::default(),
         }
     }
 }
@@ -280,7 +287,9 @@ impl BackendStats {
         if outcome != Outcome::Success {
             self.failures.fetch_add(1, Relaxed);
         }
-        let sample = (latency.as_nanos() as f64).max(1.0);
+        let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+        self.attempts.observe_ns(ns);
+        let sample = (ns as f64).max(1.0);
         let old = self.latency_ewma.get();
         self.latency_ewma.set(if old > 0.0 { old + EWMA_ALPHA * (sample - old) } else { sample });
         // Peak EWMA: jumps up to a slower sample at once, decays otherwise.
@@ -307,6 +316,7 @@ impl BackendStats {
             active: self.active_state(),
             ejected_for_ms: self.ejected_until_ms.load(Relaxed).saturating_sub(now),
             ejections: self.ejections.load(Relaxed),
+            ejections_total: self.ejections_total.load(Relaxed),
             learned_limit: self.learns_limit().then(|| self.learned_limit()),
             no_load_latency_ms: self.no_load_latency().map(|d| d.as_secs_f64() * 1e3),
         }
@@ -330,6 +340,8 @@ pub struct StatsView {
     pub ejected_for_ms: u64,
     /// Ejections in the current streak.
     pub ejections: u32,
+    /// Ejections since the backend appeared.
+    pub ejections_total: u64,
     /// The learned concurrency limit, when learned.
     pub learned_limit: Option<u64>,
     /// The learned no-load latency in milliseconds, when learned.

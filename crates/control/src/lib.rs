@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use tidegate_metrics::Histogram;
 use tidegate_model::{ChangeError, ChangeSet, ConfigState};
 use tidegate_snapshot::Snapshot;
 use tidegate_store::{AppliedChange, Store, StoreError};
@@ -89,11 +90,27 @@ pub struct WriterMetrics {
     pub conflicts: AtomicU64,
     /// Whole reloads from the store (history to catch up from was gone).
     pub reloads: AtomicU64,
+    /// Durations of store commits.
+    pub commit_seconds: Histogram,
+    /// Durations from dequeue to publication of each group.
+    pub apply_seconds: Histogram,
 }
 
 impl WriterMetrics {
     fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Relaxed);
+    }
+
+    /// Counts a store commit that took `ns`.
+    fn committed(&self, ns: u64) {
+        Self::add(&self.commit_nanos, ns);
+        self.commit_seconds.observe_ns(ns);
+    }
+
+    /// Counts a group applied and published `ns` after it was dequeued.
+    fn applied(&self, ns: u64) {
+        Self::add(&self.apply_nanos, ns);
+        self.apply_seconds.observe_ns(ns);
     }
 }
 

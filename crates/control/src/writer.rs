@@ -152,7 +152,7 @@ impl Writer {
             for a in page {
                 let _ = self.shared.feed.send(Arc::new(a));
             }
-            WriterMetrics::add(&m.apply_nanos, started.elapsed().as_nanos() as u64);
+            m.applied(started.elapsed().as_nanos() as u64);
         }
     }
 
@@ -245,7 +245,7 @@ impl Writer {
                     continue;
                 }
             }
-            WriterMetrics::add(&m.commit_nanos, commit_started.elapsed().as_nanos() as u64);
+            m.committed(commit_started.elapsed().as_nanos() as u64);
 
             let snapshot = self.shared.snapshot.load().next(&state, &delta, revision);
             self.shared.snapshot.store(Arc::new(snapshot));
@@ -260,7 +260,7 @@ impl Writer {
                 // No watcher is fine: send only fails when nobody listens.
                 let _ = self.shared.feed.send(Arc::new(a));
             }
-            WriterMetrics::add(&m.apply_nanos, started.elapsed().as_nanos() as u64);
+            m.applied(started.elapsed().as_nanos() as u64);
         }
     }
 }

@@ -18,7 +18,6 @@ use tidegate_snapshot::{ServiceLive, ServiceRuntime};
 use tokio::time::Instant;
 
 use crate::error::ErrorKind;
-use crate::metrics::Counters;
 use crate::pick::{pick_or_wait, Queue, Slot};
 use crate::retry::{decide, Decision, Failure, Progress};
 
@@ -59,6 +58,16 @@ pub(crate) struct Answered<A> {
     pub slot: Slot,
 }
 
+/// What the attempts of one request did, for its access-log line.
+#[derive(Debug, Default)]
+pub(crate) struct Trace {
+    /// Attempts sent (retries included: those beyond the first are
+    /// counted in `tidegate_retries_total` when the request is finished).
+    pub attempts: u32,
+    /// The backend of the last attempt.
+    pub backend: Option<Arc<Backend>>,
+}
+
 /// How one attempt ended, as passive health sees it: `None` when the
 /// backend is not to blame (the client broke the exchange, or a pooled
 /// connection raced its idle close).
@@ -84,7 +93,7 @@ pub(crate) async fn run<E: Exchange>(
     ex: &mut E,
     ctx: &RequestCtx<'_>,
     mut first: Option<Arc<Backend>>,
-    metrics: &Counters,
+    trace: &mut Trace,
 ) -> Result<Answered<E::Answer>, ErrorKind> {
     let settings = &service.settings;
     let reads_orca =
@@ -115,9 +124,7 @@ pub(crate) async fn run<E: Exchange>(
         if !ex.sendable() {
             break;
         }
-        if progress.retries + progress.fresh_retries > 0 {
-            metrics.retry();
-        }
+        trace.attempts += 1;
         let (result, slot) = attempt(service, ex, &backend, fresh).await;
         let failure = match result {
             Ok(answer) => {
@@ -125,6 +132,7 @@ pub(crate) async fn run<E: Exchange>(
                     read_orca(E::orca(&answer), &backend);
                 }
                 if E::status(&answer) != 503 {
+                    trace.backend = Some(backend);
                     return Ok(Answered { answer, slot });
                 }
                 // The backend shed the request: another one may take it;
@@ -158,6 +166,7 @@ pub(crate) async fn run<E: Exchange>(
             }
         }
     }
+    trace.backend = tried.pop();
     shed.ok_or(last)
 }
 

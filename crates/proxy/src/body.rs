@@ -11,6 +11,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 
 use crate::error::ClientBodyError;
+use crate::observe::Finish;
 use crate::pick::Slot;
 use crate::pool::{Conn, HyperConn};
 use crate::static_files::FileBody;
@@ -158,6 +159,31 @@ pub enum ProxyBody {
     File(FileBody),
     /// A backend's body read from a native upstream connection.
     Native(crate::native::bridge::NativeBody),
+    /// A body whose end finishes its request's record (the hyper path).
+    Observed(Box<Observed>),
+}
+
+/// A response body that counts its bytes and, when it ends or is dropped,
+/// finishes its request's record (duration histogram, access log).
+#[derive(Debug)]
+pub struct Observed {
+    body: ProxyBody,
+    bytes: u64,
+    finish: Option<Finish>,
+}
+
+impl Observed {
+    fn done(&mut self) {
+        if let Some(f) = self.finish.take() {
+            f.done(self.bytes);
+        }
+    }
+}
+
+impl Drop for Observed {
+    fn drop(&mut self) {
+        self.done();
+    }
 }
 
 impl ProxyBody {
@@ -169,6 +195,11 @@ impl ProxyBody {
     /// An empty body.
     pub fn empty() -> ProxyBody {
         ProxyBody::Full(Full::new(Bytes::new()))
+    }
+
+    /// `body`, finishing `finish` when it ends.
+    pub(crate) fn observed(body: ProxyBody, finish: Finish) -> ProxyBody {
+        ProxyBody::Observed(Box::new(Observed { body, bytes: 0, finish: Some(finish) }))
     }
 
     /// A backend's body. When it is already complete (no body, or an empty
@@ -210,6 +241,20 @@ impl Body for ProxyBody {
             ProxyBody::Full(b) => Pin::new(b).poll_frame(cx).map_err(|never| match never {}),
             ProxyBody::File(f) => Pin::new(f).poll_frame(cx),
             ProxyBody::Native(n) => Pin::new(n).poll_frame(cx),
+            ProxyBody::Observed(o) => {
+                let polled = Pin::new(&mut o.body).poll_frame(cx);
+                match &polled {
+                    Poll::Ready(Some(Ok(frame))) => {
+                        o.bytes += frame.data_ref().map_or(0, |d| d.len() as u64);
+                        if o.body.is_end_stream() {
+                            o.done();
+                        }
+                    }
+                    Poll::Ready(None | Some(Err(_))) => o.done(),
+                    Poll::Pending => {}
+                }
+                polled
+            }
         }
     }
 
@@ -219,6 +264,7 @@ impl Body for ProxyBody {
             ProxyBody::Full(b) => b.is_end_stream(),
             ProxyBody::File(f) => f.is_end_stream(),
             ProxyBody::Native(n) => n.is_end_stream(),
+            ProxyBody::Observed(o) => o.body.is_end_stream(),
         }
     }
 
@@ -228,6 +274,7 @@ impl Body for ProxyBody {
             ProxyBody::Full(b) => b.size_hint(),
             ProxyBody::File(f) => f.size_hint(),
             ProxyBody::Native(n) => n.size_hint(),
+            ProxyBody::Observed(o) => o.body.size_hint(),
         }
     }
 }

@@ -20,13 +20,12 @@ use tidegate_distributor::{DistributorClient, Query};
 use tidegate_model::{ExternalSpec, PolicySpec, UpstreamProtocol};
 use tidegate_snapshot::ServiceRuntime;
 
-use crate::attempts::{self, is_idempotent, Answered, Exchange};
+use crate::attempts::{self, is_idempotent, Answered, Exchange, Trace};
 use crate::body::{ClientBody, Hold, ProxyBody, UpBody};
 use crate::error::ClientBodyError;
 use crate::error::ErrorKind;
 use crate::headers;
 use crate::limits::Limits;
-use crate::metrics::Counters;
 use crate::native::bridge::{self, BridgeExchange, Payload};
 use crate::pick::Slot;
 use crate::pool::{ConnSettings, HyperConn, Sent, Unsent, UpstreamPool};
@@ -176,7 +175,7 @@ impl Upstreams {
         service: &ServiceRuntime,
         req: Request<Incoming>,
         peer: &Peer,
-        metrics: &Counters,
+        trace: &mut Trace,
     ) -> Result<Response<ProxyBody>, ErrorKind> {
         let (req, body, mut upgrade) = Prepared::new(req, peer, &self.limits).await?;
         let first = match &service.settings.policy {
@@ -190,7 +189,7 @@ impl Upstreams {
         let ctx =
             RequestCtx { client: Some(peer.addr), path: req.path_and_query.as_str(), headers: &req.parts.headers };
         if upgrade.is_none() && service.upstream.protocol() == UpstreamProtocol::Http2 {
-            let (mut response, slot) = self.send_h2(service, &req, body, &ctx, first, metrics).await?;
+            let (mut response, slot) = self.send_h2(service, &req, body, &ctx, first, trace).await?;
             headers::response_headers(response.headers_mut());
             return Ok(response.map(|b| ProxyBody::upstream(b, Hold { slot, conn: None })));
         }
@@ -210,12 +209,12 @@ impl Upstreams {
                 body,
                 idempotent: req.idempotent,
             };
-            let Answered { answer, slot } = attempts::run(service, &mut ex, &ctx, first, metrics).await?;
+            let Answered { answer, slot } = attempts::run(service, &mut ex, &ctx, first, trace).await?;
             return bridge::response(answer, slot);
         }
         let mut ex = HyperExchange { pool: &self.pool, req: &req, body, upgrade: upgrade.is_some() };
         let Answered { answer: Sent { mut response, conn }, slot } =
-            attempts::run(service, &mut ex, &ctx, first, metrics).await?;
+            attempts::run(service, &mut ex, &ctx, first, trace).await?;
         let hold = Hold { slot, conn: Some(conn) };
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
             if let Some(down) = upgrade.take() {
@@ -239,10 +238,10 @@ impl Upstreams {
         body: Replay,
         ctx: &RequestCtx<'_>,
         first: Option<Arc<Backend>>,
-        metrics: &Counters,
+        trace: &mut Trace,
     ) -> Result<(Response<Incoming>, Slot), ErrorKind> {
         let mut ex = H2Exchange { pool: &self.h2, req, body };
-        let Answered { answer, slot } = attempts::run(service, &mut ex, ctx, first, metrics).await?;
+        let Answered { answer, slot } = attempts::run(service, &mut ex, ctx, first, trace).await?;
         Ok((answer, slot))
     }
 }

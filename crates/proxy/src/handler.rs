@@ -9,12 +9,15 @@ use tidegate_model::RouteAction;
 use tidegate_snapshot::RequestView;
 use tidegate_snapshot::Snapshot;
 
+use crate::access_log::AccessLog;
+use crate::attempts::Trace;
 use crate::body::ProxyBody;
 use crate::error::ErrorKind;
 use crate::forward::{Peer, Upstreams};
 use crate::hygiene;
 use crate::limits::Limits;
 use crate::metrics::{Counters, ProxyMetrics};
+use crate::observe::{describe, Finish, Seen};
 use crate::static_files;
 
 /// The request handler. One per worker (or one shared, in the multi-thread
@@ -27,6 +30,8 @@ pub struct Proxy {
     https_port: Option<u16>,
     /// The path answered by the proxy itself for health checks, if any.
     health_path: Option<Box<str>>,
+    /// Where each request's line goes, if anywhere.
+    access_log: Option<Arc<AccessLog>>,
 }
 
 impl Proxy {
@@ -38,7 +43,24 @@ impl Proxy {
         limits: Arc<Limits>,
         https_port: Option<u16>,
     ) -> Proxy {
-        Proxy { snapshots, upstreams: Upstreams::new(limits), metrics: metrics.worker(), https_port, health_path: None }
+        Proxy {
+            snapshots,
+            upstreams: Upstreams::new(limits),
+            metrics: metrics.worker(),
+            https_port,
+            health_path: None,
+            access_log: None,
+        }
+    }
+
+    /// Writes a line per request to `log`.
+    pub fn set_access_log(&mut self, log: Option<Arc<AccessLog>>) {
+        self.access_log = log;
+    }
+
+    /// The access log, when it is on.
+    pub(crate) fn access_log(&self) -> Option<&Arc<AccessLog>> {
+        self.access_log.as_ref()
     }
 
     /// Answers `path` itself, before routing, for load balancers' health
@@ -84,20 +106,31 @@ impl Proxy {
         &self.metrics
     }
 
-    /// Serves one request.
-    pub async fn handle(&self, req: Request<Incoming>, client: &Peer) -> Response<ProxyBody> {
-        let resp = match self.dispatch(req, client).await {
+    /// Serves one request. Its duration (and access-log line) is taken
+    /// when the response body ends.
+    pub async fn handle(&self, mut req: Request<Incoming>, client: &Peer) -> Response<ProxyBody> {
+        let mut seen = Seen::new(tokio::time::Instant::now());
+        let line = self.access_log.is_some().then(|| describe(&mut req, client));
+        let resp = match self.dispatch(req, client, &mut seen).await {
             Ok(resp) => resp,
             Err(e) => {
+                seen.error = Some(e);
                 self.metrics.error(e);
                 e.response()
             }
         };
         self.metrics.response(resp.status());
-        resp
+        seen.status = resp.status().as_u16();
+        let finish = Finish { seen, line, counters: self.metrics.clone(), log: self.access_log.clone() };
+        resp.map(|body| ProxyBody::observed(body, finish))
     }
 
-    async fn dispatch(&self, mut req: Request<Incoming>, client: &Peer) -> Result<Response<ProxyBody>, ErrorKind> {
+    async fn dispatch(
+        &self,
+        mut req: Request<Incoming>,
+        client: &Peer,
+        seen: &mut Seen,
+    ) -> Result<Response<ProxyBody>, ErrorKind> {
         hygiene::sanitize(&mut req)?;
         if let Some(resp) = self.health_answer(req.method(), req.uri().path(), false) {
             return Ok(resp);
@@ -106,6 +139,7 @@ impl Proxy {
         let host = hygiene::request_routing_host(&req);
         let view = RequestView { host: &host, path: req.uri().path(), method: req.method(), headers: req.headers() };
         let route = snapshot.route(&view).ok_or(ErrorKind::NoRoute)?;
+        seen.routed(route, self.access_log.is_some());
         if route.spec.redirect_https && !client.https {
             let pq = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
             return hygiene::https_redirect(&host, self.https_port, pq);
@@ -115,7 +149,10 @@ impl Proxy {
             RouteAction::Service(name) => {
                 let service = snapshot.service(name.as_str()).ok_or(ErrorKind::NoBackend)?.clone();
                 drop(snapshot);
-                self.upstreams.forward(&service, req, client, &self.metrics).await
+                let mut trace = Trace::default();
+                let forwarded = self.upstreams.forward(&service, req, client, &mut trace).await;
+                seen.traced(trace);
+                forwarded
             }
         }
     }

@@ -60,7 +60,7 @@ static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 static X_FORWARDED_PORT: HeaderName = HeaderName::from_static("x-forwarded-port");
-static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub(crate) static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// A new request id: 128 random bits as 32 lowercase hex digits, for a
 /// request that arrives without `X-Request-Id`. Not a secret (the

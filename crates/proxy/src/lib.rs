@@ -12,6 +12,7 @@
 //!
 //! The proxy never changes configuration; it only reads snapshots.
 
+pub mod access_log;
 mod attempts;
 mod body;
 pub mod error;
@@ -23,6 +24,7 @@ mod limits;
 mod metrics;
 mod native;
 pub mod normalize;
+mod observe;
 mod pick;
 mod pool;
 pub mod retry;
@@ -32,10 +34,11 @@ mod tls;
 mod tunnel;
 mod upstream_h2;
 
+pub use access_log::AccessLog;
 pub use body::ProxyBody;
 pub use error::{ErrorKind, Source};
 pub use forward::Peer;
 pub use handler::Proxy;
 pub use limits::{Limits, TrustedProxies};
-pub use metrics::ProxyMetrics;
+pub use metrics::{DataPlaneCollector, ProxyMetrics};
 pub use server::{serve, Http1Engine, RuntimeMode, ServerHandle, ServerOptions};

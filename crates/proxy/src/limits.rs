@@ -135,21 +135,39 @@ impl FromStr for TrustedProxies {
 
 /// A client socket whose writes fail with `TimedOut` once one has been
 /// blocked for longer than the write timeout (a client that stopped
-/// reading). The timer exists only while a write is blocked.
+/// reading). The timer exists only while a write is blocked. It counts the
+/// bytes read and written through it (for the access log).
 pub(crate) struct TimedIo<T> {
     inner: T,
     write_timeout: Duration,
     blocked: Option<Pin<Box<Sleep>>>,
+    read: u64,
+    written: u64,
 }
 
 impl<T> TimedIo<T> {
     pub(crate) fn new(inner: T, write_timeout: Duration) -> Self {
-        TimedIo { inner, write_timeout, blocked: None }
+        TimedIo { inner, write_timeout, blocked: None, read: 0, written: 0 }
     }
 
-    /// The socket, for reads (which have timeouts of their own).
+    /// The socket itself (its reads and writes are not counted).
     pub(crate) fn get_mut(&mut self) -> &mut T {
         &mut self.inner
+    }
+
+    /// The socket itself.
+    pub(crate) fn get_ref(&self) -> &T {
+        &self.inner
+    }
+
+    /// Bytes read through this wrapper so far.
+    pub(crate) fn bytes_read(&self) -> u64 {
+        self.read
+    }
+
+    /// Bytes written through this wrapper so far.
+    pub(crate) fn bytes_written(&self) -> u64 {
+        self.written
     }
 
     /// Turns a pending write into an error once it waited too long.
@@ -171,13 +189,19 @@ use std::future::Future as _;
 
 impl<T: AsyncRead + Unpin> AsyncRead for TimedIo<T> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        self.read += (buf.filled().len() - before) as u64;
+        polled
     }
 }
 
 impl<T: AsyncWrite + Unpin> AsyncWrite for TimedIo<T> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
         let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = polled {
+            self.written += n as u64;
+        }
         self.pending_write(cx, polled)
     }
 
@@ -187,6 +211,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for TimedIo<T> {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = polled {
+            self.written += n as u64;
+        }
         self.pending_write(cx, polled)
     }
 

@@ -1,18 +1,24 @@
-//! Data-plane counters, rendered in Prometheus' text format.
+//! Data-plane counters: written lock-free by the workers, read at scrape
+//! time by [`DataPlaneCollector`] into the admin API's registry.
 
-use std::fmt::Write;
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
+use arc_swap::ArcSwap;
 use http::StatusCode;
+use tidegate_metrics::{counter, histogram, Collector, DescriptorEncoder, HistogramSnapshot};
+use tidegate_snapshot::{RouteStats, Snapshot};
 
+use crate::access_log::AccessLog;
 use crate::error::{ErrorKind, Source};
 
 /// Counters of the data plane: one shard per worker, so workers never write
-/// the same cache line; summed when rendered.
+/// the same cache line; summed when read.
 #[derive(Debug, Default)]
 pub struct ProxyMetrics {
     shards: Mutex<Vec<Arc<Counters>>>,
+    access_log: OnceLock<Arc<AccessLog>>,
 }
 
 impl ProxyMetrics {
@@ -25,15 +31,23 @@ impl ProxyMetrics {
         shard
     }
 
-    /// Appends the counters, summed over workers, in Prometheus' text format.
-    pub fn render(&self, out: &mut String) {
-        let total = Counters::default();
+    /// Reports the access log's counters with the data plane's.
+    pub(crate) fn set_access_log(&self, log: Arc<AccessLog>) {
+        let _ = self.access_log.set(log);
+    }
+
+    /// A collector of the data plane's metrics, reading routes from
+    /// `snapshots`.
+    pub fn collector(self: &Arc<Self>, snapshots: Arc<ArcSwap<Snapshot>>) -> DataPlaneCollector {
+        DataPlaneCollector { metrics: self.clone(), snapshots }
+    }
+
+    fn each_shard(&self, mut f: impl FnMut(&Counters)) {
         if let Ok(shards) = self.shards.lock() {
             for s in shards.iter() {
-                total.add(s);
+                f(s);
             }
         }
-        total.render(out);
     }
 }
 
@@ -51,21 +65,11 @@ pub(crate) struct Counters {
     /// TLS handshakes that succeeded, and that failed (or timed out).
     tls_ok: AtomicU64,
     tls_failed: AtomicU64,
+    /// Durations of requests that matched no route.
+    pub(crate) unrouted: RouteStats,
 }
 
 impl Counters {
-    fn add(&self, other: &Counters) {
-        let pairs = self.responses.iter().zip(&other.responses).chain(self.errors.iter().zip(&other.errors)).chain([
-            (&self.retries, &other.retries),
-            (&self.connections, &other.connections),
-            (&self.tls_ok, &other.tls_ok),
-            (&self.tls_failed, &other.tls_failed),
-        ]);
-        for (mine, theirs) in pairs {
-            mine.fetch_add(theirs.load(Relaxed), Relaxed);
-        }
-    }
-
     pub(crate) fn response(&self, status: StatusCode) {
         let class = (status.as_u16() / 100).clamp(1, 5) as usize - 1;
         self.responses[class].fetch_add(1, Relaxed);
@@ -75,8 +79,8 @@ impl Counters {
         self.errors[e.index()].fetch_add(1, Relaxed);
     }
 
-    pub(crate) fn retry(&self) {
-        self.retries.fetch_add(1, Relaxed);
+    pub(crate) fn retried(&self, n: u64) {
+        self.retries.fetch_add(n, Relaxed);
     }
 
     pub(crate) fn connection(&self) {
@@ -87,36 +91,101 @@ impl Counters {
         let c = if ok { &self.tls_ok } else { &self.tls_failed };
         c.fetch_add(1, Relaxed);
     }
+}
 
-    fn render(&self, out: &mut String) {
-        let _ = writeln!(out, "# HELP tidegate_responses_total Responses sent to clients, by status class.");
-        let _ = writeln!(out, "# TYPE tidegate_responses_total counter");
-        for (i, c) in self.responses.iter().enumerate() {
-            let _ = writeln!(out, "tidegate_responses_total{{class=\"{}xx\"}} {}", i + 1, c.load(Relaxed));
-        }
-        let _ = writeln!(
-            out,
-            "# HELP tidegate_proxy_errors_total Requests the proxy answered itself, by reason and where the failure came from."
-        );
-        let _ = writeln!(out, "# TYPE tidegate_proxy_errors_total counter");
-        for (kind, c) in ErrorKind::ALL.iter().zip(&self.errors) {
+/// The status classes, as labels.
+const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/// Encodes the data plane's metrics: responses, errors, retries,
+/// connections, TLS handshakes, request durations by route, and the
+/// access log's counters.
+#[derive(Debug)]
+pub struct DataPlaneCollector {
+    metrics: Arc<ProxyMetrics>,
+    snapshots: Arc<ArcSwap<Snapshot>>,
+}
+
+impl Collector for DataPlaneCollector {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> fmt::Result {
+        let m = &self.metrics;
+        let sum = |pick: fn(&Counters) -> &AtomicU64| {
+            let mut n = 0;
+            m.each_shard(|c| n += pick(c).load(Relaxed));
+            n
+        };
+        let mut responses = [0u64; 5];
+        let mut errors = [0u64; ErrorKind::ALL.len()];
+        let mut unrouted: [HistogramSnapshot; 5] = Default::default();
+        m.each_shard(|c| {
+            for (to, from) in responses.iter_mut().zip(&c.responses) {
+                *to += from.load(Relaxed);
+            }
+            for (to, from) in errors.iter_mut().zip(&c.errors) {
+                *to += from.load(Relaxed);
+            }
+            for (to, from) in unrouted.iter_mut().zip(&c.unrouted.durations) {
+                if let Some(h) = from.snapshot() {
+                    to.add(&h);
+                }
+            }
+        });
+        let help = "Responses sent to clients, by status class.";
+        counter(
+            &mut enc,
+            "tidegate_responses",
+            help,
+            CLASSES.iter().zip(responses).map(|(c, n)| ([("class", *c)], n)),
+        )?;
+        let help = "Requests the proxy answered itself, by reason and where the failure came from.";
+        let errors = ErrorKind::ALL.iter().zip(errors).map(|(kind, n)| {
             let source = match kind.source() {
                 Source::Client => "client",
                 Source::Upstream => "upstream",
                 Source::Local => "local",
             };
-            let (reason, n) = (kind.name(), c.load(Relaxed));
-            let _ = writeln!(out, "tidegate_proxy_errors_total{{reason=\"{reason}\",source=\"{source}\"}} {n}");
+            ([("reason", kind.name()), ("source", source)], n)
+        });
+        counter(&mut enc, "tidegate_proxy_errors", help, errors)?;
+        counter(&mut enc, "tidegate_retries", "Upstream attempts beyond the first.", [([], sum(|c| &c.retries))])?;
+        counter(&mut enc, "tidegate_connections", "Client connections accepted.", [([], sum(|c| &c.connections))])?;
+        let tls = [([("result", "ok")], sum(|c| &c.tls_ok)), ([("result", "failed")], sum(|c| &c.tls_failed))];
+        counter(&mut enc, "tidegate_tls_handshakes", "TLS handshakes on the TLS listener, by result.", tls)?;
+        self.request_durations(&mut enc, &unrouted)?;
+        if let Some(log) = m.access_log.get() {
+            let lines = [([("result", "written")], log.written()), ([("result", "dropped")], log.dropped())];
+            let help = "Access log lines, by result (dropped: the writer was behind and the line was not kept).";
+            counter(&mut enc, "tidegate_access_log_lines", help, lines)?;
+            let help = "Access log writes or reopens that failed.";
+            counter(&mut enc, "tidegate_access_log_write_errors", help, [([], log.failed_writes())])?;
         }
-        for (name, help, c) in [
-            ("tidegate_retries_total", "Upstream attempts beyond the first.", &self.retries),
-            ("tidegate_connections_total", "Client connections accepted.", &self.connections),
-        ] {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", c.load(Relaxed));
+        Ok(())
+    }
+}
+
+impl DataPlaneCollector {
+    /// `tidegate_request_duration_seconds{service, route, class}`: every
+    /// route that saw requests, and `route=""` for requests that matched
+    /// none.
+    fn request_durations(&self, enc: &mut DescriptorEncoder<'_>, unrouted: &[HistogramSnapshot; 5]) -> fmt::Result {
+        let snapshot = self.snapshots.load_full();
+        let mut routes: Vec<_> = snapshot.routes().collect();
+        routes.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut samples = Vec::new();
+        for (class, h) in CLASSES.iter().zip(unrouted) {
+            if h.count() > 0 {
+                samples.push(([("service", ""), ("route", ""), ("class", *class)], h.clone()));
+            }
         }
-        let name = "tidegate_tls_handshakes_total";
-        let _ = writeln!(out, "# HELP {name} TLS handshakes on the TLS listener, by result.\n# TYPE {name} counter");
-        let _ = writeln!(out, "{name}{{result=\"ok\"}} {}", self.tls_ok.load(Relaxed));
-        let _ = writeln!(out, "{name}{{result=\"failed\"}} {}", self.tls_failed.load(Relaxed));
+        for r in &routes {
+            let service = r.spec.service().map_or("", |s| s.as_str());
+            for (class, h) in CLASSES.iter().zip(&r.stats.durations) {
+                if let Some(h) = h.snapshot() {
+                    samples.push(([("service", service), ("route", r.name.as_str()), ("class", *class)], h));
+                }
+            }
+        }
+        let help = "Requests from head received to response written, by service, route and status class \
+                    (route \"\": no route matched).";
+        histogram(enc, "tidegate_request_duration_seconds", help, samples)
     }
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tidegate_balance::{clock, Backend, InFlight, Outcome, RequestCtx};
+use tidegate_metrics::LazyHistogram;
 use tidegate_snapshot::{ServiceLive, ServiceRuntime, WaitQueue, Waiter};
 
 use crate::error::ErrorKind;
@@ -78,6 +79,9 @@ pub(crate) struct Waiting<'a> {
     queue: &'a WaitQueue,
     waiter: Arc<Waiter>,
     took_room: bool,
+    /// Where the time spent waiting is counted, and since when.
+    waits: &'a LazyHistogram,
+    since: std::time::Instant,
 }
 
 impl Drop for Waiting<'_> {
@@ -85,6 +89,7 @@ impl Drop for Waiting<'_> {
         if !self.queue.remove(&self.waiter) && !self.took_room {
             self.queue.wake_one();
         }
+        self.waits.observe_ns(u64::try_from(self.since.elapsed().as_nanos()).unwrap_or(u64::MAX));
     }
 }
 
@@ -133,7 +138,8 @@ pub(crate) async fn pick_or_wait<'a>(
                 let waiter = Arc::new(Waiter::default());
                 let max = service.settings.queue.max as usize;
                 let Some(place) = waiters.push_back(&waiter, max) else { return Err(ErrorKind::QueueFull) };
-                queue.waiting = Some(Waiting { queue: waiters, waiter, took_room: false });
+                let (waits, since) = (&service.live.queue_wait, std::time::Instant::now());
+                queue.waiting = Some(Waiting { queue: waiters, waiter, took_room: false, waits, since });
                 if place == 1 {
                     // First in line: room freed between the pick and
                     // joining the queue woke nobody; look once more.

@@ -68,6 +68,8 @@ pub struct ServerOptions {
     /// for load balancers' health checks (`GET`/`HEAD`: 200 `ok`, 503
     /// `draining` once the proxy is stopping).
     pub health_path: Option<String>,
+    /// Where a line per request goes, if anywhere.
+    pub access_log: Option<Arc<crate::AccessLog>>,
 }
 
 /// The running data plane.
@@ -147,6 +149,9 @@ pub fn serve(
     metrics: Arc<ProxyMetrics>,
 ) -> std::io::Result<ServerHandle> {
     let workers = opts.workers.max(1);
+    if let Some(log) = &opts.access_log {
+        metrics.set_access_log(log.clone());
+    }
     let limits = Arc::new(opts.limits.clone());
     // One connection budget for the listeners, shared by their workers.
     let slots = Arc::new(Semaphore::new(opts.limits.max_connections.clamp(1, Semaphore::MAX_PERMITS)));
@@ -186,6 +191,7 @@ pub fn serve(
         };
         let mut proxy = Proxy::new(snapshots.clone(), &metrics, limits.clone(), https_port);
         proxy.set_health_path(opts.health_path.as_deref());
+        proxy.set_access_log(opts.access_log.clone());
         let proxy = Arc::new(proxy);
         let mine = |set: &mut Option<(Vec<std::net::TcpListener>, SocketAddr)>| set.as_mut().and_then(|s| s.0.pop());
         let (plain_listener, tls_listener) = (mine(&mut plain), mine(&mut tls));

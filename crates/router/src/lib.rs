@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use http::Method;
 use imbl::HashMap;
+use tidegate_metrics::LazyHistogram;
 use tidegate_model::{Headers, HostPattern, PathPattern, RouteName, RouteSpec};
 
 /// A route as stored in the table.
@@ -22,6 +23,25 @@ pub struct Entry {
     pub name: RouteName,
     /// The route.
     pub spec: Arc<RouteSpec>,
+    /// Its live counters, shared by every snapshot in which the route
+    /// keeps its service.
+    pub stats: Arc<RouteStats>,
+}
+
+/// What the proxy measured of a route's requests.
+#[derive(Debug, Default)]
+pub struct RouteStats {
+    /// Request durations (head received to response written) by status
+    /// class, 1xx to 5xx; allocated at a class's first request.
+    pub durations: [LazyHistogram; 5],
+}
+
+impl RouteStats {
+    /// Counts a request answered with `status` after `ns` nanoseconds.
+    pub fn observe(&self, status: u16, ns: u64) {
+        let class = usize::from(status / 100).clamp(1, 5) - 1;
+        self.durations[class].observe_ns(ns);
+    }
 }
 
 /// The routes at one (host, path) key, best first.
@@ -53,7 +73,7 @@ pub struct Router {
     exact_hosts: HashMap<Arc<str>, PathTable>,
     wildcard_hosts: HashMap<Arc<str>, PathTable>,
     any_host: PathTable,
-    by_name: HashMap<RouteName, Arc<RouteSpec>>,
+    by_name: HashMap<RouteName, Entry>,
 }
 
 impl Router {
@@ -72,12 +92,22 @@ impl Router {
         self.by_name.is_empty()
     }
 
-    /// Inserts or replaces a route.
+    /// Inserts or replaces a route. A replaced route that keeps its
+    /// service keeps its statistics.
     pub fn insert(&mut self, name: RouteName, spec: Arc<RouteSpec>) {
+        let stats = match self.by_name.get(&name) {
+            Some(old) if old.spec.service() == spec.service() => old.stats.clone(),
+            _ => Arc::default(),
+        };
         self.remove(&name);
-        let entry = Entry { name: name.clone(), spec: spec.clone() };
-        self.table_mut(&spec.matches.host).add(entry);
-        self.by_name.insert(name, spec);
+        let entry = Entry { name: name.clone(), spec: spec.clone(), stats };
+        self.table_mut(&spec.matches.host).add(entry.clone());
+        self.by_name.insert(name, entry);
+    }
+
+    /// Every route, in no particular order.
+    pub fn entries(&self) -> impl Iterator<Item = &Entry> {
+        self.by_name.values()
     }
 
     /// Removes a route; returns whether it existed.
@@ -85,9 +115,9 @@ impl Router {
         let Some(old) = self.by_name.remove(name) else {
             return false;
         };
-        let host = old.matches.host.clone();
+        let host = old.spec.matches.host.clone();
         let table = self.table_mut(&host);
-        table.drop_route(name, &old.matches.path);
+        table.drop_route(name, &old.spec.matches.path);
         let empty = table.exact.is_empty() && table.prefix.is_empty();
         if empty {
             match &host {

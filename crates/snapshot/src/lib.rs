@@ -13,9 +13,10 @@ use std::sync::Arc;
 use imbl::HashMap;
 use tidegate_balance::limit::LimitParams;
 use tidegate_balance::{Backend, ServiceSelector};
+use tidegate_metrics::LazyHistogram;
 use tidegate_model::{ConfigState, Delta, RetryBudget, ServiceName, ServiceSettings, ServiceSpec};
 use tidegate_router::Router;
-pub use tidegate_router::{Entry, RequestView};
+pub use tidegate_router::{Entry, RequestView, RouteStats};
 
 mod queue;
 mod tls;
@@ -33,6 +34,8 @@ pub struct ServiceLive {
     /// learned), oldest first; woken when a request to a limited backend
     /// finishes.
     pub queue: WaitQueue,
+    /// How long requests that had to queue waited.
+    pub queue_wait: LazyHistogram,
 }
 
 impl ServiceLive {
@@ -187,6 +190,11 @@ impl Snapshot {
     /// All services (unordered).
     pub fn services(&self) -> impl Iterator<Item = &Arc<ServiceRuntime>> {
         self.services.values()
+    }
+
+    /// All routes (unordered).
+    pub fn routes(&self) -> impl Iterator<Item = &Entry> {
+        self.router.entries()
     }
 
     /// Number of routes.

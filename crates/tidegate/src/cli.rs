@@ -215,6 +215,24 @@ pub struct ServeArgs {
     /// (one object per line).
     #[arg(long, env = "TIDEGATE_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Write one line per request to this file (appended to, created mode
+    /// 0640), or to standard output with `-` (default: no access log).
+    /// `SIGUSR1` reopens the file, for log rotation.
+    #[arg(long, env = "TIDEGATE_ACCESS_LOG", value_name = "PATH|-")]
+    pub access_log: Option<PathBuf>,
+    /// The access log's lines: `json` (one object per line, every field
+    /// named) or `combined` (Apache's and nginx's format).
+    #[arg(long, env = "TIDEGATE_ACCESS_LOG_FORMAT", value_enum, default_value = "json")]
+    pub access_log_format: AccessLogFormat,
+}
+
+/// How access-log lines are written.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AccessLogFormat {
+    /// One JSON object per line.
+    Json,
+    /// The combined log format.
+    Combined,
 }
 
 /// How application logs are written.

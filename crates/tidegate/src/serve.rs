@@ -10,10 +10,11 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use tidegate_admin::AdminState;
 use tidegate_control::Control;
+use tidegate_proxy::access_log::{self, AccessLog};
 use tidegate_proxy::{Http1Engine, Limits, ProxyMetrics, RuntimeMode, ServerOptions};
 use tidegate_store::{EtcdAccess, EtcdCredentials, EtcdStore, EtcdTls, EtcdUrl, RedbStore, SqliteStore, Store};
 
-use crate::cli::{ConfigMode, EtcdArgs, Http1Arg, LogFormat, RuntimeArg, ServeArgs};
+use crate::cli::{AccessLogFormat, ConfigMode, EtcdArgs, Http1Arg, LogFormat, RuntimeArg, ServeArgs};
 use crate::config_file;
 
 /// Logs to stderr, filtered by `TIDEGATE_LOG` (default `info`), in colour
@@ -70,6 +71,22 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let workers = args.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let metrics = Arc::new(ProxyMetrics::default());
+    let access_log = match &args.access_log {
+        None => None,
+        Some(path) => {
+            let target = match path.to_str() {
+                Some("-") => access_log::Target::Stdout,
+                _ => access_log::Target::File(path.clone()),
+            };
+            let format = match args.access_log_format {
+                AccessLogFormat::Json => access_log::Format::Json,
+                AccessLogFormat::Combined => access_log::Format::Combined,
+            };
+            let log = AccessLog::start(target, format)
+                .with_context(|| format!("--access-log {}: cannot open it", path.display()))?;
+            Some(Arc::new(log))
+        }
+    };
     let proxy = tidegate_proxy::serve(
         ServerOptions {
             listen: match (args.listen, args.listen_tls) {
@@ -89,6 +106,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             limits: limits(&args, fd_cap),
             drain_timeout: Duration::from_secs(args.drain_timeout_s),
             health_path: args.health_path.clone(),
+            access_log: access_log.clone(),
         },
         control.snapshots(),
         metrics.clone(),
@@ -133,6 +151,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
         let hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
         let _hangups = tokio::spawn(on_hangup(hup, control.clone(), sync));
+        let usr1 = signal(SignalKind::user_defined1()).context("SIGUSR1 handler")?;
+        let _reopens = tokio::spawn(on_usr1(usr1, access_log.clone()));
         let listener = tokio::net::TcpListener::bind(args.admin)
             .await
             .with_context(|| format!("admin API on {}", args.admin))?;
@@ -141,9 +161,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             let name = args.instance_name.clone().unwrap_or_else(|| format!("{}:{}", hostname(), admin_addr.port()));
             control.announce(name, admin_addr.to_string());
         }
-        let hook_metrics = metrics.clone();
-        let state = AdminState::new(control.clone(), &token, Arc::new(move |out: &mut String| hook_metrics.render(out)))
-            .with_autoscaler(events, scaling);
+        let data_plane = Arc::new(metrics.collector(control.snapshots()));
+        let state = AdminState::new(control.clone(), &token, data_plane).with_autoscaler(events, scaling);
         // One machine-readable line for scripts and tests: `proxy=`,
         // `proxy_tls=` and `metrics=` for the listeners there are.
         let mut listeners = String::new();
@@ -259,6 +278,20 @@ async fn on_hangup(mut hup: tokio::signal::unix::Signal, control: Control, sync:
         tracing::info!(file = %path.display(), "SIGHUP: applying the configuration file");
         if let Err(e) = sync_config(&control, path).await {
             tracing::error!("configuration file not applied, nothing changed: {e:#}");
+        }
+    }
+}
+
+/// SIGUSR1 reopens the access log's file (after logrotate moved it), as
+/// nginx does; without an access log it is logged and ignored.
+async fn on_usr1(mut usr1: tokio::signal::unix::Signal, log: Option<Arc<AccessLog>>) {
+    while usr1.recv().await.is_some() {
+        match &log {
+            Some(log) => {
+                tracing::info!("SIGUSR1: reopening the access log");
+                log.reopen();
+            }
+            None => tracing::info!("SIGUSR1 ignored: no --access-log"),
         }
     }
 }

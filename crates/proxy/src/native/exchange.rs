@@ -205,7 +205,7 @@ impl<S: ClientIo> NativeExchange<'_, S> {
     async fn stream_body(&mut self, up: &mut Stream, framing: RequestBody) -> Result<(), ErrorKind> {
         let client = &mut *self.client;
         let mut src = Source {
-            stream: client.io.get_mut(),
+            stream: &mut client.io,
             inbox: &mut client.inbox,
             timer: &mut client.timer,
             gap: self.body_gap,

@@ -27,7 +27,7 @@ use tokio_util::sync::PollSender;
 use super::exchange::Body;
 use super::relay::{self, RelayError, Source};
 use super::{ClientIo, ClientSide, Ctx, Routed};
-use crate::attempts::is_idempotent;
+use crate::attempts::{is_idempotent, Trace};
 use crate::body::{Hold, ProxyBody, UpBody};
 use crate::error::{ClientBodyError, ErrorKind};
 use crate::forward::{Prepared, Replay};
@@ -60,7 +60,8 @@ pub(super) async fn forward<S: ClientIo>(
     };
     let picking = RequestCtx { client: Some(ctx.peer.addr), path: req.path_and_query, headers: req.view };
     let upstreams = ctx.proxy.upstreams();
-    let sending = upstreams.send_h2(service, &prepared, replay, &picking, first, ctx.proxy.metrics());
+    let mut trace = Trace::default();
+    let sending = upstreams.send_h2(service, &prepared, replay, &picking, first, &mut trace);
     let answered = match feed {
         None => sending.await,
         Some((tx, framing)) => {
@@ -88,6 +89,7 @@ pub(super) async fn forward<S: ClientIo>(
             answered
         }
     };
+    client.seen.traced(trace);
     let (mut response, slot) = answered?;
     headers::response_headers(response.headers_mut());
     let resp = response.map(|b| ProxyBody::upstream(b, Hold { slot, conn: None }));
@@ -127,13 +129,8 @@ async fn pump<S: ClientIo>(
     gap: std::time::Duration,
     until: Instant,
 ) -> bool {
-    let mut src = Source {
-        stream: client.io.get_mut(),
-        inbox: &mut client.inbox,
-        timer: &mut client.timer,
-        gap,
-        until: Some(until),
-    };
+    let mut src =
+        Source { stream: &mut client.io, inbox: &mut client.inbox, timer: &mut client.timer, gap, until: Some(until) };
     let mut sink = ChannelWriter(PollSender::new(tx.clone()));
     let relayed = match framing {
         RequestBody::Empty => Ok(()),

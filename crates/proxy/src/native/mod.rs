@@ -38,7 +38,8 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::attempts::{self, is_idempotent, Answered};
+use crate::access_log::Line;
+use crate::attempts::{self, is_idempotent, Answered, Trace};
 use crate::body::ProxyBody;
 use crate::error::{ErrorKind, Source as FailureSource};
 use crate::forward::{Asked, Peer, REPLAY_LIMIT};
@@ -46,6 +47,7 @@ use crate::handler::Proxy;
 use crate::hygiene;
 use crate::limits::{Limits, TimedIo};
 use crate::normalize::normalize;
+use crate::observe::Seen;
 use crate::pick::Slot;
 use crate::static_files;
 
@@ -91,6 +93,8 @@ pub(crate) struct ClientSide<S> {
     /// Whether the current request's body has been read whole (a
     /// connection is reused only then).
     pub body_done: bool,
+    /// What was seen of the current request.
+    pub seen: Seen,
 }
 
 /// What reading the next request head found.
@@ -118,8 +122,11 @@ pub(crate) async fn serve<S: ClientIo>(
         timer: Timer::new(),
         scratch: Vec::new(),
         body_done: true,
+        seen: Seen::new(accepted),
     };
     let head_limits = HeadLimits { max_bytes: limits.max_header_bytes, max_headers: limits.max_headers };
+    // Bytes of the connection used by requests before the current one.
+    let (mut consumed, mut sent) = (0u64, 0u64);
     let mut head = RequestHead::default();
     let mut served = 0u64;
     // One wait for the worker's stop, registered once for the connection.
@@ -143,17 +150,32 @@ pub(crate) async fn serve<S: ClientIo>(
                 return;
             }
             Next::Refused(e) => {
+                client.seen = Seen::new(Instant::now());
                 refuse(&mut client, e, &proxy).await;
+                proxy.finish(&client.seen, |seen| {
+                    let mut line = seen.line(peer.addr, "HTTP/1.1");
+                    line.method = "-".into();
+                    line.bytes_in = client.io.bytes_read();
+                    line.bytes_out = client.io.bytes_written() - sent;
+                    line
+                });
                 return;
             }
         }
         served += 1;
+        client.seen = Seen::new(Instant::now());
         let buf = client.inbox.split_to(head.len);
         let stopping = *stop.borrow();
         // Boxed: the state of a request in progress (a few KiB) lives only
         // while the request does, not in every idle connection's task.
         let ctx = Ctx { head: &head, buf: &buf, peer: &peer, proxy: &proxy, limits: &limits, stopping };
         let keep = Box::pin(handle(&mut client, &ctx)).await;
+        // This request's bytes: those used since the previous one ended
+        // (less what is already read of the next).
+        let used = client.io.bytes_read() - client.inbox.len() as u64;
+        let (bytes_in, bytes_out) = (used - consumed, client.io.bytes_written() - sent);
+        (consumed, sent) = (used, client.io.bytes_written());
+        proxy.finish(&client.seen, |seen| log_line(seen, &head, &buf, &peer, (bytes_in, bytes_out)));
         drop(buf);
         if !keep {
             let _ = client.io.shutdown().await;
@@ -193,16 +215,16 @@ async fn next_head<S: ClientIo>(
                 }
             }
         }
-        let stream = client.io.get_mut();
+        let io = &mut client.io;
         let inbox = &mut client.inbox;
         let read = async {
             tokio::select! {
                 r = async {
                     // No buffer until there is something to read.
                     if inbox.capacity() == 0 {
-                        ClientIo::readable(&*stream).await?;
+                        ClientIo::readable(io.get_ref()).await?;
                     }
-                    fill(stream, inbox).await
+                    fill(io, inbox).await
                 } => Some(r),
                 () = stopped.as_mut() => None,
             }
@@ -213,6 +235,24 @@ async fn next_head<S: ClientIo>(
             _ => return Next::Closed,
         }
     }
+}
+
+/// The access-log line of a request served on this connection.
+fn log_line(seen: &Seen, head: &RequestHead, buf: &[u8], peer: &Peer, (bytes_in, bytes_out): (u64, u64)) -> Line {
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let view = HeadView { buf, headers: &head.headers };
+    let mut line = seen.line(peer.addr, if head.minor == 0 { "HTTP/1.0" } else { "HTTP/1.1" });
+    line.method = text(head.method.of(buf));
+    line.target = text(head.target.of(buf));
+    line.host = head.host.map(|h| text(h.of(buf))).unwrap_or_default();
+    line.bytes_in = bytes_in;
+    line.bytes_out = bytes_out;
+    line.user_agent = view.first("user-agent").map(text);
+    line.referer = view.first("referer").map(text);
+    if let Some(id) = view.first("x-request-id") {
+        line.request_id = Some(text(id));
+    }
+    line
 }
 
 /// Answers a request head that cannot be served, and closes.
@@ -232,6 +272,7 @@ async fn refuse<S: ClientIo>(client: &mut ClientSide<S>, e: HeadError, proxy: &P
         HeadError::Syntax(_) => crate::error::plain(StatusCode::BAD_REQUEST, "400 the request is malformed\n"),
     };
     proxy.metrics().response(resp.status());
+    client.seen.status = resp.status().as_u16();
     write_local(client, resp, true, false, 1).await;
     let _ = client.io.shutdown().await;
 }
@@ -265,6 +306,7 @@ impl Ctx<'_> {
     /// may carry another request.
     async fn answer<S: ClientIo>(&self, client: &mut ClientSide<S>, resp: Response<ProxyBody>, close: bool) -> bool {
         self.proxy.metrics().response(resp.status());
+        client.seen.status = resp.status().as_u16();
         let is_head = self.head.method.of(self.buf) == b"HEAD";
         write_local(client, resp, close, is_head, self.head.minor).await && !close
     }
@@ -276,6 +318,7 @@ async fn handle<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> bool 
     match dispatch(client, ctx).await {
         Ok(keep) => keep && !ctx.closes(client),
         Err(kind) => {
+            client.seen.error = Some(kind);
             let resp = error_response(kind, ctx.proxy);
             let close = ctx.closes(client) || kind.source() == FailureSource::Client;
             ctx.answer(client, resp, close).await
@@ -367,6 +410,7 @@ async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Res
     let snapshot = proxy.snapshot();
     let request = RequestView { host: &routing, path: &path, method: &method, headers: &view };
     let route = snapshot.route(&request).ok_or(ErrorKind::NoRoute)?;
+    client.seen.routed(route, proxy.access_log().is_some());
     if route.spec.redirect_https && !ctx.peer.https {
         let resp = hygiene::https_redirect(&routing, proxy.https_port(), &path_and_query)?;
         return Ok(ctx.answer(client, resp, ctx.closes(client)).await);
@@ -435,7 +479,7 @@ async fn forward<S: ClientIo>(
         RequestBody::Empty => Body::Buffered(Bytes::new()),
         RequestBody::Length(n) if n <= REPLAY_LIMIT => {
             let mut src = Source {
-                stream: client.io.get_mut(),
+                stream: &mut client.io,
                 inbox: &mut client.inbox,
                 timer: &mut client.timer,
                 gap: limits.body_read_timeout,
@@ -460,6 +504,7 @@ async fn forward<S: ClientIo>(
         return Box::pin(h2::forward(client, ctx, &req, service, body, first, body_until)).await;
     }
     let request_id = crate::headers::new_request_id();
+    client.seen.request_id = Some(request_id);
     let forwarding = Forwarding {
         request_id: Some(&request_id),
         host: req.host.unwrap_or(""),
@@ -484,8 +529,12 @@ async fn forward<S: ClientIo>(
         body_gap: limits.body_read_timeout,
         body_until,
     };
-    let Answered { answer, slot } = attempts::run(service, &mut ex, &picking, first, proxy.metrics()).await?;
+    let mut trace = Trace::default();
+    let answered = attempts::run(service, &mut ex, &picking, first, &mut trace).await;
     drop(ex);
+    client.seen.traced(trace);
+    let Answered { answer, slot } = answered?;
+    client.seen.status = answer.conn.conn.head.code;
     proxy.metrics().response(StatusCode::from_u16(answer.conn.conn.head.code).unwrap_or(StatusCode::OK));
     let gap = std::time::Duration::from_millis(service.settings.timeouts.response_ms);
     let reply = Reply { head, upgrade: upgrade.is_some(), gap, tunnel_idle: limits.tunnel_idle_timeout, stopping };
@@ -698,6 +747,7 @@ mod sizes {
             timer: Timer::new(),
             scratch: Vec::new(),
             body_done: true,
+            seen: Seen::new(tokio::time::Instant::now()),
         };
         let (head, buf) = (RequestHead::default(), BytesMut::new());
         let peer = Peer::new("127.0.0.1:1".parse().unwrap());

@@ -13,6 +13,7 @@ mod durability;
 mod engines;
 mod external;
 mod hostile;
+mod observability;
 mod operator;
 mod proxying;
 mod sources;

@@ -1,0 +1,421 @@
+//! The access log: one line per request, as JSON or in the combined log
+//! format, written by a thread of its own.
+//!
+//! A request hands its [`Line`] to a bounded channel and goes on: it never
+//! waits for the disk. When the channel is full (the disk or the terminal
+//! cannot keep up), the line is dropped and counted
+//! (`tidegate_access_log_dropped_total`). The writer flushes whenever the
+//! channel runs empty, so `tail -f` sees lines at once, and reopens its
+//! file when asked ([`AccessLog::reopen`], on `SIGUSR1`), for log rotation.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Lines that may wait for the writer before new ones are dropped.
+const CAPACITY: usize = 16 * 1024;
+
+/// How a line looks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// One JSON object per line, every field named.
+    Json,
+    /// Apache's and nginx's combined log format.
+    Combined,
+}
+
+/// Where lines go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// Standard output.
+    Stdout,
+    /// A file, appended to (created with mode 0640).
+    File(PathBuf),
+}
+
+/// One answered request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Line {
+    /// When the response was written (or the exchange ended).
+    pub end: SystemTime,
+    /// From the request head to the end of the response.
+    pub duration: Duration,
+    /// The client's address.
+    pub client: SocketAddr,
+    /// The method.
+    pub method: String,
+    /// The host asked for (`Host`, or the authority of an absolute target).
+    pub host: String,
+    /// The request target: path and query.
+    pub target: String,
+    /// `HTTP/1.0`, `HTTP/1.1` or `HTTP/2.0`.
+    pub protocol: &'static str,
+    /// The status sent to the client.
+    pub status: u16,
+    /// Bytes read from the client for this request (head and body).
+    pub bytes_in: u64,
+    /// Bytes written to the client for this request (head and body).
+    pub bytes_out: u64,
+    /// The route that matched, if one did.
+    pub route: Option<String>,
+    /// The service it went to.
+    pub service: Option<String>,
+    /// The backend that answered last (its id and address).
+    pub backend: Option<(String, String)>,
+    /// Attempts made upstream (0: answered by the proxy itself).
+    pub attempts: u32,
+    /// Why the proxy answered itself, if it did
+    /// ([`ErrorKind::name`](crate::ErrorKind::name)).
+    pub error: Option<&'static str>,
+    /// The request's `X-Request-Id` (the client's, or the generated one).
+    pub request_id: Option<String>,
+    /// `User-Agent`, if sent.
+    pub user_agent: Option<String>,
+    /// `Referer`, if sent.
+    pub referer: Option<String>,
+}
+
+/// The access log's sending end, shared by every worker.
+#[derive(Debug)]
+pub struct AccessLog {
+    tx: SyncSender<Line>,
+    counts: Arc<Counts>,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    written: AtomicU64,
+    dropped: AtomicU64,
+    failed_writes: AtomicU64,
+    reopen: AtomicBool,
+}
+
+impl AccessLog {
+    /// Opens the target and starts the writer thread.
+    pub fn start(target: Target, format: Format) -> std::io::Result<AccessLog> {
+        let out = open(&target)?;
+        let (tx, rx) = sync_channel(CAPACITY);
+        let counts = Arc::new(Counts::default());
+        let writer = Writer { rx, out, target, format, counts: counts.clone(), text: String::new() };
+        std::thread::Builder::new().name("tidegate-access-log".into()).spawn(move || writer.run())?;
+        Ok(AccessLog { tx, counts })
+    }
+
+    /// Queues a line; drops it (counted) if the writer is behind.
+    pub fn send(&self, line: Line) {
+        match self.tx.try_send(line) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.counts.dropped.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    /// Reopens the file before the next line (after a rotation moved it).
+    pub fn reopen(&self) {
+        self.counts.reopen.store(true, Relaxed);
+    }
+
+    /// Lines written so far.
+    pub fn written(&self) -> u64 {
+        self.counts.written.load(Relaxed)
+    }
+
+    /// Lines dropped because the writer was behind.
+    pub fn dropped(&self) -> u64 {
+        self.counts.dropped.load(Relaxed)
+    }
+
+    /// Writes (or reopens) that failed.
+    pub fn failed_writes(&self) -> u64 {
+        self.counts.failed_writes.load(Relaxed)
+    }
+}
+
+type Out = std::io::BufWriter<Box<dyn std::io::Write + Send>>;
+
+fn open(target: &Target) -> std::io::Result<Out> {
+    let w: Box<dyn std::io::Write + Send> = match target {
+        Target::Stdout => Box::new(std::io::stdout()),
+        Target::File(path) => Box::new(open_file(path)?),
+    };
+    Ok(std::io::BufWriter::with_capacity(64 * 1024, w))
+}
+
+fn open_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new().create(true).append(true).mode(0o640).open(path)
+}
+
+struct Writer {
+    rx: Receiver<Line>,
+    out: Out,
+    target: Target,
+    format: Format,
+    counts: Arc<Counts>,
+    text: String,
+}
+
+impl Writer {
+    fn run(mut self) {
+        loop {
+            let first = match self.rx.recv_timeout(Duration::from_millis(250)) {
+                Ok(line) => Some(line),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => {
+                    let _ = self.out.flush();
+                    return;
+                }
+            };
+            if self.counts.reopen.swap(false, Relaxed) {
+                self.reopen();
+            }
+            // Everything queued now, then one flush.
+            for line in first.into_iter().chain(std::iter::from_fn(|| self.rx.try_recv().ok())) {
+                self.text.clear();
+                format_line(&mut self.text, &line, self.format);
+                match self.out.write_all(self.text.as_bytes()) {
+                    Ok(()) => self.counts.written.fetch_add(1, Relaxed),
+                    Err(_) => self.counts.failed_writes.fetch_add(1, Relaxed),
+                };
+            }
+            if self.out.flush().is_err() {
+                self.counts.failed_writes.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    fn reopen(&mut self) {
+        let _ = self.out.flush();
+        match open(&self.target) {
+            Ok(out) => self.out = out,
+            Err(e) => {
+                self.counts.failed_writes.fetch_add(1, Relaxed);
+                tracing::error!(error = %e, "access log: reopening failed; still writing to the old file");
+            }
+        }
+    }
+}
+
+/// Appends `line`, formatted, with its newline.
+pub fn format_line(out: &mut String, line: &Line, format: Format) {
+    match format {
+        Format::Json => json_line(out, line),
+        Format::Combined => combined_line(out, line),
+    }
+    out.push('\n');
+}
+
+fn json_line(out: &mut String, l: &Line) {
+    let start = l.end.checked_sub(l.duration).unwrap_or(l.end);
+    out.push_str("{\"time\":\"");
+    rfc3339(out, start);
+    let _ = write!(out, "\",\"client\":\"{}\",\"method\":", l.client);
+    json_str(out, &l.method);
+    out.push_str(",\"host\":");
+    json_str(out, &l.host);
+    out.push_str(",\"path\":");
+    json_str(out, &l.target);
+    let _ = write!(
+        out,
+        ",\"protocol\":\"{}\",\"status\":{},\"bytes_in\":{},\"bytes_out\":{},\"duration_ms\":{:.3}",
+        l.protocol,
+        l.status,
+        l.bytes_in,
+        l.bytes_out,
+        l.duration.as_secs_f64() * 1e3
+    );
+    let opt = |out: &mut String, key: &str, v: Option<&str>| {
+        let _ = write!(out, ",\"{key}\":");
+        match v {
+            Some(s) => json_str(out, s),
+            None => out.push_str("null"),
+        }
+    };
+    opt(out, "route", l.route.as_deref());
+    opt(out, "service", l.service.as_deref());
+    opt(out, "backend", l.backend.as_ref().map(|b| b.0.as_str()));
+    opt(out, "backend_addr", l.backend.as_ref().map(|b| b.1.as_str()));
+    let _ = write!(out, ",\"attempts\":{}", l.attempts);
+    opt(out, "error", l.error);
+    opt(out, "request_id", l.request_id.as_deref());
+    opt(out, "user_agent", l.user_agent.as_deref());
+    opt(out, "referer", l.referer.as_deref());
+    out.push('}');
+}
+
+/// `IP - - [10/Oct/2000:13:55:36 +0000] "GET /a HTTP/1.1" 200 2326 "referer" "agent"`.
+fn combined_line(out: &mut String, l: &Line) {
+    let _ = write!(out, "{} - - [", l.client.ip());
+    clf_time(out, l.end);
+    out.push_str("] \"");
+    clf_escaped(out, &l.method);
+    out.push(' ');
+    clf_escaped(out, &l.target);
+    let _ = write!(out, " {}\" {} {} \"", l.protocol, l.status, l.bytes_out);
+    clf_escaped(out, l.referer.as_deref().unwrap_or("-"));
+    out.push_str("\" \"");
+    clf_escaped(out, l.user_agent.as_deref().unwrap_or("-"));
+    out.push('"');
+}
+
+/// A JSON string literal (RFC 8259 escapes).
+fn json_str(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// Text inside the combined format's quotes: quotes, backslashes and
+/// control characters escaped (as nginx does), so a line stays one line.
+fn clf_escaped(out: &mut String, s: &str) {
+    for c in s.chars() {
+        match c {
+            '"' | '\\' => {
+                let _ = write!(out, "\\x{:02X}", c as u32);
+            }
+            c if c.is_control() => {
+                let _ = write!(out, "\\x{:02X}", c as u32 & 0xff);
+            }
+            c => out.push(c),
+        }
+    }
+}
+
+/// Civil date (year, month, day) of a day count since 1970-01-01
+/// (Howard Hinnant's algorithm).
+fn civil(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
+}
+
+/// Seconds, day fields and milliseconds of a time, in UTC.
+fn split_time(t: SystemTime) -> ((i64, u32, u32), u64, u32) {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    (civil((secs / 86_400) as i64), secs % 86_400, d.subsec_millis())
+}
+
+/// `2026-11-25T13:40:00.123Z`.
+fn rfc3339(out: &mut String, t: SystemTime) {
+    let ((y, m, d), s, ms) = split_time(t);
+    let _ = write!(out, "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}Z", s / 3600, s / 60 % 60, s % 60);
+}
+
+/// `25/Nov/2026:13:40:00 +0000`.
+fn clf_time(out: &mut String, t: SystemTime) {
+    const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+    let ((y, m, d), s, _) = split_time(t);
+    let month = MONTHS[(m as usize).clamp(1, 12) - 1];
+    let _ = write!(out, "{d:02}/{month}/{y:04}:{:02}:{:02}:{:02} +0000", s / 3600, s / 60 % 60, s % 60);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line() -> Line {
+        Line {
+            // 2026-11-25T13:40:00.250Z
+            end: UNIX_EPOCH + Duration::from_millis(1_795_614_000_250),
+            duration: Duration::from_micros(1_500),
+            client: "127.0.0.1:40000".parse().unwrap(),
+            method: "GET".into(),
+            host: "shop.example".into(),
+            target: "/cart?id=\"7\"".into(),
+            protocol: "HTTP/1.1",
+            status: 200,
+            bytes_in: 78,
+            bytes_out: 140,
+            route: Some("shop".into()),
+            service: Some("web".into()),
+            backend: Some(("a".into(), "127.0.0.1:9001".into())),
+            attempts: 1,
+            error: None,
+            request_id: Some("abc".into()),
+            user_agent: Some("curl/8.0\n".into()),
+            referer: None,
+        }
+    }
+
+    #[test]
+    fn json_lines_name_every_field_and_escape_strings() {
+        let mut out = String::new();
+        format_line(&mut out, &line(), Format::Json);
+        assert!(out.ends_with("}\n") && out.lines().count() == 1, "{out}");
+        assert_eq!(
+            out.trim_end(),
+            r#"{"time":"2026-11-25T13:40:00.248Z","client":"127.0.0.1:40000","method":"GET","host":"shop.example","path":"/cart?id=\"7\"","protocol":"HTTP/1.1","status":200,"bytes_in":78,"bytes_out":140,"duration_ms":1.500,"route":"shop","service":"web","backend":"a","backend_addr":"127.0.0.1:9001","attempts":1,"error":null,"request_id":"abc","user_agent":"curl/8.0\n","referer":null}"#
+        );
+    }
+
+    #[test]
+    fn combined_lines_follow_the_common_format() {
+        let mut out = String::new();
+        format_line(&mut out, &line(), Format::Combined);
+        assert_eq!(
+            out,
+            "127.0.0.1 - - [25/Nov/2026:13:40:00 +0000] \"GET /cart?id=\\x227\\x22 HTTP/1.1\" 200 140 \"-\" \"curl/8.0\\x0A\"\n"
+        );
+    }
+
+    #[test]
+    fn dates_are_civil_dates() {
+        assert_eq!(civil(0), (1970, 1, 1));
+        assert_eq!(civil(-1), (1969, 12, 31));
+        assert_eq!(civil(19_782), (2024, 2, 29));
+        assert_eq!(civil(20_516), (2026, 3, 4));
+    }
+
+    #[test]
+    fn lines_reach_the_file_and_a_rotation_is_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("access.log");
+        let log = AccessLog::start(Target::File(path.clone()), Format::Json).unwrap();
+        log.send(line());
+        let wait = |n: u64| {
+            for _ in 0..200 {
+                if log.written() >= n {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            panic!("{} lines written, wanted {n}", log.written());
+        };
+        wait(1);
+        std::fs::rename(&path, dir.path().join("access.log.1")).unwrap();
+        log.reopen();
+        std::thread::sleep(Duration::from_millis(400)); // the writer's idle tick
+        log.send(line());
+        wait(2);
+        std::thread::sleep(Duration::from_millis(50));
+        let old = std::fs::read_to_string(dir.path().join("access.log.1")).unwrap();
+        let new = std::fs::read_to_string(&path).unwrap();
+        assert_eq!((old.lines().count(), new.lines().count()), (1, 1), "old {old:?} new {new:?}");
+        assert_eq!(log.dropped(), 0);
+    }
+}

@@ -1,0 +1,197 @@
+//! What the proxy saw of one request: filled in while it is served, read
+//! once it is answered, for the request-duration histograms and the
+//! access log.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http::header::{self, HeaderValue};
+use http::{Request, Version};
+use hyper::body::Incoming;
+use tidegate_balance::Backend;
+use tidegate_model::{RouteName, ServiceName};
+use tidegate_snapshot::{Entry, RouteStats};
+use tokio::time::Instant;
+
+use crate::access_log::{AccessLog, Line};
+use crate::error::ErrorKind;
+use crate::forward::Peer;
+use crate::handler::Proxy;
+use crate::headers::X_REQUEST_ID;
+use crate::metrics::Counters;
+
+/// One request, as seen.
+#[derive(Debug)]
+pub(crate) struct Seen {
+    /// When its head was read.
+    pub start: Instant,
+    /// The matched route's statistics.
+    pub route: Option<Arc<RouteStats>>,
+    /// The route's and its service's names, kept for the access log only.
+    pub names: Option<(RouteName, Option<ServiceName>)>,
+    /// The status sent (0 until one is).
+    pub status: u16,
+    /// Why the proxy answered itself, if it did.
+    pub error: Option<ErrorKind>,
+    /// The backend that answered last, and how many attempts were made.
+    pub backend: Option<Arc<Backend>>,
+    pub attempts: u32,
+    /// The id generated for it, if the client sent none.
+    pub request_id: Option<[u8; 32]>,
+}
+
+impl Seen {
+    /// A request whose head was read at `start`.
+    pub(crate) fn new(start: Instant) -> Seen {
+        Seen { start, route: None, names: None, status: 0, error: None, backend: None, attempts: 0, request_id: None }
+    }
+
+    /// The request matched `route`; its names are kept only if `logging`.
+    pub(crate) fn routed(&mut self, route: &Entry, logging: bool) {
+        self.route = Some(route.stats.clone());
+        if logging {
+            self.names = Some((route.name.clone(), route.spec.service().cloned()));
+        }
+    }
+
+    /// Takes what the attempts did.
+    pub(crate) fn traced(&mut self, trace: crate::attempts::Trace) {
+        self.attempts = trace.attempts;
+        self.backend = trace.backend;
+    }
+
+    /// The request id as text: the generated one (the client's own is in
+    /// its headers).
+    pub(crate) fn generated_id(&self) -> Option<String> {
+        self.request_id.map(|id| String::from_utf8_lossy(&id).into_owned())
+    }
+
+    /// A line with what this record holds; the caller fills in what the
+    /// request itself says (method, host, target, headers, bytes).
+    pub(crate) fn line(&self, client: SocketAddr, protocol: &'static str) -> Line {
+        let mut line = blank(client, protocol);
+        self.fill(&mut line);
+        line
+    }
+
+    /// Writes what this record holds into `line`: the end and duration
+    /// (now), the status, route, service, backend, attempts and error, and
+    /// the generated request id if the line has none.
+    pub(crate) fn fill(&self, line: &mut Line) {
+        line.end = SystemTime::now();
+        line.duration = self.start.elapsed();
+        line.status = self.status;
+        if let Some((route, service)) = &self.names {
+            line.route = Some(route.as_str().to_string());
+            line.service = service.as_ref().map(|s| s.as_str().to_string());
+        }
+        line.backend = self.backend.as_ref().map(|b| (b.id.as_str().to_string(), b.addr.to_string()));
+        line.attempts = self.attempts;
+        line.error = self.error.map(ErrorKind::name);
+        if line.request_id.is_none() {
+            line.request_id = self.generated_id();
+        }
+    }
+}
+
+/// A line with only the client and protocol known.
+fn blank(client: SocketAddr, protocol: &'static str) -> Line {
+    Line {
+        end: SystemTime::now(),
+        duration: Duration::ZERO,
+        client,
+        method: String::new(),
+        host: String::new(),
+        target: String::new(),
+        protocol,
+        status: 0,
+        bytes_in: 0,
+        bytes_out: 0,
+        route: None,
+        service: None,
+        backend: None,
+        attempts: 0,
+        error: None,
+        request_id: None,
+        user_agent: None,
+        referer: None,
+    }
+}
+
+/// Counts a finished request: in its route's duration histogram (or the
+/// one of requests that matched no route), and its retries.
+fn count(seen: &Seen, counters: &Counters) {
+    let ns = u64::try_from(seen.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    seen.route.as_deref().unwrap_or(&counters.unrouted).observe(seen.status, ns);
+    if seen.attempts > 1 {
+        counters.retried(u64::from(seen.attempts - 1));
+    }
+}
+
+/// The access-log line of a request that arrived over hyper, as far as
+/// the request says (the rest comes from its [`Seen`] when it ends). A
+/// request without `X-Request-Id` gets one here, so that the line and the
+/// backend see the same.
+pub(crate) fn describe(req: &mut Request<Incoming>, client: &Peer) -> Line {
+    let protocol = match req.version() {
+        Version::HTTP_10 => "HTTP/1.0",
+        Version::HTTP_2 => "HTTP/2.0",
+        _ => "HTTP/1.1",
+    };
+    let mut line = blank(client.addr, protocol);
+    let text = |v: &HeaderValue| String::from_utf8_lossy(v.as_bytes()).into_owned();
+    let h = req.headers();
+    line.method = req.method().as_str().to_string();
+    line.target = req.uri().path_and_query().map_or_else(|| "/".to_string(), |pq| pq.as_str().to_string());
+    line.host = req.uri().host().map(str::to_string).or_else(|| h.get(header::HOST).map(text)).unwrap_or_default();
+    line.user_agent = h.get(header::USER_AGENT).map(text);
+    line.referer = h.get(header::REFERER).map(text);
+    line.bytes_in = http_body::Body::size_hint(req.body()).exact().unwrap_or(0);
+    match h.get(&X_REQUEST_ID) {
+        Some(id) => line.request_id = Some(text(id)),
+        None => {
+            let id = crate::headers::new_request_id();
+            if let Ok(v) = HeaderValue::from_bytes(&id) {
+                req.headers_mut().insert(X_REQUEST_ID.clone(), v);
+            }
+            line.request_id = Some(String::from_utf8_lossy(&id).into_owned());
+        }
+    }
+    line
+}
+
+/// The end of a request that arrived over hyper: run when its response
+/// body ends (or is dropped).
+#[derive(Debug)]
+pub(crate) struct Finish {
+    pub seen: Seen,
+    /// What the request said, when the access log is on.
+    pub line: Option<Line>,
+    pub counters: Arc<Counters>,
+    pub log: Option<Arc<AccessLog>>,
+}
+
+impl Finish {
+    /// Counts the request, and logs it with `body_bytes` sent.
+    pub(crate) fn done(self, body_bytes: u64) {
+        count(&self.seen, &self.counters);
+        if let (Some(log), Some(mut line)) = (self.log, self.line) {
+            self.seen.fill(&mut line);
+            line.bytes_out = body_bytes;
+            log.send(line);
+        }
+    }
+}
+
+impl Proxy {
+    /// Counts a finished request in its route's histogram and, when the
+    /// access log is on, sends its line (`describe` fills in what only the
+    /// request knows).
+    pub(crate) fn finish(&self, seen: &Seen, describe: impl FnOnce(&Seen) -> Line) {
+        count(seen, self.metrics());
+        if let Some(log) = self.access_log() {
+            log.send(describe(seen));
+        }
+    }
+}
