@@ -8,9 +8,12 @@
 //!
 //! - **Slow start**: from `initial`, the limit doubles per window of
 //!   [`SLOW_START_SAMPLES`] answers until the first window that is not
-//!   calm; the baseline meanwhile is the mean of all those answers.
+//!   calm; the baseline meanwhile is the mean of the answers to requests
+//!   that were alone in flight (the first window's, from a limit of 1):
+//!   a short window right after a doubling holds the answers that came
+//!   back first, the short ones, and would read low.
 //! - **No-load latency** (the baseline): an average of the calm windows'
-//!   mean latency (and of the first window), so it settles at the latency
+//!   mean latency (and of the slow start's), so it settles at the latency
 //!   of a backend that is not queueing; it moves down faster from a window
 //!   far below it.
 //! - **Outliers**: an answer counts for at most eight no-load latencies
@@ -24,11 +27,18 @@
 //! - **Calm**: a window within the tolerance, in which demand reached the
 //!   limit, raises it: by a quarter while the rise is under half the
 //!   tolerance, else by one. Growth stops below a remembered ceiling, except for one
-//!   probe every [`PROBE_AFTER`] calm windows (so a backend that gained
-//!   capacity is found again).
+//!   probe every [`PROBE_AFTER`] calm windows or 2 s (so a backend that
+//!   gained capacity is found again, and a noisy window does not hold the
+//!   limit down for long).
 //! - **Shed or timed out** (503, 429, a response or connect timeout): the
 //!   limit drops below the concurrency at which it happened, at most once
 //!   per hold time (the requests already sent meet the same fate).
+//! - **Alone**: a window whose requests never overlapped (concurrency 1)
+//!   cannot show queueing that this proxy caused; slower than the baseline
+//!   allows, it means the baseline is wrong (learned from a few lucky
+//!   answers of a backend with variable service times): the window's mean
+//!   becomes the baseline and the remembered ceiling is forgotten; when it
+//!   was off by more than twice the tolerance, slow start begins again.
 //! - **A flat curve**: when lowering the limit three windows in a row
 //!   did not lower the latency, the rise is not queueing at this backend
 //!   (the proxy itself is busy, or other clients load the backend): the
@@ -52,6 +62,10 @@ pub const PROBE_AFTER: u32 = 8;
 const FLAT_DECREASES: u32 = 3;
 /// How fast the baseline follows calm windows, and windows far below it.
 const BASELINE_RATE: f64 = 0.1;
+/// A remembered ceiling is probed above after this long (ns) even without
+/// [`PROBE_AFTER`] calm windows: at small limits a window lasts long, and
+/// a ceiling set by a noisy window must not hold the limit down for long.
+const CEILING_TTL_NS: u64 = 2_000_000_000;
 const BASELINE_FAST: f64 = 0.3;
 
 /// The estimator's parameters (a service's `concurrency` settings).
@@ -102,6 +116,10 @@ struct Window {
     samples: u32,
     sum_ns: f64,
     max_concurrency: u64,
+    sum_concurrency: u64,
+    /// The answers of requests that were alone in flight (concurrency 1).
+    alone_sum_ns: f64,
+    alone_samples: u32,
 }
 
 /// A learned limit and what it was learned from.
@@ -114,8 +132,9 @@ pub struct LimitEstimator {
     window: Window,
     /// Congestion signals are ignored until then (ns).
     hold_until_ns: u64,
-    /// The lowest limit level found queued, while remembered.
+    /// The lowest limit level found queued, while remembered, and since when (ns).
     ceiling: Option<f64>,
+    ceiling_since_ns: u64,
     calm_below_ceiling: u32,
     /// Mean latency of the last queued window, and how many queued windows
     /// in a row did not improve on it.
@@ -149,6 +168,7 @@ impl LimitEstimator {
             window: Window::default(),
             hold_until_ns: 0,
             ceiling: None,
+            ceiling_since_ns: 0,
             calm_below_ceiling: 0,
             last_queued_ns: 0.0,
             flat: 0,
@@ -194,15 +214,21 @@ impl LimitEstimator {
         // backend delays every answer, and still shows.
         let clip =
             if self.baseline_ns > 0.0 { self.baseline_ns * CLIP_FACTOR + self.params.min_rise_ns } else { f64::MAX };
-        w.sum_ns += (s.latency_ns as f64).min(clip);
+        let latency = (s.latency_ns as f64).min(clip);
+        w.sum_ns += latency;
+        if s.concurrency <= 1 {
+            w.alone_sum_ns += latency;
+            w.alone_samples += 1;
+        }
         w.max_concurrency = w.max_concurrency.max(s.concurrency);
+        w.sum_concurrency += s.concurrency;
         let need = if self.slow_start.is_some() { SLOW_START_SAMPLES } else { MIN_WINDOW_SAMPLES };
         let need = need.max(self.limit as u32);
         if w.samples < need || (s.now_ns.saturating_sub(w.start_ns) as f64) < self.baseline_ns {
             return None;
         }
         let window = std::mem::take(&mut self.window);
-        Some(self.close(window))
+        Some(self.close(window, s.now_ns))
     }
 
     fn congested(&mut self, s: Sample) {
@@ -212,8 +238,7 @@ impl LimitEstimator {
         let p = self.params;
         let level = (s.concurrency as f64).max(1.0);
         self.limit = (self.limit.min(level - 1.0) * 0.9).clamp(p.min, p.max);
-        self.ceiling = Some(self.ceiling.map_or(level, |c| c.min(level)));
-        self.calm_below_ceiling = 0;
+        self.remember_ceiling(level, s.now_ns);
         self.slow_start = None;
         // The requests sent before this one meet the same fate: one cut for
         // all of them. Hold for about one answer's time.
@@ -222,7 +247,7 @@ impl LimitEstimator {
         self.window = Window::default();
     }
 
-    fn close(&mut self, w: Window) -> Verdict {
+    fn close(&mut self, w: Window, now_ns: u64) -> Verdict {
         let p = self.params;
         let mean = w.sum_ns / f64::from(w.samples);
         if self.baseline_ns == 0.0 {
@@ -230,9 +255,24 @@ impl LimitEstimator {
         }
         let allowed = (self.baseline_ns * (p.tolerance - 1.0)).max(p.min_rise_ns);
         let excess = mean - self.baseline_ns;
+        // Requests alone, but for the odd one that raced another past the
+        // limit (two workers admitting at once).
+        let alone = w.sum_concurrency as f64 <= 1.25 * f64::from(w.samples);
+        if alone && excess > allowed {
+            return self.alone(w);
+        }
         if let Some((sum, n)) = self.slow_start {
             if excess <= allowed / 2.0 {
-                let (sum, n) = (sum + w.sum_ns, n + w.samples);
+                // The baseline comes from requests that were alone: a short
+                // window right after the limit doubled holds the answers
+                // that came back first, the short ones, and would set it
+                // low. Without any (an initial limit above 1), the first
+                // window's answers.
+                let (sum, n) = match (w.alone_samples, n) {
+                    (0, 0) => (w.sum_ns, w.samples),
+                    (0, _) => (sum, n),
+                    (k, _) => (sum + w.alone_sum_ns, n + k),
+                };
                 self.baseline_ns = sum / f64::from(n);
                 self.slow_start = Some((sum, n));
                 if w.max_concurrency as f64 >= self.limit.floor() {
@@ -243,14 +283,14 @@ impl LimitEstimator {
             self.slow_start = None;
         }
         if excess > allowed {
-            return self.queued(mean);
+            return self.queued(mean, now_ns);
         }
         self.flat = 0;
         self.last_queued_ns = 0.0;
         let saturated = w.max_concurrency as f64 >= self.limit.floor();
         if excess > allowed / 2.0 {
             if saturated {
-                self.grow(1.0);
+                self.grow(1.0, now_ns);
             }
             return Verdict::Near;
         }
@@ -262,12 +302,43 @@ impl LimitEstimator {
         let rate = if mean < self.baseline_ns * 0.75 { BASELINE_FAST } else { BASELINE_RATE };
         self.baseline_ns += rate * (mean - self.baseline_ns);
         if saturated {
-            self.grow((self.limit * 0.25).max(1.0));
+            self.grow((self.limit * 0.25).max(1.0), now_ns);
         }
         Verdict::Calm
     }
 
-    fn queued(&mut self, mean: f64) -> Verdict {
+    /// A window whose requests did not overlap, yet slower than the
+    /// baseline allows: they cannot have queued behind each other at the
+    /// backend, so the window measures the no-load latency itself, and the
+    /// baseline was learned from a few lucky answers (or other clients now
+    /// load the backend). Take the window's mean as the baseline and forget
+    /// the ceiling, instead of cutting a limit that cannot go lower while
+    /// requests wait in the proxy; far off, start slowly again.
+    fn alone(&mut self, w: Window) -> Verdict {
+        let mean = w.sum_ns / f64::from(w.samples);
+        // Far off (more than twice the tolerance): the baseline was wrong,
+        // and so was every verdict drawn from it; find the level again from
+        // slow start. Near it, this window may be the noisy one: grow as
+        // usual from here.
+        if mean > self.baseline_ns * (1.0 + 2.0 * (self.params.tolerance - 1.0)) {
+            self.slow_start = Some((w.alone_sum_ns, w.alone_samples));
+        }
+        self.baseline_ns = mean;
+        self.flat = 0;
+        self.last_queued_ns = 0.0;
+        self.ceiling = None;
+        self.calm_below_ceiling = 0;
+        Verdict::Rebaselined
+    }
+
+    /// Remembers that `level` was too many.
+    fn remember_ceiling(&mut self, level: f64, now_ns: u64) {
+        self.ceiling = Some(self.ceiling.map_or(level, |c| c.min(level)));
+        self.ceiling_since_ns = now_ns;
+        self.calm_below_ceiling = 0;
+    }
+
+    fn queued(&mut self, mean: f64, now_ns: u64) -> Verdict {
         let p = self.params;
         if self.last_queued_ns > 0.0 && mean >= 0.95 * self.last_queued_ns {
             self.flat += 1;
@@ -283,20 +354,20 @@ impl LimitEstimator {
             self.ceiling = None;
             return Verdict::Rebaselined;
         }
-        let level = self.limit.floor();
-        self.ceiling = Some(self.ceiling.map_or(level, |c| c.min(level)).max(p.min + 1.0));
-        self.calm_below_ceiling = 0;
+        let level = self.limit.floor().max(p.min + 1.0);
+        self.remember_ceiling(level, now_ns);
         let factor = (self.baseline_ns * p.tolerance / mean).clamp(0.5, 0.9);
         self.limit = (self.limit * factor).clamp(p.min, p.max);
         Verdict::Queued
     }
 
-    fn grow(&mut self, step: f64) {
+    fn grow(&mut self, step: f64, now_ns: u64) {
         let p = self.params;
         let mut next = self.limit + step;
         if let Some(ceiling) = self.ceiling {
             if next.floor() >= ceiling {
-                if self.calm_below_ceiling >= PROBE_AFTER {
+                let old = now_ns.saturating_sub(self.ceiling_since_ns) >= CEILING_TTL_NS;
+                if self.calm_below_ceiling >= PROBE_AFTER || old {
                     // Probe above the ceiling; it is found again if still there.
                     self.ceiling = None;
                     self.calm_below_ceiling = 0;
@@ -507,6 +578,32 @@ mod tests {
             queued |= matches!(v, Some(Verdict::Queued));
         }
         assert!(queued && est.limit() < before, "limit {before} -> {}", est.limit());
+    }
+
+    #[test]
+    fn a_lucky_first_window_does_not_starve_the_backend() {
+        // A backend of 4 slots and 20 ms jobs whose first 8 answers came
+        // back in 5 ms: the baseline starts far too low, and at concurrency
+        // 1 every window looks queued. The first window at concurrency 1
+        // corrects it, and slow start finds the slots within a second.
+        let mut est = LimitEstimator::new(params());
+        let mut now = 0u64;
+        let mut seen = Vec::new();
+        for i in 0..400u64 {
+            let l = est.limit();
+            let latency = if i < 8 { 5e6 } else { 20e6 * (l as f64 / 4.0).max(1.0) };
+            now += (latency / l as f64) as u64;
+            let s = Sample { now_ns: now, latency_ns: latency as u64, concurrency: l, congested: false };
+            if let Some(v) = est.observe(s) {
+                seen.push((v, est.limit(), now / 1_000_000));
+            }
+            if now > 1_500_000_000 {
+                break;
+            }
+        }
+        assert!(seen.iter().any(|(v, _, _)| *v == Verdict::Rebaselined), "{seen:?}");
+        assert!(est.limit() >= 3, "limit {} after 1.5 s: {seen:?}", est.limit());
+        assert!(est.baseline().unwrap() >= Duration::from_millis(15), "{:?}", est.baseline());
     }
 
     #[test]
