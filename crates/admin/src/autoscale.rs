@@ -5,10 +5,10 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
 use axum::Json;
 use serde::Deserialize;
-use serde_json::{json, Value};
 use tidegate_control::SubmitError;
 use tidegate_model::{parse_json, ChangeSet, Op, ServiceName};
 
+use crate::api::{AutoscaleOverride, Events, Written};
 use crate::{AdminState, ApiError};
 
 #[derive(Deserialize)]
@@ -23,26 +23,9 @@ pub(crate) struct EventsQuery {
 pub(crate) async fn get_events(
     State(state): State<AdminState>,
     query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Events>, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::bad_field("query", e.body_text()))?;
-    Ok(Json(json!({ "events": state.events.since(q.after) })))
-}
-
-/// The operator's overrides of one service's autoscaling.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Override {
-    /// Stop (true) or resume (false) scaling decisions.
-    #[serde(default)]
-    paused: Option<bool>,
-    /// Keep exactly this many instances; `null` lets the autoscaler decide again.
-    #[serde(default, deserialize_with = "present")]
-    pinned: Option<Option<u32>>,
-}
-
-/// Distinguishes `"pinned": null` (unpin) from a missing field (no change).
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<u32>>, D::Error> {
-    Option::<u32>::deserialize(d).map(Some)
+    Ok(Json(Events { events: state.events.since(q.after) }))
 }
 
 /// `POST /v1/services/{name}/autoscale` with `{"paused": bool}` and/or
@@ -52,10 +35,10 @@ pub(crate) async fn post_override(
     State(state): State<AdminState>,
     Path(name): Path<String>,
     bytes: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Written>, ApiError> {
     let name = ServiceName::new(&name).map_err(|e| ApiError::bad_field("path.name", e.to_string()))?;
     let bytes = bytes.map_err(ApiError::body)?;
-    let o: Override = parse_json(&bytes).map_err(|e| ApiError::parse(e, None))?;
+    let o: AutoscaleOverride = parse_json(&bytes).map_err(|e| ApiError::parse(e, None))?;
     // Read, modify, write with if_revision; retry if something else changed in between.
     for _ in 0..5 {
         let view = state.control.config();
@@ -80,7 +63,7 @@ pub(crate) async fn post_override(
             ops: vec![Op::PutService { name: name.clone(), spec: Box::new(spec) }],
         };
         match state.control.submit(change).await {
-            Ok(revision) => return Ok(Json(json!({ "revision": revision }))),
+            Ok(revision) => return Ok(Json(Written { revision })),
             Err(SubmitError::Rejected(e)) if e.field.as_deref() == Some("if_revision") => continue,
             Err(e) => return Err(e.into()),
         }

@@ -6,17 +6,20 @@ use std::collections::BTreeMap;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Serialize;
-use serde_json::{json, Value};
 use tidegate_model::{
     parse_change_set, parse_json, plan, unix_now, BackendId, BackendSpec, CertName, CertificateSpec, ChangeSet,
     ConfigState, Document, Op, RouteName, RouteSpec, ServiceName, ServiceSpec,
 };
 
+use crate::api::{
+    Alive, BackendRead, CertificateRead, CertificateView, CertificatesRead, ChangesApplied, ConfigApplied, ConfigRead,
+    Readiness, RouteRead, RoutesRead, ServiceRead, ServicesRead, Written,
+};
 use crate::{AdminState, ApiError};
 
-type Answer = Result<Json<Value>, ApiError>;
+type Answer<T> = Result<Json<T>, ApiError>;
 
 fn service_name(s: &str) -> Result<ServiceName, ApiError> {
     ServiceName::new(s).map_err(|e| ApiError::bad_field("path.name", e.to_string()))
@@ -40,49 +43,46 @@ fn body<T: serde::de::DeserializeOwned>(bytes: Result<Bytes, BytesRejection>) ->
     parse_json(&bytes).map_err(|e| ApiError::parse(e, Some("spec")))
 }
 
-async fn submit(state: &AdminState, ops: Vec<Op>) -> Answer {
+async fn submit(state: &AdminState, ops: Vec<Op>) -> Answer<Written> {
     let revision = state.control.submit(ChangeSet { if_revision: None, ops }).await?;
-    Ok(Json(json!({ "revision": revision })))
-}
-
-fn with_revision<T: Serialize>(revision: u64, key: &str, value: &T) -> Answer {
-    let value = serde_json::to_value(value).map_err(|e| ApiError::bad_field(".", e.to_string()))?;
-    Ok(Json(json!({ "revision": revision, key: value })))
+    Ok(Json(Written { revision }))
 }
 
 pub(crate) async fn put_service(
     State(state): State<AdminState>,
     Path(name): Path<String>,
     bytes: Result<Bytes, BytesRejection>,
-) -> Answer {
+) -> Answer<Written> {
     let name = service_name(&name)?;
     let spec: ServiceSpec = body(bytes)?;
     submit(&state, vec![Op::PutService { name, spec: Box::new(spec) }]).await
 }
 
-pub(crate) async fn delete_service(State(state): State<AdminState>, Path(name): Path<String>) -> Answer {
+pub(crate) async fn delete_service(State(state): State<AdminState>, Path(name): Path<String>) -> Answer<Written> {
     let name = service_name(&name)?;
     submit(&state, vec![Op::DeleteService { name }]).await
 }
 
-pub(crate) async fn get_service(State(state): State<AdminState>, Path(name): Path<String>) -> Answer {
+pub(crate) async fn get_service(State(state): State<AdminState>, Path(name): Path<String>) -> Response {
     let view = state.control.config();
-    let spec = view.state.service(&name).ok_or_else(|| ApiError::not_found(format!("no service {name:?}")))?;
-    with_revision(view.revision, "spec", &spec.redacted())
+    let Some(spec) = view.state.service(&name) else {
+        return ApiError::not_found(format!("no service {name:?}")).into_response();
+    };
+    Json(ServiceRead { revision: view.revision, spec: spec.redacted() }).into_response()
 }
 
-pub(crate) async fn list_services(State(state): State<AdminState>) -> Answer {
+pub(crate) async fn list_services(State(state): State<AdminState>) -> Response {
     let view = state.control.config();
-    let all: BTreeMap<&str, Cow<'_, ServiceSpec>> =
+    let services: BTreeMap<&str, Cow<'_, ServiceSpec>> =
         view.state.services().iter().map(|(k, v)| (k.as_str(), v.redacted())).collect();
-    with_revision(view.revision, "services", &all)
+    Json(ServicesRead { revision: view.revision, services }).into_response()
 }
 
 pub(crate) async fn put_backend(
     State(state): State<AdminState>,
     Path((service, id)): Path<(String, String)>,
     bytes: Result<Bytes, BytesRejection>,
-) -> Answer {
+) -> Answer<Written> {
     let service = service_name(&service)?;
     let id = backend_id(&id)?;
     let spec: BackendSpec = body(bytes)?;
@@ -92,7 +92,7 @@ pub(crate) async fn put_backend(
 pub(crate) async fn delete_backend(
     State(state): State<AdminState>,
     Path((service, id)): Path<(String, String)>,
-) -> Answer {
+) -> Answer<Written> {
     let service = service_name(&service)?;
     let id = backend_id(&id)?;
     submit(&state, vec![Op::DeleteBackend { service, id }]).await
@@ -101,48 +101,48 @@ pub(crate) async fn delete_backend(
 pub(crate) async fn get_backend(
     State(state): State<AdminState>,
     Path((service, id)): Path<(String, String)>,
-) -> Answer {
+) -> Response {
     let view = state.control.config();
-    let spec = view
-        .state
-        .service(&service)
-        .and_then(|s| s.backends.get(id.as_str()))
-        .ok_or_else(|| ApiError::not_found(format!("no backend {id:?} in service {service:?}")))?;
-    with_revision(view.revision, "spec", spec)
+    let Some(spec) = view.state.service(&service).and_then(|s| s.backends.get(id.as_str())) else {
+        return ApiError::not_found(format!("no backend {id:?} in service {service:?}")).into_response();
+    };
+    Json(BackendRead { revision: view.revision, spec }).into_response()
 }
 
 pub(crate) async fn put_route(
     State(state): State<AdminState>,
     Path(name): Path<String>,
     bytes: Result<Bytes, BytesRejection>,
-) -> Answer {
+) -> Answer<Written> {
     let name = route_name(&name)?;
     let spec: RouteSpec = body(bytes)?;
     submit(&state, vec![Op::PutRoute { name, spec }]).await
 }
 
-pub(crate) async fn delete_route(State(state): State<AdminState>, Path(name): Path<String>) -> Answer {
+pub(crate) async fn delete_route(State(state): State<AdminState>, Path(name): Path<String>) -> Answer<Written> {
     let name = route_name(&name)?;
     submit(&state, vec![Op::DeleteRoute { name }]).await
 }
 
-pub(crate) async fn get_route(State(state): State<AdminState>, Path(name): Path<String>) -> Answer {
+pub(crate) async fn get_route(State(state): State<AdminState>, Path(name): Path<String>) -> Response {
     let view = state.control.config();
-    let spec = view.state.route(&name).ok_or_else(|| ApiError::not_found(format!("no route {name:?}")))?;
-    with_revision(view.revision, "spec", &**spec)
+    let Some(spec) = view.state.route(&name) else {
+        return ApiError::not_found(format!("no route {name:?}")).into_response();
+    };
+    Json(RouteRead { revision: view.revision, spec }).into_response()
 }
 
-pub(crate) async fn list_routes(State(state): State<AdminState>) -> Answer {
+pub(crate) async fn list_routes(State(state): State<AdminState>) -> Response {
     let view = state.control.config();
-    let all: BTreeMap<&str, &RouteSpec> = view.state.routes().iter().map(|(k, v)| (k.as_str(), &**v)).collect();
-    with_revision(view.revision, "routes", &all)
+    let routes: BTreeMap<&str, &RouteSpec> = view.state.routes().iter().map(|(k, v)| (k.as_str(), &**v)).collect();
+    Json(RoutesRead { revision: view.revision, routes }).into_response()
 }
 
 pub(crate) async fn put_certificate(
     State(state): State<AdminState>,
     Path(name): Path<String>,
     bytes: Result<Bytes, BytesRejection>,
-) -> Answer {
+) -> Answer<Written> {
     let name = cert_name(&name)?;
     let spec: CertificateSpec = body(bytes)?;
     spec.check_current(unix_now()).map_err(|m| {
@@ -152,38 +152,32 @@ pub(crate) async fn put_certificate(
     submit(&state, vec![Op::PutCertificate { name, spec: Box::new(spec) }]).await
 }
 
-pub(crate) async fn delete_certificate(State(state): State<AdminState>, Path(name): Path<String>) -> Answer {
+pub(crate) async fn delete_certificate(State(state): State<AdminState>, Path(name): Path<String>) -> Answer<Written> {
     let name = cert_name(&name)?;
     submit(&state, vec![Op::DeleteCertificate { name }]).await
 }
 
 /// What the read APIs show of a certificate: never the key.
-fn certificate_view(spec: &CertificateSpec) -> Value {
-    let mut v = serde_json::to_value(spec.info()).unwrap_or_default();
-    if let Some(o) = v.as_object_mut() {
-        o.insert("default".to_string(), Value::Bool(spec.is_default()));
-    }
-    v
+fn certificate_view(spec: &CertificateSpec) -> CertificateView<'_> {
+    CertificateView { info: spec.info(), default: spec.is_default() }
 }
 
 /// Every certificate as the read APIs show it.
-fn certificates_view(state: &ConfigState) -> BTreeMap<&str, Value> {
+fn certificates_view(state: &ConfigState) -> BTreeMap<&str, CertificateView<'_>> {
     state.certificates().iter().map(|(k, v)| (k.as_str(), certificate_view(v))).collect()
 }
 
-pub(crate) async fn get_certificate(State(state): State<AdminState>, Path(name): Path<String>) -> Answer {
+pub(crate) async fn get_certificate(State(state): State<AdminState>, Path(name): Path<String>) -> Response {
     let view = state.control.config();
-    let spec = view
-        .state
-        .certificates()
-        .get(name.as_str())
-        .ok_or_else(|| ApiError::not_found(format!("no certificate {name:?}")))?;
-    with_revision(view.revision, "certificate", &certificate_view(spec))
+    let Some(spec) = view.state.certificates().get(name.as_str()) else {
+        return ApiError::not_found(format!("no certificate {name:?}")).into_response();
+    };
+    Json(CertificateRead { revision: view.revision, certificate: certificate_view(spec) }).into_response()
 }
 
-pub(crate) async fn list_certificates(State(state): State<AdminState>) -> Answer {
+pub(crate) async fn list_certificates(State(state): State<AdminState>) -> Response {
     let view = state.control.config();
-    with_revision(view.revision, "certificates", &certificates_view(&view.state))
+    Json(CertificatesRead { revision: view.revision, certificates: certificates_view(&view.state) }).into_response()
 }
 
 /// `?dry_run=true`: check the change set, apply nothing.
@@ -209,7 +203,7 @@ pub(crate) async fn post_changes(
     State(state): State<AdminState>,
     query: ChangesQueryResult,
     bytes: Result<Bytes, BytesRejection>,
-) -> Answer {
+) -> Answer<ChangesApplied> {
     let (query, bytes) = query_and_body(query, bytes)?;
     let change = parse_change_set(&bytes).map_err(|e| ApiError::parse(e, None))?;
     let ops = change.ops.len();
@@ -220,10 +214,10 @@ pub(crate) async fn post_changes(
         view.state
             .apply(&change, view.revision)
             .map_err(|e| ApiError::from(tidegate_control::SubmitError::Rejected(e)))?;
-        return Ok(Json(json!({ "dry_run": true, "revision": view.revision, "ops": ops })));
+        return Ok(Json(ChangesApplied { dry_run: true, revision: view.revision, ops }));
     }
     let revision = state.control.submit(change).await?;
-    Ok(Json(json!({ "revision": revision, "ops": ops })))
+    Ok(Json(ChangesApplied { dry_run: false, revision, ops }))
 }
 
 /// `PUT /v1/config`: makes the configuration equal to a document
@@ -238,7 +232,7 @@ pub(crate) async fn put_config(
     State(state): State<AdminState>,
     query: ChangesQueryResult,
     bytes: Result<Bytes, BytesRejection>,
-) -> Answer {
+) -> Answer<ConfigApplied> {
     let (query, bytes) = query_and_body(query, bytes)?;
     let doc: Document = parse_json(&bytes).map_err(|e| ApiError::parse(e, None))?;
     doc.check().map_err(|e| ApiError::parse(e, None))?;
@@ -250,15 +244,15 @@ pub(crate) async fn put_config(
         view.state
             .apply(&change, view.revision)
             .map_err(|e| ApiError::from(tidegate_control::SubmitError::Rejected(e)))?;
-        return Ok(Json(json!({ "dry_run": query.dry_run, "revision": view.revision, "changes": changes })));
+        return Ok(Json(ConfigApplied { dry_run: Some(query.dry_run), revision: view.revision, changes }));
     }
     let revision = state.control.submit(change).await?;
-    Ok(Json(json!({ "revision": revision, "changes": changes })))
+    Ok(Json(ConfigApplied { dry_run: None, revision, changes }))
 }
 
 /// `GET /healthz`: the process answers. No token.
-pub(crate) async fn healthz() -> Answer {
-    Ok(Json(json!({ "status": "ok" })))
+pub(crate) async fn healthz() -> Json<Alive> {
+    Json(Alive { status: "ok".into() })
 }
 
 /// `GET /readyz`: the store is open, the configuration loaded, and the
@@ -271,19 +265,19 @@ pub(crate) async fn readyz(State(state): State<AdminState>) -> axum::response::R
     let revision = state.control.config().revision;
     let store = state.control.store_status();
     if store.connected {
-        Json(json!({ "status": "ready", "revision": revision })).into_response()
+        Json(Readiness { status: "ready".into(), revision, error: None }).into_response()
     } else {
-        let body = json!({ "status": "store unavailable", "revision": revision, "error": store.last_error });
+        let body = Readiness { status: "store unavailable".into(), revision, error: store.last_error };
         (axum::http::StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
     }
 }
 
-pub(crate) async fn get_config(State(state): State<AdminState>) -> Answer {
+pub(crate) async fn get_config(State(state): State<AdminState>) -> Response {
     let view = state.control.config();
     // Secrets are never read back (see `tidegate_model::REDACTED`).
     let services: BTreeMap<&str, Cow<'_, ServiceSpec>> =
         view.state.services().iter().map(|(k, v)| (k.as_str(), v.redacted())).collect();
     let routes: BTreeMap<&str, &RouteSpec> = view.state.routes().iter().map(|(k, v)| (k.as_str(), &**v)).collect();
     let certificates = certificates_view(&view.state);
-    Ok(Json(json!({ "revision": view.revision, "services": services, "routes": routes, "certificates": certificates })))
+    Json(ConfigRead { revision: view.revision, services, routes, certificates }).into_response()
 }

@@ -8,11 +8,15 @@
 //! The dashboard at `/ui/` is a page that reads the same API.
 //! Every error is JSON naming what is wrong and, for bodies, the field.
 
+pub mod api;
 mod autoscale;
 mod error;
 mod handlers;
 mod metrics;
+pub mod openapi;
 mod status;
+#[cfg(test)]
+mod tests;
 mod ui;
 mod watch;
 
@@ -101,9 +105,17 @@ pub fn router(state: AdminState) -> Router {
     let probes = Router::new()
         .route("/healthz", get(handlers::healthz))
         .route("/readyz", get(handlers::readyz))
+        .route("/v1/openapi.json", get(get_openapi))
         .layer(middleware::from_fn(known_query))
         .with_state(state);
     authed.merge(probes).merge(ui::router())
+}
+
+/// `GET /v1/openapi.json`: the API's contract (no token: it holds no data).
+async fn get_openapi() -> impl IntoResponse {
+    static DOC: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    let doc = DOC.get_or_init(|| serde_json::to_vec_pretty(&openapi::document()).unwrap_or_default());
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], doc.as_slice())
 }
 
 /// `/metrics` alone, with no token: for `--metrics-listen`, where scrapers

@@ -28,7 +28,7 @@ use crate::decide::{decide, Counts, Decision, History, Params, Reason, Sample};
 use crate::{provider_for, EventKind, Events, Instance, Provider, StartRequest};
 
 /// One instance's phase as the autoscaler tracks it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
     /// Started, readiness probe not passed yet; no traffic.
@@ -40,7 +40,7 @@ pub enum Phase {
 }
 
 /// What `/v1/status` shows of a service's scaling.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 pub struct ScalingStatus {
     /// The count the autoscaler works toward.
     pub desired: u32,

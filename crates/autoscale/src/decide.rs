@@ -8,7 +8,7 @@ use serde::Serialize;
 use tidegate_model::AutoscaleSpec;
 
 /// What the proxy saw of a service during one tick (about a second).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct Sample {
     /// When, in ms on the caller's clock.
     pub at_ms: u64,
@@ -19,7 +19,7 @@ pub struct Sample {
 }
 
 /// How many instances are in which phase.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct Counts {
     /// Serving traffic (including backends not created by the autoscaler).
     pub ready: u32,
@@ -90,7 +90,7 @@ pub struct History {
 }
 
 /// Why the desired count is what it is.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, schemars::JsonSchema)]
 #[serde(tag = "why", rename_all = "snake_case")]
 pub enum Reason {
     /// Nothing to change.
@@ -112,7 +112,7 @@ pub enum Reason {
 }
 
 /// A decision with the signal values behind it.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct Decision {
     /// The instance count to reach.
     pub desired: u32,

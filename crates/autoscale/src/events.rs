@@ -10,7 +10,7 @@ use tokio::sync::broadcast;
 use crate::decide::Decision;
 
 /// What happened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum EventKind {
     /// The decision asked for more instances.
@@ -40,7 +40,7 @@ pub enum EventKind {
 }
 
 /// One event.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Event {
     /// Increasing number, for `GET /v1/events?after=N`.
     pub seq: u64,

@@ -12,7 +12,7 @@ use tidegate_model::ProviderSpec;
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// One running instance of a service.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Instance {
     /// The autoscaler's id for it; also its backend id.
     pub id: String,

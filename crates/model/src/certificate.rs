@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 /// A certificate chain and its key (`PUT /v1/certificates/{name}`).
 /// Values of this type are always valid: the chain parses and the key
 /// matches its first certificate.
-#[derive(Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(try_from = "CertificateWire", into = "CertificateWire")]
 pub struct CertificateSpec {
     wire: CertificateWire,
@@ -27,7 +27,7 @@ pub struct CertificateSpec {
 }
 
 /// What a certificate says of itself (the read APIs show this, never the key).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct CertificateInfo {
     /// The DNS names it serves: its subject alternative names (or its
     /// common name when it has none), lowercase; `*.example.com` for a
@@ -46,7 +46,7 @@ pub struct CertificateInfo {
 }
 
 /// The document as sent and stored.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct CertificateWire {
     /// The certificate chain, PEM: the server's certificate first, then

@@ -8,7 +8,7 @@ use crate::route::RouteSpec;
 use crate::service::{BackendSpec, ServiceSpec};
 
 /// One operation on the configuration.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Op {
     /// Create or replace a service with all its backends.
@@ -141,20 +141,20 @@ fn sub<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T, String
     })
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct NameSpec<N, S> {
     name: N,
     spec: S,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Named<N> {
     name: N,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct BackendOp {
     service: ServiceName,
@@ -162,7 +162,7 @@ struct BackendOp {
     spec: BackendSpec,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct BackendRef {
     service: ServiceName,
@@ -170,7 +170,7 @@ struct BackendRef {
 }
 
 /// An atomic batch of operations (`POST /v1/changes`): all apply or none.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ChangeSet {
     /// Apply only if the configuration is at exactly this revision (409 otherwise).

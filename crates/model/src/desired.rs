@@ -20,7 +20,7 @@ use crate::service::ServiceSpec;
 use crate::state::{ChangeError, ConfigState};
 
 /// The whole configuration, as a file or `GET /v1/config` shows it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Document {
     /// Ignored: `GET /v1/config` shows it, so its output can be applied
@@ -85,7 +85,7 @@ impl Document {
 }
 
 /// What a plan does to one object.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Action {
     /// It is new.
@@ -97,7 +97,7 @@ pub enum Action {
 }
 
 /// The kind of object a change is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
     /// A service.
@@ -109,7 +109,7 @@ pub enum Kind {
 }
 
 /// One object a plan creates, updates or deletes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct Change {
     /// What happens to it.
     pub action: Action,
@@ -119,7 +119,7 @@ pub struct Change {
     pub name: String,
     /// For an update, the paths of the fields that change (values are
     /// never shown: some are secrets).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fields: Vec<String>,
 }
 

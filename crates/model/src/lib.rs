@@ -19,6 +19,7 @@ mod names;
 #[cfg(test)]
 mod roundtrip;
 mod route;
+mod schema;
 mod service;
 mod state;
 
@@ -28,6 +29,7 @@ pub use desired::{plan, Action, Change, Document, Kind};
 pub use headers::Headers;
 pub use names::{BackendAddr, BackendId, CertName, NameError, RouteName, ServiceName};
 pub use route::{HeaderMatch, HostPattern, PathPattern, RouteAction, RouteMatch, RouteSpec, StaticDir};
+pub use schema::config_file_schema;
 pub use service::{
     ActiveCheck, AutoscaleSpec, BackendSpec, BalanceFactor, CheckKind, ConcurrencySpec, ExternalSpec, FeedbackFormula,
     FeedbackSpec, Gammas, GangliaSource, HeaderKey, HealthSpec, LoadSources, MaxConns, NodeExporterSource, OrcaSpec,

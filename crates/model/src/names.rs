@@ -30,7 +30,7 @@ fn check_name(kind: &str, s: &str) -> Result<(), NameError> {
 macro_rules! name_type {
     ($(#[$doc:meta])* $name:ident, $kind:literal) => {
         $(#[$doc])*
-        #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema)]
         #[serde(try_from = "String", into = "String")]
         pub struct $name(Arc<str>);
 
@@ -104,7 +104,7 @@ name_type!(
 /// A backend address: `IP:PORT`, `[IPv6]:PORT` or `HOSTNAME:PORT`.
 ///
 /// Always has a port; a hostname is resolved when the proxy connects.
-#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(try_from = "String", into = "String")]
 pub struct BackendAddr(Arc<str>);
 

@@ -54,7 +54,7 @@ pub struct RouteMatch {
 }
 
 /// A static directory served by the proxy itself.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StaticDir {
     /// The directory. The request path, less the route's path prefix, is
@@ -84,7 +84,7 @@ pub enum RouteAction {
 /// highest `priority`; then the most specific host (exact, then the longest
 /// wildcard, then any); then the most specific path (exact, then the longest
 /// prefix); then the most method and header conditions.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(try_from = "RouteWire", into = "RouteWire")]
 pub struct RouteSpec {
     /// The conditions.
@@ -110,7 +110,7 @@ impl RouteSpec {
 }
 
 /// The JSON form of a route.
-#[derive(Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename = "RouteSpec")]
 struct RouteWire {
     /// Conditions.
@@ -128,7 +128,7 @@ struct RouteWire {
     redirect_https: bool,
 }
 
-#[derive(Clone, Default, Serialize, Deserialize)]
+#[derive(Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct MatchWire {
     #[serde(default, skip_serializing_if = "Option::is_none")]

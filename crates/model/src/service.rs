@@ -10,7 +10,7 @@ use crate::names::{BackendAddr, BackendId};
 
 /// A backend's share of traffic relative to its peers. `0` sends it nothing
 /// (an operator's way to drain it) while keeping it configured.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(try_from = "u32", into = "u32")]
 pub struct Weight(u32);
 
@@ -47,7 +47,7 @@ impl From<Weight> for u32 {
 }
 
 /// One backend of a service, as configured (`PUT /v1/services/{s}/backends/{id}`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BackendSpec {
     /// Where the backend listens, `host:port`.
@@ -76,7 +76,7 @@ fn is_default_concurrency(c: &ConcurrencySpec) -> bool {
 }
 
 /// A per-backend connection limit, 1..=100000.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(try_from = "u32", into = "u32")]
 pub struct MaxConns(u32);
 
@@ -106,7 +106,7 @@ impl From<MaxConns> for u32 {
 
 /// Requests waiting while every backend is at its limit (`max_conns`, or
 /// the learned limit of `concurrency`), HAProxy's `maxconn` queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct QueueSpec {
     /// Most requests waiting at once (default 10000, as many as the
@@ -129,7 +129,7 @@ impl Default for QueueSpec {
 /// every candidate's limit wait in the service's queue (`queue`) instead of
 /// being sent to a backend that would shed them. An operator's `max_conns`
 /// stays a hard cap above the learned limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ConcurrencySpec {
     /// Learn the limits. Default (absent): on for the default policy and
@@ -195,7 +195,7 @@ impl ConcurrencySpec {
 /// caches are warm). An idle connection is closed after `timeouts.idle_ms`,
 /// or at once when the backend closes it. With `"protocol": "http2"` each
 /// worker keeps one multiplexed connection per backend instead.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpstreamSpec {
     /// Most idle keep-alive connections kept per backend and per worker
@@ -221,7 +221,7 @@ impl Default for UpstreamSpec {
 }
 
 /// The HTTP version the proxy speaks to a service's backends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum UpstreamProtocol {
     /// HTTP/1.1 with keep-alive: one request at a time per connection.
@@ -232,7 +232,7 @@ pub enum UpstreamProtocol {
 }
 
 /// TLS from the proxy to a service's backends.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamTls {
     /// The server name sent in the handshake (SNI) and checked against the
@@ -304,7 +304,7 @@ impl UpstreamTls {
 /// Selected by `"kind"`; each kind documents its own parameters. Every
 /// policy only picks among backends that are available (healthy, not
 /// ejected, not already tried for this request).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum PolicySpec {
     /// Smooth weighted round robin (nginx's algorithm): each backend gets its
@@ -377,7 +377,7 @@ fn default_decay_ms() -> u64 {
 }
 
 /// A factor of 1.0 to 10.0 (equality and hashing by value).
-#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(try_from = "f64", into = "f64")]
 pub struct BalanceFactor(f64);
 
@@ -415,7 +415,7 @@ impl From<BalanceFactor> for f64 {
 
 /// A header or cookie name: 1..=128 visible ASCII characters, stored lowercase
 /// for headers (cookies keep their case).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(try_from = "String", into = "String")]
 pub struct HeaderKey(String);
 
@@ -447,7 +447,7 @@ impl From<HeaderKey> for String {
 }
 
 /// Parameters of the dynamic feedback policy (paper S3).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FeedbackSpec {
     /// Exponents of the five load parameters; they must sum to 1.
@@ -479,7 +479,7 @@ impl Default for FeedbackSpec {
 }
 
 /// Which form of the S3 weight formula to use.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FeedbackFormula {
     /// Traffic follows spare capacity.
@@ -491,7 +491,7 @@ pub enum FeedbackFormula {
 
 /// Exponents of R1 service rate, R2 CPU, R3 memory, R4 network, R5 response
 /// time (each 0..=1, summing to 1; default 0.2 each).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(try_from = "GammaWire", into = "GammaWire")]
 pub struct Gammas {
     /// R1: service rate.
@@ -514,7 +514,7 @@ impl Default for Gammas {
     }
 }
 
-#[derive(Clone, Copy, Serialize, Deserialize)]
+#[derive(Clone, Copy, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct GammaWire {
     rate: f64,
@@ -546,7 +546,7 @@ impl From<Gammas> for GammaWire {
 }
 
 /// Parameters of the ORCA weighted round robin policy.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OrcaSpec {
     /// A backend's reports are used only after it has reported for this
@@ -581,7 +581,7 @@ fn default_penalty() -> u32 {
 /// `named_metrics.latency_ms`) when present, else the proxy's own count of
 /// requests in flight to it and the probe's round-trip time. ORCA headers
 /// on normal responses count as probes too.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct PrequalSpec {
     /// The path probed (default `/health`).
@@ -631,7 +631,7 @@ impl PrequalSpec {
 }
 
 /// Parameters of the external distributor policy (paper S4).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExternalSpec {
     /// The distributor's UDP address.
@@ -661,7 +661,7 @@ impl Default for PolicySpec {
 }
 
 /// Upstream timeouts of a service, in milliseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Timeouts {
     /// Time allowed to open a TCP connection to a backend (default 2000).
@@ -681,7 +681,7 @@ impl Default for Timeouts {
 }
 
 /// Active health checks: the proxy probes each backend on its own.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ActiveCheck {
     /// `http` (default): GET `path`, healthy on an expected status. `tcp`:
@@ -709,7 +709,7 @@ pub struct ActiveCheck {
 }
 
 /// The kind of an active probe.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CheckKind {
     /// An HTTP GET.
@@ -737,7 +737,7 @@ fn default_fall() -> u32 {
 
 /// Passive outlier detection: backends that fail real requests are ejected
 /// for a while, longer each time they are ejected again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct PassiveCheck {
     /// Consecutive failures (connect errors, resets, 5xx, timeouts) that
@@ -765,7 +765,7 @@ impl Default for PassiveCheck {
 }
 
 /// Health of a service's backends.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HealthSpec {
     /// Active probes (off unless given). A backend starts available and
@@ -782,7 +782,7 @@ pub struct HealthSpec {
 }
 
 /// How many retries may be in flight, relative to requests in flight.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetryBudget {
     /// Retries in flight may be at most this percent of the service's
@@ -800,7 +800,7 @@ impl Default for RetryBudget {
 
 /// Where backends' load reports come from, besides what the proxy observes.
 /// All sources run in the background; policies read the latest values.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LoadSources {
     /// Read ORCA `endpoint-load-metrics` response headers (TEXT or JSON).
@@ -815,7 +815,7 @@ pub struct LoadSources {
 }
 
 /// A `node_exporter` per backend host.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NodeExporterSource {
     /// The exporter's port on each backend's host (default 9100).
@@ -830,7 +830,7 @@ pub struct NodeExporterSource {
 }
 
 /// A `gmond` that reports on the backends' hosts.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GangliaSource {
     /// The gmond TCP address (its XML port).
@@ -855,7 +855,7 @@ fn default_link() -> u64 {
 
 /// Autoscaling: Tidegate keeps between `min` and `max` instances of the
 /// service, started and stopped through a provider (paper S1).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AutoscaleSpec {
     /// How instances are started and stopped.
@@ -924,7 +924,7 @@ fn default_panic_window() -> u64 {
 
 /// A new instance's readiness probe: GET `path` every `interval_ms` until
 /// it answers 2xx/3xx, for at most `timeout_s`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReadySpec {
     /// Path of the probe (default `/`).
@@ -942,7 +942,7 @@ impl Default for ReadySpec {
 }
 
 /// How the autoscaler starts and stops instances.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ProviderSpec {
     /// Local processes (the embedded default): `command` with `{port}` and
@@ -987,7 +987,7 @@ fn default_poll() -> u64 {
 }
 
 /// An inclusive range of TCP ports, written `FROM-TO`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(try_from = "String", into = "String")]
 pub struct PortRange {
     /// First port.
@@ -1109,7 +1109,7 @@ impl ServiceSpec {
 }
 
 /// Everything about a service except its backends.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ServiceSettings {
     /// The balancing policy (default `{"kind": "round_robin"}`).
@@ -1278,7 +1278,8 @@ impl ServiceSettings {
 ///
 /// On the wire the backends are a list of `{"id", "addr", "weight", "backup"}`;
 /// duplicate ids are rejected.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, schemars::JsonSchema)]
+#[schemars(with = "ServiceWire")]
 pub struct ServiceSpec {
     /// Policy, timeouts, retries.
     pub settings: ServiceSettings,
@@ -1286,51 +1287,86 @@ pub struct ServiceSpec {
     pub backends: OrdMap<BackendId, BackendSpec>,
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename = "ServiceSpec")]
 struct ServiceWire {
+    /// The balancing policy (default `{"kind": "round_robin"}`).
     #[serde(default)]
     policy: PolicySpec,
+    /// Upstream timeouts.
     #[serde(default)]
     timeouts: Timeouts,
+    /// How many times a failed request may be tried again on another backend
+    /// (default 2). Connect failures are always retryable; other failures
+    /// only for idempotent methods with a replayable body.
     #[serde(default = "default_retries")]
     retries: u32,
+    /// Retries in flight relative to requests in flight.
     #[serde(default)]
     retry_budget: RetryBudget,
+    /// Active and passive health checks, slow start.
     #[serde(default)]
     health: HealthSpec,
+    /// Load reports from backends (ORCA, node_exporter, Ganglia).
     #[serde(default)]
     load_metrics: LoadSources,
+    /// Waiting for backends at their limits.
     #[serde(default)]
     queue: QueueSpec,
+    /// Learned per-backend concurrency limits.
     #[serde(default, skip_serializing_if = "is_default_concurrency")]
     concurrency: ConcurrencySpec,
+    /// Connections to the backends: how many idle ones are kept for reuse.
     #[serde(default)]
     upstream: UpstreamSpec,
+    /// Autoscaling (off unless given).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     autoscale: Option<AutoscaleSpec>,
+    /// The backends: a list of `{"id", "addr", "weight", "backup", "max_conns"}`, ids unique.
     #[serde(default)]
     backends: BackendList,
 }
 
 /// A backend as listed inside a service.
-#[derive(Serialize, Deserialize)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct ListedBackend {
+    /// The backend's id within the service (unique in the list).
     id: BackendId,
+    /// Where the backend listens, `host:port`.
     addr: BackendAddr,
+    /// Relative share of traffic (0..=10000, default 1).
     #[serde(default)]
     weight: Weight,
+    /// A backup backend receives traffic only when no primary backend can take it.
     #[serde(default)]
     backup: bool,
+    /// At most this many requests in flight to the backend (HAProxy's
+    /// `maxconn`); more wait in the service's queue. Unlimited when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     max_conns: Option<MaxConns>,
+    /// Created and owned by the autoscaler (which may drain and remove it).
     #[serde(default, skip_serializing_if = "is_false")]
     autoscaled: bool,
 }
 
 #[derive(Default)]
 struct BackendList(OrdMap<BackendId, BackendSpec>);
+
+impl schemars::JsonSchema for BackendList {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "BackendList".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    /// A list of backends, ids unique.
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        <Vec<ListedBackend>>::json_schema(generator)
+    }
+}
 
 impl<'de> Deserialize<'de> for BackendList {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

@@ -34,6 +34,9 @@ pub enum Command {
     },
     /// Print the manual page (roff; `tidegate man | man -l -`).
     Man,
+    /// Print the JSON Schema of configuration files (for editors: `tidegate
+    /// schema > tidegate.schema.json`; the same as docs/config.schema.json).
+    Schema,
     /// Manage configuration stores.
     #[command(subcommand)]
     Store(StoreCommand),

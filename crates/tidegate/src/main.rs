@@ -29,6 +29,12 @@ fn main() -> std::process::ExitCode {
             write_stdout(&script)
         }
         cli::Command::Man => man(),
+        cli::Command::Schema => {
+            let schema = tidegate_model::config_file_schema();
+            let mut text = serde_json::to_vec_pretty(&schema).unwrap_or_default();
+            text.push(b'\n');
+            write_stdout(&text)
+        }
         cli::Command::Store(cli::StoreCommand::Copy { from, to, etcd }) => serve::copy_store(&from, to, &etcd),
         cli::Command::Distributor(opts) => distributor(opts),
     };

@@ -216,3 +216,19 @@ async fn sync_mode_applies_the_file_at_start_and_on_sighup() {
     assert!(config["revision"].as_u64() > revision.as_u64(), "{config}");
     let _: Value = config;
 }
+
+/// `tidegate schema` prints the JSON Schema of configuration files; the
+/// copy in docs/ (which the examples point editors at) is that output.
+#[test]
+fn the_config_file_schema_in_docs_is_current() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tidegate")).arg("schema").output().unwrap();
+    assert!(out.status.success());
+    let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/config.schema.json");
+    let committed = std::fs::read(&docs).unwrap();
+    assert!(
+        out.stdout == committed,
+        "docs/config.schema.json is stale: run `tidegate schema > docs/config.schema.json`"
+    );
+    let schema: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(schema["$schema"], "https://json-schema.org/draft/2020-12/schema");
+}

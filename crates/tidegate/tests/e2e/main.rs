@@ -9,6 +9,7 @@ mod autoscale;
 mod balancing;
 mod cluster;
 mod config;
+mod contract;
 mod durability;
 mod engines;
 mod external;

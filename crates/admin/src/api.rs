@@ -1,0 +1,334 @@
+//! The admin API's answers, as types: the handlers build them, and the
+//! OpenAPI document takes its schemas from them ([`crate::openapi`]), so
+//! the two cannot drift apart.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use tidegate_autoscale::{Event, ScalingStatus};
+use tidegate_model::{BackendSpec, CertificateInfo, Change, RouteSpec, ServiceSpec};
+
+/// A write's answer: the revision at which it is durable and live.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct Written {
+    /// The configuration's revision once the write is durable and live.
+    pub revision: u64,
+}
+
+/// `POST /v1/changes`'s answer.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ChangesApplied {
+    /// With `dry_run`: `true`, and nothing was applied.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
+    /// The new revision (with `dry_run`: the current one, unchanged).
+    pub revision: u64,
+    /// Operations in the change set.
+    pub ops: usize,
+}
+
+/// `PUT /v1/config`'s answer: what changed (or, with `dry_run`, would).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ConfigApplied {
+    /// With `dry_run`, or when nothing had to change: nothing was applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dry_run: Option<bool>,
+    /// The new revision (unchanged when nothing was applied).
+    pub revision: u64,
+    /// The objects created, replaced and deleted.
+    pub changes: Vec<Change>,
+}
+
+/// One service, read back (secrets replaced by `<redacted>`).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ServiceRead<'a> {
+    /// The revision read.
+    pub revision: u64,
+    /// The service.
+    pub spec: Cow<'a, ServiceSpec>,
+}
+
+/// Every service, by name.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ServicesRead<'a> {
+    /// The revision read.
+    pub revision: u64,
+    /// Services by name (secrets replaced by `<redacted>`).
+    pub services: BTreeMap<&'a str, Cow<'a, ServiceSpec>>,
+}
+
+/// One backend, read back.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct BackendRead<'a> {
+    /// The revision read.
+    pub revision: u64,
+    /// The backend.
+    pub spec: &'a BackendSpec,
+}
+
+/// One route, read back.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct RouteRead<'a> {
+    /// The revision read.
+    pub revision: u64,
+    /// The route.
+    pub spec: &'a RouteSpec,
+}
+
+/// Every route, by name.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct RoutesRead<'a> {
+    /// The revision read.
+    pub revision: u64,
+    /// Routes by name.
+    pub routes: BTreeMap<&'a str, &'a RouteSpec>,
+}
+
+/// A certificate as the read APIs show it: never its key.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct CertificateView<'a> {
+    /// What the certificate says (names, subject, issuer, validity).
+    #[serde(flatten)]
+    pub info: &'a CertificateInfo,
+    /// Served to clients with no (or an unknown) SNI name.
+    pub default: bool,
+}
+
+/// One certificate, read back.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct CertificateRead<'a> {
+    /// The revision read.
+    pub revision: u64,
+    /// The certificate.
+    pub certificate: CertificateView<'a>,
+}
+
+/// Every certificate, by name.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct CertificatesRead<'a> {
+    /// The revision read.
+    pub revision: u64,
+    /// Certificates by name.
+    pub certificates: BTreeMap<&'a str, CertificateView<'a>>,
+}
+
+/// The whole configuration (`GET /v1/config`): a declarative document,
+/// which `PUT /v1/config` takes back as it is.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ConfigRead<'a> {
+    /// The revision read.
+    pub revision: u64,
+    /// Services by name (secrets replaced by `<redacted>`).
+    pub services: BTreeMap<&'a str, Cow<'a, ServiceSpec>>,
+    /// Routes by name.
+    pub routes: BTreeMap<&'a str, &'a RouteSpec>,
+    /// Certificates by name (never their keys).
+    pub certificates: BTreeMap<&'a str, CertificateView<'a>>,
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct Alive {
+    /// Always `ok`.
+    pub status: String,
+}
+
+/// `GET /readyz`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct Readiness {
+    /// `ready`, or `store unavailable` (with 503).
+    pub status: String,
+    /// The revision applied.
+    pub revision: u64,
+    /// Why the store is unavailable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// `GET /v1/events`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct Events {
+    /// The autoscaler's decisions and actions, oldest first.
+    pub events: Vec<Event>,
+}
+
+/// An error: what is wrong, and where.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorDetail,
+    /// The HTTP status, again.
+    pub status: u16,
+}
+
+/// What is wrong.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ErrorDetail {
+    /// A sentence saying what is wrong.
+    pub message: String,
+    /// The index of the failing operation in a change set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op: Option<usize>,
+    /// The field at fault (`spec.backends[0].addr`, `query.from`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+/// `GET /v1/status`: live state.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct Status {
+    /// The revision live in the data plane.
+    pub revision: u64,
+    /// The configuration store.
+    pub store: StoreState,
+    /// Routes configured.
+    pub routes: usize,
+    /// Services by name.
+    pub services: BTreeMap<String, ServiceState>,
+    /// Certificates that expire within 14 days (or have expired), soonest first.
+    pub certificates_expiring: Vec<Expiring>,
+}
+
+/// The configuration store, as `/v1/status` shows it.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct StoreState {
+    /// `sqlite`, `redb` or `etcd`.
+    pub kind: String,
+    /// Where it is (a path, or etcd's endpoints and prefix).
+    pub location: String,
+    /// Whether it answers (cluster mode: the etcd watch is live).
+    pub connected: bool,
+    /// The newest revision the store holds.
+    pub latest_revision: u64,
+    /// Revisions the store holds that this instance has not applied.
+    pub lag: u64,
+    /// The last error talking to the store.
+    pub last_error: Option<String>,
+    /// Instances sharing the store (cluster mode).
+    pub instances: Vec<InstanceState>,
+}
+
+/// One instance sharing the store.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct InstanceState {
+    /// Its name.
+    pub name: String,
+    /// Its admin address.
+    pub admin: String,
+    /// The revision it applied.
+    pub applied_revision: u64,
+    /// Revisions behind the store.
+    pub lag: u64,
+}
+
+/// A certificate close to its end.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct Expiring {
+    /// The certificate's name.
+    pub name: String,
+    /// The names it serves.
+    pub names: Vec<String>,
+    /// End of validity, seconds since the Unix epoch.
+    pub not_after: i64,
+    /// Whether that is past.
+    pub expired: bool,
+}
+
+/// One service's live state.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ServiceState {
+    /// The balancing policy.
+    pub policy: tidegate_model::PolicySpec,
+    /// Requests in flight to its backends.
+    pub in_flight: u64,
+    /// Requests waiting for a backend under its limit.
+    pub queued: u64,
+    /// Whether its backends' concurrency limits are learned.
+    pub learns_limits: bool,
+    /// Retries in flight (under the retry budget).
+    pub retries_in_flight: u64,
+    /// Retries the budget refused.
+    pub retries_refused: u64,
+    /// Its backends, in id order.
+    pub backends: Vec<BackendState>,
+    /// Its autoscaling, when it has an `autoscale` block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scaling: Option<ScalingStatus>,
+}
+
+/// One backend's live state.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct BackendState {
+    /// Its id.
+    pub id: String,
+    /// Its address.
+    pub addr: String,
+    /// Its configured weight.
+    pub weight: u32,
+    /// The weight a dynamic policy computed for it (primaries only).
+    pub effective_weight: Option<f64>,
+    /// A backup: used only when no primary can be.
+    pub backup: bool,
+    /// `up`, `down` (active checks fail), `ejected` (passive health) or
+    /// `unchecked` (no active checks).
+    pub health: String,
+    /// Whether it takes traffic now.
+    pub available: bool,
+    /// Time left in its ejection, ms.
+    pub ejected_for_ms: u64,
+    /// Ejections in its current streak.
+    pub ejections: u32,
+    /// Its share of slow start's ramp (1: full).
+    pub slow_start_factor: f64,
+    /// Attempts in flight.
+    pub in_flight: u64,
+    /// Attempts ended.
+    pub requests: u64,
+    /// Of which failed.
+    pub failures: u64,
+    /// Latency EWMA to the response head, ms.
+    pub latency_ewma_ms: Option<f64>,
+    /// The learned concurrency limit (`null` when not learned).
+    pub concurrency_limit: Option<u64>,
+    /// The learned no-load latency, ms.
+    pub no_load_latency_ms: Option<f64>,
+    /// What the backend or its host reports.
+    pub load: LoadState,
+}
+
+/// Load reports (`null`: not reported).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct LoadState {
+    /// CPU utilization, 0..1.
+    pub cpu: Option<f64>,
+    /// Memory utilization, 0..1.
+    pub memory: Option<f64>,
+    /// Network utilization, 0..1.
+    pub network: Option<f64>,
+    /// Requests per second it reports.
+    pub qps: Option<f64>,
+    /// Age of the last report, ms.
+    pub age_ms: Option<u64>,
+}
+
+/// `POST /v1/services/{name}/autoscale`: the operator's overrides of one
+/// service's autoscaling (a field left out is left as it is).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AutoscaleOverride {
+    /// Stop (true) or resume (false) scaling decisions.
+    #[serde(default)]
+    pub paused: Option<bool>,
+    /// Keep exactly this many instances (within min..=max); `null` lets
+    /// the autoscaler decide again.
+    #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "Option<u32>")]
+    pub pinned: Option<Option<u32>>,
+}
+
+/// Distinguishes `"pinned": null` (unpin) from a missing field (no change).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<u32>>, D::Error> {
+    Option::<u32>::deserialize(d).map(Some)
+}
