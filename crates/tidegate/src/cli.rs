@@ -34,6 +34,13 @@ pub enum Command {
     },
     /// Print the manual page (roff; `tidegate man | man -l -`).
     Man,
+    /// Run a demo on loopback: backends of different capacities, an
+    /// autoscaled service and gentle traffic, to watch in the dashboard.
+    Demo(DemoArgs),
+    /// Run Tidegate's backend emulator (the demo's backends; service
+    /// slots, a bounded queue, service-time distributions).
+    #[command(hide = true)]
+    Emulate(tidegate_emulator::Args),
     /// Print the JSON Schema of configuration files (for editors: `tidegate
     /// schema > tidegate.schema.json`; the same as docs/config.schema.json).
     Schema,
@@ -43,6 +50,27 @@ pub enum Command {
     /// Run the reference external distributor (paper S4): answers proxies'
     /// UDP queries with a backend.
     Distributor(tidegate_distributor::ServeOptions),
+}
+
+/// `tidegate demo`.
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Where clients connect (port 0: a free one).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// The admin API and the dashboard (`/ui/`; port 0: a free one).
+    #[arg(long, default_value = "127.0.0.1:9900")]
+    pub admin: SocketAddr,
+    /// Data directory (default: a new directory under the system's
+    /// temporary directory).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Requests per second sent to `/shop` (its backends hold about 350).
+    #[arg(long, default_value_t = 100)]
+    pub rate: u32,
+    /// Ports for the autoscaled instances, `FROM-TO`.
+    #[arg(long, default_value = "20100-20199")]
+    pub ports: String,
 }
 
 /// `tidegate store ...`.

@@ -4,6 +4,7 @@
 mod cli;
 mod config_file;
 mod ctl;
+mod demo;
 mod output;
 mod serve;
 
@@ -29,6 +30,8 @@ fn main() -> std::process::ExitCode {
             write_stdout(&script)
         }
         cli::Command::Man => man(),
+        cli::Command::Demo(opts) => demo::run(opts),
+        cli::Command::Emulate(opts) => emulate(opts),
         cli::Command::Schema => {
             let schema = tidegate_model::config_file_schema();
             let mut text = serde_json::to_vec_pretty(&schema).unwrap_or_default();
@@ -81,6 +84,16 @@ fn validate(file: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
             Ok(std::process::ExitCode::FAILURE)
         }
     }
+}
+
+/// `tidegate emulate`: the backend emulator (the demo's instances).
+fn emulate(args: tidegate_emulator::Args) -> anyhow::Result<std::process::ExitCode> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if args.threads > 0 {
+        builder.worker_threads(args.threads);
+    }
+    builder.enable_all().build()?.block_on(tidegate_emulator::run(args))?;
+    Ok(std::process::ExitCode::SUCCESS)
 }
 
 /// `tidegate distributor`: the reference external distributor.

@@ -306,7 +306,7 @@ async fn shutdown_signal(mut term: tokio::signal::unix::Signal, mut int: tokio::
 
 /// The admin token: `TIDEGATE_ADMIN_TOKEN`, else `DIR/admin-token`, created
 /// with 32 random bytes and mode 0600 on first start.
-fn admin_token(dir: &Path) -> anyhow::Result<String> {
+pub(crate) fn admin_token(dir: &Path) -> anyhow::Result<String> {
     if let Ok(t) = std::env::var("TIDEGATE_ADMIN_TOKEN") {
         let t = t.trim();
         check_token(t).map_err(|why| anyhow::anyhow!("TIDEGATE_ADMIN_TOKEN {why}"))?;

@@ -104,7 +104,11 @@ function scalingLine(sc) {
   if (sc.paused) parts.push("paused");
   if (sc.pinned !== null && sc.pinned !== undefined) parts.push(`pinned at ${sc.pinned}`);
   const d = sc.last_decision;
-  const why = d ? " · last decision: " + JSON.stringify(d) : "";
+  const why = d
+    ? ` · last decision: ${d.desired} (${((d.reason && d.reason.why) || "").replace(/_/g, " ")}), ` +
+      `demand ${fmt(d.demand_long, 1)} instances (short window ${fmt(d.demand_short, 1)}), ` +
+      `latency ${fmt(d.latency_ms, 1)} ms`
+    : "";
   return el("div", { class: "scaling" }, el("span", { class: "badge" }, "autoscaling"), " ", parts.join(", "), why);
 }
 

@@ -308,3 +308,78 @@ async fn the_dashboard_shows_backends_live_in_a_browser() {
     }
     traffic.abort();
 }
+
+/// `tidegate demo`: backends, an autoscaled service and traffic in one
+/// command; within seconds the shop's three backends are up and serving,
+/// the autoscaler has started and readied an `/api` instance, and Ctrl-C
+/// stops everything, the instances included. With `TIDEGATE_SCREENSHOT_DEMO`
+/// set, the dashboard of the running demo is kept as a picture (the one in
+/// docs/ comes from here, after about a minute: the first `/api` peak).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_runs_backends_autoscaling_and_traffic_and_stops_them() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tidegate"))
+        .args(["demo", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--ports", "21100-21199"])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .env("TIDEGATE_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let ready = lines.next().unwrap().unwrap();
+    let admin = ready.split_whitespace().find_map(|w| w.strip_prefix("admin=")).expect("admin=").to_string();
+    std::thread::spawn(move || for _ in lines {});
+    let token = std::fs::read_to_string(dir.path().join("admin-token")).unwrap().trim().to_string();
+    let status = || async {
+        let r = send("GET", &format!("http://{admin}/v1/status"), Some(&token), Vec::new(), &[]).await;
+        serde_json::from_slice::<Value>(&r.body).unwrap_or(Value::Null)
+    };
+    let mut seen = Value::Null;
+    for _ in 0..120 {
+        seen = status().await;
+        let shop = seen["services"]["shop"]["backends"].as_array().cloned().unwrap_or_default();
+        let up = shop.iter().filter(|b| b["health"] == "up" && b["requests"].as_u64() > Some(10)).count();
+        let api = seen["services"]["api"]["backends"].as_array().map_or(0, |b| b.len());
+        if up == 3 && api >= 1 && seen["services"]["api"]["scaling"]["counts"]["ready"].as_u64() >= Some(1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let shop = seen["services"]["shop"]["backends"].as_array().cloned().unwrap_or_default();
+    assert_eq!(shop.iter().filter(|b| b["health"] == "up").count(), 3, "{seen}");
+    assert!(seen["services"]["api"]["scaling"]["counts"]["ready"].as_u64() >= Some(1), "{seen}");
+    if let Ok(path) = std::env::var("TIDEGATE_SCREENSHOT_DEMO") {
+        let browser = Browser::start().await;
+        browser.open(&format!("http://{admin}/ui/#token={token}")).await;
+        tokio::time::sleep(Duration::from_secs(55)).await;
+        std::fs::write(path, browser.screenshot().await).unwrap();
+    }
+    let state = dir.path().join("instances/api.instances.json");
+    let pids: Vec<i64> = serde_json::from_str::<Value>(&std::fs::read_to_string(&state).unwrap()).unwrap()["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["pid"].as_i64())
+        .collect();
+    assert!(!pids.is_empty());
+    let int = std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(int.success());
+    let exited = tokio::task::spawn_blocking(move || child.wait()).await.unwrap().unwrap();
+    assert!(exited.success(), "{exited:?}");
+    // Gone, or a zombie waiting for init to reap it (its parent exited).
+    let alive = |pid: i64| {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .is_ok_and(|s| s.lines().any(|l| l.starts_with("State:") && !l.contains("Z (zombie)")))
+    };
+    for _ in 0..40 {
+        if !pids.iter().any(|p| alive(*p)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for pid in pids {
+        assert!(!alive(pid), "instance {pid} outlived the demo");
+    }
+}
