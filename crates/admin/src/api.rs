@@ -5,10 +5,26 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
+use axum::response::{IntoResponse, Response};
+use axum::Json;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tidegate_autoscale::{Event, ScalingStatus};
 use tidegate_model::{BackendSpec, CertificateInfo, Change, RouteSpec, ServiceSpec};
+
+/// An answer as JSON with its keys in alphabetical order at every level
+/// (as the examples in docs/api.md show them), whatever the order of the
+/// type's fields.
+pub struct Sorted<T>(pub T);
+
+impl<T: Serialize> IntoResponse for Sorted<T> {
+    fn into_response(self) -> Response {
+        match serde_json::to_value(&self.0) {
+            Ok(v) => Json(v).into_response(),
+            Err(e) => crate::ApiError::internal(e.to_string()).into_response(),
+        }
+    }
+}
 
 /// A write's answer: the revision at which it is durable and live.
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]

@@ -3,12 +3,11 @@
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
-use axum::Json;
 use serde::Deserialize;
 use tidegate_control::SubmitError;
 use tidegate_model::{parse_json, ChangeSet, Op, ServiceName};
 
-use crate::api::{AutoscaleOverride, Events, Written};
+use crate::api::{AutoscaleOverride, Events, Sorted, Written};
 use crate::{AdminState, ApiError};
 
 #[derive(Deserialize)]
@@ -23,9 +22,9 @@ pub(crate) struct EventsQuery {
 pub(crate) async fn get_events(
     State(state): State<AdminState>,
     query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<Events>, ApiError> {
+) -> Result<Sorted<Events>, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::bad_field("query", e.body_text()))?;
-    Ok(Json(Events { events: state.events.since(q.after) }))
+    Ok(Sorted(Events { events: state.events.since(q.after) }))
 }
 
 /// `POST /v1/services/{name}/autoscale` with `{"paused": bool}` and/or
@@ -35,7 +34,7 @@ pub(crate) async fn post_override(
     State(state): State<AdminState>,
     Path(name): Path<String>,
     bytes: Result<Bytes, BytesRejection>,
-) -> Result<Json<Written>, ApiError> {
+) -> Result<Sorted<Written>, ApiError> {
     let name = ServiceName::new(&name).map_err(|e| ApiError::bad_field("path.name", e.to_string()))?;
     let bytes = bytes.map_err(ApiError::body)?;
     let o: AutoscaleOverride = parse_json(&bytes).map_err(|e| ApiError::parse(e, None))?;
@@ -63,7 +62,7 @@ pub(crate) async fn post_override(
             ops: vec![Op::PutService { name: name.clone(), spec: Box::new(spec) }],
         };
         match state.control.submit(change).await {
-            Ok(revision) => return Ok(Json(Written { revision })),
+            Ok(revision) => return Ok(Sorted(Written { revision })),
             Err(SubmitError::Rejected(e)) if e.field.as_deref() == Some("if_revision") => continue,
             Err(e) => return Err(e.into()),
         }

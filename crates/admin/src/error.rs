@@ -30,6 +30,11 @@ impl ApiError {
         ApiError { status, message: message.into(), op: None, field: None }
     }
 
+    /// 500: a bug (an answer that did not serialize).
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message)
+    }
+
     /// 404.
     pub fn not_found(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::NOT_FOUND, message)

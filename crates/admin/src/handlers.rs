@@ -7,7 +7,6 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use tidegate_model::{
     parse_change_set, parse_json, plan, unix_now, BackendId, BackendSpec, CertName, CertificateSpec, ChangeSet,
     ConfigState, Document, Op, RouteName, RouteSpec, ServiceName, ServiceSpec,
@@ -15,11 +14,11 @@ use tidegate_model::{
 
 use crate::api::{
     Alive, BackendRead, CertificateRead, CertificateView, CertificatesRead, ChangesApplied, ConfigApplied, ConfigRead,
-    Readiness, RouteRead, RoutesRead, ServiceRead, ServicesRead, Written,
+    Readiness, RouteRead, RoutesRead, ServiceRead, ServicesRead, Sorted, Written,
 };
 use crate::{AdminState, ApiError};
 
-type Answer<T> = Result<Json<T>, ApiError>;
+type Answer<T> = Result<Sorted<T>, ApiError>;
 
 fn service_name(s: &str) -> Result<ServiceName, ApiError> {
     ServiceName::new(s).map_err(|e| ApiError::bad_field("path.name", e.to_string()))
@@ -45,7 +44,7 @@ fn body<T: serde::de::DeserializeOwned>(bytes: Result<Bytes, BytesRejection>) ->
 
 async fn submit(state: &AdminState, ops: Vec<Op>) -> Answer<Written> {
     let revision = state.control.submit(ChangeSet { if_revision: None, ops }).await?;
-    Ok(Json(Written { revision }))
+    Ok(Sorted(Written { revision }))
 }
 
 pub(crate) async fn put_service(
@@ -68,14 +67,14 @@ pub(crate) async fn get_service(State(state): State<AdminState>, Path(name): Pat
     let Some(spec) = view.state.service(&name) else {
         return ApiError::not_found(format!("no service {name:?}")).into_response();
     };
-    Json(ServiceRead { revision: view.revision, spec: spec.redacted() }).into_response()
+    Sorted(ServiceRead { revision: view.revision, spec: spec.redacted() }).into_response()
 }
 
 pub(crate) async fn list_services(State(state): State<AdminState>) -> Response {
     let view = state.control.config();
     let services: BTreeMap<&str, Cow<'_, ServiceSpec>> =
         view.state.services().iter().map(|(k, v)| (k.as_str(), v.redacted())).collect();
-    Json(ServicesRead { revision: view.revision, services }).into_response()
+    Sorted(ServicesRead { revision: view.revision, services }).into_response()
 }
 
 pub(crate) async fn put_backend(
@@ -106,7 +105,7 @@ pub(crate) async fn get_backend(
     let Some(spec) = view.state.service(&service).and_then(|s| s.backends.get(id.as_str())) else {
         return ApiError::not_found(format!("no backend {id:?} in service {service:?}")).into_response();
     };
-    Json(BackendRead { revision: view.revision, spec }).into_response()
+    Sorted(BackendRead { revision: view.revision, spec }).into_response()
 }
 
 pub(crate) async fn put_route(
@@ -129,13 +128,13 @@ pub(crate) async fn get_route(State(state): State<AdminState>, Path(name): Path<
     let Some(spec) = view.state.route(&name) else {
         return ApiError::not_found(format!("no route {name:?}")).into_response();
     };
-    Json(RouteRead { revision: view.revision, spec }).into_response()
+    Sorted(RouteRead { revision: view.revision, spec }).into_response()
 }
 
 pub(crate) async fn list_routes(State(state): State<AdminState>) -> Response {
     let view = state.control.config();
     let routes: BTreeMap<&str, &RouteSpec> = view.state.routes().iter().map(|(k, v)| (k.as_str(), &**v)).collect();
-    Json(RoutesRead { revision: view.revision, routes }).into_response()
+    Sorted(RoutesRead { revision: view.revision, routes }).into_response()
 }
 
 pub(crate) async fn put_certificate(
@@ -172,12 +171,12 @@ pub(crate) async fn get_certificate(State(state): State<AdminState>, Path(name):
     let Some(spec) = view.state.certificates().get(name.as_str()) else {
         return ApiError::not_found(format!("no certificate {name:?}")).into_response();
     };
-    Json(CertificateRead { revision: view.revision, certificate: certificate_view(spec) }).into_response()
+    Sorted(CertificateRead { revision: view.revision, certificate: certificate_view(spec) }).into_response()
 }
 
 pub(crate) async fn list_certificates(State(state): State<AdminState>) -> Response {
     let view = state.control.config();
-    Json(CertificatesRead { revision: view.revision, certificates: certificates_view(&view.state) }).into_response()
+    Sorted(CertificatesRead { revision: view.revision, certificates: certificates_view(&view.state) }).into_response()
 }
 
 /// `?dry_run=true`: check the change set, apply nothing.
@@ -214,10 +213,10 @@ pub(crate) async fn post_changes(
         view.state
             .apply(&change, view.revision)
             .map_err(|e| ApiError::from(tidegate_control::SubmitError::Rejected(e)))?;
-        return Ok(Json(ChangesApplied { dry_run: true, revision: view.revision, ops }));
+        return Ok(Sorted(ChangesApplied { dry_run: true, revision: view.revision, ops }));
     }
     let revision = state.control.submit(change).await?;
-    Ok(Json(ChangesApplied { dry_run: false, revision, ops }))
+    Ok(Sorted(ChangesApplied { dry_run: false, revision, ops }))
 }
 
 /// `PUT /v1/config`: makes the configuration equal to a document
@@ -244,15 +243,15 @@ pub(crate) async fn put_config(
         view.state
             .apply(&change, view.revision)
             .map_err(|e| ApiError::from(tidegate_control::SubmitError::Rejected(e)))?;
-        return Ok(Json(ConfigApplied { dry_run: Some(query.dry_run), revision: view.revision, changes }));
+        return Ok(Sorted(ConfigApplied { dry_run: Some(query.dry_run), revision: view.revision, changes }));
     }
     let revision = state.control.submit(change).await?;
-    Ok(Json(ConfigApplied { dry_run: None, revision, changes }))
+    Ok(Sorted(ConfigApplied { dry_run: None, revision, changes }))
 }
 
 /// `GET /healthz`: the process answers. No token.
-pub(crate) async fn healthz() -> Json<Alive> {
-    Json(Alive { status: "ok".into() })
+pub(crate) async fn healthz() -> Sorted<Alive> {
+    Sorted(Alive { status: "ok".into() })
 }
 
 /// `GET /readyz`: the store is open, the configuration loaded, and the
@@ -265,10 +264,10 @@ pub(crate) async fn readyz(State(state): State<AdminState>) -> axum::response::R
     let revision = state.control.config().revision;
     let store = state.control.store_status();
     if store.connected {
-        Json(Readiness { status: "ready".into(), revision, error: None }).into_response()
+        Sorted(Readiness { status: "ready".into(), revision, error: None }).into_response()
     } else {
         let body = Readiness { status: "store unavailable".into(), revision, error: store.last_error };
-        (axum::http::StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+        (axum::http::StatusCode::SERVICE_UNAVAILABLE, Sorted(body)).into_response()
     }
 }
 
@@ -279,5 +278,5 @@ pub(crate) async fn get_config(State(state): State<AdminState>) -> Response {
         view.state.services().iter().map(|(k, v)| (k.as_str(), v.redacted())).collect();
     let routes: BTreeMap<&str, &RouteSpec> = view.state.routes().iter().map(|(k, v)| (k.as_str(), &**v)).collect();
     let certificates = certificates_view(&view.state);
-    Json(ConfigRead { revision: view.revision, services, routes, certificates }).into_response()
+    Sorted(ConfigRead { revision: view.revision, services, routes, certificates }).into_response()
 }

@@ -3,11 +3,10 @@
 use std::sync::atomic::Ordering::Relaxed;
 
 use axum::extract::State;
-use axum::Json;
 use tidegate_balance::{clock, ActiveState};
 use tidegate_snapshot::ServiceRuntime;
 
-use crate::api::{BackendState, Expiring, InstanceState, LoadState, ServiceState, Status, StoreState};
+use crate::api::{BackendState, Expiring, InstanceState, LoadState, ServiceState, Sorted, Status, StoreState};
 use crate::AdminState;
 
 fn service_status(s: &ServiceRuntime) -> ServiceState {
@@ -75,7 +74,7 @@ fn service_status(s: &ServiceRuntime) -> ServiceState {
     }
 }
 
-pub(crate) async fn get_status(State(state): State<AdminState>) -> Json<Status> {
+pub(crate) async fn get_status(State(state): State<AdminState>) -> Sorted<Status> {
     let snapshot = state.control.snapshots().load_full();
     let mut scaling = state.scaling.lock().map(|b| b.clone()).unwrap_or_default();
     let services = snapshot
@@ -98,7 +97,7 @@ pub(crate) async fn get_status(State(state): State<AdminState>) -> Json<Status> 
             lag: store.latest_revision.saturating_sub(i.applied_revision),
         })
         .collect();
-    Json(Status {
+    Sorted(Status {
         revision: applied,
         store: StoreState {
             kind: store.kind.to_string(),

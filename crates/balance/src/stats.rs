@@ -287,9 +287,8 @@ impl BackendStats {
         if outcome != Outcome::Success {
             self.failures.fetch_add(1, Relaxed);
         }
-        let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
-        self.attempts.observe_ns(ns);
-        let sample = (ns as f64).max(1.0);
+        self.attempts.observe(latency);
+        let sample = (latency.as_nanos() as f64).max(1.0);
         let old = self.latency_ewma.get();
         self.latency_ewma.set(if old > 0.0 { old + EWMA_ALPHA * (sample - old) } else { sample });
         // Peak EWMA: jumps up to a slower sample at once, decays otherwise.

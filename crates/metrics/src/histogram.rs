@@ -49,7 +49,17 @@ impl HistogramSnapshot {
     }
 }
 
+/// A duration in nanoseconds, saturated.
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 impl Histogram {
+    /// Counts one duration.
+    pub fn observe(&self, d: std::time::Duration) {
+        self.observe_ns(nanos(d));
+    }
+
     /// Counts one duration, in nanoseconds.
     pub fn observe_ns(&self, ns: u64) {
         let i = BOUNDS_NS.partition_point(|&bound| bound < ns);
@@ -75,6 +85,11 @@ impl Histogram {
 pub struct LazyHistogram(OnceLock<Box<Histogram>>);
 
 impl LazyHistogram {
+    /// Counts one duration.
+    pub fn observe(&self, d: std::time::Duration) {
+        self.observe_ns(nanos(d));
+    }
+
     /// Counts one duration, in nanoseconds.
     pub fn observe_ns(&self, ns: u64) {
         self.0.get_or_init(Box::default).observe_ns(ns);

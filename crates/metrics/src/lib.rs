@@ -18,6 +18,15 @@ pub use prometheus_client::collector::Collector;
 pub use prometheus_client::encoding::DescriptorEncoder;
 pub use prometheus_client::registry::Registry;
 
+/// The status classes, as labels, by [`status_class`].
+pub const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/// The class of an HTTP status, 0 (1xx) to 4 (5xx); out-of-range codes
+/// count in the nearest class.
+pub fn status_class(status: u16) -> usize {
+    usize::from(status / 100).clamp(1, 5) - 1
+}
+
 /// The content type of [`encode`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 

@@ -4,7 +4,7 @@
 //! A request hands its [`Line`] to a bounded channel and goes on: it never
 //! waits for the disk. When the channel is full (the disk or the terminal
 //! cannot keep up), the line is dropped and counted
-//! (`tidegate_access_log_dropped_total`). The writer flushes whenever the
+//! (`tidegate_access_log_lines_total{result="dropped"}`). The writer flushes whenever the
 //! channel runs empty, so `tail -f` sees lines at once, and reopens its
 //! file when asked ([`AccessLog::reopen`], on `SIGUSR1`), for log rotation.
 

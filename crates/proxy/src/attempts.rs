@@ -115,7 +115,6 @@ pub(crate) async fn run<E: Exchange>(
                     Some(b) => Some(b),
                     None => pick_or_wait(service, ctx, &tried, &mut queue).await?,
                 };
-                queue.waiting = None; // no longer waiting: free the queue place
                 let Some(b) = picked else { break };
                 tried.push(b.clone());
                 b
@@ -125,7 +124,10 @@ pub(crate) async fn run<E: Exchange>(
             break;
         }
         trace.attempts += 1;
-        let (result, slot) = attempt(service, ex, &backend, fresh).await;
+        let slot = Slot::take(&backend, service);
+        // The slot is taken: leaving the queue now passes the turn on.
+        queue.waiting = None;
+        let (result, slot) = attempt(service, ex, &backend, fresh, slot).await;
         let failure = match result {
             Ok(answer) => {
                 if reads_orca {
@@ -170,16 +172,17 @@ pub(crate) async fn run<E: Exchange>(
     shed.ok_or(last)
 }
 
-/// One attempt against one backend, within the service's response timeout.
+/// One attempt against one backend (whose `slot` the caller took), within
+/// the service's response timeout.
 /// Records the outcome for passive health when the backend is to blame.
 async fn attempt<E: Exchange>(
     service: &ServiceRuntime,
     ex: &mut E,
     backend: &Arc<Backend>,
     fresh: bool,
+    mut slot: Slot,
 ) -> (Result<E::Answer, ErrorKind>, Slot) {
     let settings = &service.settings;
-    let mut slot = Slot::take(backend, service);
     let deadline = Instant::now() + Duration::from_millis(settings.timeouts.response_ms);
     let result = ex.send(backend, service, fresh, deadline).await;
     let seen = result.as_ref().map(E::status).map_err(|k| *k);

@@ -164,7 +164,8 @@ pub enum ProxyBody {
 }
 
 /// A response body that counts its bytes and, when it ends or is dropped,
-/// finishes its request's record (duration histogram, access log).
+/// finishes its request's record (duration histogram, access log: the
+/// [`Finish`] it holds does that when dropped).
 #[derive(Debug)]
 pub struct Observed {
     body: ProxyBody,
@@ -173,16 +174,11 @@ pub struct Observed {
 }
 
 impl Observed {
+    /// Finishes the request's record now (dropping it again is a no-op).
     fn done(&mut self) {
-        if let Some(f) = self.finish.take() {
-            f.done(self.bytes);
+        if let Some(mut f) = self.finish.take() {
+            f.bytes_out = self.bytes;
         }
-    }
-}
-
-impl Drop for Observed {
-    fn drop(&mut self) {
-        self.done();
     }
 }
 

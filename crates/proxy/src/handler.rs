@@ -109,19 +109,26 @@ impl Proxy {
     /// Serves one request. Its duration (and access-log line) is taken
     /// when the response body ends.
     pub async fn handle(&self, mut req: Request<Incoming>, client: &Peer) -> Response<ProxyBody> {
-        let mut seen = Seen::new(tokio::time::Instant::now());
         let line = self.access_log.is_some().then(|| describe(&mut req, client));
-        let resp = match self.dispatch(req, client, &mut seen).await {
+        // Counted and logged when dropped: with the response body, or here
+        // if the client goes away first (hyper drops this future).
+        let mut finish = Finish {
+            seen: Seen::new(tokio::time::Instant::now()),
+            line,
+            counters: self.metrics.clone(),
+            log: self.access_log.clone(),
+            bytes_out: 0,
+        };
+        let resp = match self.dispatch(req, client, &mut finish.seen).await {
             Ok(resp) => resp,
             Err(e) => {
-                seen.error = Some(e);
+                finish.seen.error = Some(e);
                 self.metrics.error(e);
                 e.response()
             }
         };
         self.metrics.response(resp.status());
-        seen.status = resp.status().as_u16();
-        let finish = Finish { seen, line, counters: self.metrics.clone(), log: self.access_log.clone() };
+        finish.seen.status = resp.status().as_u16();
         resp.map(|body| ProxyBody::observed(body, finish))
     }
 

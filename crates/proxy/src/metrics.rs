@@ -71,8 +71,7 @@ pub(crate) struct Counters {
 
 impl Counters {
     pub(crate) fn response(&self, status: StatusCode) {
-        let class = (status.as_u16() / 100).clamp(1, 5) as usize - 1;
-        self.responses[class].fetch_add(1, Relaxed);
+        self.responses[tidegate_metrics::status_class(status.as_u16())].fetch_add(1, Relaxed);
     }
 
     pub(crate) fn error(&self, e: ErrorKind) {
@@ -93,8 +92,7 @@ impl Counters {
     }
 }
 
-/// The status classes, as labels.
-const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+use tidegate_metrics::STATUS_CLASSES as CLASSES;
 
 /// Encodes the data plane's metrics: responses, errors, retries,
 /// connections, TLS handshakes, request durations by route, and the

@@ -122,8 +122,7 @@ fn blank(client: SocketAddr, protocol: &'static str) -> Line {
 /// Counts a finished request: in its route's duration histogram (or the
 /// one of requests that matched no route), and its retries.
 fn count(seen: &Seen, counters: &Counters) {
-    let ns = u64::try_from(seen.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-    seen.route.as_deref().unwrap_or(&counters.unrouted).observe(seen.status, ns);
+    seen.route.as_deref().unwrap_or(&counters.unrouted).observe(seen.status, seen.start.elapsed());
     if seen.attempts > 1 {
         counters.retried(u64::from(seen.attempts - 1));
     }
@@ -161,8 +160,11 @@ pub(crate) fn describe(req: &mut Request<Incoming>, client: &Peer) -> Line {
     line
 }
 
-/// The end of a request that arrived over hyper: run when its response
-/// body ends (or is dropped).
+/// The end of a request that arrived over hyper: when dropped (its
+/// response body ended or was dropped, or its handler was dropped before an
+/// answer: the client went away), the request is counted and logged. A
+/// request that never got an answer is counted as 499, as nginx logs a
+/// client that closed first.
 #[derive(Debug)]
 pub(crate) struct Finish {
     pub seen: Seen,
@@ -170,15 +172,22 @@ pub(crate) struct Finish {
     pub line: Option<Line>,
     pub counters: Arc<Counters>,
     pub log: Option<Arc<AccessLog>>,
+    /// Body bytes sent.
+    pub bytes_out: u64,
 }
 
-impl Finish {
-    /// Counts the request, and logs it with `body_bytes` sent.
-    pub(crate) fn done(self, body_bytes: u64) {
+/// The status counted for a request whose client went away first.
+pub(crate) const CLIENT_GONE: u16 = 499;
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        if self.seen.status == 0 {
+            self.seen.status = CLIENT_GONE;
+        }
         count(&self.seen, &self.counters);
-        if let (Some(log), Some(mut line)) = (self.log, self.line) {
+        if let (Some(log), Some(mut line)) = (&self.log, self.line.take()) {
             self.seen.fill(&mut line);
-            line.bytes_out = body_bytes;
+            line.bytes_out = self.bytes_out;
             log.send(line);
         }
     }

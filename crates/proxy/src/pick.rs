@@ -72,9 +72,12 @@ impl Queue<'_> {
     }
 }
 
-/// A request in its service's [`WaitQueue`]. Dropped (the request picked a
-/// backend, timed out or went away), it leaves the queue; if the queue had
-/// already woken it for room it did not take, the turn passes on.
+/// A request in its service's [`WaitQueue`]. Dropped (after the request
+/// took a backend's slot, timed out or went away), it leaves the queue and
+/// passes the turn on: to the next in line when it was first or had been
+/// woken, so that whoever is first always re-examines the backends. The
+/// caller drops it only once the picked backend's slot is taken, so the
+/// next one sees that slot in use.
 pub(crate) struct Waiting<'a> {
     queue: &'a WaitQueue,
     waiter: Arc<Waiter>,
@@ -86,12 +89,20 @@ pub(crate) struct Waiting<'a> {
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        if !self.queue.remove(&self.waiter) && !self.took_room {
+        let place = self.queue.remove(&self.waiter);
+        self.queue.settle(&self.waiter);
+        if self.took_room || place.is_none_or(|i| i == 0) {
             self.queue.wake_one();
         }
-        self.waits.observe_ns(u64::try_from(self.since.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        self.waits.observe(self.since.elapsed());
     }
 }
+
+/// How often the first in line looks for room by itself: room can appear
+/// without a release that wakes the queue (a backend added or back up, a
+/// limit raised, requests of unlimited backends ending after a limit was
+/// set), and then waiting must not last until the queue timeout.
+const RECHECK: Duration = Duration::from_millis(50);
 
 /// Picks a backend, waiting in the service's bounded queue while every
 /// available backend is at its limit (HAProxy's maxconn queue).
@@ -101,7 +112,8 @@ impl Drop for Waiting<'_> {
 /// the longest-waiting one, and a woken request that finds no room after
 /// all keeps its turn at the front. Letting newcomers barge in made the
 /// tail of a saturated service's latency several times longer than its
-/// median.
+/// median. A picked request keeps its place (`queue.waiting`) until the
+/// caller has taken the backend's slot.
 pub(crate) async fn pick_or_wait<'a>(
     service: &'a ServiceRuntime,
     ctx: &RequestCtx<'_>,
@@ -112,20 +124,14 @@ pub(crate) async fn pick_or_wait<'a>(
     // A first attempt that finds others waiting joins them (a retry has
     // waited its turn already).
     let mut behind_others = tried.is_empty() && !waiters.is_empty();
-    // Woken by the queue (and so out of it) since the last pick.
-    let mut woken = false;
+    // Out of the queue (woken, or looking again by itself) since the last pick.
+    let mut out = false;
     loop {
         if !std::mem::take(&mut behind_others) {
             match pick(service, ctx, tried, clock::now_ms()) {
                 Pick::Backend(b) => {
                     if let Some(w) = &mut queue.waiting {
                         w.took_room = true;
-                        waiters.remove(&w.waiter);
-                        // Pass the turn on if there is room for the next
-                        // one too (a limit that grew, several releases).
-                        if room_left(service) {
-                            waiters.wake_one();
-                        }
                     }
                     return Ok(Some(b));
                 }
@@ -146,10 +152,10 @@ pub(crate) async fn pick_or_wait<'a>(
                     continue;
                 }
             }
-            Some(w) if std::mem::take(&mut woken) => {
-                // Woken, but the room was gone (a retry took it, a limit
-                // came down): back to the front, keeping the turn, and one
-                // more look for room freed meanwhile.
+            Some(w) if std::mem::take(&mut out) => {
+                // No room after all (a retry took it, a limit came down):
+                // back to the front, keeping the turn, and one more look
+                // for room freed meanwhile.
                 waiters.push_front(&w.waiter);
                 continue;
             }
@@ -157,18 +163,19 @@ pub(crate) async fn pick_or_wait<'a>(
         }
         let Some(w) = &queue.waiting else { continue };
         let deadline = *queue.deadline.get_or_insert_with(|| tokio::time::Instant::now() + queue.timeout);
-        if tokio::time::timeout_at(deadline, w.waiter.woken()).await.is_err() {
-            return Err(ErrorKind::QueueTimeout);
+        let first = waiters.is_front(&w.waiter);
+        let until = if first { deadline.min(tokio::time::Instant::now() + RECHECK) } else { deadline };
+        match tokio::time::timeout_at(until, w.waiter.woken()).await {
+            Ok(()) => out = true,
+            Err(_) if until < deadline => {
+                // Look again, out of the queue meanwhile (a release wakes
+                // the next one instead, who looks too).
+                waiters.remove(&w.waiter);
+                out = true;
+            }
+            Err(_) => return Err(ErrorKind::QueueTimeout),
         }
-        woken = true;
     }
-}
-
-/// Whether some available backend of `service` has room: worth waking the
-/// next waiter for.
-fn room_left(service: &ServiceRuntime) -> bool {
-    let now = clock::now_ms();
-    service.selector.backends().iter().any(|b| b.weight > 0 && b.stats.is_available(now) && b.has_room())
 }
 
 /// One attempt's hold on a backend: counted in flight until dropped; for a

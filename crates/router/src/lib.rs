@@ -37,10 +37,9 @@ pub struct RouteStats {
 }
 
 impl RouteStats {
-    /// Counts a request answered with `status` after `ns` nanoseconds.
-    pub fn observe(&self, status: u16, ns: u64) {
-        let class = usize::from(status / 100).clamp(1, 5) - 1;
-        self.durations[class].observe_ns(ns);
+    /// Counts a request answered with `status` after `d`.
+    pub fn observe(&self, status: u16, d: std::time::Duration) {
+        self.durations[tidegate_metrics::status_class(status)].observe(d);
     }
 }
 

@@ -6,10 +6,12 @@
 //! wait again at the back, so under steady pressure the head of the queue
 //! keeps moving to the back and the oldest requests wait longest. Here a
 //! woken waiter that finds no room goes back to the *front*, keeping its
-//! turn, and a release that finds nobody waiting costs one atomic load.
+//! turn, a woken waiter counts as waiting until it settles (so that a
+//! newcomer does not take the room meant for it), and a release that
+//! finds nobody waiting costs one atomic load.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{fence, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
@@ -19,6 +21,9 @@ use tokio::sync::Notify;
 pub struct WaitQueue {
     /// How many are in `waiters`; read without the lock by releases.
     len: AtomicUsize,
+    /// Waiters woken (taken out of `waiters`) that have not yet taken room
+    /// or gone back in.
+    woken: AtomicUsize,
     waiters: Mutex<VecDeque<Arc<Waiter>>>,
 }
 
@@ -26,6 +31,8 @@ pub struct WaitQueue {
 #[derive(Debug, Default)]
 pub struct Waiter {
     wake: Notify,
+    /// Woken by the queue and not settled yet.
+    woken: AtomicBool,
 }
 
 impl Waiter {
@@ -41,9 +48,22 @@ impl WaitQueue {
         self.len.load(SeqCst)
     }
 
-    /// Whether nobody waits.
+    /// Whether nobody waits, woken waiters that have not settled included.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.len() == 0 && self.woken.load(SeqCst) == 0
+    }
+
+    /// Whether `waiter` is first in line.
+    pub fn is_front(&self, waiter: &Arc<Waiter>) -> bool {
+        self.waiters.lock().is_ok_and(|q| q.front().is_some_and(|w| Arc::ptr_eq(w, waiter)))
+    }
+
+    /// A woken waiter took room, went back in line, or left: it no longer
+    /// counts as woken.
+    pub fn settle(&self, waiter: &Waiter) {
+        if waiter.woken.swap(false, SeqCst) {
+            self.woken.fetch_sub(1, SeqCst);
+        }
     }
 
     /// Queues `waiter` at the back, unless `max` already wait; answers its
@@ -66,6 +86,7 @@ impl WaitQueue {
     /// Puts a woken waiter that found no room back at the front: it keeps
     /// its turn.
     pub fn push_front(&self, waiter: &Arc<Waiter>) {
+        self.settle(waiter);
         if let Ok(mut q) = self.waiters.lock() {
             q.push_front(waiter.clone());
             self.len.store(q.len(), SeqCst);
@@ -73,14 +94,14 @@ impl WaitQueue {
         fence(SeqCst);
     }
 
-    /// Takes `waiter` out of the queue; false if it was not in it (the
-    /// queue had woken it already).
-    pub fn remove(&self, waiter: &Arc<Waiter>) -> bool {
-        let Ok(mut q) = self.waiters.lock() else { return false };
-        let Some(i) = q.iter().position(|w| Arc::ptr_eq(w, waiter)) else { return false };
+    /// Takes `waiter` out of the queue; its place (0: first) if it was in
+    /// it, `None` if not (the queue had woken it already).
+    pub fn remove(&self, waiter: &Arc<Waiter>) -> Option<usize> {
+        let mut q = self.waiters.lock().ok()?;
+        let i = q.iter().position(|w| Arc::ptr_eq(w, waiter))?;
         q.remove(i);
         self.len.store(q.len(), SeqCst);
-        true
+        Some(i)
     }
 
     /// Wakes the request that has waited longest, if any: called when room
@@ -96,6 +117,10 @@ impl WaitQueue {
             Ok(mut q) => {
                 let w = q.pop_front();
                 self.len.store(q.len(), SeqCst);
+                if let Some(w) = &w {
+                    w.woken.store(true, SeqCst);
+                    self.woken.fetch_add(1, SeqCst);
+                }
                 w
             }
             Err(_) => None,
@@ -139,12 +164,17 @@ mod tests {
         assert_eq!(woken(&ws), [true, false, false]);
         // The first found no room: it goes back to the front, not behind
         // the others, so the next release wakes it again.
+        assert!(!q.is_empty(), "the woken one still counts until it settles");
         q.push_front(&ws[0]);
         q.wake_one();
         assert_eq!(woken(&ws), [true, false, false]);
         q.wake_one();
         q.wake_one();
         assert_eq!(woken(&ws), [false, true, true]);
+        assert_eq!(q.len(), 0);
+        for w in &ws {
+            q.settle(w);
+        }
         assert!(q.is_empty());
         q.wake_one(); // nobody waits: nothing happens
     }
@@ -156,8 +186,10 @@ mod tests {
         assert_eq!(q.push_back(&ws[0], 2), Some(1));
         assert_eq!(q.push_back(&ws[1], 2), Some(2));
         assert_eq!(q.push_back(&ws[2], 2), None, "full");
-        assert!(q.remove(&ws[0]));
-        assert!(!q.remove(&ws[0]), "already gone");
+        assert!(q.is_front(&ws[0]));
+        assert_eq!(q.remove(&ws[0]), Some(0));
+        assert_eq!(q.remove(&ws[0]), None, "already gone");
+        assert!(q.is_front(&ws[1]));
         q.wake_one();
         assert_eq!(woken(&ws), [false, true, false]);
     }

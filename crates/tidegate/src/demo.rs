@@ -141,7 +141,9 @@ fn stop_instances(dir: &Path) {
     for entry in entries.flatten() {
         let Ok(text) = std::fs::read_to_string(entry.path()) else { continue };
         let Ok(state) = serde_json::from_str::<serde_json::Value>(&text) else { continue };
-        for pid in state["instances"].as_array().into_iter().flatten().filter_map(|i| i["pid"].as_i64()) {
+        let pids = state["instances"].as_array().into_iter().flatten().filter_map(|i| i["pid"].as_i64());
+        // A pid of 0 or 1 would signal this process group, or every process.
+        for pid in pids.filter(|p| *p > 1) {
             let _ = std::process::Command::new("kill").args(["-TERM", "--", &format!("-{pid}")]).status();
         }
     }

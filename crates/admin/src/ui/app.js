@@ -152,6 +152,12 @@ function renderServices(status) {
   }
   box.replaceChildren(...out);
   $("revision").textContent = "revision " + status.revision;
+  // Forget the charts of backends that are gone (autoscaled instances come and go).
+  for (const key of series.keys()) {
+    const [svc, id] = key.split("/");
+    const s = status.services[svc];
+    if (!s || !s.backends.some((b) => b.id === id)) series.delete(key);
+  }
 }
 
 function renderRoutes() {
@@ -206,6 +212,10 @@ async function watch(from) {
   watchAbort = new AbortController();
   const r = await fetch("/v1/watch?from=" + from,
     { headers: { Authorization: "Bearer " + token }, signal: watchAbort.signal });
+  if (r.status === 401) {
+    signOut("the token was refused");
+    return;
+  }
   if (!r.ok || !r.body) throw new Error("watch: " + r.status);
   const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
   let buf = "";
@@ -292,7 +302,11 @@ function signOut(why) {
 function init() {
   const m = /(?:^#|&)token=([^&]+)/.exec(location.hash);
   if (m) {
-    sessionStorage.setItem("tidegate-token", decodeURIComponent(m[1]));
+    try {
+      sessionStorage.setItem("tidegate-token", decodeURIComponent(m[1]));
+    } catch (e) {
+      // A malformed fragment: ask for the token instead.
+    }
     history.replaceState(null, "", location.pathname + location.search);
   }
   token = sessionStorage.getItem("tidegate-token");

@@ -46,6 +46,11 @@ pub(super) async fn forward<S: ClientIo>(
     body_until: Instant,
 ) -> Result<bool, ErrorKind> {
     let prepared = prepare(ctx, req)?;
+    // The id generated for a request that came without one, for its log line.
+    if req.view.first("x-request-id").is_none() {
+        let generated = prepared.parts.headers.get(&headers::X_REQUEST_ID).map(|v| v.as_bytes());
+        client.seen.request_id = generated.and_then(|id| <[u8; 32]>::try_from(id).ok());
+    }
     let (replay, feed) = match body {
         Body::Buffered(b) => (Replay::Buffered(b), None),
         Body::Streaming(framing) => {

@@ -97,6 +97,15 @@ pub(crate) struct ClientSide<S> {
     pub seen: Seen,
 }
 
+impl<S> ClientSide<S> {
+    /// Records the status the client gets: in the request's record and in
+    /// `tidegate_responses_total`.
+    fn answered(&mut self, status: StatusCode, proxy: &Proxy) {
+        proxy.metrics().response(status);
+        self.seen.status = status.as_u16();
+    }
+}
+
 /// What reading the next request head found.
 enum Next {
     Request,
@@ -155,7 +164,7 @@ pub(crate) async fn serve<S: ClientIo>(
                 proxy.finish(&client.seen, |seen| {
                     let mut line = seen.line(peer.addr, "HTTP/1.1");
                     line.method = "-".into();
-                    line.bytes_in = client.io.bytes_read();
+                    line.bytes_in = client.io.bytes_read() - consumed;
                     line.bytes_out = client.io.bytes_written() - sent;
                     line
                 });
@@ -271,8 +280,7 @@ async fn refuse<S: ClientIo>(client: &mut ClientSide<S>, e: HeadError, proxy: &P
         }
         HeadError::Syntax(_) => crate::error::plain(StatusCode::BAD_REQUEST, "400 the request is malformed\n"),
     };
-    proxy.metrics().response(resp.status());
-    client.seen.status = resp.status().as_u16();
+    client.answered(resp.status(), proxy);
     write_local(client, resp, true, false, 1).await;
     let _ = client.io.shutdown().await;
 }
@@ -305,8 +313,7 @@ impl Ctx<'_> {
     /// Writes a response the proxy made and says whether the connection
     /// may carry another request.
     async fn answer<S: ClientIo>(&self, client: &mut ClientSide<S>, resp: Response<ProxyBody>, close: bool) -> bool {
-        self.proxy.metrics().response(resp.status());
-        client.seen.status = resp.status().as_u16();
+        client.answered(resp.status(), self.proxy);
         let is_head = self.head.method.of(self.buf) == b"HEAD";
         write_local(client, resp, close, is_head, self.head.minor).await && !close
     }
@@ -535,10 +542,16 @@ async fn forward<S: ClientIo>(
     client.seen.traced(trace);
     let Answered { answer, slot } = answered?;
     client.seen.status = answer.conn.conn.head.code;
-    proxy.metrics().response(StatusCode::from_u16(answer.conn.conn.head.code).unwrap_or(StatusCode::OK));
     let gap = std::time::Duration::from_millis(service.settings.timeouts.response_ms);
     let reply = Reply { head, upgrade: upgrade.is_some(), gap, tunnel_idle: limits.tunnel_idle_timeout, stopping };
-    Ok(respond(client, answer, slot, reply).await)
+    let keep = respond(client, answer, slot, reply).await;
+    // What the client got (`respond` answers a broken exchange itself).
+    if let Some(kind) = client.seen.error {
+        proxy.metrics().error(kind);
+    }
+    let status = StatusCode::from_u16(client.seen.status).unwrap_or(StatusCode::OK);
+    client.answered(status, proxy);
+    Ok(keep)
 }
 
 /// What relaying a response needs to know of its request.
@@ -579,6 +592,8 @@ async fn respond<S: ClientIo>(client: &mut ClientSide<S>, answer: NativeAnswer, 
         // the exchange. Nothing was sent to the client yet.
         tracing::debug!("backend switched protocols without an upgrade request");
         let resp = ErrorKind::InvalidResponse.response();
+        client.seen.status = resp.status().as_u16();
+        client.seen.error = Some(ErrorKind::InvalidResponse);
         write_local(client, resp, true, false, minor).await;
         return false;
     }

@@ -371,3 +371,41 @@ async fn prequal_probes_steer_requests_away_from_a_slow_backend() {
     assert!(total > 500, "{requests:?}");
     assert!(requests[2] * 10 < total, "the slow backend got {} of {total}", requests[2]);
 }
+
+/// A limit set on a busy service: the requests already in flight were
+/// taken without a limit, so their ends wake no one; the first in line
+/// still looks for room by itself, and the queue drains when they end
+/// instead of timing out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_set_on_a_busy_service_does_not_stall_its_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Arc::new(Tidegate::start(dir.path()));
+    let b = Backend::start("b", &[]);
+    let addr = b.addr.to_string();
+    let spec = json!({"concurrency": {"learn": false}, "queue": {"timeout_ms": 3000},
+                      "backends": [{"id": "b", "addr": addr}]});
+    put(&tg, spec).await;
+    let slow: Vec<_> = (0..10)
+        .map(|_| {
+            let tg = tg.clone();
+            tokio::spawn(async move { get(&tg.url("/?delay_ms=600")).await.status })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let (s, v) = tg.api("PUT", "/v1/services/web/backends/b", Some(json!({"addr": addr, "max_conns": 1}))).await;
+    assert_eq!(s, 200, "{v}");
+    let started = std::time::Instant::now();
+    let waiting: Vec<_> = (0..5)
+        .map(|_| {
+            let tg = tg.clone();
+            tokio::spawn(async move { get(&tg.url("/?delay_ms=10")).await.status })
+        })
+        .collect();
+    for w in waiting {
+        assert_eq!(w.await.unwrap(), 200, "a queued request timed out");
+    }
+    assert!(started.elapsed() < Duration::from_millis(2500), "took {:?}", started.elapsed());
+    for s in slow {
+        assert_eq!(s.await.unwrap(), 200);
+    }
+}
