@@ -7,14 +7,16 @@
 # binaries share every run's conditions.
 #
 #   bench/ab.sh A_BINARY B_BINARY [--reps 5] [--duration 8] [--conns "64 500"]
-#               [--spec-a 'JSON fields,' --spec-b 'JSON fields,'] [-- extra serve args for both]
+#               [--spec-a 'JSON fields,' --spec-b 'JSON fields,'] [--args-b "serve flags"]
+#               [-- extra serve args for both]
 #
 # --spec-a/--spec-b: extra fields of the service for A or B (such as
-# '"concurrency": {"learn": false},'), to compare two settings of one binary.
+# '"concurrency": {"learn": false},'), to compare two settings of one binary;
+# --args-b: extra serve flags for B only (such as "--access-log /tmp/x.log").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 A=$1 B=$2; shift 2
-REPS=5 DURATION=8 CONNS="64 500" EXTRA=() SPEC_A="" SPEC_B=""
+REPS=5 DURATION=8 CONNS="64 500" EXTRA=() SPEC_A="" SPEC_B="" ARGS_B=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --reps) REPS=$2; shift 2;;
@@ -22,6 +24,7 @@ while [ $# -gt 0 ]; do
     --conns) CONNS=$2; shift 2;;
     --spec-a) SPEC_A=$2; shift 2;;
     --spec-b) SPEC_B=$2; shift 2;;
+    --args-b) ARGS_B=$2; shift 2;;
     --) shift; EXTRA=("$@"); break;;
     *) echo "unknown option $1" >&2; exit 2;;
   esac
@@ -48,9 +51,10 @@ http { access_log off; keepalive_requests 1000000;
 CONF
 nginx -c "$WORK/backends.conf" & PIDS+=($!)
 TOKEN=ab-token-0123456789abcdef0123456789abcdef
-start() { # binary name spec -> proxy address (runs in a subshell: its pid goes to a file)
+start() { # binary name spec [serve flags] -> proxy address (runs in a subshell: its pid goes to a file)
+  # shellcheck disable=SC2086 # $4: flags, split on purpose
   TIDEGATE_ADMIN_TOKEN=$TOKEN TIDEGATE_LOG=warn "$1" serve --listen 127.0.0.1:0 --admin 127.0.0.1:0 \
-    --workers 2 --data-dir "$WORK/$2" "${EXTRA[@]}" > "$WORK/$2.out" 2> "$WORK/$2.err" &
+    --workers 2 --data-dir "$WORK/$2" "${EXTRA[@]}" ${4:-} > "$WORK/$2.out" 2> "$WORK/$2.err" &
   echo $! > "$WORK/$2.pid"
   for _ in $(seq 100); do grep -q ready "$WORK/$2.out" 2>/dev/null && break; sleep 0.05; done
   local line; line=$(head -1 "$WORK/$2.out")
@@ -60,11 +64,11 @@ start() { # binary name spec -> proxy address (runs in a subshell: its pid goes 
   curl -sf -XPUT -H "Authorization: Bearer $TOKEN" "http://$admin/v1/routes/web" -d '{"service":"web"}' >/dev/null
   echo "$proxy"
 }
-PA=$(start "$A" a "$SPEC_A") PB=$(start "$B" b "$SPEC_B")
+PA=$(start "$A" a "$SPEC_A") PB=$(start "$B" b "$SPEC_B" "$ARGS_B")
 run() { # addr conns -> req/s
   wrk -t2 -c"$2" -d"${DURATION}s" "http://$1/" 2>/dev/null | awk '/Requests\/sec/ {print $2}'
 }
-echo "A=$A ${SPEC_A:+($SPEC_A) }B=$B ${SPEC_B:+($SPEC_B) }reps=$REPS duration=${DURATION}s"
+echo "A=$A ${SPEC_A:+($SPEC_A) }B=$B ${SPEC_B:+($SPEC_B) }${ARGS_B:+($ARGS_B) }reps=$REPS duration=${DURATION}s"
 for c in $CONNS; do
   run "$PA" "$c" >/dev/null; run "$PB" "$c" >/dev/null  # warm both
   : > "$WORK/a.$c"; : > "$WORK/b.$c"
