@@ -4,21 +4,33 @@
 //! A request hands its [`Line`] to a bounded channel and goes on: it never
 //! waits for the disk. When the channel is full (the disk or the terminal
 //! cannot keep up), the line is dropped and counted
-//! (`tidegate_access_log_lines_total{result="dropped"}`). The writer flushes whenever the
-//! channel runs empty, so `tail -f` sees lines at once, and reopens its
-//! file when asked ([`AccessLog::reopen`], on `SIGUSR1`), for log rotation.
+//! (`tidegate_access_log_lines_total{result="dropped"}`). While lines keep
+//! coming, the writer takes them in batches every [`BATCH_PAUSE`] and
+//! sleeps in between, so that no request pays for waking it (a system
+//! call per line cost a fifth of the throughput on two cores); when idle it
+//! waits for the next line. `tail -f` sees a line within that pause. It
+//! reopens its file when asked ([`AccessLog::reopen`], on `SIGUSR1`), for
+//! log rotation.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tidegate_model::{BackendAddr, BackendId, RouteName, ServiceName};
 
 /// Lines that may wait for the writer before new ones are dropped.
 const CAPACITY: usize = 16 * 1024;
+/// While lines keep coming, the writer sleeps this long between batches.
+const BATCH_PAUSE: Duration = Duration::from_millis(10);
+/// After this long without a line, the writer blocks until the next one
+/// (or until the idle tick, which also serves a reopen).
+const IDLE_AFTER: Duration = Duration::from_millis(100);
+const IDLE_TICK: Duration = Duration::from_millis(250);
 
 /// How a line looks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,11 +74,11 @@ pub struct Line {
     /// Bytes written to the client for this request (head and body).
     pub bytes_out: u64,
     /// The route that matched, if one did.
-    pub route: Option<String>,
+    pub route: Option<RouteName>,
     /// The service it went to.
-    pub service: Option<String>,
+    pub service: Option<ServiceName>,
     /// The backend that answered last (its id and address).
-    pub backend: Option<(String, String)>,
+    pub backend: Option<(BackendId, BackendAddr)>,
     /// Attempts made upstream (0: answered by the proxy itself).
     pub attempts: u32,
     /// Why the proxy answered itself, if it did
@@ -163,31 +175,59 @@ struct Writer {
 
 impl Writer {
     fn run(mut self) {
+        let mut last_line = Instant::now();
+        let mut unflushed = false;
         loop {
-            let first = match self.rx.recv_timeout(Duration::from_millis(250)) {
-                Ok(line) => Some(line),
-                Err(RecvTimeoutError::Timeout) => None,
-                Err(RecvTimeoutError::Disconnected) => {
-                    let _ = self.out.flush();
-                    return;
-                }
-            };
             if self.counts.reopen.swap(false, Relaxed) {
                 self.reopen();
             }
             // Everything queued now, then one flush.
-            for line in first.into_iter().chain(std::iter::from_fn(|| self.rx.try_recv().ok())) {
-                self.text.clear();
-                format_line(&mut self.text, &line, self.format);
-                match self.out.write_all(self.text.as_bytes()) {
-                    Ok(()) => self.counts.written.fetch_add(1, Relaxed),
-                    Err(_) => self.counts.failed_writes.fetch_add(1, Relaxed),
-                };
-            }
-            if self.out.flush().is_err() {
+            let disconnected = loop {
+                match self.rx.try_recv() {
+                    Ok(line) => {
+                        self.write(&line);
+                        unflushed = true;
+                        last_line = Instant::now();
+                    }
+                    Err(TryRecvError::Empty) => break false,
+                    Err(TryRecvError::Disconnected) => break true,
+                }
+            };
+            if unflushed && self.out.flush().is_err() {
                 self.counts.failed_writes.fetch_add(1, Relaxed);
             }
+            unflushed = false;
+            if disconnected {
+                return;
+            }
+            if last_line.elapsed() < IDLE_AFTER {
+                // Busy: sleep instead of being woken by every line.
+                std::thread::sleep(BATCH_PAUSE);
+                continue;
+            }
+            // Idle: wait for the next line (the one that wakes this thread).
+            match self.rx.recv_timeout(IDLE_TICK) {
+                Ok(line) => {
+                    self.write(&line);
+                    unflushed = true;
+                    last_line = Instant::now();
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    let _ = self.out.flush();
+                    return;
+                }
+            }
         }
+    }
+
+    fn write(&mut self, line: &Line) {
+        self.text.clear();
+        format_line(&mut self.text, line, self.format);
+        match self.out.write_all(self.text.as_bytes()) {
+            Ok(()) => self.counts.written.fetch_add(1, Relaxed),
+            Err(_) => self.counts.failed_writes.fetch_add(1, Relaxed),
+        };
     }
 
     fn reopen(&mut self) {
@@ -221,14 +261,17 @@ fn json_line(out: &mut String, l: &Line) {
     json_str(out, &l.host);
     out.push_str(",\"path\":");
     json_str(out, &l.target);
+    // Milliseconds with three decimals, in integers (no float formatting).
+    let us = l.duration.as_micros();
     let _ = write!(
         out,
-        ",\"protocol\":\"{}\",\"status\":{},\"bytes_in\":{},\"bytes_out\":{},\"duration_ms\":{:.3}",
+        ",\"protocol\":\"{}\",\"status\":{},\"bytes_in\":{},\"bytes_out\":{},\"duration_ms\":{}.{:03}",
         l.protocol,
         l.status,
         l.bytes_in,
         l.bytes_out,
-        l.duration.as_secs_f64() * 1e3
+        us / 1000,
+        us % 1000
     );
     let opt = |out: &mut String, key: &str, v: Option<&str>| {
         let _ = write!(out, ",\"{key}\":");
@@ -237,8 +280,8 @@ fn json_line(out: &mut String, l: &Line) {
             None => out.push_str("null"),
         }
     };
-    opt(out, "route", l.route.as_deref());
-    opt(out, "service", l.service.as_deref());
+    opt(out, "route", l.route.as_ref().map(RouteName::as_str));
+    opt(out, "service", l.service.as_ref().map(ServiceName::as_str));
     opt(out, "backend", l.backend.as_ref().map(|b| b.0.as_str()));
     opt(out, "backend_addr", l.backend.as_ref().map(|b| b.1.as_str()));
     let _ = write!(out, ",\"attempts\":{}", l.attempts);
@@ -267,6 +310,12 @@ fn combined_line(out: &mut String, l: &Line) {
 /// A JSON string literal (RFC 8259 escapes).
 fn json_str(out: &mut String, s: &str) {
     out.push('"');
+    if !s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+        // Nothing to escape: the common case.
+        out.push_str(s);
+        out.push('"');
+        return;
+    }
     for c in s.chars() {
         match c {
             '"' => out.push_str("\\\""),
@@ -351,9 +400,9 @@ mod tests {
             status: 200,
             bytes_in: 78,
             bytes_out: 140,
-            route: Some("shop".into()),
-            service: Some("web".into()),
-            backend: Some(("a".into(), "127.0.0.1:9001".into())),
+            route: Some(RouteName::new("shop").unwrap()),
+            service: Some(ServiceName::new("web").unwrap()),
+            backend: Some((BackendId::new("a").unwrap(), BackendAddr::new("127.0.0.1:9001").unwrap())),
             attempts: 1,
             error: None,
             request_id: Some("abc".into()),

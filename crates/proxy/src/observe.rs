@@ -83,10 +83,10 @@ impl Seen {
         line.duration = self.start.elapsed();
         line.status = self.status;
         if let Some((route, service)) = &self.names {
-            line.route = Some(route.as_str().to_string());
-            line.service = service.as_ref().map(|s| s.as_str().to_string());
+            line.route = Some(route.clone());
+            line.service = service.clone();
         }
-        line.backend = self.backend.as_ref().map(|b| (b.id.as_str().to_string(), b.addr.to_string()));
+        line.backend = self.backend.as_ref().map(|b| (b.id.clone(), b.addr.clone()));
         line.attempts = self.attempts;
         line.error = self.error.map(ErrorKind::name);
         if line.request_id.is_none() {

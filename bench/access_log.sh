@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# What an access log costs, in Tidegate and in nginx, in the same run:
+# each proxy twice (log off, log on to a file in /tmp), 2 workers each,
+# in front of the same three nginx backends; wrk -t2, repetitions
+# alternated, medians of requests/s. nginx writes the combined format
+# with `buffer=64k` (the usual production setting); Tidegate its JSON
+# lines (--access-log-format json, the richer of its two formats).
+#
+#   bench/access_log.sh [--bin target/release/tidegate] [--reps 5] [--duration 6] [--conns "64 500"]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=target/release/tidegate REPS=5 DURATION=6 CONNS="64 500"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bin) BIN=$2; shift 2;;
+    --reps) REPS=$2; shift 2;;
+    --duration) DURATION=$2; shift 2;;
+    --conns) CONNS=$2; shift 2;;
+    *) echo "unknown option $1" >&2; exit 2;;
+  esac
+done
+source bench/lib/run.sh
+WORK=$(mktemp -d /tmp/tidegate-accesslog.XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}" $(cat "$WORK"/*.pid 2>/dev/null); do kill "$p" 2>/dev/null || true; done
+  sleep 0.3; rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+P1=$(free_port) P2=$(free_port) P3=$(free_port)
+cat > "$WORK/backends.conf" <<CONF
+worker_processes 1; daemon off; pid $WORK/backends.pid; error_log $WORK/backends.err warn;
+events { worker_connections 8192; }
+http { access_log off; keepalive_requests 1000000;
+  server { listen 127.0.0.1:$P1; listen 127.0.0.1:$P2; listen 127.0.0.1:$P3;
+           location / { return 200 "hello, world\n"; } } }
+CONF
+nginx -c "$WORK/backends.conf" & PIDS+=($!)
+
+declare -A ADDR
+nginx_proxy() { # name access_log-directive
+  local port; port=$(free_port)
+  cat > "$WORK/$1.conf" <<CONF
+worker_processes 2; daemon off; pid $WORK/$1.nginx.pid; error_log $WORK/$1.err warn;
+events { worker_connections 8192; }
+http { $2 keepalive_requests 1000000;
+  upstream b { server 127.0.0.1:$P1; server 127.0.0.1:$P2; server 127.0.0.1:$P3; keepalive 256; }
+  server { listen 127.0.0.1:$port; location / { proxy_pass http://b; proxy_http_version 1.1;
+           proxy_set_header Connection ""; } } }
+CONF
+  nginx -c "$WORK/$1.conf" & PIDS+=($!)
+  ADDR[$1]=127.0.0.1:$port
+}
+TOKEN=accesslog-token-0123456789abcdef0123456789
+tidegate() { # name [serve flags]
+  # shellcheck disable=SC2086 # $2: flags, split on purpose
+  TIDEGATE_ADMIN_TOKEN=$TOKEN TIDEGATE_LOG=warn "$BIN" serve --listen 127.0.0.1:0 --admin 127.0.0.1:0 \
+    --workers 2 --data-dir "$WORK/$1" ${2:-} > "$WORK/$1.out" 2> "$WORK/$1.err" &
+  PIDS+=($!)
+  for _ in $(seq 100); do grep -q ready "$WORK/$1.out" 2>/dev/null && break; sleep 0.05; done
+  local line; line=$(head -1 "$WORK/$1.out")
+  local proxy=${line#*proxy=}; proxy=${proxy%% *}; local admin=${line#*admin=}; admin=${admin%% *}
+  curl -sf -XPUT -H "Authorization: Bearer $TOKEN" "http://$admin/v1/services/web" -d "{\"backends\": [
+    {\"id\":\"a\",\"addr\":\"127.0.0.1:$P1\"},{\"id\":\"b\",\"addr\":\"127.0.0.1:$P2\"},{\"id\":\"c\",\"addr\":\"127.0.0.1:$P3\"}]}" >/dev/null
+  curl -sf -XPUT -H "Authorization: Bearer $TOKEN" "http://$admin/v1/routes/web" -d '{"service":"web"}' >/dev/null
+  ADDR[$1]=$proxy
+}
+nginx_proxy nginx-off "access_log off;"
+nginx_proxy nginx-on "access_log $WORK/nginx-access.log combined buffer=64k;"
+tidegate tidegate-off
+tidegate tidegate-on "--access-log $WORK/tidegate-access.log --access-log-format json"
+sleep 0.5
+NAMES="tidegate-off tidegate-on nginx-off nginx-on"
+run() { wrk -t2 -c"$2" -d"${DURATION}s" "http://$1/" 2>/dev/null | awk '/Requests\/sec/ {print $2}'; }
+echo "bin=$BIN reps=$REPS duration=${DURATION}s"
+for c in $CONNS; do
+  for n in $NAMES; do run "${ADDR[$n]}" "$c" > /dev/null; done # warm every one
+  for n in $NAMES; do : > "$WORK/$n.$c"; done
+  for i in $(seq "$REPS"); do
+    # Rotate the order so that no proxy always runs first.
+    order=$(echo $NAMES | tr ' ' '\n' | awk -v s="$i" '{a[NR]=$0} END {for (k = 0; k < NR; k++) print a[(k + s) % NR + 1]}')
+    for n in $order; do
+      r=$(run "${ADDR[$n]}" "$c"); echo "$r" >> "$WORK/$n.$c"
+      echo "  c=$c rep $i $n $r req/s"
+    done
+  done
+  python3 - "$WORK" "$c" <<'PY'
+import statistics, sys
+work, c = sys.argv[1], sys.argv[2]
+m = {n: statistics.median(float(x) for x in open(f"{work}/{n}.{c}") if x.strip())
+     for n in ("tidegate-off", "tidegate-on", "nginx-off", "nginx-on")}
+print(f"c={c}: Tidegate {m['tidegate-off']:,.0f} -> {m['tidegate-on']:,.0f} req/s with the log "
+      f"({m['tidegate-on'] / m['tidegate-off']:.3f}); nginx {m['nginx-off']:,.0f} -> {m['nginx-on']:,.0f} "
+      f"({m['nginx-on'] / m['nginx-off']:.3f}); Tidegate / nginx, both logging: {m['tidegate-on'] / m['nginx-on']:.3f}")
+PY
+done
+wc -l "$WORK"/*access.log | sed 's/^/  /'
