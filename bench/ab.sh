@@ -41,30 +41,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-P1=$(free_port) P2=$(free_port) P3=$(free_port)
-cat > "$WORK/backends.conf" <<CONF
-worker_processes 1; daemon off; pid $WORK/nginx.pid; error_log $WORK/nginx.err warn;
-events { worker_connections 8192; }
-http { access_log off; keepalive_requests 1000000;
-  server { listen 127.0.0.1:$P1; listen 127.0.0.1:$P2; listen 127.0.0.1:$P3;
-           location / { return 200 "hello, world\n"; } } }
-CONF
-nginx -c "$WORK/backends.conf" & PIDS+=($!)
-TOKEN=ab-token-0123456789abcdef0123456789abcdef
-start() { # binary name spec [serve flags] -> proxy address (runs in a subshell: its pid goes to a file)
-  # shellcheck disable=SC2086 # $4: flags, split on purpose
-  TIDEGATE_ADMIN_TOKEN=$TOKEN TIDEGATE_LOG=warn "$1" serve --listen 127.0.0.1:0 --admin 127.0.0.1:0 \
-    --workers 2 --data-dir "$WORK/$2" "${EXTRA[@]}" ${4:-} > "$WORK/$2.out" 2> "$WORK/$2.err" &
-  echo $! > "$WORK/$2.pid"
-  for _ in $(seq 100); do grep -q ready "$WORK/$2.out" 2>/dev/null && break; sleep 0.05; done
-  local line; line=$(head -1 "$WORK/$2.out")
-  local proxy=${line#*proxy=}; proxy=${proxy%% *}; local admin=${line#*admin=}; admin=${admin%% *}
-  curl -sf -XPUT -H "Authorization: Bearer $TOKEN" "http://$admin/v1/services/web" -d "{$3 \"backends\": [
-    {\"id\":\"a\",\"addr\":\"127.0.0.1:$P1\"},{\"id\":\"b\",\"addr\":\"127.0.0.1:$P2\"},{\"id\":\"c\",\"addr\":\"127.0.0.1:$P3\"}]}" >/dev/null
-  curl -sf -XPUT -H "Authorization: Bearer $TOKEN" "http://$admin/v1/routes/web" -d '{"service":"web"}' >/dev/null
-  echo "$proxy"
-}
-PA=$(start "$A" a "$SPEC_A") PB=$(start "$B" b "$SPEC_B" "$ARGS_B")
+start_nginx_backends
+PA=$(start_tidegate_web "$A" a "$SPEC_A" "${EXTRA[*]}") PB=$(start_tidegate_web "$B" b "$SPEC_B" "${EXTRA[*]} $ARGS_B")
 run() { # addr conns -> req/s
   wrk -t2 -c"$2" -d"${DURATION}s" "http://$1/" 2>/dev/null | awk '/Requests\/sec/ {print $2}'
 }

@@ -28,15 +28,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-P1=$(free_port) P2=$(free_port) P3=$(free_port)
-cat > "$WORK/backends.conf" <<CONF
-worker_processes 1; daemon off; pid $WORK/backends.pid; error_log $WORK/backends.err warn;
-events { worker_connections 8192; }
-http { access_log off; keepalive_requests 1000000;
-  server { listen 127.0.0.1:$P1; listen 127.0.0.1:$P2; listen 127.0.0.1:$P3;
-           location / { return 200 "hello, world\n"; } } }
-CONF
-nginx -c "$WORK/backends.conf" & PIDS+=($!)
+start_nginx_backends
 
 declare -A ADDR
 nginx_proxy() { # name access_log-directive
@@ -52,24 +44,10 @@ CONF
   nginx -c "$WORK/$1.conf" & PIDS+=($!)
   ADDR[$1]=127.0.0.1:$port
 }
-TOKEN=accesslog-token-0123456789abcdef0123456789
-tidegate() { # name [serve flags]
-  # shellcheck disable=SC2086 # $2: flags, split on purpose
-  TIDEGATE_ADMIN_TOKEN=$TOKEN TIDEGATE_LOG=warn "$BIN" serve --listen 127.0.0.1:0 --admin 127.0.0.1:0 \
-    --workers 2 --data-dir "$WORK/$1" ${2:-} > "$WORK/$1.out" 2> "$WORK/$1.err" &
-  PIDS+=($!)
-  for _ in $(seq 100); do grep -q ready "$WORK/$1.out" 2>/dev/null && break; sleep 0.05; done
-  local line; line=$(head -1 "$WORK/$1.out")
-  local proxy=${line#*proxy=}; proxy=${proxy%% *}; local admin=${line#*admin=}; admin=${admin%% *}
-  curl -sf -XPUT -H "Authorization: Bearer $TOKEN" "http://$admin/v1/services/web" -d "{\"backends\": [
-    {\"id\":\"a\",\"addr\":\"127.0.0.1:$P1\"},{\"id\":\"b\",\"addr\":\"127.0.0.1:$P2\"},{\"id\":\"c\",\"addr\":\"127.0.0.1:$P3\"}]}" >/dev/null
-  curl -sf -XPUT -H "Authorization: Bearer $TOKEN" "http://$admin/v1/routes/web" -d '{"service":"web"}' >/dev/null
-  ADDR[$1]=$proxy
-}
 nginx_proxy nginx-off "access_log off;"
 nginx_proxy nginx-on "access_log $WORK/nginx-access.log combined buffer=64k;"
-tidegate tidegate-off
-tidegate tidegate-on "--access-log $WORK/tidegate-access.log --access-log-format json"
+ADDR[tidegate-off]=$(start_tidegate_web "$BIN" tidegate-off)
+ADDR[tidegate-on]=$(start_tidegate_web "$BIN" tidegate-on "" "--access-log $WORK/tidegate-access.log --access-log-format json")
 sleep 0.5
 NAMES="tidegate-off tidegate-on nginx-off nginx-on"
 run() { wrk -t2 -c"$2" -d"${DURATION}s" "http://$1/" 2>/dev/null | awk '/Requests\/sec/ {print $2}'; }

@@ -21,6 +21,39 @@ start_emulator() { # name
 }
 emulator_addr() { sed 's/listening on //' "$WORK/$1.out"; }
 
+# One nginx worker answering 13 bytes on three free ports: P1, P2, P3.
+start_nginx_backends() {
+  P1=$(free_port) P2=$(free_port) P3=$(free_port)
+  cat > "$WORK/backends.conf" <<CONF
+worker_processes 1; daemon off; pid $WORK/backends.nginx.pid; error_log $WORK/backends.err warn;
+events { worker_connections 8192; }
+http { access_log off; keepalive_requests 1000000;
+  server { listen 127.0.0.1:$P1; listen 127.0.0.1:$P2; listen 127.0.0.1:$P3;
+           location / { return 200 "hello, world\n"; } } }
+CONF
+  nginx -c "$WORK/backends.conf" & PIDS+=($!)
+}
+
+# Tidegate (BINARY, 2 workers, data in $WORK/NAME) with a service and route
+# "web" over the three backends of start_nginx_backends; SPEC: extra fields
+# of the service ('"concurrency": {"learn": false},'), FLAGS: extra serve
+# flags. Prints the proxy's address; its pid goes to $WORK/NAME.pid (the
+# function runs in a command substitution: kill that pid on exit).
+BENCH_TOKEN=bench-token-0123456789abcdef0123456789abcdef
+start_tidegate_web() { # binary name [spec] [flags]
+  # shellcheck disable=SC2086 # $4: flags, split on purpose
+  TIDEGATE_ADMIN_TOKEN=$BENCH_TOKEN TIDEGATE_LOG=warn "$1" serve --listen 127.0.0.1:0 --admin 127.0.0.1:0 \
+    --workers 2 --data-dir "$WORK/$2" ${4:-} > "$WORK/$2.out" 2> "$WORK/$2.err" &
+  echo $! > "$WORK/$2.pid"
+  for _ in $(seq 100); do grep -q ready "$WORK/$2.out" 2>/dev/null && break; sleep 0.05; done
+  local line; line=$(head -1 "$WORK/$2.out")
+  local proxy=${line#*proxy=}; proxy=${proxy%% *}; local admin=${line#*admin=}; admin=${admin%% *}
+  curl -sf -XPUT -H "Authorization: Bearer $BENCH_TOKEN" "http://$admin/v1/services/web" -d "{${3:-} \"backends\": [
+    {\"id\":\"a\",\"addr\":\"127.0.0.1:$P1\"},{\"id\":\"b\",\"addr\":\"127.0.0.1:$P2\"},{\"id\":\"c\",\"addr\":\"127.0.0.1:$P3\"}]}" >/dev/null
+  curl -sf -XPUT -H "Authorization: Bearer $BENCH_TOKEN" "http://$admin/v1/routes/web" -d '{"service":"web"}' >/dev/null
+  echo "$proxy"
+}
+
 # An etcd cluster of N members on loopback, sized for large change sets;
 # sets ENDPOINTS (HOST:PORT,...) and appends the members' pids to ETCD_PIDS.
 ETCD_PIDS=()
