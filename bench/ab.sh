@@ -33,13 +33,7 @@ export PATH=$PATH:/usr/sbin
 command -v nginx >/dev/null && command -v wrk >/dev/null || {
   apt-get update -qq && RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx wrk; }
 source bench/lib/run.sh
-WORK=$(mktemp -d /tmp/tidegate-ab.XXXXXX)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}" $(cat "$WORK"/*.pid 2>/dev/null); do kill "$p" 2>/dev/null || true; done
-  sleep 0.3; rm -rf "$WORK"
-}
-trap cleanup EXIT
+make_work tidegate-ab
 
 start_nginx_backends
 PA=$(start_tidegate_web "$A" a "$SPEC_A" "${EXTRA[*]}") PB=$(start_tidegate_web "$B" b "$SPEC_B" "${EXTRA[*]} $ARGS_B")

@@ -20,13 +20,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 source bench/lib/run.sh
-WORK=$(mktemp -d /tmp/tidegate-accesslog.XXXXXX)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}" $(cat "$WORK"/*.pid 2>/dev/null); do kill "$p" 2>/dev/null || true; done
-  sleep 0.3; rm -rf "$WORK"
-}
-trap cleanup EXIT
+make_work tidegate-accesslog
 
 start_nginx_backends
 

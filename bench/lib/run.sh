@@ -2,6 +2,20 @@
 # the binaries are), BIN_DIR (as given, maybe empty), WORK (a scratch
 # directory) and PIDS (an array the script's exit trap kills).
 
+# A scratch directory WORK (/tmp/PREFIX.XXXXXX) and an exit trap that kills
+# the processes in PIDS and those whose pid is in a WORK/*.pid file, then
+# removes WORK.
+make_work() { # prefix
+  WORK=$(mktemp -d "/tmp/$1.XXXXXX")
+  PIDS=()
+  trap bench_cleanup EXIT
+}
+bench_cleanup() {
+  local p
+  for p in "${PIDS[@]}" $(cat "$WORK"/*.pid 2>/dev/null); do kill "$p" 2>/dev/null || true; done
+  sleep 0.3; rm -rf "$WORK"
+}
+
 # Builds the release binaries when BIN is the default and one is missing.
 ensure_binaries() {
   for b in tidegate tidegate-emulator tidegate-bench; do
