@@ -7,7 +7,7 @@
 //! (`tidegate_access_log_lines_total{result="dropped"}`). While lines keep
 //! coming, the writer takes them in batches every [`BATCH_PAUSE`] and
 //! sleeps in between, so that no request pays for waking it (a system
-//! call per line cost a fifth of the throughput on two cores); when idle it
+//! call on the request's thread, and a context switch); when idle it
 //! waits for the next line. `tail -f` sees a line within that pause. It
 //! reopens its file when asked ([`AccessLog::reopen`], on `SIGUSR1`), for
 //! log rotation.
