@@ -33,10 +33,7 @@ OUT=${OUT:-bench/results/churn-$(date +%Y%m%d-%H%M%S).jsonl}
 BIN=${BIN_DIR:-target/release}
 source bench/lib/run.sh
 ensure_binaries
-WORK=$(mktemp -d /tmp/tidegate-churn.XXXXXX)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; sleep 0.3; rm -rf "$WORK"; }
-trap cleanup EXIT
+make_work tidegate-churn
 
 start_emulator churn; start_emulator live
 CHURN_ADDR=$(emulator_addr churn); LIVE_ADDR=$(emulator_addr live)

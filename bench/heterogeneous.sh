@@ -50,10 +50,7 @@ BIN=${BIN_DIR:-target/release}
 source bench/lib/run.sh
 ensure_binaries
 wanted() { [ -z "$VARIANTS" ] || [[ " $VARIANTS " == *" $1 "* ]]; }
-WORK=$(mktemp -d /tmp/tidegate-s3.XXXXXX)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; sleep 0.3; rm -rf "$WORK"; }
-trap cleanup EXIT
+make_work tidegate-s3
 
 declare -A ADDR
 for spec in c1:1 c2:2 c4:4; do
