@@ -35,9 +35,13 @@ pub use error::ApiError;
 pub use metrics::SharedCollector;
 pub use tidegate_metrics::Collector;
 
-/// What the handlers share.
+/// What the handlers share. Cloned for every request (axum hands each
+/// handler its own copy), so it is one reference-counted pointer.
 #[derive(Clone)]
-pub struct AdminState {
+pub struct AdminState(Arc<Shared>);
+
+/// The contents of [`AdminState`].
+pub struct Shared {
     control: Control,
     token: Arc<str>,
     data_plane: SharedCollector,
@@ -47,6 +51,14 @@ pub struct AdminState {
     registry: Arc<tidegate_metrics::Registry>,
 }
 
+impl std::ops::Deref for AdminState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
 /// The largest request body accepted (a batch of ~100,000 ops).
 pub const BODY_LIMIT: usize = 32 * 1024 * 1024;
 
@@ -54,18 +66,30 @@ impl AdminState {
     /// State for the API: the configuration handle, the token every request
     /// must present, and the data plane's metrics.
     pub fn new(control: Control, token: &str, data_plane: Arc<dyn Collector>) -> AdminState {
-        let data_plane = SharedCollector(data_plane);
-        let events = Arc::<Events>::default();
-        let registry = Arc::new(metrics::registry(&control, &events, &data_plane));
-        AdminState { control, token: Arc::from(token), data_plane, events, scaling: StatusBoard::default(), registry }
+        AdminState::build(
+            control,
+            Arc::from(token),
+            SharedCollector(data_plane),
+            Arc::default(),
+            StatusBoard::default(),
+        )
     }
 
     /// Shows the autoscaler's events and per-service scaling state.
-    pub fn with_autoscaler(mut self, events: Arc<Events>, scaling: StatusBoard) -> AdminState {
-        self.registry = Arc::new(metrics::registry(&self.control, &events, &self.data_plane));
-        self.events = events;
-        self.scaling = scaling;
-        self
+    pub fn with_autoscaler(self, events: Arc<Events>, scaling: StatusBoard) -> AdminState {
+        let s = &*self;
+        AdminState::build(s.control.clone(), s.token.clone(), s.data_plane.clone(), events, scaling)
+    }
+
+    fn build(
+        control: Control,
+        token: Arc<str>,
+        data_plane: SharedCollector,
+        events: Arc<Events>,
+        scaling: StatusBoard,
+    ) -> AdminState {
+        let registry = Arc::new(metrics::registry(&control, &events, &data_plane));
+        AdminState(Arc::new(Shared { control, token, data_plane, events, scaling, registry }))
     }
 }
 

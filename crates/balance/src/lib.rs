@@ -76,6 +76,15 @@ impl Backend {
         self.max_conns.is_some() || self.stats.learns_limit()
     }
 
+    /// Whether this backend is what `spec` describes: a rebuild of its
+    /// service may then keep it as it is.
+    pub fn is_built_from(&self, spec: &BackendSpec) -> bool {
+        self.addr == spec.addr
+            && self.weight == spec.weight.get()
+            && self.backup == spec.backup
+            && self.max_conns == spec.max_conns.map(|m| u64::from(m.get()))
+    }
+
     /// Builds a backend from its spec, reusing `stats` when given.
     pub fn new(id: BackendId, spec: &BackendSpec, stats: Option<Arc<BackendStats>>) -> Backend {
         // A validated BackendAddr is always a valid authority; fall back to a

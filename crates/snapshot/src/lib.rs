@@ -7,6 +7,7 @@
 //! size of the change, not of the configuration; the proxy reads the current
 //! one with a single atomic load.
 
+use std::cmp::Ordering;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -75,18 +76,31 @@ pub struct ServiceRuntime {
 
 impl ServiceRuntime {
     /// Builds a service, carrying over the live statistics of `previous`'s
-    /// backends that kept their id and address.
+    /// backends that kept their id and address, and keeping as they are
+    /// those whose spec did not change either.
     pub fn build(name: ServiceName, spec: &ServiceSpec, previous: Option<&ServiceRuntime>) -> ServiceRuntime {
         // Both sides are in id order: carry stats over with one merge pass,
         // so a rebuild costs O(backends), not O(backends²).
-        let learning = spec.settings.learns_limits().then(|| LimitParams::from(&spec.settings.concurrency));
+        let learning = limit_params(&spec.settings);
+        let same_learning = previous.is_some_and(|p| limit_params(&p.settings) == learning);
         let mut old = previous.map(|p| p.selector.backends()).unwrap_or_default().iter().peekable();
         let backends = spec
             .backends
             .iter()
             .map(|(id, b)| {
-                while old.next_if(|o| &o.id < id).is_some() {}
-                let stats = old.next_if(|o| &o.id == id).filter(|o| o.addr == b.addr).map(|o| o.stats.clone());
+                // One comparison of ids per step: they are strings.
+                let same_id = loop {
+                    match old.peek().map(|o| o.id.cmp(id)) {
+                        Some(Ordering::Less) => _ = old.next(),
+                        Some(Ordering::Equal) => break old.next(),
+                        Some(Ordering::Greater) | None => break None,
+                    }
+                };
+                if let Some(o) = same_id.filter(|o| same_learning && o.is_built_from(b)) {
+                    // Unchanged: its limit already follows these settings.
+                    return Arc::clone(o);
+                }
+                let stats = same_id.filter(|o| o.addr == b.addr).map(|o| o.stats.clone());
                 let backend = Backend::new(id.clone(), b, stats);
                 backend.stats.learn_limit(learning);
                 Arc::new(backend)
@@ -108,6 +122,11 @@ impl ServiceRuntime {
             upstream,
         }
     }
+}
+
+/// How a service's backends learn their limit, if they do.
+fn limit_params(settings: &ServiceSettings) -> Option<LimitParams> {
+    settings.learns_limits().then(|| LimitParams::from(&settings.concurrency))
 }
 
 /// Everything the data plane needs, at one revision. Immutable.
@@ -251,6 +270,42 @@ mod tests {
         let view = RequestView { host: "", path: "/a/1", method: &Method::GET, headers: &headers };
         assert_eq!(snap2.route(&view).unwrap().name.as_str(), "r");
         assert!(full.route(&view).is_some());
+    }
+
+    #[test]
+    fn a_rebuild_keeps_unchanged_backends_and_rebuilds_changed_ones() {
+        let (s1, _) = apply(
+            &ConfigState::default(),
+            0,
+            r#"{"ops":[{"op":"put_service","name":"a","spec":{"backends":[
+            {"id":"x","addr":"127.0.0.1:1"},{"id":"y","addr":"127.0.0.1:2"}]}}]}"#,
+        );
+        let snap1 = Snapshot::from_state(&s1, 1);
+        let old = snap1.service("a").unwrap().selector.backends().to_vec();
+
+        let (s2, d2) = apply(
+            &s1,
+            1,
+            r#"{"ops":[{"op":"put_backend","service":"a","id":"y","spec":{"addr":"127.0.0.1:2","weight":5}}]}"#,
+        );
+        let snap2 = snap1.next(&s2, &d2, 2);
+        let new = snap2.service("a").unwrap().selector.backends();
+        assert!(Arc::ptr_eq(&new[0], &old[0]), "x did not change: kept as it is");
+        assert!(!Arc::ptr_eq(&new[1], &old[1]), "y's weight changed: rebuilt");
+        assert_eq!(new[1].weight, 5);
+        assert!(Arc::ptr_eq(&new[1].stats, &old[1].stats), "same address keeps its statistics");
+
+        // Learning turned off: every backend is rebuilt so its limit follows.
+        let (s3, d3) = apply(
+            &s2,
+            2,
+            r#"{"ops":[{"op":"put_service","name":"a","spec":{"concurrency":{"learn":false},"backends":[
+            {"id":"x","addr":"127.0.0.1:1"},{"id":"y","addr":"127.0.0.1:2","weight":5}]}}]}"#,
+        );
+        let snap3 = snap2.next(&s3, &d3, 3);
+        let last = snap3.service("a").unwrap().selector.backends();
+        assert!(!Arc::ptr_eq(&last[0], &new[0]) && !Arc::ptr_eq(&last[1], &new[1]));
+        assert!(!last[0].stats.learns_limit(), "the new settings reached the kept statistics");
     }
 }
 
