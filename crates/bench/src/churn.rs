@@ -53,6 +53,11 @@ pub struct ChurnReport {
     first_miss: Counts,
     /// Scheduled send time until the admin API answered 200.
     admin_us: Summary,
+    /// From the moment the change's task began to send it (after the
+    /// generator's own scheduling lag, `sending.send_lag_us`, and the wake
+    /// of the task) until the admin API answered 200: the server's answer
+    /// time as one client sees it.
+    admin_from_send_us: Summary,
     /// Scheduled send time until the proxy answered 200 on the new route.
     time_to_effective_us: Summary,
     /// Admin answer until the proxy answered 200 (includes any retries).
@@ -70,9 +75,16 @@ enum Outcome {
     /// The admin API did not answer 200.
     AdminFailed(String),
     /// Accepted, then served by the proxy.
-    Effective { admin: Duration, effective: Duration, after_admin: Duration, retries: u32, first_miss: Option<String> },
+    Effective {
+        admin: Duration,
+        admin_from_send: Duration,
+        effective: Duration,
+        after_admin: Duration,
+        retries: u32,
+        first_miss: Option<String>,
+    },
     /// Accepted, but the proxy never served it within the window.
-    NeverEffective { admin: Duration, last_miss: String },
+    NeverEffective { admin: Duration, admin_from_send: Duration, last_miss: String },
 }
 
 /// Shared by every change task.
@@ -167,6 +179,7 @@ pub async fn run(target: &Target, args: &ChurnArgs) -> anyhow::Result<ChurnRepor
         max_retries: agg.max_retries,
         first_miss: agg.first_miss,
         admin_us: agg.admin.summary(),
+        admin_from_send_us: agg.admin_from_send.summary(),
         time_to_effective_us: agg.effective_lat.summary(),
         proxy_after_admin_us: agg.after_admin.summary(),
         error_total: agg.errors.total(),
@@ -178,6 +191,7 @@ pub async fn run(target: &Target, args: &ChurnArgs) -> anyhow::Result<ChurnRepor
 
 /// One change: PUT the route, then GET it on the proxy until it answers.
 async fn change(ctx: Arc<Ctx>, i: u64, scheduled: Instant) -> Outcome {
+    let sent = Instant::now();
     let body = json!({ "match": { "path": ctx.path(i) }, "service": ctx.service });
     let reply = ctx.admin.put_json(&format!("/v1/routes/{}", ctx.route_name(i)), &body).await;
     match reply {
@@ -187,6 +201,7 @@ async fn change(ctx: Arc<Ctx>, i: u64, scheduled: Instant) -> Outcome {
     }
     let answered = Instant::now();
     let admin = answered - scheduled;
+    let admin_from_send = answered - sent;
     let path = ctx.path(i);
     let mut first_miss = None;
     let mut attempts: u32 = 0;
@@ -199,7 +214,7 @@ async fn change(ctx: Arc<Ctx>, i: u64, scheduled: Instant) -> Outcome {
                 break;
             };
             if answered.elapsed() >= EFFECTIVE_WINDOW || attempts >= MAX_ATTEMPTS {
-                return Outcome::NeverEffective { admin, last_miss: miss };
+                return Outcome::NeverEffective { admin, admin_from_send, last_miss: miss };
             }
             first_miss.get_or_insert(miss);
             tokio::time::sleep(RETRY_EVERY).await;
@@ -209,6 +224,7 @@ async fn change(ctx: Arc<Ctx>, i: u64, scheduled: Instant) -> Outcome {
     let served = 1 + ctx.others.len() as u32;
     Outcome::Effective {
         admin,
+        admin_from_send,
         effective: now - scheduled,
         after_admin: now - answered,
         retries: attempts - served,
@@ -227,6 +243,7 @@ struct Aggregate {
     max_retries: u32,
     first_miss: Counts,
     admin: Latency,
+    admin_from_send: Latency,
     effective_lat: Latency,
     after_admin: Latency,
     errors: Counts,
@@ -236,10 +253,11 @@ impl Aggregate {
     fn add(&mut self, outcome: Outcome) {
         match outcome {
             Outcome::AdminFailed(label) => self.errors.bump(label),
-            Outcome::Effective { admin, effective, after_admin, retries, first_miss } => {
+            Outcome::Effective { admin, admin_from_send, effective, after_admin, retries, first_miss } => {
                 self.changes_ok += 1;
                 self.effective += 1;
                 self.admin.record(admin);
+                self.admin_from_send.record(admin_from_send);
                 self.effective_lat.record(effective);
                 self.after_admin.record(after_admin);
                 if retries > 0 {
@@ -251,10 +269,11 @@ impl Aggregate {
                     self.first_miss.bump(miss);
                 }
             }
-            Outcome::NeverEffective { admin, last_miss } => {
+            Outcome::NeverEffective { admin, admin_from_send, last_miss } => {
                 self.changes_ok += 1;
                 self.never_effective += 1;
                 self.admin.record(admin);
+                self.admin_from_send.record(admin_from_send);
                 self.errors.bump(format!("never_effective_{last_miss}"));
             }
         }
@@ -336,6 +355,7 @@ mod tests {
         let mut agg = Aggregate::default();
         agg.add(Outcome::Effective {
             admin: Duration::from_micros(500),
+            admin_from_send: Duration::from_micros(450),
             effective: Duration::from_micros(900),
             after_admin: Duration::from_micros(400),
             retries: 0,
@@ -343,13 +363,18 @@ mod tests {
         });
         agg.add(Outcome::Effective {
             admin: Duration::from_micros(500),
+            admin_from_send: Duration::from_micros(450),
             effective: Duration::from_millis(3),
             after_admin: Duration::from_millis(2),
             retries: 2,
             first_miss: Some("404".to_owned()),
         });
         agg.add(Outcome::AdminFailed("admin_status_503".to_owned()));
-        agg.add(Outcome::NeverEffective { admin: Duration::from_micros(500), last_miss: "404".to_owned() });
+        agg.add(Outcome::NeverEffective {
+            admin: Duration::from_micros(500),
+            admin_from_send: Duration::from_micros(450),
+            last_miss: "404".to_owned(),
+        });
         assert_eq!(agg.changes_ok, 3);
         assert_eq!(agg.effective, 2);
         assert_eq!(agg.needed_retry, 1);
