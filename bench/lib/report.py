@@ -93,7 +93,8 @@ def plots(out: Path, results: dict) -> list[str]:
         return []
     made = []
     for name, fn in (("churn", plot_churn), ("throughput", plot_throughput), ("heterogeneous", plot_heterogeneous),
-                     ("peak", plot_peak), ("overhead", plot_overhead), ("tls", plot_tls)):
+                     ("peak", plot_peak), ("overhead", plot_overhead), ("tls", plot_tls),
+                     ("hostile", plot_hostile), ("cluster", plot_cluster)):
         r = results.get(name)
         if not r or "error" in r:
             continue
@@ -557,6 +558,48 @@ def plot_tls(plt, r):
     ax.set_ylabel("requests/s relative to nginx (up_h2: HAProxy)")
     ax.set_title("TLS at the front door and to the backend")
     ax.legend(fontsize=8)
+    return fig
+
+
+def plot_hostile(plt, r):
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4), gridspec_kw={"width_ratios": [3, 1]})
+    phases = (("quiet", "quiet"), ("hostile", "under attack"))
+    stats = (("p50_us", "p50"), ("p99_us", "p99"), ("max_us", "max"))
+    for i, (phase, label) in enumerate(phases):
+        x = r["runs"][phase]
+        a.bar([j + (i - 0.5) * 0.4 for j in range(len(stats))], [(x[k] or 0) / 1e3 for k, _ in stats], 0.4,
+              label=label)
+    a.set_xticks(range(len(stats)), [name for _, name in stats])
+    a.set_yscale("log")
+    a.set_ylabel("normal request latency (ms)")
+    s = r["summary"]
+    a.set_title(f"{s['rate']:.0f} req/s of normal traffic; failures under attack: "
+                f"{s['normal_failures_under_attack']}", fontsize=9)
+    a.legend(fontsize=8)
+    b.bar([label for _, label in phases], [r["runs"][p]["rss_peak_kib"] / 1024 for p, _ in phases],
+          color=["C0", "C1"])
+    b.set_ylabel("Tidegate RSS peak (MiB)")
+    return fig
+
+
+def plot_cluster(plt, r):
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    rows = [x for x in r["summary"] if "everywhere_p50_ms" in x]
+    names = [x["suite"] + (" loaded" if x["what"].startswith("loaded") else "") for x in rows]
+    xs = range(len(rows))
+    a.bar([i - 0.2 for i in xs], [x["everywhere_p50_ms"] for x in rows], 0.4, label="p50")
+    a.bar([i + 0.2 for i in xs], [x["everywhere_p99_ms"] for x in rows], 0.4, label="p99")
+    a.set_xticks(list(xs), names, rotation=20, ha="right", fontsize=7)
+    a.set_yscale("log")
+    a.set_ylabel("change → live on every instance (ms)")
+    a.set_title(f"{r['params']['rate']} changes/s through one instance", fontsize=9)
+    a.legend(fontsize=8)
+    sat = [x for x in r["summary"] if "change_sets_per_s" in x]
+    b.barh(range(len(sat)), [x["change_sets_per_s"] for x in sat])
+    b.set_yticks(range(len(sat)), [f"{x['suite']} {x['what']}" for x in sat], fontsize=6)
+    b.invert_yaxis()
+    b.set_xlabel("single-op change sets/s (closed loop)")
+    b.set_title("saturation", fontsize=9)
     return fig
 
 

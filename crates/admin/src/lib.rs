@@ -38,10 +38,10 @@ pub use tidegate_metrics::Collector;
 /// What the handlers share. Cloned for every request (axum hands each
 /// handler its own copy), so it is one reference-counted pointer.
 #[derive(Clone)]
-pub struct AdminState(Arc<Shared>);
+pub struct AdminState(Arc<AdminStateInner>);
 
 /// The contents of [`AdminState`].
-pub struct Shared {
+pub struct AdminStateInner {
     control: Control,
     token: Arc<str>,
     data_plane: SharedCollector,
@@ -52,9 +52,9 @@ pub struct Shared {
 }
 
 impl std::ops::Deref for AdminState {
-    type Target = Shared;
+    type Target = AdminStateInner;
 
-    fn deref(&self) -> &Shared {
+    fn deref(&self) -> &AdminStateInner {
         &self.0
     }
 }
@@ -89,7 +89,7 @@ impl AdminState {
         scaling: StatusBoard,
     ) -> AdminState {
         let registry = Arc::new(metrics::registry(&control, &events, &data_plane));
-        AdminState(Arc::new(Shared { control, token, data_plane, events, scaling, registry }))
+        AdminState(Arc::new(AdminStateInner { control, token, data_plane, events, scaling, registry }))
     }
 }
 

@@ -1,7 +1,9 @@
 //! The embedded store on SQLite, in WAL mode with `synchronous=FULL`: a
 //! commit appends its pages to the write-ahead log and syncs that one file
-//! once, which is as close to the disk's own sync time as a crash-safe
-//! store gets (see docs/benchmarks.md, "commit path").
+//! once, with `fdatasync` (the build sets `HAVE_FDATASYNC` through
+//! `LIBSQLITE3_FLAGS` in `.cargo/config.toml`), which is as close to the
+//! disk's own sync time as a crash-safe store gets (see
+//! docs/benchmarks.md, "commit path").
 
 use std::path::Path;
 use std::sync::Mutex;
