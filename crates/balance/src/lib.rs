@@ -171,17 +171,23 @@ pub struct ServiceSelector {
     primary: Arc<dyn Selector>,
     backup: Option<Arc<dyn Selector>>,
     primaries_len: usize,
-    all: Vec<Arc<Backend>>,
+    /// Every backend; also the primaries' pool when there is no backup.
+    all: Arc<Pool>,
 }
 
 impl ServiceSelector {
     /// Splits `backends` into primaries and backups and builds a selector for each.
     pub fn new(policy: &PolicySpec, backends: Vec<Arc<Backend>>) -> ServiceSelector {
         let policy = policy_for(policy);
-        let (backups, primaries): (Vec<_>, Vec<_>) = backends.iter().cloned().partition(|b| b.backup);
-        let backup = (!backups.is_empty()).then(|| policy.build(Arc::new(Pool::new(backups))));
+        let all = Arc::new(Pool::new(backends));
+        if !all.backends().iter().any(|b| b.backup) {
+            // The usual case: no second list to build (and drop) per change.
+            return ServiceSelector { primary: policy.build(all.clone()), backup: None, primaries_len: all.len(), all };
+        }
+        let (backups, primaries): (Vec<_>, Vec<_>) = all.backends().iter().cloned().partition(|b| b.backup);
+        let backup = Some(policy.build(Arc::new(Pool::new(backups))));
         let primaries_len = primaries.len();
-        ServiceSelector { primary: policy.build(Arc::new(Pool::new(primaries))), backup, primaries_len, all: backends }
+        ServiceSelector { primary: policy.build(Arc::new(Pool::new(primaries))), backup, primaries_len, all }
     }
 
     /// Recomputes dynamic weights (see [`Selector::refresh`]).
@@ -199,12 +205,12 @@ impl ServiceSelector {
 
     /// The primary backends, in id order.
     pub fn primaries(&self) -> impl Iterator<Item = &Arc<Backend>> {
-        self.all.iter().filter(|b| !b.backup).take(self.primaries_len)
+        self.all.backends().iter().filter(|b| !b.backup).take(self.primaries_len)
     }
 
     /// Every backend, primaries and backups, in id order.
     pub fn backends(&self) -> &[Arc<Backend>] {
-        &self.all
+        self.all.backends()
     }
 
     /// Picks a backend: a primary when one is accepted, else a backup.
