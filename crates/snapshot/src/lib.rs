@@ -11,11 +11,14 @@ use std::cmp::Ordering;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-use imbl::HashMap;
+use imbl::ordmap::DiffItem;
+use imbl::{HashMap, OrdMap};
 use tidegate_balance::limit::LimitParams;
-use tidegate_balance::{Backend, ServiceSelector};
+use tidegate_balance::{Backend, BackendStats, ServiceSelector};
 use tidegate_metrics::LazyHistogram;
-use tidegate_model::{ConfigState, Delta, RetryBudget, ServiceName, ServiceSettings, ServiceSpec};
+use tidegate_model::{
+    BackendId, BackendSpec, ConfigState, Delta, RetryBudget, ServiceName, ServiceSettings, ServiceSpec,
+};
 use tidegate_router::Router;
 pub use tidegate_router::{Entry, RequestView, RouteStats};
 
@@ -72,6 +75,10 @@ pub struct ServiceRuntime {
     pub live: Arc<ServiceLive>,
     /// How its backends are reached (TLS, HTTP version), compiled once.
     pub upstream: tidegate_upstream::Profile,
+    /// The backends' specs it was built from, in id order like the
+    /// selector's list (it shares its structure with the configuration):
+    /// the next build compares against it to touch only what changed.
+    backend_specs: OrdMap<BackendId, BackendSpec>,
 }
 
 impl ServiceRuntime {
@@ -79,33 +86,13 @@ impl ServiceRuntime {
     /// backends that kept their id and address, and keeping as they are
     /// those whose spec did not change either.
     pub fn build(name: ServiceName, spec: &ServiceSpec, previous: Option<&ServiceRuntime>) -> ServiceRuntime {
-        // Both sides are in id order: carry stats over with one merge pass,
-        // so a rebuild costs O(backends), not O(backends²).
         let learning = limit_params(&spec.settings);
-        let same_learning = previous.is_some_and(|p| limit_params(&p.settings) == learning);
-        let mut old = previous.map(|p| p.selector.backends()).unwrap_or_default().iter().peekable();
-        let backends = spec
-            .backends
-            .iter()
-            .map(|(id, b)| {
-                // One comparison of ids per step: they are strings.
-                let same_id = loop {
-                    match old.peek().map(|o| o.id.cmp(id)) {
-                        Some(Ordering::Less) => _ = old.next(),
-                        Some(Ordering::Equal) => break old.next(),
-                        Some(Ordering::Greater) | None => break None,
-                    }
-                };
-                if let Some(o) = same_id.filter(|o| same_learning && o.is_built_from(b)) {
-                    // Unchanged: its limit already follows these settings.
-                    return Arc::clone(o);
-                }
-                let stats = same_id.filter(|o| o.addr == b.addr).map(|o| o.stats.clone());
-                let backend = Backend::new(id.clone(), b, stats);
-                backend.stats.learn_limit(learning);
-                Arc::new(backend)
-            })
-            .collect();
+        // Unchanged limit settings: only the backends whose spec changed
+        // need building.
+        let same_limits = previous.filter(|p| limit_params(&p.settings) == learning);
+        let backends = same_limits
+            .and_then(|p| p.changed_backends(spec, learning))
+            .unwrap_or_else(|| merged_backends(spec, previous, learning));
         let upstream = match previous.filter(|p| p.settings.upstream == spec.settings.upstream) {
             Some(p) => p.upstream.clone(),
             None => tidegate_upstream::Profile::build(&spec.settings.upstream).unwrap_or_else(|e| {
@@ -120,8 +107,89 @@ impl ServiceRuntime {
             selector: ServiceSelector::new(&spec.settings.policy, backends),
             live: previous.map(|p| p.live.clone()).unwrap_or_default(),
             upstream,
+            backend_specs: spec.backends.clone(),
         }
     }
+
+    /// This service's backends with `spec`'s changes applied, found by
+    /// comparing the two maps of specs: the parts they share are skipped,
+    /// so a change to one backend of thousands compares a few dozen
+    /// entries, and every unchanged backend is kept as it is. Only valid
+    /// when the limit settings did not change. `None` if the list and the
+    /// specs it was built from disagree (a bug): the caller then merges.
+    fn changed_backends(&self, spec: &ServiceSpec, learning: Option<LimitParams>) -> Option<Vec<Arc<Backend>>> {
+        let old = self.selector.backends();
+        let mut out = Vec::with_capacity(spec.backends.len());
+        // `old[next..]` is what has not been copied or replaced yet.
+        let mut next = 0;
+        for change in self.backend_specs.diff(&spec.backends) {
+            let id = match change {
+                DiffItem::Add(id, _) | DiffItem::Remove(id, _) | DiffItem::Update { new: (id, _), .. } => id,
+            };
+            let at = next + old[next..].partition_point(|o| &o.id < id);
+            out.extend_from_slice(&old[next..at]);
+            next = at;
+            let here = old.get(at).filter(|o| &o.id == id);
+            match change {
+                DiffItem::Add(_, b) if here.is_none() => out.push(backend(id, b, None, learning)),
+                DiffItem::Update { new: (_, b), .. } => {
+                    let o = here?;
+                    out.push(backend(id, b, (o.addr == b.addr).then(|| o.stats.clone()), learning));
+                    next += 1;
+                }
+                DiffItem::Remove(..) => {
+                    here?;
+                    next += 1;
+                }
+                DiffItem::Add(..) => return None,
+            }
+        }
+        out.extend_from_slice(&old[next..]);
+        (out.len() == spec.backends.len()).then_some(out)
+    }
+}
+
+/// `spec`'s backends, carrying over the statistics of `previous`'s that
+/// kept their id and address, and keeping those that did not change when
+/// the limit settings did not either. Both lists are in id order: one
+/// merge pass, so it costs O(backends), not O(backends²).
+fn merged_backends(
+    spec: &ServiceSpec,
+    previous: Option<&ServiceRuntime>,
+    learning: Option<LimitParams>,
+) -> Vec<Arc<Backend>> {
+    let same_learning = previous.is_some_and(|p| limit_params(&p.settings) == learning);
+    let mut old = previous.map(|p| p.selector.backends()).unwrap_or_default().iter().peekable();
+    spec.backends
+        .iter()
+        .map(|(id, b)| {
+            // One comparison of ids per step: they are strings.
+            let same_id = loop {
+                match old.peek().map(|o| o.id.cmp(id)) {
+                    Some(Ordering::Less) => _ = old.next(),
+                    Some(Ordering::Equal) => break old.next(),
+                    Some(Ordering::Greater) | None => break None,
+                }
+            };
+            if let Some(o) = same_id.filter(|o| same_learning && o.is_built_from(b)) {
+                // Unchanged: its limit already follows these settings.
+                return Arc::clone(o);
+            }
+            backend(id, b, same_id.filter(|o| o.addr == b.addr).map(|o| o.stats.clone()), learning)
+        })
+        .collect()
+}
+
+/// A backend of the data plane, its limit set to follow `learning`.
+fn backend(
+    id: &BackendId,
+    spec: &BackendSpec,
+    stats: Option<Arc<BackendStats>>,
+    learning: Option<LimitParams>,
+) -> Arc<Backend> {
+    let backend = Backend::new(id.clone(), spec, stats);
+    backend.stats.learn_limit(learning);
+    Arc::new(backend)
 }
 
 /// How a service's backends learn their limit, if they do.
@@ -270,6 +338,65 @@ mod tests {
         let view = RequestView { host: "", path: "/a/1", method: &Method::GET, headers: &headers };
         assert_eq!(snap2.route(&view).unwrap().name.as_str(), "r");
         assert!(full.route(&view).is_some());
+    }
+
+    /// (id, address, weight, statistics) of each backend of service `a`.
+    fn backends_of(snap: &Snapshot) -> Vec<(String, String, u32, *const BackendStats)> {
+        let a = snap.service("a").unwrap();
+        let list = a.selector.backends();
+        list.iter().map(|b| (b.id.to_string(), b.addr.to_string(), b.weight, Arc::as_ptr(&b.stats))).collect()
+    }
+
+    #[test]
+    fn rebuilding_from_the_changed_specs_matches_a_merge_of_all_of_them() {
+        let many: Vec<String> =
+            (0..300).map(|i| format!(r#"{{"id":"b{i:03}","addr":"127.0.0.1:{}"}}"#, 1000 + i)).collect();
+        let text =
+            format!(r#"{{"ops":[{{"op":"put_service","name":"a","spec":{{"backends":[{}]}}}}]}}"#, many.join(","));
+        let (mut state, _) = apply(&ConfigState::default(), 0, &text);
+        let mut snap = Snapshot::from_state(&state, 1);
+        let steps = [
+            r#"{"op":"put_backend","service":"a","id":"b150","spec":{"addr":"127.0.0.1:1150","weight":7}}"#,
+            r#"{"op":"put_backend","service":"a","id":"b151","spec":{"addr":"127.0.0.1:9999"}}"#,
+            r#"{"op":"delete_backend","service":"a","id":"b000"}"#,
+            r#"{"op":"delete_backend","service":"a","id":"b299"}"#,
+            r#"{"op":"put_backend","service":"a","id":"a-first","spec":{"addr":"127.0.0.1:2"}}"#,
+            r#"{"op":"put_backend","service":"a","id":"b150x","spec":{"addr":"127.0.0.1:3"}}"#,
+            r#"{"op":"put_backend","service":"a","id":"z-last","spec":{"addr":"127.0.0.1:4"}}"#,
+            r#"{"op":"put_backend","service":"a","id":"b010","spec":{"addr":"127.0.0.1:1010"}}"#,
+        ];
+        for (n, op) in steps.iter().enumerate() {
+            let rev = n as u64 + 1;
+            let before = snap.service("a").unwrap().clone();
+            let (next_state, delta) = apply(&state, rev, &format!(r#"{{"ops":[{op}]}}"#));
+            let spec = next_state.service("a").unwrap();
+            let learning = limit_params(&spec.settings);
+            assert!(before.changed_backends(spec, learning).is_some(), "step {n} took the fast path");
+            let next = snap.next(&next_state, &delta, rev + 1);
+
+            let merged = merged_backends(spec, Some(&before), learning);
+            let merged: Vec<_> = merged
+                .iter()
+                .map(|b| (b.id.to_string(), b.addr.to_string(), b.weight, Arc::as_ptr(&b.stats)))
+                .collect();
+            let got = backends_of(&next);
+            assert_eq!(
+                got.iter().map(|b| (&b.0, &b.1, b.2)).collect::<Vec<_>>(),
+                merged.iter().map(|b| (&b.0, &b.1, b.2)).collect::<Vec<_>>(),
+                "step {n}"
+            );
+            let kept: std::collections::HashMap<_, _> =
+                before.selector.backends().iter().map(|b| (b.id.to_string(), b)).collect();
+            for b in next.service("a").unwrap().selector.backends() {
+                if let Some(old) = kept.get(b.id.as_str()) {
+                    let same_spec = old.is_built_from(spec.backends.get(&b.id).unwrap());
+                    assert_eq!(Arc::ptr_eq(b, old), same_spec, "step {n}: {} kept only if unchanged", b.id);
+                    assert_eq!(Arc::ptr_eq(&b.stats, &old.stats), old.addr == b.addr, "step {n}: {}", b.id);
+                }
+            }
+            (state, snap) = (next_state, next);
+        }
+        assert_eq!(backends_of(&snap).len(), 300 - 2 + 3);
     }
 
     #[test]
