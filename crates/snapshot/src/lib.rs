@@ -149,16 +149,16 @@ impl ServiceRuntime {
     }
 }
 
-/// `spec`'s backends, carrying over the statistics of `previous`'s that
-/// kept their id and address, and keeping those that did not change when
-/// the limit settings did not either. Both lists are in id order: one
-/// merge pass, so it costs O(backends), not O(backends²).
+/// `spec`'s backends, all built anew, carrying over the statistics of
+/// `previous`'s that kept their id and address: for the first build and
+/// when the limit settings changed (every backend's limit must follow).
+/// Both lists are in id order: one merge pass, so it costs O(backends),
+/// not O(backends²).
 fn merged_backends(
     spec: &ServiceSpec,
     previous: Option<&ServiceRuntime>,
     learning: Option<LimitParams>,
 ) -> Vec<Arc<Backend>> {
-    let same_learning = previous.is_some_and(|p| limit_params(&p.settings) == learning);
     let mut old = previous.map(|p| p.selector.backends()).unwrap_or_default().iter().peekable();
     spec.backends
         .iter()
@@ -171,10 +171,6 @@ fn merged_backends(
                     Some(Ordering::Greater) | None => break None,
                 }
             };
-            if let Some(o) = same_id.filter(|o| same_learning && o.is_built_from(b)) {
-                // Unchanged: its limit already follows these settings.
-                return Arc::clone(o);
-            }
             backend(id, b, same_id.filter(|o| o.addr == b.addr).map(|o| o.stats.clone()), learning)
         })
         .collect()
