@@ -39,10 +39,13 @@
 //!   answers of a backend with variable service times): the window's mean
 //!   becomes the baseline and the remembered ceiling is forgotten; when it
 //!   was off by more than twice the tolerance, slow start begins again.
-//! - **A flat curve**: when lowering the limit three windows in a row
-//!   did not lower the latency, the rise is not queueing at this backend
-//!   (the proxy itself is busy, or other clients load the backend): the
+//! - **A flat curve**: when the cuts since the latency was last within
+//!   the tolerance have halved the limit and the latency has not come
+//!   down by a quarter, the rise is not queueing at this backend (the
+//!   proxy itself is busy, or other clients load the backend): the
 //!   baseline is reset to the current latency instead of starving it.
+//!   Judged against where the cuts began, not window to window, so that
+//!   the noise of real answers cannot hide a flat curve.
 
 use std::time::Duration;
 
@@ -58,8 +61,12 @@ pub const SLOW_START_SAMPLES: u32 = 8;
 const CLIP_FACTOR: f64 = 8.0;
 /// Calm windows below a ceiling before one probe above it.
 pub const PROBE_AFTER: u32 = 8;
-/// Queued windows without a latency drop before the baseline is reset.
-const FLAT_DECREASES: u32 = 3;
+/// Cuts that brought the limit to this share of where they began...
+const FLAT_CUT: f64 = 0.5;
+/// ...and left the latency above this share of what it was then: a flat
+/// curve (queueing at the backend would have come down about as much as
+/// the limit did).
+const FLAT_LATENCY: f64 = 0.75;
 /// How fast the baseline follows calm windows, and windows far below it.
 const BASELINE_RATE: f64 = 0.1;
 /// A remembered ceiling is probed above after this long (ns) even without
@@ -136,10 +143,9 @@ pub struct LimitEstimator {
     ceiling: Option<f64>,
     ceiling_since_ns: u64,
     calm_below_ceiling: u32,
-    /// Mean latency of the last queued window, and how many queued windows
-    /// in a row did not improve on it.
-    last_queued_ns: f64,
-    flat: u32,
+    /// Since the latency was last within the tolerance: the limit before
+    /// the first cut, and that window's mean latency.
+    cuts_from: Option<(f64, f64)>,
     /// Until the first window that is not calm: the limit doubles per
     /// (short) window, and the baseline is the mean of every answer so far.
     slow_start: Option<(f64, u32)>,
@@ -170,8 +176,7 @@ impl LimitEstimator {
             ceiling: None,
             ceiling_since_ns: 0,
             calm_below_ceiling: 0,
-            last_queued_ns: 0.0,
-            flat: 0,
+            cuts_from: None,
             slow_start: Some((0.0, 0)),
         }
     }
@@ -293,8 +298,7 @@ impl LimitEstimator {
         if excess > allowed {
             return self.queued(mean, now_ns);
         }
-        self.flat = 0;
-        self.last_queued_ns = 0.0;
+        self.cuts_from = None;
         let saturated = w.max_concurrency as f64 >= self.limit.floor();
         if excess > allowed / 2.0 {
             if saturated {
@@ -332,8 +336,7 @@ impl LimitEstimator {
             self.slow_start = Some((w.alone_sum_ns, w.alone_samples));
         }
         self.baseline_ns = mean;
-        self.flat = 0;
-        self.last_queued_ns = 0.0;
+        self.cuts_from = None;
         self.ceiling = None;
         self.calm_below_ceiling = 0;
         Verdict::Rebaselined
@@ -348,17 +351,11 @@ impl LimitEstimator {
 
     fn queued(&mut self, mean: f64, now_ns: u64) -> Verdict {
         let p = self.params;
-        if self.last_queued_ns > 0.0 && mean >= 0.95 * self.last_queued_ns {
-            self.flat += 1;
-        } else {
-            self.flat = 0;
-            self.last_queued_ns = mean;
-        }
-        if self.flat >= FLAT_DECREASES {
+        let (from_limit, from_mean) = *self.cuts_from.get_or_insert((self.limit, mean));
+        if self.limit <= from_limit * FLAT_CUT && mean >= from_mean * FLAT_LATENCY {
             // Lowering the limit did not lower the latency: not our queue.
             self.baseline_ns = mean;
-            self.flat = 0;
-            self.last_queued_ns = 0.0;
+            self.cuts_from = None;
             self.ceiling = None;
             return Verdict::Rebaselined;
         }
@@ -540,6 +537,33 @@ mod tests {
         let verdicts = feed(&mut est, 5_000_000, 20_000);
         assert!(verdicts.contains(&Verdict::Rebaselined), "{verdicts:?}");
         assert!(est.limit() >= before / 2, "limit {} fell from {before}", est.limit());
+    }
+
+    #[test]
+    fn a_noisy_flat_curve_does_not_starve_the_backend_either() {
+        // As above, but each answer's latency is exponential around 5 ms
+        // (whatever the limit): window means wander by a fifth, so no
+        // three queued windows in a row look alike. Cutting the limit
+        // never lowers the latency, and the limit must not spiral down.
+        let mut rng = fastrand::Rng::with_seed(11);
+        let mut est = LimitEstimator::new(LimitParams { initial: 100.0, ..params() });
+        let mut now = 0u64;
+        let mut feed = |est: &mut LimitEstimator, mean_ns: f64, n: usize| {
+            let mut lowest = u64::MAX;
+            for _ in 0..n {
+                now += 10_000;
+                let latency_ns = (-mean_ns * (1.0 - rng.f64()).ln()) as u64;
+                let s = Sample { now_ns: now, latency_ns, concurrency: est.limit(), congested: false };
+                est.observe(s);
+                lowest = lowest.min(est.limit());
+            }
+            lowest
+        };
+        feed(&mut est, 100_000.0, 2_000);
+        let before = est.limit();
+        let lowest = feed(&mut est, 5_000_000.0, 40_000);
+        assert!(lowest >= before / 4, "limit fell to {lowest} from {before}");
+        assert!(est.limit() >= before / 2, "limit {} from {before}", est.limit());
     }
 
     #[test]
