@@ -58,19 +58,25 @@ impl BackendStats {
 }
 
 /// Applies a request outcome to passive outlier detection. `pool` is every
-/// backend of the service, to bound the ejected share. Returns true when
-/// this outcome ejected the backend.
+/// backend of the service, to bound the ejected share. `now_ms` reads the
+/// time on [`clock`](crate::clock), only when a failure is counted (the
+/// common success path does not read the clock). Returns true when this
+/// outcome ejected the backend.
 pub fn record_outcome(
     backend: &Backend,
     outcome: Outcome,
-    now_ms: u64,
+    now_ms: impl FnOnce() -> u64,
     passive: &PassiveCheck,
     pool: &[Arc<Backend>],
 ) -> bool {
     let s = &backend.stats;
     match outcome {
         Outcome::Success => {
-            s.consecutive_failures.store(0, Relaxed);
+            // Read first: a store on every success would pull the line
+            // away from the other workers' caches for nothing.
+            if s.consecutive_failures.load(Relaxed) != 0 {
+                s.consecutive_failures.store(0, Relaxed);
+            }
             return false;
         }
         // Shedding load is not breakage: ejecting an overloaded backend
@@ -79,6 +85,7 @@ pub fn record_outcome(
         Outcome::Failure | Outcome::TimedOut => {}
     }
     let n = s.consecutive_failures.fetch_add(1, Relaxed).saturating_add(1);
+    let now_ms = now_ms();
     if passive.consecutive_failures == 0 || n < passive.consecutive_failures || s.is_ejected(now_ms) {
         return false;
     }
@@ -142,7 +149,7 @@ mod tests {
     fn consecutive_failures_eject_with_growing_backoff() {
         let p = pool(4);
         let b = &p[0];
-        let fail = |now| record_outcome(b, Outcome::Failure, now, &passive(), &p);
+        let fail = |now| record_outcome(b, Outcome::Failure, || now, &passive(), &p);
         assert!(!fail(0) && !fail(0));
         assert!(fail(0), "third failure ejects");
         assert!(!b.stats.is_available(500));
@@ -153,13 +160,13 @@ mod tests {
         assert!(b.stats.is_available(3_100));
         // Shed requests (503) neither count nor reset.
         assert!(!fail(4_000) && !fail(4_000));
-        assert!(!record_outcome(b, Outcome::Overloaded, 4_000, &passive(), &p));
+        assert!(!record_outcome(b, Outcome::Overloaded, || 4_000, &passive(), &p));
         assert!(fail(4_000), "503s do not interrupt the streak either");
         // A success resets the count of consecutive failures.
         let b = &p[1];
-        let fail = |now| record_outcome(b, Outcome::Failure, now, &passive(), &p);
+        let fail = |now| record_outcome(b, Outcome::Failure, || now, &passive(), &p);
         assert!(!fail(4_000) && !fail(4_000));
-        record_outcome(b, Outcome::Success, 4_000, &passive(), &p);
+        record_outcome(b, Outcome::Success, || 4_000, &passive(), &p);
         assert!(!fail(4_000));
     }
 
@@ -169,7 +176,7 @@ mod tests {
         let mut ejected = 0;
         for b in &p {
             for _ in 0..3 {
-                if record_outcome(b, Outcome::Failure, 0, &passive(), &p) {
+                if record_outcome(b, Outcome::Failure, || 0, &passive(), &p) {
                     ejected += 1;
                 }
             }

@@ -193,10 +193,17 @@ const EWMA_ALPHA: f64 = 0.2;
 const PEAK_DECAY_NS: f64 = 10e9;
 
 impl BackendStats {
-    /// Marks a request as started; the guard marks it finished when dropped.
+    /// Marks a request as started now; the guard marks it finished when
+    /// dropped.
     pub fn start(self: &Arc<Self>) -> InFlight {
+        self.start_at(Instant::now())
+    }
+
+    /// Marks a request as started at `started`, a time the caller read
+    /// for other uses too.
+    pub fn start_at(self: &Arc<Self>, started: Instant) -> InFlight {
         let concurrency = self.in_flight.fetch_add(1, Relaxed) + 1;
-        InFlight { stats: self.clone(), started: Instant::now(), concurrency, done: false }
+        InFlight { stats: self.clone(), started, concurrency, done: false }
     }
 
     /// Starts, updates or stops learning this backend's concurrency limit.
@@ -229,7 +236,7 @@ impl BackendStats {
         self.learner.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(LimitEstimator::baseline)
     }
 
-    fn learn(&self, outcome: Outcome, latency: Duration, concurrency: u64) {
+    fn learn(&self, outcome: Outcome, latency: Duration, concurrency: u64, now_ns: u64) {
         let congested = match outcome {
             Outcome::Success => false,
             Outcome::Overloaded | Outcome::TimedOut => true,
@@ -238,8 +245,7 @@ impl BackendStats {
         };
         let mut learner = self.learner.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(l) = learner.as_mut() {
-            let sample =
-                Sample { now_ns: clock::now_ns(), latency_ns: latency.as_nanos() as u64, concurrency, congested };
+            let sample = Sample { now_ns, latency_ns: latency.as_nanos() as u64, concurrency, congested };
             l.observe(sample);
             self.limit.store(l.limit(), Relaxed);
         }
@@ -279,9 +285,11 @@ impl BackendStats {
         cost * (-age / decay_ns).exp()
     }
 
-    fn record(&self, outcome: Outcome, latency: Duration, concurrency: u64) {
+    /// Takes one finished attempt; `now_ns` is when it finished (on
+    /// [`clock`]), read once by the caller.
+    fn record(&self, outcome: Outcome, latency: Duration, concurrency: u64, now_ns: u64) {
         if self.learns_limit() {
-            self.learn(outcome, latency, concurrency);
+            self.learn(outcome, latency, concurrency, now_ns);
         }
         self.requests.fetch_add(1, Relaxed);
         if outcome != Outcome::Success {
@@ -292,8 +300,7 @@ impl BackendStats {
         let old = self.latency_ewma.get();
         self.latency_ewma.set(if old > 0.0 { old + EWMA_ALPHA * (sample - old) } else { sample });
         // Peak EWMA: jumps up to a slower sample at once, decays otherwise.
-        let now = clock::now_ns();
-        let age = now.saturating_sub(self.peak_stamp_ns.swap(now, Relaxed)) as f64;
+        let age = now_ns.saturating_sub(self.peak_stamp_ns.swap(now_ns, Relaxed)) as f64;
         let cost = self.peak_ewma.get();
         let next = if sample > cost {
             sample
@@ -362,10 +369,12 @@ pub struct InFlight {
 
 impl InFlight {
     /// Records the outcome and the latency since the start (once; later
-    /// calls are ignored).
+    /// calls are ignored). Reads the clock once, for every use.
     pub fn record(&mut self, outcome: Outcome) {
         if !self.done {
-            self.stats.record(outcome, self.started.elapsed(), self.concurrency);
+            let now = Instant::now();
+            let latency = now.saturating_duration_since(self.started);
+            self.stats.record(outcome, latency, self.concurrency, clock::ns_at(now));
             self.done = true;
         }
     }
@@ -409,13 +418,13 @@ mod tests {
         s.learn_limit(Some(params));
         assert_eq!((s.learned_limit(), s.learns_limit()), (4, true));
         // A shed answer at concurrency 4 cuts the limit: 3 * 0.9.
-        s.record(Outcome::Overloaded, Duration::from_millis(1), 4);
+        s.record(Outcome::Overloaded, Duration::from_millis(1), 4, clock::now_ns());
         assert_eq!(s.learned_limit(), 2);
         // New bounds keep what was learned, clamped.
         s.learn_limit(Some(LimitParams { min: 3.0, ..params }));
         assert_eq!(s.learned_limit(), 3);
         // An error answer (500) says nothing about capacity.
-        s.record(Outcome::Failure, Duration::from_millis(1), 50);
+        s.record(Outcome::Failure, Duration::from_millis(1), 50, clock::now_ns());
         assert_eq!(s.learned_limit(), 3);
         s.learn_limit(None);
         assert_eq!((s.learned_limit(), s.learns_limit(), s.view().learned_limit), (u64::MAX, false, None));
@@ -424,8 +433,8 @@ mod tests {
     #[test]
     fn peak_ewma_jumps_up_and_decays() {
         let s = BackendStats::default();
-        s.record(Outcome::Success, Duration::from_millis(100), 1);
         let now = clock::now_ns();
+        s.record(Outcome::Success, Duration::from_millis(100), 1, now);
         let peak = s.peak_ewma_ns(now, 1e9);
         assert!(peak > 90e6, "{peak}");
         assert!(s.peak_ewma_ns(now + 2_000_000_000, 1e9) < peak / 5.0);

@@ -124,10 +124,12 @@ pub(crate) async fn run<E: Exchange>(
             break;
         }
         trace.attempts += 1;
-        let slot = Slot::take(&backend, service);
+        // One clock read for the attempt: its latency and its deadline.
+        let now = Instant::now();
+        let slot = Slot::take(&backend, service, now.into_std());
         // The slot is taken: leaving the queue now passes the turn on.
         queue.waiting = None;
-        let (result, slot) = attempt(service, ex, &backend, fresh, slot).await;
+        let (result, slot) = attempt(service, ex, &backend, fresh, slot, now).await;
         let failure = match result {
             Ok(answer) => {
                 if reads_orca {
@@ -172,8 +174,8 @@ pub(crate) async fn run<E: Exchange>(
     shed.ok_or(last)
 }
 
-/// One attempt against one backend (whose `slot` the caller took), within
-/// the service's response timeout.
+/// One attempt against one backend (whose `slot` the caller took at
+/// `started`), within the service's response timeout.
 /// Records the outcome for passive health when the backend is to blame.
 async fn attempt<E: Exchange>(
     service: &ServiceRuntime,
@@ -181,15 +183,16 @@ async fn attempt<E: Exchange>(
     backend: &Arc<Backend>,
     fresh: bool,
     mut slot: Slot,
+    started: Instant,
 ) -> (Result<E::Answer, ErrorKind>, Slot) {
     let settings = &service.settings;
-    let deadline = Instant::now() + Duration::from_millis(settings.timeouts.response_ms);
+    let deadline = started + Duration::from_millis(settings.timeouts.response_ms);
     let result = ex.send(backend, service, fresh, deadline).await;
     let seen = result.as_ref().map(E::status).map_err(|k| *k);
     if let Some(outcome) = outcome_of(&seen) {
         slot.record(outcome);
         let pool = service.selector.backends();
-        if record_outcome(backend, outcome, clock::now_ms(), &settings.health.passive, pool) {
+        if record_outcome(backend, outcome, clock::now_ms, &settings.health.passive, pool) {
             tracing::warn!(service = %service.name, backend = %backend.id, addr = %backend.addr, "backend ejected after consecutive failures");
         }
     }

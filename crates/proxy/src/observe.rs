@@ -121,8 +121,9 @@ fn blank(client: SocketAddr, protocol: &'static str) -> Line {
 
 /// Counts a finished request: in its route's duration histogram (or the
 /// one of requests that matched no route), and its retries.
-fn count(seen: &Seen, counters: &Counters) {
-    seen.route.as_deref().unwrap_or(&counters.unrouted).observe(seen.status, seen.start.elapsed());
+fn count(seen: &Seen, ended: Instant, counters: &Counters) {
+    let took = ended.saturating_duration_since(seen.start);
+    seen.route.as_deref().unwrap_or(&counters.unrouted).observe(seen.status, took);
     if seen.attempts > 1 {
         counters.retried(u64::from(seen.attempts - 1));
     }
@@ -184,7 +185,7 @@ impl Drop for Finish {
         if self.seen.status == 0 {
             self.seen.status = CLIENT_GONE;
         }
-        count(&self.seen, &self.counters);
+        count(&self.seen, Instant::now(), &self.counters);
         if let (Some(log), Some(mut line)) = (&self.log, self.line.take()) {
             self.seen.fill(&mut line);
             line.bytes_out = self.bytes_out;
@@ -194,11 +195,11 @@ impl Drop for Finish {
 }
 
 impl Proxy {
-    /// Counts a finished request in its route's histogram and, when the
-    /// access log is on, sends its line (`describe` fills in what only the
-    /// request knows).
-    pub(crate) fn finish(&self, seen: &Seen, describe: impl FnOnce(&Seen) -> Line) {
-        count(seen, self.metrics());
+    /// Counts a request that `ended` (its last byte written) in its route's
+    /// histogram and, when the access log is on, sends its line (`describe`
+    /// fills in what only the request knows).
+    pub(crate) fn finish(&self, seen: &Seen, ended: Instant, describe: impl FnOnce(&Seen) -> Line) {
+        count(seen, ended, self.metrics());
         if let Some(log) = self.access_log() {
             log.send(describe(seen));
         }

@@ -187,10 +187,10 @@ pub struct Slot {
 }
 
 impl Slot {
-    /// Counts a request in flight to `backend` of `service`.
-    pub(crate) fn take(backend: &Backend, service: &ServiceRuntime) -> Slot {
+    /// Counts a request in flight to `backend` of `service`, from `now`.
+    pub(crate) fn take(backend: &Backend, service: &ServiceRuntime, now: std::time::Instant) -> Slot {
         let limited = backend.is_limited();
-        Slot { guard: Some(backend.stats.start()), live: limited.then(|| service.live.clone()) }
+        Slot { guard: Some(backend.stats.start_at(now)), live: limited.then(|| service.live.clone()) }
     }
 
     pub(crate) fn record(&mut self, outcome: Outcome) {

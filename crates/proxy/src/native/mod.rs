@@ -138,6 +138,9 @@ pub(crate) async fn serve<S: ClientIo>(
     let (mut consumed, mut sent) = (0u64, 0u64);
     let mut head = RequestHead::default();
     let mut served = 0u64;
+    // When the last request ended: one clock read for its metrics and the
+    // idle deadline of the next.
+    let mut ended = accepted;
     // One wait for the worker's stop, registered once for the connection.
     let mut stop_wait = stop.clone();
     let mut stopped = std::pin::pin!(async move {
@@ -146,7 +149,7 @@ pub(crate) async fn serve<S: ClientIo>(
     loop {
         let deadline = match served {
             0 => accepted + limits.first_request_timeout,
-            _ => Instant::now() + limits.idle_timeout,
+            _ => ended + limits.idle_timeout,
         };
         match next_head(&mut client, &mut head, served == 0, deadline, head_limits, stopped.as_mut()).await {
             Next::Request => {}
@@ -161,7 +164,7 @@ pub(crate) async fn serve<S: ClientIo>(
             Next::Refused(e) => {
                 client.seen = Seen::new(Instant::now());
                 refuse(&mut client, e, &proxy).await;
-                proxy.finish(&client.seen, |seen| {
+                proxy.finish(&client.seen, Instant::now(), |seen| {
                     let mut line = seen.line(peer.addr, "HTTP/1.1");
                     line.method = "-".into();
                     line.bytes_in = client.io.bytes_read() - consumed;
@@ -179,12 +182,13 @@ pub(crate) async fn serve<S: ClientIo>(
         // while the request does, not in every idle connection's task.
         let ctx = Ctx { head: &head, buf: &buf, peer: &peer, proxy: &proxy, limits: &limits, stopping };
         let keep = Box::pin(handle(&mut client, &ctx)).await;
+        ended = Instant::now();
         // This request's bytes: those used since the previous one ended
         // (less what is already read of the next).
         let used = client.io.bytes_read() - client.inbox.len() as u64;
         let (bytes_in, bytes_out) = (used - consumed, client.io.bytes_written() - sent);
         (consumed, sent) = (used, client.io.bytes_written());
-        proxy.finish(&client.seen, |seen| log_line(seen, &head, &buf, &peer, (bytes_in, bytes_out)));
+        proxy.finish(&client.seen, ended, |seen| log_line(seen, &head, &buf, &peer, (bytes_in, bytes_out)));
         drop(buf);
         if !keep {
             let _ = client.io.shutdown().await;
@@ -481,7 +485,8 @@ async fn forward<S: ClientIo>(
     if head.expect_continue && head.body != RequestBody::Empty {
         client.io.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.map_err(|_| ErrorKind::ClientBody)?;
     }
-    let body_until = Instant::now() + limits.body_total_timeout;
+    // The body's time counts from the request's head.
+    let body_until = client.seen.start + limits.body_total_timeout;
     let body = match head.body {
         RequestBody::Empty => Body::Buffered(Bytes::new()),
         RequestBody::Length(n) if n <= REPLAY_LIMIT => {
