@@ -59,13 +59,22 @@ fn main() -> ExitCode {
     }
     let result = builder.enable_all().build().map_err(anyhow::Error::from).and_then(|rt| rt.block_on(run(&cli)));
     match result {
-        Ok(json) => {
-            println!("{json}");
-            ExitCode::SUCCESS
-        }
+        Ok(json) => report(&json, ExitCode::SUCCESS),
         Err(err) => {
             eprintln!("tidegate-bench: {err:#}");
-            println!("{}", serde_json::json!({ "error": format!("{err:#}") }));
+            report(&serde_json::json!({ "error": format!("{err:#}") }).to_string(), ExitCode::FAILURE)
+        }
+    }
+}
+
+/// Prints the report on stdout. A reader that went away (a closed pipe)
+/// is an error to say, not a panic.
+fn report(json: &str, code: ExitCode) -> ExitCode {
+    use std::io::Write;
+    match writeln!(std::io::stdout().lock(), "{json}") {
+        Ok(()) => code,
+        Err(e) => {
+            eprintln!("tidegate-bench: cannot write the report: {e}");
             ExitCode::FAILURE
         }
     }
