@@ -67,20 +67,22 @@ impl Seen {
         self.request_id.map(|id| String::from_utf8_lossy(&id).into_owned())
     }
 
-    /// A line with what this record holds; the caller fills in what the
-    /// request itself says (method, host, target, headers, bytes).
-    pub(crate) fn line(&self, client: SocketAddr, protocol: &'static str) -> Line {
+    /// A line with what this record of a request that `ended` holds; the
+    /// caller fills in what the request itself says (method, host, target,
+    /// headers, bytes).
+    pub(crate) fn line(&self, client: SocketAddr, protocol: &'static str, ended: Instant) -> Line {
         let mut line = blank(client, protocol);
-        self.fill(&mut line);
+        self.fill(&mut line, ended);
         line
     }
 
-    /// Writes what this record holds into `line`: the end and duration
-    /// (now), the status, route, service, backend, attempts and error, and
-    /// the generated request id if the line has none.
-    pub(crate) fn fill(&self, line: &mut Line) {
+    /// Writes what this record of a request that `ended` holds into
+    /// `line`: the end (wall clock) and duration, the status, route,
+    /// service, backend, attempts and error, and the generated request id
+    /// if the line has none.
+    pub(crate) fn fill(&self, line: &mut Line, ended: Instant) {
         line.end = SystemTime::now();
-        line.duration = self.start.elapsed();
+        line.duration = ended.saturating_duration_since(self.start);
         line.status = self.status;
         if let Some((route, service)) = &self.names {
             line.route = Some(route.clone());
@@ -185,9 +187,10 @@ impl Drop for Finish {
         if self.seen.status == 0 {
             self.seen.status = CLIENT_GONE;
         }
-        count(&self.seen, Instant::now(), &self.counters);
+        let ended = Instant::now();
+        count(&self.seen, ended, &self.counters);
         if let (Some(log), Some(mut line)) = (&self.log, self.line.take()) {
-            self.seen.fill(&mut line);
+            self.seen.fill(&mut line, ended);
             line.bytes_out = self.bytes_out;
             log.send(line);
         }
@@ -197,11 +200,12 @@ impl Drop for Finish {
 impl Proxy {
     /// Counts a request that `ended` (its last byte written) in its route's
     /// histogram and, when the access log is on, sends its line (`describe`
-    /// fills in what only the request knows).
-    pub(crate) fn finish(&self, seen: &Seen, ended: Instant, describe: impl FnOnce(&Seen) -> Line) {
+    /// fills in what only the request knows, from the record and `ended`:
+    /// the line's duration is the histogram's).
+    pub(crate) fn finish(&self, seen: &Seen, ended: Instant, describe: impl FnOnce(&Seen, Instant) -> Line) {
         count(seen, ended, self.metrics());
         if let Some(log) = self.access_log() {
-            log.send(describe(seen));
+            log.send(describe(seen, ended));
         }
     }
 }

@@ -164,8 +164,8 @@ pub(crate) async fn serve<S: ClientIo>(
             Next::Refused(e) => {
                 client.seen = Seen::new(Instant::now());
                 refuse(&mut client, e, &proxy).await;
-                proxy.finish(&client.seen, Instant::now(), |seen| {
-                    let mut line = seen.line(peer.addr, "HTTP/1.1");
+                proxy.finish(&client.seen, Instant::now(), |seen, ended| {
+                    let mut line = seen.line(peer.addr, "HTTP/1.1", ended);
                     line.method = "-".into();
                     line.bytes_in = client.io.bytes_read() - consumed;
                     line.bytes_out = client.io.bytes_written() - sent;
@@ -188,7 +188,9 @@ pub(crate) async fn serve<S: ClientIo>(
         let used = client.io.bytes_read() - client.inbox.len() as u64;
         let (bytes_in, bytes_out) = (used - consumed, client.io.bytes_written() - sent);
         (consumed, sent) = (used, client.io.bytes_written());
-        proxy.finish(&client.seen, ended, |seen| log_line(seen, &head, &buf, &peer, (bytes_in, bytes_out)));
+        proxy.finish(&client.seen, ended, |seen, ended| {
+            log_line(seen, ended, &head, &buf, &peer, (bytes_in, bytes_out))
+        });
         drop(buf);
         if !keep {
             let _ = client.io.shutdown().await;
@@ -250,11 +252,18 @@ async fn next_head<S: ClientIo>(
     }
 }
 
-/// The access-log line of a request served on this connection.
-fn log_line(seen: &Seen, head: &RequestHead, buf: &[u8], peer: &Peer, (bytes_in, bytes_out): (u64, u64)) -> Line {
+/// The access-log line of a request served on this connection that `ended`.
+fn log_line(
+    seen: &Seen,
+    ended: Instant,
+    head: &RequestHead,
+    buf: &[u8],
+    peer: &Peer,
+    (bytes_in, bytes_out): (u64, u64),
+) -> Line {
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     let view = HeadView { buf, headers: &head.headers };
-    let mut line = seen.line(peer.addr, if head.minor == 0 { "HTTP/1.0" } else { "HTTP/1.1" });
+    let mut line = seen.line(peer.addr, if head.minor == 0 { "HTTP/1.0" } else { "HTTP/1.1" }, ended);
     line.method = text(head.method.of(buf));
     line.target = text(head.target.of(buf));
     line.host = head.host.map(|h| text(h.of(buf))).unwrap_or_default();
