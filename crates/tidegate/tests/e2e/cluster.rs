@@ -42,7 +42,19 @@ impl Etcd {
         Self::start_with(n, Vec::new(), "http", Vec::new())
     }
 
+    /// Starts `n` members on free ports. A port taken by another process
+    /// between choosing it and etcd binding it makes a member exit; then
+    /// the whole cluster starts again on new ports (a few times at most).
     fn start_with(n: usize, extra: Vec<String>, scheme: &'static str, curl: Vec<String>) -> Etcd {
+        for _ in 0..3 {
+            if let Some(etcd) = Self::try_start(n, extra.clone(), scheme, curl.clone()) {
+                return etcd;
+            }
+        }
+        panic!("an etcd cluster of {n} did not become healthy in three tries");
+    }
+
+    fn try_start(n: usize, extra: Vec<String>, scheme: &'static str, curl: Vec<String>) -> Option<Etcd> {
         let dir = tempfile::tempdir().expect("tempdir");
         let members: Vec<Member> = (0..n)
             .map(|i| Member {
@@ -59,10 +71,7 @@ impl Etcd {
         for i in 0..n {
             etcd.spawn(i);
         }
-        for i in 0..n {
-            etcd.wait_healthy(i);
-        }
-        etcd
+        (0..n).all(|i| etcd.wait_healthy(i)).then_some(etcd)
     }
 
     fn spawn(&mut self, i: usize) {
@@ -88,19 +97,30 @@ impl Etcd {
         self.members[i].child = Some(child);
     }
 
-    fn wait_healthy(&self, i: usize) {
+    /// Whether member `i` answers healthy within 20 s (false at once if
+    /// its process exited).
+    fn wait_healthy(&mut self, i: usize) -> bool {
         let url = format!("{}://127.0.0.1:{}/health", self.scheme, self.members[i].client);
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
+            if let Some(child) = self.members[i].child.as_mut() {
+                if child.try_wait().is_ok_and(|status| status.is_some()) {
+                    eprintln!("etcd member {i} exited while starting (a port taken?)");
+                    return false;
+                }
+            }
             let ok = std::process::Command::new("curl")
                 .args(["-sf", "--max-time", "1", &url])
                 .args(&self.curl)
                 .output()
                 .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("\"true\""));
             if ok {
-                return;
+                return true;
             }
-            assert!(Instant::now() < deadline, "etcd member {i} did not become healthy");
+            if Instant::now() >= deadline {
+                eprintln!("etcd member {i} did not become healthy in 20 s");
+                return false;
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
     }
