@@ -93,7 +93,7 @@ pub(crate) const REPLAY_LIMIT: u64 = 64 * 1024;
 pub(crate) struct Upstreams {
     pool: UpstreamPool<HyperConn>,
     /// The native HTTP/1 path's connections.
-    native: UpstreamPool<crate::native::NativeConn>,
+    native: UpstreamPool<crate::native::Upstream>,
     /// Shared connections to HTTP/2 backends.
     h2: H2Pool,
     /// Asks external distributors (paper S4); one per worker.
@@ -114,7 +114,7 @@ impl Upstreams {
     }
 
     /// The native HTTP/1 path's upstream connections.
-    pub(crate) fn native_pool(&self) -> &UpstreamPool<crate::native::NativeConn> {
+    pub(crate) fn native_pool(&self) -> &UpstreamPool<crate::native::Upstream> {
         &self.native
     }
 }

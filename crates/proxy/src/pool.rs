@@ -50,6 +50,12 @@ pub(crate) trait Reusable: Send + 'static {
     fn is_closed(&mut self) -> bool;
 }
 
+impl<C: Reusable> Reusable for Box<C> {
+    fn is_closed(&mut self) -> bool {
+        (**self).is_closed()
+    }
+}
+
 impl Reusable for http1::SendRequest<UpBody> {
     fn is_closed(&mut self) -> bool {
         http1::SendRequest::is_closed(self)

@@ -180,13 +180,16 @@ pub fn serve(
     let https_port = tls_addr.map(|a| a.port());
     let runs = if per_core { workers } else { 1 };
     for i in 0..runs {
+        // Sockets and timers only: no signal or child-process driver to
+        // poll each time a worker parks.
         let runtime = if per_core {
-            tokio::runtime::Builder::new_current_thread().enable_all().build()?
+            tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build()?
         } else {
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(workers)
                 .thread_name("tidegate-proxy")
-                .enable_all()
+                .enable_io()
+                .enable_time()
                 .build()?
         };
         let mut proxy = Proxy::new(snapshots.clone(), &metrics, limits.clone(), https_port);

@@ -12,9 +12,13 @@ use std::cmp::Ordering;
 use std::sync::Arc;
 
 use http::Method;
-use imbl::HashMap;
 use tidegate_metrics::LazyHistogram;
 use tidegate_model::{Headers, HostPattern, PathPattern, RouteName, RouteSpec};
+
+/// A persistent map hashed with foldhash: every request looks names up
+/// here, and SipHash (imbl's default) costs several times more per short
+/// key. The keys are configured, not sent by clients.
+type HashMap<K, V> = imbl::GenericHashMap<K, V, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;
 
 /// A route as stored in the table.
 #[derive(Debug, Clone)]

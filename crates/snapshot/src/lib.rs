@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use imbl::ordmap::DiffItem;
-use imbl::{HashMap, OrdMap};
+use imbl::OrdMap;
 use tidegate_balance::limit::LimitParams;
 use tidegate_balance::{Backend, BackendStats, ServiceSelector};
 use tidegate_metrics::LazyHistogram;
@@ -20,6 +20,11 @@ use tidegate_model::{
     BackendId, BackendSpec, ConfigState, Delta, RetryBudget, ServiceName, ServiceSettings, ServiceSpec,
 };
 use tidegate_router::Router;
+
+/// A persistent map hashed with foldhash: every request looks names up
+/// here, and SipHash (imbl's default) costs several times more per short
+/// key. The keys are configured, not sent by clients.
+type HashMap<K, V> = imbl::GenericHashMap<K, V, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;
 pub use tidegate_router::{Entry, RequestView, RouteStats};
 
 mod queue;

@@ -20,7 +20,7 @@ use tidegate_h1::{ChunkedDecoder, HeadLimits, ResponseBody, CHUNKED_END};
 use tidegate_snapshot::ServiceRuntime;
 use tokio::time::Instant;
 
-use super::exchange::{open, read_response, NativeAnswer, NativeConn};
+use super::exchange::{open, read_response, NativeAnswer, Upstream};
 use super::relay::{write_all, write_piece};
 use super::rewrite::{field, forwards_response_field, framing_fields, Framing};
 use crate::attempts::Exchange;
@@ -39,7 +39,7 @@ pub(crate) enum Payload {
 
 /// A request carried by hyper, sent over the worker's native connections.
 pub(crate) struct BridgeExchange<'a> {
-    pub pool: &'a UpstreamPool<NativeConn>,
+    pub pool: &'a UpstreamPool<Upstream>,
     /// The request with its forwarding headers.
     pub parts: &'a Parts,
     pub path_and_query: &'a str,
@@ -95,7 +95,7 @@ impl Exchange for BridgeExchange<'_> {
 impl BridgeExchange<'_> {
     /// Writes the head and the body. A write that fails on a reused
     /// connection before any body byte left is a stale connection.
-    async fn write(&mut self, conn: &mut Conn<NativeConn>, backend: &Backend) -> Result<(), ErrorKind> {
+    async fn write(&mut self, conn: &mut Conn<Upstream>, backend: &Backend) -> Result<(), ErrorKind> {
         let reused = conn.reused;
         let failed = |_| if reused { ErrorKind::StaleConnection } else { ErrorKind::UpstreamClosed };
         let stream = &mut conn.conn.stream;
@@ -215,7 +215,7 @@ enum State {
 /// off (or is dropped unread) closes it.
 #[derive(Debug)]
 pub struct NativeBody {
-    conn: Option<Conn<NativeConn>>,
+    conn: Option<Conn<Upstream>>,
     slot: Option<Slot>,
     state: State,
     reusable: bool,

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# User-space instructions per proxied request, counted by callgrind: one
+# or more Tidegate binaries and nginx, each proxying sequential keep-alive
+# GETs (one connection, one request at a time) to one backend emulator.
+# Unlike requests/s on a shared 2-core machine, the count barely moves
+# between runs (a few instructions per request), so it tells a change's
+# CPU cost apart from the machine's noise. It is not time: the kernel's
+# work (the syscalls) is not counted, and under callgrind everything runs
+# about 50 times slower. Tidegate runs with one worker, nginx with one
+# process (`master_process off`); the counts cover every thread of the
+# process, from after a warm-up to the last measured request.
+#
+#   bench/instructions.sh [TIDEGATE_BINARY...] [--requests 2000] [--cache]
+#                         [--path /rr] [--no-nginx]
+#
+# --cache: also simulate the caches (callgrind's --cache-sim): first-level
+# instruction and data misses per request (I1mr, D1mr + D1mw), for the
+# host's cache sizes and with nothing else running, so the misses of a
+# request's own footprint only.
+# Without a binary: target/release/tidegate. Needs valgrind (apt-get
+# install valgrind when missing) and nginx.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BINS=() REQUESTS=2000 CACHE="" PATHQ=/rr NGINX=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --requests) REQUESTS=$2; shift 2;;
+    --cache) CACHE=--cache-sim=yes; shift;;
+    --path) PATHQ=$2; shift 2;;
+    --no-nginx) NGINX=""; shift;;
+    -*) echo "unknown option $1" >&2; exit 2;;
+    *) BINS+=("$1"); shift;;
+  esac
+done
+[ ${#BINS[@]} -gt 0 ] || BINS=(target/release/tidegate)
+export PATH=$PATH:/usr/sbin
+command -v valgrind >/dev/null && { [ -z "$NGINX" ] || command -v nginx >/dev/null; } || {
+  apt-get update -qq && RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind nginx; }
+BIN=target/release BIN_DIR=""
+source bench/lib/run.sh
+ensure_binaries
+make_work tidegate-instructions
+
+start_emulator app
+EMU=$(emulator_addr app)
+sequential() { # addr requests
+  "$BIN/tidegate-bench" --threads 1 --timeout-ms 30000 --proxy "$1" sequential --requests "$2" --warmup 0 \
+    --path "$PATHQ" > "$WORK/seq.json"
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); sys.exit(1 if r["failed"] else 0)' "$WORK/seq.json" ||
+    { echo "requests failed through $1" >&2; exit 1; }
+}
+# Zeroes the counters of callgrind process PID after a warm-up through
+# ADDR, sends the measured requests, dumps, and prints one result line.
+measure() { # name pid addr
+  sequential "$3" 300
+  callgrind_control -z "$2" >/dev/null 2>&1
+  sequential "$3" "$REQUESTS"
+  callgrind_control -d "$2" >/dev/null 2>&1
+  local dump; dump=$(ls -t "$WORK"/cg."$1".* | head -1)
+  python3 - "$1" "$dump" "$REQUESTS" <<'PY'
+import sys
+name, dump, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+events = totals = None
+for line in open(dump):
+    if line.startswith("events:"):
+        events = line.split()[1:]
+    elif line.startswith(("summary:", "totals:")):
+        totals = [int(x) for x in line.split()[1:]]
+        break
+v = dict(zip(events, totals))
+out = f"{name:<28} {v['Ir'] / n:9,.0f} instructions/request"
+if "I1mr" in v:
+    out += f"  I1 misses {v['I1mr'] / n:7,.1f}  D1 misses {(v['D1mr'] + v['D1mw']) / n:6,.1f}"
+print(out)
+PY
+}
+
+for b in "${BINS[@]}"; do
+  name=$(basename "$b"); dir="$WORK/tg-$name"
+  # shellcheck disable=SC2086 # $CACHE: empty or one flag
+  TIDEGATE_ADMIN_TOKEN=$BENCH_TOKEN TIDEGATE_LOG=warn valgrind --tool=callgrind $CACHE \
+    --callgrind-out-file="$WORK/cg.$name.%p" "$b" serve --listen 127.0.0.1:0 --admin 127.0.0.1:0 --workers 1 \
+    --data-dir "$dir" > "$WORK/$name.out" 2> "$WORK/$name.err" &
+  pid=$!; PIDS+=("$pid")
+  for _ in $(seq 600); do grep -q ready "$WORK/$name.out" 2>/dev/null && break; sleep 0.1; done
+  line=$(head -1 "$WORK/$name.out")
+  proxy=${line#*proxy=}; proxy=${proxy%% *}; admin=${line#*admin=}; admin=${admin%% *}
+  curl -sf -XPUT -H "Authorization: Bearer $BENCH_TOKEN" "http://$admin/v1/services/rr" \
+    -d "{\"policy\":{\"kind\":\"round_robin\"},\"backends\":[{\"id\":\"app\",\"addr\":\"$EMU\"}]}" >/dev/null
+  curl -sf -XPUT -H "Authorization: Bearer $BENCH_TOKEN" "http://$admin/v1/routes/rr" \
+    -d '{"match":{"path_prefix":"/"},"service":"rr"}' >/dev/null
+  measure "$name" "$pid" "$proxy"
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+done
+
+if [ -n "$NGINX" ]; then
+  port=$(free_port)
+  cat > "$WORK/nginx.conf" <<CONF
+worker_processes 1; master_process off; daemon off; pid $WORK/nginx.pid; error_log $WORK/nginx.err warn;
+events { worker_connections 1024; }
+http { access_log off;
+  upstream app { server $EMU; keepalive 16; }
+  server { listen 127.0.0.1:$port;
+    location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
+CONF
+  # shellcheck disable=SC2086
+  valgrind --tool=callgrind $CACHE --callgrind-out-file="$WORK/cg.nginx.%p" nginx -c "$WORK/nginx.conf" \
+    > "$WORK/nginx.out" 2>&1 &
+  pid=$!; PIDS+=("$pid")
+  for _ in $(seq 600); do curl -s -o /dev/null "http://127.0.0.1:$port$PATHQ" && break; sleep 0.1; done
+  measure nginx "$pid" "127.0.0.1:$port"
+fi
