@@ -9,6 +9,13 @@
 //!   encoding, whose decoded body is 26 bytes;
 //! - `/_fault/garbage`: bytes that are not HTTP, then close;
 //! - `/_fault/close`: close without answering;
+//! - `/_fault/gzip`: `200` framed by `Transfer-Encoding: gzip, chunked`;
+//! - `/_fault/lengths`: `200` with `Content-Length: 2, 02` and another
+//!   `Content-Length: 2` (equal values: valid, and to be sent on as one);
+//! - `/_fault/204-length`: `204` with a `Content-Length: 5` it must not have;
+//! - `/_fault/chunked-cut`: `200` chunked, one chunk, then close;
+//! - `/_fault/h2c`: `101 Switching Protocols` to `h2c`;
+//! - `/_fault/status-000`: the status code `000`;
 //! - anything else: `200` with the body `ok NAME\n`.
 //!
 //! With `--idle-close D`, a connection that waits longer than `D` for its
@@ -59,6 +66,8 @@ enum Answer {
     ClTe,
     Garbage,
     Close,
+    /// A fixed answer, after which the connection closes.
+    Raw(&'static [u8]),
 }
 
 fn answer_for(path: &str) -> Answer {
@@ -67,6 +76,16 @@ fn answer_for(path: &str) -> Answer {
         "/_fault/cl-te" => Answer::ClTe,
         "/_fault/garbage" => Answer::Garbage,
         "/_fault/close" => Answer::Close,
+        "/_fault/gzip" => {
+            Answer::Raw(b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n4\r\nGZIP\r\n0\r\n\r\n")
+        }
+        "/_fault/lengths" => Answer::Raw(b"HTTP/1.1 200 OK\r\ncontent-length: 2, 02\r\ncontent-length: 2\r\n\r\nok"),
+        "/_fault/204-length" => Answer::Raw(b"HTTP/1.1 204 No Content\r\ncontent-length: 5\r\n\r\n"),
+        "/_fault/chunked-cut" => Answer::Raw(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n"),
+        "/_fault/h2c" => {
+            Answer::Raw(b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n")
+        }
+        "/_fault/status-000" => Answer::Raw(b"HTTP/1.1 000 Zero\r\ncontent-length: 0\r\n\r\n"),
         _ => Answer::Normal,
     }
 }
@@ -164,6 +183,10 @@ async fn connection(mut s: TcpStream, name: &str, idle_close: Option<Duration>, 
                 return Ok(());
             }
             Answer::Close => return Ok(()),
+            Answer::Raw(bytes) => {
+                s.write_all(bytes).await?;
+                return Ok(());
+            }
         }
         if head.close {
             return Ok(());

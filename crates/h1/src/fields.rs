@@ -99,7 +99,7 @@ impl HeaderKind {
 
 /// The comma-separated tokens of a list-valued field, trimmed, empty ones
 /// skipped.
-pub(crate) fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+pub fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
     value.split(|b| *b == b',').map(trim).filter(|t| !t.is_empty())
 }
 

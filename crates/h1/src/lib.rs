@@ -10,7 +10,9 @@
 //! - **One framing.** A request with both `Transfer-Encoding` and
 //!   `Content-Length`, with differing `Content-Length`s, with a transfer
 //!   coding other than `chunked`, or an HTTP/1.0 request with a transfer
-//!   coding is refused; a response with both is framed by the coding.
+//!   coding is refused; a response with both is framed by the coding (and
+//!   its connection is not reused), one with a coding other than
+//!   `chunked` or a status outside 100-599 is refused.
 //! - **One host.** Two `Host` headers are refused.
 //! - **Strict chunks.** [`ChunkedDecoder`] accepts only CRLF line ends, at
 //!   most 16 hex digits of size, and bounded extensions and trailers.
@@ -25,7 +27,7 @@ mod request;
 mod response;
 
 pub use chunked::{chunk_size_line, ChunkedDecoder, Decoded, CHUNKED_END};
-pub use fields::{connection_has, ConnectionOptions, HeaderKind};
+pub use fields::{connection_has, tokens, ConnectionOptions, HeaderKind};
 pub use request::{parse_request, RequestBody, RequestHead};
 pub use response::{parse_response, ResponseBody, ResponseHead};
 

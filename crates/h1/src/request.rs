@@ -94,7 +94,8 @@ pub fn parse_request(buf: &[u8], limits: HeadLimits, head: &mut RequestHead) -> 
         Codings::OthersThenChunked | Codings::NotChunked => return Err(HeadError::UnsupportedCoding),
     };
     head.connection = ConnectionOptions::of(buf, headers);
-    head.close = if minor == 0 { !head.connection.keep_alive } else { head.connection.close };
+    // `close` wins over `keep-alive` (RFC 9112, section 9.3).
+    head.close = head.connection.close || (minor == 0 && !head.connection.keep_alive);
     head.expect_continue = minor == 1
         && headers
             .iter()
@@ -167,6 +168,7 @@ mod tests {
         assert!(matches!(parse("GET / HTTP/2.0\r\n\r\n"), Err(HeadError::Version)));
         assert!(parse("GET / HTTP/1.0\r\n\r\n").unwrap().unwrap().close);
         assert!(!parse("GET / HTTP/1.0\r\nconnection: Keep-Alive\r\n\r\n").unwrap().unwrap().close);
+        assert!(parse("GET / HTTP/1.0\r\nconnection: keep-alive, close\r\n\r\n").unwrap().unwrap().close);
         assert!(parse("GET / HTTP/1.1\r\nconnection: upgrade, close\r\n\r\n").unwrap().unwrap().close);
         assert!(parse("PUT / HTTP/1.1\r\nexpect: 100-continue\r\n\r\n").unwrap().unwrap().expect_continue);
     }

@@ -3,7 +3,7 @@
 use std::mem::MaybeUninit;
 
 use crate::fields::{codings, content_length, Codings, ConnectionOptions};
-use crate::{collect_headers, syntax, HeadError, HeadLimits, Header, Parsed, Span, MAX_HEADERS};
+use crate::{collect_headers, syntax, HeadError, HeadLimits, Header, HeaderKind, Parsed, Span, MAX_HEADERS};
 
 /// How a response's body is framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -40,9 +40,11 @@ pub struct ResponseHead {
     pub close: bool,
     /// What its `Connection` fields say.
     pub connection: ConnectionOptions,
-    /// Whether a `Content-Length` field must not be forwarded: the body is
-    /// framed by its transfer coding, which wins (RFC 9112, section 6.3).
-    pub drop_content_length: bool,
+    /// The `Content-Length` (one valid value), unless a transfer coding
+    /// frames the body (it wins: RFC 9112, section 6.3). Kept for bodiless
+    /// answers too (`HEAD`, 304), where it only informs: a proxy writes its
+    /// own field from it, never the backend's as sent.
+    pub length: Option<u64>,
 }
 
 impl ResponseHead {
@@ -77,6 +79,10 @@ pub fn parse_response(buf: &[u8], limits: HeadLimits, to_head: bool, head: &mut 
     if minor > 1 {
         return Err(HeadError::Version);
     }
+    // RFC 9110, section 15: three digits, 100 to 599.
+    if !(100..=599).contains(&code) {
+        return Err(HeadError::Syntax("status code out of range"));
+    }
     head.len = len;
     head.code = code;
     head.reason = Span::within(buf, resp.reason.unwrap_or_default().as_bytes());
@@ -84,24 +90,32 @@ pub fn parse_response(buf: &[u8], limits: HeadLimits, to_head: bool, head: &mut 
     collect_headers(buf, resp.headers, &mut head.headers);
     let headers = &head.headers;
     let bodiless = to_head || (100..200).contains(&code) || code == 204 || code == 304;
-    let coded = codings(buf, headers)?;
-    head.drop_content_length = !matches!(coded, Codings::None);
-    head.body = if bodiless {
-        ResponseBody::None
-    } else {
-        match coded {
-            Codings::Chunked | Codings::OthersThenChunked => ResponseBody::Chunked,
-            // RFC 9112, section 6.3: read until the connection closes.
-            Codings::NotChunked => ResponseBody::UntilClose,
-            Codings::None => match content_length(buf, headers)? {
-                Some(n) => ResponseBody::Length(n),
-                None => ResponseBody::UntilClose,
-            },
-        }
+    let chunked = match codings(buf, headers)? {
+        Codings::None => false,
+        Codings::Chunked => true,
+        // The proxy decodes the chunks and frames the body again; a coding
+        // it cannot remove would reach the client mislabelled (nginx
+        // refuses these too).
+        Codings::OthersThenChunked | Codings::NotChunked => return Err(HeadError::UnsupportedCoding),
+    };
+    // Checked even where it frames nothing (HEAD, 304): it is forwarded.
+    head.length = if chunked { None } else { content_length(buf, headers)? };
+    head.body = match (bodiless, chunked, head.length) {
+        (true, _, _) => ResponseBody::None,
+        (false, true, _) => ResponseBody::Chunked,
+        (false, false, Some(n)) => ResponseBody::Length(n),
+        // RFC 9112, section 6.3: read until the connection closes.
+        (false, false, None) => ResponseBody::UntilClose,
     };
     head.connection = ConnectionOptions::of(buf, headers);
+    // A coding in HTTP/1.0, or a length beside the coding: the framing is
+    // faulty, and the connection is not used again (RFC 9112, sections 6.1
+    // and 6.3). `close` wins over `keep-alive` (section 9.3).
+    let faulty = chunked && (minor == 0 || headers.iter().any(|h| h.kind == HeaderKind::ContentLength));
     head.close = head.body == ResponseBody::UntilClose
-        || if minor == 0 { !head.connection.keep_alive } else { head.connection.close };
+        || faulty
+        || head.connection.close
+        || (minor == 0 && !head.connection.keep_alive);
     Ok(Some(()))
 }
 
@@ -128,9 +142,21 @@ mod tests {
         // Both framings: the coding wins and the length is not forwarded.
         let both = parse("HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n", false).unwrap();
         assert_eq!(both.body, ResponseBody::Chunked);
-        assert!(both.drop_content_length);
-        assert_eq!(body("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n"), ResponseBody::UntilClose);
+        assert_eq!(both.length, None);
+        assert!(both.close, "two framings: the connection is not reused");
         assert!(parse("HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\n", false).is_err());
+        // The length of a bodiless answer is checked too, and kept.
+        assert_eq!(parse("HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n", true).unwrap().length, Some(5));
+        assert!(parse("HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 9\r\n\r\n", true).is_err());
+        assert!(parse("HTTP/1.1 304 Not Modified\r\ncontent-length: x\r\n\r\n", false).is_err());
+    }
+
+    #[test]
+    fn codings_the_proxy_cannot_remove_are_refused() {
+        for coded in ["gzip", "gzip, chunked", "identity", "chunked\r\ntransfer-encoding: gzip"] {
+            let raw = format!("HTTP/1.1 200 OK\r\ntransfer-encoding: {coded}\r\n\r\n");
+            assert!(parse(&raw, false).is_err(), "{coded}");
+        }
     }
 
     #[test]
@@ -138,6 +164,11 @@ mod tests {
         assert!(!parse("HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", false).unwrap().close);
         assert!(parse("HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 0\r\n\r\n", false).unwrap().close);
         assert!(parse("HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n", false).unwrap().close);
+        let ka = |c: &str| parse(&format!("HTTP/1.0 200 OK\r\nconnection: {c}\r\ncontent-length: 0\r\n\r\n"), false);
+        assert!(!ka("keep-alive").unwrap().close);
+        assert!(ka("keep-alive, close").unwrap().close, "close wins");
+        let coded_10 = "HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ntransfer-encoding: chunked\r\n\r\n";
+        assert!(parse(coded_10, false).unwrap().close, "a coding in HTTP/1.0: faulty framing");
         assert!(parse("HTTP/1.1 200 OK\r\n\r\n", false).unwrap().close, "close-delimited");
         assert!(parse("HTTP/1.1 103 Early Hints\r\n\r\n", false).unwrap().is_interim());
         assert!(!parse("HTTP/1.1 101 Switching Protocols\r\n\r\n", false).unwrap().is_interim());
@@ -145,7 +176,14 @@ mod tests {
 
     #[test]
     fn garbage_is_refused() {
-        for bad in ["HTTP/1.1 2000 OK\r\n\r\n", "HTTP/1.1 200 OK\r\nx: a\r\n b\r\n\r\n", "SSH-2.0-OpenSSH\r\n\r\n"] {
+        for bad in [
+            "HTTP/1.1 2000 OK\r\n\r\n",
+            "HTTP/1.1 000 X\r\n\r\n",
+            "HTTP/1.1 099 X\r\n\r\n",
+            "HTTP/1.1 600 X\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nx: a\r\n b\r\n\r\n",
+            "SSH-2.0-OpenSSH\r\n\r\n",
+        ] {
             assert!(parse(bad, false).is_err(), "{bad:?}");
         }
     }

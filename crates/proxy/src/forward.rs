@@ -217,10 +217,16 @@ impl Upstreams {
             attempts::run(service, &mut ex, &ctx, first, trace).await?;
         let hold = Hold { slot, conn: Some(conn) };
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-            if let Some(down) = upgrade.take() {
-                let up = hyper::upgrade::on(&mut response);
-                tunnel::splice_hyper(down, up, hold, peer.conn_slot.clone(), self.limits.tunnel_idle_timeout);
-            }
+            // Only to a protocol the client offered (never `h2c`); anything
+            // else breaks the exchange.
+            let asked = req.parts.headers.get(header::UPGRADE).map(HeaderValue::as_bytes);
+            let to = response.headers().get(header::UPGRADE).map(HeaderValue::as_bytes);
+            let Some(down) = upgrade.take().filter(|_| asked.is_some_and(|a| crate::hygiene::switched_as_asked(a, to)))
+            else {
+                return Err(ErrorKind::InvalidResponse);
+            };
+            let up = hyper::upgrade::on(&mut response);
+            tunnel::splice_hyper(down, up, hold, peer.conn_slot.clone(), self.limits.tunnel_idle_timeout);
             return Ok(response.map(|_| ProxyBody::empty()));
         }
         headers::response_headers(response.headers_mut());
@@ -438,7 +444,7 @@ impl Replay {
 /// it.
 fn wants_upgrade<B>(req: &Request<B>) -> bool {
     req.version() == Version::HTTP_11
-        && req.headers().get(header::UPGRADE).is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"h2c"))
+        && req.headers().get(header::UPGRADE).is_some_and(|v| crate::hygiene::upgrade_allowed(v.as_bytes()))
         && req
             .headers()
             .get_all(header::CONNECTION)

@@ -138,6 +138,9 @@ impl Proxy {
         client: &Peer,
         seen: &mut Seen,
     ) -> Result<Response<ProxyBody>, ErrorKind> {
+        if req.method() == http::Method::CONNECT {
+            return Ok(hygiene::refuse_connect());
+        }
         hygiene::sanitize(&mut req)?;
         if let Some(resp) = self.health_answer(req.method(), req.uri().path(), false) {
             return Ok(resp);

@@ -86,6 +86,11 @@ pub(crate) fn request_headers(parts: &mut Parts, peer: &Peer, upgrade: bool) {
     let h = &mut parts.headers;
     let upgrade_value = if upgrade { h.get(header::UPGRADE).cloned() } else { None };
     strip_hop_by_hop(h);
+    let refused: Vec<_> =
+        h.keys().filter(|n| !crate::hygiene::forwards_request_field(n.as_str().as_bytes())).cloned().collect();
+    for name in refused {
+        h.remove(name);
+    }
     if let Some(v) = upgrade_value {
         h.insert(header::UPGRADE, v);
         h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -131,6 +136,8 @@ mod tests {
             .header("x-forwarded-for", "198.51.100.1")
             .header("x-real-ip", "198.51.100.1")
             .header(header::FORWARDED, "for=198.51.100.1")
+            .header("x_forwarded_for", "6.6.6.6")
+            .header("x_real_ip", "6.6.6.6")
             .body(())
             .unwrap();
         let (mut parts, ()) = req.into_parts();
@@ -145,6 +152,7 @@ mod tests {
         let h = forwarded_for(false);
         assert_eq!(h["x-forwarded-for"], "192.0.2.9");
         assert!(!h.contains_key("x-real-ip") && !h.contains_key(header::FORWARDED));
+        assert!(!h.contains_key("x_forwarded_for") && !h.contains_key("x_real_ip"), "underscores never pass");
         let h = forwarded_for(true);
         assert_eq!(h["x-forwarded-for"], "198.51.100.1, 192.0.2.9");
         assert_eq!(h["x-real-ip"], "198.51.100.1");

@@ -60,16 +60,65 @@ pub(crate) fn effective_host<'a>(
     host_header: Option<&'a [u8]>,
     http11: bool,
 ) -> Result<Option<&'a str>, ErrorKind> {
-    match (authority, host_header) {
-        (Some(a), _) if a.contains('@') => Err(ErrorKind::InvalidHost),
-        (Some(a), _) => Ok(Some(a)),
-        (None, Some(h)) => match Authority::try_from(h) {
-            Ok(a) if !a.as_str().contains('@') => std::str::from_utf8(h).map(Some).map_err(|_| ErrorKind::InvalidHost),
-            _ => Err(ErrorKind::InvalidHost),
+    // RFC 9112, section 3.2: an HTTP/1.1 request without `Host`, or with
+    // an invalid one, is refused, even when its target names the authority.
+    let header = match host_header {
+        Some(h) => match Authority::try_from(h) {
+            Ok(a) if !a.as_str().contains('@') => Some(std::str::from_utf8(h).map_err(|_| ErrorKind::InvalidHost)?),
+            _ => return Err(ErrorKind::InvalidHost),
         },
-        (None, None) if http11 => Err(ErrorKind::InvalidHost),
-        (None, None) => Ok(None),
+        None if http11 => return Err(ErrorKind::InvalidHost),
+        None => None,
+    };
+    match authority {
+        Some(a) if a.contains('@') => Err(ErrorKind::InvalidHost),
+        Some(a) => Ok(Some(a)),
+        None => Ok(header),
     }
+}
+
+/// The answer to a `CONNECT` request: `405 Method Not Allowed`. The proxy
+/// opens no tunnels to arbitrary hosts, and a backend's 2xx to `CONNECT`
+/// would start a tunnel that a response framed as usual cannot describe
+/// (RFC 9110, section 9.3.6; nginx refuses it too).
+pub(crate) fn refuse_connect() -> http::Response<crate::body::ProxyBody> {
+    let mut resp = crate::error::plain(http::StatusCode::METHOD_NOT_ALLOWED, "405 CONNECT is not supported here\n");
+    resp.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"));
+    resp
+}
+
+/// Whether a request header named `name` is passed on. Not when the name
+/// has an underscore: many backends (CGI, WSGI, Rack and the like) read
+/// `X_Forwarded_For` and `X-Forwarded-For` as the same variable, so such a
+/// name could stand in for a field the proxy sets or removes. nginx drops
+/// them too, by default.
+pub(crate) fn forwards_request_field(name: &[u8]) -> bool {
+    !name.contains(&b'_')
+}
+
+/// Whether the protocols of an `Upgrade` request field (`value`) may be
+/// offered to a backend: at least one is named, and none is `h2c`. The
+/// proxy speaks HTTP/2 to clients itself, and a backend that switched a
+/// connection to `h2c` would take requests the proxy never routed; a listed
+/// `h2c` is refused too, since a backend may pick any protocol of the list.
+pub(crate) fn upgrade_allowed(value: &[u8]) -> bool {
+    let mut protocols = tidegate_h1::tokens(value).peekable();
+    protocols.peek().is_some() && protocols.all(|p| !protocol_name(p).eq_ignore_ascii_case(b"h2c"))
+}
+
+/// Whether a backend's `101 Switching Protocols` switched to a protocol the
+/// client offered (`asked`, the request's `Upgrade`): its own `Upgrade`
+/// (`to`) names exactly one, by name (versions aside, case aside).
+pub(crate) fn switched_as_asked(asked: &[u8], to: Option<&[u8]>) -> bool {
+    let Some(to) = to else { return false };
+    let mut chosen = tidegate_h1::tokens(to);
+    let (Some(p), None) = (chosen.next(), chosen.next()) else { return false };
+    upgrade_allowed(to) && tidegate_h1::tokens(asked).any(|a| protocol_name(a).eq_ignore_ascii_case(protocol_name(p)))
+}
+
+/// `websocket` of `websocket/13`.
+fn protocol_name(protocol: &[u8]) -> &[u8] {
+    protocol.split(|b| *b == b'/').next().unwrap_or_default()
 }
 
 /// The answer of a `redirect_https` route to a request that came over
@@ -147,11 +196,41 @@ mod tests {
             ("/", &[][..], Version::HTTP_11),
             ("/", &["a b"][..], Version::HTTP_11),
             ("/", &["user@a"][..], Version::HTTP_11),
+            // RFC 9112, section 3.2: the target's authority does not excuse
+            // a missing or invalid `Host`.
+            ("http://a.example/", &[][..], Version::HTTP_11),
+            ("http://a.example/", &["x@y"][..], Version::HTTP_11),
         ] {
             assert_eq!(sanitize(&mut req(uri, hosts, v)), Err(ErrorKind::InvalidHost), "{uri} {hosts:?}");
         }
         // HTTP/1.0 needs no host.
         assert_eq!(sanitize(&mut req("/", &[], Version::HTTP_10)), Ok(()));
+    }
+
+    #[test]
+    fn h2c_is_never_offered_nor_accepted() {
+        assert!(upgrade_allowed(b"websocket"));
+        assert!(upgrade_allowed(b"WebSocket/13, foo"));
+        for refused in [&b"h2c"[..], b"websocket, h2c", b"H2C", b"h2c/1", b"", b" , "] {
+            assert!(!upgrade_allowed(refused), "{:?}", String::from_utf8_lossy(refused));
+        }
+        assert!(switched_as_asked(b"websocket", Some(b"WebSocket")));
+        assert!(switched_as_asked(b"foo, websocket/13", Some(b"websocket")));
+        for (asked, to) in [
+            (&b"websocket"[..], None),
+            (b"websocket", Some(&b"h2c"[..])),
+            (b"websocket", Some(b"foo")),
+            (b"websocket, foo", Some(b"websocket, foo")),
+        ] {
+            assert!(!switched_as_asked(asked, to), "{asked:?} {to:?}");
+        }
+    }
+
+    #[test]
+    fn names_with_underscores_are_not_forwarded() {
+        assert!(forwards_request_field(b"X-Forwarded-For"));
+        assert!(!forwards_request_field(b"X_Forwarded_For"));
+        assert!(!forwards_request_field(b"content_length"));
     }
 
     #[test]

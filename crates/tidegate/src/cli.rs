@@ -219,8 +219,10 @@ pub struct ServeArgs {
     /// Most client connections open at once; beyond it accepting pauses.
     #[arg(long, env = "TIDEGATE_MAX_CONNECTIONS", default_value_t = 10_000)]
     pub max_connections: usize,
-    /// Largest request head in bytes (request line and headers); larger gets 431.
-    #[arg(long, env = "TIDEGATE_MAX_HEADER_BYTES", default_value_t = 65_536)]
+    /// Largest request head in bytes (request line and headers), 8 KiB to
+    /// 1 MiB; larger gets 431.
+    #[arg(long, env = "TIDEGATE_MAX_HEADER_BYTES", default_value_t = 65_536,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(8_192..=1_048_576))]
     pub max_header_bytes: usize,
     /// Most request headers; more gets 431.
     #[arg(long, env = "TIDEGATE_MAX_HEADERS", default_value_t = 100)]

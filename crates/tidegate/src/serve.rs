@@ -386,7 +386,7 @@ fn limits(args: &ServeArgs, fd_cap: usize) -> Limits {
         write_timeout: secs(args.write_timeout_s),
         tunnel_idle_timeout: secs(args.tunnel_idle_timeout_s),
         max_connections: args.max_connections.min(fd_cap).max(1),
-        max_header_bytes: args.max_header_bytes.max(8192),
+        max_header_bytes: args.max_header_bytes,
         max_headers: args.max_headers.max(16),
         h2_max_streams: args.h2_max_streams.max(1),
         trusted_proxies: args.trusted_proxies.clone(),

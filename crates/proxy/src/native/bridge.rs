@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use super::exchange::{open, read_response, NativeAnswer, Upstream};
 use super::relay::{write_all, write_piece};
-use super::rewrite::{field, forwards_response_field, framing_fields, Framing};
+use super::rewrite::{announced_length, field, forwards_response_field, framing_fields, Framing};
 use crate::attempts::Exchange;
 use crate::body::{ClientBody, ProxyBody};
 use crate::error::ErrorKind;
@@ -177,10 +177,13 @@ pub(crate) fn response(answer: NativeAnswer, slot: Slot) -> Result<http::Respons
         ResponseBody::Length(n) => Framing::Length(n),
         ResponseBody::Chunked | ResponseBody::UntilClose => Framing::Chunked,
     };
-    for h in head.headers.iter().filter(|h| forwards_response_field(&buf, &head, h, framing)) {
+    for h in head.headers.iter().filter(|h| forwards_response_field(&buf, &head, h)) {
         if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(h.name.of(&buf)), HeaderValue::from_bytes(h.value.of(&buf))) {
             headers.append(n, v);
         }
+    }
+    if let Some(n) = announced_length(&head, framing) {
+        headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(n));
     }
     let status = http::StatusCode::from_u16(head.code).map_err(|_| ErrorKind::InvalidResponse)?;
     let state = match head.body {

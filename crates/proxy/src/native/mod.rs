@@ -66,17 +66,30 @@ pub(crate) trait ClientIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin 
     /// connection needs no read buffer while it waits. Streams that cannot
     /// tell (TLS may hold decrypted bytes) answer at once.
     fn readable(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send;
+
+    /// Makes the connection's close a reset (`SO_LINGER` 0), for a response
+    /// delimited by the close that was cut short: a clean close would tell
+    /// the client it is complete.
+    fn reset_on_close(&self);
 }
 
 impl ClientIo for TcpStream {
     fn readable(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send {
         TcpStream::readable(self)
     }
+
+    fn reset_on_close(&self) {
+        let _ = self.set_zero_linger();
+    }
 }
 
 impl ClientIo for tokio_rustls::server::TlsStream<TcpStream> {
     fn readable(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send {
         std::future::ready(Ok(()))
+    }
+
+    fn reset_on_close(&self) {
+        let _ = self.get_ref().0.set_zero_linger();
     }
 }
 
@@ -95,6 +108,10 @@ pub(crate) struct ClientSide<S> {
     pub body_done: bool,
     /// What was seen of the current request.
     pub seen: Seen,
+    /// A response delimited by the close was cut short: the connection
+    /// ends with a reset, not with a clean close the client would take for
+    /// the end of the body.
+    pub cut_short: bool,
 }
 
 impl<S> ClientSide<S> {
@@ -132,6 +149,7 @@ pub(crate) async fn serve<S: ClientIo>(
         scratch: Vec::new(),
         body_done: true,
         seen: Seen::new(accepted),
+        cut_short: false,
     };
     let head_limits = HeadLimits { max_bytes: limits.max_header_bytes, max_headers: limits.max_headers };
     // Bytes of the connection used by requests before the current one.
@@ -193,7 +211,9 @@ pub(crate) async fn serve<S: ClientIo>(
         });
         drop(buf);
         if !keep {
-            let _ = client.io.shutdown().await;
+            if !client.cut_short {
+                let _ = client.io.shutdown().await;
+            }
             return;
         }
         if client.inbox.is_empty() {
@@ -340,7 +360,7 @@ impl Ctx<'_> {
     async fn answer<S: ClientIo>(&self, client: &mut ClientSide<S>, resp: Response<ProxyBody>, close: bool) -> bool {
         client.answered(resp.status(), self.proxy);
         let is_head = self.head.method.of(self.buf) == b"HEAD";
-        write_local(client, resp, close, is_head, self.head.minor).await && !close
+        write_local(client, resp, close, is_head, self.head.minor).await
     }
 }
 
@@ -423,6 +443,9 @@ impl Headers for HeadView<'_> {
 async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Result<bool, ErrorKind> {
     let (head, buf, proxy) = (ctx.head, ctx.buf, ctx.proxy);
     let method = Method::from_bytes(head.method.of(buf)).map_err(|_| ErrorKind::BadRequest)?;
+    if method == Method::CONNECT {
+        return Ok(ctx.answer(client, hygiene::refuse_connect(), true).await);
+    }
     let raw_target = std::str::from_utf8(head.target.of(buf)).map_err(|_| ErrorKind::BadRequest)?;
     let target = split_target(raw_target)?;
     let host = hygiene::effective_host(target.authority, head.host.map(|h| h.of(buf)), head.minor == 1)?;
@@ -491,7 +514,7 @@ fn wants_upgrade<'a>(head: &RequestHead, buf: &'a [u8]) -> Option<&'a [u8]> {
         return None;
     }
     let value = head.headers.iter().find(|h| h.kind == HeaderKind::Upgrade)?.value.of(buf);
-    (!value.eq_ignore_ascii_case(b"h2c")).then_some(value)
+    hygiene::upgrade_allowed(value).then_some(value)
 }
 
 /// Sends a routed request to a backend of `service` and relays the answer.
@@ -569,7 +592,7 @@ async fn forward<S: ClientIo>(
     let Answered { answer, slot } = answered?;
     client.seen.status = answer.conn.conn.head.code;
     let gap = std::time::Duration::from_millis(service.settings.timeouts.response_ms);
-    let reply = Reply { head, upgrade: upgrade.is_some(), gap, tunnel_idle: limits.tunnel_idle_timeout, stopping };
+    let reply = Reply { head, upgrade, gap, tunnel_idle: limits.tunnel_idle_timeout, stopping };
     let keep = respond(client, answer, slot, reply).await;
     // What the client got (`respond` answers a broken exchange itself).
     if let Some(kind) = client.seen.error {
@@ -583,7 +606,8 @@ async fn forward<S: ClientIo>(
 /// What relaying a response needs to know of its request.
 struct Reply<'a> {
     head: &'a RequestHead,
-    upgrade: bool,
+    /// The `Upgrade` value offered to the backend, if any.
+    upgrade: Option<&'a [u8]>,
     /// Longest wait for more of the backend's body.
     gap: std::time::Duration,
     tunnel_idle: std::time::Duration,
@@ -597,7 +621,9 @@ async fn respond<S: ClientIo>(client: &mut ClientSide<S>, answer: NativeAnswer, 
     let NativeAnswer { mut conn } = answer;
     let resp = std::mem::take(&mut conn.conn.head);
     let minor = r.head.minor;
-    if resp.code == 101 && r.upgrade {
+    let switched_to =
+        || resp.headers.iter().find(|h| h.kind == HeaderKind::Upgrade).map(|h| h.value.of(&conn.conn.inbox));
+    if resp.code == 101 && r.upgrade.is_some_and(|asked| hygiene::switched_as_asked(asked, switched_to())) {
         let mut out = std::mem::take(&mut client.scratch);
         response_head(&mut out, &conn.conn.inbox, &resp, Framing::None, false, false);
         conn.conn.inbox.advance(resp.len);
@@ -614,9 +640,10 @@ async fn respond<S: ClientIo>(client: &mut ClientSide<S>, answer: NativeAnswer, 
         return false;
     }
     if resp.code == 101 {
-        // A protocol switch the client did not ask for: the backend broke
-        // the exchange. Nothing was sent to the client yet.
-        tracing::debug!("backend switched protocols without an upgrade request");
+        // A protocol switch the client did not ask for (or to a protocol
+        // it did not offer): the backend broke the exchange. Nothing was
+        // sent to the client yet.
+        tracing::debug!("backend switched protocols without a matching upgrade request");
         let resp = ErrorKind::InvalidResponse.response();
         client.seen.status = resp.status().as_u16();
         client.seen.error = Some(ErrorKind::InvalidResponse);
@@ -637,6 +664,10 @@ async fn respond<S: ClientIo>(client: &mut ClientSide<S>, answer: NativeAnswer, 
     client.scratch = out;
     if let Err(e) = &relayed {
         tracing::debug!(error = %e, status = resp.code, "response relay ended early");
+        if framing == Framing::UntilClose {
+            client.io.get_ref().reset_on_close();
+            client.cut_short = true;
+        }
     }
     let complete = relayed.is_ok();
     let reusable = !resp.close;
@@ -682,7 +713,8 @@ async fn relay_body<S: ClientIo>(
 }
 
 /// Writes a response the proxy made (an error, a static file); returns
-/// whether it was written whole.
+/// whether the connection may carry another request (it was written whole
+/// and the connection stays open).
 async fn write_local<S: ClientIo>(
     client: &mut ClientSide<S>,
     resp: Response<ProxyBody>,
@@ -697,8 +729,10 @@ async fn write_local<S: ClientIo>(
         None if minor == 1 => Framing::Chunked,
         None => Framing::UntilClose,
     };
+    // A body delimited by the close ends only when the connection does.
+    let close = close || framing == Framing::UntilClose;
     let mut out = std::mem::take(&mut client.scratch);
-    local_head(&mut out, parts.status, &parts.headers, framing, close || framing == Framing::UntilClose);
+    local_head(&mut out, parts.status, &parts.headers, framing, close, minor);
     let mut written = !to_head || write_all(&mut client.io, &mut [&out]).await.is_ok();
     let mut first = true;
     let mut line = [0u8; 18];
@@ -729,7 +763,7 @@ async fn write_local<S: ClientIo>(
         };
     }
     client.scratch = out;
-    written
+    written && !close
 }
 
 #[cfg(test)]
@@ -789,6 +823,7 @@ mod sizes {
             scratch: Vec::new(),
             body_done: true,
             seen: Seen::new(tokio::time::Instant::now()),
+            cut_short: false,
         };
         let (head, buf) = (RequestHead::default(), BytesMut::new());
         let peer = Peer::new("127.0.0.1:1".parse().unwrap());

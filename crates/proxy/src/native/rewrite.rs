@@ -49,12 +49,23 @@ fn dropped(buf: &[u8], headers: &[Header], h: &Header, has_connection: bool) -> 
             && std::str::from_utf8(h.name.of(buf)).is_ok_and(|n| connection_has(buf, headers, n)))
 }
 
-/// Whether a field of a backend's response reaches the client: not
-/// hop-by-hop, not named in `Connection`, and a `Content-Length` only when
-/// the body goes on framed by it (`framing`, towards the client).
-pub(crate) fn forwards_response_field(buf: &[u8], resp: &ResponseHead, h: &Header, framing: Framing) -> bool {
-    let keep_length = !resp.drop_content_length && matches!(framing, Framing::Length(_) | Framing::None);
-    !dropped(buf, &resp.headers, h, resp.connection.present) && (h.kind != HeaderKind::ContentLength || keep_length)
+/// Whether a field of a backend's response reaches the client as sent:
+/// not hop-by-hop, not named in `Connection`, and never its
+/// `Content-Length` (the proxy writes its own, [`announced_length`]).
+pub(crate) fn forwards_response_field(buf: &[u8], resp: &ResponseHead, h: &Header) -> bool {
+    h.kind != HeaderKind::ContentLength && !dropped(buf, &resp.headers, h, resp.connection.present)
+}
+
+/// The `Content-Length` a forwarded response announces: the length that
+/// frames its body towards the client, or for a bodiless answer to `HEAD`
+/// and a 304 the backend's (checked) one. Never on a 1xx or 204 (RFC 9110,
+/// section 8.6).
+pub(crate) fn announced_length(resp: &ResponseHead, framing: Framing) -> Option<u64> {
+    match framing {
+        Framing::Length(n) => Some(n),
+        Framing::None if resp.code >= 200 && resp.code != 204 => resp.length,
+        _ => None,
+    }
 }
 
 /// Writes one `name: value` line.
@@ -93,7 +104,8 @@ pub(crate) fn request_head(out: &mut Vec<u8>, buf: &[u8], head: &RequestHead, ta
     let mut prior_xff: Option<&[u8]> = None;
     let mut has_id = false;
     for h in headers {
-        if dropped(buf, headers, h, has_connection) {
+        let refused = h.kind == HeaderKind::Other && !crate::hygiene::forwards_request_field(h.name.of(buf));
+        if refused || dropped(buf, headers, h, has_connection) {
             continue;
         }
         match h.kind {
@@ -158,12 +170,13 @@ pub(crate) fn response_head(
     status_line(out, resp.code, resp.reason.of(buf));
     let upgrade = resp.code == 101;
     for h in &resp.headers {
-        if (upgrade && h.kind == HeaderKind::Upgrade) || forwards_response_field(buf, resp, h, framing) {
+        if (upgrade && h.kind == HeaderKind::Upgrade) || forwards_response_field(buf, resp, h) {
             field(out, h.name.of(buf), h.value.of(buf));
         }
     }
-    if framing == Framing::Chunked {
-        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+    match announced_length(resp, framing) {
+        Some(n) => framing_fields(out, Framing::Length(n)),
+        None => framing_fields(out, framing),
     }
     if upgrade {
         out.extend_from_slice(b"connection: upgrade\r\n");
@@ -192,14 +205,17 @@ pub(crate) fn status_line(out: &mut Vec<u8>, code: u16, reason: &[u8]) {
 }
 
 /// Writes the head of a response the proxy makes itself (an error, a
-/// static file): its status, its fields, the framing and `Connection`.
-/// An answer to `HEAD` (`framing` is `None`) keeps its `Content-Length`.
+/// static file): its status, its fields, the framing and `Connection`
+/// (`close`, or `keep-alive` to an HTTP/1.0 client whose connection stays
+/// open: `minor` is the request's HTTP/1 minor version). An answer to
+/// `HEAD` (`framing` is `None`) keeps its `Content-Length`.
 pub(crate) fn local_head(
     out: &mut Vec<u8>,
     status: http::StatusCode,
     headers: &http::HeaderMap,
     framing: Framing,
     close: bool,
+    minor: u8,
 ) {
     out.clear();
     status_line(out, status.as_u16(), status.canonical_reason().unwrap_or("").as_bytes());
@@ -213,6 +229,8 @@ pub(crate) fn local_head(
     framing_fields(out, framing);
     if close {
         out.extend_from_slice(b"connection: close\r\n");
+    } else if minor == 0 {
+        out.extend_from_slice(b"connection: keep-alive\r\n");
     }
     out.extend_from_slice(b"\r\n");
 }
@@ -255,7 +273,8 @@ mod tests {
     fn requests_lose_hop_by_hop_and_untrusted_forwarding_fields() {
         let raw = "POST /x/../p?q HTTP/1.1\r\nHost: H.example\r\nConnection: close, X-Secret\r\nX-Secret: 1\r\n\
                    Proxy-Authorization: Basic Zm9v\r\nTE: trailers\r\nX-Forwarded-For: 203.0.113.9\r\n\
-                   X-Real-IP: 203.0.113.9\r\nForwarded: for=x\r\nTransfer-Encoding: chunked\r\nX-Kept: yes\r\n\r\n";
+                   X-Real-IP: 203.0.113.9\r\nForwarded: for=x\r\nTransfer-Encoding: chunked\r\nX-Kept: yes\r\n\
+                   X_Forwarded_For: 6.6.6.6\r\nX_Real_IP: 6.6.6.6\r\n\r\n";
         let out = rewrite(raw, false, Framing::Chunked);
         assert_eq!(
             out,
@@ -285,6 +304,21 @@ mod tests {
             respond(both, Framing::Chunked, false),
             "HTTP/1.1 200 OK\r\nX-A: 1\r\ntransfer-encoding: chunked\r\n\r\n"
         );
+        // The length is the proxy's own field, one value, written once.
+        let doubled = "HTTP/1.1 200 OK\r\nContent-Length: 2, 02\r\nContent-Length: 2\r\nX-A: 1\r\n\r\n";
+        assert_eq!(
+            respond(doubled, Framing::Length(2), false),
+            "HTTP/1.1 200 OK\r\nX-A: 1\r\ncontent-length: 2\r\n\r\n"
+        );
+        // A 204 announces no length; an answer to HEAD keeps the backend's.
+        let no_content = "HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n";
+        assert_eq!(respond(no_content, Framing::None, false), "HTTP/1.1 204 No Content\r\n\r\n");
+        let mut head = ResponseHead::default();
+        let to_head = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n";
+        parse_response(to_head.as_bytes(), HeadLimits::default(), true, &mut head).unwrap().unwrap();
+        let mut out = Vec::new();
+        response_head(&mut out, to_head.as_bytes(), &head, Framing::None, false, false);
+        assert_eq!(String::from_utf8(out).unwrap(), "HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n");
         let plain = "HTTP/1.1 404 \r\ncontent-length: 2\r\n\r\n";
         assert_eq!(
             respond(plain, Framing::Length(2), true),

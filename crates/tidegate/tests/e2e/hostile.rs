@@ -218,12 +218,19 @@ async fn credentials_and_hop_by_hop_headers_never_reach_the_backend() {
     let head =
         "GET /echo HTTP/1.1\r\nhost: x\r\nproxy-authorization: Basic c2VjcmV0\r\nconnection: close, x-secret\r\n\
                 x-secret: 1\r\nforwarded: for=203.0.113.9\r\nx-real-ip: 203.0.113.9\r\nx-forwarded-for: 203.0.113.9\r\n\
-                upgrade: h2c\r\n\r\n";
+                upgrade: h2c\r\nx_forwarded_for: 6.6.6.6\r\nx_real_ip: 6.6.6.6\r\n\r\n";
     let reply = raw_exchange(tg.proxy, head.as_bytes(), Duration::from_secs(5));
     let h = &echoed(&reply)["headers"];
-    for name in ["proxy-authorization", "x-secret", "forwarded", "x-real-ip", "upgrade"] {
+    for name in ["proxy-authorization", "x-secret", "forwarded", "x-real-ip", "upgrade", "x_forwarded_for", "x_real_ip"]
+    {
         assert!(h.get(name).is_none(), "{name} reached the backend: {h}");
     }
+    // h2c is never offered to a backend, not even in a list.
+    let listed = "GET /echo HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: websocket, h2c\r\n\
+                  http2-settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n";
+    let reply = raw_exchange(tg.proxy, listed.as_bytes(), Duration::from_secs(5));
+    let h = &echoed(&reply)["headers"];
+    assert!(h.get("upgrade").is_none() && h.get("connection").is_none(), "{h}");
     assert_eq!(h["x-forwarded-for"], "127.0.0.1", "an untrusted client's X-Forwarded-For is replaced");
 
     // Behind a trusted proxy the chain is kept.
@@ -312,6 +319,22 @@ async fn malformed_messages_are_refused_and_pipelined_requests_answered_in_order
         let reply =
             raw_exchange(proxy, b"POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip\r\n\r\nabc", wait);
         assert!(reply.starts_with("HTTP/1.1 501"), "{reply:?}");
+        // CONNECT opens no tunnel: 405.
+        let reply = raw_exchange(proxy, b"CONNECT /x HTTP/1.1\r\nhost: x\r\n\r\n", wait);
+        assert!(reply.starts_with("HTTP/1.1 405"), "{reply:?}");
+        // HTTP/1.1 needs a valid Host even when the target names the host.
+        for head in ["GET http://a.example/echo HTTP/1.1\r\n\r\n", "GET http://a.example/echo HTTP/1.1\r\nhost: x@y\r\n\r\n"] {
+            let reply = raw_exchange(proxy, head.as_bytes(), wait);
+            assert!(reply.starts_with("HTTP/1.1 400"), "{head:?}: {reply:?}");
+        }
+        // An HTTP/1.0 client that keeps its connection is told so, also by
+        // the proxy's own answers, and the connection serves on.
+        let two = b"GET /health-of-nothing HTTP/1.0\r\nconnection: keep-alive\r\nhost: none.example\r\n\r\n\
+                    GET /echo HTTP/1.0\r\nhost: x\r\n\r\n";
+        let reply = raw_exchange(proxy, two, wait);
+        let first = reply.split("\r\n\r\n").next().unwrap_or("");
+        assert!(first.contains("connection: keep-alive"), "{reply:?}");
+        assert_eq!(reply.matches("HTTP/1.1 ").count(), 2, "{reply:?}");
         // Pipelined requests are answered one after the other, in order.
         let two = b"GET /first/echo HTTP/1.1\r\nhost: x\r\n\r\nGET /second/echo HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n";
         let reply = raw_exchange(proxy, two, wait);

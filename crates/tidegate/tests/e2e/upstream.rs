@@ -83,6 +83,73 @@ async fn a_broken_backend_response_never_reaches_the_client_as_a_clean_answer() 
     assert_eq!(get(&tg.url("/")).await.status, 200);
 }
 
+/// What a client reading a response delimited by the close sees at its end.
+#[derive(Debug, PartialEq)]
+enum End {
+    /// A clean close: the body looks complete.
+    Clean,
+    /// The connection was reset: the client knows the body is cut short.
+    Reset,
+}
+
+/// Sends `req` and reads everything until the end, and how it ended.
+fn read_to_end(proxy: std::net::SocketAddr, req: &[u8]) -> (String, End) {
+    use std::io::Read;
+    let mut s = TcpStream::connect(proxy).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5))).expect("set a read timeout");
+    s.write_all(req).expect("write");
+    let (mut got, mut buf) = (Vec::new(), [0u8; 4096]);
+    let end = loop {
+        match s.read(&mut buf) {
+            Ok(0) => break End::Clean,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break End::Reset,
+            Err(e) => panic!("no end within 5 s: {e}: {:?}", String::from_utf8_lossy(&got)),
+        }
+    };
+    (String::from_utf8_lossy(&got).into_owned(), end)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_breaks_http_framing_never_passes_it_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let b = Backend::start("broken", &["--faults"]);
+    service(&tg, &b, json!({ "retries": 0 })).await;
+    let proxy = tg.proxy;
+    tokio::task::spawn_blocking(move || {
+        let wait = Duration::from_secs(5);
+        let get = |path: &str, extra: &str| {
+            let req = format!("GET {path} HTTP/1.1\r\nhost: x\r\n{extra}connection: close\r\n\r\n");
+            raw_exchange(proxy, req.as_bytes(), wait)
+        };
+        // A coding the proxy cannot remove, a status out of range, a
+        // switch to h2c: 502.
+        for path in ["/_fault/gzip", "/_fault/status-000"] {
+            let reply = get(path, "");
+            assert!(reply.starts_with("HTTP/1.1 502"), "{path}: {reply:?}");
+        }
+        let reply = get("/_fault/h2c", "upgrade: websocket\r\nconnection: upgrade\r\n");
+        assert!(reply.starts_with("HTTP/1.1 502"), "a switch to a protocol not offered: {reply:?}");
+        // Lengths: one field, the proxy's own; none on a 204.
+        let reply = get("/_fault/lengths", "");
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply:?}");
+        assert_eq!(reply.to_ascii_lowercase().matches("content-length").count(), 1, "{reply:?}");
+        assert!(reply.contains("content-length: 2\r\n") && reply.ends_with("\r\n\r\nok"), "{reply:?}");
+        let reply = get("/_fault/204-length", "");
+        assert!(reply.starts_with("HTTP/1.1 204"), "{reply:?}");
+        assert!(!reply.to_ascii_lowercase().contains("content-length"), "{reply:?}");
+        // A body cut short, to an HTTP/1.0 client (delimited by the close):
+        // the connection is reset, never closed as if the body were whole.
+        let (got, end) = read_to_end(proxy, b"GET /_fault/chunked-cut HTTP/1.0\r\nhost: x\r\n\r\n");
+        assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
+        assert_eq!(end, End::Reset, "{got:?}");
+    })
+    .await
+    .unwrap();
+    assert_eq!(get(&tg.url("/")).await.status, 200, "the proxy and the backend still serve");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_whose_body_breaks_gets_400_and_ejects_nothing() {
     let dir = tempfile::tempdir().unwrap();
