@@ -16,6 +16,7 @@
 //! - `/_fault/chunked-cut`: `200` chunked, one chunk, then close;
 //! - `/_fault/h2c`: `101 Switching Protocols` to `h2c`;
 //! - `/_fault/status-000`: the status code `000`;
+//! - `/_fault/drip`: `200` with a 30-byte body sent one byte every 100 ms;
 //! - anything else: `200` with the body `ok NAME\n`.
 //!
 //! With `--idle-close D`, a connection that waits longer than `D` for its
@@ -68,6 +69,7 @@ enum Answer {
     Close,
     /// A fixed answer, after which the connection closes.
     Raw(&'static [u8]),
+    Drip,
 }
 
 fn answer_for(path: &str) -> Answer {
@@ -85,6 +87,7 @@ fn answer_for(path: &str) -> Answer {
         "/_fault/h2c" => {
             Answer::Raw(b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n")
         }
+        "/_fault/drip" => Answer::Drip,
         "/_fault/status-000" => Answer::Raw(b"HTTP/1.1 000 Zero\r\ncontent-length: 0\r\n\r\n"),
         _ => Answer::Normal,
     }
@@ -186,6 +189,13 @@ async fn connection(mut s: TcpStream, name: &str, idle_close: Option<Duration>, 
             Answer::Raw(bytes) => {
                 s.write_all(bytes).await?;
                 return Ok(());
+            }
+            Answer::Drip => {
+                s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 30\r\n\r\n").await?;
+                for _ in 0..30 {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    s.write_all(b"x").await?;
+                }
             }
         }
         if head.close {

@@ -103,6 +103,11 @@ pub(crate) struct Upstreams {
 }
 
 impl Upstreams {
+    /// The client-side limits.
+    pub(crate) fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
     pub(crate) fn new(limits: Arc<Limits>) -> Upstreams {
         Upstreams {
             pool: UpstreamPool::default(),

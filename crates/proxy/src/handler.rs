@@ -141,6 +141,14 @@ impl Proxy {
         if req.method() == http::Method::CONNECT {
             return Ok(hygiene::refuse_connect());
         }
+        // The HTTP/1 parsers count headers; an HTTP/2 header list is only
+        // bounded in bytes, so count here.
+        if req.headers().len() > self.upstreams.limits().max_headers {
+            return Ok(crate::error::plain(
+                http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "431 the request head is too large\n",
+            ));
+        }
         hygiene::sanitize(&mut req)?;
         if let Some(resp) = self.health_answer(req.method(), req.uri().path(), false) {
             return Ok(resp);

@@ -76,6 +76,21 @@ pub(crate) fn new_request_id() -> [u8; 32] {
     id
 }
 
+/// Joins several `Cookie` fields into one, `; ` between them: an HTTP/2
+/// client may send each cookie as a field of its own, and an HTTP/1.1
+/// backend must get one line (RFC 9113, section 8.2.3; many servers read
+/// only the first).
+fn join_cookies(h: &mut http::HeaderMap) {
+    let mut values = h.get_all(header::COOKIE).iter();
+    if values.nth(1).is_none() {
+        return;
+    }
+    let joined = h.get_all(header::COOKIE).iter().map(HeaderValue::as_bytes).collect::<Vec<_>>().join(&b"; "[..]);
+    if let Ok(v) = HeaderValue::from_bytes(&joined) {
+        h.insert(header::COOKIE, v);
+    }
+}
+
 /// Rewrites a request's headers for its backend: hop-by-hop headers out
 /// (an upgrade's `Upgrade` kept), `X-Forwarded-For`/`-Proto`/`-Host` set,
 /// and `Host` present for HTTP/1.1 backends. The client's own
@@ -91,6 +106,7 @@ pub(crate) fn request_headers(parts: &mut Parts, peer: &Peer, upgrade: bool) {
     for name in refused {
         h.remove(name);
     }
+    join_cookies(h);
     if let Some(v) = upgrade_value {
         h.insert(header::UPGRADE, v);
         h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -157,6 +173,17 @@ mod tests {
         assert_eq!(h["x-forwarded-for"], "198.51.100.1, 192.0.2.9");
         assert_eq!(h["x-real-ip"], "198.51.100.1");
         assert_eq!(h["x-forwarded-host"], "h");
+    }
+
+    #[test]
+    fn split_cookies_are_joined_into_one_field() {
+        let mut h = HeaderMap::new();
+        h.append(header::COOKIE, HeaderValue::from_static("a=1"));
+        h.append(header::COOKIE, HeaderValue::from_static("b=2"));
+        join_cookies(&mut h);
+        assert_eq!(h.get_all(header::COOKIE).iter().collect::<Vec<_>>(), ["a=1; b=2"]);
+        join_cookies(&mut h);
+        assert_eq!(h[header::COOKIE], "a=1; b=2", "one field stays as it is");
     }
 
     #[test]

@@ -25,6 +25,18 @@ pub(crate) fn sanitize<B>(req: &mut Request<B>) -> Result<(), ErrorKind> {
     if req.headers().contains_key(header::TRANSFER_ENCODING) && req.headers().contains_key(header::CONTENT_LENGTH) {
         return Err(ErrorKind::InvalidFraming);
     }
+    // RFC 9113, section 8.2.1: a value that starts or ends with whitespace
+    // is malformed (HTTP/1 parsers trim it; an HTTP/2 request would pass it
+    // on, and a route's header match and the backend would read it apart).
+    let padded = |v: &[u8]| matches!(v.first().zip(v.last()), Some((a, b)) if [*a, *b].iter().any(|c| *c == b' ' || *c == b'\t'));
+    if req.headers().values().any(|v| padded(v.as_bytes())) {
+        return Err(ErrorKind::BadRequest);
+    }
+    // `*` names no resource (it is OPTIONS' server-wide form): nothing to
+    // route, as on the native path.
+    if req.uri().path() == "*" {
+        return Err(ErrorKind::InvalidPath);
+    }
     let mut hosts = req.headers().get_all(header::HOST).iter();
     let host = hosts.next();
     if hosts.next().is_some() {
@@ -242,6 +254,17 @@ mod tests {
         assert_eq!(loc("a.example", Some(443), "/"), Ok("https://a.example/".to_string()));
         assert_eq!(loc("a.example", None, "/"), Ok("https://a.example/".to_string()));
         assert_eq!(loc("", Some(443), "/"), Err(ErrorKind::InvalidHost));
+    }
+
+    #[test]
+    fn padded_values_and_the_asterisk_are_refused() {
+        let mut r = req("/", &["h"], Version::HTTP_2);
+        r.headers_mut().insert("x-canary", HeaderValue::from_static("1 "));
+        assert_eq!(sanitize(&mut r), Err(ErrorKind::BadRequest));
+        let mut r = req("/", &["h"], Version::HTTP_2);
+        r.headers_mut().insert("x-canary", HeaderValue::from_static("a b"));
+        assert_eq!(sanitize(&mut r), Ok(()), "inner whitespace is fine");
+        assert_eq!(sanitize(&mut req("*", &["h"], Version::HTTP_11)), Err(ErrorKind::InvalidPath));
     }
 
     #[test]

@@ -347,12 +347,48 @@ impl AcceptErrors {
 }
 
 /// What a connection has in progress, for its idle timer: requests being
-/// handled, and when the last one started or ended.
-#[derive(Debug)]
+/// handled, and when the last one started or ended; and how many of its
+/// requests the client cancelled before their answer.
+#[derive(Debug, Default)]
 struct Activity {
     in_progress: AtomicUsize,
     /// Milliseconds on [`clock`]; 0 until the first request.
     last_ms: AtomicU64,
+    /// Requests started on the connection.
+    requests: AtomicU64,
+    /// Requests the client reset (HTTP/2 `RST_STREAM`) before their
+    /// response head: each one still cost a backend exchange.
+    cancelled: AtomicU64,
+    /// Woken when cancellations cross [`CANCEL_LIMIT`].
+    abusive: tokio::sync::Notify,
+}
+
+/// Cancelled requests a connection may have before it is told to go away
+/// (HTTP/2 `GOAWAY`), when they are also most of its requests: the
+/// "rapid reset" attack (CVE-2023-44487) opens streams and resets them
+/// before their answer, to make the proxy and its backends work for
+/// nothing. h2 refuses resets of streams not yet accepted; this covers
+/// those reset a little later. nginx, HAProxy and Envoy bound the same.
+const CANCEL_LIMIT: u64 = 100;
+
+/// Counts a request as cancelled unless it was answered (disarmed).
+struct Cancellation(Option<Arc<Activity>>);
+
+impl Cancellation {
+    fn answered(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Cancellation {
+    fn drop(&mut self) {
+        if let Some(a) = self.0.take() {
+            let cancelled = a.cancelled.fetch_add(1, Relaxed) + 1;
+            if cancelled > CANCEL_LIMIT && cancelled * 2 > a.requests.load(Relaxed) {
+                a.abusive.notify_one();
+            }
+        }
+    }
 }
 
 /// Marks a request in progress on its connection until dropped.
@@ -370,6 +406,7 @@ impl Activity {
         // No clock read here: while a request is in progress the connection
         // is not idle, and its end stamps the time.
         self.in_progress.fetch_add(1, Relaxed);
+        self.requests.fetch_add(1, Relaxed);
         InProgress(self.clone())
     }
 
@@ -383,6 +420,39 @@ impl Activity {
             0 => accepted_ms + limits.first_request_timeout.as_millis() as u64,
             last => last + limits.idle_timeout.as_millis() as u64,
         })
+    }
+}
+
+/// A response body that keeps its request counted as in progress until
+/// the body ends (or hyper drops it), so the idle check never closes a
+/// connection that is still streaming a response.
+struct Tracked {
+    body: crate::body::ProxyBody,
+    in_progress: Option<InProgress>,
+}
+
+impl http_body::Body for Tracked {
+    type Data = bytes::Bytes;
+    type Error = crate::body::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        let polled = std::pin::Pin::new(&mut this.body).poll_frame(cx);
+        if matches!(polled, std::task::Poll::Ready(None | Some(Err(_)))) || this.body.is_end_stream() {
+            this.in_progress = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -448,18 +518,22 @@ async fn serve_connection<I>(
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let activity = Arc::new(Activity { in_progress: AtomicUsize::new(0), last_ms: AtomicU64::new(0) });
+    let activity = Arc::new(Activity::default());
     let accepted_ms = clock::now_ms();
+    let addr = client.addr;
     let client = Arc::new(client);
     let tracked = activity.clone();
     let service = service_fn(move |req| {
         let proxy = proxy.clone();
         let client = client.clone();
         let in_progress = tracked.start();
+        let cancellation = Cancellation(Some(tracked.clone()));
         async move {
+            // In progress until the response body ends, not only its head:
+            // a long download or stream is not an idle connection.
             let resp = proxy.handle(req, &client).await;
-            drop(in_progress);
-            Ok::<_, Infallible>(resp)
+            cancellation.answered();
+            Ok::<_, Infallible>(resp.map(|body| Tracked { body, in_progress: Some(in_progress) }))
         }
     });
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
@@ -477,6 +551,11 @@ async fn serve_connection<I>(
                     // its preface or its request head.
                     break IDLE_CLOSE_GRACE;
                 }
+            }
+            () = activity.abusive.notified() => {
+                tracing::warn!(peer = %addr, cancelled = activity.cancelled.load(Relaxed),
+                    "closing a connection whose client cancels most of its requests (rapid reset)");
+                break IDLE_CLOSE_GRACE;
             }
             // Draining: requests in progress may finish; the worker's
             // drain timeout bounds the wait.

@@ -350,3 +350,39 @@ async fn malformed_messages_are_refused_and_pipelined_requests_answered_in_order
         "a client's bad framing blames no backend: {stats}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_client_that_cancels_most_of_its_requests_is_told_to_go_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let b = Backend::start("slow", &["--service-time", "fixed:2000ms"]);
+    route_to(&tg, "web", &[&b], "round_robin").await;
+    let tcp = tokio::net::TcpStream::connect(tg.proxy).await.expect("connect");
+    let (h2, conn) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .expect("h2 handshake");
+    let conn = tokio::spawn(conn);
+    // Rapid reset, slowed down: batches of streams (under the 100-stream
+    // limit), each cancelled (RST_STREAM) 100 ms after it was sent.
+    let url = format!("http://{}/", tg.proxy);
+    let mut cancelled = 0;
+    for _ in 0..6 {
+        let mut batch = Vec::new();
+        for _ in 0..50 {
+            let (mut h2, url) = (h2.clone(), url.clone());
+            batch.push(tokio::spawn(async move {
+                let req = http::Request::get(url).body(http_body_util::Empty::<bytes::Bytes>::new()).expect("request");
+                tokio::time::timeout(Duration::from_millis(100), h2.send_request(req)).await.is_err()
+            }));
+        }
+        for t in batch {
+            cancelled += usize::from(t.await.unwrap_or(false));
+        }
+    }
+    assert!(cancelled > 100, "only {cancelled} requests were cancelled");
+    let ended = tokio::time::timeout(Duration::from_secs(5), conn).await;
+    assert!(ended.is_ok(), "the connection is still open after {cancelled} cancelled requests");
+    // Other clients are served.
+    assert_eq!(get(&tg.url("/")).await.status, 200);
+}

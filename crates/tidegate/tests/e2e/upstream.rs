@@ -151,6 +151,29 @@ async fn a_backend_that_breaks_http_framing_never_passes_it_on() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_streaming_past_the_idle_timeout_reaches_an_http2_client_whole() {
+    use http_body_util::BodyExt;
+    let dir = tempfile::tempdir().unwrap();
+    // Idle after 1 s; the backend takes 3 s to send its 30 bytes.
+    let tg = Tidegate::start_with(dir.path(), &["--header-timeout-s", "1"]);
+    let b = Backend::start("drip", &["--faults"]);
+    service(&tg, &b, json!({ "retries": 0 })).await;
+    let tcp = tokio::net::TcpStream::connect(tg.proxy).await.expect("connect");
+    let (mut h2, conn) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(conn);
+    let req = http::Request::get(format!("http://{}/_fault/drip", tg.proxy))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("request");
+    let resp = h2.send_request(req).await.expect("response head");
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.expect("the whole body, not a reset stream").to_bytes();
+    assert_eq!(body.len(), 30);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_whose_body_breaks_gets_400_and_ejects_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let tg = Tidegate::start(dir.path());
