@@ -93,6 +93,26 @@ async fn bad_input_names_the_field_and_changes_nothing() {
     assert_eq!((status, body["error"]["field"].as_str()), (StatusCode::BAD_REQUEST, Some("query.dry_rn")));
     let (status, _) = call(&app, "GET", "/v1/config", None, false).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // A struct's positional form is no document: `[]` would be a
+    // configuration with nothing in it.
+    let (status, body) = call(&app, "PUT", "/v1/config?dry_run=true", Some(json!([])), true).await;
+    assert_eq!((status, body["error"]["message"].as_str()), (StatusCode::BAD_REQUEST, Some("expected a JSON object")));
+}
+
+#[tokio::test]
+async fn the_bearer_scheme_is_case_insensitive_and_the_token_is_not() {
+    let (app, _dir) = app();
+    let get = |auth: String| {
+        let app = app.clone();
+        async move {
+            let req = Request::get("/v1/config").header("authorization", auth);
+            app.oneshot(req.body(Body::empty()).unwrap()).await.unwrap().status()
+        }
+    };
+    assert_eq!(get(format!("bearer {TOKEN}")).await, StatusCode::OK);
+    assert_eq!(get(format!("BEARER {TOKEN}")).await, StatusCode::OK);
+    assert_eq!(get(format!("Bearer {}", TOKEN.to_uppercase())).await, StatusCode::UNAUTHORIZED);
+    assert_eq!(get(format!("Basic {TOKEN}")).await, StatusCode::UNAUTHORIZED);
 }
 
 #[tokio::test]

@@ -81,7 +81,8 @@ pub fn hash_bytes(bytes: &[u8]) -> u64 {
 
 /// Ring points per unit of weight.
 const POINTS_PER_WEIGHT: u32 = 100;
-/// Cap on the ring size; large pools get fewer points per backend.
+/// Cap on the ring size; large pools get fewer points per backend (each at
+/// least one, so the ring holds at most this plus one per backend).
 const MAX_POINTS: u64 = 200_000;
 
 /// A consistent-hashing policy.
@@ -113,10 +114,16 @@ struct HashSelector {
 /// a backend keeps its points when others come and go.
 fn build_ring(pool: &Pool) -> Vec<(u64, u32)> {
     let total: u64 = pool.backends().iter().map(|b| u64::from(b.weight)).sum();
-    let per_weight = MAX_POINTS.checked_div(total).map_or(0, |p| p.clamp(1, u64::from(POINTS_PER_WEIGHT)));
+    let per_weight = MAX_POINTS.checked_div(total).map_or(0, |p| p.min(u64::from(POINTS_PER_WEIGHT)));
+    // Past MAX_POINTS units of weight, a backend's share of the cap (a
+    // weight of 10,000 on 500 backends would otherwise be 5 million points).
+    let points = |weight: u64| match per_weight {
+        0 => (weight * MAX_POINTS / total.max(1)).max(u64::from(weight > 0)),
+        n => weight * n,
+    };
     let mut ring = Vec::new();
     for (i, b) in pool.backends().iter().enumerate() {
-        for p in 0..u64::from(b.weight) * per_weight {
+        for p in 0..points(u64::from(b.weight)) {
             let label = format!("{}#{p}", b.id);
             ring.push((hash_bytes(label.as_bytes()), i as u32));
         }
@@ -186,6 +193,16 @@ mod tests {
         let headers = HeaderMap::new();
         let ctx = RequestCtx { client: None, path: key, headers: &headers };
         sel.select(&ctx, &mut |_: &Backend| true).unwrap().id.to_string()
+    }
+
+    #[test]
+    fn the_ring_stays_within_its_cap_whatever_the_weights() {
+        let heavy = pool(&[10_000; 500]);
+        let ring = build_ring(&heavy);
+        assert!(ring.len() as u64 <= MAX_POINTS + 500, "{} points", ring.len());
+        assert!(ring.len() as u64 >= MAX_POINTS / 2, "{} points", ring.len());
+        // Small pools keep their 100 points per unit of weight.
+        assert_eq!(build_ring(&pool(&[1, 2])).len(), 300);
     }
 
     #[test]

@@ -226,8 +226,13 @@ fn op_index(field: &str) -> Option<usize> {
     rest.split(']').next()?.parse().ok()
 }
 
-/// Parses any JSON value of type `T`, naming the field at fault on error.
+/// Parses a JSON object into a `T`, naming the field at fault on error.
 pub fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ParseError> {
+    // Every document here is an object. serde would also take a struct in
+    // its positional form (`[]` as a configuration with nothing in it).
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ParseError { op: None, field: ".".into(), message: "expected a JSON object".into() });
+    }
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(de).map_err(ParseError::from_path)?;
     Ok(value)
@@ -273,6 +278,14 @@ mod tests {
         let cs = parse_change_set(text.as_bytes()).unwrap();
         assert_eq!(cs.if_revision, Some(3));
         assert_eq!(cs.ops.len(), 6);
+    }
+
+    #[test]
+    fn only_objects_are_documents() {
+        for positional in ["[]", " [1]", "\"x\"", "3", "null"] {
+            let e = parse_change_set(positional.as_bytes()).unwrap_err();
+            assert_eq!(e.message, "expected a JSON object", "{positional}");
+        }
     }
 
     #[test]

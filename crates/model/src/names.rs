@@ -112,8 +112,11 @@ impl BackendAddr {
     /// Validates an address of the form `host:port`.
     pub fn new(s: &str) -> Result<Self, NameError> {
         let bad = |why: &str| NameError(format!("invalid address {s:?}: {why}"));
-        if s.parse::<std::net::SocketAddr>().is_ok() {
-            return Ok(Self(Arc::from(s)));
+        if let Ok(a) = s.parse::<std::net::SocketAddr>() {
+            return match a.port() {
+                0 => Err(bad("port must be 1..65535")),
+                _ => Ok(Self(Arc::from(s))),
+            };
         }
         let (host, port) = s.rsplit_once(':').ok_or_else(|| bad("expected HOST:PORT"))?;
         match port.parse::<u16>() {
@@ -130,7 +133,10 @@ impl BackendAddr {
                 && !l.ends_with('-')
                 && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
         };
-        if !host.split('.').all(label_ok) {
+        // A last label of digits only is no DNS name: resolvers read
+        // `2130706433` or `1.2.3` as IPv4 addresses in shorthand.
+        let numeric = host.rsplit('.').next().is_some_and(|l| l.bytes().all(|b| b.is_ascii_digit()));
+        if !host.split('.').all(label_ok) || numeric {
             return Err(bad("host is neither an IP address nor a DNS name"));
         }
         Ok(Self(Arc::from(s)))
@@ -182,10 +188,22 @@ mod tests {
 
     #[test]
     fn addresses_need_a_host_and_a_port() {
-        for ok in ["127.0.0.1:80", "[::1]:8080", "backend.internal:9000", "localhost:1"] {
+        for ok in ["127.0.0.1:80", "[::1]:8080", "backend.internal:9000", "localhost:1", "1a.example:80", "web1:80"] {
             assert!(BackendAddr::new(ok).is_ok(), "{ok}");
         }
-        for bad in ["127.0.0.1", "host:0", "host:70000", ":80", "a b:80", "-x.com:80", "http://x:80"] {
+        for bad in [
+            "127.0.0.1",
+            "host:0",
+            "host:70000",
+            ":80",
+            "a b:80",
+            "-x.com:80",
+            "http://x:80",
+            "127.0.0.1:0",
+            "2130706433:80",
+            "1.2.3:80",
+            "123:80",
+        ] {
             assert!(BackendAddr::new(bad).is_err(), "{bad}");
         }
     }

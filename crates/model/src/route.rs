@@ -163,6 +163,27 @@ fn check_path(field: &str, p: &str) -> Result<(), String> {
     if p.contains(['?', '#']) || p.chars().any(|c| c.is_ascii_control() || c == ' ') {
         return Err(format!("{field}: {p:?} must be a plain path (no query, fragment, spaces)"));
     }
+    // Routes match the normalized path, as clients send it: other
+    // characters percent-encoded, with uppercase hex; unreserved ones
+    // decoded; an encoded `/`, `\` or NUL refused before routing.
+    if !p.is_ascii() {
+        return Err(format!("{field}: {p:?} must be ASCII: percent-encode other characters (UTF-8, uppercase hex)"));
+    }
+    let b = p.as_bytes();
+    for i in (0..b.len()).filter(|i| b[*i] == b'%') {
+        let hex = b.get(i + 1..i + 3).filter(|h| h.iter().all(|c| c.is_ascii_digit() || (b'A'..=b'F').contains(c)));
+        let decoded = hex.and_then(|h| std::str::from_utf8(h).ok()).and_then(|h| u8::from_str_radix(h, 16).ok());
+        match decoded {
+            None => return Err(format!("{field}: {p:?} has a '%' not followed by two uppercase hex digits")),
+            Some(c) if c.is_ascii_alphanumeric() || b"-._~".contains(&c) => {
+                return Err(format!("{field}: {p:?} encodes {:?}; write it as itself", c as char));
+            }
+            Some(b'/' | b'\\' | 0) => {
+                return Err(format!("{field}: {p:?} encodes '/', '\\' or NUL, which requests may not carry"));
+            }
+            Some(_) => {}
+        }
+    }
     Ok(())
 }
 
@@ -208,6 +229,9 @@ impl TryFrom<RouteWire> for RouteSpec {
             (None, Some(d)) => {
                 if !d.root.is_absolute() {
                     return Err("static.root: must be an absolute path".to_string());
+                }
+                if d.root.parent().is_none() {
+                    return Err("static.root: the filesystem root cannot be served; name a directory".to_string());
                 }
                 if d.index.is_empty() || d.index.contains(['/', '\\']) || d.index == ".." {
                     return Err("static.index: must be a plain file name".to_string());
@@ -291,6 +315,11 @@ mod tests {
             (r#"{"match":{"methods":["G T"]},"service":"w"}"#, "match.methods[0]"),
             (r#"{"service":"w","static":{"root":"/x"}}"#, "exactly one"),
             (r#"{"static":{"root":"rel"}}"#, "static.root"),
+            (r#"{"static":{"root":"/"}}"#, "static.root"),
+            (r#"{"match":{"path_prefix":"/café"},"service":"w"}"#, "ASCII"),
+            (r#"{"match":{"path_prefix":"/a%2Fb"},"service":"w"}"#, "encodes"),
+            (r#"{"match":{"path":"/caf%c3%a9"},"service":"w"}"#, "uppercase"),
+            (r#"{"match":{"path":"/%41"},"service":"w"}"#, "as itself"),
             (r#"{"service":"w","extra":1}"#, "unknown field"),
         ];
         for (text, want) in cases {

@@ -611,7 +611,7 @@ impl Default for PrequalSpec {
 
 impl PrequalSpec {
     fn validate(&self) -> Result<(), String> {
-        if !self.probe_path.starts_with('/') || self.probe_path.contains(char::is_whitespace) {
+        if !request_path(&self.probe_path) {
             return Err(format!("policy.probe_path: {:?} must be a path starting with '/'", self.probe_path));
         }
         if !(1..=1000).contains(&self.probes_per_request_pct) {
@@ -1015,13 +1015,21 @@ impl From<PortRange> for String {
     }
 }
 
+/// Whether `path` can be sent as a request's target: it starts with `/`
+/// and is a valid path and query (no spaces, control characters or other
+/// bytes a request line cannot carry), so a probe that is configured is a
+/// probe that can go out.
+fn request_path(path: &str) -> bool {
+    path.starts_with('/') && http::uri::PathAndQuery::try_from(path).is_ok()
+}
+
 impl AutoscaleSpec {
     fn validate(&self) -> Result<(), String> {
         if self.min > self.max || self.max == 0 || self.max > 1_000 {
             return Err(format!("autoscale: need min <= max and 1 <= max <= 1000, got {}..{}", self.min, self.max));
         }
-        if let Some(p) = self.pinned.filter(|p| *p > 1_000) {
-            return Err(format!("autoscale.pinned: at most 1000, got {p}"));
+        if let Some(p) = self.pinned.filter(|p| !(self.min..=self.max).contains(p)) {
+            return Err(format!("autoscale.pinned: must be within min..=max ({}..={}), got {p}", self.min, self.max));
         }
         if self.target_in_flight == 0 || self.latency_threshold_ms == 0 {
             return Err("autoscale: target_in_flight and latency_threshold_ms must be above 0".into());
@@ -1033,10 +1041,7 @@ impl AutoscaleSpec {
             return Err("autoscale: peak_hold_s at most 86400, drain_timeout_s at most 3600".into());
         }
         let r = &self.ready;
-        if !r.path.starts_with('/')
-            || r.timeout_s == 0
-            || r.timeout_s > 3_600
-            || !(10..=60_000).contains(&r.interval_ms)
+        if !request_path(&r.path) || r.timeout_s == 0 || r.timeout_s > 3_600 || !(10..=60_000).contains(&r.interval_ms)
         {
             return Err(
                 "autoscale.ready: need a path starting with '/', 0 < timeout_s <= 3600, interval_ms 10..=60000".into(),
@@ -1046,11 +1051,18 @@ impl AutoscaleSpec {
             ProviderSpec::Process { command, .. } if command.is_empty() || command[0].is_empty() => {
                 Err("autoscale.provider.command: needs a program".into())
             }
-            ProviderSpec::Command { start, stop, .. } if start.is_empty() || stop.is_empty() => {
+            ProviderSpec::Command { start, stop, .. }
+                if start.first().is_none_or(String::is_empty) || stop.first().is_none_or(String::is_empty) =>
+            {
                 Err("autoscale.provider: `start` and `stop` need a program each".into())
             }
-            ProviderSpec::Webhook { url, secret, .. } if !url.starts_with("http://") || secret.is_empty() => {
-                Err("autoscale.provider: webhook needs an http:// url and a non-empty secret".into())
+            ProviderSpec::Webhook { url, secret, .. }
+                if !url.starts_with("http://")
+                    || http::Uri::try_from(url.as_str()).ok().and_then(|u| u.host().map(str::is_empty))
+                        != Some(false)
+                    || secret.is_empty() =>
+            {
+                Err("autoscale.provider: webhook needs an http:// url with a host and a non-empty secret".into())
             }
             _ => Ok(()),
         }
@@ -1209,7 +1221,7 @@ impl ServiceSettings {
         }
         let h = &self.health;
         if let Some(a) = &h.active {
-            if !a.path.starts_with('/') || a.path.contains(char::is_whitespace) {
+            if !request_path(&a.path) {
                 return Err(format!("health.active.path: {:?} must be a path starting with '/'", a.path));
             }
             for (field, v) in [("interval_ms", a.interval_ms), ("timeout_ms", a.timeout_ms)] {
@@ -1459,6 +1471,14 @@ impl Serialize for ServiceSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn probe_paths_must_be_sendable() {
+        assert!(request_path("/healthz") && request_path("/h?x=1"));
+        for bad in ["healthz", "/a b", "/h\u{1}", "/a`b", "/h\u{7f}"] {
+            assert!(!request_path(bad), "{bad:?}");
+        }
+    }
 
     #[test]
     fn a_minimal_service_gets_defaults() {

@@ -42,3 +42,4 @@ pub use handler::Proxy;
 pub use limits::{Limits, TrustedProxies};
 pub use metrics::{DataPlaneCollector, ProxyMetrics};
 pub use server::{serve, Http1Engine, RuntimeMode, ServerHandle, ServerOptions};
+pub use static_files::never_serve;

@@ -7,7 +7,8 @@
 //! exactly the path that was routed:
 //!
 //! - percent-encoded unreserved characters (`A-Z a-z 0-9 - . _ ~`) are
-//!   decoded (`%2e` is `.`, `%41` is `A`), as RFC 3986 section 6.2.2.2 allows;
+//!   decoded (`%2e` is `.`, `%41` is `A`), as RFC 3986 section 6.2.2.2 allows,
+//!   and the others get uppercase hex (`%c3%a9` is `%C3%A9`, section 6.2.2.1);
 //! - `.` and `..` segments are resolved (section 5.2.4); a `..` above the
 //!   root is refused;
 //! - runs of `/` are merged into one;
@@ -86,7 +87,8 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
             if unreserved(c) {
                 decoded.push(c);
             } else {
-                decoded.extend_from_slice(&raw[i..i + 3]);
+                // Uppercase hex (section 6.2.2.1), the form routes are written in.
+                decoded.extend_from_slice(&[b'%', raw[i + 1].to_ascii_uppercase(), raw[i + 2].to_ascii_uppercase()]);
             }
             i += 3;
         } else {
@@ -142,6 +144,7 @@ mod tests {
         let ok = |p: &str| normalize(p).map(|c| c.into_owned());
         assert_eq!(ok("/a/b?").unwrap(), "/a/b?");
         assert_eq!(ok("/").unwrap(), "/");
+        assert_eq!(ok("/caf%c3%a9").unwrap(), "/caf%C3%A9");
         assert_eq!(ok("/public/../internal").unwrap(), "/internal");
         assert_eq!(ok("/public/%2e%2e/internal").unwrap(), "/internal");
         assert_eq!(ok("/public/%2E%2E/internal/").unwrap(), "/internal/");

@@ -140,12 +140,29 @@ enum Resolved {
     Redirect,
 }
 
-/// Finds the file, refusing anything that leaves `root` (through symlinks too).
+/// Directories no static route serves from, whatever its root: the data
+/// directory holds the admin token and the store (with TLS private keys).
+static NEVER_SERVED: std::sync::OnceLock<Vec<PathBuf>> = std::sync::OnceLock::new();
+
+/// Keeps every static route out of `dirs` for the life of the process
+/// (the first call wins). A route whose root contains one still serves
+/// everything else.
+pub fn never_serve(dirs: &[&Path]) {
+    let _ =
+        NEVER_SERVED.set(dirs.iter().map(|d| std::fs::canonicalize(d).unwrap_or_else(|_| d.to_path_buf())).collect());
+}
+
+fn never_served(path: &Path) -> bool {
+    NEVER_SERVED.get().is_some_and(|dirs| dirs.iter().any(|d| path.starts_with(d)))
+}
+
+/// Finds the file, refusing anything that leaves `root` (through symlinks
+/// too) or lies in a directory never served.
 async fn resolve(root: &Path, relative: &Path, index: &str) -> Option<Resolved> {
     let root = tokio::fs::canonicalize(root).await.ok()?;
     let wants_dir = relative.as_os_str().to_string_lossy().ends_with('/');
     let full = tokio::fs::canonicalize(root.join(relative)).await.ok()?;
-    if !inside(&root, &full) {
+    if !inside(&root, &full) || never_served(&full) {
         return None;
     }
     let meta = tokio::fs::metadata(&full).await.ok()?;
@@ -155,7 +172,7 @@ async fn resolve(root: &Path, relative: &Path, index: &str) -> Option<Resolved> 
         }
         let index = full.join(index);
         let index = tokio::fs::canonicalize(index).await.ok()?;
-        return inside(&root, &index).then_some(Resolved::File(index));
+        return (inside(&root, &index) && !never_served(&index)).then_some(Resolved::File(index));
     }
     meta.is_file().then_some(Resolved::File(full))
 }

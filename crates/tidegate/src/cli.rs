@@ -199,22 +199,22 @@ pub struct ServeArgs {
     /// Seconds a client may take to send each request head after its
     /// first, which is also how long a keep-alive connection (or an HTTP/2
     /// connection with no request in progress) may stay idle.
-    #[arg(long, env = "TIDEGATE_HEADER_TIMEOUT_S", default_value_t = 30)]
+    #[arg(long, env = "TIDEGATE_HEADER_TIMEOUT_S", default_value_t = 30, value_parser = seconds())]
     pub header_timeout_s: u64,
     /// Seconds a new connection has to send its first complete request head.
-    #[arg(long, env = "TIDEGATE_FIRST_REQUEST_TIMEOUT_S", default_value_t = 10)]
+    #[arg(long, env = "TIDEGATE_FIRST_REQUEST_TIMEOUT_S", default_value_t = 10, value_parser = seconds())]
     pub first_request_timeout_s: u64,
     /// Seconds allowed between two pieces of a request body.
-    #[arg(long, env = "TIDEGATE_BODY_TIMEOUT_S", default_value_t = 30)]
+    #[arg(long, env = "TIDEGATE_BODY_TIMEOUT_S", default_value_t = 30, value_parser = seconds())]
     pub body_timeout_s: u64,
     /// Seconds allowed for a whole request body.
-    #[arg(long, env = "TIDEGATE_BODY_TOTAL_TIMEOUT_S", default_value_t = 600)]
+    #[arg(long, env = "TIDEGATE_BODY_TOTAL_TIMEOUT_S", default_value_t = 600, value_parser = seconds())]
     pub body_total_timeout_s: u64,
     /// Seconds a write to a client may stay blocked (a client not reading).
-    #[arg(long, env = "TIDEGATE_WRITE_TIMEOUT_S", default_value_t = 60)]
+    #[arg(long, env = "TIDEGATE_WRITE_TIMEOUT_S", default_value_t = 60, value_parser = seconds())]
     pub write_timeout_s: u64,
     /// Seconds an upgraded (WebSocket) tunnel may carry no byte before it is closed.
-    #[arg(long, env = "TIDEGATE_TUNNEL_IDLE_TIMEOUT_S", default_value_t = 300)]
+    #[arg(long, env = "TIDEGATE_TUNNEL_IDLE_TIMEOUT_S", default_value_t = 300, value_parser = seconds())]
     pub tunnel_idle_timeout_s: u64,
     /// Most client connections open at once; beyond it accepting pauses.
     #[arg(long, env = "TIDEGATE_MAX_CONNECTIONS", default_value_t = 10_000)]
@@ -236,7 +236,7 @@ pub struct ServeArgs {
     #[arg(long, env = "TIDEGATE_TRUSTED_PROXIES", default_value = "")]
     pub trusted_proxies: tidegate_proxy::TrustedProxies,
     /// Seconds open connections may take to finish at shutdown.
-    #[arg(long, env = "TIDEGATE_DRAIN_TIMEOUT_S", default_value_t = 10)]
+    #[arg(long, env = "TIDEGATE_DRAIN_TIMEOUT_S", default_value_t = 10, value_parser = seconds())]
     pub drain_timeout_s: u64,
     /// A path the proxy answers itself on its listeners, before routing,
     /// for load balancers' health checks: `GET`/`HEAD` get 200 `ok`, and
@@ -471,4 +471,11 @@ pub enum RouteCommand {
     },
     /// Delete a route.
     Delete { name: String },
+}
+
+/// Seconds for a timeout flag: 1 s to 7 days (a startup error outside:
+/// zero would close everything at once, and a huge value overflows the
+/// clock it is added to).
+fn seconds() -> clap::builder::RangedU64ValueParser<u64> {
+    clap::builder::RangedU64ValueParser::new().range(1..=7 * 86_400)
 }

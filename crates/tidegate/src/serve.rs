@@ -41,6 +41,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating data directory {}", args.data_dir.display()))?;
+    tidegate_proxy::never_serve(&[&args.data_dir]);
     // The store locks the data directory; only then may the token be written.
     let store: Arc<dyn Store> = match &args.store {
         None => Arc::new(open_store(&args.data_dir)?),

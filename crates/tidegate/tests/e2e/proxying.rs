@@ -169,6 +169,27 @@ async fn static_directories_are_served_by_the_proxy() {
     // protocol-relative `//host/` one.
     let r = get(&tg.url("//static//sub")).await;
     assert_eq!((r.status, r.headers["location"].to_str().unwrap()), (301, "/static/sub/"));
+
+    // A root that holds the data directory serves everything but it: the
+    // admin token and the store never leave through the proxy.
+    let parent = tempfile::tempdir().unwrap();
+    let data = parent.path().join("data");
+    std::fs::write(parent.path().join("public.txt"), "public").unwrap();
+    std::fs::create_dir(&data).unwrap();
+    // The token file, as a deployment without TIDEGATE_ADMIN_TOKEN has it.
+    std::fs::write(data.join("admin-token"), TOKEN).unwrap();
+    let tg = Tidegate::start(&data);
+    let spec = json!({"match": {"path_prefix": "/files"}, "static": {"root": parent.path()}});
+    let (s, v) = tg.api("PUT", "/v1/routes/files", Some(spec)).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(get(&tg.url("/files/public.txt")).await.text(), "public");
+    for private in ["/files/data/admin-token", "/files/data/config.sqlite"] {
+        assert!(data.join(&private["/files/data/".len()..]).exists(), "{private} is not where the test expects it");
+        assert_eq!(get(&tg.url(private)).await.status, 404, "{private}");
+    }
+    // And the filesystem root is refused as a root.
+    let (s, v) = tg.api("PUT", "/v1/routes/all", Some(json!({"static": {"root": "/"}}))).await;
+    assert_eq!(s, 400, "{v}");
 }
 
 /// The churn test: clients hammer the proxy while 1,000 changes add
