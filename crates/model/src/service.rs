@@ -1025,20 +1025,35 @@ fn request_path(path: &str) -> bool {
 
 impl AutoscaleSpec {
     fn validate(&self) -> Result<(), String> {
-        if self.min > self.max || self.max == 0 || self.max > 1_000 {
-            return Err(format!("autoscale: need min <= max and 1 <= max <= 1000, got {}..{}", self.min, self.max));
+        if !(1..=1_000).contains(&self.max) {
+            return Err(format!("autoscale.max: must be 1..=1000, got {}", self.max));
+        }
+        if self.min > self.max {
+            return Err(format!("autoscale.min: must be at most max ({}), got {}", self.max, self.min));
         }
         if let Some(p) = self.pinned.filter(|p| !(self.min..=self.max).contains(p)) {
             return Err(format!("autoscale.pinned: must be within min..=max ({}..={}), got {p}", self.min, self.max));
         }
-        if self.target_in_flight == 0 || self.latency_threshold_ms == 0 {
-            return Err("autoscale: target_in_flight and latency_threshold_ms must be above 0".into());
+        if self.target_in_flight == 0 {
+            return Err("autoscale.target_in_flight: must be above 0".into());
         }
-        if self.panic_window_s == 0 || self.panic_window_s > self.stable_window_s || self.stable_window_s > 3_600 {
-            return Err("autoscale: need 0 < panic_window_s <= stable_window_s <= 3600".into());
+        if self.latency_threshold_ms == 0 {
+            return Err("autoscale.latency_threshold_ms: must be above 0".into());
         }
-        if self.peak_hold_s > 86_400 || self.drain_timeout_s > 3_600 {
-            return Err("autoscale: peak_hold_s at most 86400, drain_timeout_s at most 3600".into());
+        if self.stable_window_s > 3_600 {
+            return Err(format!("autoscale.stable_window_s: at most 3600, got {}", self.stable_window_s));
+        }
+        if self.panic_window_s == 0 || self.panic_window_s > self.stable_window_s {
+            return Err(format!(
+                "autoscale.panic_window_s: must be 1..=stable_window_s ({}), got {}",
+                self.stable_window_s, self.panic_window_s
+            ));
+        }
+        if self.peak_hold_s > 86_400 {
+            return Err(format!("autoscale.peak_hold_s: at most 86400, got {}", self.peak_hold_s));
+        }
+        if self.drain_timeout_s > 3_600 {
+            return Err(format!("autoscale.drain_timeout_s: at most 3600, got {}", self.drain_timeout_s));
         }
         let r = &self.ready;
         if !request_path(&r.path) || r.timeout_s == 0 || r.timeout_s > 3_600 || !(10..=60_000).contains(&r.interval_ms)
@@ -1207,8 +1222,11 @@ impl ServiceSettings {
         if let Some(a) = &self.autoscale {
             a.validate()?;
         }
-        if self.queue.timeout_ms == 0 || self.queue.timeout_ms > DAY_MS || self.queue.max > 1_000_000 {
-            return Err("queue: need max <= 1000000 and 0 < timeout_ms <= 1 day".into());
+        if self.queue.max > 1_000_000 {
+            return Err(format!("queue.max: must be 0..=1000000, got {}", self.queue.max));
+        }
+        if !(1..=DAY_MS).contains(&self.queue.timeout_ms) {
+            return Err(format!("queue.timeout_ms: must be 1..={DAY_MS}, got {}", self.queue.timeout_ms));
         }
         if self.upstream.max_idle > 100_000 {
             return Err(format!("upstream.max_idle: must be 0..=100000, got {}", self.upstream.max_idle));
@@ -1232,8 +1250,10 @@ impl ServiceSettings {
             if a.timeout_ms > a.interval_ms {
                 return Err("health.active.timeout_ms: must not exceed interval_ms".into());
             }
-            if a.rise == 0 || a.fall == 0 || a.rise > 100 || a.fall > 100 {
-                return Err("health.active: rise and fall must be 1..=100".into());
+            for (field, v) in [("rise", a.rise), ("fall", a.fall)] {
+                if !(1..=100).contains(&v) {
+                    return Err(format!("health.active.{field}: must be 1..=100, got {v}"));
+                }
             }
             if let Some(bad) = a.expect_status.iter().find(|s| !(100..=599).contains(*s)) {
                 return Err(format!("health.active.expect_status: {bad} is not an HTTP status"));
@@ -1243,8 +1263,17 @@ impl ServiceSettings {
         if p.max_ejected_percent > 100 {
             return Err("health.passive.max_ejected_percent: must be 0..=100".into());
         }
-        if p.base_ejection_ms == 0 || p.base_ejection_ms > p.max_ejection_ms || p.max_ejection_ms > DAY_MS {
-            return Err("health.passive: need 0 < base_ejection_ms <= max_ejection_ms <= 1 day".into());
+        if p.max_ejection_ms > DAY_MS {
+            return Err(format!(
+                "health.passive.max_ejection_ms: at most {DAY_MS} (one day), got {}",
+                p.max_ejection_ms
+            ));
+        }
+        if p.base_ejection_ms == 0 || p.base_ejection_ms > p.max_ejection_ms {
+            return Err(format!(
+                "health.passive.base_ejection_ms: must be 1..=max_ejection_ms ({}), got {}",
+                p.max_ejection_ms, p.base_ejection_ms
+            ));
         }
         if h.slow_start_ms > DAY_MS {
             return Err("health.slow_start_ms: at most one day".into());

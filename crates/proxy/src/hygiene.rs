@@ -43,6 +43,14 @@ pub(crate) fn sanitize<B>(req: &mut Request<B>) -> Result<(), ErrorKind> {
         return Err(ErrorKind::InvalidHost);
     }
     let authority = req.uri().authority().map(Authority::as_str);
+    // RFC 9113, section 8.3.1: an HTTP/2 request whose `:authority` and
+    // `Host` differ is malformed (HTTP/1.1's absolute form is different:
+    // its target wins, RFC 9112 section 3.2.2).
+    if let (Version::HTTP_2, Some(a), Some(h)) = (req.version(), authority, host) {
+        if !a.as_bytes().eq_ignore_ascii_case(h.as_bytes()) {
+            return Err(ErrorKind::InvalidHost);
+        }
+    }
     let http11 = req.version() == Version::HTTP_11;
     if let (Some(a), _) = (authority, effective_host(authority, host.map(HeaderValue::as_bytes), http11)?) {
         let v = HeaderValue::from_str(a).map_err(|_| ErrorKind::InvalidHost)?;
@@ -254,6 +262,14 @@ mod tests {
         assert_eq!(loc("a.example", Some(443), "/"), Ok("https://a.example/".to_string()));
         assert_eq!(loc("a.example", None, "/"), Ok("https://a.example/".to_string()));
         assert_eq!(loc("", Some(443), "/"), Err(ErrorKind::InvalidHost));
+    }
+
+    #[test]
+    fn an_http2_authority_and_host_must_agree() {
+        let mut r = req("http://a.example/x", &["b.example"], Version::HTTP_2);
+        assert_eq!(sanitize(&mut r), Err(ErrorKind::InvalidHost));
+        let mut r = req("http://a.example/x", &["A.example"], Version::HTTP_2);
+        assert_eq!(sanitize(&mut r), Ok(()));
     }
 
     #[test]

@@ -213,6 +213,9 @@ pub(crate) async fn serve<S: ClientIo>(
         if !keep {
             if !client.cut_short {
                 let _ = client.io.shutdown().await;
+                if !client.body_done {
+                    linger(&mut client).await;
+                }
             }
             return;
         }
@@ -328,6 +331,33 @@ async fn refuse<S: ClientIo>(client: &mut ClientSide<S>, e: HeadError, proxy: &P
     client.answered(resp.status(), proxy);
     write_local(client, resp, true, false, 1).await;
     let _ = client.io.shutdown().await;
+    linger(client).await;
+}
+
+/// How long a connection closed with part of a request unread keeps
+/// reading (and discarding) it, at most [`LINGER_BYTES`].
+const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+const LINGER_BYTES: usize = 1024 * 1024;
+
+/// After the answer and the end of our side (`shutdown`), reads what the
+/// client still sends until it closes too, for a little while. Closing a
+/// socket with unread bytes sends a reset, and a reset can make the
+/// client's stack drop the answer before the client read it (nginx's
+/// `lingering_close`).
+async fn linger<S: ClientIo>(client: &mut ClientSide<S>) {
+    use tokio::io::AsyncReadExt;
+    let io = &mut client.io;
+    let drain = async {
+        // On the heap: this future is part of every connection's task.
+        let (mut buf, mut total) = (vec![0u8; 4096], 0);
+        while total < LINGER_BYTES {
+            match io.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n,
+            }
+        }
+    };
+    client.timer.run(Instant::now() + LINGER, drain).await;
 }
 
 /// The proxy's answer for `kind`, counted.

@@ -386,3 +386,37 @@ async fn an_http2_client_that_cancels_most_of_its_requests_is_told_to_go_away() 
     // Other clients are served.
     assert_eq!(get(&tg.url("/")).await.status, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_sent_before_the_body_was_read_closes_without_a_reset() {
+    let dir = tempfile::tempdir().unwrap();
+    // No route: the proxy answers 404 without reading the body, and closes.
+    let tg = Tidegate::start(dir.path());
+    let proxy = tg.proxy;
+    tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(proxy).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5))).expect("set a read timeout");
+        s.write_all(b"POST /nowhere HTTP/1.1\r\nhost: x\r\ncontent-length: 1000000\r\n\r\n").expect("write the head");
+        s.write_all(&[b'x'; 1000]).expect("write part of the body");
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !String::from_utf8_lossy(&got).contains("no route") {
+            let n = s.read(&mut buf).expect("read the answer");
+            assert!(n > 0, "closed before the answer: {:?}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert!(got.starts_with(b"HTTP/1.1 404"), "{:?}", String::from_utf8_lossy(&got));
+        // The client still sends its body; the proxy reads it away for a
+        // while instead of resetting the connection (a reset can make the
+        // client's stack drop an answer it has not read yet).
+        std::thread::sleep(Duration::from_millis(200));
+        for i in 0..20 {
+            s.write_all(&[b'x'; 10_000]).unwrap_or_else(|e| panic!("write {i} after the answer: {e}"));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        s.shutdown(std::net::Shutdown::Write).expect("shutdown");
+        assert_eq!(s.read(&mut buf).map_err(|e| e.kind()), Ok(0), "a clean close");
+    })
+    .await
+    .unwrap();
+}
