@@ -1286,7 +1286,18 @@ impl ServiceSettings {
                 return Err("policy.interval_ms: must be 10..=86400000".into());
             }
             PolicySpec::Prequal(p) => p.validate()?,
+            PolicySpec::OrcaWrr(o) => {
+                if o.blackout_ms > DAY_MS {
+                    return Err(format!("policy.blackout_ms: must be 0..={DAY_MS}, got {}", o.blackout_ms));
+                }
+                if !(1..=DAY_MS).contains(&o.expiry_ms) {
+                    return Err(format!("policy.expiry_ms: must be 1..={DAY_MS}, got {}", o.expiry_ms));
+                }
+            }
             PolicySpec::External(e) => {
+                if e.addr.port() == 0 || e.addr.ip().is_unspecified() {
+                    return Err(format!("policy.addr: {} is not an address to send to", e.addr));
+                }
                 if !(1..=10_000).contains(&e.timeout_ms) || !(1..=10).contains(&e.tries) {
                     return Err("policy: external needs timeout_ms 1..=10000 and tries 1..=10".into());
                 }
@@ -1303,6 +1314,9 @@ impl ServiceSettings {
             if let Some(v) = v.filter(|v| !(100..=DAY_MS).contains(v)) {
                 return Err(format!("{field}: must be 100..={DAY_MS}, got {v}"));
             }
+        }
+        if self.load_metrics.node_exporter.as_ref().is_some_and(|n| n.port == 0) {
+            return Err("load_metrics.node_exporter.port: must be 1..=65535".into());
         }
         let links = [
             self.load_metrics.node_exporter.as_ref().map(|n| n.link_bytes_per_s),
@@ -1530,6 +1544,20 @@ mod tests {
         assert!(serde_json::from_str::<ServiceSpec>(r#"{"timeouts":{"connect_ms":0}}"#).is_err());
         let heavy = r#"{"backends":[{"id":"a","addr":"127.0.0.1:1","weight":10001}]}"#;
         assert!(serde_json::from_str::<ServiceSpec>(heavy).is_err());
+        for (bad, field) in [
+            (r#"{"policy":{"kind":"orca_wrr","blackout_ms":18446744073709551615}}"#, "policy.blackout_ms"),
+            (r#"{"policy":{"kind":"orca_wrr","expiry_ms":0}}"#, "policy.expiry_ms"),
+            (r#"{"policy":{"kind":"external","addr":"0.0.0.0:0","policy":"round_robin"}}"#, "policy.addr"),
+            (r#"{"load_metrics":{"node_exporter":{"port":0}}}"#, "load_metrics.node_exporter.port"),
+            (r#"{"queue":{"max":1000001}}"#, "queue.max"),
+            (
+                r#"{"autoscale":{"min":3,"max":2,"provider":{"kind":"command","start":["a"],"stop":["b"]}}}"#,
+                "autoscale.min",
+            ),
+        ] {
+            let err = serde_json::from_str::<ServiceSpec>(bad).unwrap_err().to_string();
+            assert!(err.contains(field), "{bad}: {err}");
+        }
     }
 
     #[test]
