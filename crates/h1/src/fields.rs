@@ -140,6 +140,13 @@ impl ConnectionOptions {
         }
         o
     }
+
+    /// Whether a message of HTTP/1.`minor` with these options ends its
+    /// connection: `close` is listed (it wins over `keep-alive`, RFC 9112
+    /// section 9.3), or it is HTTP/1.0 without `keep-alive`.
+    pub fn closes(&self, minor: u8) -> bool {
+        self.close || (minor == 0 && !self.keep_alive)
+    }
 }
 
 /// The one length every `Content-Length` field states, if any: repeated

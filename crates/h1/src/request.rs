@@ -94,8 +94,7 @@ pub fn parse_request(buf: &[u8], limits: HeadLimits, head: &mut RequestHead) -> 
         Codings::OthersThenChunked | Codings::NotChunked => return Err(HeadError::UnsupportedCoding),
     };
     head.connection = ConnectionOptions::of(buf, headers);
-    // `close` wins over `keep-alive` (RFC 9112, section 9.3).
-    head.close = head.connection.close || (minor == 0 && !head.connection.keep_alive);
+    head.close = head.connection.closes(minor);
     head.expect_continue = minor == 1
         && headers
             .iter()

@@ -110,12 +110,9 @@ pub fn parse_response(buf: &[u8], limits: HeadLimits, to_head: bool, head: &mut 
     head.connection = ConnectionOptions::of(buf, headers);
     // A coding in HTTP/1.0, or a length beside the coding: the framing is
     // faulty, and the connection is not used again (RFC 9112, sections 6.1
-    // and 6.3). `close` wins over `keep-alive` (section 9.3).
+    // and 6.3).
     let faulty = chunked && (minor == 0 || headers.iter().any(|h| h.kind == HeaderKind::ContentLength));
-    head.close = head.body == ResponseBody::UntilClose
-        || faulty
-        || head.connection.close
-        || (minor == 0 && !head.connection.keep_alive);
+    head.close = head.body == ResponseBody::UntilClose || faulty || head.connection.closes(minor);
     Ok(Some(()))
 }
 

@@ -16,6 +16,7 @@ mod change;
 mod desired;
 mod headers;
 mod names;
+pub mod normalize;
 #[cfg(test)]
 mod roundtrip;
 mod route;

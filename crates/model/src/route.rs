@@ -163,26 +163,23 @@ fn check_path(field: &str, p: &str) -> Result<(), String> {
     if p.contains(['?', '#']) || p.chars().any(|c| c.is_ascii_control() || c == ' ') {
         return Err(format!("{field}: {p:?} must be a plain path (no query, fragment, spaces)"));
     }
-    // Routes match the normalized path, as clients send it: other
-    // characters percent-encoded, with uppercase hex; unreserved ones
-    // decoded; an encoded `/`, `\` or NUL refused before routing.
+    // Routes match the normalized path (as clients send it, percent-
+    // encoded): a route is written in that form, or it could never match.
     if !p.is_ascii() {
         return Err(format!("{field}: {p:?} must be ASCII: percent-encode other characters (UTF-8, uppercase hex)"));
     }
-    let b = p.as_bytes();
-    for i in (0..b.len()).filter(|i| b[*i] == b'%') {
-        let hex = b.get(i + 1..i + 3).filter(|h| h.iter().all(|c| c.is_ascii_digit() || (b'A'..=b'F').contains(c)));
-        let decoded = hex.and_then(|h| std::str::from_utf8(h).ok()).and_then(|h| u8::from_str_radix(h, 16).ok());
-        match decoded {
-            None => return Err(format!("{field}: {p:?} has a '%' not followed by two uppercase hex digits")),
-            Some(c) if c.is_ascii_alphanumeric() || b"-._~".contains(&c) => {
-                return Err(format!("{field}: {p:?} encodes {:?}; write it as itself", c as char));
-            }
-            Some(b'/' | b'\\' | 0) => {
-                return Err(format!("{field}: {p:?} encodes '/', '\\' or NUL, which requests may not carry"));
-            }
-            Some(_) => {}
+    match crate::normalize::normalize(p) {
+        Ok(n) if n == p => {}
+        Ok(n) => {
+            return Err(format!(
+                "{field}: {p:?} must be written as requests are normalized, {n:?} (an unreserved character as \
+                 itself, other escapes in uppercase hex, no dot segments or repeated slashes)"
+            ))
         }
+        Err(crate::normalize::PathError::EncodedSeparator) => {
+            return Err(format!("{field}: {p:?} encodes '/', '\\' or NUL, which requests may not carry"));
+        }
+        Err(e) => return Err(format!("{field}: {p:?} is not a path a request can have ({e:?})")),
     }
     Ok(())
 }

@@ -214,6 +214,12 @@ impl std::fmt::Display for ErrorKind {
 
 impl std::error::Error for ErrorKind {}
 
+/// The answer to a request head over `--max-header-bytes` or
+/// `--max-headers`, on either engine.
+pub(crate) fn head_too_large() -> Response<ProxyBody> {
+    plain(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "431 the request head is too large\n")
+}
+
 /// A plain-text response.
 pub fn plain(status: StatusCode, text: &'static str) -> Response<ProxyBody> {
     let mut resp = Response::new(ProxyBody::text(text));

@@ -144,10 +144,7 @@ impl Proxy {
         // The HTTP/1 parsers count headers; an HTTP/2 header list is only
         // bounded in bytes, so count here.
         if req.headers().len() > self.upstreams.limits().max_headers {
-            return Ok(crate::error::plain(
-                http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                "431 the request head is too large\n",
-            ));
+            return Ok(crate::error::head_too_large());
         }
         hygiene::sanitize(&mut req)?;
         if let Some(resp) = self.health_answer(req.method(), req.uri().path(), false) {

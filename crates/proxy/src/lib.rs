@@ -23,7 +23,6 @@ mod hygiene;
 mod limits;
 mod metrics;
 mod native;
-pub mod normalize;
 mod observe;
 mod pick;
 mod pool;
@@ -43,3 +42,6 @@ pub use limits::{Limits, TrustedProxies};
 pub use metrics::{DataPlaneCollector, ProxyMetrics};
 pub use server::{serve, Http1Engine, RuntimeMode, ServerHandle, ServerOptions};
 pub use static_files::never_serve;
+/// Request-path normalization (in the model, where route paths are checked
+/// against the same rules).
+pub use tidegate_model::normalize;

@@ -371,33 +371,24 @@ struct Activity {
 /// those reset a little later. nginx, HAProxy and Envoy bound the same.
 const CANCEL_LIMIT: u64 = 100;
 
-/// Counts a request as cancelled unless it was answered (disarmed).
-struct Cancellation(Option<Arc<Activity>>);
-
-impl Cancellation {
-    fn answered(mut self) {
-        self.0 = None;
-    }
+/// Marks a request in progress on its connection until dropped; dropped
+/// before it was `answered`, the client cancelled it.
+struct InProgress {
+    activity: Arc<Activity>,
+    answered: bool,
 }
 
-impl Drop for Cancellation {
+impl Drop for InProgress {
     fn drop(&mut self) {
-        if let Some(a) = self.0.take() {
+        let a = &self.activity;
+        a.last_ms.store(clock::now_ms().max(1), Relaxed);
+        a.in_progress.fetch_sub(1, Relaxed);
+        if !self.answered {
             let cancelled = a.cancelled.fetch_add(1, Relaxed) + 1;
             if cancelled > CANCEL_LIMIT && cancelled * 2 > a.requests.load(Relaxed) {
                 a.abusive.notify_one();
             }
         }
-    }
-}
-
-/// Marks a request in progress on its connection until dropped.
-struct InProgress(Arc<Activity>);
-
-impl Drop for InProgress {
-    fn drop(&mut self) {
-        self.0.last_ms.store(clock::now_ms().max(1), Relaxed);
-        self.0.in_progress.fetch_sub(1, Relaxed);
     }
 }
 
@@ -407,7 +398,7 @@ impl Activity {
         // is not idle, and its end stamps the time.
         self.in_progress.fetch_add(1, Relaxed);
         self.requests.fetch_add(1, Relaxed);
-        InProgress(self.clone())
+        InProgress { activity: self.clone(), answered: false }
     }
 
     /// When the connection counts as idle too long, or `None` while a
@@ -526,13 +517,12 @@ async fn serve_connection<I>(
     let service = service_fn(move |req| {
         let proxy = proxy.clone();
         let client = client.clone();
-        let in_progress = tracked.start();
-        let cancellation = Cancellation(Some(tracked.clone()));
+        let mut in_progress = tracked.start();
         async move {
             // In progress until the response body ends, not only its head:
             // a long download or stream is not an idle connection.
             let resp = proxy.handle(req, &client).await;
-            cancellation.answered();
+            in_progress.answered = true;
             Ok::<_, Infallible>(resp.map(|body| Tracked { body, in_progress: Some(in_progress) }))
         }
     });

@@ -114,6 +114,16 @@ pub(crate) struct ClientSide<S> {
     pub cut_short: bool,
 }
 
+impl<S: ClientIo> ClientSide<S> {
+    /// The answer delimited by the close was cut short: the connection will
+    /// end with a reset, so the client cannot take the close for the end of
+    /// the body.
+    fn end_with_reset(&mut self) {
+        self.io.get_ref().reset_on_close();
+        self.cut_short = true;
+    }
+}
+
 impl<S> ClientSide<S> {
     /// Records the status the client gets: in the request's record and in
     /// `tidegate_responses_total`.
@@ -211,12 +221,8 @@ pub(crate) async fn serve<S: ClientIo>(
         });
         drop(buf);
         if !keep {
-            if !client.cut_short {
-                let _ = client.io.shutdown().await;
-                if !client.body_done {
-                    linger(&mut client).await;
-                }
-            }
+            let unread = !client.body_done;
+            end(&mut client, unread).await;
             return;
         }
         if client.inbox.is_empty() {
@@ -317,9 +323,7 @@ async fn refuse<S: ClientIo>(client: &mut ClientSide<S>, e: HeadError, proxy: &P
     let resp = match e {
         HeadError::Framing(_) => error_response(ErrorKind::InvalidFraming, proxy),
         HeadError::DuplicateHost => error_response(ErrorKind::InvalidHost, proxy),
-        HeadError::TooLarge | HeadError::TooManyHeaders => {
-            crate::error::plain(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "431 the request head is too large\n")
-        }
+        HeadError::TooLarge | HeadError::TooManyHeaders => crate::error::head_too_large(),
         HeadError::UnsupportedCoding => {
             crate::error::plain(StatusCode::NOT_IMPLEMENTED, "501 only the chunked transfer coding is supported\n")
         }
@@ -330,22 +334,31 @@ async fn refuse<S: ClientIo>(client: &mut ClientSide<S>, e: HeadError, proxy: &P
     };
     client.answered(resp.status(), proxy);
     write_local(client, resp, true, false, 1).await;
-    let _ = client.io.shutdown().await;
-    linger(client).await;
+    // Whatever followed the refused head is unread.
+    end(client, true).await;
 }
 
 /// How long a connection closed with part of a request unread keeps
-/// reading (and discarding) it, at most [`LINGER_BYTES`].
+/// reading (and discarding) it, at most [`LINGER_BYTES`] ([`end`]).
 const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 const LINGER_BYTES: usize = 1024 * 1024;
 
-/// After the answer and the end of our side (`shutdown`), reads what the
-/// client still sends until it closes too, for a little while. Closing a
-/// socket with unread bytes sends a reset, and a reset can make the
-/// client's stack drop the answer before the client read it (nginx's
-/// `lingering_close`).
-async fn linger<S: ClientIo>(client: &mut ClientSide<S>) {
+/// Ends a connection after its last answer. An answer cut short ends
+/// with the reset [`ClientSide::end_with_reset`] set up; any other with
+/// our FIN (`shutdown`), and, when part of a request is `unread`, by
+/// reading what the client still sends until it closes too, for a little
+/// while: closing a socket with unread bytes sends a reset, and a reset
+/// can make the client's stack drop the answer before the client read it
+/// (nginx's `lingering_close`).
+async fn end<S: ClientIo>(client: &mut ClientSide<S>, unread: bool) {
     use tokio::io::AsyncReadExt;
+    if client.cut_short {
+        return;
+    }
+    let _ = client.io.shutdown().await;
+    if !unread {
+        return;
+    }
     let io = &mut client.io;
     let drain = async {
         // On the heap: this future is part of every connection's task.
@@ -695,8 +708,7 @@ async fn respond<S: ClientIo>(client: &mut ClientSide<S>, answer: NativeAnswer, 
     if let Err(e) = &relayed {
         tracing::debug!(error = %e, status = resp.code, "response relay ended early");
         if framing == Framing::UntilClose {
-            client.io.get_ref().reset_on_close();
-            client.cut_short = true;
+            client.end_with_reset();
         }
     }
     let complete = relayed.is_ok();
