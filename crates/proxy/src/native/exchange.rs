@@ -49,10 +49,10 @@ impl Reusable for NativeConn {
 }
 
 impl NativeConn {
-    /// Frees the read buffer of an idle connection (it holds nothing).
+    /// Gives the read buffer of an idle connection back (it holds nothing).
     pub(crate) fn park(&mut self) {
         if self.inbox.is_empty() {
-            self.inbox = BytesMut::new();
+            super::buffers::give_back(std::mem::take(&mut self.inbox));
         }
     }
 }

@@ -17,6 +17,7 @@
 //! bytes already read.
 
 pub(crate) mod bridge;
+mod buffers;
 mod exchange;
 mod h2;
 mod relay;
@@ -226,7 +227,7 @@ pub(crate) async fn serve<S: ClientIo>(
             return;
         }
         if client.inbox.is_empty() {
-            client.inbox = BytesMut::new();
+            buffers::give_back(std::mem::take(&mut client.inbox));
         }
         if client.scratch.capacity() > 4 * 1024 {
             client.scratch = Vec::new();

@@ -47,7 +47,9 @@ impl std::fmt::Display for RelayError {
 /// Reads at least one byte from `stream` into `inbox`; `Ok(0)` is the end
 /// of the stream.
 pub(crate) async fn fill<R: AsyncRead + Unpin>(stream: &mut R, inbox: &mut BytesMut) -> io::Result<usize> {
-    if inbox.capacity() - inbox.len() < READ_CHUNK / 4 {
+    if inbox.capacity() == 0 {
+        *inbox = super::buffers::take();
+    } else if inbox.capacity() - inbox.len() < READ_CHUNK / 4 {
         inbox.reserve(READ_CHUNK.max(inbox.len()));
     }
     stream.read_buf(inbox).await
