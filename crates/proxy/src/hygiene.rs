@@ -83,6 +83,7 @@ pub(crate) fn effective_host<'a>(
     // RFC 9112, section 3.2: an HTTP/1.1 request without `Host`, or with
     // an invalid one, is refused, even when its target names the authority.
     let header = match host_header {
+        Some(h) if plain_host(h) => Some(std::str::from_utf8(h).map_err(|_| ErrorKind::InvalidHost)?),
         Some(h) => match Authority::try_from(h) {
             Ok(a) if !a.as_str().contains('@') => Some(std::str::from_utf8(h).map_err(|_| ErrorKind::InvalidHost)?),
             _ => return Err(ErrorKind::InvalidHost),
@@ -95,6 +96,21 @@ pub(crate) fn effective_host<'a>(
         Some(a) => Ok(Some(a)),
         None => Ok(header),
     }
+}
+
+/// Whether `host` is a plain DNS name or IPv4 address with an optional
+/// port (`example.com`, `10.0.0.1:8080`): letters, digits, `-` and `.`,
+/// then `:` and up to five digits. Nearly every `Host` is one, and each is
+/// a valid authority; checking this first spares them the copy and full
+/// parse of `http::uri::Authority`, which rules on everything else.
+fn plain_host(host: &[u8]) -> bool {
+    let (name, port) = match host.iter().position(|&b| b == b':') {
+        Some(i) => (&host[..i], Some(&host[i + 1..])),
+        None => (host, None),
+    };
+    !name.is_empty()
+        && name.iter().all(|&b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+        && port.is_none_or(|p| (1..=5).contains(&p.len()) && p.iter().all(u8::is_ascii_digit))
 }
 
 /// The answer to a `CONNECT` request: `405 Method Not Allowed`. The proxy
@@ -188,6 +204,33 @@ pub(crate) fn routing_host(raw: &str) -> std::borrow::Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The shortcut never accepts a host the full parse refuses.
+        #[test]
+        fn a_plain_host_is_a_valid_authority(host in "[a-zA-Z0-9.:-]{0,12}") {
+            if plain_host(host.as_bytes()) {
+                let a = Authority::try_from(host.as_bytes());
+                prop_assert!(a.is_ok(), "{host:?}: {a:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn plain_hosts_are_names_or_addresses_with_a_port() {
+        for h in ["example.com", "a", "10.0.0.1:8080", "x-y.z:1", "host:65535"] {
+            assert!(plain_host(h.as_bytes()), "{h}");
+        }
+        for h in ["", ":80", "a:", "a:123456", "a:8a", "[::1]:80", "a b", "u@h", "a_b", "a:1:2", "é.com"] {
+            assert!(!plain_host(h.as_bytes()), "{h}");
+        }
+        // What the shortcut passes over still gets the full parse.
+        assert_eq!(effective_host(None, Some(b"[::1]:80"), true), Ok(Some("[::1]:80")));
+        assert_eq!(effective_host(None, Some(b"u@h"), true), Err(ErrorKind::InvalidHost));
+        assert_eq!(effective_host(None, Some(b"a b"), true), Err(ErrorKind::InvalidHost));
+        assert_eq!(effective_host(None, Some(b""), true), Err(ErrorKind::InvalidHost));
+    }
 
     fn req(uri: &str, hosts: &[&str], version: Version) -> Request<()> {
         let mut b = Request::builder().uri(uri).version(version);
