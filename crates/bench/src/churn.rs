@@ -17,6 +17,7 @@ use serde_json::json;
 use crate::cli::{ChurnArgs, Target};
 use crate::client::{self, Failure, Http, Reply};
 use crate::open_loop::{self, Sending};
+use crate::raw::{self, RawPool};
 use crate::report::{Counts, Latency, Summary};
 use crate::schedule::Plan;
 
@@ -89,7 +90,9 @@ enum Outcome {
 
 /// Shared by every change task.
 struct Ctx {
-    admin: Http,
+    /// The admin API, for the changes (the lean client: see `raw`).
+    admin: RawPool,
+    token: String,
     proxy: Http,
     /// Further instances' proxies that must serve the change too.
     others: Vec<Http>,
@@ -125,7 +128,8 @@ pub async fn run(target: &Target, args: &ChurnArgs) -> anyhow::Result<ChurnRepor
     let tag = args.tag.clone().unwrap_or_else(default_tag);
     let others = args.also_proxy.iter().map(|a| Http::new(*a, None, timeout)).collect::<Result<Vec<_>, _>>()?;
     let ctx = Arc::new(Ctx {
-        admin,
+        admin: RawPool::new(target.admin, timeout),
+        token: client::token(target)?.to_owned(),
         proxy,
         others,
         service: args.service.clone(),
@@ -191,12 +195,13 @@ pub async fn run(target: &Target, args: &ChurnArgs) -> anyhow::Result<ChurnRepor
 
 /// One change: PUT the route, then GET it on the proxy until it answers.
 async fn change(ctx: Arc<Ctx>, i: u64, scheduled: Instant) -> Outcome {
+    let body = json!({ "match": { "path": ctx.path(i) }, "service": ctx.service }).to_string();
+    let path = format!("/v1/routes/{}", ctx.route_name(i));
+    let request = raw::request("PUT", &path, ctx.admin.addr(), &ctx.token, body.as_bytes());
     let sent = Instant::now();
-    let body = json!({ "match": { "path": ctx.path(i) }, "service": ctx.service });
-    let reply = ctx.admin.put_json(&format!("/v1/routes/{}", ctx.route_name(i)), &body).await;
-    match reply {
-        Ok(r) if r.status == StatusCode::OK => {}
-        Ok(r) => return Outcome::AdminFailed(format!("admin_status_{}", r.status.as_u16())),
+    match ctx.admin.send(&request).await {
+        Ok(200) => {}
+        Ok(status) => return Outcome::AdminFailed(format!("admin_status_{status}")),
         Err(f) => return Outcome::AdminFailed(format!("admin_{}", f.label())),
     }
     let answered = Instant::now();

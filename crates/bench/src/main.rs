@@ -27,6 +27,7 @@ mod client;
 mod minimal;
 mod open_loop;
 mod ramp;
+mod raw;
 mod report;
 mod saturate;
 mod schedule;

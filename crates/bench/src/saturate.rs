@@ -11,12 +11,12 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::ensure;
-use http::StatusCode;
 use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::cli::{SaturateArgs, Target};
 use crate::client::{self, Http};
+use crate::raw::{self, RawConn};
 use crate::report::{self, Counts, Latency, Summary};
 use crate::schedule;
 
@@ -65,17 +65,19 @@ pub async fn run(target: &Target, args: &SaturateArgs) -> anyhow::Result<Saturat
     let deadline = start + length;
     let mut tasks = tokio::task::JoinSet::new();
     for c in 0..args.clients {
-        // One pool per client: each client keeps its own connection alive.
-        let http = Http::new(target.admin, Some(token), timeout)?;
+        // Each client keeps its own connection alive.
+        let conn = RawConn::new(target.admin, timeout);
         let writer = Writer {
             service: args.service.clone(),
             client: c,
             batch: args.batch,
             addr: args.addr,
             weight: args.weight,
+            admin: target.admin,
+            token: token.to_owned(),
         };
         let max = args.max_per_client;
-        tasks.spawn(async move { writer.run(&http, deadline, max).await });
+        tasks.spawn(async move { writer.run(conn, deadline, max).await });
     }
     let mut total = ClientTotals::default();
     while let Some(joined) = tasks.join_next().await {
@@ -111,6 +113,9 @@ struct Writer {
     batch: usize,
     addr: SocketAddr,
     weight: u32,
+    /// The admin API it writes to, and its token.
+    admin: SocketAddr,
+    token: String,
 }
 
 /// One client's results.
@@ -131,26 +136,29 @@ impl ClientTotals {
 
 impl Writer {
     /// The closed loop: one change set at a time until `deadline` or `max`.
-    async fn run(&self, http: &Http, deadline: Instant, max: u64) -> ClientTotals {
+    async fn run(&self, mut conn: RawConn, deadline: Instant, max: u64) -> ClientTotals {
         let mut totals = ClientTotals::default();
         let mut k: u64 = 0;
+        let spec = json!({ "addr": self.addr.to_string(), "weight": self.weight }).to_string();
         while k < max && Instant::now() < deadline {
-            let sent = Instant::now();
-            let reply = if self.batch == 1 {
+            // Built before the clock starts, as a prepared request would be.
+            let request = if self.batch == 1 {
                 let id = backend_id(self.client, k, 1, 0);
                 let path = format!("/v1/services/{}/backends/{id}", self.service);
-                http.put_json(&path, &json!({ "addr": self.addr.to_string(), "weight": self.weight })).await
+                raw::request("PUT", &path, self.admin, &self.token, spec.as_bytes())
             } else {
-                http.post_json("/v1/changes", &self.change_set(k)).await
+                let body = self.change_set(k).to_string();
+                raw::request("POST", "/v1/changes", self.admin, &self.token, body.as_bytes())
             };
-            match reply {
-                Ok(r) if r.status == StatusCode::OK => {
+            let sent = Instant::now();
+            match conn.send(&request).await {
+                Ok(200) => {
                     totals.ok += 1;
                     totals.latency.record(sent.elapsed());
                 }
-                Ok(r) => {
+                Ok(status) => {
                     totals.latency.record(sent.elapsed());
-                    totals.errors.bump(format!("admin_status_{}", r.status.as_u16()));
+                    totals.errors.bump(format!("admin_status_{status}"));
                 }
                 Err(f) => {
                     totals.errors.bump(format!("admin_{}", f.label()));
@@ -217,6 +225,8 @@ mod tests {
             batch: 3,
             addr: "127.0.0.2:10000".parse().unwrap(),
             weight: 0,
+            admin: "127.0.0.1:9901".parse().unwrap(),
+            token: "t".to_owned(),
         };
         let set = w.change_set(1);
         let ops = set["ops"].as_array().unwrap();
