@@ -144,7 +144,7 @@ pub(crate) async fn put_certificate(
 ) -> Answer<Written> {
     let name = cert_name(&name)?;
     let spec: CertificateSpec = body(bytes)?;
-    spec.check_current(unix_now()).map_err(|m| {
+    spec.check_incoming(unix_now()).map_err(|m| {
         let (field, message) = m.split_once(": ").unwrap_or(("cert_pem", &m));
         ApiError::bad_field(&format!("spec.{field}"), message.to_string())
     })?;

@@ -129,6 +129,11 @@ fn parse_head(bytes: &[u8]) -> Result<Option<(u16, usize, usize, bool)>, Failure
         Err(_) => return Err(Failure::Transport),
     };
     let status = resp.code.ok_or(Failure::Transport)?;
+    if status < 200 {
+        // Nothing sent asks for an interim answer; one would leave the
+        // final answer unread on the connection.
+        return Err(Failure::Transport);
+    }
     let (mut length, mut close) = (None, false);
     for h in resp.headers.iter() {
         if h.name.eq_ignore_ascii_case("content-length") {
@@ -142,7 +147,7 @@ fn parse_head(bytes: &[u8]) -> Result<Option<(u16, usize, usize, bool)>, Failure
     }
     let length = match (length, status) {
         (Some(n), _) => n,
-        (None, 204 | 304) | (None, 100..=199) => 0,
+        (None, 204 | 304) => 0,
         (None, _) => return Err(Failure::Transport),
     };
     Ok(Some((status, head_len, length, close)))
@@ -181,6 +186,7 @@ mod tests {
         assert_eq!(parse_head(b"HTTP/1.1 200 OK\r\n\r\n"), Err(Failure::Transport));
         assert_eq!(parse_head(b"HTTP/1.1 200 OK\r\ncontent-length: x\r\n\r\n"), Err(Failure::Transport));
         assert_eq!(parse_head(b"\x00\x01garbage\r\n\r\n"), Err(Failure::Transport));
+        assert_eq!(parse_head(b"HTTP/1.1 100 Continue\r\n\r\n"), Err(Failure::Transport));
     }
 
     #[tokio::test]

@@ -2,7 +2,7 @@
 //! as they are decoded (the chain parses, the key parses and matches the
 //! first certificate), with the names it serves read once. Expiry is
 //! checked where changes come in ([`crate::parse_change_set`],
-//! [`CertificateSpec::check_current`]), not on every decode: a stored
+//! [`CertificateSpec::check_incoming`]), not on every decode: a stored
 //! certificate that expires later still loads, so Tidegate still starts
 //! (and reports it) instead of refusing its own data directory.
 
@@ -80,13 +80,22 @@ impl CertificateSpec {
         &self.wire.cert_pem
     }
 
-    /// Refuses a certificate that has expired by `now` (Unix seconds): a
-    /// new one must be current.
-    pub fn check_current(&self, now: i64) -> Result<(), String> {
-        match self.info.not_after < now {
-            true => Err(format!("cert_pem: the certificate expired at {} (Unix time)", self.info.not_after)),
-            false => Ok(()),
+    /// What a certificate coming in must be besides well formed: not
+    /// expired by `now` (Unix seconds), and reachable: one that names no
+    /// DNS host can only be served as the default, since no SNI name
+    /// selects it. A certificate not valid yet is taken (its issuer's clock
+    /// may run a little ahead of ours); status and metrics show its dates.
+    pub fn check_incoming(&self, now: i64) -> Result<(), String> {
+        if self.info.not_after < now {
+            return Err(format!("cert_pem: the certificate expired at {} (Unix time)", self.info.not_after));
         }
+        if self.info.names.is_empty() && !self.wire.default {
+            return Err("default: the certificate names no DNS host (no DNS subject alternative name and no \
+                        common name), so no SNI name selects it; make it the default certificate \
+                        (\"default\": true) or use one issued for the names it must serve"
+                .to_string());
+        }
+        Ok(())
     }
 
     /// The spec as read APIs show it: the key replaced by
@@ -232,7 +241,37 @@ mod tests {
         let old_key = rcgen::KeyPair::generate().unwrap();
         let old = params.self_signed(&old_key).unwrap();
         let old = parse(&old.pem(), &old_key.serialize_pem()).expect("an expired pair still decodes (stored data)");
-        let err = old.check_current(unix_now()).unwrap_err();
+        let err = old.check_incoming(unix_now()).unwrap_err();
         assert!(err.starts_with("cert_pem: the certificate expired"), "{err}");
+    }
+
+    #[test]
+    fn a_certificate_naming_no_host_must_be_the_default() {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let spec = |default: bool| {
+            crate::parse_json::<CertificateSpec>(
+                serde_json::json!({ "cert_pem": cert.pem(), "key_pem": key.serialize_pem(), "default": default })
+                    .to_string()
+                    .as_bytes(),
+            )
+            .unwrap()
+        };
+        assert!(spec(true).info().names.is_empty());
+        assert_eq!(spec(true).check_incoming(unix_now()), Ok(()));
+        let err = spec(false).check_incoming(unix_now()).unwrap_err();
+        assert!(err.starts_with("default: the certificate names no DNS host"), "{err}");
+        // Named ones need not be the default; not valid yet is taken.
+        let mut later = rcgen::CertificateParams::new(vec!["soon.example".to_string()]).unwrap();
+        later.not_before = rcgen::date_time_ymd(2090, 1, 1);
+        later.not_after = rcgen::date_time_ymd(2091, 1, 1);
+        let later = later.self_signed(&key).unwrap();
+        let later = crate::parse_json::<CertificateSpec>(
+            serde_json::json!({ "cert_pem": later.pem(), "key_pem": key.serialize_pem() }).to_string().as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(later.check_incoming(unix_now()), Ok(()));
     }
 }

@@ -248,12 +248,13 @@ pub fn parse_change_set(bytes: &[u8]) -> Result<ChangeSet, ParseError> {
 }
 
 /// The checks a change set gets where it comes in, beyond its types: a
-/// certificate that has already expired is refused (`ops[N].spec.cert_pem`).
+/// certificate that has already expired (`ops[N].spec.cert_pem`), or that
+/// names no host and is not the default (`ops[N].spec.default`), is refused.
 pub fn check_change_set(cs: &ChangeSet) -> Result<(), ParseError> {
     let now = crate::certificate::unix_now();
     for (i, op) in cs.ops.iter().enumerate() {
         if let Op::PutCertificate { spec, .. } = op {
-            spec.check_current(now).map_err(|m| {
+            spec.check_incoming(now).map_err(|m| {
                 let (field, message) = m.split_once(": ").unwrap_or(("cert_pem", &m));
                 ParseError { op: Some(i), field: format!("ops[{i}].spec.{field}"), message: message.to_string() }
             })?;

@@ -48,7 +48,7 @@ impl Document {
     pub fn check(&self) -> Result<ConfigState, ParseError> {
         let now = crate::certificate::unix_now();
         for (name, spec) in &self.certificates {
-            spec.check_current(now).map_err(|m| {
+            spec.check_incoming(now).map_err(|m| {
                 let (field, message) = m.split_once(": ").unwrap_or(("cert_pem", &m));
                 ParseError {
                     op: None,

@@ -198,7 +198,7 @@ impl ConfigState {
                             Conflict,
                             i,
                             "spec.default",
-                            format!("certificate {other:?} is already the default; unmark it first"),
+                            format!("certificate {other:?} is already the default; unmark or delete it first"),
                         ));
                     }
                 }

@@ -16,7 +16,7 @@ use bytes::BytesMut;
 
 use super::relay::READ_CHUNK;
 
-/// The most buffers one worker thread keeps for reuse (256 KiB).
+/// The most buffers one worker thread keeps for reuse (at most 512 KiB).
 const KEPT: usize = 32;
 
 thread_local! {
@@ -30,23 +30,27 @@ pub(crate) fn take() -> BytesMut {
 
 /// Gives an empty connection's buffer back. It is kept for the next
 /// [`take`] when nothing else still shares its memory (a body chunk split
-/// off it and not yet sent), it has its plain size (not grown for a large
-/// head), and the worker keeps fewer than [`KEPT`]; otherwise it is freed.
-pub(crate) fn give_back(mut buf: BytesMut) {
+/// off it and not yet sent), its memory has the plain size (not grown for
+/// a large head or body), and the worker keeps fewer than [`KEPT`];
+/// otherwise it is freed.
+pub(crate) fn give_back(buf: BytesMut) {
     debug_assert!(buf.is_empty(), "a buffer given back holds no unread bytes");
     if buf.capacity() == 0 {
         return;
     }
-    buf.clear();
-    // `try_reclaim` never allocates: it succeeds when the buffer is ours
-    // alone again, moving its start back to the beginning of its memory.
-    if !buf.try_reclaim(READ_CHUNK) || buf.capacity() > 2 * READ_CHUNK {
+    // A `BytesMut` shows only its window of the memory: converting it to a
+    // `Vec` takes the whole allocation back without copying when no other
+    // `Bytes` shares it (and gives an empty `Vec` when one does), so its
+    // capacity is the memory's real size.
+    let memory = Vec::<u8>::from(buf.freeze());
+    if !(READ_CHUNK..=2 * READ_CHUNK).contains(&memory.capacity()) {
         return;
     }
     let _ = FREE.try_with(|free| {
         let mut free = free.borrow_mut();
         if free.len() < KEPT {
-            free.push(buf);
+            // Both steps reuse the memory (it is ours alone).
+            free.push(BytesMut::from(bytes::Bytes::from(memory)));
         }
     });
 }
@@ -84,6 +88,18 @@ mod tests {
         give_back(a);
         assert_eq!(kept(), 0, "its memory is still the chunk's");
         assert_eq!(&chunk[..], b"body");
+    }
+
+    #[test]
+    fn a_large_buffer_with_a_small_window_left_is_freed() {
+        FREE.with(|f| f.borrow_mut().clear());
+        // A 64 KiB head read and consumed: the window left looks small.
+        let mut a = BytesMut::with_capacity(64 * 1024);
+        a.extend_from_slice(&[b'x'; 50 * 1024]);
+        drop(a.split_to(a.len()));
+        assert!(a.capacity() <= 2 * READ_CHUNK);
+        give_back(a);
+        assert_eq!(kept(), 0, "its memory is 64 KiB");
     }
 
     #[test]

@@ -221,6 +221,21 @@ async fn bad_pairs_are_refused_keys_never_read_back_and_certificates_survive_a_r
     assert_eq!((s, v["error"]["field"].as_str()), (400, Some("ops[0].spec.key_pem")), "{v}");
     let (s, v) = tg.api("PUT", "/v1/certificates/a", Some(json!({ "cert_pem": "garbage", "key_pem": "x" }))).await;
     assert_eq!((s, v["error"]["field"].as_str()), (400, Some("spec.cert_pem")), "{v}");
+    // A certificate for an IP address alone names no DNS host: no SNI name
+    // selects it, so it must be the default.
+    let ip_only = {
+        let key = rcgen::KeyPair::generate().expect("a key");
+        let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).expect("params");
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        let cert = params.signed_by(&key, &ca.cert, &ca.key).expect("a signed certificate");
+        Leaf { cert_pem: cert.pem(), key_pem: key.serialize_pem(), der: cert.der().clone() }
+    };
+    let (s, v) = put_cert(&tg, "a", &ip_only, false).await;
+    assert_eq!((s, v["error"]["field"].as_str()), (400, Some("spec.default")), "{v}");
+    let spec = json!({ "cert_pem": ip_only.cert_pem, "key_pem": ip_only.key_pem });
+    let change = json!({ "ops": [{ "op": "put_certificate", "name": "a", "spec": spec }] });
+    let (s, v) = tg.api("POST", "/v1/changes", Some(change)).await;
+    assert_eq!((s, v["error"]["field"].as_str()), (400, Some("ops[0].spec.default")), "{v}");
     assert_eq!(tg.api("GET", "/v1/certificates/a", None).await.0, 404, "nothing applied");
 
     assert_eq!(put_cert(&tg, "a", &good, false).await.0, 200);
