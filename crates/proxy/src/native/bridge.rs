@@ -229,7 +229,7 @@ impl NativeBody {
     fn finish(&mut self) {
         if let Some(mut c) = self.conn.take() {
             if self.reusable && c.conn.inbox.is_empty() {
-                c.conn.park();
+                c.conn.park_and_free();
                 c.release();
             }
         }

@@ -16,7 +16,7 @@ use bytes::BytesMut;
 
 use super::relay::READ_CHUNK;
 
-/// The most buffers one worker thread keeps for reuse (at most 512 KiB).
+/// The most buffers one worker thread keeps for reuse (256 KiB).
 const KEPT: usize = 32;
 
 thread_local! {
@@ -29,28 +29,32 @@ pub(crate) fn take() -> BytesMut {
 }
 
 /// Gives an empty connection's buffer back. It is kept for the next
-/// [`take`] when nothing else still shares its memory (a body chunk split
-/// off it and not yet sent), its memory has the plain size (not grown for
-/// a large head or body), and the worker keeps fewer than [`KEPT`];
-/// otherwise it is freed.
-pub(crate) fn give_back(buf: BytesMut) {
+/// [`take`] when its memory is exactly [`READ_CHUNK`] bytes that nothing
+/// else still shares (a chunk split off it and not yet sent), and the
+/// worker keeps fewer than [`KEPT`]; otherwise it is freed.
+///
+/// Only give back a buffer whose split-off chunks were all taken off its
+/// front (`split_to`), as connections use their inbox.
+pub(crate) fn give_back(mut buf: BytesMut) {
     debug_assert!(buf.is_empty(), "a buffer given back holds no unread bytes");
     if buf.capacity() == 0 {
         return;
     }
-    // A `BytesMut` shows only its window of the memory: converting it to a
-    // `Vec` takes the whole allocation back without copying when no other
-    // `Bytes` shares it (and gives an empty `Vec` when one does), so its
-    // capacity is the memory's real size.
-    let memory = Vec::<u8>::from(buf.freeze());
-    if !(READ_CHUNK..=2 * READ_CHUNK).contains(&memory.capacity()) {
+    buf.clear();
+    // `try_reclaim` never allocates. Room for one byte more than
+    // READ_CHUNK can be found only in memory that grew past it (a large
+    // head or body was read), and such a buffer is freed. Then room for
+    // READ_CHUNK can be found only when the memory is ours alone again:
+    // its start moves back to the beginning of the memory. (A buffer
+    // still shared has less than READ_CHUNK of room left, since what was
+    // split off its front came out of the same READ_CHUNK.)
+    if buf.try_reclaim(READ_CHUNK + 1) || !buf.try_reclaim(READ_CHUNK) {
         return;
     }
     let _ = FREE.try_with(|free| {
         let mut free = free.borrow_mut();
         if free.len() < KEPT {
-            // Both steps reuse the memory (it is ours alone).
-            free.push(BytesMut::from(bytes::Bytes::from(memory)));
+            free.push(buf);
         }
     });
 }
@@ -100,6 +104,23 @@ mod tests {
         assert!(a.capacity() <= 2 * READ_CHUNK);
         give_back(a);
         assert_eq!(kept(), 0, "its memory is 64 KiB");
+    }
+
+    #[test]
+    fn a_read_through_buffer_is_kept_and_a_grown_one_is_not() {
+        use bytes::Buf;
+        FREE.with(|f| f.borrow_mut().clear());
+        let mut a = BytesMut::with_capacity(READ_CHUNK);
+        a.extend_from_slice(&[b'x'; 100]);
+        a.advance(100);
+        give_back(a);
+        assert_eq!(kept(), 1);
+        let mut grown = BytesMut::with_capacity(READ_CHUNK);
+        grown.extend_from_slice(&[b'x'; READ_CHUNK]);
+        grown.reserve(1);
+        grown.advance(READ_CHUNK);
+        give_back(grown);
+        assert_eq!(kept(), 1, "its memory grew past READ_CHUNK");
     }
 
     #[test]

@@ -49,10 +49,21 @@ impl Reusable for NativeConn {
 }
 
 impl NativeConn {
-    /// Gives the read buffer of an idle connection back (it holds nothing).
+    /// Gives the read buffer of an idle connection back to the worker (it
+    /// holds nothing), after a body relayed by the native engine: every
+    /// chunk split off it has been written and dropped.
     pub(crate) fn park(&mut self) {
         if self.inbox.is_empty() {
             super::buffers::give_back(std::mem::take(&mut self.inbox));
+        }
+    }
+
+    /// Frees the read buffer of an idle connection whose body chunks were
+    /// handed to hyper (HTTP/2 and `--http1 hyper` clients): some may still
+    /// be queued there, so its memory is not reused.
+    pub(crate) fn park_and_free(&mut self) {
+        if self.inbox.is_empty() {
+            self.inbox = BytesMut::new();
         }
     }
 }
