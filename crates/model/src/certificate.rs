@@ -84,7 +84,7 @@ impl CertificateSpec {
     /// expired by `now` (Unix seconds), and reachable: one that names no
     /// DNS host can only be served as the default, since no SNI name
     /// selects it. A certificate not valid yet is taken (its issuer's clock
-    /// may run a little ahead of ours); status and metrics show its dates.
+    /// may run a little ahead of ours); `GET` shows its dates.
     pub fn check_incoming(&self, now: i64) -> Result<(), String> {
         if self.info.not_after < now {
             return Err(format!("cert_pem: the certificate expired at {} (Unix time)", self.info.not_after));
