@@ -98,6 +98,11 @@ impl WaitQueue {
     /// it, `None` if not (the queue had woken it already).
     pub fn remove(&self, waiter: &Arc<Waiter>) -> Option<usize> {
         let mut q = self.waiters.lock().ok()?;
+        // Woken (marked under this lock): out of the line already, no
+        // need to look through it.
+        if waiter.woken.load(SeqCst) {
+            return None;
+        }
         let i = q.iter().position(|w| Arc::ptr_eq(w, waiter))?;
         q.remove(i);
         self.len.store(q.len(), SeqCst);
@@ -192,6 +197,8 @@ mod tests {
         assert!(q.is_front(&ws[1]));
         q.wake_one();
         assert_eq!(woken(&ws), [false, true, false]);
+        assert_eq!(q.remove(&ws[1]), None, "woken: out of the line");
+        assert_eq!(q.len(), 0);
     }
 
     #[test]
