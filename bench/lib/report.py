@@ -236,7 +236,8 @@ def markdown(out: Path, results: dict, meta: dict, pngs: list[str]) -> str:
     md = [f"# Tidegate benchmarks — {meta['started']} ({meta['profile']} profile)\n",
           f"Command: `{meta['command']}` — wall time {meta['elapsed_s']:.0f} s.\n",
           f"**Machine**: {m['cpus']} CPUs ({m['cpu']}), {m['memory']}, kernel {m['kernel']}, loopback only. "
-          f"**Peers**: {m['nginx']}; {m['haproxy']}; {m['wrk']}. **Tidegate**: {meta['binaries']} binaries, "
+          f"**Peers**: {m['nginx']}; {m['haproxy']}; {m['wrk']}. **Tidegate**: {meta['binaries']} binaries"
+          f"{' (build: ' + meta['build'] + ')' if meta.get('build') else ''}, "
           f"commit {m['commit']}. No CPU pinning (`taskset` not used): load generator, backends and proxies share "
           "the same cores, under the same conditions for every contender. Configurations: the scripts in `bench/` "
           "(nginx and HAProxy configs are written inline there), and `configs/` beside this report for the "
