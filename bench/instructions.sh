@@ -11,23 +11,32 @@
 # process, from after a warm-up to the last measured request.
 #
 #   bench/instructions.sh [TIDEGATE_BINARY...] [--requests 2000] [--cache]
-#                         [--path /rr] [--no-nginx]
+#                         [--path /rr] [--no-nginx] [--users N [--duration S]]
+#
+# --users N: instead of sequential requests, N concurrent keep-alive
+# connections (`tidegate-bench users`, a closed loop) for S seconds (10);
+# counts per answered request, so the per-connection state of N
+# connections is in the cache simulation. Under callgrind the proxy is the
+# bottleneck, so most of the N requests wait in it or in the kernel.
 #
 # --cache: also simulate the caches (callgrind's --cache-sim): first-level
-# instruction and data misses per request (I1mr, D1mr + D1mw), for the
+# instruction and data misses per request (I1mr, D1mr + D1mw) and
+# last-level misses (ILmr + DLmr + DLmw), for the
 # host's cache sizes and with nothing else running, so the misses of a
 # request's own footprint only.
 # Without a binary: target/release/tidegate. Needs valgrind (apt-get
 # install valgrind when missing) and nginx.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BINS=() REQUESTS=2000 CACHE="" PATHQ=/rr NGINX=1
+BINS=() REQUESTS=2000 CACHE="" PATHQ=/rr NGINX=1 USERS=0 DURATION=10
 while [ $# -gt 0 ]; do
   case "$1" in
     --requests) REQUESTS=$2; shift 2;;
     --cache) CACHE=--cache-sim=yes; shift;;
     --path) PATHQ=$2; shift 2;;
     --no-nginx) NGINX=""; shift;;
+    --users) USERS=$2; shift 2;;
+    --duration) DURATION=$2; shift 2;;
     -*) echo "unknown option $1" >&2; exit 2;;
     *) BINS+=("$1"); shift;;
   esac
@@ -49,15 +58,30 @@ sequential() { # addr requests
   python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); sys.exit(1 if r["failed"] else 0)' "$WORK/seq.json" ||
     { echo "requests failed through $1" >&2; exit 1; }
 }
+# N concurrent users through ADDR for SECONDS; prints the requests
+# answered (exits if any failed).
+users() { # addr seconds
+  "$BIN/tidegate-bench" --threads 1 --timeout-ms 60000 --proxy "$1" users --users "$USERS" --duration-s "$2" \
+    --path "$PATHQ" > "$WORK/users.json"
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); sys.exit(1) if r["failed"] else print(r["ok"])' \
+    "$WORK/users.json" || { echo "requests failed through $1" >&2; exit 1; }
+}
 # Zeroes the counters of callgrind process PID after a warm-up through
 # ADDR, sends the measured requests, dumps, and prints one result line.
 measure() { # name pid addr
-  sequential "$3" 300
-  callgrind_control -z "$2" >/dev/null 2>&1
-  sequential "$3" "$REQUESTS"
+  local n=$REQUESTS
+  if [ "$USERS" -gt 0 ]; then
+    users "$3" 3 >/dev/null
+    callgrind_control -z "$2" >/dev/null 2>&1
+    n=$(users "$3" "$DURATION")
+  else
+    sequential "$3" 300
+    callgrind_control -z "$2" >/dev/null 2>&1
+    sequential "$3" "$REQUESTS"
+  fi
   callgrind_control -d "$2" >/dev/null 2>&1
   local dump; dump=$(ls -t "$WORK"/cg."$1".* | head -1)
-  python3 - "$1" "$dump" "$REQUESTS" <<'PY'
+  python3 - "$1" "$dump" "$n" <<'PY'
 import sys
 name, dump, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 events = totals = None
@@ -71,6 +95,8 @@ v = dict(zip(events, totals))
 out = f"{name:<28} {v['Ir'] / n:9,.0f} instructions/request"
 if "I1mr" in v:
     out += f"  I1 misses {v['I1mr'] / n:7,.1f}  D1 misses {(v['D1mr'] + v['D1mw']) / n:6,.1f}"
+    out += f"  LL misses {(v['ILmr'] + v['DLmr'] + v['DLmw']) / n:6,.1f}"
+out += f"  ({n:,} requests)"
 print(out)
 PY
 }
@@ -97,9 +123,9 @@ if [ -n "$NGINX" ]; then
   port=$(free_port)
   cat > "$WORK/nginx.conf" <<CONF
 worker_processes 1; master_process off; daemon off; pid $WORK/nginx.pid; error_log $WORK/nginx.err warn;
-events { worker_connections 1024; }
-http { access_log off;
-  upstream app { server $EMU; keepalive 16; }
+events { worker_connections 4096; }
+http { access_log off; keepalive_requests 1000000;
+  upstream app { server $EMU; keepalive 256; }
   server { listen 127.0.0.1:$port;
     location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
 CONF
