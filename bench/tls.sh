@@ -56,17 +56,11 @@ trap cleanup EXIT
 B1=$((PORT_BASE + 1)) B2=$((PORT_BASE + 2)) P_NGINX=$((PORT_BASE + 80)) P_HAPROXY=$((PORT_BASE + 81))
 P_TG=$((PORT_BASE + 82)) U_NGINX=$((PORT_BASE + 83)) U_HAPROXY=$((PORT_BASE + 84)) U_TG=$((PORT_BASE + 85))
 A_TG=$((PORT_BASE + 90))
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj "/CN=bench.example" \
-  -addext "subjectAltName=DNS:bench.example,IP:127.0.0.1" -keyout "$WORK/key.pem" -out "$WORK/cert.pem" 2>/dev/null
+# The front door's certificate, and the HTTPS backend's from a private CA
+# the proxies trust.
+. bench/lib/certs.sh
+make_certs "$WORK"
 cat "$WORK/cert.pem" "$WORK/key.pem" > "$WORK/haproxy.pem"
-# The HTTPS backend's certificate, from a private CA the proxies trust.
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj "/CN=bench CA" \
-  -keyout "$WORK/ca.key" -out "$WORK/ca.pem" 2>/dev/null
-openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=backend.example" \
-  -keyout "$WORK/backend.key" -out "$WORK/backend.csr" 2>/dev/null
-printf 'subjectAltName=DNS:backend.example\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' > "$WORK/backend.ext"
-openssl x509 -req -in "$WORK/backend.csr" -CA "$WORK/ca.pem" -CAkey "$WORK/ca.key" -CAcreateserial -days 2 \
-  -extfile "$WORK/backend.ext" -out "$WORK/backend.pem" 2>/dev/null
 for alt in a b; do
   openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj "/CN=churn-$alt" \
     -addext "subjectAltName=DNS:churn.example" -keyout "$WORK/churn-$alt.key" -out "$WORK/churn-$alt.pem" 2>/dev/null
