@@ -92,6 +92,11 @@ impl Writer {
             if !group.is_empty() {
                 self.commit_group(std::mem::take(&mut group));
             }
+            // Housekeeping only between groups, so it delays no answer
+            // (unless a change set arrives during it).
+            if self.rx.is_empty() {
+                self.shared.store.maintain();
+            }
         }
     }
 

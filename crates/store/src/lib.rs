@@ -193,6 +193,12 @@ pub trait Store: Send + Sync + 'static {
     /// newest revision is no longer `commit.base`.
     fn commit(&self, commit: &Commit<'_>) -> Result<(), StoreError>;
 
+    /// Housekeeping the store would otherwise do inside a commit (SQLite's
+    /// checkpoint of its write-ahead log). The writer calls it when nothing
+    /// waits to be committed, so no submitter's answer carries it. Errors
+    /// are the store's to log: a commit that follows still works.
+    fn maintain(&self) {}
+
     /// What committing `change` on top of `state` costs (an upper bound),
     /// for a store that bounds one commit; the writer splits a group so
     /// each commit stays within [`Store::max_commit_cost`].

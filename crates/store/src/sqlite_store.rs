@@ -4,10 +4,17 @@
 //! `LIBSQLITE3_FLAGS` in `.cargo/config.toml`), which is as close to the
 //! disk's own sync time as a crash-safe store gets (see
 //! docs/benchmarks.md, "commit path").
+//!
+//! The log is copied into the database file (a checkpoint) when the writer
+//! has nothing queued ([`Store::maintain`]), not inside the commit that
+//! happens to cross SQLite's threshold: a checkpoint writes every page the
+//! log changed and syncs the database file, several times one commit's cost.
 
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicI32, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 
+use rusqlite::wal::CheckpointMode;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Transaction};
 use tidegate_model::{
     BackendId, CertName, CertificateSpec, ChangeSet, ConfigState, Op, RouteName, RouteSpec, ServiceName,
@@ -26,11 +33,22 @@ const SCHEMA: &str = "
     CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 ";
 
+/// Pages in the write-ahead log from which [`Store::maintain`] copies it
+/// into the database (SQLite's own default threshold, 4 MiB).
+const CHECKPOINT_PAGES: i32 = 1_000;
+
+/// Pages from which a commit checkpoints the log itself, when the writer
+/// has had no idle moment to do it (64 MiB): bounds the log's size and the
+/// time a restart spends reading it.
+const BACKSTOP_PAGES: i32 = 16_000;
+
 /// The embedded default store: one SQLite database in the data directory,
 /// opened by one process at a time.
 pub struct SqliteStore {
     conn: Mutex<Connection>,
     path: std::path::PathBuf,
+    /// Pages in the write-ahead log since the last checkpoint.
+    wal_pages: Arc<AtomicI32>,
 }
 
 fn err<E: std::fmt::Display>(e: E) -> StoreError {
@@ -58,7 +76,7 @@ impl SqliteStore {
             let hint = if busy { " (is another Tidegate using this data directory?)" } else { "" };
             StoreError::Backend(format!("{}: {e}{hint}", path.display()))
         };
-        let conn = Connection::open_with_flags(path, flags).map_err(opening)?;
+        let mut conn = Connection::open_with_flags(path, flags).map_err(opening)?;
         // Exclusive locking keeps the lock from the first write on; the
         // empty immediate transaction below takes it now. In this mode the
         // WAL index lives in heap memory, not a shared-memory file.
@@ -67,7 +85,32 @@ impl SqliteStore {
         conn.pragma_update(None, "synchronous", "FULL").map_err(opening)?;
         conn.execute_batch("BEGIN IMMEDIATE; COMMIT;").map_err(opening)?;
         conn.execute_batch(SCHEMA).map_err(opening)?;
-        Ok(SqliteStore { conn: Mutex::new(conn), path: path.to_path_buf() })
+        // This hook replaces SQLite's automatic checkpoint (which runs
+        // inside the commit that crosses 1,000 pages) with ours.
+        let wal_pages = Arc::new(AtomicI32::new(0));
+        let pages = wal_pages.clone();
+        conn.wal_hook(Some(move |wal: &mut rusqlite::hooks::Wal, n: i32| {
+            if n >= BACKSTOP_PAGES {
+                // The commit has happened: an error here must not fail it.
+                match wal.checkpoint_v2(CheckpointMode::PASSIVE) {
+                    Ok(_) => pages.store(0, Relaxed),
+                    Err(e) => {
+                        pages.store(n, Relaxed);
+                        tracing::warn!(error = %e, "cannot checkpoint the store's write-ahead log");
+                    }
+                }
+            } else {
+                pages.store(n, Relaxed);
+            }
+            Ok(())
+        }))
+        .map_err(opening)?;
+        Ok(SqliteStore { conn: Mutex::new(conn), path: path.to_path_buf(), wal_pages })
+    }
+
+    /// Pages in the write-ahead log since the last checkpoint.
+    pub fn wal_pages(&self) -> i32 {
+        self.wal_pages.load(Relaxed)
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Connection>, StoreError> {
@@ -233,6 +276,19 @@ impl Store for SqliteStore {
         txn.commit().map_err(err)
     }
 
+    fn maintain(&self) {
+        if self.wal_pages() < CHECKPOINT_PAGES {
+            return;
+        }
+        let Ok(conn) = self.lock() else { return };
+        // One connection, no readers: a passive checkpoint copies the whole
+        // log, and the next commit writes it again from its start.
+        match conn.wal_checkpoint_v2(Some("main"), CheckpointMode::PASSIVE) {
+            Ok(_) => self.wal_pages.store(0, Relaxed),
+            Err(e) => tracing::warn!(error = %e, "cannot checkpoint the store's write-ahead log"),
+        }
+    }
+
     fn status(&self) -> StoreStatus {
         StoreStatus::embedded(&self.path)
     }
@@ -276,6 +332,65 @@ mod tests {
     #[test]
     fn the_shared_suite_passes() {
         crate::suite::run(|p| SqliteStore::open(&p.with_extension("sqlite")));
+    }
+
+    /// Commits change set `text` at the next revision on top of `state`.
+    fn commit_next(store: &SqliteStore, state: &mut ConfigState, revision: &mut u64, text: &str) {
+        *revision += 1;
+        let c = crate::suite::applied(*revision, text);
+        let (after, _) = state.apply(&c.change, *revision - 1).unwrap();
+        let changes = [c];
+        store.commit(&Commit { base: *revision - 1, changes: &changes, before: state, after: &after }).unwrap();
+        *state = after;
+    }
+
+    #[test]
+    fn the_log_is_checkpointed_when_the_writer_is_idle_not_inside_a_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sqlite");
+        let store = SqliteStore::open(&path).unwrap();
+        let (mut state, mut revision) = (ConfigState::default(), 0);
+        commit_next(&store, &mut state, &mut revision, r#"{"ops":[{"op":"put_service","name":"s","spec":{}}]}"#);
+        let mut pages = store.wal_pages();
+        while pages < CHECKPOINT_PAGES + 100 {
+            let text = format!(
+                r#"{{"ops":[{{"op":"put_route","name":"r{revision}","spec":{{"match":{{"path_prefix":"/{revision}/"}},"service":"s"}}}}]}}"#
+            );
+            commit_next(&store, &mut state, &mut revision, &text);
+            assert!(store.wal_pages() > pages, "no commit checkpoints below the backstop");
+            pages = store.wal_pages();
+        }
+        store.maintain();
+        assert_eq!(store.wal_pages(), 0);
+        // The log starts again from its beginning, and nothing was lost.
+        commit_next(&store, &mut state, &mut revision, r#"{"ops":[{"op":"delete_route","name":"r1"}]}"#);
+        assert!((1..20).contains(&store.wal_pages()), "{}", store.wal_pages());
+        drop(store);
+        let again = SqliteStore::open(&path).unwrap().load().unwrap();
+        assert_eq!(again.revision, revision);
+        assert_eq!(again.state.routes(), state.routes());
+    }
+
+    #[test]
+    fn a_writer_with_no_idle_moment_still_bounds_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("c.sqlite")).unwrap();
+        let (mut state, mut revision) = (ConfigState::default(), 0);
+        let mut checkpointed = false;
+        for i in 0..450 {
+            // About 45 pages each: 450 commits cross the backstop.
+            let backends: Vec<String> =
+                (0..1000).map(|b| format!(r#"{{"id":"b{b}","addr":"10.0.{}.{}:80"}}"#, b / 250, b % 250)).collect();
+            let text = format!(
+                r#"{{"ops":[{{"op":"put_service","name":"s{i}","spec":{{"backends":[{}]}}}}]}}"#,
+                backends.join(",")
+            );
+            let before = store.wal_pages();
+            commit_next(&store, &mut state, &mut revision, &text);
+            assert!(store.wal_pages() < BACKSTOP_PAGES);
+            checkpointed |= store.wal_pages() < before;
+        }
+        assert!(checkpointed, "the log reached {} pages without a checkpoint", store.wal_pages());
     }
 
     #[test]

@@ -6,7 +6,7 @@ use tidegate_model::{parse_change_set, ConfigState};
 
 use crate::{AppliedChange, Commit, Store, StoreError};
 
-fn applied(rev: u64, text: &str) -> AppliedChange {
+pub(crate) fn applied(rev: u64, text: &str) -> AppliedChange {
     AppliedChange { revision: rev, change: parse_change_set(text.as_bytes()).expect("a valid change set") }
 }
 
