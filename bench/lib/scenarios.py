@@ -20,7 +20,7 @@ from harness import ROOT, Ctx, free_port_block, log, median
 PARAMS = {
     "throughput": {
         "smoke": {"reps": 1, "duration": 2, "conns": "32", "workers": 2},
-        "full": {"reps": 3, "duration": 8, "conns": "64 500 2000 5000", "workers": 2},
+        "full": {"reps": 3, "duration": 8, "conns": "64 256 500 2000 5000", "workers": 2},
     },
     "churn": {
         "smoke": {"duration": 1, "rates": "100 600", "suites": "empty loaded", "preload": 500, "live_rate": 200,

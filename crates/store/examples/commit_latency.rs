@@ -11,8 +11,9 @@
 //!
 //! Each round commits COMMITS single-op change sets (one `put_backend`,
 //! one at a time, as an idle writer does, with its housekeeping untimed
-//! between them) to a fresh redb store and a fresh SQLite store, alternating which goes first, and times the same number of
-//! raw `fdatasync`s; it prints p50 / p99 / max per round and their medians.
+//! between them) to a fresh redb store and a fresh SQLite store,
+//! alternating which goes first, and times the same number of raw
+//! `fdatasync`s; it prints p50 / p99 / max per round and their medians.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicI32, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use rusqlite::wal::CheckpointMode;
-use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Transaction};
+use rusqlite::{params, Connection, OpenFlags, Transaction};
 use tidegate_model::{
     BackendId, CertName, CertificateSpec, ChangeSet, ConfigState, Op, RouteName, RouteSpec, ServiceName,
     ServiceSettings, ServiceSpec,
@@ -41,6 +41,10 @@ const CHECKPOINT_PAGES: i32 = 1_000;
 /// has had no idle moment to do it (64 MiB): bounds the log's size and the
 /// time a restart spends reading it.
 const BACKSTOP_PAGES: i32 = 16_000;
+
+/// The log keeps between `LOG_RETAIN` and `LOG_RETAIN + TRIM_EVERY - 1`
+/// change sets.
+const TRIM_EVERY: u64 = 64;
 
 /// The embedded default store: one SQLite database in the data directory,
 /// opened by one process at a time.
@@ -146,6 +150,22 @@ impl SqliteStore {
     }
 }
 
+/// The newest revision: the log's last entry, or the imported
+/// configuration's (the `meta` row) when nothing was logged after it.
+/// Databases written before the log alone carried it also have the row,
+/// never ahead of the log.
+fn revision(conn: &Connection) -> Result<u64, StoreError> {
+    let newest: i64 = conn
+        .query_row(
+            "SELECT MAX(COALESCE((SELECT value FROM meta WHERE key = 'revision'), 0),
+                        COALESCE((SELECT MAX(revision) FROM log), 0))",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(err)?;
+    Ok(newest.max(0) as u64)
+}
+
 /// Writes one op into an open transaction.
 fn write_op(txn: &Transaction<'_>, op: &Op) -> Result<(), StoreError> {
     let run = |sql: &str, p: &[&dyn rusqlite::ToSql]| txn.prepare_cached(sql).and_then(|mut s| s.execute(p));
@@ -201,10 +221,7 @@ fn write_op(txn: &Transaction<'_>, op: &Op) -> Result<(), StoreError> {
 impl Store for SqliteStore {
     fn load(&self) -> Result<Loaded, StoreError> {
         let conn = self.lock()?;
-        let revision: Option<i64> = conn
-            .query_row("SELECT value FROM meta WHERE key = 'revision'", [], |r| r.get(0))
-            .optional()
-            .map_err(err)?;
+        let revision = revision(&conn)?;
         // Rebuild through the model's own apply, so a stored configuration
         // passes the same checks as a submitted one.
         let mut ops = Vec::new();
@@ -244,7 +261,7 @@ impl Store for SqliteStore {
         }
         let all = ChangeSet { if_revision: None, ops };
         let (state, _) = ConfigState::default().apply(&all, 0).map_err(corrupt)?;
-        Ok(Loaded { state, revision: revision.unwrap_or(0).max(0) as u64 })
+        Ok(Loaded { state, revision })
     }
 
     fn commit(&self, commit: &Commit<'_>) -> Result<(), StoreError> {
@@ -264,15 +281,16 @@ impl Store for SqliteStore {
                 log.execute(params![c.revision as i64, json(c)?]).map_err(err)?;
             }
         }
+        // The oldest entries go once every TRIM_EVERY revisions, not one
+        // per commit: a delete at the log's other end is one more page to
+        // sync. The newest revision is the log's last entry (see
+        // `revision`), so no separate counter is written either.
         let cutoff = last.revision.saturating_sub(LOG_RETAIN);
-        if cutoff > 0 {
+        if cutoff > 0 && last.revision / TRIM_EVERY != commit.base / TRIM_EVERY {
             txn.prepare_cached("DELETE FROM log WHERE revision <= ?1")
                 .and_then(|mut s| s.execute(params![cutoff as i64]))
                 .map_err(err)?;
         }
-        txn.prepare_cached("INSERT OR REPLACE INTO meta (key, value) VALUES ('revision', ?1)")
-            .and_then(|mut s| s.execute(params![last.revision as i64]))
-            .map_err(err)?;
         txn.commit().map_err(err)
     }
 
@@ -312,11 +330,7 @@ impl Store for SqliteStore {
         if out.is_empty() {
             // Nothing logged after `after`: up to date, unless the revision
             // moved on without a log (an imported configuration).
-            let revision: Option<i64> = conn
-                .query_row("SELECT value FROM meta WHERE key = 'revision'", [], |r| r.get(0))
-                .optional()
-                .map_err(err)?;
-            let revision = revision.unwrap_or(0).max(0) as u64;
+            let revision = revision(&conn)?;
             if revision > after {
                 return Err(StoreError::Compacted { oldest: revision + 1 });
             }
@@ -391,6 +405,42 @@ mod tests {
             checkpointed |= store.wal_pages() < before;
         }
         assert!(checkpointed, "the log reached {} pages without a checkpoint", store.wal_pages());
+    }
+
+    #[test]
+    fn the_log_is_trimmed_in_steps_and_the_revision_is_its_last_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sqlite");
+        let store = SqliteStore::open(&path).unwrap();
+        let (mut state, mut revision) = (ConfigState::default(), 0);
+        commit_next(&store, &mut state, &mut revision, r#"{"ops":[{"op":"put_service","name":"s","spec":{}}]}"#);
+        // Groups of 10 change sets, as a busy writer commits them.
+        let logged = |store: &SqliteStore| -> u64 {
+            store.lock().unwrap().query_row("SELECT COUNT(*) FROM log", [], |r| r.get::<_, i64>(0)).unwrap() as u64
+        };
+        while revision < LOG_RETAIN + 300 {
+            let group: Vec<AppliedChange> = (1..=10)
+                .map(|k| {
+                    let text = format!(
+                        r#"{{"ops":[{{"op":"put_backend","service":"s","id":"b","spec":{{"addr":"127.0.0.1:{}"}}}}]}}"#,
+                        1000 + k
+                    );
+                    crate::suite::applied(revision + k, &text)
+                })
+                .collect();
+            let mut after = state.clone();
+            for c in &group {
+                after = after.apply(&c.change, c.revision - 1).unwrap().0;
+            }
+            store.commit(&Commit { base: revision, changes: &group, before: &state, after: &after }).unwrap();
+            (state, revision) = (after, revision + 10);
+            let kept = logged(&store);
+            assert!(kept >= LOG_RETAIN.min(revision), "{kept} kept at revision {revision}");
+            assert!(kept < LOG_RETAIN + TRIM_EVERY, "{kept} kept at revision {revision}");
+            assert_eq!(store.load().unwrap().revision, revision);
+        }
+        drop(store);
+        assert_eq!(SqliteStore::open(&path).unwrap().load().unwrap().revision, revision);
     }
 
     #[test]
