@@ -203,6 +203,10 @@ impl Selector for FeedbackSelector {
         self.fallback.select(ctx, accept)
     }
 
+    fn refreshes(&self) -> bool {
+        true
+    }
+
     fn refresh(&self, now_ms: u64) {
         let Ok(mut sampler) = self.sampler.try_lock() else {
             return;
@@ -274,6 +278,10 @@ pub fn orca_weight(b: &Backend, spec: &OrcaSpec, now_ms: u64) -> Option<f64> {
 impl Selector for OrcaSelector {
     fn select(&self, ctx: &RequestCtx<'_>, accept: &mut dyn FnMut(&Backend) -> bool) -> Option<Arc<Backend>> {
         self.current.load().select(ctx, accept)
+    }
+
+    fn refreshes(&self) -> bool {
+        true
     }
 
     fn refresh(&self, now_ms: u64) {

@@ -156,8 +156,14 @@ pub trait Selector: Send + Sync + std::fmt::Debug {
     fn select(&self, ctx: &RequestCtx<'_>, accept: &mut dyn FnMut(&Backend) -> bool) -> Option<Arc<Backend>>;
 
     /// Recomputes weights from load signals; called in the background about
-    /// every 100 ms. Policies without dynamic weights ignore it.
+    /// every 100 ms, only when [`Selector::refreshes`] says so.
     fn refresh(&self, _now_ms: u64) {}
+
+    /// Whether [`Selector::refresh`] does anything (policies with dynamic
+    /// weights): the background pass visits only those services.
+    fn refreshes(&self) -> bool {
+        false
+    }
 
     /// The dynamic weights in effect, one per backend, if the policy has them.
     fn weights(&self) -> Option<Vec<f64>> {
@@ -188,6 +194,11 @@ impl ServiceSelector {
         let backup = Some(policy.build(Arc::new(Pool::new(backups))));
         let primaries_len = primaries.len();
         ServiceSelector { primary: policy.build(Arc::new(Pool::new(primaries))), backup, primaries_len, all }
+    }
+
+    /// Whether [`ServiceSelector::refresh`] does anything.
+    pub fn refreshes(&self) -> bool {
+        self.primary.refreshes() || self.backup.as_ref().is_some_and(|b| b.refreshes())
     }
 
     /// Recomputes dynamic weights (see [`Selector::refresh`]).

@@ -204,6 +204,9 @@ pub struct Snapshot {
     revision: u64,
     router: Router,
     services: HashMap<ServiceName, Arc<ServiceRuntime>>,
+    /// The services whose policy has dynamic weights to refresh (a few,
+    /// usually), so the background pass need not visit every service.
+    refreshing: HashMap<ServiceName, Arc<ServiceRuntime>>,
     certificates: Arc<Certificates>,
 }
 
@@ -233,11 +236,17 @@ impl Snapshot {
             match state.service(name.as_str()) {
                 Some(spec) => {
                     let prev = self.services.get(name).map(|s| &**s);
-                    let rt = ServiceRuntime::build(name.clone(), spec, prev);
-                    next.services.insert(name.clone(), Arc::new(rt));
+                    let rt = Arc::new(ServiceRuntime::build(name.clone(), spec, prev));
+                    if rt.selector.refreshes() {
+                        next.refreshing.insert(name.clone(), rt.clone());
+                    } else {
+                        next.refreshing.remove(name);
+                    }
+                    next.services.insert(name.clone(), rt);
                 }
                 None => {
                     next.services.remove(name);
+                    next.refreshing.remove(name);
                 }
             }
         }
@@ -280,6 +289,12 @@ impl Snapshot {
         self.services.values()
     }
 
+    /// The services whose selector has dynamic weights to refresh
+    /// ([`ServiceSelector::refresh`]), unordered.
+    pub fn refreshing(&self) -> impl Iterator<Item = &Arc<ServiceRuntime>> {
+        self.refreshing.values()
+    }
+
     /// All routes (unordered).
     pub fn routes(&self) -> impl Iterator<Item = &Entry> {
         self.router.entries()
@@ -299,6 +314,40 @@ mod tests {
 
     fn apply(state: &ConfigState, rev: u64, text: &str) -> (ConfigState, Delta) {
         state.apply(&parse_change_set(text.as_bytes()).unwrap(), rev).unwrap()
+    }
+
+    #[test]
+    fn only_services_with_dynamic_weights_are_listed_for_refresh() {
+        let refreshing = |snap: &Snapshot| {
+            let mut names: Vec<String> = snap.refreshing().map(|s| s.name.to_string()).collect();
+            names.sort();
+            names
+        };
+        let (s1, d1) = apply(
+            &ConfigState::default(),
+            0,
+            r#"{"ops":[
+                {"op":"put_service","name":"fb","spec":{"policy":{"kind":"dynamic_feedback"},"backends":[{"id":"a","addr":"127.0.0.1:1"}]}},
+                {"op":"put_service","name":"orca","spec":{"policy":{"kind":"orca_wrr"},"backends":[{"id":"a","addr":"127.0.0.1:2"}]}},
+                {"op":"put_service","name":"rr","spec":{"backends":[{"id":"a","addr":"127.0.0.1:3"}]}}]}"#,
+        );
+        let snap1 = Snapshot::empty().next(&s1, &d1, 1);
+        assert_eq!(refreshing(&snap1), ["fb", "orca"]);
+        assert_eq!(snap1.services().count(), 3);
+        // A policy change moves a service in or out; a deleted one leaves.
+        let (s2, d2) = apply(
+            &s1,
+            1,
+            r#"{"ops":[
+                {"op":"put_service","name":"fb","spec":{"policy":{"kind":"round_robin"},"backends":[{"id":"a","addr":"127.0.0.1:1"}]}},
+                {"op":"put_service","name":"rr","spec":{"policy":{"kind":"dynamic_feedback"},"backends":[{"id":"a","addr":"127.0.0.1:3"}]}},
+                {"op":"delete_service","name":"orca"}]}"#,
+        );
+        let snap2 = snap1.next(&s2, &d2, 2);
+        assert_eq!(refreshing(&snap2), ["rr"]);
+        assert!(Arc::ptr_eq(snap2.refreshing().next().unwrap(), snap2.service("rr").unwrap()));
+        // The earlier snapshot is untouched.
+        assert_eq!(refreshing(&snap1), ["fb", "orca"]);
     }
 
     #[test]

@@ -89,7 +89,7 @@ async fn run(snapshots: Arc<ArcSwap<Snapshot>>) {
         tick.tick().await;
         let snapshot = snapshots.load_full();
         let now_ms = clock::now_ms();
-        for service in snapshot.services() {
+        for service in snapshot.refreshing() {
             service.selector.refresh(now_ms);
         }
         if Instant::now() >= next_reconcile {
