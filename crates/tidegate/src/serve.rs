@@ -211,10 +211,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 /// The background work that follows the configuration: active health
 /// probes, load sources, the refresh of policies' dynamic weights, and the
 /// autoscaler. It runs on a runtime and a thread of its own, never on the
-/// admin API's: its periodic passes over every service take about 0.5-0.8
-/// ms each with 10,000 services, and on a shared runtime every admin answer
-/// ready meanwhile waited for them (docs/benchmarks.md, churn). The
-/// runtime stops when this is dropped.
+/// admin API's: after a change, its passes over every service take about
+/// 0.5-0.8 ms each with 10,000 services, and on a shared runtime every
+/// admin answer ready meanwhile waited for them (docs/benchmarks.md,
+/// churn). The runtime stops when this is dropped.
 struct Background {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
