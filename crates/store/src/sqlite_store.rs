@@ -358,13 +358,19 @@ mod tests {
         *state = after;
     }
 
+    /// A new store at `path` holding one service, `s`, at revision 1.
+    fn with_service(path: &Path) -> (SqliteStore, ConfigState, u64) {
+        let store = SqliteStore::open(path).unwrap();
+        let (mut state, mut revision) = (ConfigState::default(), 0);
+        commit_next(&store, &mut state, &mut revision, r#"{"ops":[{"op":"put_service","name":"s","spec":{}}]}"#);
+        (store, state, revision)
+    }
+
     #[test]
     fn the_log_is_checkpointed_when_the_writer_is_idle_not_inside_a_commit() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.sqlite");
-        let store = SqliteStore::open(&path).unwrap();
-        let (mut state, mut revision) = (ConfigState::default(), 0);
-        commit_next(&store, &mut state, &mut revision, r#"{"ops":[{"op":"put_service","name":"s","spec":{}}]}"#);
+        let (store, mut state, mut revision) = with_service(&path);
         let mut pages = store.wal_pages();
         while pages < CHECKPOINT_PAGES + 100 {
             let text = format!(
@@ -411,9 +417,7 @@ mod tests {
     fn the_log_is_trimmed_in_steps_and_the_revision_is_its_last_entry() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.sqlite");
-        let store = SqliteStore::open(&path).unwrap();
-        let (mut state, mut revision) = (ConfigState::default(), 0);
-        commit_next(&store, &mut state, &mut revision, r#"{"ops":[{"op":"put_service","name":"s","spec":{}}]}"#);
+        let (store, mut state, mut revision) = with_service(&path);
         // Groups of 10 change sets, as a busy writer commits them.
         let logged = |store: &SqliteStore| -> u64 {
             store.lock().unwrap().query_row("SELECT COUNT(*) FROM log", [], |r| r.get::<_, i64>(0)).unwrap() as u64
