@@ -233,20 +233,18 @@ impl Snapshot {
         let mut next = self.clone();
         next.revision = revision;
         for name in &delta.services {
+            next.refreshing.remove(name);
             match state.service(name.as_str()) {
                 Some(spec) => {
                     let prev = self.services.get(name).map(|s| &**s);
                     let rt = Arc::new(ServiceRuntime::build(name.clone(), spec, prev));
                     if rt.selector.refreshes() {
                         next.refreshing.insert(name.clone(), rt.clone());
-                    } else {
-                        next.refreshing.remove(name);
                     }
                     next.services.insert(name.clone(), rt);
                 }
                 None => {
                     next.services.remove(name);
-                    next.refreshing.remove(name);
                 }
             }
         }

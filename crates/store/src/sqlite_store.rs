@@ -96,13 +96,7 @@ impl SqliteStore {
         conn.wal_hook(Some(move |wal: &mut rusqlite::hooks::Wal, n: i32| {
             if n >= BACKSTOP_PAGES {
                 // The commit has happened: an error here must not fail it.
-                match wal.checkpoint_v2(CheckpointMode::PASSIVE) {
-                    Ok(_) => pages.store(0, Relaxed),
-                    Err(e) => {
-                        pages.store(n, Relaxed);
-                        tracing::warn!(error = %e, "cannot checkpoint the store's write-ahead log");
-                    }
-                }
+                checkpointed(&pages, n, wal.checkpoint_v2(CheckpointMode::PASSIVE));
             } else {
                 pages.store(n, Relaxed);
             }
@@ -147,6 +141,18 @@ impl SqliteStore {
         txn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('revision', ?1)", params![revision as i64])
             .map_err(err)?;
         txn.commit().map_err(err)
+    }
+}
+
+/// Records a checkpoint's outcome in the page count: an empty log, or
+/// the `pages` it still holds (and a warning) when it failed.
+fn checkpointed(count: &AtomicI32, pages: i32, outcome: rusqlite::Result<(i32, i32)>) {
+    match outcome {
+        Ok(_) => count.store(0, Relaxed),
+        Err(e) => {
+            count.store(pages, Relaxed);
+            tracing::warn!(error = %e, "cannot checkpoint the store's write-ahead log");
+        }
     }
 }
 
@@ -301,10 +307,7 @@ impl Store for SqliteStore {
         let Ok(conn) = self.lock() else { return };
         // One connection, no readers: a passive checkpoint copies the whole
         // log, and the next commit writes it again from its start.
-        match conn.wal_checkpoint_v2(Some("main"), CheckpointMode::PASSIVE) {
-            Ok(_) => self.wal_pages.store(0, Relaxed),
-            Err(e) => tracing::warn!(error = %e, "cannot checkpoint the store's write-ahead log"),
-        }
+        checkpointed(&self.wal_pages, self.wal_pages(), conn.wal_checkpoint_v2(Some("main"), CheckpointMode::PASSIVE));
     }
 
     fn status(&self) -> StoreStatus {
@@ -348,14 +351,23 @@ mod tests {
         crate::suite::run(|p| SqliteStore::open(&p.with_extension("sqlite")));
     }
 
+    /// Commits the change sets `texts`, at the next revisions, in one
+    /// commit on top of `state`.
+    fn commit_group(store: &SqliteStore, state: &mut ConfigState, revision: &mut u64, texts: &[String]) {
+        let base = *revision;
+        let changes: Vec<AppliedChange> =
+            texts.iter().zip(base + 1..).map(|(text, rev)| crate::suite::applied(rev, text)).collect();
+        let mut after = state.clone();
+        for c in &changes {
+            after = after.apply(&c.change, c.revision - 1).unwrap().0;
+        }
+        store.commit(&Commit { base, changes: &changes, before: state, after: &after }).unwrap();
+        (*state, *revision) = (after, base + changes.len() as u64);
+    }
+
     /// Commits change set `text` at the next revision on top of `state`.
     fn commit_next(store: &SqliteStore, state: &mut ConfigState, revision: &mut u64, text: &str) {
-        *revision += 1;
-        let c = crate::suite::applied(*revision, text);
-        let (after, _) = state.apply(&c.change, *revision - 1).unwrap();
-        let changes = [c];
-        store.commit(&Commit { base: *revision - 1, changes: &changes, before: state, after: &after }).unwrap();
-        *state = after;
+        commit_group(store, state, revision, &[text.to_string()]);
     }
 
     /// A new store at `path` holding one service, `s`, at revision 1.
@@ -423,21 +435,15 @@ mod tests {
             store.lock().unwrap().query_row("SELECT COUNT(*) FROM log", [], |r| r.get::<_, i64>(0)).unwrap() as u64
         };
         while revision < LOG_RETAIN + 300 {
-            let group: Vec<AppliedChange> = (1..=10)
+            let group: Vec<String> = (1..=10)
                 .map(|k| {
-                    let text = format!(
+                    format!(
                         r#"{{"ops":[{{"op":"put_backend","service":"s","id":"b","spec":{{"addr":"127.0.0.1:{}"}}}}]}}"#,
                         1000 + k
-                    );
-                    crate::suite::applied(revision + k, &text)
+                    )
                 })
                 .collect();
-            let mut after = state.clone();
-            for c in &group {
-                after = after.apply(&c.change, c.revision - 1).unwrap().0;
-            }
-            store.commit(&Commit { base: revision, changes: &group, before: &state, after: &after }).unwrap();
-            (state, revision) = (after, revision + 10);
+            commit_group(&store, &mut state, &mut revision, &group);
             let kept = logged(&store);
             assert!(kept >= LOG_RETAIN.min(revision), "{kept} kept at revision {revision}");
             assert!(kept < LOG_RETAIN + TRIM_EVERY, "{kept} kept at revision {revision}");
