@@ -192,15 +192,17 @@ impl ConcurrencySpec {
 ///
 /// Each proxy worker keeps its own idle connections per backend and reuses
 /// the most recently used one first (its socket buffers and the backend's
-/// caches are warm). An idle connection is closed after `timeouts.idle_ms`,
-/// or at once when the backend closes it. With `"protocol": "http2"` each
+/// caches are warm). An idle connection is closed after `timeouts.idle_ms`
+/// (5 s for those past `max_idle`), or at once when the backend closes it. With `"protocol": "http2"` each
 /// worker keeps one multiplexed connection per backend instead.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpstreamSpec {
     /// Most idle keep-alive connections kept per backend and per worker
-    /// (default 256, at most 100000; 0 closes every connection after its
-    /// response, like HTTP/1.0). Connections in use are not limited by it.
+    /// for `timeouts.idle_ms` (default 256, at most 100000; 0 closes every
+    /// connection after its response, like HTTP/1.0). More, given back at
+    /// a peak, are kept for 5 s only, for the next burst to reuse instead
+    /// of opening new ones. Connections in use are not limited by it.
     /// HTTP/1.1 only.
     pub max_idle: u32,
     /// The HTTP version spoken to the backends (default `http1`). `http2`

@@ -8,9 +8,12 @@
 //! A request takes a connection out of the pool for the whole exchange and
 //! gives it back only when the response body ended cleanly, so a connection
 //! in the pool is never half-way through a message. Idle connections are
-//! closed after the service's `timeouts.idle_ms`, past `upstream.max_idle`,
-//! or as soon as the backend closes them (hyper's connection task notices
-//! the close and marks the sender closed).
+//! closed after the service's `timeouts.idle_ms`, or as soon as the backend
+//! closes them (hyper's connection task notices the close and marks the
+//! sender closed). Past `upstream.max_idle`, a connection given back at a
+//! peak is kept only for [`SURPLUS_GRACE`]: long enough for the next burst
+//! to reuse it instead of opening a new one, not so long that a past peak
+//! holds sockets on both ends.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -30,6 +33,16 @@ use crate::error::{classify_upstream, ErrorKind};
 /// How often idle connections are checked for expiry.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
+/// How long a connection given back while `max_idle` others are idle is
+/// kept. Closing it at once, as a plain cap would, makes a load that comes
+/// in bursts close connections after every burst and open new ones for the
+/// next: a handshake on both ends each time, and a socket left in
+/// TIME_WAIT on the proxy's side (at 5,000 client connections over three
+/// backends, one new connection for every 14 requests; see
+/// docs/benchmarks.md). HAProxy purges its surplus idle connections on a
+/// similar delay (`pool-purge-delay`, 5 s).
+pub(crate) const SURPLUS_GRACE: Duration = Duration::from_secs(5);
+
 /// What a service asks of its connections.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ConnSettings {
@@ -37,7 +50,8 @@ pub(crate) struct ConnSettings {
     pub connect: Duration,
     /// How long an idle connection is kept.
     pub idle: Duration,
-    /// Most idle connections kept per backend (in this worker).
+    /// Most idle connections kept per backend (in this worker) for `idle`;
+    /// more are kept for [`SURPLUS_GRACE`] only.
     pub max_idle: usize,
     /// The [`Profile::key`] of the service's upstream settings: connections
     /// of different profiles (plain, TLS with other trust) never mix.
@@ -69,7 +83,14 @@ pub(crate) struct UpstreamPool<C> {
 
 impl<C> Default for UpstreamPool<C> {
     fn default() -> Self {
-        UpstreamPool { inner: Arc::new(Inner { idle: Mutex::default(), sweeper: AtomicBool::new(false) }) }
+        UpstreamPool::with_grace(SURPLUS_GRACE)
+    }
+}
+
+impl<C> UpstreamPool<C> {
+    /// A pool keeping connections past `max_idle` for `grace`.
+    fn with_grace(grace: Duration) -> Self {
+        UpstreamPool { inner: Arc::new(Inner { idle: Mutex::default(), sweeper: AtomicBool::new(false), grace }) }
     }
 }
 
@@ -81,6 +102,8 @@ struct Inner<C> {
     /// hash is enough). There is usually one profile.
     idle: Mutex<HashMap<u64, ByAddr<C>, foldhash::fast::RandomState>>,
     sweeper: AtomicBool,
+    /// How long a connection past `max_idle` is kept ([`SURPLUS_GRACE`]).
+    grace: Duration,
 }
 
 struct Idle<C> {
@@ -113,7 +136,8 @@ impl<C> std::fmt::Debug for Conn<C> {
 
 impl<C: Reusable> Conn<C> {
     /// Gives the connection back for reuse, unless the backend closed it or
-    /// the pool is full.
+    /// the service keeps no idle connections. It is kept for the idle
+    /// timeout, or for the surplus grace when `max_idle` are idle already.
     pub(crate) fn release(mut self) {
         if self.settings.max_idle == 0 || self.conn.is_closed() {
             return;
@@ -122,14 +146,18 @@ impl<C: Reusable> Conn<C> {
             return;
         };
         let now = Instant::now();
-        let idle = Idle { conn: self.conn, expires: now + self.settings.idle };
         if let Ok(mut map) = inner.idle.lock() {
             let list = map.entry(self.settings.profile).or_default().entry(self.addr).or_default();
-            // The oldest are at the front: expire them here, and make room.
-            while list.front_mut().is_some_and(|c| !c.usable(now)) || list.len() >= self.settings.max_idle {
+            // The least recently used are at the front: expire them here
+            // (the sweeper finds those behind a live one).
+            while list.front_mut().is_some_and(|c| !c.usable(now)) {
                 list.pop_front();
             }
-            list.push_back(idle);
+            let keep = match list.len() < self.settings.max_idle {
+                true => self.settings.idle,
+                false => self.settings.idle.min(inner.grace),
+            };
+            list.push_back(Idle { conn: self.conn, expires: now + keep });
         }
         if !inner.sweeper.swap(true, Relaxed) {
             tokio::spawn(sweep(Arc::downgrade(&inner)));
@@ -151,8 +179,17 @@ async fn sweep<C: Reusable>(inner: Weak<Inner<C>>) {
         if let Ok(mut map) = inner.idle.lock() {
             map.retain(|_, by_addr| {
                 by_addr.retain(|_, list| {
-                    while list.front_mut().is_some_and(|c| !c.usable(now)) {
-                        expired.extend(list.pop_front());
+                    // Expiry times are not in list order (a surplus
+                    // connection expires sooner): look at every one.
+                    if list.iter_mut().any(|c| !c.usable(now)) {
+                        let mut live = VecDeque::with_capacity(list.len());
+                        for mut c in list.drain(..) {
+                            match c.usable(now) {
+                                true => live.push_back(c),
+                                false => expired.push(c),
+                            }
+                        }
+                        *list = live;
                     }
                     // Entries for backends that went away, or went quiet.
                     !list.is_empty()
@@ -373,27 +410,61 @@ mod tests {
         assert_eq!(accepted.load(Relaxed), 5);
     }
 
-    #[tokio::test]
-    async fn idle_connections_expire_and_the_cap_holds() {
-        let (addr, _) = backend(usize::MAX).await;
-        let pool = UpstreamPool::<HyperConn>::default();
-        let s = settings(50, 2);
+    /// Takes `n` connections to `addr` at once (a burst), then gives them
+    /// all back.
+    async fn burst(pool: &UpstreamPool<HyperConn>, addr: &BackendAddr, s: ConnSettings, n: usize) {
         let mut held = Vec::new();
-        for _ in 0..4 {
+        for _ in 0..n {
             let Sent { response: resp, conn } =
-                pool.send(&addr, &Profile::default(), s, get(), false, false).await.ok().unwrap();
+                pool.send(addr, &Profile::default(), s, get(), false, false).await.ok().unwrap();
             http_body_util::BodyExt::collect(resp.into_body()).await.unwrap();
             held.push(conn);
         }
         for c in held {
             c.release();
         }
-        let idle = |p: &UpstreamPool<HyperConn>| {
-            p.inner.idle.lock().unwrap().get(&0).and_then(|m| m.get(&addr)).map_or(0, |l| l.len())
-        };
-        assert_eq!(idle(&pool), 2);
+    }
+
+    fn idle(pool: &UpstreamPool<HyperConn>, addr: &BackendAddr) -> usize {
+        pool.inner.idle.lock().unwrap().get(&0).and_then(|m| m.get(addr)).map_or(0, |l| l.len())
+    }
+
+    #[tokio::test]
+    async fn idle_connections_expire() {
+        let (addr, _) = backend(usize::MAX).await;
+        let pool = UpstreamPool::<HyperConn>::default();
+        burst(&pool, &addr, settings(50, 8), 3).await;
+        assert_eq!(idle(&pool, &addr), 3);
         tokio::time::sleep(Duration::from_millis(1_300)).await;
-        assert_eq!(idle(&pool), 0, "the sweeper closes expired connections");
+        assert_eq!(idle(&pool, &addr), 0, "the sweeper closes expired connections");
+    }
+
+    #[tokio::test]
+    async fn past_max_idle_a_burst_keeps_its_connections_for_the_grace_only() {
+        let (addr, accepted) = backend(usize::MAX).await;
+        let pool = UpstreamPool::<HyperConn>::with_grace(Duration::from_millis(400));
+        let s = settings(60_000, 2);
+        burst(&pool, &addr, s, 5).await;
+        assert_eq!(idle(&pool, &addr), 5, "the surplus is not closed at once");
+        // The next burst within the grace reuses them all.
+        burst(&pool, &addr, s, 5).await;
+        assert_eq!(accepted.load(Relaxed), 5);
+        // After the grace, the sweeper leaves max_idle of them.
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        assert_eq!(idle(&pool, &addr), 2);
+        burst(&pool, &addr, s, 3).await;
+        assert_eq!(accepted.load(Relaxed), 6, "two reused, one new");
+    }
+
+    #[tokio::test]
+    async fn max_idle_zero_keeps_nothing() {
+        let (addr, accepted) = backend(usize::MAX).await;
+        let pool = UpstreamPool::<HyperConn>::default();
+        let s = settings(60_000, 0);
+        burst(&pool, &addr, s, 2).await;
+        assert_eq!(idle(&pool, &addr), 0);
+        burst(&pool, &addr, s, 1).await;
+        assert_eq!(accepted.load(Relaxed), 3);
     }
 
     #[tokio::test]
