@@ -26,6 +26,7 @@ use crate::error::ClientBodyError;
 use crate::error::ErrorKind;
 use crate::headers;
 use crate::limits::Limits;
+use crate::metrics::Counters;
 use crate::native::bridge::{self, BridgeExchange, Payload};
 use crate::pick::Slot;
 use crate::pool::{ConnSettings, HyperConn, Sent, Unsent, UpstreamPool};
@@ -108,10 +109,12 @@ impl Upstreams {
         &self.limits
     }
 
-    pub(crate) fn new(limits: Arc<Limits>) -> Upstreams {
+    /// `counters`: the worker's, where its pools count the connections
+    /// they open.
+    pub(crate) fn new(limits: Arc<Limits>, counters: &Arc<Counters>) -> Upstreams {
         Upstreams {
-            pool: UpstreamPool::default(),
-            native: UpstreamPool::default(),
+            pool: UpstreamPool::new(counters.clone()),
+            native: UpstreamPool::new(counters.clone()),
             h2: H2Pool::default(),
             distributor: DistributorClient::default(),
             limits,

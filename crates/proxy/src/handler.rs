@@ -43,10 +43,11 @@ impl Proxy {
         limits: Arc<Limits>,
         https_port: Option<u16>,
     ) -> Proxy {
+        let metrics = metrics.worker();
         Proxy {
             snapshots,
-            upstreams: Upstreams::new(limits),
-            metrics: metrics.worker(),
+            upstreams: Upstreams::new(limits, &metrics),
+            metrics,
             https_port,
             health_path: None,
             access_log: None,

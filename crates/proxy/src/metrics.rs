@@ -62,6 +62,8 @@ pub(crate) struct Counters {
     retries: AtomicU64,
     /// Downstream connections accepted.
     connections: AtomicU64,
+    /// HTTP/1.1 connections opened to backends.
+    upstream_opened: AtomicU64,
     /// TLS handshakes that succeeded, and that failed (or timed out).
     tls_ok: AtomicU64,
     tls_failed: AtomicU64,
@@ -84,6 +86,15 @@ impl Counters {
 
     pub(crate) fn connection(&self) {
         self.connections.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn upstream_opened(&self) {
+        self.upstream_opened.fetch_add(1, Relaxed);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn upstream_opened_total(&self) -> u64 {
+        self.upstream_opened.load(Relaxed)
     }
 
     pub(crate) fn tls_handshake(&self, ok: bool) {
@@ -146,6 +157,8 @@ impl Collector for DataPlaneCollector {
         counter(&mut enc, "tidegate_proxy_errors", help, errors)?;
         counter(&mut enc, "tidegate_retries", "Upstream attempts beyond the first.", [([], sum(|c| &c.retries))])?;
         counter(&mut enc, "tidegate_connections", "Client connections accepted.", [([], sum(|c| &c.connections))])?;
+        let help = "HTTP/1.1 connections opened to backends (a count that grows with the requests means little reuse).";
+        counter(&mut enc, "tidegate_upstream_connections_opened", help, [([], sum(|c| &c.upstream_opened))])?;
         let tls = [([("result", "ok")], sum(|c| &c.tls_ok)), ([("result", "failed")], sum(|c| &c.tls_failed))];
         counter(&mut enc, "tidegate_tls_handshakes", "TLS handshakes on the TLS listener, by result.", tls)?;
         self.request_durations(&mut enc, &unrouted)?;

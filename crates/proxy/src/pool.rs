@@ -29,6 +29,7 @@ use tidegate_upstream::{ConnectError, Profile, Stream};
 
 use crate::body::UpBody;
 use crate::error::{classify_upstream, ErrorKind};
+use crate::metrics::Counters;
 
 /// How often idle connections are checked for expiry.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
@@ -81,16 +82,16 @@ pub(crate) struct UpstreamPool<C> {
     inner: Arc<Inner<C>>,
 }
 
-impl<C> Default for UpstreamPool<C> {
-    fn default() -> Self {
-        UpstreamPool::with_grace(SURPLUS_GRACE)
-    }
-}
-
 impl<C> UpstreamPool<C> {
+    /// A worker's pool, counting the connections it opens in `counters`.
+    pub(crate) fn new(counters: Arc<Counters>) -> Self {
+        UpstreamPool::with_grace(SURPLUS_GRACE, counters)
+    }
+
     /// A pool keeping connections past `max_idle` for `grace`.
-    fn with_grace(grace: Duration) -> Self {
-        UpstreamPool { inner: Arc::new(Inner { idle: Mutex::default(), sweeper: AtomicBool::new(false), grace }) }
+    fn with_grace(grace: Duration, counters: Arc<Counters>) -> Self {
+        let sweeper = AtomicBool::new(false);
+        UpstreamPool { inner: Arc::new(Inner { idle: Mutex::default(), sweeper, grace, counters }) }
     }
 }
 
@@ -104,6 +105,8 @@ struct Inner<C> {
     sweeper: AtomicBool,
     /// How long a connection past `max_idle` is kept ([`SURPLUS_GRACE`]).
     grace: Duration,
+    /// The worker's counters (connections opened).
+    counters: Arc<Counters>,
 }
 
 struct Idle<C> {
@@ -243,8 +246,9 @@ impl<C: Reusable> UpstreamPool<C> {
         None
     }
 
-    /// Wraps a connection just opened to `addr`.
+    /// Wraps a connection just opened to `addr`, and counts it.
     pub(crate) fn fresh(&self, conn: C, addr: &BackendAddr, settings: ConnSettings) -> Conn<C> {
+        self.inner.counters.upstream_opened();
         Conn { conn, reused: false, addr: addr.clone(), settings, pool: Arc::downgrade(&self.inner) }
     }
 }
@@ -389,7 +393,7 @@ mod tests {
     #[tokio::test]
     async fn connections_are_reused_last_in_first_out() {
         let (addr, accepted) = backend(usize::MAX).await;
-        let pool = UpstreamPool::<HyperConn>::default();
+        let pool = UpstreamPool::<HyperConn>::new(Arc::default());
         let s = settings(60_000, 8);
         assert!(!exchange(&pool, &addr, s).await.unwrap());
         assert!(exchange(&pool, &addr, s).await.unwrap());
@@ -400,7 +404,7 @@ mod tests {
     #[tokio::test]
     async fn a_connection_the_backend_closed_is_not_used() {
         let (addr, accepted) = backend(1).await;
-        let pool = UpstreamPool::<HyperConn>::default();
+        let pool = UpstreamPool::<HyperConn>::new(Arc::default());
         let s = settings(60_000, 8);
         for _ in 0..5 {
             // Give the connection task time to see the close.
@@ -432,7 +436,7 @@ mod tests {
     #[tokio::test]
     async fn idle_connections_expire() {
         let (addr, _) = backend(usize::MAX).await;
-        let pool = UpstreamPool::<HyperConn>::default();
+        let pool = UpstreamPool::<HyperConn>::new(Arc::default());
         burst(&pool, &addr, settings(50, 8), 3).await;
         assert_eq!(idle(&pool, &addr), 3);
         tokio::time::sleep(Duration::from_millis(1_300)).await;
@@ -442,13 +446,14 @@ mod tests {
     #[tokio::test]
     async fn past_max_idle_a_burst_keeps_its_connections_for_the_grace_only() {
         let (addr, accepted) = backend(usize::MAX).await;
-        let pool = UpstreamPool::<HyperConn>::with_grace(Duration::from_millis(400));
+        let pool = UpstreamPool::<HyperConn>::with_grace(Duration::from_millis(400), Arc::default());
         let s = settings(60_000, 2);
         burst(&pool, &addr, s, 5).await;
         assert_eq!(idle(&pool, &addr), 5, "the surplus is not closed at once");
         // The next burst within the grace reuses them all.
         burst(&pool, &addr, s, 5).await;
         assert_eq!(accepted.load(Relaxed), 5);
+        assert_eq!(pool.inner.counters.upstream_opened_total(), 5, "the worker counts what it opens");
         // After the grace, the sweeper leaves max_idle of them.
         tokio::time::sleep(Duration::from_millis(1_500)).await;
         assert_eq!(idle(&pool, &addr), 2);
@@ -459,7 +464,7 @@ mod tests {
     #[tokio::test]
     async fn max_idle_zero_keeps_nothing() {
         let (addr, accepted) = backend(usize::MAX).await;
-        let pool = UpstreamPool::<HyperConn>::default();
+        let pool = UpstreamPool::<HyperConn>::new(Arc::default());
         let s = settings(60_000, 0);
         burst(&pool, &addr, s, 2).await;
         assert_eq!(idle(&pool, &addr), 0);
@@ -472,7 +477,7 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = BackendAddr::new(&l.local_addr().unwrap().to_string()).unwrap();
         drop(l);
-        let pool = UpstreamPool::<HyperConn>::default();
+        let pool = UpstreamPool::<HyperConn>::new(Arc::default());
         let Err(unsent) = pool.send(&addr, &Profile::default(), settings(1_000, 8), get(), false, false).await else {
             panic!("connected to a closed port");
         };

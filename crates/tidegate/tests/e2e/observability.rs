@@ -42,6 +42,10 @@ async fn request_histograms_and_backend_metrics_are_exported() {
     assert_eq!(sample(&text, &format!("tidegate_backend_up{backend}")), Some(1.0));
     assert_eq!(sample(&text, &format!("tidegate_backend_requests_total{backend}")), Some(20.0));
     assert_eq!(sample(&text, r#"tidegate_responses_total{class="2xx"}"#), Some(20.0));
+    // Sequential requests reuse the upstream connection: at most one per
+    // worker (2) was opened for the 20.
+    let opened = sample(&text, "tidegate_upstream_connections_opened_total");
+    assert!(opened.is_some_and(|n| (1.0..=2.0).contains(&n)), "{opened:?}");
     assert!(sample(&text, "tidegate_config_commit_duration_seconds_count").is_some_and(|n| n >= 2.0), "{text}");
     assert!(sample(&text, "process_resident_memory_bytes").is_some_and(|b| b > 1e6), "{text}");
     assert!(text.lines().any(|l| l.starts_with("tidegate_build_info{version=")), "{text}");
