@@ -42,7 +42,7 @@ const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// backends, one new connection for every 14 requests; see
 /// docs/benchmarks.md). HAProxy purges its surplus idle connections on a
 /// similar delay (`pool-purge-delay`, 5 s).
-pub(crate) const SURPLUS_GRACE: Duration = Duration::from_secs(5);
+const SURPLUS_GRACE: Duration = Duration::from_secs(5);
 
 /// What a service asks of its connections.
 #[derive(Debug, Clone, Copy)]
