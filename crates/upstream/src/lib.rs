@@ -326,6 +326,17 @@ impl Stream {
         }
     }
 
+    /// Waits until reading may find something (bytes, the end of the
+    /// stream, an error), so that a connection waiting for an answer needs
+    /// no read buffer meanwhile. A TLS stream answers at once: it may hold
+    /// decrypted bytes that the socket no longer shows.
+    pub async fn readable(&self) -> io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.readable().await,
+            Stream::Tls(_) => Ok(()),
+        }
+    }
+
     /// Whether the backend chose HTTP/2 by ALPN.
     pub fn negotiated_h2(&self) -> bool {
         match self {

@@ -282,7 +282,17 @@ pub(crate) async fn read_response(
                 Err(_) => return Err(ErrorKind::InvalidResponse),
             }
         }
-        match fill(&mut c.stream, &mut c.inbox).await {
+        // No read buffer until the answer is there: the requests waiting
+        // for their backends hold none, and the one reading an answer gets
+        // the buffer the last answer was read into, still in the caches.
+        let read = match c.inbox.capacity() {
+            0 => match c.stream.readable().await {
+                Ok(()) => fill(&mut c.stream, &mut c.inbox).await,
+                Err(e) => Err(e),
+            },
+            _ => fill(&mut c.stream, &mut c.inbox).await,
+        };
+        match read {
             Ok(0) | Err(_) if reused && !got_any => return Err(ErrorKind::StaleConnection),
             Ok(0) | Err(_) => return Err(ErrorKind::UpstreamClosed),
             Ok(_) => got_any = true,
@@ -310,5 +320,39 @@ pub(crate) fn upstream_framing(body: &Body, declared: RequestBody) -> Framing {
         (_, RequestBody::Length(n)) => Framing::Length(n),
         (_, RequestBody::Chunked) => Framing::Chunked,
         (_, RequestBody::Empty) => Framing::None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::Future;
+    use tidegate_model::BackendAddr;
+    use tokio::io::AsyncWriteExt;
+
+    /// A connection waiting for its answer holds no read buffer; it takes
+    /// one when the answer arrives.
+    #[tokio::test]
+    async fn a_connection_waiting_for_its_answer_holds_no_buffer() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = BackendAddr::new(&l.local_addr().unwrap().to_string()).unwrap();
+        let (tcp, accepted) = tokio::join!(tokio::net::TcpStream::connect(l.local_addr().unwrap()), l.accept());
+        let (mut backend, _) = accepted.unwrap();
+        let pool = UpstreamPool::<Upstream>::new(Arc::default());
+        let settings =
+            ConnSettings { connect: Duration::from_secs(1), idle: Duration::from_secs(60), max_idle: 8, profile: 0 };
+        let mut conn = pool.fresh(NativeConn::new(Stream::Plain(tcp.unwrap())), &addr, settings);
+        let limits = HeadLimits { max_bytes: 8192, max_headers: 100 };
+        {
+            let mut reading = std::pin::pin!(read_response(&mut conn, false, limits));
+            let waker = std::task::Waker::noop();
+            let pending = reading.as_mut().poll(&mut std::task::Context::from_waker(waker)).is_pending();
+            assert!(pending, "no answer yet");
+        }
+        assert_eq!(conn.conn.inbox.capacity(), 0, "no buffer while waiting");
+        backend.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await.unwrap();
+        read_response(&mut conn, false, limits).await.unwrap();
+        assert_eq!(conn.conn.head.code, 200);
+        assert!(conn.conn.inbox.capacity() > 0);
     }
 }

@@ -205,7 +205,7 @@ pub(crate) async fn serve<S: ClientIo>(
         }
         served += 1;
         client.seen = Seen::new(Instant::now());
-        let buf = client.inbox.split_to(head.len);
+        let buf = buffers::take_head(&mut client.inbox, head.len);
         let stopping = *stop.borrow();
         // Boxed: the state of a request in progress (a few KiB) lives only
         // while the request does, not in every idle connection's task.
