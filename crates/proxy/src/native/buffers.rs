@@ -4,13 +4,13 @@
 //! an idle keep-alive connection, client or upstream, gives its buffer
 //! back, so that idle connections cost no buffer memory; so does a request
 //! waiting for its backend (its head is copied out, [`take_head`], and the
-//! upstream connection takes a buffer only once the answer is there). Allocating and
-//! freeing that 8 KiB twice per request cost about 650 instructions and
-//! 40 first-level instruction-cache misses per request (callgrind,
-//! `bench/instructions.sh`), and the new memory is cold. So each worker
-//! thread keeps the buffers its connections gave back, up to [`KEPT`], and
-//! hands out the most recently returned one first (it is likely still in
-//! the CPU's caches).
+//! upstream connection takes a buffer only once the answer is there).
+//! Allocating and freeing that 8 KiB twice per request cost about 650
+//! instructions and 40 first-level instruction-cache misses per request
+//! (callgrind, `bench/instructions.sh`), and the new memory is cold. So
+//! each worker thread keeps the buffers its connections gave back, up to
+//! [`KEPT`], and hands out the most recently returned one first (it is
+//! likely still in the CPU's caches).
 
 use std::cell::RefCell;
 
