@@ -285,14 +285,13 @@ pub(crate) async fn read_response(
         // No read buffer until the answer is there: the requests waiting
         // for their backends hold none, and the one reading an answer gets
         // the buffer the last answer was read into, still in the caches.
-        let read = match c.inbox.capacity() {
-            0 => match c.stream.readable().await {
-                Ok(()) => fill(&mut c.stream, &mut c.inbox).await,
-                Err(e) => Err(e),
-            },
-            _ => fill(&mut c.stream, &mut c.inbox).await,
+        let read = async {
+            if c.inbox.capacity() == 0 {
+                c.stream.readable().await?;
+            }
+            fill(&mut c.stream, &mut c.inbox).await
         };
-        match read {
+        match read.await {
             Ok(0) | Err(_) if reused && !got_any => return Err(ErrorKind::StaleConnection),
             Ok(0) | Err(_) => return Err(ErrorKind::UpstreamClosed),
             Ok(_) => got_any = true,
