@@ -22,7 +22,7 @@ mod sqlite_store;
 #[cfg(test)]
 mod suite;
 
-use tidegate_model::{ChangeSet, ConfigState};
+use tidegate_model::{ChangeSet, ConfigState, ServiceName, ServiceSpec};
 
 pub use etcd_store::{EtcdAccess, EtcdStore, EtcdUrl};
 pub use redb_store::RedbStore;
@@ -94,6 +94,16 @@ pub struct Commit<'a> {
     pub before: &'a ConfigState,
     /// The configuration after the group.
     pub after: &'a ConfigState,
+}
+
+impl Commit<'_> {
+    /// What a store keeps for the service a `put_service` op names: the
+    /// service as the configuration after the group holds it (a secret
+    /// sent back as its placeholder, `(redacted)`, is there the secret
+    /// kept), or the op's own spec when a later op of the group deleted it.
+    pub fn service_to_store<'s>(&'s self, name: &ServiceName, sent: &'s ServiceSpec) -> &'s ServiceSpec {
+        self.after.services().get(name).map_or(sent, |s| &**s)
+    }
 }
 
 /// What one commit carries, for stores that bound it (etcd refuses a

@@ -62,8 +62,8 @@ impl RedbStore {
         Ok(RedbStore { db, path: path.to_path_buf() })
     }
 
-    /// Writes one op into the tables of an open transaction.
-    fn write_op(tables: &mut Tables<'_>, op: &Op) -> Result<(), StoreError> {
+    /// Writes one op of `commit` into the tables of an open transaction.
+    fn write_op(tables: &mut Tables<'_>, op: &Op, commit: &Commit<'_>) -> Result<(), StoreError> {
         let Tables { services, backends, routes } = tables;
         let drop_backends = |backends: &mut redb::Table<&str, &[u8]>, service: &str| {
             let (lo, hi) = (format!("{service}\0"), format!("{service}\u{1}"));
@@ -71,6 +71,7 @@ impl RedbStore {
         };
         match op {
             Op::PutService { name, spec } => {
+                let spec = commit.service_to_store(name, spec);
                 services.insert(name.as_str(), json(&spec.settings)?.as_slice()).map_err(err)?;
                 drop_backends(backends, name.as_str())?;
                 for (id, b) in &spec.backends {
@@ -156,7 +157,7 @@ impl Store for RedbStore {
                 routes: txn.open_table(ROUTES).map_err(err)?,
             };
             for op in changes.iter().flat_map(|c| &c.change.ops) {
-                Self::write_op(&mut tables, op)?;
+                Self::write_op(&mut tables, op, commit)?;
             }
         }
         {

@@ -135,8 +135,9 @@ impl SqliteStore {
             "DELETE FROM services; DELETE FROM backends; DELETE FROM routes; DELETE FROM certificates; DELETE FROM log;",
         )
             .map_err(err)?;
+        let whole = Commit { base: 0, changes: &[], before: state, after: state };
         for op in &ops {
-            write_op(&txn, op)?;
+            write_op(&txn, op, &whole)?;
         }
         txn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('revision', ?1)", params![revision as i64])
             .map_err(err)?;
@@ -172,11 +173,12 @@ fn revision(conn: &Connection) -> Result<u64, StoreError> {
     Ok(newest.max(0) as u64)
 }
 
-/// Writes one op into an open transaction.
-fn write_op(txn: &Transaction<'_>, op: &Op) -> Result<(), StoreError> {
+/// Writes one op of `commit` into an open transaction.
+fn write_op(txn: &Transaction<'_>, op: &Op, commit: &Commit<'_>) -> Result<(), StoreError> {
     let run = |sql: &str, p: &[&dyn rusqlite::ToSql]| txn.prepare_cached(sql).and_then(|mut s| s.execute(p));
     match op {
         Op::PutService { name, spec } => {
+            let spec = commit.service_to_store(name, spec);
             run(
                 "INSERT OR REPLACE INTO services (name, settings) VALUES (?1, ?2)",
                 &[&name.as_str(), &json(&spec.settings)?],
@@ -278,7 +280,7 @@ impl Store for SqliteStore {
         let mut conn = self.lock()?;
         let txn = conn.transaction().map_err(err)?;
         for op in changes.iter().flat_map(|c| &c.change.ops) {
-            write_op(&txn, op)?;
+            write_op(&txn, op, commit)?;
         }
         {
             let mut log =

@@ -46,6 +46,7 @@ pub(crate) fn run<S: Store>(open: impl Fn(&Path) -> Result<S, StoreError>) {
     commits_survive_reopening_and_replay(&open);
     an_empty_store_loads_revision_zero(&open);
     an_old_log_is_compacted(&open);
+    a_secret_kept_through_its_placeholder_survives_reopening(&open);
 }
 
 fn commits_survive_reopening_and_replay<S: Store>(open: &impl Fn(&Path) -> Result<S, StoreError>) {
@@ -101,4 +102,26 @@ fn an_old_log_is_compacted<S: Store>(open: &impl Fn(&Path) -> Result<S, StoreErr
         other => panic!("expected Compacted, got {:?}", other.map(|v| v.len())),
     }
     assert_eq!(store.changes_since(n, 10).expect("replays").len(), 1);
+}
+
+/// An exported configuration applied back carries `(redacted)` where a
+/// secret was: the state keeps the real one, and so must what is stored.
+fn a_secret_kept_through_its_placeholder_survives_reopening<S: Store>(open: &impl Fn(&Path) -> Result<S, StoreError>) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("config");
+    let webhook = |secret: &str| {
+        format!(
+            r#"{{"ops":[{{"op":"put_service","name":"w","spec":{{"autoscale":{{"provider":{{"kind":"webhook","url":"http://127.0.0.1:9/hook","secret":"{secret}"}}}},"backends":[{{"id":"a","addr":"127.0.0.1:{}"}}]}}}}]}}"#,
+            if secret == tidegate_model::REDACTED { 2 } else { 1 }
+        )
+    };
+    {
+        let store = open(&path).expect("opens");
+        commit(&store, &[applied(1, &webhook("s3cret-value"))]).expect("commits");
+        commit(&store, &[applied(2, &webhook(tidegate_model::REDACTED))]).expect("commits");
+    }
+    let loaded = open(&path).expect("reopens").load().expect("loads");
+    let service = loaded.state.service("w").expect("the service");
+    assert_eq!(service.webhook_secret(), Some("s3cret-value"));
+    assert_eq!(service.backends.values().next().map(|b| b.addr.to_string()), Some("127.0.0.1:2".to_string()));
 }
