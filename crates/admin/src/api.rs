@@ -10,7 +10,7 @@ use axum::Json;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tidegate_autoscale::{Event, ScalingStatus};
-use tidegate_model::{BackendSpec, CertificateInfo, Change, RouteSpec, ServiceSpec};
+use tidegate_model::{BackendSpec, CertificateInfo, CertificateSpec, Change, RouteSpec, ServiceSpec};
 
 /// An answer as JSON with its keys in alphabetical order at every level
 /// (as the examples in docs/api.md show them), whatever the order of the
@@ -140,8 +140,10 @@ pub struct ConfigRead<'a> {
     pub services: BTreeMap<&'a str, Cow<'a, ServiceSpec>>,
     /// Routes by name.
     pub routes: BTreeMap<&'a str, &'a RouteSpec>,
-    /// Certificates by name (never their keys).
-    pub certificates: BTreeMap<&'a str, CertificateView<'a>>,
+    /// Certificates by name, as a document gives them: the chain,
+    /// `default`, and the key as `(redacted)` (applied back, it keeps the
+    /// key). Names and validity: `GET /v1/certificates`.
+    pub certificates: BTreeMap<&'a str, CertificateSpec>,
 }
 
 /// `GET /healthz`.

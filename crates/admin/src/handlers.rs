@@ -8,8 +8,8 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use tidegate_model::{
-    parse_change_set, parse_json, plan, unix_now, BackendId, BackendSpec, CertName, CertificateSpec, ChangeSet,
-    ConfigState, Document, Op, RouteName, RouteSpec, ServiceName, ServiceSpec,
+    parse_change_set, parse_json, plan, unix_now, BackendId, BackendSpec, CertName, CertificateInput, CertificateSpec,
+    ChangeSet, ConfigState, Document, Op, RouteName, RouteSpec, ServiceName, ServiceSpec,
 };
 
 use crate::api::{
@@ -143,7 +143,9 @@ pub(crate) async fn put_certificate(
     bytes: Result<Bytes, BytesRejection>,
 ) -> Answer<Written> {
     let name = cert_name(&name)?;
-    let spec: CertificateSpec = body(bytes)?;
+    // A key given as the placeholder keeps the current one (a renewed
+    // chain for the same key, or the default flag changed).
+    let spec: CertificateInput = body(bytes)?;
     spec.check_incoming(unix_now()).map_err(|m| {
         let (field, message) = m.split_once(": ").unwrap_or(("cert_pem", &m));
         ApiError::bad_field(&format!("spec.{field}"), message.to_string())
@@ -277,6 +279,6 @@ pub(crate) async fn get_config(State(state): State<AdminState>) -> Response {
     let services: BTreeMap<&str, Cow<'_, ServiceSpec>> =
         view.state.services().iter().map(|(k, v)| (k.as_str(), v.redacted())).collect();
     let routes: BTreeMap<&str, &RouteSpec> = view.state.routes().iter().map(|(k, v)| (k.as_str(), &**v)).collect();
-    let certificates = certificates_view(&view.state);
+    let certificates = view.state.certificates().iter().map(|(k, v)| (k.as_str(), v.redacted())).collect();
     Sorted(ConfigRead { revision: view.revision, services, routes, certificates }).into_response()
 }

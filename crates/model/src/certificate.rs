@@ -52,7 +52,9 @@ struct CertificateWire {
     /// The certificate chain, PEM: the server's certificate first, then
     /// intermediates.
     cert_pem: String,
-    /// The private key of the first certificate, PEM (PKCS#8, PKCS#1 or SEC1).
+    /// The private key of the first certificate, PEM (PKCS#8, PKCS#1 or
+    /// SEC1). Read back as `"(redacted)"`; given as `"(redacted)"`, the
+    /// certificate keeps the key it has.
     key_pem: String,
     /// Served to clients that send no SNI name, or one no certificate has.
     #[serde(default)]
@@ -86,22 +88,158 @@ impl CertificateSpec {
     /// selects it. A certificate not valid yet is taken (its issuer's clock
     /// may run a little ahead of ours); `GET` shows its dates.
     pub fn check_incoming(&self, now: i64) -> Result<(), String> {
-        if self.info.not_after < now {
-            return Err(format!("cert_pem: the certificate expired at {} (Unix time)", self.info.not_after));
-        }
-        if self.info.names.is_empty() && !self.wire.default {
-            return Err("default: the certificate names no DNS host (no DNS subject alternative name and no \
-                        common name), so no SNI name selects it; make it the default certificate \
-                        (\"default\": true) or use one issued for the names it must serve"
-                .to_string());
-        }
-        Ok(())
+        check_incoming(&self.info, self.wire.default, now)
     }
 
     /// The spec as read APIs show it: the key replaced by
     /// [`crate::REDACTED`] when serialized.
     pub fn redacted(&self) -> CertificateSpec {
         CertificateSpec { redacted: true, ..self.clone() }
+    }
+}
+
+/// See [`CertificateSpec::check_incoming`].
+fn check_incoming(info: &CertificateInfo, default: bool, now: i64) -> Result<(), String> {
+    if info.not_after < now {
+        return Err(format!("cert_pem: the certificate expired at {} (Unix time)", info.not_after));
+    }
+    if info.names.is_empty() && !default {
+        return Err("default: the certificate names no DNS host (no DNS subject alternative name and no \
+                    common name), so no SNI name selects it; make it the default certificate \
+                    (\"default\": true) or use one issued for the names it must serve"
+            .to_string());
+    }
+    Ok(())
+}
+
+/// A certificate as a change (`put_certificate`, `PUT
+/// /v1/certificates/{name}`) or a declarative document gives it: a chain
+/// and its key, or a chain with `key_pem` given as `"(redacted)"`, the
+/// placeholder read APIs show (an exported configuration applied back, or
+/// a renewed chain for the same key), which keeps the key the certificate
+/// of that name has.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(try_from = "CertificateWire", into = "CertificateWire")]
+pub enum CertificateInput {
+    /// Chain and key, checked.
+    Whole(CertificateSpec),
+    /// A chain that keeps the current key.
+    KeepKey(KeptKey),
+}
+
+/// A chain (parsed and read, not yet matched with a key) and its default
+/// flag, to go with the key the configuration already has.
+#[derive(Clone, PartialEq, Eq)]
+pub struct KeptKey {
+    cert_pem: String,
+    default: bool,
+    info: Arc<CertificateInfo>,
+}
+
+impl CertificateInput {
+    /// Whether it keeps the current key (its key was the placeholder).
+    pub fn keeps_key(&self) -> bool {
+        matches!(self, CertificateInput::KeepKey(_))
+    }
+
+    /// What the certificate says of itself.
+    pub fn info(&self) -> &CertificateInfo {
+        match self {
+            CertificateInput::Whole(spec) => spec.info(),
+            CertificateInput::KeepKey(k) => &k.info,
+        }
+    }
+
+    /// Whether it is to be served to clients with no (or an unknown) SNI name.
+    pub fn is_default(&self) -> bool {
+        match self {
+            CertificateInput::Whole(spec) => spec.is_default(),
+            CertificateInput::KeepKey(k) => k.default,
+        }
+    }
+
+    /// See [`CertificateSpec::check_incoming`].
+    pub fn check_incoming(&self, now: i64) -> Result<(), String> {
+        check_incoming(self.info(), self.is_default(), now)
+    }
+
+    /// The certificate this input makes, given the one of the same name
+    /// the configuration has (`current`). `Err` (naming `key_pem`) when it
+    /// keeps a key and there is none, or the key kept does not match the
+    /// new chain.
+    pub fn resolve(&self, current: Option<&CertificateSpec>) -> Result<CertificateSpec, String> {
+        match self {
+            CertificateInput::Whole(spec) => Ok(spec.clone()),
+            CertificateInput::KeepKey(k) => {
+                let Some(current) = current else {
+                    return Err(format!(
+                        "key_pem: {:?} is the placeholder read APIs show, and there is no certificate of this \
+                         name whose key it could keep; give the key",
+                        crate::REDACTED
+                    ));
+                };
+                let wire = CertificateWire {
+                    cert_pem: k.cert_pem.clone(),
+                    key_pem: current.wire.key_pem.clone(),
+                    default: k.default,
+                };
+                CertificateSpec::try_from(wire).map_err(|e| match e.strip_prefix("key_pem: ") {
+                    Some(why) => format!("key_pem: the key kept from the current certificate: {why}"),
+                    None => e,
+                })
+            }
+        }
+    }
+
+    /// As read APIs (the watch stream) show it: never the key.
+    pub fn redacted(&self) -> CertificateInput {
+        match self {
+            CertificateInput::Whole(spec) => CertificateInput::Whole(spec.redacted()),
+            CertificateInput::KeepKey(_) => self.clone(),
+        }
+    }
+}
+
+impl From<CertificateSpec> for CertificateInput {
+    fn from(spec: CertificateSpec) -> Self {
+        CertificateInput::Whole(spec)
+    }
+}
+
+impl fmt::Debug for CertificateInput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CertificateInput::Whole(spec) => spec.fmt(f),
+            CertificateInput::KeepKey(k) => f
+                .debug_struct("CertificateInput::KeepKey")
+                .field("names", &k.info.names)
+                .field("not_after", &k.info.not_after)
+                .field("default", &k.default)
+                .finish(),
+        }
+    }
+}
+
+impl From<CertificateInput> for CertificateWire {
+    fn from(c: CertificateInput) -> Self {
+        match c {
+            CertificateInput::Whole(spec) => spec.into(),
+            CertificateInput::KeepKey(k) => {
+                CertificateWire { cert_pem: k.cert_pem, key_pem: crate::REDACTED.to_string(), default: k.default }
+            }
+        }
+    }
+}
+
+impl TryFrom<CertificateWire> for CertificateInput {
+    type Error = String;
+
+    fn try_from(wire: CertificateWire) -> Result<Self, String> {
+        if wire.key_pem != crate::REDACTED {
+            return CertificateSpec::try_from(wire).map(CertificateInput::Whole);
+        }
+        let info = inspect(&chain(&wire.cert_pem)?)?;
+        Ok(CertificateInput::KeepKey(KeptKey { cert_pem: wire.cert_pem, default: wire.default, info: Arc::new(info) }))
     }
 }
 
@@ -136,12 +274,7 @@ impl TryFrom<CertificateWire> for CertificateSpec {
     type Error = String;
 
     fn try_from(wire: CertificateWire) -> Result<Self, String> {
-        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(wire.cert_pem.as_bytes())
-            .collect::<Result<_, _>>()
-            .map_err(|e| format!("cert_pem: not a PEM certificate chain ({e})"))?;
-        if chain.is_empty() {
-            return Err("cert_pem: no CERTIFICATE block found".to_string());
-        }
+        let chain = chain(&wire.cert_pem)?;
         let key = PrivateKeyDer::from_pem_slice(wire.key_pem.as_bytes())
             .map_err(|e| format!("key_pem: not a PEM private key ({e})"))?;
         let info = inspect(&chain)?;
@@ -152,6 +285,17 @@ impl TryFrom<CertificateWire> for CertificateSpec {
         })?;
         Ok(CertificateSpec { wire, info: Arc::new(info), key: Arc::new(certified), redacted: false })
     }
+}
+
+/// The certificates of a PEM chain, at least one.
+fn chain(pem: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("cert_pem: not a PEM certificate chain ({e})"))?;
+    if chain.is_empty() {
+        return Err("cert_pem: no CERTIFICATE block found".to_string());
+    }
+    Ok(chain)
 }
 
 /// Reads names and validity from the first certificate of `chain`.

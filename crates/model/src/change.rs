@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::certificate::CertificateSpec;
+use crate::certificate::CertificateInput;
 use crate::names::{BackendId, CertName, RouteName, ServiceName};
 use crate::route::RouteSpec;
 use crate::service::{BackendSpec, ServiceSpec};
@@ -51,12 +51,13 @@ pub enum Op {
         /// The route.
         name: RouteName,
     },
-    /// Create or replace a TLS certificate (chain and key).
+    /// Create or replace a TLS certificate (chain and key, or a chain
+    /// that keeps the key the certificate has).
     PutCertificate {
         /// The certificate.
         name: CertName,
         /// Its chain, key and default flag.
-        spec: Box<CertificateSpec>,
+        spec: Box<CertificateInput>,
     },
     /// Remove a TLS certificate.
     DeleteCertificate {
@@ -118,7 +119,7 @@ impl<'de> Deserialize<'de> for Op {
                 sub::<NameSpec<RouteName, RouteSpec>>(body).map(|w| Op::PutRoute { name: w.name, spec: w.spec })
             }
             "delete_route" => sub::<Named<RouteName>>(body).map(|w| Op::DeleteRoute { name: w.name }),
-            "put_certificate" => sub::<NameSpec<CertName, CertificateSpec>>(body)
+            "put_certificate" => sub::<NameSpec<CertName, CertificateInput>>(body)
                 .map(|w| Op::PutCertificate { name: w.name, spec: Box::new(w.spec) }),
             "delete_certificate" => sub::<Named<CertName>>(body).map(|w| Op::DeleteCertificate { name: w.name }),
             other => Err(format!(

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::certificate::CertificateSpec;
+use crate::certificate::CertificateInput;
 use crate::change::{ChangeSet, Op, ParseError};
 use crate::names::{CertName, RouteName, ServiceName};
 use crate::route::RouteSpec;
@@ -33,9 +33,10 @@ pub struct Document {
     /// Routes by name.
     #[serde(default)]
     pub routes: BTreeMap<RouteName, RouteSpec>,
-    /// TLS certificates by name.
+    /// TLS certificates by name. A key given as `(redacted)`, as `GET
+    /// /v1/config` shows every key, keeps the key the configuration has.
     #[serde(default)]
-    pub certificates: BTreeMap<CertName, CertificateSpec>,
+    pub certificates: BTreeMap<CertName, CertificateInput>,
 }
 
 impl Document {
@@ -43,7 +44,10 @@ impl Document {
     /// expired (as every edge where changes come in does), and that the
     /// document holds together on its own (every route's service is in it,
     /// one default certificate at most), as applying it to an empty
-    /// configuration does. An error names the document's field
+    /// configuration does. What it keeps from the configuration it is
+    /// applied to (a webhook secret or a certificate's key given as the
+    /// placeholder `(redacted)`, as an export shows them) is checked when
+    /// it is applied. An error names the document's field
     /// (`routes.web.service`, `certificates.c.cert_pem`).
     pub fn check(&self) -> Result<ConfigState, ParseError> {
         let now = crate::certificate::unix_now();
@@ -57,7 +61,21 @@ impl Document {
                 }
             })?;
         }
-        let ops = self.put_ops();
+        // What the document keeps from the configuration it is applied to
+        // (a secret or a key given as the placeholder) is checked there.
+        let ops = self
+            .put_ops()
+            .into_iter()
+            .filter(|op| !matches!(op, Op::PutCertificate { spec, .. } if spec.keeps_key()))
+            .map(|op| match op {
+                Op::PutService { name, spec } if spec.webhook_secret() == Some(crate::REDACTED) => {
+                    let mut spec = *spec;
+                    spec.set_webhook_secret("a secret kept from the configuration");
+                    Op::PutService { name, spec: Box::new(spec) }
+                }
+                op => op,
+            })
+            .collect::<Vec<_>>();
         let names: Vec<String> = ops.iter().map(document_path).collect();
         let change = ChangeSet { if_revision: None, ops };
         ConfigState::default().apply(&change, 1).map(|(state, _)| state).map_err(|e: ChangeError| {
@@ -190,15 +208,22 @@ pub fn plan(current: &ConfigState, desired: &Document) -> (Vec<Op>, Vec<Change>)
         put(Kind::Service, name.as_str().to_string(), old, json(&spec));
         ops.push(Op::PutService { name: name.clone(), spec: Box::new(spec) });
     }
-    for (name, spec) in &desired.certificates {
+    for (name, input) in &desired.certificates {
         let old = current.certificates().get(name);
-        if old.is_some_and(|o| **o == *spec) {
-            continue;
+        // A key given as the placeholder keeps the current one, as applying
+        // it would; one that cannot (no current key, or a chain it does not
+        // match) goes as given, and applying it says why.
+        let resolved = input.resolve(old.map(|o| &**o)).ok();
+        if let (Some(old), Some(new)) = (old, &resolved) {
+            if **old == *new {
+                continue;
+            }
         }
         // The key is never compared field by field (nor shown).
-        let old = old.map(|o| json(&o.redacted()));
-        put(Kind::Certificate, name.as_str().to_string(), old, json(&spec.redacted()));
-        ops.push(Op::PutCertificate { name: name.clone(), spec: Box::new(spec.clone()) });
+        let shown = resolved.as_ref().map_or_else(|| json(&input.redacted()), |r| json(&r.redacted()));
+        put(Kind::Certificate, name.as_str().to_string(), old.map(|o| json(&o.redacted())), shown);
+        let spec = resolved.map_or_else(|| input.clone(), CertificateInput::Whole);
+        ops.push(Op::PutCertificate { name: name.clone(), spec: Box::new(spec) });
     }
     for (name, spec) in &desired.routes {
         let old = current.routes().get(name);
@@ -328,6 +353,69 @@ mod tests {
         let spec = serde_json::json!({ "cert_pem": cert.pem(), "key_pem": key.serialize_pem() });
         let e = doc(serde_json::json!({ "certificates": { "old": spec } })).check().unwrap_err();
         assert_eq!(e.field, "certificates.old.cert_pem", "{e}");
+    }
+
+    /// A self-signed certificate for `names` with the key `key`: chain, key.
+    fn signed(names: &[&str], key: &rcgen::KeyPair) -> serde_json::Value {
+        let params = rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
+        let cert = params.self_signed(key).unwrap();
+        serde_json::json!({ "cert_pem": cert.pem(), "key_pem": key.serialize_pem() })
+    }
+
+    #[test]
+    fn an_export_applies_back_as_it_is_keeping_secrets_and_keys() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let hook = serde_json::json!({
+            "autoscale": { "provider": { "kind": "webhook", "url": "http://127.0.0.1:9/hook", "secret": "s3cret" } },
+        });
+        let current = state(serde_json::json!({
+            "services": { "w": hook },
+            "certificates": { "c": signed(&["a.example"], &key) },
+        }));
+        // What GET /v1/config shows: secrets and keys as the placeholder.
+        let exported = serde_json::json!({
+            "revision": 7,
+            "services": { "w": &*current.service("w").unwrap().redacted() },
+            "certificates": { "c": current.certificates().values().next().unwrap().redacted() },
+        });
+        assert!(!exported.to_string().contains("PRIVATE KEY") && !exported.to_string().contains("s3cret"));
+        let desired = doc(exported.clone());
+        desired.check().expect("an export checks on its own");
+        let (ops, changes) = plan(&current, &desired);
+        assert!(ops.is_empty(), "nothing to do: {changes:?}");
+
+        // A renewed chain for the same key, with the key as the placeholder.
+        let mut renewed = exported;
+        let chain = signed(&["a.example", "b.example"], &key)["cert_pem"].clone();
+        renewed["certificates"]["c"]["cert_pem"] = chain;
+        let (ops, changes) = plan(&current, &doc(renewed));
+        let shown: Vec<String> = changes.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["~ certificate c: cert_pem"]);
+        let (after, _) = current.apply(&ChangeSet { if_revision: None, ops }, 2).expect("the plan applies");
+        let cert = after.certificates().values().next().unwrap();
+        assert_eq!(cert.info().names, ["a.example", "b.example"]);
+        assert_eq!(after.service("w").unwrap().webhook_secret(), Some("s3cret"));
+    }
+
+    #[test]
+    fn a_placeholder_with_nothing_to_keep_is_refused_where_it_is_applied() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut cert = signed(&["a.example"], &key);
+        cert["key_pem"] = crate::REDACTED.into();
+        let desired = doc(serde_json::json!({ "certificates": { "c": cert.clone() } }));
+        assert!(desired.check().is_ok(), "the document alone cannot know");
+        let (ops, _) = plan(&ConfigState::default(), &desired);
+        let e = ConfigState::default().apply(&ChangeSet { if_revision: None, ops }, 1).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("ops[0].spec.key_pem"), "{e:?}");
+        // A key kept must match the new chain.
+        let current = state(serde_json::json!({ "certificates": { "c": signed(&["a.example"], &key) } }));
+        let other = rcgen::KeyPair::generate().unwrap();
+        let mut foreign = signed(&["a.example"], &other);
+        foreign["key_pem"] = crate::REDACTED.into();
+        let (ops, _) = plan(&current, &doc(serde_json::json!({ "certificates": { "c": foreign } })));
+        let e = current.apply(&ChangeSet { if_revision: None, ops }, 2).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("ops[0].spec.key_pem"), "{e:?}");
+        assert!(e.message.contains("the key kept") && e.message.contains("does not match"), "{}", e.message);
     }
 
     #[test]

@@ -24,7 +24,7 @@ mod schema;
 mod service;
 mod state;
 
-pub use certificate::{unix_now, CertificateInfo, CertificateSpec};
+pub use certificate::{unix_now, CertificateInfo, CertificateInput, CertificateSpec, KeptKey};
 pub use change::{check_change_set, parse_change_set, parse_json, ChangeSet, Op, ParseError};
 pub use desired::{plan, Action, Change, Document, Kind};
 pub use headers::Headers;

@@ -1100,6 +1100,14 @@ impl ServiceSpec {
         }
     }
 
+    /// Replaces the webhook secret, if the service autoscales through a
+    /// webhook.
+    pub fn set_webhook_secret(&mut self, secret: &str) {
+        if let Some(s) = self.webhook_secret_mut() {
+            *s = secret.to_string();
+        }
+    }
+
     fn webhook_secret_mut(&mut self) -> Option<&mut String> {
         match &mut self.settings.autoscale.as_mut()?.provider {
             ProviderSpec::Webhook { secret, .. } => Some(secret),

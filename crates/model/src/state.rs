@@ -192,6 +192,11 @@ impl ConfigState {
                 delta.routes.insert(name.clone());
             }
             Op::PutCertificate { name, spec } => {
+                let previous = self.certificates.get(name).map(|c| &**c);
+                let spec = spec.resolve(previous).map_err(|m| {
+                    let (field, message) = m.split_once(": ").unwrap_or(("key_pem", &m));
+                    ChangeError::at(Conflict, i, &format!("spec.{field}"), message.to_string())
+                })?;
                 if spec.is_default() {
                     if let Some((other, _)) = self.certificates.iter().find(|(n, c)| *n != name && c.is_default()) {
                         return Err(ChangeError::at(
@@ -202,7 +207,7 @@ impl ConfigState {
                         ));
                     }
                 }
-                self.certificates.insert(name.clone(), Arc::new((**spec).clone()));
+                self.certificates.insert(name.clone(), Arc::new(spec));
                 delta.certificates.insert(name.clone());
             }
             Op::DeleteCertificate { name } => {

@@ -407,7 +407,7 @@ impl Store for EtcdStore {
                         let spec: CertificateSpec = serde_json::from_slice(&kv.value).map_err(corrupt)?;
                         certificates.push(Op::PutCertificate {
                             name: CertName::new(name).map_err(corrupt)?,
-                            spec: Box::new(spec),
+                            spec: Box::new(spec.into()),
                         });
                     }
                     _ => {} // log entries, instance records

@@ -22,7 +22,7 @@ mod sqlite_store;
 #[cfg(test)]
 mod suite;
 
-use tidegate_model::{ChangeSet, ConfigState, ServiceName, ServiceSpec};
+use tidegate_model::{CertName, CertificateSpec, ChangeSet, ConfigState, ServiceName, ServiceSpec};
 
 pub use etcd_store::{EtcdAccess, EtcdStore, EtcdUrl};
 pub use redb_store::RedbStore;
@@ -96,13 +96,19 @@ pub struct Commit<'a> {
     pub after: &'a ConfigState,
 }
 
+/// What a store writes for a put: the object as the configuration after
+/// the group holds it, not as the op gave it. A secret or a key given as
+/// the placeholder `(redacted)` is there the one kept. `None` when a later
+/// op of the group deleted the object (that op's delete follows).
 impl Commit<'_> {
-    /// What a store keeps for the service a `put_service` op names: the
-    /// service as the configuration after the group holds it (a secret
-    /// sent back as its placeholder, `(redacted)`, is there the secret
-    /// kept), or the op's own spec when a later op of the group deleted it.
-    pub fn service_to_store<'s>(&'s self, name: &ServiceName, sent: &'s ServiceSpec) -> &'s ServiceSpec {
-        self.after.services().get(name).map_or(sent, |s| &**s)
+    /// The service a `put_service` op named.
+    pub fn service_after(&self, name: &ServiceName) -> Option<&ServiceSpec> {
+        self.after.services().get(name).map(|s| &**s)
+    }
+
+    /// The certificate a `put_certificate` op named.
+    pub fn certificate_after(&self, name: &CertName) -> Option<&CertificateSpec> {
+        self.after.certificates().get(name).map(|c| &**c)
     }
 }
 

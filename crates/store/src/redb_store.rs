@@ -70,8 +70,8 @@ impl RedbStore {
             backends.retain_in(lo.as_str()..hi.as_str(), |_, _| false).map_err(err)
         };
         match op {
-            Op::PutService { name, spec } => {
-                let spec = commit.service_to_store(name, spec);
+            Op::PutService { name, .. } => {
+                let Some(spec) = commit.service_after(name) else { return Ok(()) };
                 services.insert(name.as_str(), json(&spec.settings)?.as_slice()).map_err(err)?;
                 drop_backends(backends, name.as_str())?;
                 for (id, b) in &spec.backends {

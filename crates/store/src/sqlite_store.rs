@@ -177,8 +177,8 @@ fn revision(conn: &Connection) -> Result<u64, StoreError> {
 fn write_op(txn: &Transaction<'_>, op: &Op, commit: &Commit<'_>) -> Result<(), StoreError> {
     let run = |sql: &str, p: &[&dyn rusqlite::ToSql]| txn.prepare_cached(sql).and_then(|mut s| s.execute(p));
     match op {
-        Op::PutService { name, spec } => {
-            let spec = commit.service_to_store(name, spec);
+        Op::PutService { name, .. } => {
+            let Some(spec) = commit.service_after(name) else { return Ok(()) };
             run(
                 "INSERT OR REPLACE INTO services (name, settings) VALUES (?1, ?2)",
                 &[&name.as_str(), &json(&spec.settings)?],
@@ -215,8 +215,9 @@ fn write_op(txn: &Transaction<'_>, op: &Op, commit: &Commit<'_>) -> Result<(), S
         Op::DeleteRoute { name } => {
             run("DELETE FROM routes WHERE name = ?1", &[&name.as_str()]).map_err(err)?;
         }
-        Op::PutCertificate { name, spec } => {
-            run("INSERT OR REPLACE INTO certificates (name, spec) VALUES (?1, ?2)", &[&name.as_str(), &json(&**spec)?])
+        Op::PutCertificate { name, .. } => {
+            let Some(spec) = commit.certificate_after(name) else { return Ok(()) };
+            run("INSERT OR REPLACE INTO certificates (name, spec) VALUES (?1, ?2)", &[&name.as_str(), &json(spec)?])
                 .map_err(err)?;
         }
         Op::DeleteCertificate { name } => {
@@ -265,7 +266,7 @@ impl Store for SqliteStore {
             // while stored still loads: refusing it would stop the proxy
             // from starting (status and metrics report the expiry).
             let spec: CertificateSpec = serde_json::from_slice(&spec).map_err(corrupt)?;
-            ops.push(Op::PutCertificate { name: CertName::new(&name).map_err(corrupt)?, spec: Box::new(spec) });
+            ops.push(Op::PutCertificate { name: CertName::new(&name).map_err(corrupt)?, spec: Box::new(spec.into()) });
         }
         let all = ChangeSet { if_revision: None, ops };
         let (state, _) = ConfigState::default().apply(&all, 0).map_err(corrupt)?;

@@ -215,6 +215,16 @@ async fn secrets_never_leave_through_read_apis_and_an_export_applies_back() {
         json!({"autoscale": {"provider": {"kind": "webhook", "url": "http://127.0.0.1:9/hook", "secret": secret}}});
     let (s, v) = tg.api("PUT", "/v1/services/w", Some(spec)).await;
     assert_eq!(s, 200, "{v}");
+    let key = rcgen::KeyPair::generate().unwrap();
+    let signed = |names: &[&str]| {
+        let params = rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
+        params.self_signed(&key).unwrap().pem()
+    };
+    let cert = json!({"cert_pem": signed(&["a.example"]), "key_pem": key.serialize_pem()});
+    let (s, v) = tg.api("PUT", "/v1/certificates/c", Some(cert)).await;
+    assert_eq!(s, 200, "{v}");
+    let r = send("GET", &tg.admin_url("/v1/config"), Some(TOKEN), Vec::new(), &[]).await;
+    assert!(!r.text().contains("PRIVATE KEY"), "{}", r.text());
     for path in ["/v1/config", "/v1/services", "/v1/services/w"] {
         let r = send("GET", &tg.admin_url(path), Some(TOKEN), Vec::new(), &[]).await;
         assert!(!r.text().contains(secret), "{path} shows the secret: {}", r.text());
@@ -231,12 +241,38 @@ async fn secrets_never_leave_through_read_apis_and_an_export_applies_back() {
     let exported = json!({"ops": [{"op": "put_service", "name": "w", "spec": config["services"]["w"]}]});
     let (s, v) = tg.api("POST", "/v1/changes", Some(exported.clone())).await;
     assert_eq!(s, 200, "{v}");
-    // What was stored is the secret kept, not its placeholder: the store
-    // loads after a crash, and the placeholder still has a secret to keep.
+    // The whole export, as a desired state: nothing to change.
+    let (s, v) = tg.api("PUT", "/v1/config", Some(config.clone())).await;
+    assert_eq!((s, v["changes"].clone()), (200, json!([])), "{v}");
+    // And as a file for `ctl apply` (puts, with the placeholders).
+    let file = dir.path().join("backup.json");
+    std::fs::write(&file, config.to_string()).unwrap();
+    let out = tg.ctl(&["apply", "-f", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    // A renewed chain for the same key, the key as the placeholder.
+    let renewed = json!({"cert_pem": signed(&["a.example", "b.example"]), "key_pem": "(redacted)", "default": true});
+    let (s, v) = tg.api("PUT", "/v1/certificates/c", Some(renewed)).await;
+    assert_eq!(s, 200, "{v}");
+    let (_, v) = tg.api("GET", "/v1/certificates/c", None).await;
+    assert_eq!(
+        (v["certificate"]["names"].clone(), v["certificate"]["default"].clone()),
+        (json!(["a.example", "b.example"]), json!(true)),
+        "{v}"
+    );
+    // What was stored is the secret and key kept, not the placeholders:
+    // the store loads after a crash, and the placeholders still have
+    // something to keep.
     tg.kill9();
     let tg = Tidegate::start(dir.path());
     let (s, v) = tg.api("POST", "/v1/changes", Some(exported)).await;
     assert_eq!(s, 200, "{v}");
+    let (_, now) = tg.api("GET", "/v1/config", None).await;
+    let (s, v) = tg.api("PUT", "/v1/config", Some(now)).await;
+    assert_eq!((s, v["changes"].clone()), (200, json!([])), "{v}");
+    // A placeholder with nothing to keep changes nothing.
+    let orphan = json!({"cert_pem": signed(&["a.example"]), "key_pem": "(redacted)"});
+    let (s, v) = tg.api("PUT", "/v1/certificates/new", Some(orphan)).await;
+    assert_eq!((s, v["error"]["field"].clone()), (409, json!("ops[0].spec.key_pem")), "{v}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
