@@ -382,9 +382,10 @@ pub enum CertCommand {
         /// The certificate chain (PEM; the server's certificate first).
         #[arg(long)]
         cert: PathBuf,
-        /// Its private key (PEM).
+        /// Its private key (PEM). Without it, the certificate keeps the key
+        /// it has (a chain renewed for the same key).
         #[arg(long)]
-        key: PathBuf,
+        key: Option<PathBuf>,
         /// Serve it to clients that send no SNI name or an unknown one.
         #[arg(long)]
         default: bool,

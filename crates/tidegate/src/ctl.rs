@@ -145,7 +145,11 @@ impl Admin {
                     let read = |p: &std::path::Path| {
                         std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
                     };
-                    let spec = json!({ "cert_pem": read(&cert)?, "key_pem": read(&key)?, "default": default });
+                    let key_pem = match key {
+                        Some(key) => read(&key)?,
+                        None => tidegate_model::REDACTED.to_string(),
+                    };
+                    let spec = json!({ "cert_pem": read(&cert)?, "key_pem": key_pem, "default": default });
                     (M::PUT, format!("/v1/certificates/{name}"), Some(spec))
                 }
             },

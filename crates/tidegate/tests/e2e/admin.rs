@@ -259,6 +259,16 @@ async fn secrets_never_leave_through_read_apis_and_an_export_applies_back() {
         (json!(["a.example", "b.example"]), json!(true)),
         "{v}"
     );
+    // `ctl cert put` without --key does the same.
+    let chain = dir.path().join("chain.pem");
+    std::fs::write(&chain, signed(&["c.example"])).unwrap();
+    let out = tg.ctl(&["cert", "put", "c", "--cert", chain.to_str().unwrap()]);
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let (_, v) = tg.api("GET", "/v1/certificates/c", None).await;
+    assert_eq!(
+        (v["certificate"]["names"].clone(), v["certificate"]["default"].clone()),
+        (json!(["c.example"]), json!(false))
+    );
     // What was stored is the secret and key kept, not the placeholders:
     // the store loads after a crash, and the placeholders still have
     // something to keep.
