@@ -53,6 +53,9 @@ const ETCD_MAX_TXN_OPS: usize = 128;
 /// What Tidegate puts in one transaction, in bytes: below etcd's default
 /// `--max-request-bytes` (1.5 MiB), with room for the request's framing.
 const MAX_TXN_BYTES: usize = 1 << 20;
+/// Room for one private key kept from the stored certificate, base64
+/// encoded in the transaction (an RSA-4096 key in PEM is about 3.3 KiB).
+const KEPT_KEY_BYTES: usize = 6 * 1024;
 
 impl std::str::FromStr for EtcdUrl {
     type Err = String;
@@ -478,9 +481,14 @@ impl Store for EtcdStore {
                 _ => 1,
             })
             .sum();
-        // The objects and the log entry, base64-encoded, plus keys and framing.
+        // The objects and the log entry, base64-encoded, plus keys and
+        // framing. A certificate that keeps its key is written with that
+        // key, which the change set does not carry (a PEM key is at most a
+        // few KiB).
         let size = serde_json::to_vec(change).map_or(0, |v| v.len());
-        CommitCost { ops: writes + 1, bytes: size * 3 + 128 * (writes + 1) }
+        let kept_keys =
+            change.ops.iter().filter(|op| matches!(op, Op::PutCertificate { spec, .. } if spec.keeps_key())).count();
+        CommitCost { ops: writes + 1, bytes: size * 3 + 128 * (writes + 1) + KEPT_KEY_BYTES * kept_keys }
     }
 
     fn max_commit_cost(&self) -> CommitCost {
