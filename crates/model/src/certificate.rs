@@ -91,6 +91,11 @@ impl CertificateSpec {
         check_incoming(&self.info, self.wire.default, now)
     }
 
+    /// Whether both have the same private key (compared, never shown).
+    pub fn same_key(&self, other: &CertificateSpec) -> bool {
+        self.wire.key_pem == other.wire.key_pem
+    }
+
     /// The spec as read APIs show it: the key replaced by
     /// [`crate::REDACTED`] when serialized.
     pub fn redacted(&self) -> CertificateSpec {

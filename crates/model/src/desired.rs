@@ -219,8 +219,13 @@ pub fn plan(current: &ConfigState, desired: &Document) -> (Vec<Op>, Vec<Change>)
                 continue;
             }
         }
-        // The key is never compared field by field (nor shown).
-        let shown = resolved.as_ref().map_or_else(|| json(&input.redacted()), |r| json(&r.redacted()));
+        // Keys are never shown: compared, they only name the field.
+        let mut shown = resolved.as_ref().map_or_else(|| json(&input.redacted()), |r| json(&r.redacted()));
+        if let (Some(old), Some(new)) = (old, &resolved) {
+            if !old.same_key(new) {
+                shown["key_pem"] = "(redacted, another key)".into();
+            }
+        }
         put(Kind::Certificate, name.as_str().to_string(), old.map(|o| json(&o.redacted())), shown);
         let spec = resolved.map_or_else(|| input.clone(), CertificateInput::Whole);
         ops.push(Op::PutCertificate { name: name.clone(), spec: Box::new(spec) });
@@ -391,6 +396,12 @@ mod tests {
         let (ops, changes) = plan(&current, &doc(renewed));
         let shown: Vec<String> = changes.iter().map(ToString::to_string).collect();
         assert_eq!(shown, ["~ certificate c: cert_pem"]);
+        // A new key is named, never shown.
+        let fresh = signed(&["a.example"], &rcgen::KeyPair::generate().unwrap());
+        let (_, changes) =
+            plan(&current, &doc(serde_json::json!({ "services": { "w": hook }, "certificates": { "c": fresh } })));
+        let shown: Vec<String> = changes.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["~ certificate c: cert_pem, key_pem"]);
         let (after, _) = current.apply(&ChangeSet { if_revision: None, ops }, 2).expect("the plan applies");
         let cert = after.certificates().values().next().unwrap();
         assert_eq!(cert.info().names, ["a.example", "b.example"]);
