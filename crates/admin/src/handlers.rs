@@ -7,9 +7,11 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
+use tidegate_control::SubmitError;
 use tidegate_model::{
-    parse_change_set, parse_json, plan, unix_now, BackendId, BackendSpec, CertName, CertificateInput, CertificateSpec,
-    ChangeSet, ConfigState, Document, Op, RouteName, RouteSpec, ServiceName, ServiceSpec,
+    document_paths, in_document, parse_change_set, parse_json, plan, unix_now, BackendId, BackendSpec, CertName,
+    CertificateInput, CertificateSpec, ChangeSet, ConfigState, Document, Op, RouteName, RouteSpec, ServiceName,
+    ServiceSpec,
 };
 
 use crate::api::{
@@ -212,9 +214,7 @@ pub(crate) async fn post_changes(
         // The same checks the writer runs, against the configuration as it
         // is now; nothing is queued, stored or published.
         let view = state.control.config();
-        view.state
-            .apply(&change, view.revision)
-            .map_err(|e| ApiError::from(tidegate_control::SubmitError::Rejected(e)))?;
+        view.state.apply(&change, view.revision).map_err(|e| ApiError::from(SubmitError::Rejected(e)))?;
         return Ok(Sorted(ChangesApplied { dry_run: true, revision: view.revision, ops }));
     }
     let revision = state.control.submit(change).await?;
@@ -239,15 +239,19 @@ pub(crate) async fn put_config(
     doc.check().map_err(|e| ApiError::parse(e, None))?;
     let view = state.control.config();
     let (ops, changes) = plan(&view.state, &doc);
+    // Errors name the document's fields, not the plan's ops.
+    let paths = document_paths(&ops);
+    let in_doc = |e: SubmitError| match e {
+        SubmitError::Rejected(e) => ApiError::from(SubmitError::Rejected(in_document(&paths, e))),
+        other => ApiError::from(other),
+    };
     let change = ChangeSet { if_revision: Some(view.revision), ops };
     if query.dry_run || change.ops.is_empty() {
         // The writer's own checks, against the configuration as it is now.
-        view.state
-            .apply(&change, view.revision)
-            .map_err(|e| ApiError::from(tidegate_control::SubmitError::Rejected(e)))?;
+        view.state.apply(&change, view.revision).map_err(|e| in_doc(SubmitError::Rejected(e)))?;
         return Ok(Sorted(ConfigApplied { dry_run: Some(query.dry_run), revision: view.revision, changes }));
     }
-    let revision = state.control.submit(change).await?;
+    let revision = state.control.submit(change).await.map_err(in_doc)?;
     Ok(Sorted(ConfigApplied { dry_run: None, revision, changes }))
 }
 

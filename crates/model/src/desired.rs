@@ -76,20 +76,11 @@ impl Document {
                 op => op,
             })
             .collect::<Vec<_>>();
-        let names: Vec<String> = ops.iter().map(document_path).collect();
+        let paths = document_paths(&ops);
         let change = ChangeSet { if_revision: None, ops };
-        ConfigState::default().apply(&change, 1).map(|(state, _)| state).map_err(|e: ChangeError| {
-            let field = match e.op.and_then(|i| Some((i, names.get(i)?))) {
-                Some((i, path)) => {
-                    let inner = e.field.as_deref().and_then(|f| f.strip_prefix(&format!("ops[{i}]."))).unwrap_or("");
-                    match inner.strip_prefix("spec.").unwrap_or(inner) {
-                        "" | "spec" | "name" => path.clone(),
-                        rest => format!("{path}.{rest}"),
-                    }
-                }
-                None => ".".to_string(),
-            };
-            ParseError { op: None, field, message: e.message }
+        ConfigState::default().apply(&change, 1).map(|(state, _)| state).map_err(|e| {
+            let e = in_document(&paths, e);
+            ParseError { op: None, field: e.field.unwrap_or_else(|| ".".to_string()), message: e.message }
         })
     }
 }
@@ -254,6 +245,27 @@ pub fn plan(current: &ConfigState, desired: &Document) -> (Vec<Op>, Vec<Change>)
         ops.push(Op::DeleteCertificate { name: name.clone() });
     }
     (ops, changes)
+}
+
+/// Where each op's object sits in a document ([`in_document`]).
+pub fn document_paths(ops: &[Op]) -> Vec<String> {
+    ops.iter().map(document_path).collect()
+}
+
+/// An error applying a document's ops, with the document's field instead
+/// of the op's (`certificates.c.key_pem` for `ops[2].spec.key_pem`) and no
+/// op index; `paths` are the ops' [`document_paths`]. An error about a
+/// delete, which has no place in the document, is left as it is.
+pub fn in_document(paths: &[String], e: ChangeError) -> ChangeError {
+    let Some((i, path)) = e.op.and_then(|i| Some((i, paths.get(i)?))).filter(|(_, p)| p.as_str() != ".") else {
+        return e;
+    };
+    let inner = e.field.as_deref().and_then(|f| f.strip_prefix(&format!("ops[{i}]."))).unwrap_or("");
+    let field = match inner.strip_prefix("spec.").unwrap_or(inner) {
+        "" | "spec" | "name" => path.clone(),
+        rest => format!("{path}.{rest}"),
+    };
+    ChangeError { op: None, field: Some(field), ..e }
 }
 
 /// Where a put operation's object sits in a document.

@@ -26,7 +26,7 @@ mod state;
 
 pub use certificate::{unix_now, CertificateInfo, CertificateInput, CertificateSpec, KeptKey};
 pub use change::{check_change_set, parse_change_set, parse_json, ChangeSet, Op, ParseError};
-pub use desired::{plan, Action, Change, Document, Kind};
+pub use desired::{document_paths, in_document, plan, Action, Change, Document, Kind};
 pub use headers::Headers;
 pub use names::{BackendAddr, BackendId, CertName, NameError, RouteName, ServiceName};
 pub use route::{HeaderMatch, HostPattern, PathPattern, RouteAction, RouteMatch, RouteSpec, StaticDir};

@@ -303,8 +303,16 @@ async fn sync_config(control: &Control, path: &Path) -> anyhow::Result<()> {
         tracing::info!(file = %path.display(), revision = view.revision, "configuration file in sync: no changes");
         return Ok(());
     }
+    let paths = tidegate_model::document_paths(&ops);
     let change = tidegate_model::ChangeSet { if_revision: Some(view.revision), ops };
-    let revision = control.submit(change).await.map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let revision = control.submit(change).await.map_err(|e| match e {
+        // The file's field, not the plan's op.
+        tidegate_control::SubmitError::Rejected(e) => {
+            let e = tidegate_model::in_document(&paths, e);
+            anyhow::anyhow!("{}: {}: {}", path.display(), e.field.as_deref().unwrap_or("."), e.message)
+        }
+        other => anyhow::anyhow!("{}: {other}", path.display()),
+    })?;
     for c in &changes {
         tracing::info!(file = %path.display(), revision, "{c}");
     }

@@ -277,12 +277,17 @@ async fn secrets_never_leave_through_read_apis_and_an_export_applies_back() {
     let (s, v) = tg.api("POST", "/v1/changes", Some(exported)).await;
     assert_eq!(s, 200, "{v}");
     let (_, now) = tg.api("GET", "/v1/config", None).await;
-    let (s, v) = tg.api("PUT", "/v1/config", Some(now)).await;
+    let (s, v) = tg.api("PUT", "/v1/config", Some(now.clone())).await;
     assert_eq!((s, v["changes"].clone()), (200, json!([])), "{v}");
     // A placeholder with nothing to keep changes nothing.
     let orphan = json!({"cert_pem": signed(&["a.example"]), "key_pem": "(redacted)"});
-    let (s, v) = tg.api("PUT", "/v1/certificates/new", Some(orphan)).await;
+    let (s, v) = tg.api("PUT", "/v1/certificates/new", Some(orphan.clone())).await;
     assert_eq!((s, v["error"]["field"].clone()), (409, json!("ops[0].spec.key_pem")), "{v}");
+    // In a document, the error names the document's field.
+    let mut doc = now.clone();
+    doc["certificates"]["new"] = orphan;
+    let (s, v) = tg.api("PUT", "/v1/config", Some(doc)).await;
+    assert_eq!((s, v["error"]["field"].clone()), (409, json!("certificates.new.key_pem")), "{v}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
