@@ -269,11 +269,15 @@ async fn load_initial_config(control: &Control, path: &Path) -> anyhow::Result<(
         );
         return Ok(());
     }
-    let mut change = config_file::read(path)?.into_change_set();
+    let file = config_file::read(path)?;
+    let document = matches!(file, config_file::ConfigFile::Document(_));
+    let mut change = file.into_change_set();
     // Only onto an empty store: in cluster mode, instances starting
     // together seed it once.
     change.if_revision = Some(0);
     let ops = change.ops.len();
+    // A refused op of a document is named by the document's field.
+    let paths = if document { tidegate_model::document_paths(&change.ops) } else { Vec::new() };
     let revision = match control.submit(change).await {
         Ok(r) => r,
         Err(tidegate_control::SubmitError::Rejected(e))
@@ -282,10 +286,19 @@ async fn load_initial_config(control: &Control, path: &Path) -> anyhow::Result<(
             tracing::info!(file = %path.display(), "--config ignored: another instance seeded the store first");
             return Ok(());
         }
+        Err(tidegate_control::SubmitError::Rejected(e)) if document => return Err(refused_in_file(path, &paths, e)),
         Err(e) => bail!("{}: {e}", path.display()),
     };
     tracing::info!(file = %path.display(), ops, revision, "initial configuration applied");
     Ok(())
+}
+
+/// A change set made from a declarative file that the configuration
+/// refused, named by the file's field (`certificates.c.key_pem`), not the
+/// op's index; `paths` are its ops' `document_paths`.
+fn refused_in_file(path: &Path, paths: &[String], e: tidegate_model::ChangeError) -> anyhow::Error {
+    let e = tidegate_model::in_document(paths, e);
+    anyhow::anyhow!("{}: {}: {}", path.display(), e.field.as_deref().unwrap_or("."), e.message)
 }
 
 /// `--config-mode sync`: makes the configuration equal to the file (a
@@ -306,11 +319,7 @@ async fn sync_config(control: &Control, path: &Path) -> anyhow::Result<()> {
     let paths = tidegate_model::document_paths(&ops);
     let change = tidegate_model::ChangeSet { if_revision: Some(view.revision), ops };
     let revision = control.submit(change).await.map_err(|e| match e {
-        // The file's field, not the plan's op.
-        tidegate_control::SubmitError::Rejected(e) => {
-            let e = tidegate_model::in_document(&paths, e);
-            anyhow::anyhow!("{}: {}: {}", path.display(), e.field.as_deref().unwrap_or("."), e.message)
-        }
+        tidegate_control::SubmitError::Rejected(e) => refused_in_file(path, &paths, e),
         other => anyhow::anyhow!("{}: {other}", path.display()),
     })?;
     for c in &changes {

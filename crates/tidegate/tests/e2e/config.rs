@@ -217,6 +217,43 @@ async fn sync_mode_applies_the_file_at_start_and_on_sighup() {
     let _: Value = config;
 }
 
+/// A seed file (`--config`) applied to an empty store whose certificate
+/// keeps a key there is none of: refused at start, named by the file's
+/// field, though the file checks on its own (an export looks like that).
+#[test]
+fn a_seed_that_keeps_a_key_it_does_not_have_is_refused_by_its_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["a.example".to_string()]).unwrap().self_signed(&key).unwrap();
+    let file = dir.path().join("seed.json");
+    let doc = json!({ "certificates": { "c": { "cert_pem": cert.pem(), "key_pem": "(redacted)" } } });
+    std::fs::write(&file, doc.to_string()).unwrap();
+    let validate =
+        std::process::Command::new(env!("CARGO_BIN_EXE_tidegate")).arg("validate").arg(&file).output().unwrap();
+    assert!(validate.status.success(), "{}", text(&validate));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tidegate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--config"])
+        .arg(&file)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .env("TIDEGATE_ADMIN_TOKEN", TOKEN)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("serve kept running with a seed it cannot apply");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    assert!(text(&out).contains("certificates.c.key_pem"), "{}", text(&out));
+}
+
 /// `tidegate schema` prints the JSON Schema of configuration files; the
 /// copy in docs/ (which the examples point editors at) is that output.
 #[test]
