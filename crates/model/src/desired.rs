@@ -86,6 +86,24 @@ impl Document {
 }
 
 impl Document {
+    /// The document's fields that keep a value from the configuration it
+    /// is applied to (given as the placeholder `(redacted)`, as an export
+    /// shows secrets and keys): applied to a configuration without them,
+    /// it is refused there.
+    pub fn kept_fields(&self) -> Vec<String> {
+        let secrets = self
+            .services
+            .iter()
+            .filter(|(_, s)| s.webhook_secret() == Some(crate::REDACTED))
+            .map(|(n, _)| format!("services.{}.autoscale.provider.secret", n.as_str()));
+        let keys = self
+            .certificates
+            .iter()
+            .filter(|(_, c)| c.keeps_key())
+            .map(|(n, _)| format!("certificates.{}.key_pem", n.as_str()));
+        secrets.chain(keys).collect()
+    }
+
     /// Every object of the document as a put operation: services and
     /// certificates before the routes that name them. Nothing is deleted.
     pub fn put_ops(&self) -> Vec<Op> {
@@ -398,6 +416,7 @@ mod tests {
         assert!(!exported.to_string().contains("PRIVATE KEY") && !exported.to_string().contains("s3cret"));
         let desired = doc(exported.clone());
         desired.check().expect("an export checks on its own");
+        assert_eq!(desired.kept_fields(), ["services.w.autoscale.provider.secret", "certificates.c.key_pem"]);
         let (ops, changes) = plan(&current, &desired);
         assert!(ops.is_empty(), "nothing to do: {changes:?}");
 

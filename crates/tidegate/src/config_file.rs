@@ -135,12 +135,24 @@ impl ConfigFile {
     pub fn summary(&self) -> String {
         match self {
             ConfigFile::Changes(cs) => format!("a change set of {} operation(s)", cs.ops.len()),
-            ConfigFile::Document(d) => format!(
-                "{} service(s), {} route(s), {} certificate(s)",
-                d.services.len(),
-                d.routes.len(),
-                d.certificates.len()
-            ),
+            ConfigFile::Document(d) => {
+                let mut s = format!(
+                    "{} service(s), {} route(s), {} certificate(s)",
+                    d.services.len(),
+                    d.routes.len(),
+                    d.certificates.len()
+                );
+                let kept = d.kept_fields();
+                if !kept.is_empty() {
+                    let (verb, it) = if kept.len() == 1 { ("is", "it keeps") } else { ("are", "each keeps") };
+                    s.push_str(&format!(
+                        "; {} {verb} \"(redacted)\": {it} the value the configuration it is applied to \
+                         has, and is refused where there is none",
+                        kept.join(", ")
+                    ));
+                }
+                s
+            }
         }
     }
 }

@@ -231,6 +231,7 @@ fn a_seed_that_keeps_a_key_it_does_not_have_is_refused_by_its_field() {
     let validate =
         std::process::Command::new(env!("CARGO_BIN_EXE_tidegate")).arg("validate").arg(&file).output().unwrap();
     assert!(validate.status.success(), "{}", text(&validate));
+    assert!(text(&validate).contains("certificates.c.key_pem is \"(redacted)\""), "{}", text(&validate));
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tidegate"))
         .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--config"])
         .arg(&file)
