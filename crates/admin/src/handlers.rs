@@ -10,8 +10,8 @@ use axum::response::{IntoResponse, Response};
 use tidegate_control::SubmitError;
 use tidegate_model::{
     document_paths, in_document, parse_change_set, parse_json, plan, unix_now, BackendId, BackendSpec, CertName,
-    CertificateInput, CertificateSpec, ChangeSet, ConfigState, Document, Op, RouteName, RouteSpec, ServiceName,
-    ServiceSpec,
+    CertificateInput, CertificateSpec, ChangeError, ChangeSet, ConfigState, Document, Op, RouteName, RouteSpec,
+    ServiceName, ServiceSpec,
 };
 
 use crate::api::{
@@ -241,17 +241,17 @@ pub(crate) async fn put_config(
     let (ops, changes) = plan(&view.state, &doc);
     // Errors name the document's fields, not the plan's ops.
     let paths = document_paths(&ops);
-    let in_doc = |e: SubmitError| match e {
-        SubmitError::Rejected(e) => ApiError::from(SubmitError::Rejected(in_document(&paths, e))),
-        other => ApiError::from(other),
-    };
+    let in_doc = |e: ChangeError| ApiError::from(SubmitError::Rejected(in_document(&paths, e)));
     let change = ChangeSet { if_revision: Some(view.revision), ops };
     if query.dry_run || change.ops.is_empty() {
         // The writer's own checks, against the configuration as it is now.
-        view.state.apply(&change, view.revision).map_err(|e| in_doc(SubmitError::Rejected(e)))?;
+        view.state.apply(&change, view.revision).map_err(in_doc)?;
         return Ok(Sorted(ConfigApplied { dry_run: Some(query.dry_run), revision: view.revision, changes }));
     }
-    let revision = state.control.submit(change).await.map_err(in_doc)?;
+    let revision = state.control.submit(change).await.map_err(|e| match e {
+        SubmitError::Rejected(e) => in_doc(e),
+        other => ApiError::from(other),
+    })?;
     Ok(Sorted(ConfigApplied { dry_run: None, revision, changes }))
 }
 

@@ -68,7 +68,7 @@ impl Document {
             .into_iter()
             .filter(|op| !matches!(op, Op::PutCertificate { spec, .. } if spec.keeps_key()))
             .map(|op| match op {
-                Op::PutService { name, spec } if spec.webhook_secret() == Some(crate::REDACTED) => {
+                Op::PutService { name, spec } if spec.keeps_secret() => {
                     let mut spec = *spec;
                     spec.set_webhook_secret("a secret kept from the configuration");
                     Op::PutService { name, spec: Box::new(spec) }
@@ -94,7 +94,7 @@ impl Document {
         let secrets = self
             .services
             .iter()
-            .filter(|(_, s)| s.webhook_secret() == Some(crate::REDACTED))
+            .filter(|(_, s)| s.keeps_secret())
             .map(|(n, _)| format!("services.{}.autoscale.provider.secret", n.as_str()));
         let keys = self
             .certificates

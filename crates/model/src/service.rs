@@ -1100,18 +1100,18 @@ impl ServiceSpec {
         }
     }
 
+    /// Whether its webhook secret is the placeholder [`REDACTED`]: it keeps
+    /// the secret the service has where it is applied.
+    pub fn keeps_secret(&self) -> bool {
+        self.webhook_secret() == Some(REDACTED)
+    }
+
     /// Replaces the webhook secret, if the service autoscales through a
     /// webhook.
     pub fn set_webhook_secret(&mut self, secret: &str) {
-        if let Some(s) = self.webhook_secret_mut() {
+        if let Some(ProviderSpec::Webhook { secret: s, .. }) = self.settings.autoscale.as_mut().map(|a| &mut a.provider)
+        {
             *s = secret.to_string();
-        }
-    }
-
-    fn webhook_secret_mut(&mut self) -> Option<&mut String> {
-        match &mut self.settings.autoscale.as_mut()?.provider {
-            ProviderSpec::Webhook { secret, .. } => Some(secret),
-            _ => None,
         }
     }
 
@@ -1122,25 +1122,21 @@ impl ServiceSpec {
             return std::borrow::Cow::Borrowed(self);
         }
         let mut copy = self.clone();
-        if let Some(s) = copy.webhook_secret_mut() {
-            *s = REDACTED.to_string();
-        }
+        copy.set_webhook_secret(REDACTED);
         std::borrow::Cow::Owned(copy)
     }
 
     /// This spec with a [`REDACTED`] secret replaced by `previous`'s real
     /// one; `Err` when it carries the placeholder and there is none to keep.
     pub fn with_secrets_of(&self, previous: Option<&ServiceSpec>) -> Result<std::borrow::Cow<'_, ServiceSpec>, String> {
-        if self.webhook_secret() != Some(REDACTED) {
+        if !self.keeps_secret() {
             return Ok(std::borrow::Cow::Borrowed(self));
         }
         let Some(kept) = previous.and_then(ServiceSpec::webhook_secret).filter(|s| *s != REDACTED) else {
             return Err(format!("{REDACTED:?} is the placeholder read APIs show, and this service has no secret to keep; give the real one"));
         };
         let mut copy = self.clone();
-        if let Some(s) = copy.webhook_secret_mut() {
-            *s = kept.to_string();
-        }
+        copy.set_webhook_secret(kept);
         Ok(std::borrow::Cow::Owned(copy))
     }
 }
