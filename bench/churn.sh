@@ -2,7 +2,10 @@
 # Configuration churn (paper S0): how fast a change becomes effective, and how
 # many changes per second Tidegate sustains, on an empty configuration and
 # with 10,000 services / 100,000 backends / 10,000 routes loaded. Live traffic
-# runs during the open-loop churn and must see no error.
+# runs during the open-loop churn and must see no error. After each rate, the
+# disk's floor at the same rate and with the same live traffic
+# (`tidegate-bench disk-floor`: a 4 KiB write and an fdatasync per change,
+# nothing else), to read the answer times against.
 # Writes one JSON line per measurement to OUT (default bench/results/churn-<time>.jsonl).
 #
 #   bench/churn.sh [--duration S] [--out FILE] [--rates "100 600 2000"] [--suites "empty loaded"]
@@ -58,6 +61,10 @@ run_suite() { # label
     local tp=$!
     $B churn --rate "$rate" --duration-s "$DURATION" --service churnsvc --expect-backend churn | emit "churn-$rate"
     wait $tp; emit "traffic-during-churn-$rate" < "$WORK/traffic.json"
+    $B traffic --rate "$LIVE_RATE" --duration-s "$DURATION" --path / --expect-backend live > "$WORK/traffic.json" &
+    tp=$!
+    $B disk-floor --rate "$rate" --duration-s "$DURATION" --dir "$WORK" | emit "disk-floor-$rate"
+    wait $tp; emit "traffic-during-disk-floor-$rate" < "$WORK/traffic.json"
   done
   $B saturate --clients "$CLIENTS" --duration-s "$DURATION" --service churnsvc --weight 0 | emit saturate-single
   $B saturate --clients "$CLIENTS" --duration-s "$DURATION" --service churnsvc --weight 0 --batch 1000 | emit saturate-batch-1000

@@ -139,11 +139,15 @@ def churn(ctx: Ctx) -> dict:
             c, t = rs.get(f"churn-{rate}"), rs.get(f"traffic-during-churn-{rate}")
             if not c:
                 continue
-            lat = c["time_to_effective_us"]
+            lat, answer = c["time_to_effective_us"], c["admin_from_send_us"]
+            floor = (rs.get(f"disk-floor-{rate}") or {}).get("from_send_us")
             rows.append({"suite": suite, "rate": float(rate), "changes": c["sending"]["planned"],
                          "effective": c["effective"], "needed_retry": c["needed_retry"],
                          "p50_ms": lat["p50"] / 1e3, "p90_ms": lat["p90"] / 1e3, "p99_ms": lat["p99"] / 1e3,
                          "mean_ms": lat["mean"] / 1e3,
+                         "answer_p50_ms": answer["p50"] / 1e3, "answer_p99_ms": answer["p99"] / 1e3,
+                         "floor_p50_ms": floor["p50"] / 1e3 if floor else None,
+                         "floor_p99_ms": floor["p99"] / 1e3 if floor else None,
                          "live_requests": t["sending"]["sent"] if t else None,
                          "live_errors": (t["error_total"] + t["non_200"]) if t else None,
                          "live_p99_ms": t["latency_us"]["p99"] / 1e3 if t else None})

@@ -62,6 +62,9 @@ pub enum Command {
     Ramp(RampArgs),
     /// One GET at a time over one keep-alive connection (paper S4's overhead); any target.
     Sequential(SequentialArgs),
+    /// The disk's floor for a durable change: open-loop 4 KiB writes and
+    /// `fdatasync`s through one group-committing thread, no Tidegate.
+    DiskFloor(DiskFloorArgs),
     /// Serve as the minimal hyper proxy (the library ceiling of the
     /// throughput benchmark) until killed.
     MinimalProxy(MinimalProxyArgs),
@@ -174,6 +177,23 @@ pub struct SetupArgs {
     /// Operations per `POST /v1/changes` during the preload.
     #[arg(long, default_value_t = 5000)]
     pub batch_ops: u64,
+}
+
+/// Options of `disk-floor`.
+#[derive(Debug, Args)]
+pub struct DiskFloorArgs {
+    /// Durable writes per second (open loop).
+    #[arg(long)]
+    pub rate: f64,
+
+    /// Length of the sending window in seconds.
+    #[arg(long)]
+    pub duration_s: f64,
+
+    /// Directory of the file written (on the filesystem of Tidegate's data
+    /// directory, to compare with it); the file is removed afterwards.
+    #[arg(long)]
+    pub dir: std::path::PathBuf,
 }
 
 /// Options of `churn`.

@@ -13,7 +13,9 @@
 //! - `ramp`: open-loop GETs whose rate follows a timetable of steps, with a
 //!   per-step and per-second report (and an optional per-request CSV);
 //! - `sequential`: one GET at a time against any target, exact mean,
-//!   deviation and percentiles.
+//!   deviation and percentiles;
+//! - `disk-floor`: no Tidegate, the disk's floor for a durable change
+//!   (4 KiB writes and `fdatasync`s driven like `churn`'s changes).
 //!
 //! Open-loop latencies are measured from the scheduled send time, so a slow
 //! answer cannot hide the requests it would otherwise have delayed. Server
@@ -24,6 +26,7 @@
 mod churn;
 mod cli;
 mod client;
+mod disk_floor;
 mod minimal;
 mod open_loop;
 mod ramp;
@@ -93,6 +96,7 @@ async fn run(cli: &Cli) -> anyhow::Result<String> {
         Command::Users(args) => render(&users::run(&cli.target, args).await?),
         Command::Ramp(args) => render(&ramp::run(&cli.target, args).await?),
         Command::Sequential(args) => render(&sequential::run(&cli.target, args).await?),
+        Command::DiskFloor(args) => render(&disk_floor::run(args).await?),
         Command::MinimalProxy(_) => anyhow::bail!("minimal-proxy runs on its own runtimes"),
     }
 }
