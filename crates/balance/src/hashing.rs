@@ -191,7 +191,7 @@ mod tests {
 
     fn pick(sel: &dyn Selector, key: &str) -> String {
         let headers = HeaderMap::new();
-        let ctx = RequestCtx { client: None, path: key, headers: &headers };
+        let ctx = RequestCtx::new(None, key, &headers);
         sel.select(&ctx, &mut |_: &Backend| true).unwrap().id.to_string()
     }
 
@@ -243,7 +243,7 @@ mod tests {
         let p = pool(&[1, 1, 1, 1]);
         let sel = ConsistentHash::new(HashKey::Uri, BalanceFactor::try_from(1.25).unwrap()).build(p.clone());
         let headers = HeaderMap::new();
-        let ctx = RequestCtx { client: None, path: "/hot", headers: &headers };
+        let ctx = RequestCtx::new(None, "/hot", &headers);
         // 40 concurrent requests for one key: held open, so loads accumulate.
         let mut held = Vec::new();
         for _ in 0..40 {
@@ -260,14 +260,14 @@ mod tests {
         let sel = ConsistentHash::new(HashKey::Cookie("sid".into()), BalanceFactor::default()).build(pool(&[1, 1, 1]));
         let mut headers = HeaderMap::new();
         headers.insert(COOKIE, "theme=dark; sid=abc123".parse().unwrap());
-        let ctx = RequestCtx { client: None, path: "/", headers: &headers };
+        let ctx = RequestCtx::new(None, "/", &headers);
         let first = sel.select(&ctx, &mut |_: &Backend| true).unwrap().id.clone();
         for _ in 0..20 {
             assert_eq!(sel.select(&ctx, &mut |_: &Backend| true).unwrap().id, first);
         }
         // No cookie: spread by round robin.
         let empty = HeaderMap::new();
-        let ctx = RequestCtx { client: None, path: "/", headers: &empty };
+        let ctx = RequestCtx::new(None, "/", &empty);
         let mut seen = std::collections::HashSet::new();
         for _ in 0..6 {
             seen.insert(sel.select(&ctx, &mut |_: &Backend| true).unwrap().id.clone());

@@ -140,6 +140,19 @@ pub struct RequestCtx<'a> {
     pub path: &'a str,
     /// The request headers.
     pub headers: &'a dyn Headers,
+    /// The pick is for a retry: a backend already failed this request.
+    /// Round robin then takes no turn of its shared rotation, so that the
+    /// next requests' first attempts keep their own turns (else, with one
+    /// dead backend of two, every first attempt would land on it until it
+    /// is ejected).
+    pub retry: bool,
+}
+
+impl<'a> RequestCtx<'a> {
+    /// A first attempt's context.
+    pub fn new(client: Option<SocketAddr>, path: &'a str, headers: &'a dyn Headers) -> RequestCtx<'a> {
+        RequestCtx { client, path, headers, retry: false }
+    }
 }
 
 /// Builds selectors for pools. One value per configured policy kind.

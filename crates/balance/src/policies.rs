@@ -119,17 +119,19 @@ impl Policy for RoundRobin {
 }
 
 impl Selector for RoundRobinSelector {
-    fn select(&self, _: &RequestCtx<'_>, accept: &mut dyn FnMut(&Backend) -> bool) -> Option<Arc<Backend>> {
+    fn select(&self, ctx: &RequestCtx<'_>, accept: &mut dyn FnMut(&Backend) -> bool) -> Option<Arc<Backend>> {
         if self.schedule.is_empty() {
             return None;
         }
         // A rejected turn is given to whoever comes next in the shared
         // sequence, so skipped backends' shares spread evenly over the rest.
+        // A retry walks on from the current turn without taking any.
         // If accepted backends are rare, stop walking and scan.
         let tries = self.schedule.len().min(self.pool.len() * 2);
+        let from = if ctx.retry { self.next.load(Relaxed) } else { 0 };
         let mut pos = 0;
-        for _ in 0..tries {
-            pos = self.next.fetch_add(1, Relaxed);
+        for k in 0..tries {
+            pos = if ctx.retry { from.wrapping_add(k) } else { self.next.fetch_add(1, Relaxed) };
             let b = &self.pool.backends()[self.schedule[pos % self.schedule.len()] as usize];
             if accept(b) {
                 return Some(b.clone());

@@ -171,7 +171,7 @@ mod tests {
         pool.backends()[1].stats.probe.store(1.0, 40.0, now);
         pool.backends()[2].stats.probe.store(0.0, 5.0, now);
         let headers = http::HeaderMap::new();
-        let ctx = RequestCtx { client: None, path: "/", headers: &headers };
+        let ctx = RequestCtx::new(None, "/", &headers);
         let chosen: Vec<_> = (0..2).map(|_| sel.select(&ctx, &mut |_| true).unwrap().id.to_string()).collect();
         assert_eq!(chosen, [pool.backends()[2].id.to_string(), pool.backends()[2].id.to_string()]);
         // Its answer is used up (reuse 2): the next goes to the faster of the others.
@@ -188,7 +188,7 @@ mod tests {
         let sel = Prequal(PrequalSpec::default()).build(pool.clone());
         let _busy = pool.backends()[0].stats.start();
         let headers = http::HeaderMap::new();
-        let ctx = RequestCtx { client: None, path: "/", headers: &headers };
+        let ctx = RequestCtx::new(None, "/", &headers);
         for _ in 0..20 {
             assert_eq!(sel.select(&ctx, &mut |_| true).unwrap().id, pool.backends()[1].id);
         }

@@ -30,7 +30,7 @@ pub fn pool(weights: &[u32]) -> Arc<Pool> {
 /// How many of `draws` selections went to each of `n` backends.
 pub fn counts(sel: &dyn Selector, n: usize, draws: usize, accept: &mut dyn FnMut(&Backend) -> bool) -> Vec<usize> {
     let headers = HeaderMap::new();
-    let ctx = RequestCtx { client: None, path: "/", headers: &headers };
+    let ctx = RequestCtx::new(None, "/", &headers);
     let mut c = vec![0; n];
     for _ in 0..draws {
         if let Some(b) = sel.select(&ctx, accept) {

@@ -194,8 +194,7 @@ impl Upstreams {
             }
             _ => None,
         };
-        let ctx =
-            RequestCtx { client: Some(peer.addr), path: req.path_and_query.as_str(), headers: &req.parts.headers };
+        let ctx = RequestCtx::new(Some(peer.addr), req.path_and_query.as_str(), &req.parts.headers);
         if upgrade.is_none() && service.upstream.protocol() == UpstreamProtocol::Http2 {
             let (mut response, slot) = self.send_h2(service, &req, body, &ctx, first, trace).await?;
             headers::response_headers(response.headers_mut());

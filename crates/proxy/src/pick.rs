@@ -29,6 +29,7 @@ pub(crate) enum Pick {
 /// (panic mode: health data may be wrong, an attempt costs less than a
 /// certain 503).
 pub(crate) fn pick(service: &ServiceRuntime, ctx: &RequestCtx<'_>, tried: &[Arc<Backend>], now: u64) -> Pick {
+    let ctx = &RequestCtx { retry: !tried.is_empty(), ..*ctx };
     let untried = |b: &Backend| !tried.iter().any(|t| std::ptr::eq(&**t, b));
     let available = |b: &Backend| untried(b) && b.stats.is_available(now);
     let ramp = service.settings.health.slow_start_ms;

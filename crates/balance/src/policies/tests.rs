@@ -23,6 +23,31 @@ fn round_robin_skips_rejected_backends() {
 }
 
 #[test]
+fn a_retry_takes_no_turn_of_the_rotation() {
+    // b0 fails every request it gets; each failure is retried elsewhere.
+    // First attempts must still follow the weights, not all land on b0.
+    for weights in [vec![1, 1], vec![1, 2, 1], vec![3, 1, 1, 1]] {
+        let sel = RoundRobin.build(pool(&weights));
+        let headers = http::HeaderMap::new();
+        let first = RequestCtx::new(None, "/", &headers);
+        let retry = RequestCtx { retry: true, ..first };
+        let cycle: u32 = weights.iter().sum();
+        let mut firsts = vec![0_u32; weights.len()];
+        for _ in 0..cycle * 10 {
+            let b = sel.select(&first, &mut |_: &Backend| true).unwrap();
+            let i: usize = b.id.as_str()[1..].parse().unwrap();
+            firsts[i] += 1;
+            if i == 0 {
+                let again = sel.select(&retry, &mut |b: &Backend| b.id.as_str() != "b0").unwrap();
+                assert_ne!(again.id.as_str(), "b0");
+            }
+        }
+        let expected: Vec<u32> = weights.iter().map(|w| w * 10).collect();
+        assert_eq!(firsts, expected, "weights {weights:?}");
+    }
+}
+
+#[test]
 fn zero_weight_backends_get_nothing() {
     for policy in [&RoundRobin as &dyn Policy, &RandomPolicy, &LeastConn] {
         let sel = policy.build(pool(&[0, 3]));

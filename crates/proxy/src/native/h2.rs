@@ -63,7 +63,7 @@ pub(super) async fn forward<S: ClientIo>(
         }
         Body::Sent => return Err(ErrorKind::ClientBody),
     };
-    let picking = RequestCtx { client: Some(ctx.peer.addr), path: req.path_and_query, headers: req.view };
+    let picking = RequestCtx::new(Some(ctx.peer.addr), req.path_and_query, req.view);
     let upstreams = ctx.proxy.upstreams();
     let mut trace = Trace::default();
     let sending = upstreams.send_h2(service, &prepared, replay, &picking, first, &mut trace);

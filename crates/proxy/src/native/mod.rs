@@ -613,7 +613,7 @@ async fn forward<S: ClientIo>(
         upgrade,
         body: upstream_framing(&body, head.body),
     };
-    let picking = RequestCtx { client: Some(peer.addr), path: req.path_and_query, headers: req.view };
+    let picking = RequestCtx::new(Some(peer.addr), req.path_and_query, req.view);
     let to_head = *req.method == Method::HEAD;
     let mut ex = NativeExchange {
         pool: proxy.upstreams().native_pool(),

@@ -164,6 +164,39 @@ async fn an_ejected_backend_returns_after_its_backoff() {
     assert!(served >= 5, "the recovered backend served {served} of 20");
 }
 
+/// A failed first attempt retried elsewhere takes no turn of the round
+/// robin: with one dead backend of two (never ejected here), it still gets
+/// only its half of the first attempts, not every one of them. Requests
+/// whose bodies are too large to replay are retried after a failed
+/// connect too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_leave_the_round_robin_to_first_attempts() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let live = Backend::start("live", &[]);
+    let dead = Backend::start("dead", &[]);
+    let no_ejection = json!({"health": {"passive": {"consecutive_failures": 0}}});
+    put(&tg, service(&[("dead", &dead), ("live", &live)], json!({"kind": "round_robin"}), no_ejection)).await;
+    dead.kill();
+    for _ in 0..20 {
+        let r = get(&tg.url("/")).await;
+        assert_eq!((r.status, served_by(&r)), (200, "live".to_string()));
+    }
+    let (_, status) = tg.api("GET", "/v1/status", None).await;
+    let backends = &status["services"]["web"]["backends"];
+    assert_eq!(backends[0]["id"], "dead");
+    assert_eq!(backends[0]["ejections"], 0, "{backends}");
+    // 20 requests, first attempts alternating: 10 on each, 10 retries.
+    assert_eq!(backends[0]["requests"], 10, "{backends}");
+    assert_eq!(backends[1]["requests"], 20, "{backends}");
+    // A body too large to keep for a replay is still retried after a
+    // failed connect: nothing of it was sent yet.
+    for _ in 0..4 {
+        let r = send("POST", &tg.url("/upload"), None, vec![b'x'; 256 * 1024], &[]).await;
+        assert_eq!((r.status, served_by(&r)), (200, "live".to_string()), "{}", r.text());
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn active_checks_take_backends_out_and_back_and_backups_wait_their_turn() {
     let dir = tempfile::tempdir().unwrap();
