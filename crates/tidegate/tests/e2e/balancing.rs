@@ -242,6 +242,48 @@ async fn active_checks_take_backends_out_and_back_and_backups_wait_their_turn() 
     assert_eq!(who(&tg).await.get("b"), Some(&30));
 }
 
+/// Primaries ramping up in slow start keep their backup idle; a service
+/// whose every backend has weight 0 says it has no backend, at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_start_keeps_backups_idle_and_weight_zero_means_no_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let a = Backend::start("a", &[]);
+    let b = Backend::start("b", &[]);
+    let spare = Backend::start("spare", &[]);
+    let spec = json!({
+        "policy": {"kind": "round_robin"},
+        "health": {"slow_start_ms": 60000},
+        "backends": [
+            {"id": "a", "addr": a.addr.to_string()},
+            {"id": "b", "addr": b.addr.to_string()},
+            {"id": "spare", "addr": spare.addr.to_string(), "backup": true},
+        ],
+    });
+    put(&tg, spec).await;
+    let mut seen = std::collections::BTreeMap::<String, usize>::new();
+    for _ in 0..100 {
+        let r = get(&tg.url("/")).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        *seen.entry(served_by(&r)).or_default() += 1;
+    }
+    assert!(!seen.contains_key("spare"), "the backup served while primaries ramp up: {seen:?}");
+    // A request that waited in the queue would take its 30 s timeout.
+    let drained = json!({
+        "policy": {"kind": "round_robin"},
+        "queue": {"timeout_ms": 30000},
+        "backends": [
+            {"id": "a", "addr": a.addr.to_string(), "weight": 0},
+            {"id": "b", "addr": b.addr.to_string(), "weight": 0},
+        ],
+    });
+    put(&tg, drained).await;
+    let started = Instant::now();
+    let r = get(&tg.url("/")).await;
+    assert_eq!((r.status, r.text().trim()), (503, "503 no backend available for this service"));
+    assert!(started.elapsed() < Duration::from_secs(10), "it waited in the queue: {:?}", started.elapsed());
+}
+
 /// Polls `/v1/status` until backend `id` of `web` has this health (5 s at most).
 async fn wait_for(tg: &Tidegate, id: &str, health: &str) {
     for _ in 0..100 {
