@@ -152,7 +152,13 @@ struct Row<'a> {
     view: StatsView,
     available: bool,
     draining: bool,
+    effective_weight: Option<f64>,
     stats: &'a tidegate_balance::BackendStats,
+}
+
+/// A load report's value, when one was reported.
+fn reported(x: &tidegate_balance::AtomicF64) -> Option<f64> {
+    Some(x.get()).filter(|v| !v.is_nan())
 }
 
 impl Row<'_> {
@@ -173,17 +179,18 @@ impl Collector for ServicesCollector {
         let rows: Vec<Row<'_>> = services
             .iter()
             .flat_map(|s| {
-                s.selector.backends().iter().map(move |b| Row {
+                s.selector.backends().iter().zip(crate::status::effective_weights(s)).map(move |(b, effective)| Row {
                     service: s.name.as_str(),
                     backend: b.id.as_str(),
                     view: b.stats.view(),
                     available: b.stats.is_available(now),
                     draining: b.weight == 0,
+                    effective_weight: effective,
                     stats: &b.stats,
                 })
             })
             .collect();
-        let gauges: [(&str, &str, Pick); 7] = [
+        let gauges: [(&str, &str, Pick); 13] = [
             ("tidegate_backend_in_flight", "Requests in flight per backend.", |r| Some(r.view.in_flight as f64)),
             (
                 "tidegate_backend_up",
@@ -209,6 +216,27 @@ impl Collector for ServicesCollector {
                 "Learned no-load latency per backend (services that learn limits).",
                 |r| r.view.no_load_latency_ms.map(|ms| ms / 1e3),
             ),
+            (
+                "tidegate_backend_effective_weight",
+                "Dynamic weight in effect per backend (dynamic_feedback, orca_wrr).",
+                |r| r.effective_weight,
+            ),
+            ("tidegate_backend_cpu_utilization_ratio", "CPU utilization the load sources report, 0..1.", |r| {
+                reported(&r.stats.load.cpu)
+            }),
+            ("tidegate_backend_memory_utilization_ratio", "Memory utilization the load sources report, 0..1.", |r| {
+                reported(&r.stats.load.memory)
+            }),
+            ("tidegate_backend_network_utilization_ratio", "Network utilization the load sources report, 0..1.", |r| {
+                reported(&r.stats.load.network)
+            }),
+            ("tidegate_backend_reported_requests_per_second", "Requests per second the backend reports (ORCA).", |r| {
+                reported(&r.stats.load.qps)
+            }),
+            ("tidegate_backend_load_report_age_seconds", "Age of the backend's last load report.", |r| {
+                let last = r.stats.load.last_ms.load(Relaxed);
+                (last > 0).then(|| clock::now_ms().saturating_sub(last) as f64 / 1e3)
+            }),
         ];
         for (name, help, pick) in gauges {
             gauge(&mut enc, name, help, rows.iter().filter_map(|r| pick(r).map(|v| (r.labels(), v))))?;
@@ -233,6 +261,13 @@ impl Collector for ServicesCollector {
         let in_flight =
             |s: &tidegate_snapshot::ServiceRuntime| s.selector.backends().iter().map(|b| b.stats.in_flight()).sum();
         gauge(&mut enc, "tidegate_service_in_flight", help, per_service(in_flight))?;
+        let help = "Retries in flight to the service's backends (what its retry budget bounds).";
+        gauge(
+            &mut enc,
+            "tidegate_service_retries_in_flight",
+            help,
+            per_service(|s| s.live.retries_in_flight.load(Relaxed)),
+        )?;
         let help = "Retries refused by the service's retry budget.";
         counter(
             &mut enc,

@@ -9,23 +9,24 @@ use tidegate_snapshot::ServiceRuntime;
 use crate::api::{BackendState, Expiring, InstanceState, LoadState, ServiceState, Sorted, Status, StoreState};
 use crate::AdminState;
 
+/// The dynamic weight in effect for each backend of `s`, in the order of
+/// its backends: `None` for backups and for policies without dynamic
+/// weights (the selector reports them for primaries, in id order).
+pub(crate) fn effective_weights(s: &ServiceRuntime) -> Vec<Option<f64>> {
+    let dynamic = s.selector.weights();
+    let mut primaries = dynamic.iter().flatten().copied();
+    s.selector.backends().iter().map(|b| if b.backup { None } else { primaries.next() }).collect()
+}
+
 fn service_status(s: &ServiceRuntime) -> ServiceState {
     let now = clock::now_ms();
-    let dynamic = s.selector.weights();
-    let mut primary_index = 0;
     let backends = s
         .selector
         .backends()
         .iter()
-        .map(|b| {
+        .zip(effective_weights(s))
+        .map(|(b, effective)| {
             let v = b.stats.view();
-            // Dynamic weights are reported for primaries, in id order.
-            let effective = if b.backup {
-                None
-            } else {
-                primary_index += 1;
-                dynamic.as_ref().and_then(|w| w.get(primary_index - 1).copied())
-            };
             let health = match v.active {
                 _ if v.ejected_for_ms > 0 => "ejected",
                 ActiveState::Down => "down",

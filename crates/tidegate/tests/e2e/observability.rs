@@ -62,6 +62,55 @@ async fn request_histograms_and_backend_metrics_are_exported() {
     assert_eq!(count(&text), None, "a deleted route's series goes with it");
 }
 
+/// Load reports and dynamic weights are metrics too, not only in
+/// `/v1/status`: an `orca_wrr` service over backends that report ORCA
+/// load on every response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_reports_and_dynamic_weights_are_exported() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let a = Backend::start("a", &["--orca"]);
+    let b = Backend::start("b", &["--orca"]);
+    let spec = serde_json::json!({
+        "policy": {"kind": "orca_wrr", "blackout_ms": 0},
+        "load_metrics": {"orca": true},
+        "backends": [{"id": "a", "addr": a.addr.to_string()}, {"id": "b", "addr": b.addr.to_string()}],
+    });
+    let (s, v) = tg.api("PUT", "/v1/services/web", Some(spec)).await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = tg.api("PUT", "/v1/routes/web", Some(serde_json::json!({"service": "web"}))).await;
+    assert_eq!(s, 200, "{v}");
+    // Weights come from the background pass (about every 100 ms) over
+    // reports that arrived with responses.
+    let mut status = Value::Null;
+    for _ in 0..100 {
+        assert_eq!(get(&tg.url("/x")).await.status, 200);
+        status = tg.api("GET", "/v1/status", None).await.1;
+        if status["services"]["web"]["backends"][1]["effective_weight"].is_number() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    let text = scrape(&tg).await;
+    for (i, id) in ["a", "b"].iter().enumerate() {
+        let labels = format!(r#"{{service="web",backend="{id}"}}"#);
+        let cpu = sample(&text, &format!("tidegate_backend_cpu_utilization_ratio{labels}"));
+        assert!(cpu.is_some_and(|c| (0.0..=1.0).contains(&c)), "{id}: {cpu:?}\n{text}");
+        let rps = sample(&text, &format!("tidegate_backend_reported_requests_per_second{labels}"));
+        assert!(rps.is_some_and(|r| r >= 0.0), "{id}: {rps:?}");
+        let age = sample(&text, &format!("tidegate_backend_load_report_age_seconds{labels}"));
+        assert!(age.is_some_and(|a| a >= 0.0), "{id}: {age:?}");
+        // A weight in both, as /v1/status shows it (the refresh pass may
+        // move it between the two reads).
+        let weight = sample(&text, &format!("tidegate_backend_effective_weight{labels}"));
+        let shown = status["services"]["web"]["backends"][i]["effective_weight"].as_f64();
+        assert!(weight.is_some() && shown.is_some(), "{id}: {weight:?} / {shown:?}");
+        // No network report from ORCA: no sample.
+        assert_eq!(sample(&text, &format!("tidegate_backend_network_utilization_ratio{labels}")), None);
+    }
+    assert_eq!(sample(&text, r#"tidegate_service_retries_in_flight{service="web"}"#), Some(0.0), "{text}");
+}
+
 /// Reads the access log until it has `n` lines.
 async fn lines(path: &std::path::Path, n: usize) -> Vec<String> {
     for _ in 0..100 {
