@@ -58,16 +58,13 @@ pub struct Backend {
 }
 
 impl Backend {
-    /// Whether the backend is below its limit: `max_conns` and the learned
-    /// concurrency limit (always, when neither applies).
+    /// Whether the backend is below its limits (always, when neither
+    /// applies): `max_conns` on everything in flight, tunnels included, and
+    /// the learned concurrency limit on the requests in flight, tunnels not.
     pub fn has_room(&self) -> bool {
-        self.stats.in_flight() < self.limit()
-    }
-
-    /// The limit on requests in flight in effect: the lower of `max_conns`
-    /// and the learned limit (`u64::MAX` when neither applies).
-    pub fn limit(&self) -> u64 {
-        self.max_conns.unwrap_or(u64::MAX).min(self.stats.learned_limit())
+        let in_flight = self.stats.in_flight();
+        in_flight < self.max_conns.unwrap_or(u64::MAX)
+            && in_flight.saturating_sub(self.stats.tunnels()) < self.stats.learned_limit()
     }
 
     /// Whether requests may have to wait for this backend: it has

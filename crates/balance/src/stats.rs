@@ -114,6 +114,9 @@ impl ProbeState {
 #[derive(Debug)]
 pub struct BackendStats {
     in_flight: AtomicU64,
+    /// Of those in flight, upgraded connections (tunnels): they count
+    /// against `max_conns`, not against the learned limit.
+    tunnels: AtomicU64,
     requests: AtomicU64,
     failures: AtomicU64,
     /// Latency EWMA in nanoseconds (0 = no sample yet).
@@ -147,6 +150,7 @@ impl Default for BackendStats {
     fn default() -> Self {
         BackendStats {
             in_flight: AtomicU64::new(0),
+            tunnels: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             latency_ewma: AtomicF64::new(0.0),
@@ -202,8 +206,8 @@ impl BackendStats {
     /// Marks a request as started at `started`, a time the caller read
     /// for other uses too.
     pub fn start_at(self: &Arc<Self>, started: Instant) -> InFlight {
-        let concurrency = self.in_flight.fetch_add(1, Relaxed) + 1;
-        InFlight { stats: self.clone(), started, concurrency, done: false }
+        let concurrency = (self.in_flight.fetch_add(1, Relaxed) + 1).saturating_sub(self.tunnels());
+        InFlight { stats: self.clone(), started, concurrency, done: false, tunnel: false }
     }
 
     /// Starts, updates or stops learning this backend's concurrency limit.
@@ -251,9 +255,15 @@ impl BackendStats {
         }
     }
 
-    /// Requests in flight now.
+    /// Requests in flight now (tunnels included).
     pub fn in_flight(&self) -> u64 {
         self.in_flight.load(Relaxed)
+    }
+
+    /// Upgraded connections (tunnels) open now, counted in
+    /// [`BackendStats::in_flight`] too.
+    pub fn tunnels(&self) -> u64 {
+        self.tunnels.load(Relaxed)
     }
 
     /// Requests finished so far.
@@ -362,9 +372,12 @@ pub struct StatsView {
 pub struct InFlight {
     stats: Arc<BackendStats>,
     started: Instant,
-    /// Requests in flight when this one started, itself included.
+    /// Requests in flight when this one started, itself included
+    /// (tunnels not).
     concurrency: u64,
     done: bool,
+    /// It became a tunnel: counted in `tunnels` until dropped.
+    tunnel: bool,
 }
 
 impl InFlight {
@@ -380,8 +393,24 @@ impl InFlight {
     }
 }
 
+impl InFlight {
+    /// The request became an upgraded connection (a tunnel): it stays in
+    /// flight, but no longer counts against the learned limit, which is
+    /// about requests being answered (a WebSocket open for hours must not
+    /// hold a place other requests need).
+    pub fn become_tunnel(&mut self) {
+        if !self.tunnel {
+            self.tunnel = true;
+            self.stats.tunnels.fetch_add(1, Relaxed);
+        }
+    }
+}
+
 impl Drop for InFlight {
     fn drop(&mut self) {
+        if self.tunnel {
+            self.stats.tunnels.fetch_sub(1, Relaxed);
+        }
         self.stats.in_flight.fetch_sub(1, Relaxed);
         if !self.done {
             self.stats.requests.fetch_add(1, Relaxed);

@@ -33,6 +33,23 @@ use crate::pool::{ConnSettings, HyperConn, Sent, Unsent, UpstreamPool};
 use crate::tunnel;
 use crate::upstream_h2::{self, H2Pool};
 
+/// What a client connection holds while anything of it lives, a tunnel
+/// that outlives its request included: its place under
+/// `--max-connections`, and its worker's count of live connections, which
+/// a stopping worker waits on (at most the drain timeout).
+#[derive(Debug)]
+pub struct ConnHold {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    _alive: tokio::sync::mpsc::Sender<()>,
+}
+
+impl ConnHold {
+    /// Holds `permit` and one sender of the worker's `alive` channel.
+    pub fn new(permit: tokio::sync::OwnedSemaphorePermit, alive: tokio::sync::mpsc::Sender<()>) -> ConnHold {
+        ConnHold { _permit: permit, _alive: alive }
+    }
+}
+
 /// The client end of a connection, prepared once per connection.
 #[derive(Debug, Clone)]
 pub struct Peer {
@@ -42,9 +59,10 @@ pub struct Peer {
     pub ip_header: HeaderValue,
     /// Whether it is a trusted proxy, whose forwarding headers are kept.
     pub trusted: bool,
-    /// The connection's place under `--max-connections`, shared with an
-    /// upgraded tunnel so that the tunnel keeps it.
-    pub conn_slot: Option<Arc<tokio::sync::OwnedSemaphorePermit>>,
+    /// The connection's place under `--max-connections` and in its
+    /// worker's count of live connections, shared with an upgraded tunnel
+    /// so that the tunnel keeps both.
+    pub conn_slot: Option<Arc<ConnHold>>,
     /// Whether the client connected over TLS (`X-Forwarded-Proto: https`).
     pub https: bool,
     /// The port the client connected to, as a header value
@@ -222,7 +240,7 @@ impl Upstreams {
         let mut ex = HyperExchange { pool: &self.pool, req: &req, body, upgrade: upgrade.is_some() };
         let Answered { answer: Sent { mut response, conn }, slot } =
             attempts::run(service, &mut ex, &ctx, first, trace).await?;
-        let hold = Hold { slot, conn: Some(conn) };
+        let mut hold = Hold { slot, conn: Some(conn) };
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
             // Only to a protocol the client offered (never `h2c`); anything
             // else breaks the exchange.
@@ -233,6 +251,7 @@ impl Upstreams {
                 return Err(ErrorKind::InvalidResponse);
             };
             let up = hyper::upgrade::on(&mut response);
+            hold.slot.become_tunnel();
             tunnel::splice_hyper(down, up, hold, peer.conn_slot.clone(), self.limits.tunnel_idle_timeout);
             return Ok(response.map(|_| ProxyBody::empty()));
         }

@@ -199,6 +199,17 @@ impl Slot {
             g.record(outcome);
         }
     }
+
+    /// The request became a tunnel: it keeps its place under `max_conns`
+    /// but leaves the learned limit's, so a queued request may take it.
+    pub(crate) fn become_tunnel(&mut self) {
+        if let Some(g) = &mut self.guard {
+            g.become_tunnel();
+        }
+        if let Some(live) = &self.live {
+            live.queue.wake_one();
+        }
+    }
 }
 
 impl Drop for Slot {

@@ -18,7 +18,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 
-use crate::forward::Peer;
+use crate::forward::{ConnHold, Peer};
 use crate::handler::Proxy;
 use crate::limits::{Limits, TimedIo};
 use crate::metrics::ProxyMetrics;
@@ -249,7 +249,8 @@ async fn accept_loop(
 ) {
     let limits = &opts.limits;
     let port = listener.local_addr().map_or(0, |a| a.port());
-    // Every connection task holds a clone; `recv` returns None once all are gone.
+    // Every connection holds a clone (in its `ConnHold`, which a tunnel
+    // keeps too); `recv` returns None once all are gone.
     let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
     let mut accept_errors = AcceptErrors::default();
     loop {
@@ -273,18 +274,17 @@ async fn accept_loop(
                 };
                 let _ = stream.set_nodelay(true);
                 proxy.metrics().connection();
-                let permit = Arc::new(permit);
+                let hold = Arc::new(ConnHold::new(permit, alive_tx.clone()));
                 let mut client = Peer::new(peer);
                 client.trusted = limits.trusted_proxies.contains(peer.ip());
-                client.conn_slot = Some(permit.clone());
+                client.conn_slot = Some(hold.clone());
                 client.set_listener(port, tls.is_some());
-                let alive = alive_tx.clone();
                 let (proxy, stop, limits, hyper) = (proxy.clone(), stop.clone(), limits.clone(), hyper.clone());
                 let engine = opts.http1;
                 match tls.clone() {
                     None => tokio::spawn(async move {
                         serve_http(stream, engine, client, proxy, stop, limits, hyper).await;
-                        drop((permit, alive));
+                        drop(hold);
                     }),
                     Some(acceptor) => tokio::spawn(async move {
                         let handshake = acceptor.accept(stream);
@@ -307,7 +307,7 @@ async fn accept_loop(
                             _ => engine,
                         };
                         serve_http(stream, engine, client, proxy, stop, limits, hyper).await;
-                        drop((permit, alive));
+                        drop(hold);
                     }),
                 };
             }

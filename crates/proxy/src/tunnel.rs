@@ -1,9 +1,11 @@
 //! Upgraded connections (WebSocket and the like): the client's and the
 //! backend's sockets joined byte for byte.
 //!
-//! A tunnel keeps what a request in progress keeps: its backend slot (in
-//! flight, `max_conns`) and its client connection's place under
-//! `--max-connections`, until it closes. It is closed when neither side
+//! A tunnel keeps what a request in progress keeps, until it closes: its
+//! place in flight to its backend and under the backend's `max_conns`, and
+//! its client connection's place under `--max-connections`; not a place
+//! under the learned concurrency limit, which is about requests being
+//! answered. It is closed when neither side
 //! sends a byte for the tunnel idle timeout.
 
 use std::pin::Pin;
@@ -12,19 +14,18 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::body::Hold;
+use crate::forward::ConnHold;
 use hyper_util::rt::TokioIo;
 use tidegate_balance::clock;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::OwnedSemaphorePermit;
-
-use crate::body::Hold;
 
 /// Joins the two sides once both upgrades complete, in a task of its own.
 pub(crate) fn splice_hyper(
     down: hyper::upgrade::OnUpgrade,
     up: hyper::upgrade::OnUpgrade,
     hold: Hold,
-    conn_slot: Option<Arc<OwnedSemaphorePermit>>,
+    conn_slot: Option<Arc<ConnHold>>,
     idle: Duration,
 ) {
     tokio::spawn(async move {

@@ -293,6 +293,72 @@ async fn tunnels_hold_their_backend_slot_and_close_when_idle() {
     .unwrap();
 }
 
+/// With the default settings (round robin learning each backend's
+/// concurrency limit, which starts at 1), open WebSocket tunnels take no
+/// place under the learned limit: requests next to them are not queued
+/// behind them. Either engine.
+#[test]
+fn tunnels_do_not_hold_places_under_the_learned_limit() {
+    for engine in ["native", "hyper"] {
+        let dir = tempfile::tempdir().unwrap();
+        let tg = Tidegate::start_with(dir.path(), &["--http1", engine]);
+        let b = Backend::start("b", &[]);
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(route_to(&tg, "web", &[&b], "round_robin"));
+        let tunnels: Vec<TcpStream> = (0..3).map(|_| open_tunnel(tg.proxy).expect("a tunnel opens")).collect();
+        rt.block_on(async {
+            for _ in 0..10 {
+                let r = get(&tg.url("/x")).await;
+                assert_eq!(r.status, 200, "{engine}: {}", r.text());
+            }
+            let (_, status) = tg.api("GET", "/v1/status", None).await;
+            let backend = &status["services"]["web"]["backends"][0];
+            assert_eq!(backend["in_flight"], 3, "{engine}: the tunnels are in flight: {backend}");
+        });
+        drop(tunnels);
+    }
+}
+
+/// `SIGTERM`, with either HTTP/1 engine: no new connection is taken, a
+/// request in flight gets its answer, an upgraded connection keeps working
+/// while the proxy drains, and the process exits 0 once the drain timeout
+/// is over (the tunnel held it that long), closing the tunnel.
+#[test]
+fn a_stopping_proxy_drains_requests_and_tunnels_then_exits() {
+    for engine in ["native", "hyper"] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut tg = Tidegate::start_with(dir.path(), &["--http1", engine, "--drain-timeout-s", "3"]);
+        let b = Backend::start("b", &[]);
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(route_to(&tg, "web", &[&b], "round_robin"));
+        let mut tunnel = open_tunnel(tg.proxy).expect("the tunnel opens");
+        let echo = |t: &mut TcpStream| {
+            t.write_all(b"ping").map_err(|e| e.to_string())?;
+            let mut buf = [0u8; 4];
+            t.read_exact(&mut buf).map_err(|e| e.to_string())?;
+            Ok::<_, String>(buf)
+        };
+        assert_eq!(echo(&mut tunnel), Ok(*b"ping"), "{engine}");
+        let url = tg.url("/?delay_ms=1000");
+        let slow = std::thread::spawn(move || {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(async { try_send("GET", &url, None, Vec::new(), &[]).await.map(|r| r.status) })
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let stopped = Instant::now();
+        tg.terminate();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(TcpStream::connect(tg.proxy).is_err(), "{engine}: a new connection was accepted while stopping");
+        assert_eq!(echo(&mut tunnel), Ok(*b"ping"), "{engine}: the tunnel stopped working while draining");
+        assert_eq!(slow.join().unwrap(), Ok(200), "{engine}: the request in flight");
+        assert_eq!(tg.wait_exit(Duration::from_millis(500)), None, "{engine}: exited with a tunnel open");
+        let status = tg.wait_exit(Duration::from_secs(10)).expect("exits after the drain timeout");
+        assert!(status.success(), "{engine}: {status:?}");
+        assert!(stopped.elapsed() >= Duration::from_secs(2), "{engine}: exited after {:?}", stopped.elapsed());
+        assert!(closed_by_peer(&mut tunnel, Duration::from_secs(2)), "{engine}: the tunnel outlived the process");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_messages_are_refused_and_pipelined_requests_answered_in_order() {
     let dir = tempfile::tempdir().unwrap();

@@ -87,6 +87,27 @@ impl Tidegate {
         self.child.id()
     }
 
+    /// Sends SIGTERM: the proxy stops accepting and drains.
+    pub fn terminate(&self) {
+        let status = Command::new("kill").args(["-TERM", &self.pid().to_string()]).status().expect("run kill");
+        assert!(status.success(), "kill -TERM failed");
+    }
+
+    /// Waits at most `limit` for the process to exit; its status, or
+    /// `None` while it still runs.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let until = std::time::Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return Some(status);
+            }
+            if std::time::Instant::now() >= until {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Kills the process with SIGKILL, no chance to flush anything.
     pub fn kill9(mut self) {
         let _ = self.child.kill();
