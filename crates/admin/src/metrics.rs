@@ -208,7 +208,7 @@ impl Collector for ServicesCollector {
             }),
             (
                 "tidegate_backend_concurrency_limit",
-                "Learned limit on requests in flight per backend (services that learn limits).",
+                "Learned limit on requests awaiting their response head, per backend (services that learn limits).",
                 |r| r.view.learned_limit.map(|l| l as f64),
             ),
             (

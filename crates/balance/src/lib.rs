@@ -59,12 +59,12 @@ pub struct Backend {
 
 impl Backend {
     /// Whether the backend is below its limits (always, when neither
-    /// applies): `max_conns` on everything in flight, tunnels included, and
-    /// the learned concurrency limit on the requests in flight, tunnels not.
+    /// applies): `max_conns` on everything in flight, and the learned
+    /// concurrency limit on the requests still awaiting their answer.
     pub fn has_room(&self) -> bool {
         let in_flight = self.stats.in_flight();
         in_flight < self.max_conns.unwrap_or(u64::MAX)
-            && in_flight.saturating_sub(self.stats.tunnels()) < self.stats.learned_limit()
+            && in_flight.saturating_sub(self.stats.answered()) < self.stats.learned_limit()
     }
 
     /// Whether requests may have to wait for this backend: it has

@@ -114,9 +114,10 @@ impl ProbeState {
 #[derive(Debug)]
 pub struct BackendStats {
     in_flight: AtomicU64,
-    /// Of those in flight, upgraded connections (tunnels): they count
-    /// against `max_conns`, not against the learned limit.
-    tunnels: AtomicU64,
+    /// Of those in flight, the ones whose response head arrived (a body
+    /// still streaming, a tunnel): they count against `max_conns`, not
+    /// against the learned limit.
+    answered: AtomicU64,
     requests: AtomicU64,
     failures: AtomicU64,
     /// Latency EWMA in nanoseconds (0 = no sample yet).
@@ -150,7 +151,7 @@ impl Default for BackendStats {
     fn default() -> Self {
         BackendStats {
             in_flight: AtomicU64::new(0),
-            tunnels: AtomicU64::new(0),
+            answered: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             latency_ewma: AtomicF64::new(0.0),
@@ -206,8 +207,8 @@ impl BackendStats {
     /// Marks a request as started at `started`, a time the caller read
     /// for other uses too.
     pub fn start_at(self: &Arc<Self>, started: Instant) -> InFlight {
-        let concurrency = (self.in_flight.fetch_add(1, Relaxed) + 1).saturating_sub(self.tunnels());
-        InFlight { stats: self.clone(), started, concurrency, done: false, tunnel: false }
+        let concurrency = (self.in_flight.fetch_add(1, Relaxed) + 1).saturating_sub(self.answered());
+        InFlight { stats: self.clone(), started, concurrency, done: false, answered: false }
     }
 
     /// Starts, updates or stops learning this backend's concurrency limit.
@@ -255,15 +256,22 @@ impl BackendStats {
         }
     }
 
-    /// Requests in flight now (tunnels included).
+    /// Requests in flight now (answered ones whose body or tunnel is
+    /// still open included).
     pub fn in_flight(&self) -> u64 {
         self.in_flight.load(Relaxed)
     }
 
-    /// Upgraded connections (tunnels) open now, counted in
-    /// [`BackendStats::in_flight`] too.
-    pub fn tunnels(&self) -> u64 {
-        self.tunnels.load(Relaxed)
+    /// Requests in flight whose response head arrived (bodies streaming,
+    /// tunnels), counted in [`BackendStats::in_flight`] too.
+    pub fn answered(&self) -> u64 {
+        self.answered.load(Relaxed)
+    }
+
+    /// Requests in flight still waiting for their response head: what the
+    /// learned limit bounds (it learns from the time to the head).
+    pub fn awaiting_answer(&self) -> u64 {
+        self.in_flight().saturating_sub(self.answered())
     }
 
     /// Requests finished so far.
@@ -372,12 +380,12 @@ pub struct StatsView {
 pub struct InFlight {
     stats: Arc<BackendStats>,
     started: Instant,
-    /// Requests in flight when this one started, itself included
-    /// (tunnels not).
+    /// Requests awaiting their answer when this one started, itself
+    /// included.
     concurrency: u64,
     done: bool,
-    /// It became a tunnel: counted in `tunnels` until dropped.
-    tunnel: bool,
+    /// Its response head arrived: counted in `answered` until dropped.
+    answered: bool,
 }
 
 impl InFlight {
@@ -394,22 +402,23 @@ impl InFlight {
 }
 
 impl InFlight {
-    /// The request became an upgraded connection (a tunnel): it stays in
-    /// flight, but no longer counts against the learned limit, which is
-    /// about requests being answered (a WebSocket open for hours must not
-    /// hold a place other requests need).
-    pub fn become_tunnel(&mut self) {
-        if !self.tunnel {
-            self.tunnel = true;
-            self.stats.tunnels.fetch_add(1, Relaxed);
+    /// The response head arrived: the request stays in flight until its
+    /// body (or tunnel) ends, but no longer counts against the learned
+    /// limit, which is learned from the time to the head (a WebSocket or
+    /// an event stream open for hours must not hold a place other requests
+    /// need).
+    pub fn answered(&mut self) {
+        if !self.answered {
+            self.answered = true;
+            self.stats.answered.fetch_add(1, Relaxed);
         }
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if self.tunnel {
-            self.stats.tunnels.fetch_sub(1, Relaxed);
+        if self.answered {
+            self.stats.answered.fetch_sub(1, Relaxed);
         }
         self.stats.in_flight.fetch_sub(1, Relaxed);
         if !self.done {

@@ -188,6 +188,9 @@ async fn attempt<E: Exchange>(
     let settings = &service.settings;
     let deadline = started + Duration::from_millis(settings.timeouts.response_ms);
     let result = ex.send(backend, service, fresh, deadline).await;
+    if result.is_ok() {
+        slot.answered();
+    }
     let seen = result.as_ref().map(E::status).map_err(|k| *k);
     if let Some(outcome) = outcome_of(&seen) {
         slot.record(outcome);

@@ -240,7 +240,7 @@ impl Upstreams {
         let mut ex = HyperExchange { pool: &self.pool, req: &req, body, upgrade: upgrade.is_some() };
         let Answered { answer: Sent { mut response, conn }, slot } =
             attempts::run(service, &mut ex, &ctx, first, trace).await?;
-        let mut hold = Hold { slot, conn: Some(conn) };
+        let hold = Hold { slot, conn: Some(conn) };
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
             // Only to a protocol the client offered (never `h2c`); anything
             // else breaks the exchange.
@@ -251,7 +251,6 @@ impl Upstreams {
                 return Err(ErrorKind::InvalidResponse);
             };
             let up = hyper::upgrade::on(&mut response);
-            hold.slot.become_tunnel();
             tunnel::splice_hyper(down, up, hold, peer.conn_slot.clone(), self.limits.tunnel_idle_timeout);
             return Ok(response.map(|_| ProxyBody::empty()));
         }

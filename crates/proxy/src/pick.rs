@@ -200,14 +200,18 @@ impl Slot {
         }
     }
 
-    /// The request became a tunnel: it keeps its place under `max_conns`
-    /// but leaves the learned limit's, so a queued request may take it.
-    pub(crate) fn become_tunnel(&mut self) {
+    /// The response head arrived: the request keeps its place under
+    /// `max_conns` until its body or tunnel ends, but leaves the learned
+    /// limit's, so a queued request may take it.
+    pub(crate) fn answered(&mut self) {
         if let Some(g) = &mut self.guard {
-            g.become_tunnel();
+            g.answered();
         }
         if let Some(live) = &self.live {
-            live.queue.wake_one();
+            // Best effort: the slot's drop wakes the queue for certain.
+            if live.queue.has_waiters() {
+                live.queue.wake_one();
+            }
         }
     }
 }

@@ -1,11 +1,11 @@
 //! Upgraded connections (WebSocket and the like): the client's and the
 //! backend's sockets joined byte for byte.
 //!
-//! A tunnel keeps what a request in progress keeps, until it closes: its
-//! place in flight to its backend and under the backend's `max_conns`, and
-//! its client connection's place under `--max-connections`; not a place
-//! under the learned concurrency limit, which is about requests being
-//! answered. It is closed when neither side
+//! A tunnel keeps what a request whose body is still streaming keeps,
+//! until it closes: its place in flight to its backend and under the
+//! backend's `max_conns`, and its client connection's place under
+//! `--max-connections`; not a place under the learned concurrency limit,
+//! which bounds requests still awaiting their answer. It is closed when neither side
 //! sends a byte for the tunnel idle timeout.
 
 use std::pin::Pin;

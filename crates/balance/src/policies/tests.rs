@@ -48,21 +48,22 @@ fn a_retry_takes_no_turn_of_the_rotation() {
 }
 
 #[test]
-fn a_tunnel_leaves_the_learned_limit_but_not_max_conns() {
+fn an_answered_request_leaves_the_learned_limit_but_not_max_conns() {
     let p = pool(&[1]);
     let b = &p.backends()[0];
     let params = crate::limit::LimitParams { tolerance: 1.5, initial: 1.0, min: 1.0, max: 100.0, min_rise_ns: 1e6 };
     b.stats.learn_limit(Some(params));
-    let mut ws = b.stats.start();
+    // A stream (or a tunnel) whose head arrived stays in flight.
+    let mut stream = b.stats.start();
     assert!(!b.has_room(), "one request in flight fills a learned limit of 1");
-    ws.become_tunnel();
-    assert_eq!((b.stats.in_flight(), b.stats.tunnels()), (1, 1));
-    assert!(b.has_room(), "a tunnel takes no place under the learned limit");
+    stream.answered();
+    assert_eq!((b.stats.in_flight(), b.stats.answered(), b.stats.awaiting_answer()), (1, 1, 0));
+    assert!(b.has_room(), "an answered request takes no place under the learned limit");
     let request = b.stats.start();
     assert!(!b.has_room());
-    drop((request, ws));
-    assert_eq!((b.stats.in_flight(), b.stats.tunnels()), (0, 0));
-    // Under max_conns, a tunnel keeps its place.
+    drop((request, stream));
+    assert_eq!((b.stats.in_flight(), b.stats.answered()), (0, 0));
+    // Under max_conns, it keeps its place.
     let spec = tidegate_model::BackendSpec {
         addr: tidegate_model::BackendAddr::new("127.0.0.1:1000").unwrap(),
         weight: tidegate_model::Weight::try_from(1).unwrap(),
@@ -71,9 +72,9 @@ fn a_tunnel_leaves_the_learned_limit_but_not_max_conns() {
         autoscaled: false,
     };
     let capped = Backend::new(tidegate_model::BackendId::new("capped").unwrap(), &spec, None);
-    let mut ws = capped.stats.start();
-    ws.become_tunnel();
-    assert!(!capped.has_room(), "max_conns counts tunnels");
+    let mut stream = capped.stats.start();
+    stream.answered();
+    assert!(!capped.has_room(), "max_conns counts answered requests until they end");
 }
 
 #[test]

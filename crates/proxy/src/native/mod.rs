@@ -661,7 +661,7 @@ struct Reply<'a> {
 /// Writes a backend's response to the client and relays its body; returns
 /// whether the client connection may carry another request. The upstream
 /// connection goes back to the pool only after a complete body.
-async fn respond<S: ClientIo>(client: &mut ClientSide<S>, answer: NativeAnswer, mut slot: Slot, r: Reply<'_>) -> bool {
+async fn respond<S: ClientIo>(client: &mut ClientSide<S>, answer: NativeAnswer, slot: Slot, r: Reply<'_>) -> bool {
     let NativeAnswer { mut conn } = answer;
     let resp = std::mem::take(&mut conn.conn.head);
     let minor = r.head.minor;
@@ -678,7 +678,6 @@ async fn respond<S: ClientIo>(client: &mut ClientSide<S>, answer: NativeAnswer, 
         if ok {
             up.inbox.clear();
             client.inbox.clear();
-            slot.become_tunnel();
             crate::tunnel::join(client.io.get_mut(), &mut up.stream, r.tunnel_idle).await;
         }
         drop(slot);

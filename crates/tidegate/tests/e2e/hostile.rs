@@ -294,11 +294,12 @@ async fn tunnels_hold_their_backend_slot_and_close_when_idle() {
 }
 
 /// With the default settings (round robin learning each backend's
-/// concurrency limit, which starts at 1), open WebSocket tunnels take no
-/// place under the learned limit: requests next to them are not queued
-/// behind them. Either engine.
+/// concurrency limit, which starts at 1), requests already answered take
+/// no place under the learned limit: open WebSocket tunnels, and a
+/// response whose body is still streaming, do not queue the requests next
+/// to them. Either engine.
 #[test]
-fn tunnels_do_not_hold_places_under_the_learned_limit() {
+fn answered_streams_and_tunnels_do_not_hold_places_under_the_learned_limit() {
     for engine in ["native", "hyper"] {
         let dir = tempfile::tempdir().unwrap();
         let tg = Tidegate::start_with(dir.path(), &["--http1", engine]);
@@ -316,6 +317,23 @@ fn tunnels_do_not_hold_places_under_the_learned_limit() {
             assert_eq!(backend["in_flight"], 3, "{engine}: the tunnels are in flight: {backend}");
         });
         drop(tunnels);
+
+        // A body dripping for 3 s (one byte every 100 ms), then requests
+        // beside it; the queue would refuse them after its 1 s timeout.
+        let slow = Backend::start("slow", &["--faults"]);
+        rt.block_on(route_to(&tg, "web", &[&slow], "round_robin"));
+        let mut stream = TcpStream::connect(tg.proxy).unwrap();
+        stream.write_all(b"GET /_fault/drip HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut first = [0u8; 12];
+        stream.read_exact(&mut first).unwrap();
+        assert_eq!(&first, b"HTTP/1.1 200", "{engine}");
+        rt.block_on(async {
+            for _ in 0..5 {
+                let r = get(&tg.url("/x")).await;
+                assert_eq!(r.status, 200, "{engine}: beside a streaming body: {}", r.text());
+            }
+        });
+        drop(stream);
     }
 }
 
