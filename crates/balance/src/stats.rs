@@ -406,9 +406,9 @@ impl InFlight {
     /// body (or tunnel) ends, but no longer counts against the learned
     /// limit, which is learned from the time to the head (a WebSocket or
     /// an event stream open for hours must not hold a place other requests
-    /// need).
+    /// need). Nothing is counted for a backend that learns no limit.
     pub fn answered(&mut self) {
-        if !self.answered {
+        if !self.answered && self.stats.learns_limit() {
             self.answered = true;
             self.stats.answered.fetch_add(1, Relaxed);
         }
