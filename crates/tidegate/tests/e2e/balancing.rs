@@ -197,23 +197,29 @@ async fn retries_leave_the_round_robin_to_first_attempts() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn active_checks_take_backends_out_and_back_and_backups_wait_their_turn() {
-    let dir = tempfile::tempdir().unwrap();
-    let tg = Tidegate::start(dir.path());
-    let a = Backend::start("a", &[]);
-    let b = Backend::start("b", &[]);
-    let spare = Backend::start("spare", &[]);
+/// Tidegate with service `web` over primaries `a` and `b` and backup
+/// `spare` (round robin, this `health`), and the three emulators.
+async fn with_a_backup(dir: &std::path::Path, health: Value) -> (Tidegate, [Backend; 3]) {
+    let tg = Tidegate::start(dir);
+    let backends = ["a", "b", "spare"].map(|name| Backend::start(name, &[]));
     let spec = json!({
         "policy": {"kind": "round_robin"},
-        "health": {"active": {"path": "/health", "interval_ms": 60, "timeout_ms": 60, "rise": 1, "fall": 2}},
+        "health": health,
         "backends": [
-            {"id": "a", "addr": a.addr.to_string()},
-            {"id": "b", "addr": b.addr.to_string()},
-            {"id": "spare", "addr": spare.addr.to_string(), "backup": true},
+            {"id": "a", "addr": backends[0].addr.to_string()},
+            {"id": "b", "addr": backends[1].addr.to_string()},
+            {"id": "spare", "addr": backends[2].addr.to_string(), "backup": true},
         ],
     });
     put(&tg, spec).await;
+    (tg, backends)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn active_checks_take_backends_out_and_back_and_backups_wait_their_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let health = json!({"active": {"path": "/health", "interval_ms": 60, "timeout_ms": 60, "rise": 1, "fall": 2}});
+    let (tg, [a, b, _spare]) = with_a_backup(dir.path(), health).await;
     let who = |tg: &Tidegate| {
         let url = tg.url("/");
         async move {
@@ -247,20 +253,7 @@ async fn active_checks_take_backends_out_and_back_and_backups_wait_their_turn() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_start_keeps_backups_idle_and_weight_zero_means_no_backend() {
     let dir = tempfile::tempdir().unwrap();
-    let tg = Tidegate::start(dir.path());
-    let a = Backend::start("a", &[]);
-    let b = Backend::start("b", &[]);
-    let spare = Backend::start("spare", &[]);
-    let spec = json!({
-        "policy": {"kind": "round_robin"},
-        "health": {"slow_start_ms": 60000},
-        "backends": [
-            {"id": "a", "addr": a.addr.to_string()},
-            {"id": "b", "addr": b.addr.to_string()},
-            {"id": "spare", "addr": spare.addr.to_string(), "backup": true},
-        ],
-    });
-    put(&tg, spec).await;
+    let (tg, [a, b, _spare]) = with_a_backup(dir.path(), json!({"slow_start_ms": 60000})).await;
     let mut seen = std::collections::BTreeMap::<String, usize>::new();
     for _ in 0..100 {
         let r = get(&tg.url("/")).await;
