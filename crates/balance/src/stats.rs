@@ -407,11 +407,14 @@ impl InFlight {
     /// limit, which is learned from the time to the head (a WebSocket or
     /// an event stream open for hours must not hold a place other requests
     /// need). Nothing is counted for a backend that learns no limit.
-    pub fn answered(&mut self) {
-        if !self.answered && self.stats.learns_limit() {
-            self.answered = true;
-            self.stats.answered.fetch_add(1, Relaxed);
+    /// Whether this call gave a place under the learned limit back.
+    pub fn answered(&mut self) -> bool {
+        if self.answered || !self.stats.learns_limit() {
+            return false;
         }
+        self.answered = true;
+        self.stats.answered.fetch_add(1, Relaxed);
+        true
     }
 }
 

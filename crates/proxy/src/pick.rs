@@ -179,19 +179,30 @@ pub(crate) async fn pick_or_wait<'a>(
     }
 }
 
-/// One attempt's hold on a backend: counted in flight until dropped; for a
-/// backend with a limit, dropping it also wakes a queued request.
+/// One attempt's hold on a backend: counted in flight until dropped. For a
+/// backend with a limit, each place it gives back wakes one queued
+/// request: its place under the learned limit when the answer's head
+/// arrives, its place under `max_conns` when it is dropped.
 #[derive(Debug)]
 pub struct Slot {
     guard: Option<InFlight>,
     live: Option<Arc<ServiceLive>>,
+    /// The backend has `max_conns`: dropping the slot frees a place.
+    capped: bool,
+    /// The learned limit's place was given back when the head arrived.
+    answered: bool,
 }
 
 impl Slot {
     /// Counts a request in flight to `backend` of `service`, from `now`.
     pub(crate) fn take(backend: &Backend, service: &ServiceRuntime, now: std::time::Instant) -> Slot {
         let limited = backend.is_limited();
-        Slot { guard: Some(backend.stats.start_at(now)), live: limited.then(|| service.live.clone()) }
+        Slot {
+            guard: Some(backend.stats.start_at(now)),
+            live: limited.then(|| service.live.clone()),
+            capped: backend.max_conns.is_some(),
+            answered: false,
+        }
     }
 
     pub(crate) fn record(&mut self, outcome: Outcome) {
@@ -205,13 +216,10 @@ impl Slot {
     /// limit's, so a queued request may take it.
     pub(crate) fn answered(&mut self) {
         if let Some(g) = &mut self.guard {
-            g.answered();
+            self.answered = g.answered();
         }
-        if let Some(live) = &self.live {
-            // Best effort: the slot's drop wakes the queue for certain.
-            if live.queue.has_waiters() {
-                live.queue.wake_one();
-            }
+        if let (true, Some(live)) = (self.answered, &self.live) {
+            live.queue.wake_one();
         }
     }
 }
@@ -220,7 +228,10 @@ impl Drop for Slot {
     fn drop(&mut self) {
         // Free the slot first, so the woken request finds room.
         drop(self.guard.take());
-        if let Some(live) = &self.live {
+        // Nothing to wake for when the learned limit's place went back
+        // with the head and no `max_conns` place is freed now: a woken
+        // request would find no room and wait again.
+        if let (true, Some(live)) = (self.capped || !self.answered, &self.live) {
             live.queue.wake_one();
         }
     }

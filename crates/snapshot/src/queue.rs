@@ -48,13 +48,6 @@ impl WaitQueue {
         self.len.load(SeqCst)
     }
 
-    /// Whether anyone waits, read without ordering: a hint for optional
-    /// wake-ups (the ones that must not be missed call
-    /// [`WaitQueue::wake_one`], which orders itself).
-    pub fn has_waiters(&self) -> bool {
-        self.len.load(std::sync::atomic::Ordering::Relaxed) > 0
-    }
-
     /// Whether nobody waits, woken waiters that have not settled included.
     pub fn is_empty(&self) -> bool {
         self.len() == 0 && self.woken.load(SeqCst) == 0

@@ -56,7 +56,8 @@ fn an_answered_request_leaves_the_learned_limit_but_not_max_conns() {
     // A stream (or a tunnel) whose head arrived stays in flight.
     let mut stream = b.stats.start();
     assert!(!b.has_room(), "one request in flight fills a learned limit of 1");
-    stream.answered();
+    assert!(stream.answered());
+    assert!(!stream.answered(), "once only");
     assert_eq!((b.stats.in_flight(), b.stats.answered(), b.stats.awaiting_answer()), (1, 1, 0));
     assert!(b.has_room(), "an answered request takes no place under the learned limit");
     let request = b.stats.start();
