@@ -399,15 +399,14 @@ impl InFlight {
             self.done = true;
         }
     }
-}
 
-impl InFlight {
     /// The response head arrived: the request stays in flight until its
     /// body (or tunnel) ends, but no longer counts against the learned
     /// limit, which is learned from the time to the head (a WebSocket or
     /// an event stream open for hours must not hold a place other requests
     /// need). Nothing is counted for a backend that learns no limit.
-    /// Whether this call gave a place under the learned limit back.
+    ///
+    /// Returns whether this call gave a place under the learned limit back.
     pub fn answered(&mut self) -> bool {
         if self.answered || !self.stats.learns_limit() {
             return false;
