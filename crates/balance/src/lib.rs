@@ -62,9 +62,8 @@ impl Backend {
     /// applies): `max_conns` on everything in flight, and the learned
     /// concurrency limit on the requests still awaiting their answer.
     pub fn has_room(&self) -> bool {
-        let in_flight = self.stats.in_flight();
-        in_flight < self.max_conns.unwrap_or(u64::MAX)
-            && in_flight.saturating_sub(self.stats.answered()) < self.stats.learned_limit()
+        self.stats.in_flight() < self.max_conns.unwrap_or(u64::MAX)
+            && self.stats.awaiting_answer() < self.stats.learned_limit()
     }
 
     /// Whether requests may have to wait for this backend: it has
