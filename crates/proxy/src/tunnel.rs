@@ -5,8 +5,8 @@
 //! until it closes: its place in flight to its backend and under the
 //! backend's `max_conns`, and its client connection's place under
 //! `--max-connections`; not a place under the learned concurrency limit,
-//! which bounds requests still awaiting their answer. It is closed when neither side
-//! sends a byte for the tunnel idle timeout.
+//! which bounds requests still awaiting their answer. It is closed when
+//! neither side sends a byte for the tunnel idle timeout.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -14,11 +14,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::body::Hold;
-use crate::forward::ConnHold;
 use hyper_util::rt::TokioIo;
 use tidegate_balance::clock;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::body::Hold;
+use crate::forward::ConnHold;
 
 /// Joins the two sides once both upgrades complete, in a task of its own.
 pub(crate) fn splice_hyper(
