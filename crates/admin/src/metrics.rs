@@ -94,6 +94,11 @@ impl Collector for ConfigCollector {
         }
         let counters = [
             ("tidegate_config_commits", "Durable configuration commits.", &m.commits),
+            (
+                "tidegate_config_commits_by_submitter",
+                "Of those, commits of a lone change set made on its submitter's thread, without the writer thread.",
+                &m.commits_by_submitter,
+            ),
             ("tidegate_config_change_sets", "Change sets applied.", &m.change_sets),
             ("tidegate_config_rejected", "Change sets rejected.", &m.rejected),
             ("tidegate_config_ops", "Operations applied.", &m.ops),

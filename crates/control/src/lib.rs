@@ -13,6 +13,11 @@
 //!
 //! So an answer means: durable and live in the data plane.
 //!
+//! A change set that arrives alone, with an embedded store, skips the
+//! queue: its submitter takes the writer's turn and runs the same steps on
+//! its own thread, saving the two thread wake-ups of the hand-off (see
+//! [`Control::submit`]).
+//!
 //! With a store shared by several instances (cluster mode), the writer also
 //! applies what other instances committed: the store wakes it, and it reads
 //! the change sets it has not applied, in order, and publishes them as it
@@ -23,7 +28,7 @@
 mod watch;
 mod writer;
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -71,6 +76,9 @@ pub enum SubmitError {
 pub struct WriterMetrics {
     /// Durable commits (each may carry many change sets).
     pub commits: AtomicU64,
+    /// Of those, commits of a lone change set made on its submitter's
+    /// thread (see [`Control::submit`]).
+    pub commits_by_submitter: AtomicU64,
     /// Change sets applied.
     pub change_sets: AtomicU64,
     /// Change sets rejected.
@@ -127,6 +135,8 @@ enum Work {
     Submit(Pending),
     /// Another instance committed: catch up with the store.
     CatchUp,
+    /// The store has housekeeping due (after commits made by submitters).
+    Maintain,
 }
 
 /// Shared by the writer thread and the handles.
@@ -136,6 +146,14 @@ struct Shared {
     feed: broadcast::Sender<Arc<AppliedChange>>,
     store: Arc<dyn Store>,
     metrics: WriterMetrics,
+    /// The right to commit: the writer thread holds it for each group, a
+    /// submitter committing its lone change set for that commit.
+    turn: std::sync::Mutex<()>,
+    /// A submitter is about to commit its change set itself (see
+    /// [`Control::submit`]); the others queue for the writer meanwhile.
+    candidate: AtomicBool,
+    /// How long the last store commit took, nanoseconds.
+    last_commit_nanos: AtomicU64,
 }
 
 /// A handle on the configuration: submit changes, read, watch. Cheap to clone.
@@ -143,6 +161,26 @@ struct Shared {
 pub struct Control {
     queue: mpsc::Sender<Work>,
     shared: Arc<Shared>,
+}
+
+/// A store commit slower than this (a stalled disk) stops submitters from
+/// committing on their own threads until one is fast again.
+const SLOW_COMMIT_NANOS: u64 = 2_000_000;
+
+/// The claim of one submitter to commit its change set itself; given up
+/// when dropped, also when the submission is cancelled.
+struct Candidate<'a>(&'a AtomicBool);
+
+impl<'a> Candidate<'a> {
+    fn claim(flag: &'a AtomicBool) -> Option<Candidate<'a>> {
+        (!flag.swap(true, std::sync::atomic::Ordering::Acquire)).then_some(Candidate(flag))
+    }
+}
+
+impl Drop for Candidate<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::Release);
+    }
 }
 
 /// How many change sets may wait for the writer before submitters wait too.
@@ -162,6 +200,9 @@ impl Control {
             feed: broadcast::channel(FEED_CAPACITY).0,
             store,
             metrics: WriterMetrics::default(),
+            turn: std::sync::Mutex::new(()),
+            candidate: AtomicBool::new(false),
+            last_commit_nanos: AtomicU64::new(0),
         });
         let wake = queue.clone();
         let applied = shared.clone();
@@ -187,10 +228,58 @@ impl Control {
 
     /// Submits a change set; resolves once it is durable and live, with the
     /// revision it produced.
+    ///
+    /// A change set that arrives alone, with nothing queued, the writer
+    /// idle and a store that commits locally (the embedded database), is
+    /// committed on the caller's thread: the hand-offs to the writer thread
+    /// and back would cost two thread wake-ups, about a third of what
+    /// Tidegate adds to the disk's sync (docs/benchmarks.md, churn). The
+    /// caller first yields once, so change sets submitted by the other
+    /// ready tasks of its runtime still go to the writer as one group; and
+    /// a store whose last commit was slow (a stalled disk) gets no such
+    /// commit until it is fast again, so a runtime is never held long.
     pub async fn submit(&self, change: ChangeSet) -> Result<u64, SubmitError> {
         let (reply, answer) = oneshot::channel();
-        self.queue.send(Work::Submit(Pending { change, reply })).await.map_err(|_| SubmitError::Closed)?;
+        let pending = Pending { change, reply };
+        let pending = match self.commit_here(pending).await {
+            Some(pending) => pending,
+            None => return answer.await.map_err(|_| SubmitError::Closed)?,
+        };
+        self.queue.send(Work::Submit(pending)).await.map_err(|_| SubmitError::Closed)?;
         answer.await.map_err(|_| SubmitError::Closed)?
+    }
+
+    /// Commits `pending` on this thread if it is alone (see
+    /// [`Control::submit`]); gives it back otherwise.
+    async fn commit_here(&self, pending: Pending) -> Option<Pending> {
+        let shared = &self.shared;
+        let fast = shared.last_commit_nanos.load(Relaxed) <= SLOW_COMMIT_NANOS;
+        if !(shared.store.commits_locally() && fast && self.nothing_queued()) {
+            return Some(pending);
+        }
+        let Some(_candidate) = Candidate::claim(&shared.candidate) else {
+            return Some(pending);
+        };
+        tokio::task::yield_now().await;
+        if !self.nothing_queued() {
+            return Some(pending);
+        }
+        // The writer thread recovers from a panic while it holds the turn,
+        // so a poisoned turn is as good as a free one.
+        let _turn = match shared.turn.try_lock() {
+            Ok(turn) => turn,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Some(pending),
+        };
+        shared.commit_here(pending);
+        if shared.store.maintenance_due() {
+            let _ = self.queue.try_send(Work::Maintain);
+        }
+        None
+    }
+
+    fn nothing_queued(&self) -> bool {
+        self.queue.capacity() == self.queue.max_capacity()
     }
 
     /// The current configuration.

@@ -135,9 +135,10 @@ async fn the_store_is_maintained_between_groups_not_inside_commits() {
     let store = Arc::new(tidegate_store::SqliteStore::open(&dir.path().join("c.sqlite")).unwrap());
     let control = Control::start(store.clone()).unwrap();
     control.submit(cs(r#"{"ops":[{"op":"put_service","name":"web","spec":{}}]}"#)).await.unwrap();
-    // One at a time, so the writer is idle after each: 600 commits put
-    // more than 1,000 pages into SQLite's log, which only the idle-time
-    // checkpoint brings back down (its in-commit backstop is at 16,000).
+    // One at a time, so each is committed alone (by its submitter or by an
+    // idle writer): 600 commits put more than 1,000 pages into SQLite's
+    // log, which only the writer's checkpoint between groups brings back
+    // down (its in-commit backstop is at 16,000).
     let mut most = 0;
     for i in 0..600 {
         control.submit(put_backend(i)).await.unwrap();
@@ -152,4 +153,137 @@ async fn the_store_is_maintained_between_groups_not_inside_commits() {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     assert!(store.wal_pages() < 1_000, "{} pages in the log", store.wal_pages());
+}
+
+/// Starts a writer on the embedded store, which commits locally.
+fn start_sqlite(dir: &tempfile::TempDir) -> Control {
+    let store = tidegate_store::SqliteStore::open(&dir.path().join("c.sqlite")).unwrap();
+    Control::start(Arc::new(store)).unwrap()
+}
+
+/// Forgets how long the last commit took, so a slow disk under the test
+/// cannot turn commits by submitters off.
+fn forget_slow_commits(control: &Control) {
+    control.shared.last_commit_nanos.store(0, Relaxed);
+}
+
+#[tokio::test]
+async fn a_lone_change_set_is_committed_by_its_submitter() {
+    let dir = tempfile::tempdir().unwrap();
+    let control = start_sqlite(&dir);
+    forget_slow_commits(&control);
+    control.submit(cs(r#"{"ops":[{"op":"put_service","name":"web","spec":{}}]}"#)).await.unwrap();
+    for i in 0..5 {
+        forget_slow_commits(&control);
+        let rev = control.submit(put_backend(i)).await.unwrap();
+        // Live as soon as it is answered.
+        assert_eq!(control.snapshots().load().revision(), rev);
+    }
+    let m = control.metrics();
+    assert_eq!(m.commits_by_submitter.load(Relaxed), 6);
+    assert_eq!(m.commits.load(Relaxed), 6);
+    assert_eq!(control.snapshots().load().service("web").unwrap().selector.backends().len(), 5);
+}
+
+#[tokio::test]
+async fn change_sets_submitted_together_still_go_to_the_writer_as_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    let control = start_sqlite(&dir);
+    control.submit(cs(r#"{"ops":[{"op":"put_service","name":"web","spec":{}}]}"#)).await.unwrap();
+    forget_slow_commits(&control);
+    let before = control.metrics().commits_by_submitter.load(Relaxed);
+    // Fifty tasks ready at once on this one thread, as the admin API's
+    // connections are: the first yields, the others queue meanwhile.
+    let tasks: Vec<_> = (0..50)
+        .map(|i| {
+            let c = control.clone();
+            tokio::spawn(async move { c.submit(put_backend(i)).await.unwrap() })
+        })
+        .collect();
+    let mut revs = Vec::new();
+    for t in tasks {
+        revs.push(t.await.unwrap());
+    }
+    revs.sort();
+    assert_eq!(revs, (2..=51).collect::<Vec<_>>());
+    let m = control.metrics();
+    assert!(m.commits_by_submitter.load(Relaxed) - before <= 1, "{m:?}");
+    assert!(m.commits.load(Relaxed) <= 26, "one commit per change set: no group formed ({m:?})");
+}
+
+#[tokio::test]
+async fn after_a_slow_commit_changes_go_to_the_writer_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let control = start_sqlite(&dir);
+    control.shared.last_commit_nanos.store(SLOW_COMMIT_NANOS + 1, Relaxed);
+    control.submit(cs(r#"{"ops":[{"op":"put_service","name":"web","spec":{}}]}"#)).await.unwrap();
+    assert_eq!(control.metrics().commits_by_submitter.load(Relaxed), 0);
+    assert_eq!(control.metrics().commits.load(Relaxed), 1);
+    // The writer keeps its turn a moment after answering (housekeeping).
+    while control.shared.turn.try_lock().is_err() {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    forget_slow_commits(&control);
+    control.submit(put_backend(1)).await.unwrap();
+    assert_eq!(control.metrics().commits_by_submitter.load(Relaxed), 1);
+}
+
+#[tokio::test]
+async fn a_cancelled_submission_gives_up_its_claim_and_commits_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let control = start_sqlite(&dir);
+    forget_slow_commits(&control);
+    let put = cs(r#"{"ops":[{"op":"put_service","name":"web","spec":{}}]}"#);
+    // Polled once (it yields after claiming the commit), then dropped.
+    let mut submission = Box::pin(control.submit(put.clone()));
+    let polled =
+        std::future::poll_fn(|cx| std::task::Poll::Ready(std::future::Future::poll(submission.as_mut(), cx))).await;
+    assert!(polled.is_pending(), "{polled:?}");
+    drop(submission);
+    assert!(!control.shared.candidate.load(Relaxed));
+    assert_eq!(control.config().revision, 0);
+    assert_eq!(control.submit(put).await.unwrap(), 1);
+    assert_eq!(control.metrics().commits_by_submitter.load(Relaxed), 1);
+}
+
+/// Commits locally, and panics in its first `commit`.
+struct PanicsOnceHere(PanicsOnce);
+
+impl tidegate_store::Store for PanicsOnceHere {
+    fn load(&self) -> Result<tidegate_store::Loaded, StoreError> {
+        self.0.load()
+    }
+
+    fn commit(&self, commit: &tidegate_store::Commit<'_>) -> Result<(), StoreError> {
+        self.0.commit(commit)
+    }
+
+    fn commits_locally(&self) -> bool {
+        true
+    }
+
+    fn status(&self) -> tidegate_store::StoreStatus {
+        self.0.status()
+    }
+
+    fn changes_since(&self, after: u64, limit: usize) -> Result<Vec<AppliedChange>, StoreError> {
+        self.0.changes_since(after, limit)
+    }
+}
+
+#[tokio::test]
+async fn a_panic_in_a_submitters_commit_fails_it_and_the_next_one_works() {
+    let dir = tempfile::tempdir().unwrap();
+    let inner = RedbStore::open(&dir.path().join("c.redb")).unwrap();
+    let store = PanicsOnceHere(PanicsOnce { inner, panicked: Default::default() });
+    let control = Control::start(Arc::new(store)).unwrap();
+    let put = cs(r#"{"ops":[{"op":"put_service","name":"web","spec":{}}]}"#);
+    forget_slow_commits(&control);
+    let first = control.submit(put.clone()).await;
+    assert!(matches!(first, Err(SubmitError::Closed)), "{first:?}");
+    assert_eq!(control.metrics().panics.load(Relaxed), 1);
+    forget_slow_commits(&control);
+    assert_eq!(control.submit(put).await.unwrap(), 1);
+    assert_eq!(control.snapshots().load_full().revision(), 1);
+    assert_eq!(control.metrics().commits_by_submitter.load(Relaxed), 1);
 }

@@ -1,6 +1,8 @@
-//! The writer thread: adaptive group commit.
+//! The writer thread (adaptive group commit), and the steps of a commit
+//! it shares with submitters that commit a lone change set themselves.
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -41,37 +43,9 @@ impl Writer {
         loop {
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve())) {
                 Ok(()) => return,
-                Err(panic) => {
-                    let what = panic
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_default();
-                    WriterMetrics::add(&self.shared.metrics.panics, 1);
-                    tracing::error!(panic = %what, "the configuration writer panicked; reloading from the store");
-                    if let Err(e) = self.reload() {
-                        // Without a consistent view, answering writes would
-                        // lie: stop the process rather than serve 503s forever.
-                        tracing::error!(error = %e, "cannot reload the configuration after a panic; exiting");
-                        std::process::exit(70);
-                    }
-                }
+                Err(panic) => self.shared.recover(panic),
             }
         }
-    }
-
-    /// Makes memory match the store again: after a panic, or when the
-    /// history to catch up from is gone. Only what differs is rebuilt, so
-    /// live statistics of everything else carry over.
-    fn reload(&self) -> Result<(), StoreError> {
-        let loaded = self.shared.store.load()?;
-        let old = self.shared.config.load_full();
-        let delta = difference(&old.state, &loaded.state);
-        let snapshot = self.shared.snapshot.load().next(&loaded.state, &delta, loaded.revision);
-        self.shared.snapshot.store(Arc::new(snapshot));
-        self.shared.config.store(Arc::new(crate::ConfigView { revision: loaded.revision, state: loaded.state }));
-        WriterMetrics::add(&self.shared.metrics.reloads, 1);
-        Ok(())
     }
 
     /// Takes groups off the queue until every handle is dropped.
@@ -88,9 +62,12 @@ impl Writer {
                 }
                 next = self.rx.try_recv().ok();
             }
-            self.catch_up();
+            // A submitter committing its lone change set here holds the
+            // turn for that one commit.
+            let _turn = self.shared.turn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            self.shared.catch_up();
             if !group.is_empty() {
-                self.commit_group(std::mem::take(&mut group));
+                let _ = self.shared.commit_group(std::mem::take(&mut group));
             }
             // Housekeeping only between groups, so it delays no answer
             // (unless a change set arrives during it).
@@ -99,14 +76,62 @@ impl Writer {
             }
         }
     }
+}
+
+impl Shared {
+    /// Commits one change set on the caller's thread, which holds the
+    /// turn; its answer is in `pending.reply` when this returns. A panic is
+    /// recovered from as the writer thread does.
+    pub(crate) fn commit_here(&self, pending: Pending) {
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.catch_up();
+            self.commit_group(vec![pending])
+        }));
+        match outcome {
+            Ok(commits) => WriterMetrics::add(&self.metrics.commits_by_submitter, commits),
+            Err(panic) => self.recover(panic),
+        }
+    }
+
+    /// After a panic while a group was applied: counts and logs it, and
+    /// makes memory match the store again; exits the process if it cannot.
+    fn recover(&self, panic: Box<dyn std::any::Any + Send>) {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        WriterMetrics::add(&self.metrics.panics, 1);
+        tracing::error!(panic = %what, "the configuration writer panicked; reloading from the store");
+        if let Err(e) = self.reload() {
+            // Without a consistent view, answering writes would lie: stop
+            // the process rather than serve 503s forever.
+            tracing::error!(error = %e, "cannot reload the configuration after a panic; exiting");
+            std::process::exit(70);
+        }
+    }
+
+    /// Makes memory match the store again: after a panic, or when the
+    /// history to catch up from is gone. Only what differs is rebuilt, so
+    /// live statistics of everything else carry over.
+    fn reload(&self) -> Result<(), StoreError> {
+        let loaded = self.store.load()?;
+        let old = self.config.load_full();
+        let delta = difference(&old.state, &loaded.state);
+        let snapshot = self.snapshot.load().next(&loaded.state, &delta, loaded.revision);
+        self.snapshot.store(Arc::new(snapshot));
+        self.config.store(Arc::new(crate::ConfigView { revision: loaded.revision, state: loaded.state }));
+        WriterMetrics::add(&self.metrics.reloads, 1);
+        Ok(())
+    }
 
     /// Applies what other instances committed, if the store holds a newer
     /// revision than this writer has applied (cluster mode).
     fn catch_up(&self) {
-        while self.shared.store.latest_revision() > self.shared.config.load().revision {
+        while self.store.latest_revision() > self.config.load().revision {
             let started = Instant::now();
-            let current = self.shared.config.load_full();
-            let page = match self.shared.store.changes_since(current.revision, CATCH_UP_PAGE) {
+            let current = self.config.load_full();
+            let page = match self.store.changes_since(current.revision, CATCH_UP_PAGE) {
                 Ok(page) => page,
                 Err(StoreError::Compacted { oldest }) => {
                     tracing::warn!(
@@ -149,13 +174,13 @@ impl Writer {
                     }
                 }
             }
-            let snapshot = self.shared.snapshot.load().next(&state, &delta, revision);
-            self.shared.snapshot.store(Arc::new(snapshot));
-            self.shared.config.store(Arc::new(crate::ConfigView { revision, state }));
-            let m = &self.shared.metrics;
+            let snapshot = self.snapshot.load().next(&state, &delta, revision);
+            self.snapshot.store(Arc::new(snapshot));
+            self.config.store(Arc::new(crate::ConfigView { revision, state }));
+            let m = &self.metrics;
             WriterMetrics::add(&m.remote_change_sets, page.len() as u64);
             for a in page {
-                let _ = self.shared.feed.send(Arc::new(a));
+                let _ = self.feed.send(Arc::new(a));
             }
             m.applied(started.elapsed().as_nanos() as u64);
         }
@@ -164,16 +189,18 @@ impl Writer {
     /// Validates, persists and publishes one group, in as many commits as
     /// the store's bound on one commit needs. When another instance
     /// committed first, catches up and builds the rest again on top.
-    fn commit_group(&self, group: Vec<Pending>) {
-        let m = &self.shared.metrics;
-        let store = &self.shared.store;
+    /// Returns the number of durable commits made.
+    fn commit_group(&self, group: Vec<Pending>) -> u64 {
+        let m = &self.metrics;
+        let store = &self.store;
         let max = store.max_commit_cost();
         let mut queue: VecDeque<Pending> = group.into();
         let mut conflicts: u32 = 0;
         let first_try = Instant::now();
+        let mut commits = 0;
         while !queue.is_empty() {
             let started = Instant::now();
-            let current = self.shared.config.load_full();
+            let current = self.config.load_full();
             let mut state = current.state.clone();
             let mut revision = current.revision;
             let mut delta = Delta::default();
@@ -203,7 +230,7 @@ impl Writer {
                 }
             }
             if applied.is_empty() {
-                return;
+                break;
             }
             let commit_started = Instant::now();
             let commit = Commit { base: current.revision, changes: &applied, before: &current.state, after: &state };
@@ -250,23 +277,27 @@ impl Writer {
                     continue;
                 }
             }
-            m.committed(commit_started.elapsed().as_nanos() as u64);
+            let took = commit_started.elapsed().as_nanos() as u64;
+            m.committed(took);
+            self.last_commit_nanos.store(took, Relaxed);
 
-            let snapshot = self.shared.snapshot.load().next(&state, &delta, revision);
-            self.shared.snapshot.store(Arc::new(snapshot));
-            self.shared.config.store(Arc::new(crate::ConfigView { revision, state }));
+            let snapshot = self.snapshot.load().next(&state, &delta, revision);
+            self.snapshot.store(Arc::new(snapshot));
+            self.config.store(Arc::new(crate::ConfigView { revision, state }));
 
             WriterMetrics::add(&m.commits, 1);
+            commits += 1;
             WriterMetrics::add(&m.change_sets, applied.len() as u64);
             let ops: usize = applied.iter().map(|a| a.change.ops.len()).sum();
             WriterMetrics::add(&m.ops, ops as u64);
             for (a, reply) in applied.into_iter().zip(waiting) {
                 let _ = reply.send(Ok(a.revision));
                 // No watcher is fine: send only fails when nobody listens.
-                let _ = self.shared.feed.send(Arc::new(a));
+                let _ = self.feed.send(Arc::new(a));
             }
             m.applied(started.elapsed().as_nanos() as u64);
         }
+        commits
     }
 }
 

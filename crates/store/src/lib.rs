@@ -215,6 +215,18 @@ pub trait Store: Send + Sync + 'static {
     /// are the store's to log: a commit that follows still works.
     fn maintain(&self) {}
 
+    /// Whether [`Store::maintain`] has work to do now.
+    fn maintenance_due(&self) -> bool {
+        false
+    }
+
+    /// Whether a commit is local and short (an embedded database's write
+    /// and sync, not a round trip to other machines): a lone change set
+    /// may then be committed on its submitter's thread.
+    fn commits_locally(&self) -> bool {
+        false
+    }
+
     /// What committing `change` on top of `state` costs (an upper bound),
     /// for a store that bounds one commit; the writer splits a group so
     /// each commit stays within [`Store::max_commit_cost`].

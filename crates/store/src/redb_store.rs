@@ -175,6 +175,10 @@ impl Store for RedbStore {
         txn.commit().map_err(err)
     }
 
+    fn commits_locally(&self) -> bool {
+        true
+    }
+
     fn status(&self) -> StoreStatus {
         StoreStatus::embedded(&self.path)
     }

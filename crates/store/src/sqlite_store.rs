@@ -303,6 +303,14 @@ impl Store for SqliteStore {
         txn.commit().map_err(err)
     }
 
+    fn maintenance_due(&self) -> bool {
+        self.wal_pages() >= CHECKPOINT_PAGES
+    }
+
+    fn commits_locally(&self) -> bool {
+        true
+    }
+
     fn maintain(&self) {
         if self.wal_pages() < CHECKPOINT_PAGES {
             return;
