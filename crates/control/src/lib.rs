@@ -28,7 +28,7 @@
 mod watch;
 mod writer;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -154,6 +154,9 @@ struct Shared {
     candidate: AtomicBool,
     /// How long the last store commit took, nanoseconds.
     last_commit_nanos: AtomicU64,
+    /// Submissions handed to the writer thread that have not returned to
+    /// their submitters yet.
+    handed: AtomicUsize,
 }
 
 /// A handle on the configuration: submit changes, read, watch. Cheap to clone.
@@ -183,6 +186,23 @@ impl Drop for Candidate<'_> {
     }
 }
 
+/// One submission handed to the writer thread, counted until it returns
+/// (answered, failed or cancelled).
+struct Handed<'a>(&'a AtomicUsize);
+
+impl<'a> Handed<'a> {
+    fn count(handed: &'a AtomicUsize) -> Handed<'a> {
+        handed.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Handed(handed)
+    }
+}
+
+impl Drop for Handed<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
 /// How many change sets may wait for the writer before submitters wait too.
 const QUEUE_CAPACITY: usize = 65_536;
 /// How many applied change sets a slow watcher may fall behind.
@@ -203,6 +223,7 @@ impl Control {
             turn: std::sync::Mutex::new(()),
             candidate: AtomicBool::new(false),
             last_commit_nanos: AtomicU64::new(0),
+            handed: AtomicUsize::new(0),
         });
         let wake = queue.clone();
         let applied = shared.clone();
@@ -229,15 +250,15 @@ impl Control {
     /// Submits a change set; resolves once it is durable and live, with the
     /// revision it produced.
     ///
-    /// A change set that arrives alone, with nothing queued, the writer
-    /// idle and a store that commits locally (the embedded database), is
-    /// committed on the caller's thread: the hand-offs to the writer thread
-    /// and back would cost two thread wake-ups, about a third of what
-    /// Tidegate adds to the disk's sync (docs/benchmarks.md, churn). The
-    /// caller first yields once, so change sets submitted by the other
-    /// ready tasks of its runtime still go to the writer as one group; and
-    /// a store whose last commit was slow (a stalled disk) gets no such
-    /// commit until it is fast again, so a runtime is never held long.
+    /// A change set that arrives alone (no other submission with the
+    /// writer, the writer idle) with a store that commits locally (the
+    /// embedded database) is committed on the caller's thread: the
+    /// hand-offs to the writer thread and back would cost two thread
+    /// wake-ups (docs/benchmarks.md, churn). The caller first yields once,
+    /// so change sets submitted by the other ready tasks of its runtime
+    /// still go to the writer as one group; and a store whose last commit
+    /// was slow (a stalled disk) gets no such commit until one is fast
+    /// again, so a runtime is never held long.
     pub async fn submit(&self, change: ChangeSet) -> Result<u64, SubmitError> {
         let (reply, answer) = oneshot::channel();
         let pending = Pending { change, reply };
@@ -245,6 +266,7 @@ impl Control {
             Some(pending) => pending,
             None => return answer.await.map_err(|_| SubmitError::Closed)?,
         };
+        let _handed = Handed::count(&self.shared.handed);
         self.queue.send(Work::Submit(pending)).await.map_err(|_| SubmitError::Closed)?;
         answer.await.map_err(|_| SubmitError::Closed)?
     }
@@ -254,14 +276,14 @@ impl Control {
     async fn commit_here(&self, pending: Pending) -> Option<Pending> {
         let shared = &self.shared;
         let fast = shared.last_commit_nanos.load(Relaxed) <= SLOW_COMMIT_NANOS;
-        if !(shared.store.commits_locally() && fast && self.nothing_queued()) {
+        if !(shared.store.commits_locally() && fast && self.alone()) {
             return Some(pending);
         }
         let Some(_candidate) = Candidate::claim(&shared.candidate) else {
             return Some(pending);
         };
         tokio::task::yield_now().await;
-        if !self.nothing_queued() {
+        if !self.alone() {
             return Some(pending);
         }
         // The writer thread recovers from a panic while it holds the turn,
@@ -278,8 +300,11 @@ impl Control {
         None
     }
 
-    fn nothing_queued(&self) -> bool {
-        self.queue.capacity() == self.queue.max_capacity()
+    /// No other submission is with the writer: none queued, none being
+    /// committed, no answer given that its submitter has not taken yet (a
+    /// commit here would hold that answer back on this thread).
+    fn alone(&self) -> bool {
+        self.shared.handed.load(std::sync::atomic::Ordering::Acquire) == 0
     }
 
     /// The current configuration.

@@ -287,3 +287,37 @@ async fn a_panic_in_a_submitters_commit_fails_it_and_the_next_one_works() {
     assert_eq!(control.snapshots().load_full().revision(), 1);
     assert_eq!(control.metrics().commits_by_submitter.load(Relaxed), 1);
 }
+
+#[tokio::test]
+async fn no_commit_by_a_submitter_while_an_answer_from_the_writer_waits_to_be_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let control = start_sqlite(&dir);
+    // The first submission goes to the writer thread (the last commit
+    // "was slow").
+    control.shared.last_commit_nanos.store(SLOW_COMMIT_NANOS + 1, Relaxed);
+    let first = {
+        let c = control.clone();
+        tokio::spawn(async move { c.submit(cs(r#"{"ops":[{"op":"put_service","name":"web","spec":{}}]}"#)).await })
+    };
+    tokio::task::yield_now().await;
+    // Block this runtime's only thread until the writer has committed and
+    // answered: the first task cannot take its answer meanwhile.
+    let waited = std::time::Instant::now();
+    while control.metrics().commits.load(Relaxed) < 1 {
+        assert!(waited.elapsed() < std::time::Duration::from_secs(10), "the writer never committed");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    forget_slow_commits(&control);
+    // Committing here would hold that answer back: it goes to the writer.
+    control.submit(put_backend(1)).await.unwrap();
+    assert_eq!(first.await.unwrap().unwrap(), 1);
+    assert_eq!(control.metrics().commits_by_submitter.load(Relaxed), 0);
+    // Both returned: alone again.
+    while control.shared.turn.try_lock().is_err() {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    forget_slow_commits(&control);
+    control.submit(put_backend(2)).await.unwrap();
+    assert_eq!(control.metrics().commits_by_submitter.load(Relaxed), 1);
+}
