@@ -275,10 +275,25 @@ impl Browser {
 }
 
 impl Drop for Browser {
+    /// Ends the session first, which closes Chromium: killing chromedriver
+    /// alone would leave the browser running, orphaned.
     fn drop(&mut self) {
+        let _ = end_session(&self.base, &self.session);
         let _ = self.driver.kill();
         let _ = self.driver.wait();
     }
+}
+
+/// `DELETE /session/{id}`, blocking (for `Drop`), waiting for the answer.
+fn end_session(base: &str, session: &str) -> std::io::Result<()> {
+    use std::io::{Read, Write};
+    let host = base.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(host)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(s, "DELETE /session/{session} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer)?;
+    Ok(())
 }
 
 fn base64_decode(s: &str) -> Vec<u8> {
