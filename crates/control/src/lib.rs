@@ -28,7 +28,8 @@
 mod watch;
 mod writer;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -176,13 +177,13 @@ struct Candidate<'a>(&'a AtomicBool);
 
 impl<'a> Candidate<'a> {
     fn claim(flag: &'a AtomicBool) -> Option<Candidate<'a>> {
-        (!flag.swap(true, std::sync::atomic::Ordering::Acquire)).then_some(Candidate(flag))
+        (!flag.swap(true, Acquire)).then_some(Candidate(flag))
     }
 }
 
 impl Drop for Candidate<'_> {
     fn drop(&mut self) {
-        self.0.store(false, std::sync::atomic::Ordering::Release);
+        self.0.store(false, Release);
     }
 }
 
@@ -192,14 +193,14 @@ struct Handed<'a>(&'a AtomicUsize);
 
 impl<'a> Handed<'a> {
     fn count(handed: &'a AtomicUsize) -> Handed<'a> {
-        handed.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        handed.fetch_add(1, AcqRel);
         Handed(handed)
     }
 }
 
 impl Drop for Handed<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        self.0.fetch_sub(1, AcqRel);
     }
 }
 
@@ -304,7 +305,7 @@ impl Control {
     /// committed, no answer given that its submitter has not taken yet (a
     /// commit here would hold that answer back on this thread).
     fn alone(&self) -> bool {
-        self.shared.handed.load(std::sync::atomic::Ordering::Acquire) == 0
+        self.shared.handed.load(Acquire) == 0
     }
 
     /// The current configuration.

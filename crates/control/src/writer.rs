@@ -234,7 +234,11 @@ impl Shared {
             }
             let commit_started = Instant::now();
             let commit = Commit { base: current.revision, changes: &applied, before: &current.state, after: &state };
-            match store.commit(&commit) {
+            let outcome = store.commit(&commit);
+            let took = commit_started.elapsed().as_nanos() as u64;
+            // A failed commit that took long says the disk is slow too.
+            self.last_commit_nanos.store(took, Relaxed);
+            match outcome {
                 Ok(()) => {}
                 Err(StoreError::Conflict { .. }) if first_try.elapsed() < MAX_CONFLICT_TIME => {
                     conflicts += 1;
@@ -277,9 +281,7 @@ impl Shared {
                     continue;
                 }
             }
-            let took = commit_started.elapsed().as_nanos() as u64;
             m.committed(took);
-            self.last_commit_nanos.store(took, Relaxed);
 
             let snapshot = self.snapshot.load().next(&state, &delta, revision);
             self.snapshot.store(Arc::new(snapshot));
