@@ -140,7 +140,11 @@ pub(crate) async fn run<E: Exchange>(
                     return Ok(Answered { answer, slot });
                 }
                 // The backend shed the request: another one may take it;
-                // if none can, the client gets this 503.
+                // if none can, the client gets this 503. The backend is
+                // done with it: its place goes back now, not when the
+                // request ends.
+                let mut slot = slot;
+                slot.release();
                 shed = Some(Answered { answer, slot });
                 Failure::Shed
             }

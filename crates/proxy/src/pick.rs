@@ -222,17 +222,24 @@ impl Slot {
             live.queue.wake_one();
         }
     }
-}
 
-impl Drop for Slot {
-    fn drop(&mut self) {
+    /// Gives the backend back now, before the answer is dropped: a shed
+    /// answer (503) is kept only in case no other backend answers better,
+    /// and its backend is done with the request. Nothing is held after.
+    pub(crate) fn release(&mut self) {
         // Free the slot first, so the woken request finds room.
         drop(self.guard.take());
         // Nothing to wake for when the learned limit's place went back
         // with the head and no `max_conns` place is freed now: a woken
         // request would find no room and wait again.
-        if let (true, Some(live)) = (self.capped || !self.answered, &self.live) {
+        if let (true, Some(live)) = (self.capped || !self.answered, self.live.take()) {
             live.queue.wake_one();
         }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.release();
     }
 }

@@ -197,6 +197,59 @@ async fn retries_leave_the_round_robin_to_first_attempts() {
     }
 }
 
+/// A backend that sheds a request (503) is done with it: while the
+/// request is retried on another backend (and the 503 kept in case none
+/// answers better), the shedding backend no longer counts it in flight nor
+/// against its `max_conns`. Either HTTP/1 engine.
+#[test]
+fn a_shed_request_gives_its_backend_back_while_it_is_retried() {
+    for engine in ["native", "hyper"] {
+        let dir = tempfile::tempdir().unwrap();
+        let tg = Tidegate::start_with(dir.path(), &["--http1", engine]);
+        // One slot, no queue, 3 s per request: once busy, it sheds the
+        // requests that follow at once.
+        let full = Backend::start("full", &["--slots", "1", "--queue", "0", "--service-time", "fixed:3s"]);
+        let slow = Backend::start("slow", &["--service-time", "fixed:1500ms"]);
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let spec = json!({
+                "policy": {"kind": "round_robin"},
+                "concurrency": {"learn": false},
+                "health": {"passive": {"consecutive_failures": 0}},
+                "backends": [
+                    {"id": "full", "addr": full.addr.to_string(), "max_conns": 1},
+                    {"id": "slow", "addr": slow.addr.to_string()},
+                ],
+            });
+            put(&tg, spec).await;
+            let direct = format!("http://{}/", full.addr);
+            let busy = tokio::spawn(async move { get(&direct).await.status });
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            // Round robin sends one of the two to `full` first.
+            let both: Vec<_> = ["/a", "/b"]
+                .map(|path| {
+                    let url = tg.url(path);
+                    tokio::spawn(async move {
+                        let r = get(&url).await;
+                        (r.status, served_by(&r))
+                    })
+                })
+                .into();
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            assert_eq!(shed_by(&full).await, 1, "{engine}: one request went to `full` first");
+            let (_, status) = tg.api("GET", "/v1/status", None).await;
+            let backends = status["services"]["web"]["backends"].as_array().unwrap().clone();
+            let in_flight = |id: &str| backends.iter().find(|b| b["id"] == id).map(|b| b["in_flight"].clone());
+            assert_eq!(in_flight("full"), Some(json!(0)), "{engine}: {backends:?}");
+            assert_eq!(in_flight("slow"), Some(json!(2)), "{engine}: {backends:?}");
+            for r in both {
+                assert_eq!(r.await.unwrap(), (200, "slow".to_string()), "{engine}");
+            }
+            assert_eq!(busy.await.unwrap(), 200);
+        });
+    }
+}
+
 /// Tidegate with service `web` over primaries `a` and `b` and backup
 /// `spare` (round robin, this `health`), and the three emulators.
 async fn with_a_backup(dir: &std::path::Path, health: Value) -> (Tidegate, [Backend; 3]) {
