@@ -18,13 +18,9 @@ fn put_backend(i: usize) -> ChangeSet {
     ))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_submissions_each_get_a_distinct_revision_and_are_live() {
-    let dir = tempfile::tempdir().unwrap();
-    let control = start(&dir);
-    let rev = control.submit(cs(r#"{"ops":[{"op":"put_service","name":"web","spec":{}}]}"#)).await.unwrap();
-    assert_eq!(rev, 1);
-    let tasks: Vec<_> = (0..200)
+/// Submits `n` backend puts from as many tasks at once; their revisions, sorted.
+async fn submit_together(control: &Control, n: usize) -> Vec<u64> {
+    let tasks: Vec<_> = (0..n)
         .map(|i| {
             let c = control.clone();
             tokio::spawn(async move { c.submit(put_backend(i)).await.unwrap() })
@@ -35,7 +31,16 @@ async fn concurrent_submissions_each_get_a_distinct_revision_and_are_live() {
         revs.push(t.await.unwrap());
     }
     revs.sort();
-    assert_eq!(revs, (2..=201).collect::<Vec<_>>());
+    revs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_submissions_each_get_a_distinct_revision_and_are_live() {
+    let dir = tempfile::tempdir().unwrap();
+    let control = start(&dir);
+    let rev = control.submit(cs(r#"{"ops":[{"op":"put_service","name":"web","spec":{}}]}"#)).await.unwrap();
+    assert_eq!(rev, 1);
+    assert_eq!(submit_together(&control, 200).await, (2..=201).collect::<Vec<_>>());
     let snap = control.snapshots().load_full();
     assert_eq!(snap.revision(), 201);
     assert_eq!(snap.service("web").unwrap().selector.backends().len(), 200);
@@ -194,18 +199,7 @@ async fn change_sets_submitted_together_still_go_to_the_writer_as_groups() {
     let before = control.metrics().commits_by_submitter.load(Relaxed);
     // Fifty tasks ready at once on this one thread, as the admin API's
     // connections are: the first yields, the others queue meanwhile.
-    let tasks: Vec<_> = (0..50)
-        .map(|i| {
-            let c = control.clone();
-            tokio::spawn(async move { c.submit(put_backend(i)).await.unwrap() })
-        })
-        .collect();
-    let mut revs = Vec::new();
-    for t in tasks {
-        revs.push(t.await.unwrap());
-    }
-    revs.sort();
-    assert_eq!(revs, (2..=51).collect::<Vec<_>>());
+    assert_eq!(submit_together(&control, 50).await, (2..=51).collect::<Vec<_>>());
     let m = control.metrics();
     assert!(m.commits_by_submitter.load(Relaxed) - before <= 1, "{m:?}");
     assert!(m.commits.load(Relaxed) <= 26, "one commit per change set: no group formed ({m:?})");
