@@ -294,7 +294,7 @@ impl Control {
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return Some(pending),
         };
-        shared.commit_here(pending);
+        shared.commit_alone(pending);
         if shared.store.maintenance_due() {
             let _ = self.queue.try_send(Work::Maintain);
         }

@@ -172,6 +172,14 @@ fn forget_slow_commits(control: &Control) {
     control.shared.last_commit_nanos.store(0, Relaxed);
 }
 
+/// Waits until the writer gives its turn back: it keeps it a moment after
+/// answering (housekeeping).
+async fn turn_given_back(control: &Control) {
+    while control.shared.turn.try_lock().is_err() {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_lone_change_set_is_committed_by_its_submitter() {
     let dir = tempfile::tempdir().unwrap();
@@ -213,10 +221,7 @@ async fn after_a_slow_commit_changes_go_to_the_writer_thread() {
     control.submit(cs(r#"{"ops":[{"op":"put_service","name":"web","spec":{}}]}"#)).await.unwrap();
     assert_eq!(control.metrics().commits_by_submitter.load(Relaxed), 0);
     assert_eq!(control.metrics().commits.load(Relaxed), 1);
-    // The writer keeps its turn a moment after answering (housekeeping).
-    while control.shared.turn.try_lock().is_err() {
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-    }
+    turn_given_back(&control).await;
     forget_slow_commits(&control);
     control.submit(put_backend(1)).await.unwrap();
     assert_eq!(control.metrics().commits_by_submitter.load(Relaxed), 1);
@@ -308,9 +313,7 @@ async fn no_commit_by_a_submitter_while_an_answer_from_the_writer_waits_to_be_ta
     assert_eq!(first.await.unwrap().unwrap(), 1);
     assert_eq!(control.metrics().commits_by_submitter.load(Relaxed), 0);
     // Both returned: alone again.
-    while control.shared.turn.try_lock().is_err() {
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-    }
+    turn_given_back(&control).await;
     forget_slow_commits(&control);
     control.submit(put_backend(2)).await.unwrap();
     assert_eq!(control.metrics().commits_by_submitter.load(Relaxed), 1);

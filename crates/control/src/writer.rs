@@ -82,7 +82,7 @@ impl Shared {
     /// Commits one change set on the caller's thread, which holds the
     /// turn; its answer is in `pending.reply` when this returns. A panic is
     /// recovered from as the writer thread does.
-    pub(crate) fn commit_here(&self, pending: Pending) {
+    pub(crate) fn commit_alone(&self, pending: Pending) {
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             self.catch_up();
             self.commit_group(vec![pending])
