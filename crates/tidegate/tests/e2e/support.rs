@@ -4,7 +4,7 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -259,6 +259,18 @@ pub async fn route_to(tg: &Tidegate, service: &str, backends: &[&Backend], polic
         )
         .await;
     assert_eq!(s, 200, "{v}");
+}
+
+/// Polls `check` every 100 ms until it returns a value, at most `within`.
+pub async fn wait_for<T>(what: &str, within: Duration, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out after {within:?} waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Which backend answered (the emulator's `x-backend` header).
