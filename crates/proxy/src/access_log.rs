@@ -178,9 +178,7 @@ impl Writer {
         let mut last_line = Instant::now();
         let mut unflushed = false;
         loop {
-            if self.counts.reopen.swap(false, Relaxed) {
-                self.reopen();
-            }
+            self.follow_rotation();
             // Everything queued now, then one flush.
             let disconnected = loop {
                 match self.rx.try_recv() {
@@ -221,7 +219,17 @@ impl Writer {
         }
     }
 
+    /// Reopens the file if a rotation was signalled: checked before every
+    /// line, so a line sent after the signal goes to the new file even
+    /// when it is the one that wakes this thread.
+    fn follow_rotation(&mut self) {
+        if self.counts.reopen.load(Relaxed) && self.counts.reopen.swap(false, Relaxed) {
+            self.reopen();
+        }
+    }
+
     fn write(&mut self, line: &Line) {
+        self.follow_rotation();
         self.text.clear();
         format_line(&mut self.text, line, self.format);
         match self.out.write_all(self.text.as_bytes()) {
@@ -457,8 +465,10 @@ mod tests {
         };
         wait(1);
         std::fs::rename(&path, dir.path().join("access.log.1")).unwrap();
+        // The writer is waiting for lines: the one that wakes it already
+        // goes to the new file.
+        std::thread::sleep(IDLE_AFTER + Duration::from_millis(50));
         log.reopen();
-        std::thread::sleep(Duration::from_millis(400)); // the writer's idle tick
         log.send(line());
         wait(2);
         std::thread::sleep(Duration::from_millis(50));

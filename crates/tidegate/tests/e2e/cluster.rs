@@ -467,8 +467,10 @@ async fn a_killed_instance_loses_no_acknowledged_change() {
             acknowledged.push(format!("k{i}"));
         }
     }
-    // Give B a moment to apply whatever reached etcd.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A restarted instance loads whatever reached etcd; B catches up to it.
+    let (a2, _da2) = instance(&store, &[]);
+    let (_, config) = a2.api("GET", "/v1/config", None).await;
+    converged(&b, config["revision"].as_u64().expect("a revision")).await;
     let (_, v) = b.api("GET", "/v1/services/web", None).await;
     let present: Vec<String> = v["spec"]["backends"]
         .as_array()
@@ -479,8 +481,7 @@ async fn a_killed_instance_loses_no_acknowledged_change() {
     for id in &acknowledged {
         assert!(present.contains(id), "{id} was acknowledged but is gone");
     }
-    // A restarted instance serves the same.
-    let (a2, _da2) = instance(&store, &[]);
+    // The restarted instance serves the same.
     let (_, v2) = a2.api("GET", "/v1/services/web", None).await;
     assert_eq!(v2, v);
 }

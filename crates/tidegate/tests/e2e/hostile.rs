@@ -368,11 +368,20 @@ fn a_stopping_proxy_drains_requests_and_tunnels_then_exits() {
             let rt = tokio::runtime::Runtime::new().unwrap();
             rt.block_on(async { try_send("GET", &url, None, Vec::new(), &[]).await.map(|r| r.status) })
         });
-        std::thread::sleep(Duration::from_millis(300));
+        // The tunnel and the slow request are both in flight.
+        rt.block_on(wait_for("the slow request reaches the backend", Duration::from_secs(5), async || {
+            let (_, status) = tg.api("GET", "/v1/status", None).await;
+            (status["services"]["web"]["backends"][0]["in_flight"].as_u64() == Some(2)).then_some(())
+        }));
         let stopped = Instant::now();
         tg.terminate();
-        std::thread::sleep(Duration::from_millis(300));
-        assert!(TcpStream::connect(tg.proxy).is_err(), "{engine}: a new connection was accepted while stopping");
+        // The listeners close once the signal has gone through the admin
+        // server and the control plane; the slow request is still in flight.
+        let closed = Instant::now() + Duration::from_secs(2);
+        while TcpStream::connect(tg.proxy).is_ok() {
+            assert!(Instant::now() < closed, "{engine}: new connections still accepted 2 s after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
         assert_eq!(echo(&mut tunnel), Ok(*b"ping"), "{engine}: the tunnel stopped working while draining");
         assert_eq!(slow.join().unwrap(), Ok(200), "{engine}: the request in flight");
         assert_eq!(tg.wait_exit(Duration::from_millis(500)), None, "{engine}: exited with a tunnel open");

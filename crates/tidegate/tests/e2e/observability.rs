@@ -16,6 +16,19 @@ async fn scrape(tg: &Tidegate) -> String {
     r.text()
 }
 
+/// `/metrics` once `done` holds for it. A request's duration and class are
+/// counted just after its last byte is written, so a client can see its
+/// answer before the count moves.
+async fn scrape_until(tg: &Tidegate, what: &str, done: impl Fn(&str) -> bool) -> String {
+    let mut text = String::new();
+    wait_for(what, Duration::from_secs(5), async || {
+        text = scrape(tg).await;
+        done(&text).then_some(())
+    })
+    .await;
+    text
+}
+
 /// The value of the sample line that starts with `prefix` (name and labels).
 fn sample(text: &str, prefix: &str) -> Option<f64> {
     text.lines().find_map(|l| l.strip_prefix(prefix)?.strip_prefix(' ')?.parse().ok())
@@ -30,10 +43,9 @@ async fn request_histograms_and_backend_metrics_are_exported() {
     for _ in 0..20 {
         assert_eq!(get(&tg.url("/x")).await.status, 200);
     }
-    let text = scrape(&tg).await;
     let labels = r#"{service="web",route="web",class="2xx""#;
     let count = |t: &str| sample(t, &format!("tidegate_request_duration_seconds_count{labels}}}"));
-    assert_eq!(count(&text), Some(20.0), "{text}");
+    let text = scrape_until(&tg, "20 requests are counted", |t| count(t) == Some(20.0)).await;
     let inf = r#"tidegate_request_duration_seconds_bucket{le="+Inf",service="web",route="web",class="2xx"}"#;
     assert_eq!(sample(&text, inf), Some(20.0), "{text}");
     assert!(text.contains("# TYPE tidegate_request_duration_seconds histogram"), "{text}");
@@ -56,9 +68,8 @@ async fn request_histograms_and_backend_metrics_are_exported() {
     let (s, _) = tg.api("DELETE", "/v1/routes/web", None).await;
     assert_eq!(s, 200);
     assert_eq!(get(&tg.url("/x")).await.status, 404);
-    let text = scrape(&tg).await;
     let unrouted = r#"tidegate_request_duration_seconds_count{service="",route="",class="4xx"}"#;
-    assert_eq!(sample(&text, unrouted), Some(1.0), "{text}");
+    let text = scrape_until(&tg, "the unrouted request is counted", |t| sample(t, unrouted) == Some(1.0)).await;
     assert_eq!(count(&text), None, "a deleted route's series goes with it");
 }
 
@@ -82,16 +93,24 @@ async fn load_reports_and_dynamic_weights_are_exported() {
     assert_eq!(s, 200, "{v}");
     // Weights come from the background pass (about every 100 ms) over
     // reports that arrived with responses.
+    // A pass may weigh the backends after one report (the other gets the
+    // mean), so traffic goes on until both have reported too.
     let mut status = Value::Null;
+    let mut text = String::new();
     for _ in 0..100 {
         assert_eq!(get(&tg.url("/x")).await.status, 200);
         status = tg.api("GET", "/v1/status", None).await.1;
-        if status["services"]["web"]["backends"][1]["effective_weight"].is_number() {
+        text = scrape(&tg).await;
+        let reported = |id: &str| {
+            sample(&text, &format!(r#"tidegate_backend_cpu_utilization_ratio{{service="web",backend="{id}"}}"#))
+                .is_some()
+        };
+        let weighed = status["services"]["web"]["backends"][1]["effective_weight"].is_number();
+        if weighed && reported("a") && reported("b") {
             break;
         }
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
-    let text = scrape(&tg).await;
     for (i, id) in ["a", "b"].iter().enumerate() {
         let labels = format!(r#"{{service="web",backend="{id}"}}"#);
         let cpu = sample(&text, &format!("tidegate_backend_cpu_utilization_ratio{labels}"));
