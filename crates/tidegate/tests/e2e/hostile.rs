@@ -293,6 +293,15 @@ async fn tunnels_hold_their_backend_slot_and_close_when_idle() {
     .unwrap();
 }
 
+/// Waits until service `web`'s first backend has `n` requests in flight.
+async fn in_flight_reaches(tg: &Tidegate, n: u64, what: &str) {
+    wait_for(what, Duration::from_secs(5), async || {
+        let (_, status) = tg.api("GET", "/v1/status", None).await;
+        (status["services"]["web"]["backends"][0]["in_flight"].as_u64() == Some(n)).then_some(())
+    })
+    .await;
+}
+
 /// With the default settings (round robin learning each backend's
 /// concurrency limit, which starts at 1), requests already answered take
 /// no place under the learned limit: open WebSocket tunnels, and a
@@ -314,13 +323,7 @@ fn answered_streams_and_tunnels_do_not_hold_places_under_the_learned_limit() {
             }
             // The last answer's slot is given back just after its bytes
             // are written, so the count may lag the client for a moment.
-            let tunnels_alone = format!("{engine}: the three tunnels alone are in flight");
-            wait_for(&tunnels_alone, Duration::from_secs(5), async || {
-                let (_, status) = tg.api("GET", "/v1/status", None).await;
-                let in_flight = status["services"]["web"]["backends"][0]["in_flight"].as_u64();
-                (in_flight == Some(3)).then_some(())
-            })
-            .await;
+            in_flight_reaches(&tg, 3, &format!("{engine}: the three tunnels alone are in flight")).await;
         });
         drop(tunnels);
 
@@ -369,10 +372,7 @@ fn a_stopping_proxy_drains_requests_and_tunnels_then_exits() {
             rt.block_on(async { try_send("GET", &url, None, Vec::new(), &[]).await.map(|r| r.status) })
         });
         // The tunnel and the slow request are both in flight.
-        rt.block_on(wait_for("the slow request reaches the backend", Duration::from_secs(5), async || {
-            let (_, status) = tg.api("GET", "/v1/status", None).await;
-            (status["services"]["web"]["backends"][0]["in_flight"].as_u64() == Some(2)).then_some(())
-        }));
+        rt.block_on(in_flight_reaches(&tg, 2, "the slow request reaches the backend"));
         let stopped = Instant::now();
         tg.terminate();
         // The listeners close once the signal has gone through the admin
