@@ -150,11 +150,13 @@ async fn an_ejected_backend_returns_after_its_backoff() {
     for _ in 0..10 {
         assert_eq!(get(&tg.url("/")).await.status, 200);
     }
-    let (_, status) = tg.api("GET", "/v1/status", None).await;
-    assert_eq!(status["services"]["web"]["backends"][1]["health"], "ejected");
+    health_becomes(&tg, "flaky", "ejected").await;
     // It comes back on the same address; after the backoff it serves again.
     let _back = Backend::start("flaky", &["--listen", &port.to_string()]);
-    tokio::time::sleep(Duration::from_millis(900)).await;
+    wait_for("the recovered backend serves a request", Duration::from_secs(5), async || {
+        (served_by(&get(&tg.url("/")).await) == "flaky").then_some(())
+    })
+    .await;
     let mut served = 0;
     for _ in 0..20 {
         if served_by(&get(&tg.url("/")).await) == "flaky" {
@@ -224,7 +226,7 @@ fn a_shed_request_gives_its_backend_back_while_it_is_retried() {
             put(&tg, spec).await;
             let direct = format!("http://{}/", full.addr);
             let busy = tokio::spawn(async move { get(&direct).await.status });
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            emulator_in_flight_reaches(&full, 1).await;
             // Round robin sends one of the two to `full` first.
             let both: Vec<_> = ["/a", "/b"]
                 .map(|path| {
@@ -235,13 +237,18 @@ fn a_shed_request_gives_its_backend_back_while_it_is_retried() {
                     })
                 })
                 .into();
-            tokio::time::sleep(Duration::from_millis(600)).await;
+            // Both are at `slow` for 1.5 s once the shed one is retried.
+            web_status_until(&tg, &format!("{engine}: `full` has none in flight, `slow` both"), |web| {
+                let in_flight = |id: &str| {
+                    web["backends"]
+                        .as_array()
+                        .and_then(|b| b.iter().find(|b| b["id"] == id))
+                        .map(|b| b["in_flight"].clone())
+                };
+                in_flight("full") == Some(json!(0)) && in_flight("slow") == Some(json!(2))
+            })
+            .await;
             assert_eq!(shed_by(&full).await, 1, "{engine}: one request went to `full` first");
-            let (_, status) = tg.api("GET", "/v1/status", None).await;
-            let backends = status["services"]["web"]["backends"].as_array().unwrap().clone();
-            let in_flight = |id: &str| backends.iter().find(|b| b["id"] == id).map(|b| b["in_flight"].clone());
-            assert_eq!(in_flight("full"), Some(json!(0)), "{engine}: {backends:?}");
-            assert_eq!(in_flight("slow"), Some(json!(2)), "{engine}: {backends:?}");
             for r in both {
                 assert_eq!(r.await.unwrap(), (200, "slow".to_string()), "{engine}");
             }
@@ -288,16 +295,16 @@ async fn active_checks_take_backends_out_and_back_and_backups_wait_their_turn() 
     // Take b's health down: it leaves rotation.
     let r = send("POST", &format!("http://{}/_emulator/health?up=false", b.addr), None, vec![], &[]).await;
     assert_eq!(r.status, 200);
-    wait_for(&tg, "b", "down").await;
+    health_becomes(&tg, "b", "down").await;
     let seen = who(&tg).await;
     assert_eq!(seen.get("a"), Some(&30), "{seen:?}");
     // Both primaries down: the backup serves.
     send("POST", &format!("http://{}/_emulator/health?up=false", a.addr), None, vec![], &[]).await;
-    wait_for(&tg, "a", "down").await;
+    health_becomes(&tg, "a", "down").await;
     assert_eq!(who(&tg).await.get("spare"), Some(&30));
     // b recovers and takes over again.
     send("POST", &format!("http://{}/_emulator/health?up=true", b.addr), None, vec![], &[]).await;
-    wait_for(&tg, "b", "up").await;
+    health_becomes(&tg, "b", "up").await;
     assert_eq!(who(&tg).await.get("b"), Some(&30));
 }
 
@@ -331,7 +338,7 @@ async fn slow_start_keeps_backups_idle_and_weight_zero_means_no_backend() {
 }
 
 /// Polls `/v1/status` until backend `id` of `web` has this health (5 s at most).
-async fn wait_for(tg: &Tidegate, id: &str, health: &str) {
+async fn health_becomes(tg: &Tidegate, id: &str, health: &str) {
     for _ in 0..100 {
         let (_, status) = tg.api("GET", "/v1/status", None).await;
         let backends = status["services"]["web"]["backends"].as_array().cloned().unwrap_or_default();
@@ -357,9 +364,9 @@ async fn connection_limits_queue_requests_and_bound_the_queue() {
     put(&tg, spec).await;
     let slow = |tg: Arc<Tidegate>| tokio::spawn(async move { get(&tg.url("/?delay_ms=300")).await });
     let first = slow(tg.clone());
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    in_flight_reaches(&tg, 1, "the first request holds the slot").await;
     let second = slow(tg.clone()); // waits in the queue
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    web_status_until(&tg, "the second request waits in the queue", |web| web["queued"] == 1).await;
     let third = get(&tg.url("/?delay_ms=300")).await; // queue full
     assert_eq!(third.status, 503);
     assert!(third.text().contains("queue is full"), "{}", third.text());
@@ -373,7 +380,7 @@ async fn connection_limits_queue_requests_and_bound_the_queue() {
     });
     put(&tg, spec).await;
     let busy = slow(tg.clone());
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    in_flight_reaches(&tg, 1, "the slow request holds the slot").await;
     let r = get(&tg.url("/")).await;
     assert_eq!(r.status, 503);
     assert!(r.text().contains("queue timeout") || r.text().contains("within the queue timeout"), "{}", r.text());
@@ -522,7 +529,7 @@ async fn a_limit_set_on_a_busy_service_does_not_stall_its_queue() {
             tokio::spawn(async move { get(&tg.url("/?delay_ms=600")).await.status })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    in_flight_reaches(&tg, 10, "the ten slow requests are in flight").await;
     let (s, v) = tg.api("PUT", "/v1/services/web/backends/b", Some(json!({"addr": addr, "max_conns": 1}))).await;
     assert_eq!(s, 200, "{v}");
     let started = std::time::Instant::now();

@@ -293,15 +293,6 @@ async fn tunnels_hold_their_backend_slot_and_close_when_idle() {
     .unwrap();
 }
 
-/// Waits until service `web`'s first backend has `n` requests in flight.
-async fn in_flight_reaches(tg: &Tidegate, n: u64, what: &str) {
-    wait_for(what, Duration::from_secs(5), async || {
-        let (_, status) = tg.api("GET", "/v1/status", None).await;
-        (status["services"]["web"]["backends"][0]["in_flight"].as_u64() == Some(n)).then_some(())
-    })
-    .await;
-}
-
 /// With the default settings (round robin learning each backend's
 /// concurrency limit, which starts at 1), requests already answered take
 /// no place under the learned limit: open WebSocket tunnels, and a

@@ -273,6 +273,32 @@ pub async fn wait_for<T>(what: &str, within: Duration, mut check: impl AsyncFnMu
     }
 }
 
+/// Polls `/v1/status` until service `web` passes `check` (5 s at most).
+/// Counts are updated just after a client sees its answer, so a test reads
+/// them this way rather than once.
+pub async fn web_status_until(tg: &Tidegate, what: &str, check: impl Fn(&Value) -> bool) {
+    wait_for(what, Duration::from_secs(5), async || {
+        let (_, status) = tg.api("GET", "/v1/status", None).await;
+        check(&status["services"]["web"]).then_some(())
+    })
+    .await;
+}
+
+/// Polls until `web`'s first backend has `n` requests in flight.
+pub async fn in_flight_reaches(tg: &Tidegate, n: u64, what: &str) {
+    web_status_until(tg, what, |web| web["backends"][0]["in_flight"].as_u64() == Some(n)).await;
+}
+
+/// Polls a backend emulator's own stats until it serves `n` requests at once.
+pub async fn emulator_in_flight_reaches(b: &Backend, n: u64) {
+    let url = format!("http://{}/_emulator/stats", b.addr);
+    wait_for(&format!("{} has {n} requests in flight", b.addr), Duration::from_secs(5), async || {
+        let stats: Value = serde_json::from_str(&get(&url).await.text()).ok()?;
+        (stats["in_flight"].as_u64() == Some(n)).then_some(())
+    })
+    .await;
+}
+
 /// Which backend answered (the emulator's `x-backend` header).
 pub fn served_by(r: &Reply) -> String {
     r.headers.get("x-backend").and_then(|v| v.to_str().ok()).unwrap_or("").to_string()
