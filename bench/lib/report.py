@@ -223,12 +223,19 @@ def plot_overhead(plt, r):
     fig, ax = plt.subplots(figsize=(6, 3.2))
     s = r["summary"]
     names = list(s)
-    ax.bar(range(len(names)), [s[n]["mean_us"] for n in names], yerr=[s[n]["stddev_us"] for n in names],
-           capsize=3, label="mean ± sd")
-    ax.plot(range(len(names)), [s[n]["p50_us"] for n in names], "kD", label="p50")
-    ax.set_xticks(range(len(names)), [n.replace("_", "\n") for n in names], fontsize=7)
+    x = range(len(names))
+    pace = f"{r['rate']:g}/s" if r.get("rate") else "sequential"
+    ax.bar(x, [s[n]["mean_us"] for n in names], yerr=[s[n]["stddev_us"] for n in names], capsize=3,
+           label=f"{pace}: mean ± sd")
+    ax.plot(x, [s[n]["p50_us"] for n in names], "kD", label=f"{pace}: p50")
+    if r.get("back_to_back"):
+        warm = r["back_to_back"]["summary"]
+        ax.plot(x, [warm[n]["p50_us"] for n in names], "o", color="tab:orange", label="back to back: p50")
+    ax.set_xticks(list(x), [n.replace("_", "\n") for n in names], fontsize=7)
     ax.set_ylabel("µs per request")
-    ax.set_title(f"sequential requests ({r['requests']} x {r['reps']}), emulator {r['service_time']}")
+    how = ", paths in turn" if r.get("interleaved") else ""
+    ax.set_title(f"sequential requests ({r['requests']} x {r['reps']}{how}), emulator {r['service_time']}",
+                 fontsize=9)
     ax.legend(fontsize=7)
     return fig
 
@@ -461,21 +468,56 @@ def md_peak(r):
 
 
 def md_overhead(r):
+    if not r.get("interleaved"):
+        return md_overhead_sequential(r)
+    s = [f"{r['requests']} sequential requests per path and repetition (one keep-alive connection each, "
+         f"tidegate-bench sequential, {r['warmup']} warm-up requests), at two paces: {r['rate']:g} requests/s per "
+         "path, and back to back. The paths are measured in turn in the same seconds, one request on the machine at "
+         "a time, in a new random order every round, in two groups with a direct path each: direct, Tidegate, nginx "
+         f"and HAProxy; then direct and Tidegate's three paths. {r['reps']} repetition(s), medians. Backend: "
+         f"tidegate-emulator, service time {r['service_time']}. Added = the path's value minus direct's in the same "
+         "group and repetition. Paper S4 (Table 1, 3,000 requests, an application taking 78.5 ms): direct 78.5 ± "
+         "7.7 ms, nginx 80.2 ± 10.6 ms (+2 %), nginx with the distributor 82.6 ± 7.5 ms (+5 %). \"% of 78.5 ms\" "
+         "puts our added time against the paper's application time.\n\n"]
+    for title, part in ((f"**{r['rate']:g} requests/s per path**", r),
+                        ("**Back to back**", r["back_to_back"])):
+        s.append(f"{title}:\n\n")
+        s.append(overhead_table(part["summary"]))
+        d = part.get("tidegate_minus_nginx_p50_us")
+        if d is not None:
+            s.append(f"\nTidegate's p50 minus nginx's, measured in the same seconds: {d:+.1f} µs.")
+        if part.get("learned_limits_added_p50_us") is not None:
+            s.append(f" Learned limits (`tidegate` against `tidegate_no_learning`): "
+                     f"{part['learned_limits_added_p50_us']:+.1f} µs at p50.")
+        s.append("\n\n")
+    g = r["goal"]
+    d = g["tidegate_minus_nginx_p50_us"]
+    s.append(f"Goals: issue 8, added latency at {r['rate']:g} requests/s no worse than nginx's: "
+             f"{fmt(d, 1)} µs against nginx — {'met' if g['no_worse_than_nginx'] else 'not met'}. Issue 12, learned "
+             f"limits at most 2 µs at p50: {fmt(r['learned_limits_added_p50_us'], 1)} µs — "
+             f"{'met' if (r['learned_limits_added_p50_us'] or 0) <= 2 else 'not met'}. Under 100 µs added at p50 back "
+             f"to back: {fmt(g['tidegate_added_p50_us'], 1)} µs — {'met' if g['met'] else 'not met'}.\n")
+    return "".join(s)
+
+
+def overhead_table(summary: dict) -> str:
+    rows = []
+    for name, v in summary.items():
+        paper = PAPER_S4.get(name)
+        rows.append([name, v["mean_us"], v["stddev_us"], v["p50_us"], v["p99_us"], fmt(v["added_mean_us"], 1),
+                     fmt(v["added_p50_us"], 1), f"{(v['added_mean_us'] or 0) / 785:.3f} %",
+                     f"{paper[0]} ± {paper[1]} ms" + (f" (+{paper[2]} %)" if paper[2] else "") if paper else "",
+                     v["failed"]])
+    return table(["path", "mean µs", "sd µs", "p50 µs", "p99 µs", "added mean µs", "added p50 µs",
+                  "% of 78.5 ms", "paper", "failed"], rows)
+
+
+def md_overhead_sequential(r):
+    """Runs before the paths were interleaved (one path after another)."""
     s = [f"{r['requests']} sequential requests per run (one keep-alive connection, tidegate-bench sequential, "
          f"{r['warmup']} warm-up requests), {r['reps']} repetition(s) with the order rotated, medians. Backend: "
          f"tidegate-emulator, service time {r['service_time']}. Added = the path's value minus direct's in the same "
-         "repetition. Paper S4 (Table 1, 3,000 requests, an application taking 78.5 ms): direct 78.5 ± 7.7 ms, "
-         "nginx 80.2 ± 10.6 ms (+2 %), nginx with the distributor 82.6 ± 7.5 ms (+5 %). \"% of 78.5 ms\" puts our "
-         "added time against the paper's application time.\n\n"]
-    rows = []
-    for name, v in r["summary"].items():
-        paper = PAPER_S4.get(name)
-        rows.append([name, v["mean_us"], v["stddev_us"], v["p50_us"], v["p99_us"], round(v["added_mean_us"], 1),
-                     round(v["added_p50_us"], 1), f"{v['added_mean_us'] / 785:.3f} %",
-                     f"{paper[0]} ± {paper[1]} ms" + (f" (+{paper[2]} %)" if paper[2] else "") if paper else "",
-                     v["failed"]])
-    s.append(table(["path", "mean µs", "sd µs", "p50 µs", "p99 µs", "added mean µs", "added p50 µs",
-                    "% of 78.5 ms", "paper", "failed"], rows))
+         "repetition.\n\n", overhead_table(r["summary"])]
     g = r["goal"]
     s.append(f"\nGoal (< 100 µs added at p50 by Tidegate): {fmt(g['tidegate_added_p50_us'], 1)} µs — "
              f"{'met' if g['met'] else 'not met'}.\n")

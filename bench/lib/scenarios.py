@@ -38,8 +38,8 @@ PARAMS = {
     },
     "peak": {"smoke": {}, "full": {}},
     "overhead": {
-        "smoke": {"requests": 200, "reps": 1, "warmup": 50},
-        "full": {"requests": 5000, "reps": 5, "warmup": 500},
+        "smoke": {"requests": 100, "reps": 1, "warmup": 20, "rate": 200},
+        "full": {"requests": 1500, "reps": 3, "warmup": 200, "rate": 50},
     },
     "tls": {
         "smoke": {"reps": 1, "duration": 2, "conns": 16, "workers": 2},
@@ -194,7 +194,7 @@ def peak_scenario(ctx: Ctx) -> dict:
 
 def overhead_scenario(ctx: Ctx) -> dict:
     p = PARAMS["overhead"][ctx.profile]
-    return overhead.run(ctx, p["requests"], p["reps"], warmup=p["warmup"])
+    return overhead.run(ctx, p["requests"], p["reps"], p["rate"], warmup=p["warmup"])
 
 
 def tls(ctx: Ctx) -> dict:

@@ -127,6 +127,18 @@ pub struct SequentialArgs {
     /// Count a 2xx whose `x-backend` differs from this as an error.
     #[arg(long)]
     pub expect_backend: Option<String>,
+    /// Requests per second to each target: request i leaves at i / (rate x
+    /// targets) seconds, or when the previous answer is in if that is later.
+    /// 0 sends each request as soon as the previous answer is in.
+    #[arg(long, default_value_t = 0.0)]
+    pub rate: f64,
+    /// Measure several paths in the same moments, `NAME=HOST:PORT[/PATH]`
+    /// (repeated; `--path` when no path is given): the requests go to the
+    /// targets in turn, in a new random order every round, one keep-alive
+    /// connection each, so every target is measured under the same
+    /// conditions. `--proxy` is not used then.
+    #[arg(long = "target")]
+    pub targets: Vec<String>,
 }
 
 /// Options of `users`.
