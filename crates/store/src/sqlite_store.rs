@@ -739,6 +739,15 @@ mod tests {
         assert_eq!(loaded.state.routes(), state.routes());
     }
 
+    /// Ends `store` (its table writes still in memory are lost, as with
+    /// `kill -9`), opens `path` again and checks it holds `state`.
+    fn reopened_holds(store: SqliteStore, path: &Path, state: &ConfigState, revision: u64) -> SqliteStore {
+        drop(store);
+        let store = SqliteStore::open(path).unwrap();
+        assert_holds(&store.load().unwrap(), state, revision);
+        store
+    }
+
     /// Committed change sets whose table writes were still in memory
     /// when the process ended (as with `kill -9`) are replayed from the
     /// log at the next start, and written to the tables then.
@@ -750,14 +759,11 @@ mod tests {
         churn(&store, &mut state, &mut revision);
         assert!(store.pending_bytes.load(Relaxed) > 0);
         assert_eq!(marker(&store), 0, "the tables caught up without maintenance");
-        drop(store);
-        let store = SqliteStore::open(&path).unwrap();
-        assert_holds(&store.load().unwrap(), &state, revision);
+        let store = reopened_holds(store, &path, &state, revision);
         assert_eq!(marker(&store), revision, "the replayed change sets were not written to the tables");
         assert_eq!(read_tables(&store.lock().unwrap().conn).unwrap().routes(), state.routes());
         // And the next start reads them from the tables alone.
-        drop(store);
-        assert_holds(&SqliteStore::open(&path).unwrap().load().unwrap(), &state, revision);
+        reopened_holds(store, &path, &state, revision);
     }
 
     #[test]
@@ -800,8 +806,7 @@ mod tests {
             }
         }
         assert!(flushed, "{} bytes wait", store.pending_bytes.load(Relaxed));
-        drop(store);
-        assert_holds(&SqliteStore::open(&path).unwrap().load().unwrap(), &state, revision);
+        reopened_holds(store, &path, &state, revision);
     }
 
     /// A database written before the tables could lag has no marker: its
@@ -817,10 +822,8 @@ mod tests {
             store.catch_up_tables(&mut inner).unwrap();
             inner.conn.execute("DELETE FROM meta WHERE key = 'applied'", []).unwrap();
         }
-        drop(store);
-        let store = SqliteStore::open(&path).unwrap();
+        let store = reopened_holds(store, &path, &state, revision);
         assert_eq!(marker(&store), revision);
-        assert_holds(&store.load().unwrap(), &state, revision);
     }
 
     #[test]

@@ -239,12 +239,7 @@ fn a_shed_request_gives_its_backend_back_while_it_is_retried() {
                 .into();
             // Both are at `slow` for 1.5 s once the shed one is retried.
             web_status_until(&tg, &format!("{engine}: `full` has none in flight, `slow` both"), |web| {
-                let in_flight = |id: &str| {
-                    web["backends"]
-                        .as_array()
-                        .and_then(|b| b.iter().find(|b| b["id"] == id))
-                        .map(|b| b["in_flight"].clone())
-                };
+                let in_flight = |id: &str| backend(web, id).map(|b| b["in_flight"].clone());
                 in_flight("full") == Some(json!(0)) && in_flight("slow") == Some(json!(2))
             })
             .await;
@@ -337,17 +332,15 @@ async fn slow_start_keeps_backups_idle_and_weight_zero_means_no_backend() {
     assert!(started.elapsed() < Duration::from_secs(10), "it waited in the queue: {:?}", started.elapsed());
 }
 
+/// Backend `id` in service `web`'s part of `/v1/status`.
+fn backend<'a>(web: &'a Value, id: &str) -> Option<&'a Value> {
+    web["backends"].as_array()?.iter().find(|b| b["id"] == id)
+}
+
 /// Polls `/v1/status` until backend `id` of `web` has this health (5 s at most).
 async fn health_becomes(tg: &Tidegate, id: &str, health: &str) {
-    for _ in 0..100 {
-        let (_, status) = tg.api("GET", "/v1/status", None).await;
-        let backends = status["services"]["web"]["backends"].as_array().cloned().unwrap_or_default();
-        if backends.iter().any(|b| b["id"] == id && b["health"] == health) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("backend {id} never became {health}");
+    let what = format!("backend {id} becomes {health}");
+    web_status_until(tg, &what, |web| backend(web, id).is_some_and(|b| b["health"] == health)).await;
 }
 
 /// HAProxy's maxconn: requests over a backend's limit wait in a bounded
