@@ -35,7 +35,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use tidegate_metrics::Histogram;
 use tidegate_model::{ChangeError, ChangeSet, ConfigState};
-use tidegate_snapshot::Snapshot;
+use tidegate_snapshot::{Changes, Publications, Snapshot};
 use tidegate_store::{AppliedChange, Store, StoreError};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
@@ -143,6 +143,8 @@ enum Work {
 /// Shared by the writer thread and the handles.
 struct Shared {
     snapshot: Arc<ArcSwap<Snapshot>>,
+    /// Announces each snapshot published, to [`Control::snapshot_changes`].
+    publications: Publications,
     config: ArcSwap<ConfigView>,
     feed: broadcast::Sender<Arc<AppliedChange>>,
     store: Arc<dyn Store>,
@@ -217,6 +219,7 @@ impl Control {
         let (queue, rx) = mpsc::channel(QUEUE_CAPACITY);
         let shared = Arc::new(Shared {
             snapshot: Arc::new(ArcSwap::from_pointee(snapshot)),
+            publications: Publications::new(loaded.revision),
             config: ArcSwap::from_pointee(ConfigView { revision: loaded.revision, state: loaded.state }),
             feed: broadcast::channel(FEED_CAPACITY).0,
             store,
@@ -316,6 +319,13 @@ impl Control {
     /// The handle the data plane reads snapshots from.
     pub fn snapshots(&self) -> Arc<ArcSwap<Snapshot>> {
         self.shared.snapshot.clone()
+    }
+
+    /// Wakes its holder each time a new snapshot is published (a burst
+    /// of them wakes it once): for background work that follows the
+    /// configuration without polling [`Control::snapshots`].
+    pub fn snapshot_changes(&self) -> Changes {
+        self.shared.publications.follow()
     }
 
     /// How the store is doing, with this instance's applied revision.

@@ -318,3 +318,19 @@ async fn no_commit_by_a_submitter_while_an_answer_from_the_writer_waits_to_be_ta
     control.submit(put_backend(2)).await.unwrap();
     assert_eq!(control.metrics().commits_by_submitter.load(Relaxed), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_of_snapshots_wake_for_each_publication_and_not_otherwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let control = start(&dir);
+    let mut changes = control.snapshot_changes();
+    let quiet = tokio::time::timeout(std::time::Duration::from_millis(50), changes.next()).await;
+    assert!(quiet.is_err(), "nothing was published yet: {quiet:?}");
+    let rev = control.submit(cs(r#"{"ops":[{"op":"put_service","name":"web","spec":{}}]}"#)).await.unwrap();
+    assert_eq!(changes.next().await, rev);
+    assert_eq!(control.snapshots().load().revision(), rev, "word comes after the snapshot is live");
+    // A refused change set publishes nothing.
+    assert!(control.submit(cs(r#"{"ops":[{"op":"delete_route","name":"nope"}]}"#)).await.is_err());
+    let quiet = tokio::time::timeout(std::time::Duration::from_millis(50), changes.next()).await;
+    assert!(quiet.is_err(), "a refused change set woke a follower: {quiet:?}");
+}

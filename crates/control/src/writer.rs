@@ -111,6 +111,17 @@ impl Shared {
         }
     }
 
+    /// Makes `state` at `revision` the live configuration: the next
+    /// snapshot, built from the current one and `delta`, for the data
+    /// plane; the view for readers; and word to the background tasks that
+    /// follow snapshots.
+    fn publish(&self, state: ConfigState, delta: &Delta, revision: u64) {
+        let snapshot = self.snapshot.load().next(&state, delta, revision);
+        self.snapshot.store(Arc::new(snapshot));
+        self.config.store(Arc::new(crate::ConfigView { revision, state }));
+        self.publications.announce(revision);
+    }
+
     /// Makes memory match the store again: after a panic, or when the
     /// history to catch up from is gone. Only what differs is rebuilt, so
     /// live statistics of everything else carry over.
@@ -118,9 +129,7 @@ impl Shared {
         let loaded = self.store.load()?;
         let old = self.config.load_full();
         let delta = difference(&old.state, &loaded.state);
-        let snapshot = self.snapshot.load().next(&loaded.state, &delta, loaded.revision);
-        self.snapshot.store(Arc::new(snapshot));
-        self.config.store(Arc::new(crate::ConfigView { revision: loaded.revision, state: loaded.state }));
+        self.publish(loaded.state, &delta, loaded.revision);
         WriterMetrics::add(&self.metrics.reloads, 1);
         Ok(())
     }
@@ -174,9 +183,7 @@ impl Shared {
                     }
                 }
             }
-            let snapshot = self.snapshot.load().next(&state, &delta, revision);
-            self.snapshot.store(Arc::new(snapshot));
-            self.config.store(Arc::new(crate::ConfigView { revision, state }));
+            self.publish(state, &delta, revision);
             let m = &self.metrics;
             WriterMetrics::add(&m.remote_change_sets, page.len() as u64);
             for a in page {
@@ -283,9 +290,7 @@ impl Shared {
             }
             m.committed(took);
 
-            let snapshot = self.snapshot.load().next(&state, &delta, revision);
-            self.snapshot.store(Arc::new(snapshot));
-            self.config.store(Arc::new(crate::ConfigView { revision, state }));
+            self.publish(state, &delta, revision);
 
             WriterMetrics::add(&m.commits, 1);
             commits += 1;

@@ -23,44 +23,39 @@ mod probe;
 mod prober;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tidegate_balance::{clock, ActiveState};
-use tidegate_snapshot::Snapshot;
+use tidegate_snapshot::{Changes, Snapshot};
 use tokio::task::JoinHandle;
-use tokio::time::MissedTickBehavior;
 
 pub use plan::{plan, Plan, ProbeKey, Target};
 pub use probe::{probe, status_expected, ProbeClient, Verdict, MAX_PROBE_BODY, PROBE_USER_AGENT};
 pub use prober::MAX_START_JITTER;
 
-/// How often [`spawn`]'s task looks for a new snapshot.
+/// The least time between two passes of [`spawn`]'s task over a new
+/// snapshot: a burst of changes (a rolling deploy, a churning API client)
+/// costs one pass per this, not one per change.
 pub const RECONCILE_EVERY: Duration = Duration::from_millis(250);
 
 /// Starts the health checker on the current tokio runtime: until the
 /// returned task is aborted, one prober runs per backend of every service
-/// with an active check in the snapshot currently in `snapshots`.
+/// with an active check in the snapshot currently in `snapshots`. The task
+/// looks at the snapshot when `changes` says a new one was published (at
+/// once after a quiet spell, then at most every [`RECONCILE_EVERY`]), so it
+/// never wakes for nothing.
 ///
 /// Aborting the task stops every prober. Must be called from within a
 /// tokio runtime; the probers run on the same runtime.
-pub fn spawn(snapshots: Arc<ArcSwap<Snapshot>>) -> JoinHandle<()> {
+pub fn spawn(snapshots: Arc<ArcSwap<Snapshot>>, mut changes: Changes) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut checker = HealthChecker::new();
-        // The last snapshot reconciled against; a `Weak` keeps its
-        // allocation (so the address cannot be reused) but not its contents.
-        let mut seen: Weak<Snapshot> = Weak::new();
-        let mut ticks = tokio::time::interval(RECONCILE_EVERY);
-        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
-            ticks.tick().await;
-            let current = snapshots.load_full();
-            if std::ptr::eq(seen.as_ptr(), Arc::as_ptr(&current)) {
-                continue;
-            }
-            checker.reconcile(&current);
-            seen = Arc::downgrade(&current);
+            checker.reconcile(&snapshots.load_full());
+            tokio::time::sleep(RECONCILE_EVERY).await;
+            changes.next().await;
         }
     })
 }
@@ -184,6 +179,7 @@ mod tests {
     use std::time::Instant;
     use tidegate_balance::BackendStats;
     use tidegate_model::{parse_change_set, ConfigState};
+    use tidegate_snapshot::Publications;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
@@ -367,7 +363,7 @@ mod tests {
         ));
         let stats = world.stats("web", "a");
         assert_eq!(stats.active_state(), ActiveState::Unchecked);
-        let checker = spawn(Arc::new(ArcSwap::new(snap)));
+        let checker = spawn(Arc::new(ArcSwap::new(snap)), Publications::new(0).follow());
 
         wait_for(&stats, ActiveState::Up).await;
         let head = server.log.lock().unwrap()[0].1.to_ascii_lowercase();
@@ -401,7 +397,7 @@ mod tests {
             server.addr
         ));
         let stats = world.stats("tea", "pot");
-        let checker = spawn(Arc::new(ArcSwap::new(snap)));
+        let checker = spawn(Arc::new(ArcSwap::new(snap)), Publications::new(0).follow());
         wait_for(&stats, ActiveState::Up).await;
         server.status.store(200, Ordering::SeqCst);
         wait_for(&stats, ActiveState::Down).await;
@@ -419,7 +415,8 @@ mod tests {
                 "backends":[{{"id":"a","addr":"{addr}"}}]}}}}"#
         ))));
         let stats = world.stats("db", "a");
-        let checker = spawn(snapshots.clone());
+        let publications = Publications::new(0);
+        let checker = spawn(snapshots.clone(), publications.follow());
         wait_for(&stats, ActiveState::Down).await;
 
         // A new snapshot with the backend moved to a listening port: a new
@@ -429,6 +426,7 @@ mod tests {
         snapshots.store(
             world.apply(&format!(r#"{{"op":"put_backend","service":"db","id":"a","spec":{{"addr":"{open}"}}}}"#)),
         );
+        publications.announce(1);
         let moved = world.stats("db", "a");
         wait_for(&moved, ActiveState::Up).await;
 

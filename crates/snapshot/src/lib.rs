@@ -27,8 +27,10 @@ use tidegate_router::Router;
 type HashMap<K, V> = imbl::GenericHashMap<K, V, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;
 pub use tidegate_router::{Entry, RequestView, RouteStats};
 
+mod published;
 mod queue;
 mod tls;
+pub use published::{Changes, Publications};
 pub use queue::{WaitQueue, Waiter};
 pub use tls::Certificates;
 

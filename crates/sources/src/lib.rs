@@ -51,7 +51,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tidegate_balance::{clock, BackendStats};
-use tidegate_snapshot::Snapshot;
+use tidegate_snapshot::{Changes, Snapshot};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -59,10 +59,13 @@ use tokio::time::{Instant, MissedTickBehavior};
 use crate::node_exporter::HttpClient;
 use crate::targets::{NodeKey, Sink, Targets};
 
-/// How often selectors are refreshed.
+/// How often the selectors of services whose policy computes weights from
+/// load (`dynamic_feedback`) are refreshed, while there are any.
 pub const REFRESH_INTERVAL: Duration = Duration::from_millis(100);
 
-/// How often the source tasks are reconciled with the current snapshot.
+/// The least time between two reconciliations of the source tasks with the
+/// snapshot: a burst of changes is reconciled once per this. While tasks
+/// run, they are also looked at this often (one that ended is restarted).
 pub const RECONCILE_INTERVAL: Duration = Duration::from_millis(500);
 
 /// A value not refreshed for this many of its source's intervals is reset
@@ -71,30 +74,45 @@ pub const STALE_AFTER_INTERVALS: u32 = 3;
 
 /// Starts the refresher and the load sources for the snapshots published in
 /// `snapshots`, on the current tokio runtime; they run until the returned
-/// handle is aborted (which stops every source task too).
+/// handle is aborted (which stops every source task too). `changes` tells
+/// when a new snapshot is published: with no source and no refreshing
+/// policy configured, the task sleeps until then.
 ///
 /// # Panics
 ///
 /// When called outside a tokio runtime.
-pub fn spawn(snapshots: Arc<ArcSwap<Snapshot>>) -> JoinHandle<()> {
-    tokio::spawn(run(snapshots))
+pub fn spawn(snapshots: Arc<ArcSwap<Snapshot>>, changes: Changes) -> JoinHandle<()> {
+    tokio::spawn(run(snapshots, changes))
 }
 
-async fn run(snapshots: Arc<ArcSwap<Snapshot>>) {
+async fn run(snapshots: Arc<ArcSwap<Snapshot>>, mut changes: Changes) {
     let mut supervisor = Supervisor::new();
     let mut tick = tokio::time::interval(REFRESH_INTERVAL);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut next_reconcile = Instant::now();
+    // A reconciliation is wanted for a new snapshot, and while tasks run;
+    // it happens at most once per interval.
+    let mut changed = true;
+    let mut next_allowed = Instant::now();
     loop {
-        tick.tick().await;
         let snapshot = snapshots.load_full();
-        let now_ms = clock::now_ms();
-        for service in snapshot.refreshing() {
-            service.selector.refresh(now_ms);
-        }
-        if Instant::now() >= next_reconcile {
-            next_reconcile = Instant::now() + RECONCILE_INTERVAL;
+        let wanted = changed || !supervisor.is_idle();
+        if wanted && Instant::now() >= next_allowed {
             supervisor.reconcile(&snapshot).await;
+            changed = false;
+            next_allowed = Instant::now() + RECONCILE_INTERVAL;
+            continue;
+        }
+        let refreshing = snapshot.refreshing().next().is_some();
+        drop(snapshot);
+        tokio::select! {
+            _ = tick.tick(), if refreshing => {
+                let now_ms = clock::now_ms();
+                for service in snapshots.load().refreshing() {
+                    service.selector.refresh(now_ms);
+                }
+            }
+            () = tokio::time::sleep_until(next_allowed), if wanted => {}
+            _ = changes.next(), if !changed => changed = true,
         }
     }
 }
@@ -148,6 +166,11 @@ impl Supervisor {
             probers: HashMap::new(),
             fed: HashMap::new(),
         }
+    }
+
+    /// No source task runs.
+    fn is_idle(&self) -> bool {
+        self.node.is_empty() && self.ganglia.is_empty() && self.probers.is_empty()
     }
 
     async fn reconcile(&mut self, snapshot: &Arc<Snapshot>) {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tidegate_model::{parse_change_set, ConfigState};
-use tidegate_snapshot::Snapshot;
+use tidegate_snapshot::{Publications, Snapshot};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -23,11 +23,17 @@ struct Config {
     state: ConfigState,
     revision: u64,
     snapshots: Arc<ArcSwap<Snapshot>>,
+    publications: Publications,
 }
 
 impl Config {
     fn new(ops: &str) -> Config {
-        let mut c = Config { state: ConfigState::default(), revision: 0, snapshots: Arc::default() };
+        let mut c = Config {
+            state: ConfigState::default(),
+            revision: 0,
+            snapshots: Arc::default(),
+            publications: Publications::new(0),
+        };
         c.apply(ops);
         c
     }
@@ -38,6 +44,7 @@ impl Config {
         self.revision += 1;
         let next = self.snapshots.load().next(&state, &delta, self.revision);
         self.snapshots.store(Arc::new(next));
+        self.publications.announce(self.revision);
         self.state = state;
     }
 
@@ -127,7 +134,7 @@ async fn node_exporter_feeds_every_backend_on_its_host_from_one_scrape_loop() {
     let a = node_service("a", p, &["127.0.0.1:1", "127.0.0.1:2"]);
     let b = node_service("b", p, &["127.0.0.1:3"]);
     let config = Config::new(&format!(r#"{{"ops":[{a},{b}]}}"#));
-    let sources = super::spawn(config.snapshots.clone());
+    let sources = super::spawn(config.snapshots.clone(), config.publications.follow());
 
     let all = [("a", 0), ("a", 1), ("b", 0)];
     eventually("every backend has CPU, memory and network", || {
@@ -163,7 +170,7 @@ async fn a_service_that_drops_its_source_forgets_the_values() {
     let a = node_service("a", p, &["127.0.0.1:1"]);
     let b = node_service("b", p, &["127.0.0.1:2"]);
     let mut config = Config::new(&format!(r#"{{"ops":[{a},{b}]}}"#));
-    let sources = super::spawn(config.snapshots.clone());
+    let sources = super::spawn(config.snapshots.clone(), config.publications.follow());
     eventually("values arrive", || !config.load("a", 0).0.is_nan() && !config.load("b", 0).0.is_nan()).await;
 
     // Same backend (so the same stats), no load_metrics any more.
@@ -185,7 +192,7 @@ async fn ganglia_feeds_backends_from_a_recorded_gmond_dump() {
             "load_metrics":{{"ganglia":{{"addr":"{gmond}","interval_ms":100,"link_bytes_per_s":7}}}},
             "backends":[{{"id":"x","addr":"127.0.0.1:1"}},{{"id":"y","addr":"localhost:2"}}]}}}}]}}"#
     ));
-    let sources = super::spawn(config.snapshots.clone());
+    let sources = super::spawn(config.snapshots.clone(), config.publications.follow());
     eventually("values arrive", || !config.load("g", 0).0.is_nan() && !config.load("g", 1).0.is_nan()).await;
     for i in 0..2 {
         let (cpu, mem, net) = config.load("g", i);
@@ -210,9 +217,23 @@ async fn the_refresher_recomputes_dynamic_weights() {
     service.selector.backends()[0].stats.load.cpu.set(0.9);
     service.selector.backends()[1].stats.load.cpu.set(0.1);
     assert!(service.selector.weights().is_none());
-    let sources = super::spawn(config.snapshots.clone());
+    let sources = super::spawn(config.snapshots.clone(), config.publications.follow());
     eventually("weights are computed", || service.selector.weights().is_some()).await;
     let w = service.selector.weights().expect("weights");
     assert!(w[1] > 1.3 * w[0], "the idle backend weighs more: {w:?}");
+    sources.abort();
+}
+
+#[tokio::test]
+async fn a_source_added_to_an_idle_configuration_starts() {
+    // No source and no refreshing policy: the task sleeps until a change.
+    let mut config = Config::new(r#"{"ops":[{"op":"put_service","name":"a","spec":{}}]}"#);
+    let sources = super::spawn(config.snapshots.clone(), config.publications.follow());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (exporter, hits, _server) = fake_exporter().await;
+    let a = node_service("a", exporter.port(), &["127.0.0.1:1"]);
+    config.apply(&format!(r#"{{"ops":[{a}]}}"#));
+    eventually("values arrive", || !config.load("a", 0).0.is_nan()).await;
+    assert!(hits.load(SeqCst) > 0);
     sources.abort();
 }

@@ -231,8 +231,8 @@ impl Background {
         {
             // Tasks spawned here wait for the thread below to run them.
             let _in = runtime.enter();
-            tidegate_health::spawn(control.snapshots());
-            tidegate_sources::spawn(control.snapshots());
+            tidegate_health::spawn(control.snapshots(), control.snapshot_changes());
+            tidegate_sources::spawn(control.snapshots(), control.snapshot_changes());
             tidegate_autoscale::spawn(control.clone(), events, instances, scaling);
         }
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
