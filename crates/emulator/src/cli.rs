@@ -69,6 +69,12 @@ pub struct Args {
     /// The private key of `--tls-cert` (PEM).
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<std::path::PathBuf>,
+
+    /// With `--tls-cert`: require a client certificate issued by one of
+    /// these CAs (PEM) on every connection (mutual TLS): a client without
+    /// one fails the handshake.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_client_ca: Option<std::path::PathBuf>,
 }
 
 impl Default for Args {
@@ -88,6 +94,7 @@ impl Default for Args {
             idle_close: None,
             tls_cert: None,
             tls_key: None,
+            tls_client_ca: None,
         }
     }
 }

@@ -21,7 +21,8 @@
 //! ([`faults`]): truncated bodies, conflicting framing, garbage, and
 //! keep-alive connections closed after `--idle-close`.
 //!
-//! With `--tls-cert` and `--tls-key` it serves TLS (ALPN `h2`, `http/1.1`).
+//! With `--tls-cert` and `--tls-key` it serves TLS (ALPN `h2`, `http/1.1`),
+//! and with `--tls-client-ca` it requires client certificates (mutual TLS).
 //!
 //! The binary prints `listening on ADDR` once bound; tests parse that line.
 

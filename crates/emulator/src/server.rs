@@ -59,7 +59,7 @@ impl Emulator {
     pub async fn bind(args: &Args) -> io::Result<Self> {
         let state = AppState::new(args)?;
         let tls = match (&args.tls_cert, &args.tls_key) {
-            (Some(cert), Some(key)) => Some(tls_acceptor(cert, key)?),
+            (Some(cert), Some(key)) => Some(tls_acceptor(cert, key, args.tls_client_ca.as_deref())?),
             _ => None,
         };
         let listener = TcpListener::bind(args.listen).await?;
@@ -116,8 +116,13 @@ impl Emulator {
     }
 }
 
-/// A TLS acceptor for `--tls-cert` and `--tls-key`.
-fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> io::Result<tokio_rustls::TlsAcceptor> {
+/// A TLS acceptor for `--tls-cert` and `--tls-key`, requiring client
+/// certificates from `client_ca` when given.
+fn tls_acceptor(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+    client_ca: Option<&std::path::Path>,
+) -> io::Result<tokio_rustls::TlsAcceptor> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let invalid = |e: String| io::Error::new(io::ErrorKind::InvalidInput, e);
@@ -126,12 +131,25 @@ fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> io::Result<tok
         .map_err(|e| invalid(format!("--tls-cert: {e}")))?;
     let key = PrivateKeyDer::from_pem_file(key).map_err(|e| invalid(format!("--tls-key: {e}")))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| invalid(e.to_string()))?
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .map_err(|e| invalid(format!("--tls-cert/--tls-key: {e}")))?;
+        .map_err(|e| invalid(e.to_string()))?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(path) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in CertificateDer::pem_file_iter(path).map_err(|e| invalid(format!("--tls-client-ca: {e}")))? {
+                roots
+                    .add(c.map_err(|e| invalid(format!("--tls-client-ca: {e}")))?)
+                    .map_err(|e| invalid(format!("--tls-client-ca: {e}")))?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| invalid(format!("--tls-client-ca: {e}")))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder.with_single_cert(chain, key).map_err(|e| invalid(format!("--tls-cert/--tls-key: {e}")))?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }

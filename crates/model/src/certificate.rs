@@ -243,7 +243,7 @@ impl TryFrom<CertificateWire> for CertificateInput {
         if wire.key_pem != crate::REDACTED {
             return CertificateSpec::try_from(wire).map(CertificateInput::Whole);
         }
-        let info = inspect(&chain(&wire.cert_pem)?)?;
+        let info = inspect(&chain(&wire.cert_pem, "cert_pem")?)?;
         Ok(CertificateInput::KeepKey(KeptKey { cert_pem: wire.cert_pem, default: wire.default, info: Arc::new(info) }))
     }
 }
@@ -279,26 +279,39 @@ impl TryFrom<CertificateWire> for CertificateSpec {
     type Error = String;
 
     fn try_from(wire: CertificateWire) -> Result<Self, String> {
-        let chain = chain(&wire.cert_pem)?;
-        let key = PrivateKeyDer::from_pem_slice(wire.key_pem.as_bytes())
-            .map_err(|e| format!("key_pem: not a PEM private key ({e})"))?;
-        let info = inspect(&chain)?;
-        let provider = rustls::crypto::ring::default_provider();
-        let certified = rustls::sign::CertifiedKey::from_der(chain, key, &provider).map_err(|e| match e {
-            rustls::Error::InconsistentKeys(_) => "key_pem: the key does not match the certificate".to_string(),
-            other => format!("key_pem: unsupported or malformed key ({other})"),
-        })?;
+        let certified = key_pair(&wire.cert_pem, &wire.key_pem, ("cert_pem", "key_pem"))?;
+        let info = inspect(&certified.cert)?;
         Ok(CertificateSpec { wire, info: Arc::new(info), key: Arc::new(certified), redacted: false })
     }
 }
 
-/// The certificates of a PEM chain, at least one.
-fn chain(pem: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+/// A PEM certificate chain and the PEM private key of its first
+/// certificate, checked: both parse and the key matches. Errors start with
+/// the field at fault, `fields` being the names of the chain's and the
+/// key's.
+pub(crate) fn key_pair(
+    cert_pem: &str,
+    key_pem: &str,
+    fields: (&str, &str),
+) -> Result<rustls::sign::CertifiedKey, String> {
+    let (cert_field, key_field) = fields;
+    let chain = chain(cert_pem, cert_field)?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+        .map_err(|e| format!("{key_field}: not a PEM private key ({e})"))?;
+    let provider = rustls::crypto::ring::default_provider();
+    rustls::sign::CertifiedKey::from_der(chain, key, &provider).map_err(|e| match e {
+        rustls::Error::InconsistentKeys(_) => format!("{key_field}: the key does not match the certificate"),
+        other => format!("{key_field}: unsupported or malformed key ({other})"),
+    })
+}
+
+/// The certificates of a PEM chain, at least one; errors name `field`.
+pub(crate) fn chain(pem: &str, field: &str) -> Result<Vec<CertificateDer<'static>>, String> {
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem.as_bytes())
         .collect::<Result<_, _>>()
-        .map_err(|e| format!("cert_pem: not a PEM certificate chain ({e})"))?;
+        .map_err(|e| format!("{field}: not a PEM certificate chain ({e})"))?;
     if chain.is_empty() {
-        return Err("cert_pem: no CERTIFICATE block found".to_string());
+        return Err(format!("{field}: no CERTIFICATE block found"));
     }
     Ok(chain)
 }

@@ -73,7 +73,7 @@ impl ChangeSet {
     /// replaced by [`crate::REDACTED`].
     pub fn redacted(&self) -> std::borrow::Cow<'_, ChangeSet> {
         let hides = |op: &Op| match op {
-            Op::PutService { spec, .. } => spec.webhook_secret().is_some(),
+            Op::PutService { spec, .. } => spec.has_secrets(),
             Op::PutCertificate { .. } => true,
             _ => false,
         };

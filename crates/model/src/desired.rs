@@ -70,7 +70,7 @@ impl Document {
             .map(|op| match op {
                 Op::PutService { name, spec } if spec.keeps_secret() => {
                     let mut spec = *spec;
-                    spec.set_webhook_secret("a secret kept from the configuration");
+                    spec.fill_kept_secrets("a secret kept from the configuration");
                     Op::PutService { name, spec: Box::new(spec) }
                 }
                 op => op,
@@ -91,11 +91,9 @@ impl Document {
     /// shows secrets and keys): applied to a configuration without them,
     /// it is refused there.
     pub fn kept_fields(&self) -> Vec<String> {
-        let secrets = self
-            .services
-            .iter()
-            .filter(|(_, s)| s.keeps_secret())
-            .map(|(n, _)| format!("services.{}.autoscale.provider.secret", n.as_str()));
+        let secrets = self.services.iter().flat_map(|(n, s)| {
+            s.kept_secrets().into_iter().map(move |secret| format!("services.{}.{}", n.as_str(), secret.field()))
+        });
         let keys = self
             .certificates
             .iter()
@@ -400,8 +398,10 @@ mod tests {
     #[test]
     fn an_export_applies_back_as_it_is_keeping_secrets_and_keys() {
         let key = rcgen::KeyPair::generate().unwrap();
+        let client = signed(&["client.example"], &rcgen::KeyPair::generate().unwrap());
         let hook = serde_json::json!({
             "autoscale": { "provider": { "kind": "webhook", "url": "http://127.0.0.1:9/hook", "secret": "s3cret" } },
+            "upstream": { "tls": { "client_cert_pem": client["cert_pem"], "client_key_pem": client["key_pem"] } },
         });
         let current = state(serde_json::json!({
             "services": { "w": hook },
@@ -416,7 +416,14 @@ mod tests {
         assert!(!exported.to_string().contains("PRIVATE KEY") && !exported.to_string().contains("s3cret"));
         let desired = doc(exported.clone());
         desired.check().expect("an export checks on its own");
-        assert_eq!(desired.kept_fields(), ["services.w.autoscale.provider.secret", "certificates.c.key_pem"]);
+        assert_eq!(
+            desired.kept_fields(),
+            [
+                "services.w.autoscale.provider.secret",
+                "services.w.upstream.tls.client_key_pem",
+                "certificates.c.key_pem"
+            ]
+        );
         let (ops, changes) = plan(&current, &desired);
         assert!(ops.is_empty(), "nothing to do: {changes:?}");
 

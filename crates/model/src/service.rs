@@ -251,6 +251,15 @@ pub struct UpstreamTls {
     /// anyone on the path can pose as it. For tests only.
     #[serde(default = "yes")]
     pub verify: bool,
+    /// A client certificate chain, PEM, presented to backends that ask for
+    /// one (mutual TLS); given with `client_key_pem`. Default: none, and a
+    /// backend that requires one refuses the connection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cert_pem: Option<String>,
+    /// The private key of `client_cert_pem`, PEM. Read APIs show
+    /// `"(redacted)"`; put back as it is, it keeps the key the service has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_key_pem: Option<String>,
 }
 
 fn yes() -> bool {
@@ -291,12 +300,27 @@ impl UpstreamTls {
             .transpose()
     }
 
+    /// The client certificate and its key, checked to match; `None`
+    /// without one. A key still the placeholder [`REDACTED`] (kept from the
+    /// configuration it is applied to) is not checked here: only the chain.
+    pub fn client_identity(&self) -> Result<Option<rustls::sign::CertifiedKey>, String> {
+        const FIELDS: (&str, &str) = ("upstream.tls.client_cert_pem", "upstream.tls.client_key_pem");
+        match (&self.client_cert_pem, &self.client_key_pem) {
+            (None, None) => Ok(None),
+            (Some(_), None) => Err(format!("{}: required with client_cert_pem", FIELDS.1)),
+            (None, Some(_)) => Err(format!("{}: required with client_key_pem", FIELDS.0)),
+            (Some(cert), Some(key)) if key == REDACTED => crate::certificate::chain(cert, FIELDS.0).map(|_| None),
+            (Some(cert), Some(key)) => crate::certificate::key_pair(cert, key, FIELDS).map(Some),
+        }
+    }
+
     fn validate(&self) -> Result<(), String> {
         self.ca_certificates()?;
         self.server_name()?;
         if !self.verify && self.ca_pem.is_some() {
             return Err("upstream.tls.ca_pem: given with \"verify\": false, where nothing is checked".into());
         }
+        self.client_identity()?;
         Ok(())
     }
 }
@@ -1091,26 +1115,83 @@ impl AutoscaleSpec {
 /// service already has.
 pub const REDACTED: &str = "(redacted)";
 
+/// A secret a service can carry: read APIs show [`REDACTED`] in its place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Secret {
+    /// `autoscale.provider.secret` of a webhook provider.
+    WebhookSecret,
+    /// `upstream.tls.client_key_pem`.
+    ClientKey,
+}
+
+impl Secret {
+    const ALL: [Secret; 2] = [Secret::WebhookSecret, Secret::ClientKey];
+
+    /// Where it is in a service's spec.
+    pub fn field(self) -> &'static str {
+        match self {
+            Secret::WebhookSecret => "autoscale.provider.secret",
+            Secret::ClientKey => "upstream.tls.client_key_pem",
+        }
+    }
+}
+
 impl ServiceSpec {
     /// The webhook secret, if the service autoscales through a webhook.
     pub fn webhook_secret(&self) -> Option<&str> {
-        match &self.settings.autoscale.as_ref()?.provider {
-            ProviderSpec::Webhook { secret, .. } => Some(secret),
-            _ => None,
+        self.secret(Secret::WebhookSecret)
+    }
+
+    /// The value of `secret`, if the service has it.
+    pub fn secret(&self, secret: Secret) -> Option<&str> {
+        match secret {
+            Secret::WebhookSecret => match &self.settings.autoscale.as_ref()?.provider {
+                ProviderSpec::Webhook { secret, .. } => Some(secret),
+                _ => None,
+            },
+            Secret::ClientKey => self.settings.upstream.tls.as_ref()?.client_key_pem.as_deref(),
         }
     }
 
-    /// Whether its webhook secret is the placeholder [`REDACTED`]: it keeps
-    /// the secret the service has where it is applied.
+    fn secret_mut(&mut self, secret: Secret) -> Option<&mut String> {
+        match secret {
+            Secret::WebhookSecret => match &mut self.settings.autoscale.as_mut()?.provider {
+                ProviderSpec::Webhook { secret, .. } => Some(secret),
+                _ => None,
+            },
+            Secret::ClientKey => self.settings.upstream.tls.as_mut()?.client_key_pem.as_mut(),
+        }
+    }
+
+    /// Whether it carries any secret (so read APIs must redact it).
+    pub fn has_secrets(&self) -> bool {
+        Secret::ALL.iter().any(|s| self.secret(*s).is_some())
+    }
+
+    /// The secrets given as the placeholder [`REDACTED`]: each keeps the
+    /// one the service has where the spec is applied.
+    pub fn kept_secrets(&self) -> Vec<Secret> {
+        Secret::ALL.into_iter().filter(|s| self.secret(*s) == Some(REDACTED)).collect()
+    }
+
+    /// Whether any secret is the placeholder [`REDACTED`].
     pub fn keeps_secret(&self) -> bool {
-        self.webhook_secret() == Some(REDACTED)
+        !self.kept_secrets().is_empty()
+    }
+
+    /// Replaces every secret given as the placeholder with `value`.
+    pub fn fill_kept_secrets(&mut self, value: &str) {
+        for s in self.kept_secrets() {
+            if let Some(v) = self.secret_mut(s) {
+                *v = value.to_string();
+            }
+        }
     }
 
     /// Replaces the webhook secret, if the service autoscales through a
     /// webhook.
     pub fn set_webhook_secret(&mut self, secret: &str) {
-        if let Some(ProviderSpec::Webhook { secret: s, .. }) = self.settings.autoscale.as_mut().map(|a| &mut a.provider)
-        {
+        if let Some(s) = self.secret_mut(Secret::WebhookSecret) {
             *s = secret.to_string();
         }
     }
@@ -1118,25 +1199,44 @@ impl ServiceSpec {
     /// The spec as read APIs show it: secrets replaced by [`REDACTED`].
     /// Borrowed when there is nothing to hide.
     pub fn redacted(&self) -> std::borrow::Cow<'_, ServiceSpec> {
-        if self.webhook_secret().is_none() {
+        if !self.has_secrets() {
             return std::borrow::Cow::Borrowed(self);
         }
         let mut copy = self.clone();
-        copy.set_webhook_secret(REDACTED);
+        for s in Secret::ALL {
+            if let Some(v) = copy.secret_mut(s) {
+                *v = REDACTED.to_string();
+            }
+        }
         std::borrow::Cow::Owned(copy)
     }
 
-    /// This spec with a [`REDACTED`] secret replaced by `previous`'s real
-    /// one; `Err` when it carries the placeholder and there is none to keep.
-    pub fn with_secrets_of(&self, previous: Option<&ServiceSpec>) -> Result<std::borrow::Cow<'_, ServiceSpec>, String> {
-        if !self.keeps_secret() {
+    /// This spec with each [`REDACTED`] secret replaced by `previous`'s
+    /// real one; `Err` with the field at fault when it carries the
+    /// placeholder and there is none to keep, or when a kept client key
+    /// does not match a new client certificate.
+    pub fn with_secrets_of(
+        &self,
+        previous: Option<&ServiceSpec>,
+    ) -> Result<std::borrow::Cow<'_, ServiceSpec>, (Secret, String)> {
+        let kept = self.kept_secrets();
+        if kept.is_empty() {
             return Ok(std::borrow::Cow::Borrowed(self));
         }
-        let Some(kept) = previous.and_then(ServiceSpec::webhook_secret).filter(|s| *s != REDACTED) else {
-            return Err(format!("{REDACTED:?} is the placeholder read APIs show, and this service has no secret to keep; give the real one"));
-        };
         let mut copy = self.clone();
-        copy.set_webhook_secret(kept);
+        for s in kept {
+            let Some(old) = previous.and_then(|p| p.secret(s)).filter(|v| *v != REDACTED) else {
+                return Err((s, format!("{REDACTED:?} is the placeholder read APIs show, and this service has no secret to keep; give the real one")));
+            };
+            if let Some(v) = copy.secret_mut(s) {
+                *v = old.to_string();
+            }
+        }
+        if let Some(tls) = &copy.settings.upstream.tls {
+            tls.client_identity().map_err(|e| {
+                (Secret::ClientKey, format!("the key kept from the service does not fit client_cert_pem ({e})"))
+            })?;
+        }
         Ok(std::borrow::Cow::Owned(copy))
     }
 }

@@ -130,7 +130,7 @@ impl ConfigState {
                 let previous = self.services.get(name).map(|p| &**p);
                 let spec = spec
                     .with_secrets_of(previous)
-                    .map_err(|m| ChangeError::at(Conflict, i, "spec.autoscale.provider.secret", m))?
+                    .map_err(|(secret, m)| ChangeError::at(Conflict, i, &format!("spec.{}", secret.field()), m))?
                     .into_owned();
                 self.services.insert(name.clone(), Arc::new(spec));
                 delta.services.insert(name.clone());
@@ -345,5 +345,43 @@ mod tests {
         // The placeholder with nothing to keep is refused, naming the field.
         let e = ConfigState::default().apply(&webhook_service(crate::REDACTED), 0).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("ops[0].spec.autoscale.provider.secret"), "{e:?}");
+    }
+
+    /// A service whose backends get `cert` and `key` (PEM) as its client
+    /// certificate, and a webhook secret.
+    fn mutual_service(cert: &str, key: &str) -> ChangeSet {
+        let spec = serde_json::json!({
+            "upstream": {"tls": {"client_cert_pem": cert, "client_key_pem": key}},
+            "autoscale": {"provider": {"kind": "webhook", "url": "http://127.0.0.1:9/hook", "secret": "s3cret-value"}},
+        });
+        cs(&serde_json::json!({"ops": [{"op": "put_service", "name": "m", "spec": spec}]}).to_string())
+    }
+
+    #[test]
+    fn a_client_key_is_redacted_kept_and_checked_against_a_new_certificate() {
+        let pair = |name: &str| {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let cert = rcgen::CertificateParams::new(vec![name.to_string()]).unwrap().self_signed(&key).unwrap();
+            (cert.pem(), key.serialize_pem())
+        };
+        let ((cert, key), (other_cert, _)) = (pair("a.test"), pair("b.test"));
+        let (state, _) = ConfigState::default().apply(&mutual_service(&cert, &key), 0).unwrap();
+        let spec = state.service("m").unwrap();
+        assert_eq!(spec.secret(crate::Secret::ClientKey), Some(key.as_str()));
+        let shown = serde_json::to_string(&spec.redacted()).unwrap();
+        assert!(!shown.contains("PRIVATE KEY") && !shown.contains("s3cret-value"), "{shown}");
+        assert!(shown.contains("CERTIFICATE"), "the certificate is shown: {shown}");
+        // Applied back as read: both secrets kept.
+        let (state, _) = state.apply(&mutual_service(&cert, crate::REDACTED), 1).unwrap();
+        let spec = state.service("m").unwrap();
+        assert_eq!(spec.secret(crate::Secret::ClientKey), Some(key.as_str()));
+        assert_eq!(spec.webhook_secret(), Some("s3cret-value"));
+        // The kept key with another certificate: refused, naming the key.
+        let e = state.apply(&mutual_service(&other_cert, crate::REDACTED), 2).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("ops[0].spec.upstream.tls.client_key_pem"), "{e:?}");
+        assert!(e.message.contains("does not match"), "{e:?}");
+        // Nothing to keep: refused, naming the key.
+        let e = ConfigState::default().apply(&mutual_service(&cert, crate::REDACTED), 0).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("ops[0].spec.upstream.tls.client_key_pem"), "{e:?}");
     }
 }

@@ -2,8 +2,9 @@
 //!
 //! A service's `upstream` settings compile once, when the service is built
 //! into a snapshot, into a [`Profile`]: plain TCP or TLS (with the trusted
-//! CAs, the server name and the ALPN list already in a rustls client
-//! configuration), and the HTTP version to speak. The request path, the
+//! CAs, the server name, the client certificate if any and the ALPN list
+//! already in a rustls client configuration), and the HTTP version to
+//! speak. The request path, the
 //! health prober and anything else that talks to backends open connections
 //! through [`Profile::connect`], so they agree on how a backend is reached.
 //! Connections opened under different profiles are never mixed:
@@ -217,18 +218,45 @@ fn client_config(tls: &UpstreamTls) -> Result<rustls::ClientConfig, String> {
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(|e| format!("upstream.tls: {e}"))?;
-    let config = if !tls.verify {
-        builder.dangerous().with_custom_certificate_verifier(Arc::new(NoVerification(provider))).with_no_client_auth()
+    let verifying = if !tls.verify {
+        builder.dangerous().with_custom_certificate_verifier(Arc::new(NoVerification(provider)))
     } else if tls.ca_pem.is_some() {
         let mut roots = rustls::RootCertStore::empty();
         for c in tls.ca_certificates()? {
             roots.add(c).map_err(|e| format!("upstream.tls.ca_pem: {e}"))?;
         }
-        builder.with_root_certificates(roots).with_no_client_auth()
+        builder.with_root_certificates(roots)
     } else {
-        builder.with_root_certificates(public_roots().clone()).with_no_client_auth()
+        builder.with_root_certificates(public_roots().clone())
     };
-    Ok(config)
+    // A key still the placeholder was never resolved (the model resolves
+    // it when the change is applied): refused, never sent without it.
+    if tls.client_key_pem.as_deref() == Some(tidegate_model::REDACTED) {
+        return Err("upstream.tls.client_key_pem: the placeholder, not a key".into());
+    }
+    Ok(match tls.client_identity()? {
+        Some(identity) => verifying.with_client_cert_resolver(Arc::new(ClientIdentity(Arc::new(identity)))),
+        None => verifying.with_no_client_auth(),
+    })
+}
+
+/// The client certificate of `upstream.tls`, presented to every backend
+/// that asks for one.
+#[derive(Debug)]
+struct ClientIdentity(Arc<rustls::sign::CertifiedKey>);
+
+impl rustls::client::ResolvesClientCert for ClientIdentity {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _schemes: &[SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.0.clone())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
 }
 
 /// `"verify": false`: any certificate is accepted, but the handshake's
@@ -420,6 +448,23 @@ mod tests {
         assert_eq!(Profile::build(&spec(r#"{"tls":{}}"#)).unwrap().key(), tls.key(), "stable across builds");
         assert_eq!(plain.scheme(), "http");
         assert_eq!(tls.scheme(), "https");
+    }
+
+    #[test]
+    fn a_client_certificate_compiles_in_and_a_placeholder_key_never_does() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["client.test".to_string()]).unwrap().self_signed(&key).unwrap();
+        let tls = |key_pem: &str| {
+            let json = serde_json::json!({"tls": {"client_cert_pem": cert.pem(), "client_key_pem": key_pem}});
+            spec(&json.to_string())
+        };
+        let mutual = Profile::build(&tls(&key.serialize_pem())).unwrap();
+        let anonymous = Profile::build(&spec(r#"{"tls":{}}"#)).unwrap();
+        assert_ne!(mutual.key(), anonymous.key(), "pools keep their connections apart");
+        // The model resolves the placeholder before anything is compiled;
+        // one that slips through opens no connection rather than go without.
+        let e = Profile::build(&tls(tidegate_model::REDACTED)).err().unwrap();
+        assert!(e.contains("upstream.tls.client_key_pem"), "{e}");
     }
 
     #[test]

@@ -17,11 +17,18 @@ use crate::tls::Ca;
 
 /// An emulator serving TLS with a certificate for 127.0.0.1 from `ca`.
 fn tls_backend(dir: &std::path::Path, name: &str, ca: &Ca) -> Backend {
+    tls_backend_with(dir, name, ca, &[])
+}
+
+/// `tls_backend` with more emulator flags.
+fn tls_backend_with(dir: &std::path::Path, name: &str, ca: &Ca, extra: &[&str]) -> Backend {
     let leaf = ca.leaf(&["127.0.0.1"]);
     let (cert, key) = (dir.join(format!("{name}.crt")), dir.join(format!("{name}.key")));
     std::fs::write(&cert, &leaf.cert_pem).expect("write the certificate");
     std::fs::write(&key, &leaf.key_pem).expect("write the key");
-    Backend::start(name, &["--tls-cert", cert.to_str().expect("a path"), "--tls-key", key.to_str().expect("a path")])
+    let mut args = vec!["--tls-cert", cert.to_str().expect("a path"), "--tls-key", key.to_str().expect("a path")];
+    args.extend_from_slice(extra);
+    Backend::start(name, &args)
 }
 
 /// A service over one backend, routed by host name.
@@ -88,16 +95,85 @@ async fn https_backends_are_verified_against_the_service_ca() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_open_backends_that_require_them_and_their_key_is_never_shown() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let tg = Tidegate::start(dir.path());
+    let (ca, clients, strangers) = (Ca::new(), Ca::new(), Ca::new());
+    let client_ca = dir.path().join("clients.crt");
+    std::fs::write(&client_ca, clients.pem()).expect("write the client CA");
+    let backend =
+        tls_backend_with(dir.path(), "mutual-backend", &ca, &["--tls-client-ca", client_ca.to_str().unwrap()]);
+    let identity = |leaf: &crate::tls::Leaf| json!({ "ca_pem": ca.pem(), "client_cert_pem": leaf.cert_pem, "client_key_pem": leaf.key_pem });
+    let client = clients.leaf(&["tidegate.test"]);
+    let no_retry = json!({ "retries": 0 });
+
+    // Without a certificate, or with one the backend does not trust: refused.
+    service(&tg, "anonymous", &backend, json!({ "tls": { "ca_pem": ca.pem() } }), no_retry.clone()).await;
+    let stranger = strangers.leaf(&["tidegate.test"]);
+    service(&tg, "stranger", &backend, json!({ "tls": identity(&stranger) }), no_retry.clone()).await;
+    for host in ["anonymous.test", "stranger.test"] {
+        let r = get_host(&tg, host, "/").await;
+        assert_eq!(r.status, 502, "{host}: {}", r.text());
+    }
+
+    // With its certificate, over HTTP/1.1 and HTTP/2: served.
+    service(&tg, "mutual", &backend, json!({ "tls": identity(&client) }), json!({})).await;
+    service(&tg, "mutual2", &backend, json!({ "tls": identity(&client), "protocol": "http2" }), json!({})).await;
+    for host in ["mutual.test", "mutual2.test"] {
+        let r = get_host(&tg, host, "/").await;
+        assert_eq!(r.status, 200, "{host}: {}", r.text());
+        assert_eq!(served_by(&r), "mutual-backend");
+    }
+
+    // Read APIs show the certificate, never the key.
+    let (s, read) = tg.api("GET", "/v1/services/mutual", None).await;
+    assert_eq!(s, 200, "{read}");
+    let tls = &read["spec"]["upstream"]["tls"];
+    assert_eq!(tls["client_key_pem"], "(redacted)", "{read}");
+    assert_eq!(tls["client_cert_pem"], client.cert_pem.as_str(), "{read}");
+    for path in ["/v1/config", "/v1/services", "/v1/services/mutual"] {
+        let r = send("GET", &tg.admin_url(path), Some(TOKEN), Vec::new(), &[]).await;
+        assert!(!r.text().contains("PRIVATE KEY"), "{path} shows the key: {}", r.text());
+    }
+
+    // Put back as read, with another change: the key is kept.
+    let mut spec = read["spec"].clone();
+    spec["retries"] = json!(1);
+    let (s, v) = tg.api("PUT", "/v1/services/mutual", Some(spec.clone())).await;
+    assert_eq!(s, 200, "{v}");
+    let r = get_host(&tg, "mutual.test", "/").await;
+    assert_eq!(r.status, 200, "the kept key still opens the backend: {}", r.text());
+
+    // A new certificate with the old key kept: refused, the field named,
+    // and nothing changed.
+    spec["upstream"]["tls"]["client_cert_pem"] = json!(clients.leaf(&["other.test"]).cert_pem);
+    let (s, v) = tg.api("PUT", "/v1/services/mutual", Some(spec)).await;
+    assert_eq!(s, 409, "{v}");
+    assert!(v.to_string().contains("upstream.tls.client_key_pem"), "{v}");
+    let r = get_host(&tg, "mutual.test", "/").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_upstream_tls_settings_are_refused_with_the_field_named() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let tg = Tidegate::start(dir.path());
     let b = Backend::start("b", &[]);
+    let ca = Ca::new();
+    let (leaf, other) = (ca.leaf(&["tidegate.test"]), ca.leaf(&["tidegate.test"]));
     let cases = [
         (json!({ "tls": { "ca_pem": "not a certificate" } }), "upstream.tls.ca_pem"),
         (json!({ "tls": { "sni": "bad name!" } }), "upstream.tls.sni"),
         (json!({ "tls": { "verify": false, "ca_pem": Ca::new().pem() } }), "upstream.tls.ca_pem"),
         (json!({ "protocol": "http3" }), "protocol"),
         (json!({ "tls": { "verify": "yes" } }), "verify"),
+        (json!({ "tls": { "client_cert_pem": leaf.cert_pem } }), "upstream.tls.client_key_pem"),
+        (json!({ "tls": { "client_key_pem": leaf.key_pem } }), "upstream.tls.client_cert_pem"),
+        (
+            json!({ "tls": { "client_cert_pem": leaf.cert_pem, "client_key_pem": other.key_pem } }),
+            "upstream.tls.client_key_pem",
+        ),
+        (json!({ "tls": { "client_cert_pem": "no", "client_key_pem": leaf.key_pem } }), "upstream.tls.client_cert_pem"),
     ];
     for (upstream, field) in cases {
         let spec = json!({ "backends": [{ "id": "b0", "addr": b.addr.to_string() }], "upstream": upstream });
@@ -105,6 +181,12 @@ async fn bad_upstream_tls_settings_are_refused_with_the_field_named() {
         assert_eq!(s, 400, "{upstream}: {v}");
         assert!(v.to_string().contains(field), "{upstream}: the error names {field}: {v}");
     }
+    // The placeholder of a key, where there is no key to keep.
+    let upstream = json!({ "tls": { "client_cert_pem": leaf.cert_pem, "client_key_pem": "(redacted)" } });
+    let spec = json!({ "backends": [{ "id": "b0", "addr": b.addr.to_string() }], "upstream": upstream });
+    let (s, v) = tg.api("PUT", "/v1/services/bad", Some(spec)).await;
+    assert_eq!(s, 409, "{v}");
+    assert!(v.to_string().contains("upstream.tls.client_key_pem"), "{v}");
     let (s, _) = tg.api("GET", "/v1/services/bad", None).await;
     assert_eq!(s, 404, "nothing was applied");
 }
