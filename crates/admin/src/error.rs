@@ -40,6 +40,11 @@ impl ApiError {
         ApiError::new(StatusCode::NOT_FOUND, message)
     }
 
+    /// 409 with no field at fault.
+    pub fn conflict(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::CONFLICT, message)
+    }
+
     /// 405.
     pub fn method_not_allowed() -> ApiError {
         ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "this endpoint does not take that method")

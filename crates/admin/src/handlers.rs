@@ -38,6 +38,11 @@ fn backend_id(s: &str) -> Result<BackendId, ApiError> {
     BackendId::new(s).map_err(|e| ApiError::bad_field("path.id", e.to_string()))
 }
 
+/// The service and backend a `/v1/services/{name}/backends/{id}` path names.
+fn backend_key((service, id): (String, String)) -> Result<(ServiceName, BackendId), ApiError> {
+    Ok((service_name(&service)?, backend_id(&id)?))
+}
+
 /// Parses a resource body, naming fields as in the equivalent change set.
 fn body<T: serde::de::DeserializeOwned>(bytes: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
     let bytes = bytes.map_err(ApiError::body)?;
@@ -81,21 +86,86 @@ pub(crate) async fn list_services(State(state): State<AdminState>) -> Response {
 
 pub(crate) async fn put_backend(
     State(state): State<AdminState>,
-    Path((service, id)): Path<(String, String)>,
+    Path(path): Path<(String, String)>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Answer<Written> {
-    let service = service_name(&service)?;
-    let id = backend_id(&id)?;
+    let (service, id) = backend_key(path)?;
     let spec: BackendSpec = body(bytes)?;
     submit(&state, vec![Op::PutBackend { service, id, spec }]).await
 }
 
+/// How many times a patch is read and applied when other changes keep
+/// landing between reading the backend and committing it (each round
+/// commits at least one of the contending change sets).
+const PATCH_ATTEMPTS: u32 = 16;
+
+/// `PATCH`: changes only the fields the body names (a JSON merge patch,
+/// RFC 7386: a field set to `null` goes back to its default), keeping the
+/// others. The patched backend is committed on the revision it was read
+/// at; if another change landed in between, it is read and patched again.
+pub(crate) async fn patch_backend(
+    State(state): State<AdminState>,
+    Path(path): Path<(String, String)>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Answer<Written> {
+    let (service, id) = backend_key(path)?;
+    let serde_json::Value::Object(patch) = body::<serde_json::Value>(bytes)? else {
+        return Err(ApiError::bad_field("spec", "a merge patch is a JSON object of the fields to change"));
+    };
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let view = state.control.config();
+        let Some(current) = view.state.service(service.as_str()).and_then(|s| s.backends.get(id.as_str())) else {
+            return Err(ApiError::not_found(format!("no backend {:?} in service {:?}", id.as_str(), service.as_str())));
+        };
+        let mut merged = serde_json::to_value(current).map_err(|e| ApiError::internal(e.to_string()))?;
+        merge_patch(&mut merged, &patch);
+        let spec: BackendSpec =
+            parse_json(merged.to_string().as_bytes()).map_err(|e| ApiError::parse(e, Some("spec")))?;
+        let op = Op::PutBackend { service: service.clone(), id: id.clone(), spec };
+        match state.control.submit(ChangeSet { if_revision: Some(view.revision), ops: vec![op] }).await {
+            Ok(revision) => return Ok(Sorted(Written { revision })),
+            Err(SubmitError::Rejected(e)) if e.field.as_deref() == Some("if_revision") => {
+                if attempt == PATCH_ATTEMPTS {
+                    return Err(ApiError::conflict(format!(
+                        "the configuration changed {attempt} times while this patch was applied; try again"
+                    )));
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Applies a JSON merge patch (RFC 7386) to `target`: each field of
+/// `patch` replaces the target's, objects merge field by field, and `null`
+/// removes the field.
+fn merge_patch(target: &mut serde_json::Value, patch: &serde_json::Map<String, serde_json::Value>) {
+    if !target.is_object() {
+        *target = serde_json::Value::Object(serde_json::Map::new());
+    }
+    let serde_json::Value::Object(fields) = target else { return };
+    for (name, value) in patch {
+        match value {
+            serde_json::Value::Null => {
+                fields.remove(name);
+            }
+            serde_json::Value::Object(inner) => {
+                merge_patch(fields.entry(name).or_insert(serde_json::Value::Null), inner)
+            }
+            other => {
+                fields.insert(name.clone(), other.clone());
+            }
+        }
+    }
+}
+
 pub(crate) async fn delete_backend(
     State(state): State<AdminState>,
-    Path((service, id)): Path<(String, String)>,
+    Path(path): Path<(String, String)>,
 ) -> Answer<Written> {
-    let service = service_name(&service)?;
-    let id = backend_id(&id)?;
+    let (service, id) = backend_key(path)?;
     submit(&state, vec![Op::DeleteBackend { service, id }]).await
 }
 
@@ -285,4 +355,35 @@ pub(crate) async fn get_config(State(state): State<AdminState>) -> Response {
     let routes: BTreeMap<&str, &RouteSpec> = view.state.routes().iter().map(|(k, v)| (k.as_str(), &**v)).collect();
     let certificates = view.state.certificates().iter().map(|(k, v)| (k.as_str(), v.redacted())).collect();
     Sorted(ConfigRead { revision: view.revision, services, routes, certificates }).into_response()
+}
+
+#[cfg(test)]
+mod merge_patch_tests {
+    use serde_json::json;
+
+    fn patched(target: serde_json::Value, patch: serde_json::Value) -> serde_json::Value {
+        let mut target = target;
+        super::merge_patch(&mut target, patch.as_object().unwrap());
+        target
+    }
+
+    #[test]
+    fn named_fields_change_null_removes_and_the_rest_stays() {
+        let backend = json!({"addr": "10.0.0.1:80", "weight": 3, "max_conns": 100});
+        assert_eq!(
+            patched(backend.clone(), json!({"weight": 0})),
+            json!({"addr": "10.0.0.1:80", "weight": 0, "max_conns": 100})
+        );
+        assert_eq!(patched(backend.clone(), json!({"max_conns": null})), json!({"addr": "10.0.0.1:80", "weight": 3}));
+        assert_eq!(patched(backend.clone(), json!({})), backend);
+        assert_eq!(patched(backend, json!({"backup": true, "gone": null})).get("backup"), Some(&json!(true)));
+    }
+
+    #[test]
+    fn objects_merge_field_by_field_as_rfc_7386_says() {
+        let target = json!({"a": {"b": 1, "c": 2}, "d": [1, 2]});
+        let out = patched(target, json!({"a": {"b": null, "e": 3}, "d": [3]}));
+        assert_eq!(out, json!({"a": {"c": 2, "e": 3}, "d": [3]}));
+        assert_eq!(patched(json!({"a": 1}), json!({"a": {"b": {"c": null}}})), json!({"a": {"b": {}}}));
+    }
 }

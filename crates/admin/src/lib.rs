@@ -104,7 +104,10 @@ pub fn router(state: AdminState) -> Router {
         )
         .route(
             "/v1/services/{name}/backends/{id}",
-            put(handlers::put_backend).get(handlers::get_backend).delete(handlers::delete_backend),
+            put(handlers::put_backend)
+                .patch(handlers::patch_backend)
+                .get(handlers::get_backend)
+                .delete(handlers::delete_backend),
         )
         .route("/v1/routes", get(handlers::list_routes))
         .route("/v1/routes/{name}", put(handlers::put_route).get(handlers::get_route).delete(handlers::delete_route))

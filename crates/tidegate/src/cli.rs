@@ -438,6 +438,28 @@ pub enum BackendCommand {
         #[arg(long)]
         max_conns: Option<u32>,
     },
+    /// Change some fields of an existing backend, keeping the others
+    /// (`PATCH`: a weight, a limit, backup or not, without restating the
+    /// rest).
+    Set {
+        service: String,
+        id: String,
+        /// HOST:PORT.
+        #[arg(long)]
+        addr: Option<String>,
+        /// Relative weight (0 sends it nothing new: a drain).
+        #[arg(long)]
+        weight: Option<u32>,
+        /// Use only when no primary backend is available (`true` or `false`).
+        #[arg(long)]
+        backup: Option<bool>,
+        /// Most requests in flight to it at once.
+        #[arg(long, conflicts_with = "no_max_conns")]
+        max_conns: Option<u32>,
+        /// Remove its `max_conns` limit.
+        #[arg(long)]
+        no_max_conns: bool,
+    },
     /// Delete a backend.
     Delete { service: String, id: String },
 }

@@ -129,6 +129,28 @@ impl Admin {
                 BackendCommand::Delete { service, id } => {
                     (M::DELETE, format!("/v1/services/{service}/backends/{id}"), None)
                 }
+                BackendCommand::Set { service, id, addr, weight, backup, max_conns, no_max_conns } => {
+                    let mut patch = serde_json::Map::new();
+                    if let Some(a) = addr {
+                        patch.insert("addr".into(), json!(a));
+                    }
+                    if let Some(w) = weight {
+                        patch.insert("weight".into(), json!(w));
+                    }
+                    if let Some(b) = backup {
+                        patch.insert("backup".into(), json!(b));
+                    }
+                    if let Some(m) = max_conns {
+                        patch.insert("max_conns".into(), json!(m));
+                    }
+                    if no_max_conns {
+                        patch.insert("max_conns".into(), Value::Null);
+                    }
+                    if patch.is_empty() {
+                        bail!("set needs at least one of --addr, --weight, --backup, --max-conns, --no-max-conns");
+                    }
+                    (M::PATCH, format!("/v1/services/{service}/backends/{id}"), Some(Value::Object(patch)))
+                }
                 BackendCommand::Put { service, id, addr, weight, backup, max_conns } => {
                     let mut spec = json!({ "addr": addr, "weight": weight, "backup": backup });
                     if let Some(m) = max_conns {

@@ -361,3 +361,76 @@ async fn sighup_does_not_stop_the_proxy() {
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert_eq!(get(&tg.url("/")).await.status, 200, "still serving after SIGHUP");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_patch_changes_only_the_fields_it_names_and_loses_none_to_concurrent_patches() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let b = Backend::start("patched", &[]);
+    let addr = b.addr.to_string();
+    let spec = json!({"backends": [{"id": "a", "addr": addr, "weight": 3, "max_conns": 100}]});
+    let (s, v) = tg.api("PUT", "/v1/services/web", Some(spec)).await;
+    assert_eq!(s, 200, "{v}");
+    let backend = |tg: &Tidegate| {
+        let tg_admin = tg.admin_url("/v1/services/web/backends/a");
+        async move {
+            let r = send("GET", &tg_admin, Some(TOKEN), Vec::new(), &[]).await;
+            serde_json::from_slice::<Value>(&r.body).unwrap()
+        }
+    };
+    let patch = |body: Value| tg.api("PATCH", "/v1/services/web/backends/a", Some(body));
+
+    // One field changes, the others stay.
+    let (s, v) = patch(json!({"weight": 0})).await;
+    assert_eq!(s, 200, "{v}");
+    let read = backend(&tg).await;
+    assert_eq!(read["spec"], json!({"addr": addr, "weight": 0, "max_conns": 100, "backup": false}), "{read}");
+    assert_eq!(read["revision"], v["revision"]);
+    // `null` takes a field back to its default.
+    let (s, v) = patch(json!({"max_conns": null, "backup": true})).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(backend(&tg).await["spec"], json!({"addr": addr, "weight": 0, "backup": true}));
+
+    // Bad input is refused with the field named, and changes nothing.
+    let revision = backend(&tg).await["revision"].clone();
+    for (body, field) in [
+        (json!({"weight": 10_001}), "spec.weight"),
+        (json!({"nope": 1}), "spec"),
+        (json!({"addr": "no port"}), "spec.addr"),
+        (json!([1, 2]), "spec"),
+    ] {
+        let (s, v) = patch(body.clone()).await;
+        assert_eq!(s, 400, "{body}: {v}");
+        assert!(v["error"]["field"].as_str().is_some_and(|f| f.starts_with(field)), "{body}: {v}");
+    }
+    let (s, v) = tg.api("PATCH", "/v1/services/web/backends/zz", Some(json!({"weight": 1}))).await;
+    assert_eq!(s, 404, "{v}");
+    assert_eq!(backend(&tg).await["revision"], revision, "nothing was applied");
+
+    // Patches of different fields at once: each lands, none undoes another.
+    let mut tasks = Vec::new();
+    for i in 0..8u32 {
+        let body = if i % 2 == 0 { json!({"weight": 10 + i}) } else { json!({"max_conns": 200 + i}) };
+        let url = tg.admin_url("/v1/services/web/backends/a");
+        tasks.push(tokio::spawn(async move {
+            send("PATCH", &url, Some(TOKEN), body.to_string().into_bytes(), &[]).await.status
+        }));
+        // And unrelated changes meanwhile, which move the revision too.
+        let (s, v) = tg.api("PUT", &format!("/v1/services/other-{i}"), Some(json!({}))).await;
+        assert_eq!(s, 200, "{v}");
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    let spec = backend(&tg).await["spec"].clone();
+    assert!(spec["weight"].as_u64().is_some_and(|w| w >= 10), "a weight patch landed: {spec}");
+    assert!(spec["max_conns"].as_u64().is_some_and(|m| m >= 200), "a max_conns patch landed: {spec}");
+    assert_eq!(spec["backup"], true, "untouched by every patch: {spec}");
+
+    // The same through ctl.
+    let out = tg.ctl(&["backend", "set", "web", "a", "--weight", "7", "--no-max-conns"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(backend(&tg).await["spec"], json!({"addr": addr, "weight": 7, "backup": true}));
+    let out = tg.ctl(&["backend", "set", "web", "a"]);
+    assert!(!out.status.success(), "set with nothing to change is refused");
+}
