@@ -25,6 +25,7 @@ use crate::body::{ClientBody, Hold, ProxyBody, UpBody};
 use crate::error::ClientBodyError;
 use crate::error::ErrorKind;
 use crate::headers;
+use crate::host_addrs::HostAddrs;
 use crate::limits::Limits;
 use crate::metrics::Counters;
 use crate::native::bridge::{self, BridgeExchange, Payload};
@@ -117,6 +118,9 @@ pub(crate) struct Upstreams {
     h2: H2Pool,
     /// Asks external distributors (paper S4); one per worker.
     distributor: DistributorClient,
+    /// What host-named backends resolve to, to match distributors'
+    /// `IP:PORT` answers.
+    host_addrs: HostAddrs,
     /// Client-side limits (body timeouts).
     limits: Arc<Limits>,
 }
@@ -135,6 +139,7 @@ impl Upstreams {
             native: UpstreamPool::new(counters.clone()),
             h2: H2Pool::default(),
             distributor: DistributorClient::default(),
+            host_addrs: HostAddrs::default(),
             limits,
         }
     }
@@ -399,7 +404,10 @@ impl Upstreams {
         let backends = service.selector.backends();
         match answer {
             Some(addr) => {
-                let found = backends.iter().find(|b| b.addr.as_str().parse::<SocketAddr>().ok() == Some(addr));
+                let found = backends
+                    .iter()
+                    .find(|b| b.addr.as_str().parse::<SocketAddr>().ok() == Some(addr))
+                    .or_else(|| self.host_addrs.backend_at(backends, addr));
                 if found.is_none() {
                     tracing::debug!(service = %service.name, %addr, "distributor named a backend outside the pool");
                 }

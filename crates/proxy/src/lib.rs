@@ -19,6 +19,7 @@ pub mod error;
 mod forward;
 mod handler;
 mod headers;
+mod host_addrs;
 mod hygiene;
 mod limits;
 mod metrics;

@@ -19,6 +19,70 @@ async fn put_external(tg: &Tidegate, addr: &str, policy: &str, backends: serde_j
     assert_eq!(s, 200, "{v}");
 }
 
+/// A reference distributor process, stopped when dropped (also when a
+/// test fails).
+struct Distributor(std::process::Child);
+
+impl Drop for Distributor {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The reference distributor choosing among `backends` (by `IP:PORT`),
+/// and the UDP address it listens on.
+fn reference_distributor(backends: &[&Backend]) -> (Distributor, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidegate"));
+    cmd.args(["distributor", "--listen", "127.0.0.1:0"]).env("TIDEGATE_LOG", "warn").stdout(Stdio::piped());
+    for b in backends {
+        cmd.args(["--backend", &b.addr.to_string()]);
+    }
+    let mut child = cmd.spawn().expect("start the reference distributor");
+    let mut line = String::new();
+    let stdout = child.stdout.take().expect("the distributor's stdout");
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).expect("its first line");
+    let addr = line.trim().strip_prefix("distributor listening on ").expect(&line).to_string();
+    (Distributor(child), addr)
+}
+
+/// Sessions (a cookie) stay on one backend for `rounds` requests each.
+async fn sessions_stick(tg: &Tidegate, rounds: usize) -> bool {
+    for sid in ["alice", "bob", "carol"] {
+        let cookie = format!("sid={sid}");
+        let first = served_by(&send("GET", &tg.url("/"), None, vec![], &[("cookie", &cookie)]).await);
+        for _ in 0..rounds {
+            let r = send("GET", &tg.url("/"), None, vec![], &[("cookie", &cookie)]).await;
+            if served_by(&r) != first {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_named_by_host_match_the_distributors_addresses() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let (a, b) = (Backend::start("a", &[]), Backend::start("b", &[]));
+    let (_distributor, addr) = reference_distributor(&[&a, &b]);
+    // The service names them `localhost:PORT`; the distributor answers
+    // `127.0.0.1:PORT`. Unmatched answers would leave each request to the
+    // local round robin, which alternates and breaks every session.
+    let backends = json!([
+        {"id": "a", "addr": format!("localhost:{}", a.addr.port())},
+        {"id": "b", "addr": format!("localhost:{}", b.addr.port())},
+    ]);
+    put_external(&tg, &addr, "session", backends).await;
+    // The first answers start the lookups (in each worker).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !sessions_stick(&tg, 10).await {
+        assert!(std::time::Instant::now() < deadline, "the distributor's answers never matched the named backends");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_distributor_falls_back_to_the_backup() {
     let dir = tempfile::tempdir().unwrap();
@@ -54,15 +118,7 @@ async fn the_reference_distributor_spreads_and_keeps_sessions() {
     let tg = Tidegate::start(dir.path());
     let a = Backend::start("a", &[]);
     let b = Backend::start("b", &[]);
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidegate"));
-    cmd.args(["distributor", "--listen", "127.0.0.1:0"])
-        .args(["--backend", &a.addr.to_string(), "--backend", &b.addr.to_string()])
-        .env("TIDEGATE_LOG", "warn")
-        .stdout(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
-    let addr = line.trim().strip_prefix("distributor listening on ").expect(&line).to_string();
+    let (_distributor, addr) = reference_distributor(&[&a, &b]);
     let backends = json!([{"id": "a", "addr": a.addr.to_string()}, {"id": "b", "addr": b.addr.to_string()}]);
 
     put_external(&tg, &addr, "round_robin", backends.clone()).await;
@@ -74,14 +130,5 @@ async fn the_reference_distributor_spreads_and_keeps_sessions() {
     assert_eq!(seen.get("b"), Some(&10), "{seen:?}");
 
     put_external(&tg, &addr, "session", backends).await;
-    for sid in ["alice", "bob", "carol"] {
-        let cookie = format!("sid={sid}");
-        let first = served_by(&send("GET", &tg.url("/"), None, vec![], &[("cookie", &cookie)]).await);
-        for _ in 0..5 {
-            let r = send("GET", &tg.url("/"), None, vec![], &[("cookie", &cookie)]).await;
-            assert_eq!(served_by(&r), first, "session {sid} sticks");
-        }
-    }
-    let _ = child.kill();
-    let _ = child.wait();
+    assert!(sessions_stick(&tg, 5).await, "sessions stick");
 }
