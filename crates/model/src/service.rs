@@ -233,8 +233,9 @@ pub enum UpstreamProtocol {
     Http2,
 }
 
-/// TLS from the proxy to a service's backends.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+/// TLS from the proxy to a service's backends. Its `Debug` output never
+/// shows the client key.
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamTls {
     /// The server name sent in the handshake (SNI) and checked against the
@@ -264,6 +265,18 @@ pub struct UpstreamTls {
 
 fn yes() -> bool {
     true
+}
+
+impl fmt::Debug for UpstreamTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UpstreamTls")
+            .field("sni", &self.sni)
+            .field("ca_pem", &self.ca_pem.as_ref().map(|_| "(given)"))
+            .field("verify", &self.verify)
+            .field("client_cert_pem", &self.client_cert_pem.as_ref().map(|_| "(given)"))
+            .field("client_key_pem", &self.client_key_pem.as_ref().map(|_| REDACTED))
+            .finish()
+    }
 }
 
 impl UpstreamTls {
@@ -967,8 +980,9 @@ impl Default for ReadySpec {
     }
 }
 
-/// How the autoscaler starts and stops instances.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+/// How the autoscaler starts and stops instances. Its `Debug` output
+/// never shows the webhook's secret.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ProviderSpec {
     /// Local processes (the embedded default): `command` with `{port}` and
@@ -1003,6 +1017,28 @@ pub enum ProviderSpec {
         #[serde(default = "default_poll")]
         poll_interval_ms: u64,
     },
+}
+
+impl fmt::Debug for ProviderSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProviderSpec::Process { command, ports, grace_s } => f
+                .debug_struct("Process")
+                .field("command", command)
+                .field("ports", ports)
+                .field("grace_s", grace_s)
+                .finish(),
+            ProviderSpec::Command { start, stop, list } => {
+                f.debug_struct("Command").field("start", start).field("stop", stop).field("list", list).finish()
+            }
+            ProviderSpec::Webhook { url, secret: _, poll_interval_ms } => f
+                .debug_struct("Webhook")
+                .field("url", url)
+                .field("secret", &REDACTED)
+                .field("poll_interval_ms", poll_interval_ms)
+                .finish(),
+        }
+    }
 }
 
 fn default_grace() -> u64 {

@@ -370,6 +370,8 @@ mod tests {
         assert_eq!(spec.secret(crate::Secret::ClientKey), Some(key.as_str()));
         let shown = serde_json::to_string(&spec.redacted()).unwrap();
         assert!(!shown.contains("PRIVATE KEY") && !shown.contains("s3cret-value"), "{shown}");
+        let logged = format!("{spec:?} {:?}", mutual_service(&cert, &key));
+        assert!(!logged.contains("PRIVATE KEY") && !logged.contains("s3cret-value"), "Debug shows a secret: {logged}");
         assert!(shown.contains("CERTIFICATE"), "the certificate is shown: {shown}");
         // Applied back as read: both secrets kept.
         let (state, _) = state.apply(&mutual_service(&cert, crate::REDACTED), 1).unwrap();

@@ -3,12 +3,11 @@
 //! [`spawn`] starts one supervisor task on the caller's tokio runtime. It
 //!
 //! - calls [`ServiceSelector::refresh`](tidegate_balance::ServiceSelector::refresh)
-//!   on every service of the current snapshot every 100 ms, so that
-//!   `dynamic_feedback` and `orca_wrr` recompute their weights (policies
-//!   without dynamic weights make this a no-op);
-//! - every 500 ms, when the snapshot changed, derives the load-source targets
-//!   from the services' `load_metrics` and starts, updates or stops one task
-//!   per target:
+//!   every 100 ms on the services whose policy computes weights from load
+//!   (`dynamic_feedback`, `orca_wrr`), while there are any;
+//! - when a snapshot is published (at most once per 500 ms), derives the
+//!   load-source targets from the services' `load_metrics` and starts,
+//!   updates or stops one task per target:
 //!   - `node_exporter`: one task per distinct backend host and exporter port,
 //!     scraping `http://HOST:PORT/metrics` each interval. CPU utilization is
 //!     1 - idle / total of the `node_cpu_seconds_total` growth between two
@@ -60,7 +59,7 @@ use crate::node_exporter::HttpClient;
 use crate::targets::{NodeKey, Sink, Targets};
 
 /// How often the selectors of services whose policy computes weights from
-/// load (`dynamic_feedback`) are refreshed, while there are any.
+/// load (`dynamic_feedback`, `orca_wrr`) are refreshed, while there are any.
 pub const REFRESH_INTERVAL: Duration = Duration::from_millis(100);
 
 /// The least time between two reconciliations of the source tasks with the
