@@ -120,20 +120,34 @@ pub async fn probe(client: &ProbeClient, addr: &BackendAddr, upstream: &Profile,
 
 /// An HTTP probe on a connection of its own, opened as `upstream` says.
 async fn profile_probe(addr: &BackendAddr, upstream: &Profile, check: &ActiveCheck, limit: Duration) -> Verdict {
-    let stream = match upstream.connect(addr, limit).await {
-        Ok(s) => TokioIo::new(s),
-        Err(e) => return Verdict::fail(format!("connect: {e}")),
-    };
+    match get_via(addr, upstream, &check.path, PROBE_USER_AGENT, limit).await {
+        Ok(response) => judge(response, check).await,
+        Err(e) => Verdict::fail(e),
+    }
+}
+
+/// Sends `GET path` (with `user_agent`) to `addr` on a connection of its
+/// own, opened as `upstream` says: TCP or TLS, HTTP/1.1 or HTTP/2, as the
+/// service's requests go; `limit` bounds the connect. Returns the response
+/// head, its body still to read, or why there is none.
+pub async fn get_via(
+    addr: &BackendAddr,
+    upstream: &Profile,
+    path: &str,
+    user_agent: &'static str,
+    limit: Duration,
+) -> Result<http::Response<Incoming>, String> {
+    let stream = TokioIo::new(upstream.connect(addr, limit).await.map_err(|e| format!("connect: {e}"))?);
     // HTTP/1.1 sends the origin form and `Host`; HTTP/2 the absolute form
     // (its `:scheme` and `:authority`).
     let request = match upstream.protocol() {
-        UpstreamProtocol::Http1 => Request::get(check.path.as_str()).header(HOST, addr.as_str()),
-        UpstreamProtocol::Http2 => Request::get(format!("{}://{}{}", upstream.scheme(), addr.as_str(), check.path)),
+        UpstreamProtocol::Http1 => Request::get(path).header(HOST, addr.as_str()),
+        UpstreamProtocol::Http2 => Request::get(format!("{}://{}{}", upstream.scheme(), addr.as_str(), path)),
     };
-    let request = match request.header(USER_AGENT, PROBE_USER_AGENT).body(Empty::<Bytes>::new()) {
-        Ok(r) => r,
-        Err(e) => return Verdict::fail(format!("invalid probe request: {e}")),
-    };
+    let request = request
+        .header(USER_AGENT, user_agent)
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| format!("invalid probe request: {e}"))?;
     let sent = match upstream.protocol() {
         UpstreamProtocol::Http1 => match hyper::client::conn::http1::handshake(stream).await {
             Ok((mut sender, conn)) => {
@@ -150,10 +164,7 @@ async fn profile_probe(addr: &BackendAddr, upstream: &Profile, check: &ActiveChe
             Err(e) => Err(e),
         },
     };
-    match sent {
-        Ok(response) => judge(response, check).await,
-        Err(e) => Verdict::fail(error_chain(&e)),
-    }
+    sent.map_err(|e| error_chain(&e))
 }
 
 async fn http_probe(client: &ProbeClient, addr: &BackendAddr, check: &ActiveCheck) -> Verdict {

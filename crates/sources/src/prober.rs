@@ -8,9 +8,12 @@
 //! `endpoint-load-metrics` header (`named_metrics.rif`,
 //! `named_metrics.latency_ms`); a backend that does not report them is
 //! described by the proxy's own count of requests in flight to it and by
-//! its latency average (else the probe's round trip). Probes are plain
-//! HTTP/1.1; a failed or late probe stores nothing, so the backend drops
-//! out of the probed pool until it answers again.
+//! its latency average (else the probe's round trip). Probes go as the
+//! service's requests do: plain HTTP/1.1 over a shared keep-alive pool, or,
+//! for a service with `upstream.tls` or HTTP/2, on a connection of their
+//! own opened by the service's upstream profile (its CAs, server name and
+//! client certificate). A failed or late probe stores nothing, so the
+//! backend drops out of the probed pool until it answers again.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,8 +21,10 @@ use std::time::Duration;
 use http::{header, Request, Uri};
 use http_body_util::{BodyExt, Empty, Limited};
 use tidegate_balance::{clock, orca, Backend};
+use tidegate_health::get_via;
 use tidegate_model::{PolicySpec, PrequalSpec};
 use tidegate_snapshot::ServiceRuntime;
+use tidegate_upstream::Profile;
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 
@@ -70,7 +75,7 @@ pub(crate) async fn run(client: ProbeClient, mut target: watch::Receiver<Arc<Pro
         last_requests = Some(requests);
         let n = probes_due(&mut owed, new, spec.probes_per_request_pct, backends.len());
         for i in sample(backends.len(), n) {
-            tokio::spawn(probe(client.clone(), backends[i].clone(), spec.clone()));
+            tokio::spawn(probe(client.clone(), backends[i].clone(), service.upstream.clone(), spec.clone()));
         }
     }
 }
@@ -86,17 +91,21 @@ fn sample(len: usize, n: usize) -> Vec<usize> {
     all
 }
 
+/// The `User-Agent` of Prequal's probes.
+const PROBER_USER_AGENT: &str = "tidegate-prober";
+
 /// One probe; stores the answer, if one comes within `max_age_ms`.
-async fn probe(client: ProbeClient, backend: Arc<Backend>, spec: PrequalSpec) {
-    let Ok(uri) = format!("http://{}{}", backend.authority, spec.probe_path).parse::<Uri>() else {
-        return;
-    };
-    let Ok(request) = Request::get(uri).header(header::USER_AGENT, "tidegate-prober").body(Empty::new()) else {
-        return;
-    };
+async fn probe(client: ProbeClient, backend: Arc<Backend>, upstream: Profile, spec: PrequalSpec) {
     let started = Instant::now();
+    let limit = Duration::from_millis(spec.max_age_ms);
     let exchange = async {
-        let response = client.request(request).await.ok()?;
+        let response = if upstream.is_plain_http1() {
+            let uri = format!("http://{}{}", backend.authority, spec.probe_path).parse::<Uri>().ok()?;
+            let request = Request::get(uri).header(header::USER_AGENT, PROBER_USER_AGENT).body(Empty::new()).ok()?;
+            client.request(request).await.ok()?
+        } else {
+            get_via(&backend.addr, &upstream, &spec.probe_path, PROBER_USER_AGENT, limit).await.ok()?
+        };
         let report = response
             .headers()
             .get(orca::ORCA_HEADER)
@@ -107,7 +116,7 @@ async fn probe(client: ProbeClient, backend: Arc<Backend>, spec: PrequalSpec) {
         let _ = Limited::new(response.into_body(), MAX_PROBE_BODY).collect().await;
         Some(report)
     };
-    let Ok(Some(report)) = tokio::time::timeout(Duration::from_millis(spec.max_age_ms), exchange).await else {
+    let Ok(Some(report)) = tokio::time::timeout(limit, exchange).await else {
         return;
     };
     let round_trip_ms = started.elapsed().as_secs_f64() * 1e3;

@@ -162,6 +162,39 @@ async fn client_certificates_open_backends_that_require_them_and_their_key_is_ne
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prequal_probes_reach_tls_backends_as_requests_do() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let tg = Tidegate::start(dir.path());
+    let (ca, clients) = (Ca::new(), Ca::new());
+    let client_ca = dir.path().join("clients.crt");
+    std::fs::write(&client_ca, clients.pem()).expect("write the client CA");
+    let backend =
+        tls_backend_with(dir.path(), "probed-backend", &ca, &["--tls-client-ca", client_ca.to_str().unwrap()]);
+    let client = clients.leaf(&["tidegate.test"]);
+    let tls = json!({ "ca_pem": ca.pem(), "client_cert_pem": client.cert_pem, "client_key_pem": client.key_pem });
+    // Probes of a path the emulator counts as served, one per request.
+    let policy = json!({ "kind": "prequal", "probe_path": "/probe", "probes_per_request_pct": 100 });
+    service(&tg, "probed", &backend, json!({ "tls": tls }), json!({ "policy": policy })).await;
+    for _ in 0..50 {
+        let r = get_host(&tg, "probed.test", "/").await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    // The emulator counts the 50 requests and every probe that got through
+    // TLS with the client certificate.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let stats = get_host(&tg, "probed.test", "/_emulator/stats").await;
+        let stats: Value = serde_json::from_slice(&stats.body).expect("the stats' JSON");
+        let served = stats["served"].as_u64().unwrap_or(0);
+        if served >= 60 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "probes did not reach the backend: {stats}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_upstream_tls_settings_are_refused_with_the_field_named() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let tg = Tidegate::start(dir.path());
