@@ -233,8 +233,8 @@ pub enum UpstreamProtocol {
     Http2,
 }
 
-/// TLS from the proxy to a service's backends. Its `Debug` output never
-/// shows the client key.
+/// TLS from the proxy to a service's backends.
+// Its `Debug` output (below) never shows the client key.
 #[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamTls {
@@ -980,8 +980,8 @@ impl Default for ReadySpec {
     }
 }
 
-/// How the autoscaler starts and stops instances. Its `Debug` output
-/// never shows the webhook's secret.
+/// How the autoscaler starts and stops instances.
+// Its `Debug` output (below) never shows the webhook's secret.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ProviderSpec {
