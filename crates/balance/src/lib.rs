@@ -47,6 +47,9 @@ pub struct Backend {
     pub addr: BackendAddr,
     /// The address as a URI authority, parsed once.
     pub authority: Authority,
+    /// The address as a socket address, parsed once; `None` for a host
+    /// name (resolved when connecting).
+    pub socket_addr: Option<std::net::SocketAddr>,
     /// Relative share of traffic.
     pub weight: u32,
     /// Backups take traffic only when no primary can.
@@ -91,6 +94,7 @@ impl Backend {
             id,
             addr: spec.addr.clone(),
             authority,
+            socket_addr: spec.addr.as_str().parse().ok(),
             weight: spec.weight.get(),
             backup: spec.backup,
             max_conns: spec.max_conns.map(|m| u64::from(m.get())),

@@ -1224,14 +1224,6 @@ impl ServiceSpec {
         }
     }
 
-    /// Replaces the webhook secret, if the service autoscales through a
-    /// webhook.
-    pub fn set_webhook_secret(&mut self, secret: &str) {
-        if let Some(s) = self.secret_mut(Secret::WebhookSecret) {
-            *s = secret.to_string();
-        }
-    }
-
     /// The spec as read APIs show it: secrets replaced by [`REDACTED`].
     /// Borrowed when there is nothing to hide.
     pub fn redacted(&self) -> std::borrow::Cow<'_, ServiceSpec> {

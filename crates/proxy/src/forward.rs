@@ -406,7 +406,7 @@ impl Upstreams {
             Some(addr) => {
                 let found = backends
                     .iter()
-                    .find(|b| b.addr.as_str().parse::<SocketAddr>().ok() == Some(addr))
+                    .find(|b| b.socket_addr == Some(addr))
                     .or_else(|| self.host_addrs.backend_at(backends, addr));
                 if found.is_none() {
                     tracing::debug!(service = %service.name, %addr, "distributor named a backend outside the pool");

@@ -51,7 +51,7 @@ impl HostAddrs {
         let now = Instant::now();
         let mut entries = self.entries.lock().ok()?;
         let mut found = None;
-        for b in backends.iter().filter(|b| b.addr.as_str().parse::<SocketAddr>().is_err()) {
+        for b in backends.iter().filter(|b| b.socket_addr.is_none()) {
             let entry = entries.entry(b.addr.clone()).or_default();
             if found.is_none() && entry.addrs.contains(&addr) {
                 found = Some(b);
