@@ -400,6 +400,13 @@ impl InFlight {
         }
     }
 
+    /// The request's latency counts from `at` when that is later than its
+    /// start (a streamed request body finished at `at`: the client's upload
+    /// time is not the backend's).
+    pub fn rebase(&mut self, at: Instant) {
+        self.started = self.started.max(at);
+    }
+
     /// The response head arrived: the request stays in flight until its
     /// body (or tunnel) ends, but no longer counts against the learned
     /// limit, which is learned from the time to the head (a WebSocket or

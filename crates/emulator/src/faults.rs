@@ -17,6 +17,8 @@
 //! - `/_fault/h2c`: `101 Switching Protocols` to `h2c`;
 //! - `/_fault/status-000`: the status code `000`;
 //! - `/_fault/drip`: `200` with a 30-byte body sent one byte every 100 ms;
+//! - `/_fault/early-413`: `413` as soon as the head arrives, without
+//!   reading the body, then close (a server refusing a large upload);
 //! - anything else: `200` with the body `ok NAME\n`.
 //!
 //! With `--idle-close D`, a connection that waits longer than `D` for its
@@ -154,6 +156,16 @@ async fn connection(mut s: TcpStream, name: &str, idle_close: Option<Duration>, 
         };
         let Some(head) = parse_head(&buf[..end]) else { return Ok(()) };
         buf.drain(..end);
+        if head.path.split('?').next() == Some("/_fault/early-413") {
+            let text = b"too large\n";
+            let resp = format!(
+                "HTTP/1.1 413 Content Too Large\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                text.len()
+            );
+            s.write_all(resp.as_bytes()).await?;
+            s.write_all(text).await?;
+            return Ok(()); // the body unread: the close resets the sender
+        }
         while buf.len() < head.content_length {
             let mut chunk = [0u8; 4096];
             let n = s.read(&mut chunk).await?;

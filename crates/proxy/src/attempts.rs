@@ -49,6 +49,13 @@ pub(crate) trait Exchange {
 
     /// The answer's ORCA load report header value, if any.
     fn orca(answer: &Self::Answer) -> Option<&[u8]>;
+
+    /// When the last attempt finished streaming the client's body, if it
+    /// streamed one: the backend's own time starts there, not while the
+    /// client was still sending.
+    fn body_sent(&self) -> Option<Instant> {
+        None
+    }
 }
 
 /// A backend's answer with the slot it holds (in flight until the
@@ -192,6 +199,12 @@ async fn attempt<E: Exchange>(
     let settings = &service.settings;
     let deadline = started + Duration::from_millis(settings.timeouts.response_ms);
     let result = ex.send(backend, service, fresh, deadline).await;
+    if let Some(sent) = ex.body_sent() {
+        // The latency the learned limit and the policies read is the
+        // backend's: from the end of a streamed body, not the client's
+        // upload time.
+        slot.rebase(sent.into_std());
+    }
     if result.is_ok() {
         slot.answered();
     }

@@ -10,6 +10,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
 
+use crate::admission::{MinRate, Pace};
 use crate::error::ClientBodyError;
 use crate::observe::Finish;
 use crate::pick::Slot;
@@ -21,14 +22,22 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A client's request body, read under the body timeouts: each piece must
 /// arrive within `gap` of the previous one, and the whole body by
-/// `deadline`. Its errors are [`ClientBodyError`]s, so a failed attempt
-/// can tell the client broke the exchange.
+/// `deadline`; once it streams to a backend, at the minimum pace too
+/// ([`crate::admission::Pace`]). What was read ahead before a backend was
+/// chosen comes first. Its errors are [`ClientBodyError`]s, so a failed
+/// attempt can tell the client broke the exchange.
 #[derive(Debug)]
 pub struct ClientBody {
     inner: Incoming,
+    /// Read ahead before a backend was chosen, sent first.
+    ahead: std::collections::VecDeque<Bytes>,
+    ahead_len: u64,
     gap: Duration,
+    /// When the next piece must have arrived by.
+    gap_at: tokio::time::Instant,
     deadline: tokio::time::Instant,
     timer: Pin<Box<tokio::time::Sleep>>,
+    pace: Option<Pace>,
 }
 
 impl ClientBody {
@@ -36,7 +45,33 @@ impl ClientBody {
     pub(crate) fn new(inner: Incoming, gap: Duration, total: Duration) -> ClientBody {
         let now = tokio::time::Instant::now();
         let deadline = now + total;
-        ClientBody { inner, gap, deadline, timer: Box::pin(tokio::time::sleep_until(deadline.min(now + gap))) }
+        let gap_at = deadline.min(now + gap);
+        ClientBody {
+            inner,
+            ahead: Default::default(),
+            ahead_len: 0,
+            gap,
+            gap_at,
+            deadline,
+            timer: Box::pin(tokio::time::sleep_until(gap_at)),
+            pace: None,
+        }
+    }
+
+    /// The body streams to a backend from now on: `read` (read ahead)
+    /// goes first, and the rest must keep `rate`, if any.
+    pub(crate) fn streamed(mut self, read: Vec<Bytes>, rate: Option<MinRate>) -> ClientBody {
+        self.ahead_len = read.iter().map(|b| b.len() as u64).sum();
+        self.ahead = read.into();
+        self.pace = rate.map(Pace::new);
+        self
+    }
+
+    /// When the timer must fire next: the gap, the whole body's deadline,
+    /// or the end of the pace's window.
+    fn next_wake(&mut self, now: tokio::time::Instant) -> tokio::time::Instant {
+        let at = self.gap_at.min(self.deadline);
+        self.pace.as_mut().map_or(at, |p| p.deadline(now).min(at))
     }
 }
 
@@ -49,27 +84,61 @@ impl Body for ClientBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
         let this = &mut *self;
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                let next = this.deadline.min(tokio::time::Instant::now() + this.gap);
-                this.timer.as_mut().reset(next);
-                Poll::Ready(Some(Ok(frame)))
+        if let Some(b) = this.ahead.pop_front() {
+            this.ahead_len -= b.len() as u64;
+            return Poll::Ready(Some(Ok(Frame::data(b))));
+        }
+        if this.pace.as_ref().is_some_and(|p| !p.started()) {
+            // The first read of a streamed body starts the pace's window.
+            let wake = this.next_wake(tokio::time::Instant::now());
+            this.timer.as_mut().reset(wake);
+        }
+        loop {
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    let now = tokio::time::Instant::now();
+                    if let (Some(p), Some(d)) = (&mut this.pace, frame.data_ref()) {
+                        if p.arrived(d.len(), now).is_err() {
+                            return Poll::Ready(Some(Err(ClientBodyError::TimedOut)));
+                        }
+                    }
+                    this.gap_at = this.deadline.min(now + this.gap);
+                    let wake = this.next_wake(now);
+                    this.timer.as_mut().reset(wake);
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(ClientBodyError::Read(e)))),
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => {}
             }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(ClientBodyError::Read(e)))),
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => match this.timer.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Some(Err(ClientBodyError::TimedOut))),
-                Poll::Pending => Poll::Pending,
-            },
+            if this.timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            let now = tokio::time::Instant::now();
+            let paced = this.pace.as_mut().map(|p| p.check(now));
+            if now >= this.gap_at || now >= this.deadline || matches!(paced, Some(Err(_))) {
+                return Poll::Ready(Some(Err(ClientBodyError::TimedOut)));
+            }
+            // The end of a pace window that the body kept: the next one.
+            let wake = this.next_wake(now);
+            this.timer.as_mut().reset(wake);
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.ahead.is_empty() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        let inner = self.inner.size_hint();
+        match inner.exact() {
+            Some(n) => SizeHint::with_exact(n + self.ahead_len),
+            None => {
+                let mut hint = SizeHint::new();
+                hint.set_lower(inner.lower() + self.ahead_len);
+                hint
+            }
+        }
     }
 }
 

@@ -62,8 +62,13 @@ pub enum ErrorKind {
     /// The client's request body broke off or was malformed (bad chunked
     /// encoding, a connection closed mid-body).
     ClientBody,
-    /// The client sent its request body too slowly.
+    /// The client sent its request body too slowly: a gap or the whole
+    /// body took too long, or a body streamed to a backend fell under the
+    /// minimum pace.
     ClientTimeout,
+    /// The client address has `--max-requests-per-client` requests in
+    /// progress already.
+    ClientLimit,
     /// The TCP connection to the backend was refused or failed.
     ConnectFailed,
     /// The TCP connection to the backend was not open within `connect_ms`.
@@ -88,7 +93,9 @@ impl ErrorKind {
     pub fn source(self) -> Source {
         use ErrorKind::*;
         match self {
-            BadRequest | InvalidHost | InvalidPath | InvalidFraming | ClientBody | ClientTimeout => Source::Client,
+            BadRequest | InvalidHost | InvalidPath | InvalidFraming | ClientBody | ClientTimeout | ClientLimit => {
+                Source::Client
+            }
             NoRoute | NoBackend | QueueFull | QueueTimeout => Source::Local,
             ConnectFailed | ConnectTimeout | UpstreamTls | StaleConnection | UpstreamClosed | InvalidResponse
             | ResponseTimeout => Source::Upstream,
@@ -114,7 +121,7 @@ impl ErrorKind {
             // and retrying multiplies the load on a struggling service.
             ResponseTimeout => Retry::Never,
             NoRoute | NoBackend | QueueFull | QueueTimeout | BadRequest | InvalidHost | InvalidPath
-            | InvalidFraming | ClientBody | ClientTimeout => Retry::Never,
+            | InvalidFraming | ClientBody | ClientTimeout | ClientLimit => Retry::Never,
         }
     }
 
@@ -132,6 +139,7 @@ impl ErrorKind {
             InvalidFraming => "invalid_framing",
             ClientBody => "client_body",
             ClientTimeout => "client_timeout",
+            ClientLimit => "client_limit",
             ConnectFailed => "connect_failed",
             ConnectTimeout => "connect_timeout",
             UpstreamTls => "upstream_tls",
@@ -143,7 +151,7 @@ impl ErrorKind {
     }
 
     /// Every kind, in a fixed order (for metrics).
-    pub const ALL: [ErrorKind; 17] = [
+    pub const ALL: [ErrorKind; 18] = [
         ErrorKind::NoRoute,
         ErrorKind::NoBackend,
         ErrorKind::QueueFull,
@@ -154,6 +162,7 @@ impl ErrorKind {
         ErrorKind::InvalidFraming,
         ErrorKind::ClientBody,
         ErrorKind::ClientTimeout,
+        ErrorKind::ClientLimit,
         ErrorKind::ConnectFailed,
         ErrorKind::ConnectTimeout,
         ErrorKind::UpstreamTls,
@@ -186,6 +195,7 @@ impl ErrorKind {
             }
             ClientBody => (StatusCode::BAD_REQUEST, "400 the request body is malformed or incomplete\n"),
             ClientTimeout => (StatusCode::REQUEST_TIMEOUT, "408 the request body arrived too slowly\n"),
+            ClientLimit => (StatusCode::TOO_MANY_REQUESTS, "429 this client has too many requests in progress\n"),
             ConnectFailed | ConnectTimeout => (StatusCode::BAD_GATEWAY, "502 could not connect to a backend\n"),
             UpstreamTls => (StatusCode::BAD_GATEWAY, "502 the TLS handshake with the backend failed\n"),
             StaleConnection | UpstreamClosed => (StatusCode::BAD_GATEWAY, "502 the backend closed the connection\n"),
@@ -202,7 +212,11 @@ impl ErrorKind {
     /// The response the client gets.
     pub fn response(self) -> Response<ProxyBody> {
         let (status, text) = self.parts();
-        plain(status, text)
+        let mut resp = plain(status, text);
+        if self == ErrorKind::ClientLimit {
+            resp.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        }
+        resp
     }
 }
 

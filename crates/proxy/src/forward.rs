@@ -20,6 +20,7 @@ use tidegate_distributor::{DistributorClient, Query};
 use tidegate_model::{ExternalSpec, PolicySpec, UpstreamProtocol};
 use tidegate_snapshot::ServiceRuntime;
 
+use crate::admission::{is_streaming_protocol, Admission, BufferBudget, MinRate, Reserved};
 use crate::attempts::{self, is_idempotent, Answered, Exchange, Trace};
 use crate::body::{ClientBody, Hold, ProxyBody, UpBody};
 use crate::error::ClientBodyError;
@@ -168,15 +169,17 @@ impl Prepared {
         mut req: Request<Incoming>,
         peer: &Peer,
         limits: &Limits,
-    ) -> Result<(Prepared, Replay, Option<hyper::upgrade::OnUpgrade>), ErrorKind> {
+        budget: &Arc<BufferBudget>,
+    ) -> Result<(Prepared, Replay, Option<Reserved>, Option<hyper::upgrade::OnUpgrade>), ErrorKind> {
         let upgrade = wants_upgrade(&req).then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
-        let body = Replay::new(body, limits).await?;
+        let streaming = is_streaming_protocol(parts.headers.get(header::CONTENT_TYPE).map(HeaderValue::as_bytes));
+        let (body, reserved) = Replay::new(body, limits, budget, streaming).await?;
         let te_trailers = parts.headers.get(header::TE).is_some_and(|v| upstream_h2::wants_trailers(v.as_bytes()));
         headers::request_headers(&mut parts, peer, upgrade.is_some());
         let path_and_query = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
         let idempotent = is_idempotent(parts.method.as_str().as_bytes());
-        Ok((Prepared { parts, path_and_query, idempotent, te_trailers }, body, upgrade))
+        Ok((Prepared { parts, path_and_query, idempotent, te_trailers }, body, reserved, upgrade))
     }
 }
 
@@ -206,9 +209,14 @@ impl Upstreams {
         service: &ServiceRuntime,
         req: Request<Incoming>,
         peer: &Peer,
+        admission: &Admission,
         trace: &mut Trace,
     ) -> Result<Response<ProxyBody>, ErrorKind> {
-        let (req, body, mut upgrade) = Prepared::new(req, peer, &self.limits).await?;
+        // At most the client's cap of requests in progress, until the
+        // backend's answer head.
+        let _per_client = admission.request(peer.addr.ip()).map_err(|_| ErrorKind::ClientLimit)?;
+        // Read before a backend is chosen: a slow client holds no backend.
+        let (req, body, _buffered, mut upgrade) = Prepared::new(req, peer, &self.limits, &admission.buffers).await?;
         let first = match &service.settings.policy {
             PolicySpec::External(spec) => {
                 let host = req.parts.uri.authority().map(|a| a.as_str());
@@ -238,6 +246,7 @@ impl Upstreams {
                 path_and_query: req.path_and_query.as_str(),
                 body,
                 idempotent: req.idempotent,
+                body_sent: None,
             };
             let Answered { answer, slot } = attempts::run(service, &mut ex, &ctx, first, trace).await?;
             return bridge::response(answer, slot);
@@ -427,18 +436,55 @@ pub(crate) enum Replay {
 }
 
 impl Replay {
-    async fn new(body: Incoming, limits: &Limits) -> Result<Replay, ErrorKind> {
+    /// Reads what may be read of the body before a backend is chosen (see
+    /// [`crate::admission`]): a small body, or one up to the buffer size
+    /// within the budget, whole (then it can be replayed); the start of a
+    /// larger one; nothing of a stream (`streaming`: gRPC). Returns the
+    /// body and the part of the budget it holds.
+    async fn new(
+        body: Incoming,
+        limits: &Limits,
+        budget: &Arc<BufferBudget>,
+        streaming: bool,
+    ) -> Result<(Replay, Option<Reserved>), ErrorKind> {
         if body.is_end_stream() {
-            return Ok(Replay::Buffered(Bytes::new()));
+            return Ok((Replay::Buffered(Bytes::new()), None));
         }
-        let body = ClientBody::new(body, limits.body_read_timeout, limits.body_total_timeout);
-        match body.size_hint().exact() {
-            Some(n) if n <= REPLAY_LIMIT => match Limited::new(body, REPLAY_LIMIT as usize).collect().await {
-                Ok(collected) => Ok(Replay::Buffered(collected.to_bytes())),
+        let mut body = ClientBody::new(body, limits.body_read_timeout, limits.body_total_timeout);
+        let exact = body.size_hint().exact();
+        if let Some(n) = exact.filter(|n| *n <= REPLAY_LIMIT) {
+            // Small bodies are always read whole, outside the budget.
+            return match Limited::new(body, n as usize).collect().await {
+                Ok(collected) => Ok((Replay::Buffered(collected.to_bytes()), None)),
                 Err(e) => Err(e.downcast_ref::<ClientBodyError>().map_or(ErrorKind::ClientBody, ClientBodyError::kind)),
-            },
-            _ => Ok(Replay::Streaming(Some(UpBody::Streaming(body)))),
+            };
         }
+        let rate = MinRate::of(limits);
+        let bound = limits.request_buffer_bytes;
+        let stream =
+            |body: ClientBody, read: Vec<Bytes>| Replay::Streaming(Some(UpBody::Streaming(body.streamed(read, rate))));
+        let ahead = exact.map_or(bound, |n| usize::try_from(n).unwrap_or(usize::MAX).min(bound));
+        let reserved = match budget.reserve(ahead) {
+            Some(r) if !streaming && bound > 0 => r,
+            _ => return Ok((stream(body, Vec::new()), None)),
+        };
+        let (mut read, mut len) = (Vec::new(), 0usize);
+        while len < bound {
+            match body.frame().await {
+                None => return Ok((Replay::Buffered(concat(read, len)), Some(reserved))),
+                Some(Err(e)) => return Err(e.kind()),
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        len += data.len();
+                        read.push(data);
+                    }
+                }
+            }
+        }
+        if body.is_end_stream() {
+            return Ok((Replay::Buffered(concat(read, len)), Some(reserved)));
+        }
+        Ok((stream(body, read), Some(reserved)))
     }
 
     /// Whether every attempt can send the whole body.
@@ -469,6 +515,18 @@ impl Replay {
             unsent.kind
         })
     }
+}
+
+/// The pieces of a body read whole, as one.
+fn concat(pieces: Vec<Bytes>, len: usize) -> Bytes {
+    if pieces.len() == 1 {
+        return pieces.into_iter().next().unwrap_or_default();
+    }
+    let mut whole = bytes::BytesMut::with_capacity(len);
+    for p in pieces {
+        whole.extend_from_slice(&p);
+    }
+    whole.freeze()
 }
 
 /// Whether the client asks for a protocol upgrade the proxy passes on

@@ -10,6 +10,7 @@ use tidegate_snapshot::RequestView;
 use tidegate_snapshot::Snapshot;
 
 use crate::access_log::AccessLog;
+use crate::admission::Admission;
 use crate::attempts::Trace;
 use crate::body::ProxyBody;
 use crate::error::ErrorKind;
@@ -32,6 +33,8 @@ pub struct Proxy {
     health_path: Option<Box<str>>,
     /// Where each request's line goes, if anywhere.
     access_log: Option<Arc<AccessLog>>,
+    /// The body buffer budget and per-client caps, shared by the workers.
+    admission: Arc<Admission>,
 }
 
 impl Proxy {
@@ -44,14 +47,27 @@ impl Proxy {
         https_port: Option<u16>,
     ) -> Proxy {
         let metrics = metrics.worker();
+        let admission = Arc::new(Admission::new(&limits));
         Proxy {
             snapshots,
+            admission,
             upstreams: Upstreams::new(limits, &metrics),
             metrics,
             https_port,
             health_path: None,
             access_log: None,
         }
+    }
+
+    /// Shares one body buffer budget and one set of per-client counters
+    /// with the other workers.
+    pub(crate) fn share_admission(&mut self, admission: Arc<Admission>) {
+        self.admission = admission;
+    }
+
+    /// The body buffer budget and per-client caps.
+    pub(crate) fn admission(&self) -> &Arc<Admission> {
+        &self.admission
     }
 
     /// Writes a line per request to `log`.
@@ -166,7 +182,7 @@ impl Proxy {
                 let service = snapshot.service(name.as_str()).ok_or(ErrorKind::NoBackend)?.clone();
                 drop(snapshot);
                 let mut trace = Trace::default();
-                let forwarded = self.upstreams.forward(&service, req, client, &mut trace).await;
+                let forwarded = self.upstreams.forward(&service, req, client, &self.admission, &mut trace).await;
                 seen.traced(trace);
                 forwarded
             }

@@ -13,6 +13,7 @@
 //! The proxy never changes configuration; it only reads snapshots.
 
 pub mod access_log;
+mod admission;
 mod attempts;
 mod body;
 pub mod error;

@@ -50,6 +50,31 @@ pub struct Limits {
     /// Peers whose forwarding headers (`X-Forwarded-For`, `Forwarded`,
     /// `X-Real-IP`) are kept and appended to. Default: none.
     pub trusted_proxies: TrustedProxies,
+    /// A request body up to this size is read whole before a backend is
+    /// chosen (a slow client holds no backend, and the body can be retried
+    /// on another); a larger one has this much read first, then streams.
+    /// 0 reads nothing ahead. Default 1 MiB.
+    pub request_buffer_bytes: usize,
+    /// Memory all workers may hold in request bodies read ahead; when it
+    /// is spent, bodies stream at once (under the minimum pace). Default
+    /// 256 MiB.
+    pub request_buffer_total_bytes: usize,
+    /// A request body streamed to a backend (one larger than the buffer,
+    /// or read when the budget was spent) must arrive at this many bytes
+    /// per second on average over each `upload_rate_window`, or it is cut
+    /// with `408` and its backend freed. 0 turns the check off. Default
+    /// 1,024.
+    pub min_upload_rate: u64,
+    /// The window of `min_upload_rate`. Default 10 s.
+    pub upload_rate_window: Duration,
+    /// Most connections open at once from one client address (IPv6: one
+    /// /64); more are closed at once. 0: no cap (the default: clients
+    /// behind one NAT or proxy share an address).
+    pub max_connections_per_client: usize,
+    /// Most requests in progress at once from one client address (IPv6:
+    /// one /64), over all its connections; more get `429`. 0: no cap (the
+    /// default).
+    pub max_requests_per_client: usize,
 }
 
 impl Default for Limits {
@@ -66,6 +91,12 @@ impl Default for Limits {
             max_headers: 100,
             h2_max_streams: 100,
             trusted_proxies: TrustedProxies::default(),
+            request_buffer_bytes: 1024 * 1024,
+            request_buffer_total_bytes: 256 * 1024 * 1024,
+            min_upload_rate: 1024,
+            upload_rate_window: Duration::from_secs(10),
+            max_connections_per_client: 0,
+            max_requests_per_client: 0,
         }
     }
 }

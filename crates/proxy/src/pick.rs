@@ -205,6 +205,13 @@ impl Slot {
         }
     }
 
+    /// The request's latency counts from `at` (after its body was sent).
+    pub(crate) fn rebase(&mut self, at: std::time::Instant) {
+        if let Some(g) = &mut self.guard {
+            g.rebase(at);
+        }
+    }
+
     pub(crate) fn record(&mut self, outcome: Outcome) {
         if let Some(g) = &mut self.guard {
             g.record(outcome);

@@ -162,6 +162,9 @@ pub fn serve(
         metrics.set_access_log(log.clone());
     }
     let limits = Arc::new(opts.limits.clone());
+    // One body buffer budget and one set of per-client counters for all
+    // workers.
+    let admission = Arc::new(crate::admission::Admission::new(&opts.limits));
     // One connection budget for the listeners, shared by their workers.
     let slots = Arc::new(Semaphore::new(opts.limits.max_connections.clamp(1, Semaphore::MAX_PERMITS)));
     let (stop, stop_rx) = watch::channel(false);
@@ -207,6 +210,7 @@ pub fn serve(
         };
         let mut proxy = Proxy::new(snapshots.clone(), &metrics, limits.clone(), https_port);
         proxy.set_health_path(opts.health_path.as_deref());
+        proxy.share_admission(admission.clone());
         proxy.set_access_log(opts.access_log.clone());
         let proxy = Arc::new(proxy);
         let mine = |set: &mut Option<(Vec<std::net::TcpListener>, SocketAddr)>| set.as_mut().and_then(|s| s.0.pop());
@@ -272,6 +276,15 @@ async fn accept_loop(
                         continue;
                     }
                 };
+                // A client at its connection cap is closed at once.
+                let per_client = match proxy.admission().connection(peer.ip()) {
+                    Ok(hold) => hold,
+                    Err(cap) => {
+                        tracing::debug!(client = %peer, %cap, "connection refused");
+                        proxy.metrics().error(crate::ErrorKind::ClientLimit);
+                        continue;
+                    }
+                };
                 let _ = stream.set_nodelay(true);
                 proxy.metrics().connection();
                 let hold = Arc::new(ConnHold::new(permit, alive_tx.clone()));
@@ -284,7 +297,7 @@ async fn accept_loop(
                 match tls.clone() {
                     None => tokio::spawn(async move {
                         serve_http(stream, engine, client, proxy, stop, limits, hyper).await;
-                        drop(hold);
+                        drop((hold, per_client));
                     }),
                     Some(acceptor) => tokio::spawn(async move {
                         let handshake = acceptor.accept(stream);
@@ -307,7 +320,7 @@ async fn accept_loop(
                             _ => engine,
                         };
                         serve_http(stream, engine, client, proxy, stop, limits, hyper).await;
-                        drop(hold);
+                        drop((hold, per_client));
                     }),
                 };
             }
@@ -374,6 +387,9 @@ struct Activity {
     cancelled: AtomicU64,
     /// Woken when cancellations cross [`CANCEL_LIMIT`].
     abusive: tokio::sync::Notify,
+    /// Response bodies of HTTP/2 streams still in progress, which the
+    /// client's flow control may stall.
+    streams: std::sync::Mutex<Vec<std::sync::Weak<Watched>>>,
 }
 
 /// Cancelled requests a connection may have before it is told to go away
@@ -414,6 +430,47 @@ impl Activity {
         InProgress { activity: self.clone(), answered: false }
     }
 
+    /// Watches an HTTP/2 stream's response body for flow-control stalls.
+    fn watch(&self, body: crate::body::ProxyBody) -> Arc<Watched> {
+        let watched = Arc::new(Watched {
+            body: std::sync::Mutex::new(Some(body)),
+            // hyper owes the client the first frame from the start: a
+            // stream with no window never asks for it.
+            owed_since: AtomicU64::new(clock::now_ms().max(1)),
+        });
+        let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        streams.retain(|w| w.strong_count() > 0);
+        streams.push(Arc::downgrade(&watched));
+        watched
+    }
+
+    /// Takes the body (and so the backend connection and slot) away from
+    /// every stream whose client has not let hyper send anything for
+    /// `timeout`: the stream ends with a reset when hyper next asks for its
+    /// body. Says what it found.
+    fn release_stalled(&self, now_ms: u64, timeout: Duration) -> Stalls {
+        let timeout_ms = timeout.as_millis() as u64;
+        let mut stalls = Stalls::default();
+        let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        streams.retain(|w| {
+            let Some(stream) = w.upgrade() else { return false };
+            if stream.released() {
+                stalls.stalled += 1;
+                return true;
+            }
+            let owed = stream.owed_since.load(Relaxed);
+            if owed != 0 && now_ms.saturating_sub(owed) >= timeout_ms {
+                stream.release();
+                stalls.released += 1;
+                stalls.stalled += 1;
+            } else {
+                stalls.moving += 1;
+            }
+            true
+        });
+        stalls
+    }
+
     /// When the connection counts as idle too long, or `None` while a
     /// request is in progress.
     fn idle_deadline(&self, accepted_ms: u64, limits: &Limits) -> Option<u64> {
@@ -427,13 +484,72 @@ impl Activity {
     }
 }
 
+/// What the stall watch found on a connection.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Stalls {
+    /// Streams whose backend was released now.
+    released: usize,
+    /// Streams stalled (released now or before) and still open.
+    stalled: usize,
+    /// Streams in progress and not stalled.
+    moving: usize,
+}
+
+impl Stalls {
+    /// Every stream in progress is stalled: the connection is closed.
+    fn all_stalled(self) -> bool {
+        self.stalled > 0 && self.moving == 0
+    }
+}
+
+/// An HTTP/2 stream's response body, shared with its connection's stall
+/// watch, which can take it away (releasing its backend connection and
+/// slot) when the client's flow-control window stalls the stream.
+#[derive(Debug)]
+struct Watched {
+    body: std::sync::Mutex<Option<crate::body::ProxyBody>>,
+    /// Since when (ms on [`clock`]) hyper owes the client a frame it took
+    /// from the body, or 0 while it waits for the backend.
+    owed_since: AtomicU64,
+}
+
+impl Watched {
+    fn released(&self) -> bool {
+        self.body.lock().is_ok_and(|b| b.is_none())
+    }
+
+    fn release(&self) {
+        let body = self.body.lock().map(|mut b| b.take());
+        drop(body);
+    }
+}
+
 /// A response body that keeps its request counted as in progress until
 /// the body ends (or hyper drops it), so the idle check never closes a
 /// connection that is still streaming a response.
 struct Tracked {
-    body: crate::body::ProxyBody,
+    body: TrackedBody,
     in_progress: Option<InProgress>,
 }
+
+/// A response body as its connection holds it.
+enum TrackedBody {
+    Own(crate::body::ProxyBody),
+    /// On HTTP/2, watched for flow-control stalls.
+    Watched(Arc<Watched>),
+}
+
+/// A stream whose backend the stall watch released.
+#[derive(Debug)]
+struct Stalled;
+
+impl std::fmt::Display for Stalled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the client's flow control stalled the response past the write timeout")
+    }
+}
+
+impl std::error::Error for Stalled {}
 
 impl http_body::Body for Tracked {
     type Data = bytes::Bytes;
@@ -443,20 +559,53 @@ impl http_body::Body for Tracked {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        use std::task::Poll;
         let this = &mut *self;
-        let polled = std::pin::Pin::new(&mut this.body).poll_frame(cx);
-        if matches!(polled, std::task::Poll::Ready(None | Some(Err(_)))) || this.body.is_end_stream() {
+        let (polled, ended) = match &mut this.body {
+            TrackedBody::Own(body) => {
+                let polled = std::pin::Pin::new(&mut *body).poll_frame(cx);
+                let ended = body.is_end_stream();
+                (polled, ended)
+            }
+            TrackedBody::Watched(w) => {
+                let mut guard = w.body.lock().unwrap_or_else(|e| e.into_inner());
+                match guard.as_mut() {
+                    None => (Poll::Ready(Some(Err(Box::new(Stalled) as crate::body::BoxError))), true),
+                    Some(body) => {
+                        let polled = std::pin::Pin::new(&mut *body).poll_frame(cx);
+                        let ended = body.is_end_stream();
+                        // A frame handed to hyper is owed to the client
+                        // until hyper asks for the next one.
+                        let owed = match &polled {
+                            Poll::Ready(Some(Ok(_))) if !ended => clock::now_ms().max(1),
+                            _ => 0,
+                        };
+                        w.owed_since.store(owed, Relaxed);
+                        (polled, ended)
+                    }
+                }
+            }
+        };
+        if matches!(polled, Poll::Ready(None | Some(Err(_)))) || ended {
             this.in_progress = None;
         }
         polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        match &self.body {
+            TrackedBody::Own(body) => body.is_end_stream(),
+            TrackedBody::Watched(w) => w.body.lock().is_ok_and(|b| b.as_ref().is_some_and(|b| b.is_end_stream())),
+        }
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
+        match &self.body {
+            TrackedBody::Own(body) => body.size_hint(),
+            TrackedBody::Watched(w) => {
+                w.body.lock().ok().and_then(|b| b.as_ref().map(|b| b.size_hint())).unwrap_or_default()
+            }
+        }
     }
 }
 
@@ -527,21 +676,36 @@ async fn serve_connection<I>(
     let addr = client.addr;
     let client = Arc::new(client);
     let tracked = activity.clone();
-    let service = service_fn(move |req| {
+    let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
         let proxy = proxy.clone();
         let client = client.clone();
         let mut in_progress = tracked.start();
+        let activity = tracked.clone();
         async move {
+            let h2 = req.version() == http::Version::HTTP_2;
             // In progress until the response body ends, not only its head:
             // a long download or stream is not an idle connection.
             let resp = proxy.handle(req, &client).await;
             in_progress.answered = true;
-            Ok::<_, Infallible>(resp.map(|body| Tracked { body, in_progress: Some(in_progress) }))
+            let body = |body: crate::body::ProxyBody| {
+                // HTTP/2 flow control can stall a stream that still holds
+                // a backend: the connection's watch may take its body away.
+                let body = match h2 && !http_body::Body::is_end_stream(&body) {
+                    true => TrackedBody::Watched(activity.watch(body)),
+                    false => TrackedBody::Own(body),
+                };
+                Tracked { body, in_progress: Some(in_progress) }
+            };
+            Ok::<_, Infallible>(resp.map(body))
         }
     });
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
-    let check_every = limits.first_request_timeout.min(limits.idle_timeout).max(Duration::from_millis(100));
+    let check_every = limits
+        .first_request_timeout
+        .min(limits.idle_timeout)
+        .min(limits.write_timeout / 2)
+        .max(Duration::from_millis(100));
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + check_every, check_every);
     let grace = loop {
         tokio::select! {
@@ -552,6 +716,15 @@ async fn serve_connection<I>(
                     // Nothing in progress: a short grace for the goodbye
                     // (HTTP/2 GOAWAY), not for a peer that never finished
                     // its preface or its request head.
+                    break IDLE_CLOSE_GRACE;
+                }
+                let stalls = activity.release_stalled(clock::now_ms(), limits.write_timeout);
+                if stalls.released > 0 {
+                    tracing::debug!(peer = %addr, streams = stalls.released,
+                        "released the backends of HTTP/2 streams the client's flow control stalled");
+                }
+                if stalls.all_stalled() {
+                    tracing::debug!(peer = %addr, "closing a connection whose every stream is stalled by its client");
                     break IDLE_CLOSE_GRACE;
                 }
             }

@@ -230,6 +230,33 @@ pub struct ServeArgs {
     /// Most concurrent streams per HTTP/2 client connection.
     #[arg(long, env = "TIDEGATE_H2_MAX_STREAMS", default_value_t = 100)]
     pub h2_max_streams: u32,
+    /// Bytes of a request body read before a backend is chosen: a body up
+    /// to this size is read whole (a slow client then holds no backend, and
+    /// the body can be retried), a larger one has this much read first and
+    /// then streams. 0 reads nothing ahead. gRPC bodies always stream.
+    #[arg(long, env = "TIDEGATE_REQUEST_BUFFER_BYTES", default_value_t = 1_048_576)]
+    pub request_buffer_bytes: usize,
+    /// Memory all workers together may hold in request bodies read ahead;
+    /// when it is spent, bodies stream at once (under the minimum pace).
+    #[arg(long, env = "TIDEGATE_REQUEST_BUFFER_TOTAL_BYTES", default_value_t = 268_435_456)]
+    pub request_buffer_total_bytes: usize,
+    /// Bytes per second a request body streamed to a backend must carry on
+    /// average over each `--min-upload-rate-window-s`, or it is cut with
+    /// 408 and its backend freed. 0 turns the check off.
+    #[arg(long, env = "TIDEGATE_MIN_UPLOAD_RATE", default_value_t = 1024)]
+    pub min_upload_rate: u64,
+    /// The window, in seconds, over which `--min-upload-rate` is averaged.
+    #[arg(long, env = "TIDEGATE_MIN_UPLOAD_RATE_WINDOW_S", default_value_t = 10, value_parser = seconds())]
+    pub min_upload_rate_window_s: u64,
+    /// Most connections open at once from one client address (IPv6: one
+    /// /64); more are closed at once. 0: no cap.
+    #[arg(long, env = "TIDEGATE_MAX_CONNECTIONS_PER_CLIENT", default_value_t = 0)]
+    pub max_connections_per_client: usize,
+    /// Most requests to backends in progress at once from one client
+    /// address (IPv6: one /64), over all its connections, until each
+    /// answer's head; more get 429 with `Retry-After`. 0: no cap.
+    #[arg(long, env = "TIDEGATE_MAX_REQUESTS_PER_CLIENT", default_value_t = 0)]
+    pub max_requests_per_client: usize,
     /// Comma-separated IPs or CIDR blocks of trusted proxies in front of
     /// Tidegate, whose X-Forwarded-For, Forwarded and X-Real-IP are kept.
     /// Default: none; those headers from any other peer are replaced.

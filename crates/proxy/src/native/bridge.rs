@@ -20,7 +20,7 @@ use tidegate_h1::{ChunkedDecoder, HeadLimits, ResponseBody, CHUNKED_END};
 use tidegate_snapshot::ServiceRuntime;
 use tokio::time::Instant;
 
-use super::exchange::{open, read_response, NativeAnswer, Upstream};
+use super::exchange::{early_answer, open, read_response, NativeAnswer, Upstream};
 use super::relay::{write_all, write_piece};
 use super::rewrite::{announced_length, field, forwards_response_field, framing_fields, Framing};
 use crate::attempts::Exchange;
@@ -45,6 +45,8 @@ pub(crate) struct BridgeExchange<'a> {
     pub path_and_query: &'a str,
     pub body: Payload,
     pub idempotent: bool,
+    /// When the last attempt finished streaming the client's body.
+    pub body_sent: Option<Instant>,
 }
 
 impl Exchange for BridgeExchange<'_> {
@@ -69,16 +71,27 @@ impl Exchange for BridgeExchange<'_> {
         let mut conn = open(self.pool, backend, &service.upstream, cs, fresh).await?;
         let sending = self.write(&mut conn, backend);
         let written = tokio::time::timeout_at(deadline, sending).await.unwrap_or(Err(ErrorKind::ResponseTimeout));
-        if let Err(ErrorKind::StaleConnection) = written {
-            // Closed while idle, nothing of the request sent: a new one.
-            conn = open(self.pool, backend, &service.upstream, cs, true).await?;
-            let sending = self.write(&mut conn, backend);
-            tokio::time::timeout_at(deadline, sending).await.unwrap_or(Err(ErrorKind::ResponseTimeout))?;
-        } else {
-            written?;
-        }
         let limits = HeadLimits { max_bytes: 64 * 1024, max_headers: tidegate_h1::MAX_HEADERS };
-        let reading = read_response(&mut conn, self.parts.method == http::Method::HEAD, limits);
+        let to_head = self.parts.method == http::Method::HEAD;
+        match written {
+            Err(ErrorKind::StaleConnection) => {
+                // Closed while idle, nothing of the request sent: a new one.
+                conn = open(self.pool, backend, &service.upstream, cs, true).await?;
+                let sending = self.write(&mut conn, backend);
+                tokio::time::timeout_at(deadline, sending).await.unwrap_or(Err(ErrorKind::ResponseTimeout))?;
+            }
+            Err(ErrorKind::UpstreamClosed) => {
+                // The backend stopped reading the request: it may have
+                // answered early (a 413 to a large upload) and closed.
+                let reading = read_response(&mut conn, to_head, limits);
+                return match tokio::time::timeout_at(deadline, reading).await {
+                    Ok(Ok(())) => Ok(NativeAnswer { conn: early_answer(conn) }),
+                    _ => Err(ErrorKind::UpstreamClosed),
+                };
+            }
+            written => written?,
+        }
+        let reading = read_response(&mut conn, to_head, limits);
         tokio::time::timeout_at(deadline, reading).await.unwrap_or(Err(ErrorKind::ResponseTimeout))?;
         Ok(NativeAnswer { conn })
     }
@@ -89,6 +102,10 @@ impl Exchange for BridgeExchange<'_> {
 
     fn orca(answer: &NativeAnswer) -> Option<&[u8]> {
         answer.orca()
+    }
+
+    fn body_sent(&self) -> Option<Instant> {
+        self.body_sent
     }
 }
 
@@ -125,6 +142,7 @@ impl BridgeExchange<'_> {
                 if chunked {
                     write_all(stream, &mut [CHUNKED_END]).await.map_err(|_| ErrorKind::UpstreamClosed)?;
                 }
+                self.body_sent = Some(Instant::now());
                 Ok(())
             }
         }

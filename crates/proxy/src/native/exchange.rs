@@ -15,8 +15,11 @@ use tokio::time::Instant;
 use super::relay::{self, fill, write_all, RelayError, Source};
 use super::rewrite::{request_head, Forwarding, Framing};
 use super::{ClientIo, ClientSide};
+use crate::admission::{BufferBudget, MinRate, Pace, Reserved};
 use crate::attempts::Exchange;
 use crate::error::ErrorKind;
+use crate::forward::REPLAY_LIMIT;
+use crate::limits::Limits;
 use crate::pool::{connect, Conn, ConnSettings, Reusable, UpstreamPool};
 
 /// An upstream connection of the native path: the socket and what was
@@ -120,6 +123,10 @@ pub(crate) struct NativeExchange<'a, S> {
     pub limits: HeadLimits,
     pub body_gap: Duration,
     pub body_until: tokio::time::Instant,
+    /// The minimum pace of a body streamed to a backend, if any.
+    pub min_rate: Option<MinRate>,
+    /// When the last attempt finished sending a streamed body.
+    pub body_sent: Option<Instant>,
 }
 
 impl<S: ClientIo> Exchange for NativeExchange<'_, S> {
@@ -151,6 +158,21 @@ impl<S: ClientIo> Exchange for NativeExchange<'_, S> {
                 conn = open(self.pool, backend, &service.upstream, cs, true).await?;
                 self.write_head(&mut conn, host, deadline).await?;
             }
+            // The backend stopped reading the request: it may have
+            // answered early (a 413 to a large upload) and closed. Its
+            // answer, if one came, is what the client gets.
+            Err(ErrorKind::UpstreamClosed) => {
+                let reading = read_response(&mut conn, self.to_head, self.limits);
+                return match self.client.timer.run(deadline, reading).await {
+                    Some(Ok(())) => {
+                        // The rest of the body is unread: the client
+                        // connection closes after this answer.
+                        self.client.body_done = false;
+                        Ok(NativeAnswer { conn: early_answer(conn) })
+                    }
+                    _ => Err(ErrorKind::UpstreamClosed),
+                };
+            }
             written => written?,
         }
         let reading = read_response(&mut conn, self.to_head, self.limits);
@@ -168,6 +190,18 @@ impl<S: ClientIo> Exchange for NativeExchange<'_, S> {
     fn orca(answer: &NativeAnswer) -> Option<&[u8]> {
         answer.orca()
     }
+
+    fn body_sent(&self) -> Option<Instant> {
+        self.body_sent
+    }
+}
+
+/// A connection whose backend answered before it read the whole request:
+/// never reused (whatever it says, part of the request may still be in
+/// flight towards it).
+pub(crate) fn early_answer(mut conn: Conn<Upstream>) -> Conn<Upstream> {
+    conn.conn.head.close = true;
+    conn
 }
 
 impl<S: ClientIo> NativeExchange<'_, S> {
@@ -217,7 +251,7 @@ impl<S: ClientIo> NativeExchange<'_, S> {
     }
 
     /// Streams the client's body to the backend under the client body
-    /// timeouts, chunked as it came or by its length.
+    /// timeouts and the minimum pace, chunked as it came or by its length.
     async fn stream_body(&mut self, up: &mut Stream, framing: RequestBody) -> Result<(), ErrorKind> {
         let client = &mut *self.client;
         let mut src = Source {
@@ -226,6 +260,7 @@ impl<S: ClientIo> NativeExchange<'_, S> {
             timer: &mut client.timer,
             gap: self.body_gap,
             until: Some(self.body_until),
+            pace: self.min_rate.map(Pace::new),
         };
         let relayed = match framing {
             RequestBody::Empty => Ok(()),
@@ -233,8 +268,11 @@ impl<S: ClientIo> NativeExchange<'_, S> {
             RequestBody::Chunked => relay::relay_chunked(&mut src, up, true).await,
         };
         client.body_done = relayed.is_ok();
+        if relayed.is_ok() {
+            self.body_sent = Some(Instant::now());
+        }
         relayed.map_err(|e| match e {
-            RelayError::Timeout => ErrorKind::ClientTimeout,
+            RelayError::Timeout | RelayError::TooSlow(_) => ErrorKind::ClientTimeout,
             RelayError::Eof | RelayError::Read(_) | RelayError::Malformed => ErrorKind::ClientBody,
             RelayError::Write(_) => ErrorKind::UpstreamClosed,
         })
@@ -299,6 +337,67 @@ pub(crate) async fn read_response(
     }
 }
 
+/// Reads what may be read of a request body before a backend is chosen
+/// (see [`crate::admission`]): a body up to the buffer size whole (then it
+/// can be replayed), the start of a larger one (left in the inbox for the
+/// relay), nothing of a stream (`streaming`: gRPC) or when the budget is
+/// spent. Returns the body and the part of the budget it holds.
+pub(crate) async fn read_ahead<S: ClientIo>(
+    client: &mut ClientSide<S>,
+    declared: RequestBody,
+    streaming: bool,
+    limits: &Limits,
+    budget: &Arc<BufferBudget>,
+    until: Instant,
+) -> Result<(Body, Option<Reserved>), ErrorKind> {
+    let bound = limits.request_buffer_bytes;
+    let mut src = Source {
+        stream: &mut client.io,
+        inbox: &mut client.inbox,
+        timer: &mut client.timer,
+        gap: limits.body_read_timeout,
+        until: Some(until),
+        pace: None,
+    };
+    let failed = |e: RelayError| match e {
+        RelayError::Timeout | RelayError::TooSlow(_) => ErrorKind::ClientTimeout,
+        _ => ErrorKind::ClientBody,
+    };
+    let (body, reserved) = match declared {
+        RequestBody::Empty => (Body::Buffered(Bytes::new()), None),
+        // Small bodies are always read whole, outside the budget.
+        RequestBody::Length(n) if n <= REPLAY_LIMIT => (Body::Buffered(buffer_body(&mut src, n).await?), None),
+        _ if streaming || bound == 0 => (Body::Streaming(declared), None),
+        RequestBody::Length(n) => {
+            let whole = n <= bound as u64;
+            let ahead = if whole { n as usize } else { bound };
+            match budget.reserve(ahead) {
+                None => (Body::Streaming(declared), None),
+                Some(r) if whole => (Body::Buffered(buffer_body(&mut src, n).await?), Some(r)),
+                Some(r) => {
+                    src.fill_to(ahead).await.map_err(failed)?;
+                    (Body::Streaming(declared), Some(r))
+                }
+            }
+        }
+        RequestBody::Chunked => match budget.reserve(bound) {
+            None => (Body::Streaming(declared), None),
+            Some(r) => {
+                if src.read_ahead_chunked(bound).await.map_err(failed)? {
+                    // Complete: decoded into memory, sent with its length.
+                    let mut whole = Vec::new();
+                    relay::relay_chunked(&mut src, &mut whole, false).await.map_err(failed)?;
+                    (Body::Buffered(whole.into()), Some(r))
+                } else {
+                    (Body::Streaming(declared), Some(r))
+                }
+            }
+        },
+    };
+    client.body_done = matches!(body, Body::Buffered(_));
+    Ok((body, reserved))
+}
+
 /// Reads a small request body whole, so that it can be replayed.
 pub(crate) async fn buffer_body(
     src: &mut Source<'_, impl tokio::io::AsyncRead + Unpin>,
@@ -306,7 +405,7 @@ pub(crate) async fn buffer_body(
 ) -> Result<Bytes, ErrorKind> {
     let n = usize::try_from(n).map_err(|_| ErrorKind::ClientBody)?;
     src.read_exact(n).await.map_err(|e| match e {
-        RelayError::Timeout => ErrorKind::ClientTimeout,
+        RelayError::Timeout | RelayError::TooSlow(_) => ErrorKind::ClientTimeout,
         _ => ErrorKind::ClientBody,
     })
 }

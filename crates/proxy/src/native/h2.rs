@@ -72,7 +72,8 @@ pub(super) async fn forward<S: ClientIo>(
         Some((tx, framing)) => {
             let gap = ctx.limits.body_read_timeout;
             let (answered, done) = {
-                let pumping = pump(client, tx, framing, gap, body_until);
+                let pace = crate::admission::MinRate::of(ctx.limits).map(crate::admission::Pace::new);
+                let pumping = pump(client, tx, framing, gap, body_until, pace);
                 tokio::pin!(sending, pumping);
                 let mut pumped = None;
                 let answered = loop {
@@ -133,9 +134,10 @@ async fn pump<S: ClientIo>(
     framing: RequestBody,
     gap: std::time::Duration,
     until: Instant,
+    pace: Option<crate::admission::Pace>,
 ) -> bool {
-    let mut src =
-        Source { stream: &mut client.io, inbox: &mut client.inbox, timer: &mut client.timer, gap, until: Some(until) };
+    let (stream, inbox, timer) = (&mut client.io, &mut client.inbox, &mut client.timer);
+    let mut src = Source { stream, inbox, timer, gap, until: Some(until), pace };
     let mut sink = ChannelWriter(PollSender::new(tx.clone()));
     let relayed = match framing {
         RequestBody::Empty => Ok(()),
@@ -146,7 +148,7 @@ async fn pump<S: ClientIo>(
         Ok(()) => true,
         Err(e) => {
             let error = match e {
-                RelayError::Timeout => Some(ClientBodyError::TimedOut),
+                RelayError::Timeout | RelayError::TooSlow(_) => Some(ClientBodyError::TimedOut),
                 RelayError::Eof | RelayError::Read(_) | RelayError::Malformed => Some(ClientBodyError::Broken),
                 // The backend stopped reading: nothing to tell it.
                 RelayError::Write(_) => None,

@@ -27,7 +27,7 @@ mod timer;
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BytesMut};
 use http::{Method, Response, StatusCode};
 use http_body_util::BodyExt;
 use tidegate_balance::{Headers, RequestCtx};
@@ -43,7 +43,7 @@ use crate::access_log::Line;
 use crate::attempts::{self, is_idempotent, Answered, Trace};
 use crate::body::ProxyBody;
 use crate::error::{ErrorKind, Source as FailureSource};
-use crate::forward::{Asked, Peer, REPLAY_LIMIT};
+use crate::forward::{Asked, Peer};
 use crate::handler::Proxy;
 use crate::hygiene;
 use crate::limits::{Limits, TimedIo};
@@ -52,7 +52,7 @@ use crate::observe::Seen;
 use crate::pick::Slot;
 use crate::static_files;
 
-use exchange::{buffer_body, upstream_framing, Body, NativeAnswer, NativeExchange};
+use exchange::{read_ahead, upstream_framing, NativeAnswer, NativeExchange};
 pub(crate) use exchange::{NativeConn, Upstream};
 use relay::{fill, write_all, RelayError, Source};
 use rewrite::{local_head, response_head, Forwarding, Framing};
@@ -416,7 +416,10 @@ async fn handle<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> bool 
         Err(kind) => {
             client.seen.error = Some(kind);
             let resp = error_response(kind, ctx.proxy);
-            let close = ctx.closes(client) || kind.source() == FailureSource::Client;
+            // A client's error closes the connection (what follows may not
+            // be framed as it seems), except its cap: it may ask again.
+            let close =
+                ctx.closes(client) || (kind.source() == FailureSource::Client && kind != ErrorKind::ClientLimit);
             ctx.answer(client, resp, close).await
         }
     }
@@ -573,24 +576,15 @@ async fn forward<S: ClientIo>(
     if head.expect_continue && head.body != RequestBody::Empty {
         client.io.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.map_err(|_| ErrorKind::ClientBody)?;
     }
+    // At most the client's cap of requests in progress, until the
+    // backend's answer head.
+    let per_client = proxy.admission().request(peer.addr.ip()).map_err(|_| ErrorKind::ClientLimit)?;
     // The body's time counts from the request's head.
     let body_until = client.seen.start + limits.body_total_timeout;
-    let body = match head.body {
-        RequestBody::Empty => Body::Buffered(Bytes::new()),
-        RequestBody::Length(n) if n <= REPLAY_LIMIT => {
-            let mut src = Source {
-                stream: &mut client.io,
-                inbox: &mut client.inbox,
-                timer: &mut client.timer,
-                gap: limits.body_read_timeout,
-                until: Some(body_until),
-            };
-            let b = buffer_body(&mut src, n).await?;
-            client.body_done = true;
-            Body::Buffered(b)
-        }
-        framing => Body::Streaming(framing),
-    };
+    // Read before a backend is chosen: a slow client holds no backend.
+    let streaming = crate::admission::is_streaming_protocol(req.view.first("content-type"));
+    let budget = &proxy.admission().buffers;
+    let (body, buffered) = read_ahead(client, head.body, streaming, limits, budget, body_until).await?;
     let first = match &service.settings.policy {
         PolicySpec::External(spec) => {
             let asked = Asked { method: req.method.as_str(), path: req.path_and_query, host: req.host };
@@ -628,10 +622,12 @@ async fn forward<S: ClientIo>(
         limits: HeadLimits { max_bytes: limits.max_header_bytes, max_headers: tidegate_h1::MAX_HEADERS },
         body_gap: limits.body_read_timeout,
         body_until,
+        min_rate: crate::admission::MinRate::of(limits),
+        body_sent: None,
     };
     let mut trace = Trace::default();
     let answered = attempts::run(service, &mut ex, &picking, first, &mut trace).await;
-    drop(ex);
+    drop((ex, buffered, per_client));
     client.seen.traced(trace);
     let Answered { answer, slot } = answered?;
     client.seen.status = answer.conn.conn.head.code;
@@ -746,7 +742,8 @@ async fn relay_body<S: ClientIo>(
         }
         B::Length(_) | B::Chunked | B::UntilClose => write_all(dst, &mut [out]).await.map_err(RelayError::Write)?,
     }
-    let mut src = Source { stream: &mut up.stream, inbox: &mut up.inbox, timer: &mut client.timer, gap, until: None };
+    let mut src =
+        Source { stream: &mut up.stream, inbox: &mut up.inbox, timer: &mut client.timer, gap, until: None, pace: None };
     match body {
         B::Length(n) => relay::relay_length(&mut src, dst, n).await,
         B::Chunked => relay::relay_chunked(&mut src, dst, framing == Framing::Chunked).await,

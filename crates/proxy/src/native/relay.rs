@@ -12,6 +12,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
 use super::timer::Timer;
+use crate::admission::Pace;
 
 /// How much a read asks for at least: a request head, or a response head
 /// and a small body, fit in one read.
@@ -24,8 +25,10 @@ pub(crate) enum RelayError {
     Eof,
     /// The sending side failed.
     Read(io::Error),
-    /// The sending side was too slow.
+    /// The sending side was too slow: a gap or the whole body too long.
     Timeout,
+    /// The sending side fell under its minimum pace.
+    TooSlow(crate::admission::TooSlow),
     /// The body's framing is malformed.
     Malformed,
     /// The receiving side failed.
@@ -38,6 +41,7 @@ impl std::fmt::Display for RelayError {
             RelayError::Eof => f.write_str("the sender closed before the end of the body"),
             RelayError::Read(e) => write!(f, "reading the body: {e}"),
             RelayError::Timeout => f.write_str("the sender was too slow"),
+            RelayError::TooSlow(e) => e.fmt(f),
             RelayError::Malformed => f.write_str("malformed chunked body"),
             RelayError::Write(e) => write!(f, "writing the body: {e}"),
         }
@@ -99,6 +103,9 @@ pub(crate) struct Source<'a, R> {
     pub gap: Duration,
     /// When the whole body must have arrived, if ever.
     pub until: Option<Instant>,
+    /// The minimum pace the sender must keep, if any (a request body
+    /// streamed to a backend).
+    pub pace: Option<Pace>,
 }
 
 impl<R: AsyncRead + Unpin> Source<'_, R> {
@@ -106,11 +113,62 @@ impl<R: AsyncRead + Unpin> Source<'_, R> {
     async fn more(&mut self) -> Result<(), RelayError> {
         let gap = Instant::now() + self.gap;
         let deadline = self.until.map_or(gap, |u| u.min(gap));
-        match self.timer.run(deadline, fill(self.stream, self.inbox)).await {
-            None => Err(RelayError::Timeout),
-            Some(Ok(0)) => Err(RelayError::Eof),
-            Some(Ok(_)) => Ok(()),
-            Some(Err(e)) => Err(RelayError::Read(e)),
+        loop {
+            // The pace is checked at the end of each of its windows, bytes
+            // or not.
+            let check = self.pace.as_mut().map(|p| p.deadline(Instant::now()));
+            let wake = check.map_or(deadline, |c| c.min(deadline));
+            let read = self.timer.run(wake, fill(self.stream, self.inbox)).await;
+            let now = Instant::now();
+            return match read {
+                None if now < deadline && check.is_some() => {
+                    if let Some(p) = &mut self.pace {
+                        p.check(now).map_err(RelayError::TooSlow)?;
+                    }
+                    continue;
+                }
+                None => Err(RelayError::Timeout),
+                Some(Ok(0)) => Err(RelayError::Eof),
+                Some(Ok(n)) => match &mut self.pace {
+                    Some(p) => p.arrived(n, now).map_err(RelayError::TooSlow),
+                    None => Ok(()),
+                },
+                Some(Err(e)) => Err(RelayError::Read(e)),
+            };
+        }
+    }
+
+    /// Reads until the inbox holds at least `n` bytes (the start of a body
+    /// read ahead, left in the inbox for the relay).
+    pub(crate) async fn fill_to(&mut self, n: usize) -> Result<(), RelayError> {
+        while self.inbox.len() < n {
+            self.inbox.reserve(n - self.inbox.len());
+            self.more().await?;
+        }
+        Ok(())
+    }
+
+    /// Reads a chunked body ahead into the inbox, as it came (the relay
+    /// decodes it later), until it is complete (`true`) or the inbox holds
+    /// `bound` bytes (`false`). Malformed framing fails at once.
+    pub(crate) async fn read_ahead_chunked(&mut self, bound: usize) -> Result<bool, RelayError> {
+        let mut scan = ChunkedDecoder::default();
+        let mut seen = 0;
+        loop {
+            while seen < self.inbox.len() {
+                let step = scan.decode(&self.inbox[seen..]).map_err(|_| RelayError::Malformed)?;
+                seen += step.consumed;
+                if step.done {
+                    return Ok(true);
+                }
+                if step.consumed == 0 {
+                    break;
+                }
+            }
+            if self.inbox.len() >= bound {
+                return Ok(false);
+            }
+            self.more().await?;
         }
     }
 
@@ -235,8 +293,14 @@ mod tests {
         tx.write_all(b"3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\nNEXT").await.unwrap();
         let mut inbox = BytesMut::new();
         let mut timer = Timer::new();
-        let mut src =
-            Source { stream: &mut rx, inbox: &mut inbox, timer: &mut timer, gap: Duration::from_secs(5), until: None };
+        let mut src = Source {
+            stream: &mut rx,
+            inbox: &mut inbox,
+            timer: &mut timer,
+            gap: Duration::from_secs(5),
+            until: None,
+            pace: None,
+        };
         let mut out = Vec::new();
         relay_chunked(&mut src, &mut out, true).await.unwrap();
         assert_eq!(out, b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n");
@@ -251,6 +315,54 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_chunked_body_is_read_ahead_up_to_its_end_or_the_bound() {
+        let (mut tx, mut rx) = pair().await;
+        let (mut inbox, mut timer) = (BytesMut::new(), Timer::new());
+        let gap = Duration::from_secs(5);
+        let mut src = Source { stream: &mut rx, inbox: &mut inbox, timer: &mut timer, gap, until: None, pace: None };
+        tx.write_all(b"3\r\nabc\r\n").await.unwrap();
+        tx.write_all(b"0\r\n\r\nNEXT").await.unwrap();
+        assert!(src.read_ahead_chunked(1024).await.unwrap(), "complete");
+        let mut plain = Vec::new();
+        relay_chunked(&mut src, &mut plain, false).await.unwrap();
+        assert_eq!(plain, b"abc");
+        assert_eq!(&src.inbox[..], b"NEXT", "what follows the body stays");
+        src.inbox.clear();
+        tx.write_all(b"10\r\n0123456789abcdef\r\n").await.unwrap();
+        assert!(!src.read_ahead_chunked(8).await.unwrap(), "stopped at the bound");
+        tx.write_all(b"zz").await.unwrap();
+        assert!(matches!(src.read_ahead_chunked(1024).await, Err(RelayError::Malformed)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sender_under_its_minimum_pace_is_cut() {
+        use crate::admission::{MinRate, Pace};
+        let (mut tx, mut rx) = pair().await;
+        let (mut inbox, mut timer) = (BytesMut::new(), Timer::new());
+        let rate = MinRate { bytes_per_s: 10, window: Duration::from_secs(2) };
+        let mut src = Source {
+            stream: &mut rx,
+            inbox: &mut inbox,
+            timer: &mut timer,
+            gap: Duration::from_secs(30),
+            until: None,
+            pace: Some(Pace::new(rate)),
+        };
+        let feeder = tokio::spawn(async move {
+            // 5 bytes a second: half the pace, with no gap over 30 s.
+            for _ in 0..10 {
+                if tx.write_all(b"xxxxx").await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+        let r = relay_length(&mut src, &mut Vec::new(), 1000).await;
+        assert!(matches!(r, Err(RelayError::TooSlow(_))), "{r:?}");
+        feeder.abort();
+    }
+
+    #[tokio::test]
     async fn a_silent_sender_times_out_and_a_short_one_is_an_eof() {
         let (tx, mut rx) = pair().await;
         let mut inbox = BytesMut::new();
@@ -261,6 +373,7 @@ mod tests {
             timer: &mut timer,
             gap: Duration::from_millis(200),
             until: None,
+            pace: None,
         };
         let r = relay_length(&mut src, &mut Vec::new(), 5).await;
         assert!(matches!(r, Err(RelayError::Timeout)), "{r:?}");

@@ -17,6 +17,7 @@ mod hostile;
 mod observability;
 mod operator;
 mod proxying;
+mod slow_clients;
 mod sources;
 mod tls;
 mod upstream;
