@@ -173,7 +173,7 @@ impl Prepared {
     ) -> Result<(Prepared, Replay, Option<Reserved>, Option<hyper::upgrade::OnUpgrade>), ErrorKind> {
         let upgrade = wants_upgrade(&req).then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
-        let streaming = is_streaming_protocol(parts.headers.get(header::CONTENT_TYPE).map(HeaderValue::as_bytes));
+        let streaming = || is_streaming_protocol(parts.headers.get(header::CONTENT_TYPE).map(HeaderValue::as_bytes));
         let (body, reserved) = Replay::new(body, limits, budget, streaming).await?;
         let te_trailers = parts.headers.get(header::TE).is_some_and(|v| upstream_h2::wants_trailers(v.as_bytes()));
         headers::request_headers(&mut parts, peer, upgrade.is_some());
@@ -445,7 +445,7 @@ impl Replay {
         body: Incoming,
         limits: &Limits,
         budget: &Arc<BufferBudget>,
-        streaming: bool,
+        streaming: impl FnOnce() -> bool,
     ) -> Result<(Replay, Option<Reserved>), ErrorKind> {
         if body.is_end_stream() {
             return Ok((Replay::Buffered(Bytes::new()), None));
@@ -465,7 +465,7 @@ impl Replay {
             |body: ClientBody, read: Vec<Bytes>| Replay::Streaming(Some(UpBody::Streaming(body.streamed(read, rate))));
         let ahead = exact.map_or(bound, |n| usize::try_from(n).unwrap_or(usize::MAX).min(bound));
         let reserved = match budget.reserve(ahead) {
-            Some(r) if !streaming && bound > 0 => r,
+            Some(r) if bound > 0 && !streaming() => r,
             _ => return Ok((stream(body, Vec::new()), None)),
         };
         let (mut read, mut len) = (Vec::new(), 0usize);

@@ -345,7 +345,7 @@ pub(crate) async fn read_response(
 pub(crate) async fn read_ahead<S: ClientIo>(
     client: &mut ClientSide<S>,
     declared: RequestBody,
-    streaming: bool,
+    streaming: impl FnOnce() -> bool,
     limits: &Limits,
     budget: &Arc<BufferBudget>,
     until: Instant,
@@ -367,7 +367,7 @@ pub(crate) async fn read_ahead<S: ClientIo>(
         RequestBody::Empty => (Body::Buffered(Bytes::new()), None),
         // Small bodies are always read whole, outside the budget.
         RequestBody::Length(n) if n <= REPLAY_LIMIT => (Body::Buffered(buffer_body(&mut src, n).await?), None),
-        _ if streaming || bound == 0 => (Body::Streaming(declared), None),
+        _ if bound == 0 || streaming() => (Body::Streaming(declared), None),
         RequestBody::Length(n) => {
             let whole = n <= bound as u64;
             let ahead = if whole { n as usize } else { bound };

@@ -582,7 +582,7 @@ async fn forward<S: ClientIo>(
     // The body's time counts from the request's head.
     let body_until = client.seen.start + limits.body_total_timeout;
     // Read before a backend is chosen: a slow client holds no backend.
-    let streaming = crate::admission::is_streaming_protocol(req.view.first("content-type"));
+    let streaming = || crate::admission::is_streaming_protocol(req.view.first("content-type"));
     let budget = &proxy.admission().buffers;
     let (body, buffered) = read_ahead(client, head.body, streaming, limits, budget, body_until).await?;
     let first = match &service.settings.policy {
