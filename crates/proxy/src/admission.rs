@@ -94,7 +94,6 @@ impl BufferBudget {
     }
 
     /// Bytes reserved now.
-    #[cfg(test)]
     pub(crate) fn used(&self) -> usize {
         self.used.load(Relaxed)
     }

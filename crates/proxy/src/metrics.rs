@@ -7,10 +7,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use arc_swap::ArcSwap;
 use http::StatusCode;
-use tidegate_metrics::{counter, histogram, Collector, DescriptorEncoder, HistogramSnapshot};
+use tidegate_metrics::{counter, gauge, histogram, Collector, DescriptorEncoder, HistogramSnapshot};
 use tidegate_snapshot::{RouteStats, Snapshot};
 
 use crate::access_log::AccessLog;
+use crate::admission::BufferBudget;
 use crate::error::{ErrorKind, Source};
 
 /// Counters of the data plane: one shard per worker, so workers never write
@@ -19,6 +20,8 @@ use crate::error::{ErrorKind, Source};
 pub struct ProxyMetrics {
     shards: Mutex<Vec<Arc<Counters>>>,
     access_log: OnceLock<Arc<AccessLog>>,
+    /// The memory budget of request bodies read ahead.
+    buffers: OnceLock<Arc<BufferBudget>>,
 }
 
 impl ProxyMetrics {
@@ -34,6 +37,11 @@ impl ProxyMetrics {
     /// Reports the access log's counters with the data plane's.
     pub(crate) fn set_access_log(&self, log: Arc<AccessLog>) {
         let _ = self.access_log.set(log);
+    }
+
+    /// Reports the bodies read ahead with the data plane's metrics.
+    pub(crate) fn set_buffers(&self, budget: Arc<BufferBudget>) {
+        let _ = self.buffers.set(budget);
     }
 
     /// A collector of the data plane's metrics, reading routes from
@@ -161,6 +169,11 @@ impl Collector for DataPlaneCollector {
         counter(&mut enc, "tidegate_upstream_connections_opened", help, [([], sum(|c| &c.upstream_opened))])?;
         let tls = [([("result", "ok")], sum(|c| &c.tls_ok)), ([("result", "failed")], sum(|c| &c.tls_failed))];
         counter(&mut enc, "tidegate_tls_handshakes", "TLS handshakes on the TLS listener, by result.", tls)?;
+        if let Some(b) = m.buffers.get() {
+            let help = "Bytes of request bodies held in memory before a backend was chosen (all workers), \
+                        out of --request-buffer-total-bytes.";
+            gauge(&mut enc, "tidegate_request_buffer_bytes", help, [([], b.used() as u64)])?;
+        }
         self.request_durations(&mut enc, &unrouted)?;
         if let Some(log) = m.access_log.get() {
             let lines = [([("result", "written")], log.written()), ([("result", "dropped")], log.dropped())];

@@ -165,6 +165,7 @@ pub fn serve(
     // One body buffer budget and one set of per-client counters for all
     // workers.
     let admission = Arc::new(crate::admission::Admission::new(&opts.limits));
+    metrics.set_buffers(admission.buffers.clone());
     // One connection budget for the listeners, shared by their workers.
     let slots = Arc::new(Semaphore::new(opts.limits.max_connections.clamp(1, Semaphore::MAX_PERMITS)));
     let (stop, stop_rx) = watch::channel(false);

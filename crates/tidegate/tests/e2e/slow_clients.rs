@@ -99,7 +99,15 @@ async fn slow_uploads_hold_no_backend_and_normal_traffic_flows() {
             .expect("request");
         streams.push(tokio::spawn(async move { h2.send_request(req).await.map(|r| r.status()) }));
     }
-    // The uploads wait in the proxy while normal traffic is served.
+    // Every upload is being read by the proxy (its body's memory is
+    // reserved) before normal traffic starts.
+    wait_for("the proxy reads all 60 uploads", Duration::from_secs(10), async || {
+        let metrics = send("GET", &tg.admin_url("/metrics"), Some(TOKEN), Vec::new(), &[]).await.text();
+        let line = metrics.lines().find(|l| l.starts_with("tidegate_request_buffer_bytes "))?;
+        let bytes: u64 = line.split(' ').nth(1)?.parse().ok()?;
+        (bytes >= 60 * 100_000).then_some(())
+    })
+    .await;
     for _ in 0..30 {
         let r = get(&tg.url("/")).await;
         assert_eq!(r.status, 200, "normal traffic failed during the slow uploads: {}", r.text());
