@@ -36,9 +36,11 @@ pub enum Command {
     Man,
     /// Run a demo on loopback: backends of different capacities, an
     /// autoscaled service and gentle traffic, to watch in the dashboard.
+    #[cfg(feature = "demo")]
     Demo(DemoArgs),
     /// Run Tidegate's backend emulator (the demo's backends; service
     /// slots, a bounded queue, service-time distributions).
+    #[cfg(feature = "demo")]
     #[command(hide = true)]
     Emulate(tidegate_emulator::Args),
     /// Print the JSON Schema of configuration files (for editors: `tidegate

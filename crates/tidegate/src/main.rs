@@ -4,7 +4,10 @@
 mod cli;
 mod config_file;
 mod ctl;
+#[cfg(feature = "demo")]
 mod demo;
+#[cfg(test)]
+mod layers;
 mod output;
 mod serve;
 
@@ -30,7 +33,9 @@ fn main() -> std::process::ExitCode {
             write_stdout(&script)
         }
         cli::Command::Man => man(),
+        #[cfg(feature = "demo")]
         cli::Command::Demo(opts) => demo::run(opts),
+        #[cfg(feature = "demo")]
         cli::Command::Emulate(opts) => emulate(opts),
         cli::Command::Schema => {
             let schema = tidegate_model::config_file_schema();
@@ -87,6 +92,7 @@ fn validate(file: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
 }
 
 /// `tidegate emulate`: the backend emulator (the demo's instances).
+#[cfg(feature = "demo")]
 fn emulate(args: tidegate_emulator::Args) -> anyhow::Result<std::process::ExitCode> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if args.threads > 0 {
