@@ -1,7 +1,7 @@
 //! What header names mean to a proxy, and the field values it must read:
 //! `Connection` tokens, `Content-Length`, `Transfer-Encoding`.
 
-use crate::{trim, HeadError, Header};
+use crate::{trim, FramingError, HeadError, Header};
 
 /// The header names a proxy reads or rewrites; everything else is `Other`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,9 +155,9 @@ pub(crate) fn content_length(buf: &[u8], headers: &[Header]) -> Result<Option<u6
     let mut length = None;
     for h in headers.iter().filter(|h| h.kind == HeaderKind::ContentLength) {
         for t in h.value.of(buf).split(|b| *b == b',').map(trim) {
-            let n = parse_digits(t).ok_or(HeadError::Framing("invalid Content-Length"))?;
+            let n = parse_digits(t).ok_or(HeadError::Framing(FramingError::InvalidLength))?;
             if length.is_some_and(|l| l != n) {
-                return Err(HeadError::Framing("differing Content-Length values"));
+                return Err(HeadError::Framing(FramingError::DifferingLengths));
             }
             length = Some(n);
         }
@@ -194,7 +194,7 @@ pub(crate) fn codings(buf: &[u8], headers: &[Header]) -> Result<Codings, HeadErr
         for t in tokens(h.value.of(buf)) {
             if t.eq_ignore_ascii_case(b"chunked") {
                 if chunked_at.is_some() {
-                    return Err(HeadError::Framing("chunked applied twice"));
+                    return Err(HeadError::Framing(FramingError::ChunkedTwice));
                 }
                 chunked_at = Some(count);
             }
@@ -203,7 +203,7 @@ pub(crate) fn codings(buf: &[u8], headers: &[Header]) -> Result<Codings, HeadErr
     }
     Ok(match (any_field, chunked_at) {
         (false, _) => Codings::None,
-        (true, _) if count == 0 => return Err(HeadError::Framing("empty Transfer-Encoding")),
+        (true, _) if count == 0 => return Err(HeadError::Framing(FramingError::EmptyCoding)),
         (true, Some(i)) if i + 1 == count => {
             if count == 1 {
                 Codings::Chunked
@@ -211,7 +211,7 @@ pub(crate) fn codings(buf: &[u8], headers: &[Header]) -> Result<Codings, HeadErr
                 Codings::OthersThenChunked
             }
         }
-        (true, Some(_)) => return Err(HeadError::Framing("chunked is not the last transfer coding")),
+        (true, Some(_)) => return Err(HeadError::Framing(FramingError::ChunkedNotLast)),
         (true, None) => Codings::NotChunked,
     })
 }

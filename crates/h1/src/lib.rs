@@ -98,9 +98,9 @@ pub enum HeadError {
     #[error("malformed head: {0}")]
     Syntax(&'static str),
     /// Conflicting or invalid message framing (`Content-Length`,
-    /// `Transfer-Encoding`).
+    /// `Transfer-Encoding`), and which.
     #[error("invalid framing: {0}")]
-    Framing(&'static str),
+    Framing(FramingError),
     /// A transfer coding other than `chunked` (answer 501).
     #[error("unsupported transfer coding")]
     UnsupportedCoding,
@@ -110,6 +110,32 @@ pub enum HeadError {
     /// An HTTP version other than 1.0 and 1.1.
     #[error("unsupported HTTP version")]
     Version,
+}
+
+/// What is wrong with a message's framing fields (RFC 9112, section 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum FramingError {
+    /// A request with both `Transfer-Encoding` and `Content-Length`.
+    #[error("both Transfer-Encoding and Content-Length")]
+    LengthAndCoding,
+    /// `Transfer-Encoding` in an HTTP/1.0 request.
+    #[error("Transfer-Encoding in an HTTP/1.0 request")]
+    CodingInHttp10,
+    /// A `Content-Length` that is not 1 to 19 digits.
+    #[error("invalid Content-Length")]
+    InvalidLength,
+    /// `Content-Length` fields (or list members) that differ.
+    #[error("differing Content-Length values")]
+    DifferingLengths,
+    /// `chunked` listed more than once.
+    #[error("chunked applied more than once")]
+    ChunkedTwice,
+    /// `chunked` listed, but not last.
+    #[error("chunked is not the last transfer coding")]
+    ChunkedNotLast,
+    /// A `Transfer-Encoding` field that lists no coding.
+    #[error("empty Transfer-Encoding")]
+    EmptyCoding,
 }
 
 /// A head either parses, needs more bytes, or is refused.

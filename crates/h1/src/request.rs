@@ -3,7 +3,9 @@
 use std::mem::MaybeUninit;
 
 use crate::fields::{codings, content_length, Codings, ConnectionOptions};
-use crate::{collect_headers, syntax, HeadError, HeadLimits, Header, HeaderKind, Parsed, Span, MAX_HEADERS};
+use crate::{
+    collect_headers, syntax, FramingError, HeadError, HeadLimits, Header, HeaderKind, Parsed, Span, MAX_HEADERS,
+};
 
 /// How a request's body is framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -86,8 +88,8 @@ pub fn parse_request(buf: &[u8], limits: HeadLimits, head: &mut RequestHead) -> 
             None | Some(0) => RequestBody::Empty,
             Some(n) => RequestBody::Length(n),
         },
-        _ if length.is_some() => return Err(HeadError::Framing("both Transfer-Encoding and Content-Length")),
-        _ if minor == 0 => return Err(HeadError::Framing("Transfer-Encoding in HTTP/1.0")),
+        _ if length.is_some() => return Err(HeadError::Framing(FramingError::LengthAndCoding)),
+        _ if minor == 0 => return Err(HeadError::Framing(FramingError::CodingInHttp10)),
         Codings::Chunked => RequestBody::Chunked,
         // A request body's length must be known from its framing: only
         // chunked alone is accepted (as nginx does).
@@ -145,20 +147,27 @@ mod tests {
         assert_eq!(framing("content-length: 0\r\n"), Ok(RequestBody::Empty));
         assert_eq!(framing("transfer-encoding: chunked\r\n"), Ok(RequestBody::Chunked));
         assert_eq!(framing("transfer-encoding: Chunked\r\n"), Ok(RequestBody::Chunked));
-        for bad in [
-            "content-length: 5\r\ncontent-length: 6\r\n",
-            "content-length: 5, 6\r\n",
-            "content-length: +5\r\n",
-            "content-length: 5\r\ntransfer-encoding: chunked\r\n",
-            "transfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n",
-            "transfer-encoding: chunked, gzip\r\n",
+        // Each refusal names its own cause.
+        for (bad, cause) in [
+            ("content-length: 5\r\ncontent-length: 6\r\n", FramingError::DifferingLengths),
+            ("content-length: 5, 6\r\n", FramingError::DifferingLengths),
+            ("content-length: +5\r\n", FramingError::InvalidLength),
+            ("content-length: \r\n", FramingError::InvalidLength),
+            ("content-length: 5\r\ntransfer-encoding: chunked\r\n", FramingError::LengthAndCoding),
+            ("transfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n", FramingError::ChunkedTwice),
+            ("transfer-encoding: chunked, gzip\r\n", FramingError::ChunkedNotLast),
+            ("transfer-encoding: ,\r\n", FramingError::EmptyCoding),
         ] {
-            assert!(matches!(framing(bad), Err(HeadError::Framing(_))), "{bad:?}");
+            assert_eq!(framing(bad), Err(HeadError::Framing(cause)), "{bad:?}");
         }
         assert_eq!(framing("transfer-encoding: gzip\r\n"), Err(HeadError::UnsupportedCoding));
         assert_eq!(framing("transfer-encoding: gzip, chunked\r\n"), Err(HeadError::UnsupportedCoding));
         let old = parse("POST / HTTP/1.0\r\ntransfer-encoding: chunked\r\n\r\n");
-        assert!(matches!(old, Err(HeadError::Framing(_))));
+        assert_eq!(old.unwrap_err(), HeadError::Framing(FramingError::CodingInHttp10));
+        assert_eq!(
+            HeadError::Framing(FramingError::InvalidLength).to_string(),
+            "invalid framing: invalid Content-Length"
+        );
     }
 
     #[test]

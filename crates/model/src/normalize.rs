@@ -12,9 +12,10 @@
 //! - `.` and `..` segments are resolved (section 5.2.4); a `..` above the
 //!   root is refused;
 //! - runs of `/` are merged into one;
-//! - an encoded `/` (`%2F`), `\` (`%5C`) or NUL (`%00`), a segment that is
-//!   a dot segment with parameters (`..;x`, `.;x`), a malformed escape, and
-//!   a path that does not start with `/` are refused.
+//! - an encoded `/` (`%2F`), `\` (`%5C`) or NUL (`%00`), a raw `\` (which
+//!   some servers read as `/`, as they do `%5C`), a segment that is a dot
+//!   segment with parameters (`..;x`, `.;x`), a malformed escape, and a path
+//!   that does not start with `/` are refused.
 //!
 //! The query is not touched. The asterisk-form (`OPTIONS *`) passes as is.
 
@@ -30,6 +31,9 @@ pub enum PathError {
     /// An encoded `/`, `\` or NUL, which would be read differently by
     /// different servers.
     EncodedSeparator,
+    /// A raw `\`, a separator to some servers (Windows, IIS, some
+    /// frameworks) and not to others.
+    Backslash,
     /// A `..` that would climb above the root.
     AboveRoot,
     /// A dot segment with parameters (`..;`), read as `..` by some servers.
@@ -91,6 +95,8 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
                 decoded.extend_from_slice(&[b'%', raw[i + 1].to_ascii_uppercase(), raw[i + 2].to_ascii_uppercase()]);
             }
             i += 3;
+        } else if raw[i] == b'\\' {
+            return Err(PathError::Backslash);
         } else {
             decoded.push(raw[i]);
             i += 1;
@@ -157,6 +163,9 @@ mod tests {
         assert_eq!(ok("*").unwrap(), "*");
         assert_eq!(ok("/public/%2E%2E%2Finternal"), Err(PathError::EncodedSeparator));
         assert_eq!(ok("/a%5c..%5cb"), Err(PathError::EncodedSeparator));
+        assert_eq!(ok("/public\\..\\internal"), Err(PathError::Backslash));
+        assert_eq!(ok("/a\\b"), Err(PathError::Backslash));
+        assert_eq!(ok("\\a"), Err(PathError::NotAbsolute));
         assert_eq!(ok("/public/..;/internal"), Err(PathError::DotSegmentParameters));
         assert_eq!(ok("/public/..;x=1/internal"), Err(PathError::DotSegmentParameters));
         assert_eq!(ok("/.."), Err(PathError::AboveRoot));
@@ -173,12 +182,13 @@ mod tests {
         /// Normalizing is idempotent, and a normal path has no dot
         /// segment, no empty segment and no escaped unreserved byte.
         #[test]
-        fn normal_paths_are_fixed_points(p in "(/(\\.|\\.\\.|%2[eE]|[a-z]{1,3}|%41|%2[fF]|;|%|%zz)?){0,8}/?") {
+        fn normal_paths_are_fixed_points(p in "(/(\\.|\\.\\.|%2[eE]|[a-z]{1,3}|%41|%2[fF]|;|%|%zz|[\\\\])?){0,8}/?") {
             if let Ok(n) = normalize(&p) {
                 let n = n.into_owned();
                 prop_assert_eq!(normalize(&n).map(|c| c.into_owned()), Ok(n.clone()));
                 prop_assert!(n.starts_with('/'));
                 prop_assert!(!n.contains("//"), "{}", n);
+                prop_assert!(!n.contains('\\'), "{}", n);
                 for seg in n.split('/') {
                     prop_assert!(seg != "." && seg != "..", "{}", n);
                 }

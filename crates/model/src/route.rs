@@ -179,6 +179,11 @@ fn check_path(field: &str, p: &str) -> Result<(), String> {
         Err(crate::normalize::PathError::EncodedSeparator) => {
             return Err(format!("{field}: {p:?} encodes '/', '\\' or NUL, which requests may not carry"));
         }
+        Err(crate::normalize::PathError::Backslash) => {
+            return Err(format!(
+                "{field}: {p:?} has a raw '\\', which requests may not carry (some servers read it as '/')"
+            ));
+        }
         Err(e) => return Err(format!("{field}: {p:?} is not a path a request can have ({e:?})")),
     }
     Ok(())
@@ -315,6 +320,7 @@ mod tests {
             (r#"{"static":{"root":"/"}}"#, "static.root"),
             (r#"{"match":{"path_prefix":"/café"},"service":"w"}"#, "ASCII"),
             (r#"{"match":{"path_prefix":"/a%2Fb"},"service":"w"}"#, "encodes"),
+            (r#"{"match":{"path_prefix":"/a\\b"},"service":"w"}"#, "raw '\\'"),
             (r#"{"match":{"path":"/caf%c3%a9"},"service":"w"}"#, "uppercase"),
             (r#"{"match":{"path":"/%41"},"service":"w"}"#, "as itself"),
             (r#"{"service":"w","extra":1}"#, "unknown field"),

@@ -11,6 +11,14 @@
 //! waits for the next line. `tail -f` sees a line within that pause. It
 //! reopens its file when asked ([`AccessLog::reopen`], on `SIGUSR1`), for
 //! log rotation.
+//!
+//! What a client sent (method, host, target, `User-Agent`, `Referer`,
+//! `X-Request-Id`) is written escaped in both formats: quotes, backslashes,
+//! control characters (C0, DEL, C1) and the Unicode characters that change
+//! how a line reads or splits it (bidirectional overrides and isolates,
+//! zero-width characters, line and paragraph separators, the byte order
+//! mark: [`hidden`]). A client cannot start a new line, hide or reorder
+//! text in a terminal or an editor, or forge a field.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -315,11 +323,42 @@ fn combined_line(out: &mut String, l: &Line) {
     out.push('"');
 }
 
-/// A JSON string literal (RFC 8259 escapes).
+/// Whether `c` is written escaped: a control character (C0, DEL, C1), or
+/// a character that is invisible or changes how the text around it reads
+/// or breaks: the soft hyphen, the Arabic letter mark, the Mongolian vowel
+/// separator, zero-width spaces and joiners, the direction marks,
+/// embeddings, overrides and isolates (U+202E can make `gpj.exe` read
+/// `exe.jpg`), the line and paragraph separators (U+2028, U+2029: new
+/// lines to many readers), invisible operators, deprecated format
+/// characters, the byte order mark, interlinear annotations and tag
+/// characters.
+fn hidden(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{ad}'
+                | '\u{61c}'
+                | '\u{180e}'
+                | '\u{200b}'..='\u{200f}'
+                | '\u{2028}'..='\u{202e}'
+                | '\u{2060}'..='\u{206f}'
+                | '\u{feff}'
+                | '\u{fff9}'..='\u{fffb}'
+                | '\u{e0000}'..='\u{e007f}'
+        )
+}
+
+/// Whether `s` may be written as it is: printable ASCII with no quote or
+/// backslash, the common case (anything else takes the slow path).
+fn plain_text(s: &str) -> bool {
+    s.bytes().all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
+}
+
+/// A JSON string literal (RFC 8259 escapes); the characters [`hidden`]
+/// picks are escaped too (`\u202e`; beyond the BMP, as a surrogate pair).
 fn json_str(out: &mut String, s: &str) {
     out.push('"');
-    if !s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
-        // Nothing to escape: the common case.
+    if plain_text(s) {
         out.push_str(s);
         out.push('"');
         return;
@@ -331,8 +370,11 @@ fn json_str(out: &mut String, s: &str) {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
+            c if hidden(c) => {
+                let mut units = [0u16; 2];
+                for u in c.encode_utf16(&mut units) {
+                    let _ = write!(out, "\\u{u:04x}");
+                }
             }
             c => out.push(c),
         }
@@ -340,18 +382,22 @@ fn json_str(out: &mut String, s: &str) {
     out.push('"');
 }
 
-/// Text inside the combined format's quotes: quotes, backslashes and
-/// control characters escaped (as nginx does), so a line stays one line.
+/// Text inside the combined format's quotes: quotes, backslashes, and
+/// the characters [`hidden`] picks escaped byte by byte as `\xHH` (as
+/// nginx escapes), so a line stays one line and reads as it is.
 fn clf_escaped(out: &mut String, s: &str) {
+    if plain_text(s) {
+        out.push_str(s);
+        return;
+    }
     for c in s.chars() {
-        match c {
-            '"' | '\\' => {
-                let _ = write!(out, "\\x{:02X}", c as u32);
+        if c == '"' || c == '\\' || hidden(c) {
+            let mut bytes = [0u8; 4];
+            for b in c.encode_utf8(&mut bytes).bytes() {
+                let _ = write!(out, "\\x{b:02X}");
             }
-            c if c.is_control() => {
-                let _ = write!(out, "\\x{:02X}", c as u32 & 0xff);
-            }
-            c => out.push(c),
+        } else {
+            out.push(c);
         }
     }
 }
@@ -438,6 +484,67 @@ mod tests {
             out,
             "127.0.0.1 - - [25/Nov/2026:13:40:00 +0000] \"GET /cart?id=\\x227\\x22 HTTP/1.1\" 200 140 \"-\" \"curl/8.0\\x0A\"\n"
         );
+    }
+
+    /// What a client may put in a field to fool a reader of the log.
+    const HOSTILE: [(char, &str, &str); 12] = [
+        ('\u{202e}', "\\u202e", "\\xE2\\x80\\xAE"),
+        ('\u{2028}', "\\u2028", "\\xE2\\x80\\xA8"),
+        ('\u{2029}', "\\u2029", "\\xE2\\x80\\xA9"),
+        ('\u{9b}', "\\u009b", "\\xC2\\x9B"),
+        ('\u{85}', "\\u0085", "\\xC2\\x85"),
+        ('\u{200b}', "\\u200b", "\\xE2\\x80\\x8B"),
+        ('\u{200f}', "\\u200f", "\\xE2\\x80\\x8F"),
+        ('\u{2066}', "\\u2066", "\\xE2\\x81\\xA6"),
+        ('\u{2069}', "\\u2069", "\\xE2\\x81\\xA9"),
+        ('\u{feff}', "\\ufeff", "\\xEF\\xBB\\xBF"),
+        ('\u{7f}', "\\u007f", "\\x7F"),
+        ('\u{e0041}', "\\udb40\\udc41", "\\xF3\\xA0\\x81\\x81"),
+    ];
+
+    #[test]
+    fn format_and_control_characters_are_escaped_in_both_formats() {
+        for (c, json, clf) in HOSTILE {
+            let text = format!("a{c}b");
+            let mut out = String::new();
+            json_str(&mut out, &text);
+            assert_eq!(out, format!("\"a{json}b\""), "{c:?}");
+            let parsed: String = serde_json::from_str(&out).unwrap();
+            assert_eq!(parsed, text, "the JSON still says what was sent");
+            let mut out = String::new();
+            clf_escaped(&mut out, &text);
+            assert_eq!(out, format!("a{clf}b"), "{c:?}");
+        }
+        // Everything else passes as it is, in both.
+        for ok in ["caf\u{e9}", "\u{65e5}\u{672c}", "a b~", "\u{1f600}", "\u{fffd}"] {
+            let mut out = String::new();
+            json_str(&mut out, ok);
+            assert_eq!(out, format!("\"{ok}\""));
+            let mut out = String::new();
+            clf_escaped(&mut out, ok);
+            assert_eq!(out, ok);
+        }
+        let mut out = String::new();
+        clf_escaped(&mut out, "a\tb\0\x1b[31m");
+        assert_eq!(out, "a\\x09b\\x00\\x1B[31m");
+    }
+
+    #[test]
+    fn no_hostile_character_survives_a_whole_line() {
+        let mut l = line();
+        let all: String = HOSTILE.iter().map(|(c, _, _)| *c).chain(['\n', '\r', '\0', '"']).collect();
+        l.method = all.clone();
+        l.host = all.clone();
+        l.target = format!("/{all}");
+        l.request_id = Some(all.clone());
+        l.user_agent = Some(all.clone());
+        l.referer = Some(all);
+        for format in [Format::Json, Format::Combined] {
+            let mut out = String::new();
+            format_line(&mut out, &l, format);
+            let body = out.strip_suffix('\n').unwrap();
+            assert!(body.chars().all(|c| !hidden(c) && c != '\n'), "{format:?}: {body:?}");
+        }
     }
 
     #[test]

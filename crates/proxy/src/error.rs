@@ -9,6 +9,7 @@
 //! they cannot disagree.
 
 use http::{header, Response, StatusCode};
+pub use tidegate_h1::FramingError;
 
 use crate::body::ProxyBody;
 
@@ -57,8 +58,9 @@ pub enum ErrorKind {
     InvalidHost,
     /// A path that cannot be normalized safely (see [`crate::normalize`]).
     InvalidPath,
-    /// Both `Transfer-Encoding` and `Content-Length`.
-    InvalidFraming,
+    /// The request's framing fields (`Content-Length`,
+    /// `Transfer-Encoding`) conflict or are invalid: the cause says how.
+    InvalidFraming(FramingError),
     /// The client's request body broke off or was malformed (bad chunked
     /// encoding, a connection closed mid-body).
     ClientBody,
@@ -93,7 +95,7 @@ impl ErrorKind {
     pub fn source(self) -> Source {
         use ErrorKind::*;
         match self {
-            BadRequest | InvalidHost | InvalidPath | InvalidFraming | ClientBody | ClientTimeout | ClientLimit => {
+            BadRequest | InvalidHost | InvalidPath | InvalidFraming(_) | ClientBody | ClientTimeout | ClientLimit => {
                 Source::Client
             }
             NoRoute | NoBackend | QueueFull | QueueTimeout => Source::Local,
@@ -121,7 +123,7 @@ impl ErrorKind {
             // and retrying multiplies the load on a struggling service.
             ResponseTimeout => Retry::Never,
             NoRoute | NoBackend | QueueFull | QueueTimeout | BadRequest | InvalidHost | InvalidPath
-            | InvalidFraming | ClientBody | ClientTimeout | ClientLimit => Retry::Never,
+            | InvalidFraming(_) | ClientBody | ClientTimeout | ClientLimit => Retry::Never,
         }
     }
 
@@ -136,7 +138,7 @@ impl ErrorKind {
             BadRequest => "bad_request",
             InvalidHost => "invalid_host",
             InvalidPath => "invalid_path",
-            InvalidFraming => "invalid_framing",
+            InvalidFraming(_) => "invalid_framing",
             ClientBody => "client_body",
             ClientTimeout => "client_timeout",
             ClientLimit => "client_limit",
@@ -150,7 +152,8 @@ impl ErrorKind {
         }
     }
 
-    /// Every kind, in a fixed order (for metrics).
+    /// Every kind, in a fixed order (for metrics; one `InvalidFraming`
+    /// stands for all its causes).
     pub const ALL: [ErrorKind; 18] = [
         ErrorKind::NoRoute,
         ErrorKind::NoBackend,
@@ -159,7 +162,7 @@ impl ErrorKind {
         ErrorKind::BadRequest,
         ErrorKind::InvalidHost,
         ErrorKind::InvalidPath,
-        ErrorKind::InvalidFraming,
+        ErrorKind::InvalidFraming(FramingError::LengthAndCoding),
         ErrorKind::ClientBody,
         ErrorKind::ClientTimeout,
         ErrorKind::ClientLimit,
@@ -172,9 +175,11 @@ impl ErrorKind {
         ErrorKind::ResponseTimeout,
     ];
 
-    /// The position of this kind in [`ErrorKind::ALL`].
+    /// The position of this kind in [`ErrorKind::ALL`] (whatever its
+    /// cause).
     pub(crate) fn index(self) -> usize {
-        ErrorKind::ALL.iter().position(|k| *k == self).unwrap_or(0)
+        let this = std::mem::discriminant(&self);
+        ErrorKind::ALL.iter().position(|k| std::mem::discriminant(k) == this).unwrap_or(0)
     }
 
     fn parts(self) -> (StatusCode, &'static str) {
@@ -190,9 +195,7 @@ impl ErrorKind {
             BadRequest => (StatusCode::BAD_REQUEST, "400 the request cannot be forwarded\n"),
             InvalidHost => (StatusCode::BAD_REQUEST, "400 the request needs exactly one valid host\n"),
             InvalidPath => (StatusCode::BAD_REQUEST, "400 the request path is invalid\n"),
-            InvalidFraming => {
-                (StatusCode::BAD_REQUEST, "400 the request has both Transfer-Encoding and Content-Length\n")
-            }
+            InvalidFraming(cause) => (StatusCode::BAD_REQUEST, framing_text(cause)),
             ClientBody => (StatusCode::BAD_REQUEST, "400 the request body is malformed or incomplete\n"),
             ClientTimeout => (StatusCode::REQUEST_TIMEOUT, "408 the request body arrived too slowly\n"),
             ClientLimit => (StatusCode::TOO_MANY_REQUESTS, "429 this client has too many requests in progress\n"),
@@ -227,6 +230,20 @@ impl std::fmt::Display for ErrorKind {
 }
 
 impl std::error::Error for ErrorKind {}
+
+/// The answer to a request refused for its framing: what was wrong.
+fn framing_text(cause: FramingError) -> &'static str {
+    use FramingError::*;
+    match cause {
+        LengthAndCoding => "400 the request has both Transfer-Encoding and Content-Length\n",
+        CodingInHttp10 => "400 an HTTP/1.0 request cannot have a Transfer-Encoding\n",
+        InvalidLength => "400 the request's Content-Length is not a valid length\n",
+        DifferingLengths => "400 the request has differing Content-Length values\n",
+        ChunkedTwice => "400 the request's Transfer-Encoding lists chunked more than once\n",
+        ChunkedNotLast => "400 the request's Transfer-Encoding does not end with chunked\n",
+        EmptyCoding => "400 the request's Transfer-Encoding is empty\n",
+    }
+}
 
 /// The answer to a request head over `--max-header-bytes` or
 /// `--max-headers`, on either engine.
@@ -341,5 +358,31 @@ mod tests {
             assert_eq!(k.index(), i);
             assert!(k.status().as_u16() >= 400);
         }
+    }
+
+    #[test]
+    fn each_framing_refusal_names_its_cause() {
+        use FramingError::*;
+        let causes = [
+            LengthAndCoding,
+            CodingInHttp10,
+            InvalidLength,
+            DifferingLengths,
+            ChunkedTwice,
+            ChunkedNotLast,
+            EmptyCoding,
+        ];
+        let texts: std::collections::HashSet<_> = causes.iter().map(|c| framing_text(*c)).collect();
+        assert_eq!(texts.len(), causes.len(), "one text per cause");
+        for c in causes {
+            let k = ErrorKind::InvalidFraming(c);
+            assert_eq!(k.status(), StatusCode::BAD_REQUEST);
+            assert_eq!(k.name(), "invalid_framing");
+            // One metric for every cause.
+            assert_eq!(k.index(), ErrorKind::InvalidFraming(LengthAndCoding).index());
+        }
+        let text = ErrorKind::InvalidFraming(InvalidLength).to_string();
+        assert_eq!(text, "400 the request's Content-Length is not a valid length");
+        assert_eq!(ErrorKind::QueueTimeout.index(), 3);
     }
 }

@@ -62,8 +62,48 @@ static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host"
 static X_FORWARDED_PORT: HeaderName = HeaderName::from_static("x-forwarded-port");
 pub(crate) static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
+/// The longest client `X-Request-Id` that is kept, in bytes.
+pub(crate) const MAX_REQUEST_ID: usize = 128;
+
+/// Whether a client's `X-Request-Id` value is kept as it is: 1 to
+/// [`MAX_REQUEST_ID`] bytes of ASCII letters, digits and `-_.:/+=` (UUIDs,
+/// hex and base64 ids, `trace:span` pairs). Anything else could break or
+/// forge a line of a log that prints it, or bloat every log line of every
+/// service the request goes through.
+pub(crate) fn acceptable_request_id(value: &[u8]) -> bool {
+    (1..=MAX_REQUEST_ID).contains(&value.len())
+        && value
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':' | b'/' | b'+' | b'='))
+}
+
+/// The client's `X-Request-Id` (`values`: every value it sent), when it is
+/// kept: exactly one value, and an acceptable one. Two values would let the
+/// backend and the access log each believe a different one.
+pub(crate) fn client_request_id<'a>(mut values: impl Iterator<Item = &'a [u8]>) -> Option<&'a [u8]> {
+    let first = values.next()?;
+    (values.next().is_none() && acceptable_request_id(first)).then_some(first)
+}
+
+/// Leaves exactly one `X-Request-Id` in `h`: the client's when
+/// [`client_request_id`] keeps it, else a new one in place of every value
+/// the client sent. Returns it. Calling it again keeps the same id.
+pub(crate) fn settle_request_id(h: &mut HeaderMap) -> HeaderValue {
+    if let Some(id) = client_request_id(h.get_all(&X_REQUEST_ID).iter().map(HeaderValue::as_bytes)) {
+        // Checked above: it is a valid value.
+        if let Ok(v) = HeaderValue::from_bytes(id) {
+            return v;
+        }
+    }
+    let id = new_request_id();
+    // 32 hex digits: always a valid value.
+    let v = HeaderValue::from_bytes(&id).unwrap_or_else(|_| HeaderValue::from_static("-"));
+    h.insert(X_REQUEST_ID.clone(), v.clone());
+    v
+}
+
 /// A new request id: 128 random bits as 32 lowercase hex digits, for a
-/// request that arrives without `X-Request-Id`. Not a secret (the
+/// request that arrives without an acceptable `X-Request-Id`. Not a secret (the
 /// generator is fast, not cryptographic): it only has to be unique enough
 /// to follow one request through the logs of the proxy and its backends.
 pub(crate) fn new_request_id() -> [u8; 32] {
@@ -123,11 +163,7 @@ pub(crate) fn request_headers(parts: &mut Parts, peer: &Peer, upgrade: bool) {
     if let Some(v) = xff {
         h.insert(X_FORWARDED_FOR.clone(), v);
     }
-    if !h.contains_key(&X_REQUEST_ID) {
-        if let Ok(id) = HeaderValue::from_bytes(&new_request_id()) {
-            h.insert(X_REQUEST_ID.clone(), id);
-        }
-    }
+    settle_request_id(h);
     h.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(peer.scheme()));
     h.insert(X_FORWARDED_PORT.clone(), peer.port_header.clone());
     // HTTP/2 carries the host in the URI; HTTP/1.1 backends need the header.
@@ -173,6 +209,40 @@ mod tests {
         assert_eq!(h["x-forwarded-for"], "198.51.100.1, 192.0.2.9");
         assert_eq!(h["x-real-ip"], "198.51.100.1");
         assert_eq!(h["x-forwarded-host"], "h");
+    }
+
+    #[test]
+    fn a_request_id_is_kept_only_when_it_is_one_short_safe_value() {
+        for ok in ["req-42", "0f8fad5b-d9cb-469f-a165-70867728950e", "a:b/c+d=e_f.g", &"x".repeat(MAX_REQUEST_ID)] {
+            assert!(acceptable_request_id(ok.as_bytes()), "{ok}");
+        }
+        let long = "x".repeat(MAX_REQUEST_ID + 1);
+        for bad in ["", "a b", "a\"b", "a<b>", "\u{202e}abc", "a\u{2028}b", "é", "a;b", "a,b", "%41", long.as_str()] {
+            assert!(!acceptable_request_id(bad.as_bytes()), "{bad:?}");
+        }
+        let one = [&b"abc"[..]];
+        assert_eq!(client_request_id(one.into_iter()), Some(&b"abc"[..]));
+        let two = [&b"abc"[..], b"def"];
+        assert_eq!(client_request_id(two.into_iter()), None, "two values: neither is believed");
+        assert_eq!(client_request_id(std::iter::empty()), None);
+    }
+
+    #[test]
+    fn settling_leaves_one_id_the_clients_or_a_new_one() {
+        let mut h = HeaderMap::new();
+        h.insert(&X_REQUEST_ID, HeaderValue::from_static("req-1"));
+        assert_eq!(settle_request_id(&mut h), "req-1");
+        assert_eq!(h.get_all(&X_REQUEST_ID).iter().count(), 1);
+        for sent in [&["a", "b"][..], &["a b"], &[]] {
+            let mut h = HeaderMap::new();
+            for v in sent {
+                h.append(&X_REQUEST_ID, HeaderValue::from_static(v));
+            }
+            let id = settle_request_id(&mut h);
+            assert_eq!(id.len(), 32, "{sent:?}: a generated id");
+            assert_eq!(h.get_all(&X_REQUEST_ID).iter().collect::<Vec<_>>(), [&id], "{sent:?}");
+            assert_eq!(settle_request_id(&mut h), id, "settling again keeps it");
+        }
     }
 
     #[test]

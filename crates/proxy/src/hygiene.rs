@@ -4,7 +4,10 @@
 //! - **One host.** The authority of an absolute-form or HTTP/2 request wins
 //!   over a `Host` header (RFC 9112 section 3.2.3) and becomes the `Host`
 //!   sent upstream; a request with two `Host` headers, an HTTP/1.1 request
-//!   with none, or a host that is not a valid authority is refused.
+//!   with none, or a host that is not a valid authority (with an empty
+//!   name, or a port that is not 1 to 65535 in digits) is refused. Routes
+//!   match the host lowercase, without its port and one trailing dot
+//!   (`App.Example.:8080` is `app.example`).
 //! - **One framing.** A request with both `Transfer-Encoding` and
 //!   `Content-Length` is refused.
 //! - **One path.** The path is normalized ([`crate::normalize`]) and the
@@ -15,7 +18,7 @@ use http::header::{self, HeaderValue};
 use http::uri::{Authority, PathAndQuery};
 use http::{Request, Uri, Version};
 
-use crate::error::ErrorKind;
+use crate::error::{ErrorKind, FramingError};
 use crate::normalize::normalize;
 
 /// Applies the host and path rules to `req` in place.
@@ -23,7 +26,7 @@ pub(crate) fn sanitize<B>(req: &mut Request<B>) -> Result<(), ErrorKind> {
     // RFC 9112 section 6.1 allows framing by the encoding alone, but a
     // message with both is the classic smuggling vector: refuse it.
     if req.headers().contains_key(header::TRANSFER_ENCODING) && req.headers().contains_key(header::CONTENT_LENGTH) {
-        return Err(ErrorKind::InvalidFraming);
+        return Err(ErrorKind::InvalidFraming(FramingError::LengthAndCoding));
     }
     // RFC 9113, section 8.2.1: a value that starts or ends with whitespace
     // is malformed (HTTP/1 parsers trim it; an HTTP/2 request would pass it
@@ -85,24 +88,57 @@ pub(crate) fn effective_host<'a>(
     let header = match host_header {
         Some(h) if plain_host(h) => Some(std::str::from_utf8(h).map_err(|_| ErrorKind::InvalidHost)?),
         Some(h) => match Authority::try_from(h) {
-            Ok(a) if !a.as_str().contains('@') => Some(std::str::from_utf8(h).map_err(|_| ErrorKind::InvalidHost)?),
+            Ok(a) if !a.as_str().contains('@') && name_and_port_ok(h) => {
+                Some(std::str::from_utf8(h).map_err(|_| ErrorKind::InvalidHost)?)
+            }
             _ => return Err(ErrorKind::InvalidHost),
         },
         None if http11 => return Err(ErrorKind::InvalidHost),
         None => None,
     };
     match authority {
-        Some(a) if a.contains('@') => Err(ErrorKind::InvalidHost),
+        Some(a) if a.contains('@') || !name_and_port_ok(a.as_bytes()) => Err(ErrorKind::InvalidHost),
         Some(a) => Ok(Some(a)),
         None => Ok(header),
     }
 }
 
+/// Whether an authority (`host[:port]`, already a valid
+/// `http::uri::Authority`, which checks neither) has a name and a usable
+/// port: none, or 1 to 5 digits naming 1 to 65535. `app.example:abc`,
+/// `app.example:99999`, `app.example:`, `:80`, `:` and `[::1]:0` are
+/// refused (RFC 9110, section 4.2.1: a port is digits; an empty one is no
+/// port a client can mean).
+fn name_and_port_ok(authority: &[u8]) -> bool {
+    let (name, port) = if authority.first() == Some(&b'[') {
+        let Some(end) = authority.iter().position(|&b| b == b']') else { return false };
+        match &authority[end + 1..] {
+            [] => (&authority[..=end], None),
+            [b':', port @ ..] => (&authority[..=end], Some(port)),
+            _ => return false,
+        }
+    } else {
+        match authority.iter().position(|&b| b == b':') {
+            Some(i) => (&authority[..i], Some(&authority[i + 1..])),
+            None => (authority, None),
+        }
+    };
+    !name.is_empty() && port.is_none_or(port_ok)
+}
+
+/// 1 to 5 digits naming a port from 1 to 65535.
+fn port_ok(port: &[u8]) -> bool {
+    (1..=5).contains(&port.len())
+        && port.iter().all(u8::is_ascii_digit)
+        && (1..=65_535).contains(&port.iter().fold(0u32, |n, d| n * 10 + u32::from(d - b'0')))
+}
+
 /// Whether `host` is a plain DNS name or IPv4 address with an optional
 /// port (`example.com`, `10.0.0.1:8080`): letters, digits, `-` and `.`,
-/// then `:` and up to five digits. Nearly every `Host` is one, and each is
-/// a valid authority; checking this first spares them the copy and full
-/// parse of `http::uri::Authority`, which rules on everything else.
+/// then `:` and a port (1 to 65535, at most five digits). Nearly every
+/// `Host` is one, and each is a valid authority; checking this first
+/// spares them the copy and full parse of `http::uri::Authority`, which
+/// rules on everything else.
 fn plain_host(host: &[u8]) -> bool {
     let (name, port) = match host.iter().position(|&b| b == b':') {
         Some(i) => (&host[..i], Some(&host[i + 1..])),
@@ -110,7 +146,7 @@ fn plain_host(host: &[u8]) -> bool {
     };
     !name.is_empty()
         && name.iter().all(|&b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
-        && port.is_none_or(|p| (1..=5).contains(&p.len()) && p.iter().all(u8::is_ascii_digit))
+        && port.is_none_or(port_ok)
 }
 
 /// The answer to a `CONNECT` request: `405 Method Not Allowed`. The proxy
@@ -181,19 +217,22 @@ pub(crate) fn https_redirect(
 }
 
 /// The host to route on: the `Host` header (set by [`sanitize`]),
-/// lowercase and without its port.
+/// lowercase, without its port and one trailing dot.
 pub(crate) fn request_routing_host<B>(req: &Request<B>) -> std::borrow::Cow<'_, str> {
     routing_host(req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or(""))
 }
 
-/// `raw` (a host, maybe with a port) as routes match it: lowercase and
-/// without its port.
+/// `raw` (a host, maybe with a port) as routes match it: lowercase,
+/// without its port, and without one trailing dot: `app.example.` is the
+/// fully qualified form of `app.example` (RFC 1034, section 3.1), the
+/// same host to DNS, to certificate selection by SNI and to a route.
 pub(crate) fn routing_host(raw: &str) -> std::borrow::Cow<'_, str> {
     let without_port = if raw.starts_with('[') {
         raw.split_inclusive(']').next().unwrap_or(raw)
     } else {
         raw.rsplit_once(':').map_or(raw, |(h, _)| h)
     };
+    let without_port = without_port.strip_suffix('.').unwrap_or(without_port);
     if without_port.bytes().any(|b| b.is_ascii_uppercase()) {
         std::borrow::Cow::Owned(without_port.to_ascii_lowercase())
     } else {
@@ -222,7 +261,9 @@ mod tests {
         for h in ["example.com", "a", "10.0.0.1:8080", "x-y.z:1", "host:65535"] {
             assert!(plain_host(h.as_bytes()), "{h}");
         }
-        for h in ["", ":80", "a:", "a:123456", "a:8a", "[::1]:80", "a b", "u@h", "a_b", "a:1:2", "é.com"] {
+        for h in
+            ["", ":80", "a:", "a:123456", "a:8a", "[::1]:80", "a b", "u@h", "a_b", "a:1:2", "é.com", "a:0", "a:65536"]
+        {
             assert!(!plain_host(h.as_bytes()), "{h}");
         }
         // What the shortcut passes over still gets the full parse.
@@ -268,6 +309,58 @@ mod tests {
         }
         // HTTP/1.0 needs no host.
         assert_eq!(sanitize(&mut req("/", &[], Version::HTTP_10)), Ok(()));
+    }
+
+    #[test]
+    fn ports_are_digits_from_1_to_65535_and_names_are_not_empty() {
+        for ok in ["a.example", "a.example:1", "a.example:65535", "a.example:080", "[::1]", "[::1]:8080", "a.example."]
+        {
+            assert!(name_and_port_ok(ok.as_bytes()), "{ok}");
+            assert_eq!(effective_host(None, Some(ok.as_bytes()), true), Ok(Some(ok)), "{ok}");
+            assert_eq!(effective_host(Some(ok), None, false), Ok(Some(ok)), "{ok} as an authority");
+        }
+        for bad in [
+            "app.example:abc",
+            "app.example:99999",
+            "app.example:65536",
+            "app.example:0",
+            "app.example:",
+            ":",
+            ":80",
+            "[::1]:",
+            "[::1]x",
+            "[::1]:abc",
+            "a:1:2",
+            "app.example:+80",
+        ] {
+            assert!(!name_and_port_ok(bad.as_bytes()), "{bad}");
+            assert_eq!(effective_host(None, Some(bad.as_bytes()), true), Err(ErrorKind::InvalidHost), "{bad}");
+            // The authority of an absolute-form or HTTP/2 target too.
+            assert_eq!(effective_host(Some(bad), Some(b"a.example"), true), Err(ErrorKind::InvalidHost), "{bad}");
+        }
+    }
+
+    proptest! {
+        /// A port is accepted exactly when it is a number from 1 to 65535
+        /// written in at most five digits.
+        #[test]
+        fn a_port_is_accepted_exactly_when_it_is_in_range(port in "[0-9a]{0,7}") {
+            let expected = !port.is_empty() && port.len() <= 5 && port.parse::<u32>().is_ok_and(|p| (1..=65_535).contains(&p));
+            let host = format!("h.example:{port}");
+            prop_assert_eq!(effective_host(None, Some(host.as_bytes()), true).is_ok(), expected, "{}", host);
+        }
+    }
+
+    #[test]
+    fn routing_ignores_case_port_and_one_trailing_dot() {
+        assert_eq!(routing_host("App.Example.:8080"), "app.example");
+        assert_eq!(routing_host("app.example."), "app.example");
+        assert_eq!(routing_host("app.example"), "app.example");
+        assert_eq!(routing_host("app.example.."), "app.example.", "one dot only");
+        assert_eq!(routing_host("[::1]:80"), "[::1]");
+        let mut r = req("/x", &["Shop.Example.:8080"], Version::HTTP_11);
+        sanitize(&mut r).unwrap();
+        assert_eq!(request_routing_host(&r), "shop.example");
     }
 
     #[test]
@@ -331,7 +424,7 @@ mod tests {
         let mut r = req("/", &["h"], Version::HTTP_11);
         r.headers_mut().insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
         r.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from_static("4"));
-        assert_eq!(sanitize(&mut r), Err(ErrorKind::InvalidFraming));
+        assert_eq!(sanitize(&mut r), Err(ErrorKind::InvalidFraming(FramingError::LengthAndCoding)));
     }
 
     #[test]

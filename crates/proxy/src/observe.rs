@@ -18,7 +18,6 @@ use crate::access_log::{AccessLog, Line};
 use crate::error::ErrorKind;
 use crate::forward::Peer;
 use crate::handler::Proxy;
-use crate::headers::X_REQUEST_ID;
 use crate::metrics::Counters;
 
 /// One request, as seen.
@@ -37,7 +36,8 @@ pub(crate) struct Seen {
     /// The backend that answered last, and how many attempts were made.
     pub backend: Option<Arc<Backend>>,
     pub attempts: u32,
-    /// The id generated for it, if the client sent none.
+    /// The id generated for it, if the client sent no acceptable one
+    /// ([`crate::headers::client_request_id`]).
     pub request_id: Option<[u8; 32]>,
 }
 
@@ -133,7 +133,8 @@ fn count(seen: &Seen, ended: Instant, counters: &Counters) {
 
 /// The access-log line of a request that arrived over hyper, as far as
 /// the request says (the rest comes from its [`Seen`] when it ends). A
-/// request without `X-Request-Id` gets one here, so that the line and the
+/// request without one acceptable `X-Request-Id` gets a new one here
+/// ([`crate::headers::settle_request_id`]), so that the line and the
 /// backend see the same.
 pub(crate) fn describe(req: &mut Request<Incoming>, client: &Peer) -> Line {
     let protocol = match req.version() {
@@ -150,16 +151,7 @@ pub(crate) fn describe(req: &mut Request<Incoming>, client: &Peer) -> Line {
     line.user_agent = h.get(header::USER_AGENT).map(text);
     line.referer = h.get(header::REFERER).map(text);
     line.bytes_in = http_body::Body::size_hint(req.body()).exact().unwrap_or(0);
-    match h.get(&X_REQUEST_ID) {
-        Some(id) => line.request_id = Some(text(id)),
-        None => {
-            let id = crate::headers::new_request_id();
-            if let Ok(v) = HeaderValue::from_bytes(&id) {
-                req.headers_mut().insert(X_REQUEST_ID.clone(), v);
-            }
-            line.request_id = Some(String::from_utf8_lossy(&id).into_owned());
-        }
-    }
+    line.request_id = Some(text(&crate::headers::settle_request_id(req.headers_mut())));
     line
 }
 

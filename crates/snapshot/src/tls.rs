@@ -52,8 +52,13 @@ impl Certificates {
     }
 
     /// The certificate for a client that asked for `sni` (or for none).
+    /// The name is read as routes read a `Host`: case aside, and without
+    /// one trailing dot (`app.example.` is the fully qualified form of
+    /// `app.example`; RFC 6066 has clients send it without, and some do
+    /// not).
     pub fn resolve(&self, sni: Option<&str>) -> Option<Arc<CertifiedKey>> {
         if let Some(name) = sni {
+            let name = name.strip_suffix('.').unwrap_or(name);
             let lower;
             let name = if name.bytes().any(|b| b.is_ascii_uppercase()) {
                 lower = name.to_ascii_lowercase();
@@ -108,6 +113,9 @@ mod tests {
         let same = |a: Option<Arc<CertifiedKey>>, b: &str| a.is_some_and(|a| Arc::ptr_eq(&a, &key_of(b)));
         assert!(same(c.resolve(Some("a.example")), "a"));
         assert!(same(c.resolve(Some("A.Example")), "a"), "case-insensitive");
+        assert!(same(c.resolve(Some("a.example.")), "a"), "one trailing dot");
+        assert!(same(c.resolve(Some("b.example.")), "wild"), "one trailing dot, wildcard");
+        assert!(same(c.resolve(Some("a.example..")), "fallback"), "only one dot");
         assert!(same(c.resolve(Some("b.example")), "wild"));
         assert!(same(c.resolve(Some("x.b.example")), "fallback"), "a wildcard covers one label");
         assert!(same(c.resolve(None), "fallback"));

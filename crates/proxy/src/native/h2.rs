@@ -46,11 +46,6 @@ pub(super) async fn forward<S: ClientIo>(
     body_until: Instant,
 ) -> Result<bool, ErrorKind> {
     let prepared = prepare(ctx, req)?;
-    // The id generated for a request that came without one, for its log line.
-    if req.view.first("x-request-id").is_none() {
-        let generated = prepared.parts.headers.get(&headers::X_REQUEST_ID).map(|v| v.as_bytes());
-        client.seen.request_id = generated.and_then(|id| <[u8; 32]>::try_from(id).ok());
-    }
     let (replay, feed) = match body {
         Body::Buffered(b) => (Replay::Buffered(b), None),
         Body::Streaming(framing) => {
@@ -118,6 +113,9 @@ fn prepare(ctx: &Ctx<'_>, req: &Routed<'_>) -> Result<Prepared, ErrorKind> {
         // The authority of an absolute-form target wins over `Host`.
         headers.insert(header::HOST, HeaderValue::from_str(host).map_err(|_| ErrorKind::InvalidHost)?);
     }
+    // The id chosen for this request (the log records the same), in place
+    // of whatever the client sent.
+    headers.insert(&headers::X_REQUEST_ID, HeaderValue::from_bytes(req.request_id).map_err(|_| ErrorKind::BadRequest)?);
     let te_trailers = req.view.any("te", &mut |v| wants_trailers(v));
     let (mut parts, ()) = builder.body(()).map_err(|_| ErrorKind::BadRequest)?.into_parts();
     headers::request_headers(&mut parts, ctx.peer, false);

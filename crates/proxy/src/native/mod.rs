@@ -313,16 +313,25 @@ fn log_line(
     line.bytes_out = bytes_out;
     line.user_agent = view.first("user-agent").map(text);
     line.referer = view.first("referer").map(text);
-    if let Some(id) = view.first("x-request-id") {
+    // The client's id when it was kept; else the generated one (already
+    // in the line, from `Seen::fill`), if the request was forwarded.
+    if let Some(id) = client_request_id(head, buf) {
         line.request_id = Some(text(id));
     }
     line
 }
 
+/// The client's `X-Request-Id`, when it is kept
+/// ([`crate::headers::client_request_id`]).
+fn client_request_id<'a>(head: &RequestHead, buf: &'a [u8]) -> Option<&'a [u8]> {
+    let values = head.headers.iter().filter(|h| h.kind == HeaderKind::XRequestId).map(|h| h.value.of(buf));
+    crate::headers::client_request_id(values)
+}
+
 /// Answers a request head that cannot be served, and closes.
 async fn refuse<S: ClientIo>(client: &mut ClientSide<S>, e: HeadError, proxy: &Proxy) {
     let resp = match e {
-        HeadError::Framing(_) => error_response(ErrorKind::InvalidFraming, proxy),
+        HeadError::Framing(cause) => error_response(ErrorKind::InvalidFraming(cause), proxy),
         HeadError::DuplicateHost => error_response(ErrorKind::InvalidHost, proxy),
         HeadError::TooLarge | HeadError::TooManyHeaders => crate::error::head_too_large(),
         HeadError::UnsupportedCoding => {
@@ -433,7 +442,14 @@ struct Target<'a> {
     query: Option<&'a str>,
 }
 
+/// Splits a request target. One with a `#` is refused: a fragment is not
+/// part of a request target (RFC 9112, section 3.2), and a proxy that
+/// routed on the path before it while the backend read past it (or the
+/// reverse) would let `/public/a#/../../internal` reach `/internal`.
 fn split_target(target: &str) -> Result<Target<'_>, ErrorKind> {
+    if target.contains('#') {
+        return Err(ErrorKind::InvalidPath);
+    }
     let (authority, rest) = if target.starts_with('/') {
         (None, target)
     } else {
@@ -526,7 +542,17 @@ async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Res
         RouteAction::Service(name) => {
             let service = snapshot.service(name.as_str()).ok_or(ErrorKind::NoBackend)?.clone();
             drop(snapshot);
-            let req = Routed { view: &view, method: &method, host, path_and_query: &path_and_query };
+            // One id for the backend and the access log.
+            let generated;
+            let request_id = match client_request_id(head, buf) {
+                Some(id) => id,
+                None => {
+                    generated = crate::headers::new_request_id();
+                    client.seen.request_id = Some(generated);
+                    &generated[..]
+                }
+            };
+            let req = Routed { view: &view, method: &method, host, path_and_query: &path_and_query, request_id };
             forward(client, ctx, req, &service).await
         }
     }
@@ -538,6 +564,8 @@ struct Routed<'a> {
     method: &'a Method,
     host: Option<&'a str>,
     path_and_query: &'a str,
+    /// The `X-Request-Id` the backend gets (and the access log records).
+    request_id: &'a [u8],
 }
 
 /// An `http::Request` for the static file server.
@@ -597,10 +625,8 @@ async fn forward<S: ClientIo>(
         // inline it would make every request's state as large.
         return in_box(|| h2::forward(client, ctx, &req, service, body, first, body_until)).await;
     }
-    let request_id = crate::headers::new_request_id();
-    client.seen.request_id = Some(request_id);
     let forwarding = Forwarding {
-        request_id: Some(&request_id),
+        request_id: req.request_id,
         host: req.host.unwrap_or(""),
         named_host: req.host.is_some(),
         peer,
@@ -821,6 +847,9 @@ mod tests {
         assert_eq!(split_target("*").err(), Some(ErrorKind::InvalidPath));
         assert_eq!(split_target("a.example:443").err(), Some(ErrorKind::InvalidPath));
         assert_eq!(split_target("http://a b/").err(), Some(ErrorKind::InvalidHost));
+        for fragment in ["/public/a#/../../internal", "/a?q#f", "http://a.example/#x", "#"] {
+            assert_eq!(split_target(fragment).err(), Some(ErrorKind::InvalidPath), "{fragment}");
+        }
     }
 }
 

@@ -36,8 +36,10 @@ pub(crate) struct Forwarding<'a> {
     pub upgrade: Option<&'a [u8]>,
     /// The body's framing towards the backend.
     pub body: Framing,
-    /// The `X-Request-Id` to send when the client sent none.
-    pub request_id: Option<&'a [u8]>,
+    /// The `X-Request-Id` to send: the client's when it is kept
+    /// ([`crate::headers::client_request_id`]), else a new one. The
+    /// client's own fields are never copied.
+    pub request_id: &'a [u8],
 }
 
 /// Whether `h` is dropped when a message is forwarded: hop-by-hop, or
@@ -102,7 +104,6 @@ pub(crate) fn request_head(out: &mut Vec<u8>, buf: &[u8], head: &RequestHead, ta
     let has_connection = head.connection.present;
     let trusted = f.peer.trusted;
     let mut prior_xff: Option<&[u8]> = None;
-    let mut has_id = false;
     for h in headers {
         let refused = h.kind == HeaderKind::Other && !crate::hygiene::forwards_request_field(h.name.of(buf));
         if refused || dropped(buf, headers, h, has_connection) {
@@ -115,7 +116,8 @@ pub(crate) fn request_head(out: &mut Vec<u8>, buf: &[u8], head: &RequestHead, ta
             | HeaderKind::Expect
             | HeaderKind::XForwardedProto
             | HeaderKind::XForwardedHost
-            | HeaderKind::XForwardedPort => continue,
+            | HeaderKind::XForwardedPort
+            | HeaderKind::XRequestId => continue,
             HeaderKind::XForwardedFor => {
                 if trusted && prior_xff.is_none() {
                     prior_xff = Some(h.value.of(buf));
@@ -123,10 +125,6 @@ pub(crate) fn request_head(out: &mut Vec<u8>, buf: &[u8], head: &RequestHead, ta
                 continue;
             }
             HeaderKind::Forwarded | HeaderKind::XRealIp if !trusted => continue,
-            HeaderKind::XRequestId => {
-                has_id = true;
-                field(out, h.name.of(buf), h.value.of(buf));
-            }
             _ => field(out, h.name.of(buf), h.value.of(buf)),
         }
     }
@@ -144,9 +142,7 @@ pub(crate) fn request_head(out: &mut Vec<u8>, buf: &[u8], head: &RequestHead, ta
     if f.named_host {
         field(out, b"x-forwarded-host", f.host.as_bytes());
     }
-    if let (false, Some(id)) = (has_id, f.request_id) {
-        field(out, b"x-request-id", id);
-    }
+    field(out, b"x-request-id", f.request_id);
     framing_fields(out, f.body);
     if let Some(u) = f.upgrade {
         field(out, b"upgrade", u);
@@ -241,10 +237,10 @@ mod tests {
     use tidegate_h1::{parse_request, parse_response, HeadLimits};
 
     fn rewrite(raw: &str, trusted: bool, body: Framing) -> String {
-        rewrite_with_id(raw, trusted, body, None)
+        rewrite_with_id(raw, trusted, body, b"id-1")
     }
 
-    fn rewrite_with_id(raw: &str, trusted: bool, body: Framing, request_id: Option<&[u8]>) -> String {
+    fn rewrite_with_id(raw: &str, trusted: bool, body: Framing, request_id: &[u8]) -> String {
         let mut head = RequestHead::default();
         parse_request(raw.as_bytes(), HeadLimits::default(), &mut head).unwrap().unwrap();
         let mut peer = Peer::new("192.0.2.9:5000".parse().unwrap());
@@ -257,16 +253,21 @@ mod tests {
     }
 
     #[test]
-    fn a_request_id_is_added_when_the_client_sent_none() {
+    fn the_request_id_is_sent_once_and_the_clients_fields_never_copied() {
         let id = crate::headers::new_request_id();
         assert!(id.iter().all(u8::is_ascii_hexdigit));
         assert_ne!(id, crate::headers::new_request_id(), "a new one each time");
-        let added = rewrite_with_id("GET / HTTP/1.1\r\nHost: h\r\n\r\n", false, Framing::None, Some(&id));
+        let added = rewrite_with_id("GET / HTTP/1.1\r\nHost: h\r\n\r\n", false, Framing::None, &id);
         let line = format!("x-request-id: {}\r\n", std::str::from_utf8(&id).unwrap());
         assert!(added.contains(&line), "{added}");
+        // Two client ids: the backend gets the one the caller chose, once.
+        let raw = "GET / HTTP/1.1\r\nHost: h\r\nX-Request-Id: abc\r\nx-request-id: def\r\n\r\n";
+        let out = rewrite_with_id(raw, false, Framing::None, &id);
+        assert_eq!(out.to_ascii_lowercase().matches("x-request-id:").count(), 1, "{out}");
+        assert!(out.contains(&line), "{out}");
         let kept =
-            rewrite_with_id("GET / HTTP/1.1\r\nHost: h\r\nX-Request-Id: abc\r\n\r\n", false, Framing::None, Some(&id));
-        assert!(kept.contains("X-Request-Id: abc\r\n") && !kept.contains(&line), "{kept}");
+            rewrite_with_id("GET / HTTP/1.1\r\nHost: h\r\nX-Request-Id: abc\r\n\r\n", false, Framing::None, b"abc");
+        assert_eq!(kept.to_ascii_lowercase().matches("x-request-id: abc\r\n").count(), 1, "{kept}");
     }
 
     #[test]
@@ -280,7 +281,7 @@ mod tests {
             out,
             "POST /p?q HTTP/1.1\r\nhost: h.example\r\nX-Kept: yes\r\nx-forwarded-for: 192.0.2.9\r\n\
              x-forwarded-proto: http\r\nx-forwarded-port: 8080\r\nx-forwarded-host: h.example\r\n\
-             transfer-encoding: chunked\r\n\r\n"
+             x-request-id: id-1\r\ntransfer-encoding: chunked\r\n\r\n"
         );
         let trusted = rewrite(raw, true, Framing::Length(5));
         assert!(trusted.contains("x-forwarded-for: 203.0.113.9, 192.0.2.9\r\n"), "{trusted}");

@@ -14,6 +14,7 @@ mod durability;
 mod engines;
 mod external;
 mod hostile;
+mod hygiene;
 mod observability;
 mod operator;
 mod proxying;

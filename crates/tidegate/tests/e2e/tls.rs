@@ -24,7 +24,7 @@ pub(crate) struct Ca {
 pub(crate) struct Leaf {
     pub(crate) cert_pem: String,
     pub(crate) key_pem: String,
-    der: CertificateDer<'static>,
+    pub(crate) der: CertificateDer<'static>,
 }
 
 impl Ca {
@@ -72,7 +72,7 @@ async fn put_cert(tg: &Tidegate, name: &str, leaf: &Leaf, default: bool) -> (u16
 
 /// Connects with TLS, verifying the chain against the CA and the name:
 /// `sni` a DNS name, or `None` to connect by IP (no SNI is sent).
-async fn connect(
+pub(crate) async fn connect(
     ca: &Ca,
     addr: SocketAddr,
     sni: Option<&str>,
@@ -90,7 +90,7 @@ async fn connect(
 
 /// Sends one HTTP/1.1 request on `s` and reads its response (the body
 /// framed by Content-Length).
-async fn exchange(s: &mut TlsStream<TcpStream>, path: &str, host: &str) -> String {
+pub(crate) async fn exchange(s: &mut TlsStream<TcpStream>, path: &str, host: &str) -> String {
     let req = format!("GET {path} HTTP/1.1\r\nhost: {host}\r\n\r\n");
     s.write_all(req.as_bytes()).await.expect("write");
     let mut got = Vec::new();
@@ -113,7 +113,7 @@ async fn exchange(s: &mut TlsStream<TcpStream>, path: &str, host: &str) -> Strin
     }
 }
 
-fn served(s: &TlsStream<TcpStream>) -> CertificateDer<'static> {
+pub(crate) fn served(s: &TlsStream<TcpStream>) -> CertificateDer<'static> {
     s.get_ref().1.peer_certificates().and_then(|c| c.first()).expect("a certificate").clone().into_owned()
 }
 
