@@ -142,7 +142,7 @@ pub enum WatchItem {
 
 /// The first page of history read for a watcher, in change sets; later
 /// pages are sized from the bytes the earlier ones encoded to.
-const FIRST_PAGE: usize = 16;
+const FIRST_PAGE: usize = 4;
 /// The largest page read.
 const MAX_PAGE: usize = 1_000;
 
