@@ -9,9 +9,9 @@ use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use tidegate_control::SubmitError;
 use tidegate_model::{
-    check_static_root, document_paths, in_document, parse_change_set, parse_json, plan, unix_now, BackendId, BackendSpec, CertName,
-    CertificateInput, CertificateSpec, ChangeError, ChangeSet, ConfigState, Document, Op, RouteAction, RouteName, RouteSpec,
-    ServiceName, ServiceSpec,
+    check_static_root, document_paths, in_document, parse_change_set, parse_json, plan, unix_now, BackendId,
+    BackendSpec, CertName, CertificateInput, CertificateSpec, ChangeError, ChangeSet, ConfigState, Document, Op,
+    RouteAction, RouteName, RouteSpec, ServiceName, ServiceSpec,
 };
 
 use crate::api::{
@@ -197,11 +197,7 @@ pub(crate) async fn put_route(
 /// link to either; see [`tidegate_model::static_root`]), with a 400 naming
 /// the field `field(op index)` gives. The proxy checks the root again on
 /// every request.
-async fn check_static_roots(
-    state: &AdminState,
-    ops: &[Op],
-    field: impl Fn(usize) -> String,
-) -> Result<(), ApiError> {
+async fn check_static_roots(state: &AdminState, ops: &[Op], field: impl Fn(usize) -> String) -> Result<(), ApiError> {
     let roots: Vec<(usize, std::path::PathBuf)> = ops
         .iter()
         .enumerate()

@@ -123,7 +123,10 @@ async fn a_watcher_that_does_not_read_holds_its_budget_then_is_cut() {
     let mut watch = control.watch(&watchers, 0, padded).unwrap();
     // Read three, then stop reading: the queue fills to its budget and no further.
     for want in 1..=3 {
-        assert_eq!(watch.next().await.map(|i| matches!(i, WatchItem::Event(t) if t.trim() == want.to_string())), Some(true));
+        assert_eq!(
+            watch.next().await.map(|i| matches!(i, WatchItem::Event(t) if t.trim() == want.to_string())),
+            Some(true)
+        );
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     while watchers.stats().cut.load(Relaxed) == 0 {

@@ -18,9 +18,8 @@ pub const SYSTEM_TREES: &[&str] = &["/etc", "/proc", "/sys", "/dev", "/run", "/r
 /// one may be, such as `/var/www` or `/usr/share/doc`): the filesystem
 /// root, the programs and libraries, `/var` and `/home` (which hold every
 /// service's and user's files), and the shared temporary directories.
-pub const SYSTEM_DIRS: &[&str] = &[
-    "/", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr", "/var", "/home", "/tmp", "/var/tmp",
-];
+pub const SYSTEM_DIRS: &[&str] =
+    &["/", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr", "/var", "/home", "/tmp", "/var/tmp"];
 
 /// Why a static root is refused.
 #[derive(Debug, thiserror::Error)]
@@ -105,7 +104,8 @@ pub fn check_static_root(root: &Path, private: &[PathBuf]) -> Result<PathBuf, St
     if let Some(why) = written_root_refusal(root) {
         return Err(StaticRootError::Refused { root: root.into(), real: root.into(), why });
     }
-    let real = std::fs::canonicalize(root).map_err(|source| StaticRootError::Unresolved { root: root.into(), source })?;
+    let real =
+        std::fs::canonicalize(root).map_err(|source| StaticRootError::Unresolved { root: root.into(), source })?;
     if let Some(why) = real_root_refusal(&real, private) {
         return Err(StaticRootError::Refused { root: root.into(), real, why });
     }

@@ -192,7 +192,9 @@ fn refused_root(written: &Path, real: &Path, why: &str) {
     let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let last = LAST.load(std::sync::atomic::Ordering::Relaxed);
     if (last == 0 || now >= last + 60)
-        && LAST.compare_exchange(last, now, std::sync::atomic::Ordering::Relaxed, std::sync::atomic::Ordering::Relaxed).is_ok()
+        && LAST
+            .compare_exchange(last, now, std::sync::atomic::Ordering::Relaxed, std::sync::atomic::Ordering::Relaxed)
+            .is_ok()
     {
         tracing::warn!(root = %written.display(), real = %real.display(), reason = why,
             "static route refused: its root leads where no static route may serve; answering 404");

@@ -467,7 +467,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut cleanup = Cleanup::default();
         // About 20 MiB of output in 4 s, and it keeps running.
-        let loud = "i=0; while [ $i -lt 40 ]; do head -c 524288 /dev/zero | tr '\\0' x; sleep 0.1; i=$((i+1)); done; sleep 30";
+        let loud =
+            "i=0; while [ $i -lt 40 ]; do head -c 524288 /dev/zero | tr '\\0' x; sleep 0.1; i=$((i+1)); done; sleep 30";
         let p = provider(dir.path(), &["sh", "-c", loud], 47_150, 1);
         let i = p.start(req("loud")).await.unwrap();
         cleanup.add(&i);

@@ -444,9 +444,9 @@ fn metric(text: &str, name: &str) -> Option<f64> {
 
 /// The resident memory of a process, KiB.
 fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the process's status");
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("a VmRSS line");
+    line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("VmRSS in KiB")
 }
 
 /// The finding: watchers that replay history and never read held
@@ -545,7 +545,8 @@ async fn watchers_that_never_read_hold_bounded_memory_and_are_cut_with_a_last_ev
     })
     .await
     .unwrap();
-    let lagged = text.find("event: lagged\ndata: ").unwrap_or_else(|| panic!("no lagged event in {} bytes", text.len()));
+    let lagged =
+        text.find("event: lagged\ndata: ").unwrap_or_else(|| panic!("no lagged event in {} bytes", text.len()));
     let data = text[lagged + 20..].lines().next().unwrap();
     let data: Value = serde_json::from_str(data).unwrap();
     let last_id = text[..lagged]

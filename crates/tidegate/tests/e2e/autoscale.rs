@@ -321,7 +321,11 @@ async fn scale_out_events_are_coalesced_while_starts_back_off() {
     let scale_outs: Vec<&Value> = all.iter().filter(|e| e["kind"] == "scale_out").collect();
     // One to start, and per failure one when the back-off begins and one
     // when it ends (the old code: one a second, 9 or more by now).
-    assert!(scale_outs.len() <= 2 * failures + 1, "{} scale-outs for {failures} failures: {scale_outs:#?}", scale_outs.len());
+    assert!(
+        scale_outs.len() <= 2 * failures + 1,
+        "{} scale-outs for {failures} failures: {scale_outs:#?}",
+        scale_outs.len()
+    );
     assert!(
         scale_outs.iter().any(|e| e["repeats"].as_u64().is_some_and(|n| n >= 1)),
         "no event carries its repeats: {scale_outs:#?}"
