@@ -157,7 +157,7 @@ impl ProcessProvider {
         let log_too = log.try_clone().map_err(|e| err(format!("opening {}: {e}", log_path.display())))?;
         let mut command = tokio::process::Command::new(program);
         super::clean_env(&mut command);
-        let mut child = command
+        let child = command
             .args(args)
             .env("TIDEGATE_PORT", &port_text)
             .env("TIDEGATE_ID", &req.id)
@@ -166,8 +166,15 @@ impl ProcessProvider {
             .stdout(log)
             .stderr(log_too)
             .process_group(0)
-            .spawn()
-            .map_err(|e| err(format!("starting {program:?}: {e}")))?;
+            .spawn();
+        let mut child = match child {
+            Ok(child) => child,
+            Err(e) => {
+                // No instance: its output file goes now (kept as the last).
+                self.retire_output(&req.id);
+                return Err(err(format!("starting {program:?}: {e}")));
+            }
+        };
         let pid = child.id().and_then(|p| i32::try_from(p).ok()).ok_or_else(|| err("the child has no pid".into()))?;
         let start_time = proc_info(pid).map(|info| info.start);
         let (exited_tx, exited) = watch::channel(false);
@@ -493,6 +500,9 @@ mod tests {
         let p = provider(dir.path(), &["/nonexistent/tidegate-server", "{port}"], 47_120, 1);
         let e = p.start(req("x")).await.unwrap_err().0;
         assert!(e.contains("tidegate-server"), "{e}");
+        // No file is left behind per failed start; the last one is kept.
+        assert!(!p.log_path("x").exists());
+        assert!(std::fs::read_to_string(p.last_log_path()).unwrap().contains("starting instance x"));
         assert!(p.list().await.unwrap().is_empty());
         let empty = ProcessProvider::new("web", vec![], PortRange { from: 47_120, to: 47_121 }, 1, dir.path());
         assert!(empty.start(req("x")).await.is_err());

@@ -330,4 +330,8 @@ async fn scale_out_events_are_coalesced_while_starts_back_off() {
         scale_outs.iter().any(|e| e["repeats"].as_u64().is_some_and(|n| n >= 1)),
         "no event carries its repeats: {scale_outs:#?}"
     );
+    // No output file is left per failed start: only the last one is kept.
+    let files = output_files(dir.path(), "app");
+    let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["app.last.log"], "{files:?}");
 }
