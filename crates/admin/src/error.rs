@@ -45,6 +45,11 @@ impl ApiError {
         ApiError::new(StatusCode::CONFLICT, message)
     }
 
+    /// 503 with no field at fault.
+    pub fn unavailable(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message)
+    }
+
     /// 405.
     pub fn method_not_allowed() -> ApiError {
         ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "this endpoint does not take that method")

@@ -9,9 +9,9 @@ use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use tidegate_control::SubmitError;
 use tidegate_model::{
-    document_paths, in_document, parse_change_set, parse_json, plan, unix_now, BackendId, BackendSpec, CertName,
-    CertificateInput, CertificateSpec, ChangeError, ChangeSet, ConfigState, Document, Op, RouteName, RouteSpec,
-    ServiceName, ServiceSpec,
+    check_static_root, document_paths, in_document, parse_change_set, parse_json, plan, unix_now, BackendId,
+    BackendSpec, CertName, CertificateInput, CertificateSpec, ChangeError, ChangeSet, ConfigState, Document, Op,
+    RouteAction, RouteName, RouteSpec, ServiceName, ServiceSpec,
 };
 
 use crate::api::{
@@ -187,7 +187,42 @@ pub(crate) async fn put_route(
 ) -> Answer<Written> {
     let name = route_name(&name)?;
     let spec: RouteSpec = body(bytes)?;
-    submit(&state, vec![Op::PutRoute { name, spec }]).await
+    let ops = vec![Op::PutRoute { name, spec }];
+    check_static_roots(&state, &ops, |_| "spec.static.root".into()).await?;
+    submit(&state, ops).await
+}
+
+/// Resolves the root of every static route `ops` put and refuses one that
+/// no static route may serve (a system directory, the data directory, a
+/// link to either; see [`tidegate_model::static_root`]), with a 400 naming
+/// the field `field(op index)` gives. The proxy checks the root again on
+/// every request.
+async fn check_static_roots(state: &AdminState, ops: &[Op], field: impl Fn(usize) -> String) -> Result<(), ApiError> {
+    let roots: Vec<(usize, std::path::PathBuf)> = ops
+        .iter()
+        .enumerate()
+        .filter_map(|(i, op)| match op {
+            Op::PutRoute { spec, .. } => match &spec.action {
+                RouteAction::Static(d) => Some((i, d.root.clone())),
+                RouteAction::Service(_) => None,
+            },
+            _ => None,
+        })
+        .collect();
+    if roots.is_empty() {
+        return Ok(());
+    }
+    let private = state.private_dirs.clone();
+    // Resolving may touch a slow filesystem: not on the API's thread.
+    let refused = tokio::task::spawn_blocking(move || {
+        roots.into_iter().find_map(|(i, root)| check_static_root(&root, &private).err().map(|e| (i, e)))
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("checking static roots: {e}")))?;
+    match refused {
+        Some((i, e)) => Err(ApiError::bad_field(&field(i), e.to_string())),
+        None => Ok(()),
+    }
 }
 
 pub(crate) async fn delete_route(State(state): State<AdminState>, Path(name): Path<String>) -> Answer<Written> {
@@ -279,6 +314,7 @@ pub(crate) async fn post_changes(
 ) -> Answer<ChangesApplied> {
     let (query, bytes) = query_and_body(query, bytes)?;
     let change = parse_change_set(&bytes).map_err(|e| ApiError::parse(e, None))?;
+    check_static_roots(&state, &change.ops, |i| format!("ops[{i}].spec.static.root")).await?;
     let ops = change.ops.len();
     if query.dry_run {
         // The same checks the writer runs, against the configuration as it
@@ -311,6 +347,7 @@ pub(crate) async fn put_config(
     let (ops, changes) = plan(&view.state, &doc);
     // Errors name the document's fields, not the plan's ops.
     let paths = document_paths(&ops);
+    check_static_roots(&state, &ops, |i| format!("{}.static.root", paths.get(i).map_or(".", String::as_str))).await?;
     let in_doc = |e: ChangeError| ApiError::from(SubmitError::Rejected(in_document(&paths, e)));
     let change = ChangeSet { if_revision: Some(view.revision), ops };
     if query.dry_run || change.ops.is_empty() {

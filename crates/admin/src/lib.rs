@@ -20,6 +20,7 @@ mod tests;
 mod ui;
 mod watch;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -29,7 +30,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::Router;
 use tidegate_autoscale::{Events, StatusBoard};
-use tidegate_control::Control;
+use tidegate_control::{Control, WatchLimits, Watchers};
 
 pub use error::ApiError;
 pub use metrics::SharedCollector;
@@ -47,6 +48,11 @@ pub struct AdminStateInner {
     data_plane: SharedCollector,
     events: Arc<Events>,
     scaling: StatusBoard,
+    /// The bounds on `/v1/watch` streams, and what they hold.
+    watchers: Watchers,
+    /// Directories no static route may serve from or above (the data
+    /// directory), canonical.
+    private_dirs: Arc<[PathBuf]>,
     /// Everything `/metrics` shows.
     registry: Arc<tidegate_metrics::Registry>,
 }
@@ -63,34 +69,75 @@ impl std::ops::Deref for AdminState {
 /// 100,000 ops (a small op takes 50 to 300 bytes of JSON).
 pub const BODY_LIMIT: usize = 32 * 1024 * 1024;
 
+/// What an [`AdminState`] is made of, before its registry.
+struct Parts {
+    control: Control,
+    token: Arc<str>,
+    data_plane: SharedCollector,
+    events: Arc<Events>,
+    scaling: StatusBoard,
+    watchers: Watchers,
+    private_dirs: Arc<[PathBuf]>,
+}
+
 impl AdminState {
     /// State for the API: the configuration handle, the token every request
     /// must present, and the data plane's metrics.
     pub fn new(control: Control, token: &str, data_plane: Arc<dyn Collector>) -> AdminState {
-        AdminState::build(
+        AdminState::build(Parts {
             control,
-            Arc::from(token),
-            SharedCollector(data_plane),
-            Arc::default(),
-            StatusBoard::default(),
-        )
+            token: Arc::from(token),
+            data_plane: SharedCollector(data_plane),
+            events: Arc::default(),
+            scaling: StatusBoard::default(),
+            watchers: Watchers::default(),
+            private_dirs: Arc::from([]),
+        })
     }
 
     /// Shows the autoscaler's events and per-service scaling state.
     pub fn with_autoscaler(self, events: Arc<Events>, scaling: StatusBoard) -> AdminState {
-        let s = &*self;
-        AdminState::build(s.control.clone(), s.token.clone(), s.data_plane.clone(), events, scaling)
+        AdminState::build(Parts { events, scaling, ..self.parts() })
     }
 
-    fn build(
-        control: Control,
-        token: Arc<str>,
-        data_plane: SharedCollector,
-        events: Arc<Events>,
-        scaling: StatusBoard,
-    ) -> AdminState {
-        let registry = Arc::new(metrics::registry(&control, &events, &data_plane));
-        AdminState(Arc::new(AdminStateInner { control, token, data_plane, events, scaling, registry }))
+    /// Bounds `/v1/watch` streams by `limits` (default:
+    /// [`WatchLimits::default`]).
+    pub fn with_watch_limits(self, limits: WatchLimits) -> AdminState {
+        AdminState::build(Parts { watchers: Watchers::new(limits), ..self.parts() })
+    }
+
+    /// Refuses static routes whose root is `dir` (the data directory), lies
+    /// inside it or contains it.
+    pub fn with_private_dir(self, dir: &std::path::Path) -> AdminState {
+        let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+        AdminState::build(Parts { private_dirs: Arc::from([dir]), ..self.parts() })
+    }
+
+    fn parts(&self) -> Parts {
+        let s = &*self.0;
+        Parts {
+            control: s.control.clone(),
+            token: s.token.clone(),
+            data_plane: s.data_plane.clone(),
+            events: s.events.clone(),
+            scaling: s.scaling.clone(),
+            watchers: s.watchers.clone(),
+            private_dirs: s.private_dirs.clone(),
+        }
+    }
+
+    fn build(p: Parts) -> AdminState {
+        let registry = Arc::new(metrics::registry(&p.control, &p.events, &p.data_plane, &p.watchers));
+        AdminState(Arc::new(AdminStateInner {
+            control: p.control,
+            token: p.token,
+            data_plane: p.data_plane,
+            events: p.events,
+            scaling: p.scaling,
+            watchers: p.watchers,
+            private_dirs: p.private_dirs,
+            registry,
+        }))
     }
 }
 

@@ -12,7 +12,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 use tidegate_autoscale::Events;
 use tidegate_balance::{clock, ActiveState, StatsView};
-use tidegate_control::Control;
+use tidegate_control::{Control, Watchers};
 use tidegate_metrics::{counter, gauge, histogram, info, Collector, DescriptorEncoder, ProcessCollector, Registry};
 
 use crate::AdminState;
@@ -35,10 +35,16 @@ impl Collector for SharedCollector {
 }
 
 /// The registry behind `/metrics`.
-pub(crate) fn registry(control: &Control, events: &Arc<Events>, data_plane: &SharedCollector) -> Registry {
+pub(crate) fn registry(
+    control: &Control,
+    events: &Arc<Events>,
+    data_plane: &SharedCollector,
+    watchers: &Watchers,
+) -> Registry {
     let mut r = Registry::default();
     r.register_collector(Box::new(Build));
     r.register_collector(Box::new(ConfigCollector(control.clone())));
+    r.register_collector(Box::new(WatchCollector(watchers.clone())));
     r.register_collector(Box::new(ServicesCollector(control.clone())));
     r.register_collector(Box::new(EventsCollector(events.clone())));
     r.register_collector(Box::new(data_plane.clone()));
@@ -58,6 +64,36 @@ impl Collector for Build {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> fmt::Result {
         let labels = [("version", env!("CARGO_PKG_VERSION"))];
         info(&mut enc, "tidegate_build", "Tidegate's version (the value is always 1).", &labels)
+    }
+}
+
+/// The `/v1/watch` streams.
+#[derive(Debug)]
+struct WatchCollector(Watchers);
+
+impl Collector for WatchCollector {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> fmt::Result {
+        let s = self.0.stats();
+        let gauges = [
+            ("tidegate_watch_streams", "Open /v1/watch streams.", &s.streams),
+            ("tidegate_watch_replays", "Of those, the ones replaying history now.", &s.replays),
+            (
+                "tidegate_watch_queued_bytes",
+                "Encoded events queued for watchers' connections (all watchers), bytes.",
+                &s.queued_bytes,
+            ),
+        ];
+        for (name, help, v) in gauges {
+            gauge(&mut enc, name, help, [([], v.load(Relaxed))])?;
+        }
+        let counters = [
+            ("tidegate_watch_cut", "Watchers cut for falling behind (their last event: lagged).", &s.cut),
+            ("tidegate_watch_refused", "Watches refused with 503: too many replays of history at once.", &s.refused),
+        ];
+        for (name, help, c) in counters {
+            counter(&mut enc, name, help, [([], c.load(Relaxed))])?;
+        }
+        Ok(())
     }
 }
 

@@ -15,6 +15,12 @@ const TOKEN: &str = "unit-test-token-0123456789abcdef0123456789";
 
 /// A router over a fresh store; the directory lives as long as the router.
 fn app() -> (Router, tempfile::TempDir) {
+    let (state, dir) = state();
+    (router(state), dir)
+}
+
+/// The state behind [`app`].
+fn state() -> (AdminState, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let store = tidegate_store::SqliteStore::open(&dir.path().join("config.sqlite")).unwrap();
     let control = tidegate_control::Control::start(Arc::new(store)).unwrap();
@@ -25,7 +31,7 @@ fn app() -> (Router, tempfile::TempDir) {
             Ok(())
         }
     }
-    (router(AdminState::new(control, TOKEN, Arc::new(Nothing))), dir)
+    (AdminState::new(control, TOKEN, Arc::new(Nothing)), dir)
 }
 
 async fn call(app: &Router, method: &str, path: &str, body: Option<Value>, token: bool) -> (StatusCode, Value) {
@@ -123,4 +129,86 @@ async fn a_dry_run_applies_nothing() {
     assert_eq!((status, body["dry_run"].as_bool(), body["revision"].as_u64()), (StatusCode::OK, Some(true), Some(0)));
     let (_, config) = call(&app, "GET", "/v1/config", None, true).await;
     assert_eq!((config["revision"].as_u64(), config["services"].as_object().map(|m| m.len())), (Some(0), Some(0)));
+}
+
+async fn open_watch(app: &Router, from: u64) -> axum::response::Response {
+    let req = Request::get(format!("/v1/watch?from={from}")).header("authorization", format!("Bearer {TOKEN}"));
+    app.clone().oneshot(req.body(Body::empty()).unwrap()).await.unwrap()
+}
+
+#[tokio::test]
+async fn replays_beyond_the_limit_get_503_with_retry_after() {
+    let (state, _dir) = state();
+    let limits = tidegate_control::WatchLimits {
+        queue_bytes: 64 * 1024,
+        max_replays: 1,
+        stall: std::time::Duration::from_secs(60),
+    };
+    let app = router(state.with_watch_limits(limits));
+    for i in 0..3 {
+        let (status, _) = call(&app, "PUT", &format!("/v1/services/s{i}"), Some(json!({})), true).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    // Held open, unread: it keeps its replay slot.
+    let first = open_watch(&app, 0).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    let second = open_watch(&app, 1).await;
+    assert_eq!(second.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(second.headers()["retry-after"], "1");
+    let body = axum::body::to_bytes(second.into_body(), 1 << 20).await.unwrap();
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert!(body["error"]["message"].as_str().unwrap().contains("replay history"), "{body}");
+    // Watching only new changes replays nothing: never refused.
+    assert_eq!(open_watch(&app, 3).await.status(), StatusCode::OK);
+    let (_, metrics) = (StatusCode::OK, metrics_text(&app).await);
+    assert!(metrics.contains("tidegate_watch_refused_total 1"), "{metrics}");
+    assert!(metrics.contains("tidegate_watch_replays 1"), "{metrics}");
+    drop(first);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while open_watch(&app, 0).await.status() != StatusCode::OK {
+        assert!(std::time::Instant::now() < deadline, "the slot never came back");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+async fn metrics_text(app: &Router) -> String {
+    let req = Request::get("/metrics").header("authorization", format!("Bearer {TOKEN}"));
+    let res = app.clone().oneshot(req.body(Body::empty()).unwrap()).await.unwrap();
+    String::from_utf8(axum::body::to_bytes(res.into_body(), 1 << 24).await.unwrap().to_vec()).unwrap()
+}
+
+#[tokio::test]
+async fn static_roots_that_lead_to_system_or_private_directories_are_refused() {
+    let (state, dir) = state();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let app = router(state.with_private_dir(&data));
+    let www = dir.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    let up = dir.path().join("up");
+    std::os::unix::fs::symlink("/", &up).unwrap();
+    let route = |root: &std::path::Path| json!({"static": {"root": root}});
+    let (status, body) = call(&app, "PUT", "/v1/routes/ok", Some(route(&www)), true).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    for (root, why) in [
+        (up.clone(), "filesystem root"),
+        (data.clone(), "data directory"),
+        (dir.path().to_path_buf(), "data directory"),
+        (dir.path().join("missing"), "cannot be resolved"),
+    ] {
+        let (status, body) = call(&app, "PUT", "/v1/routes/bad", Some(route(&root)), true).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{root:?}: {body}");
+        assert_eq!(body["error"]["field"], "spec.static.root", "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with("static.root: ") && message.contains(why), "{message}");
+    }
+    let ops = json!({"ops": [{"op": "put_route", "name": "ok2", "spec": route(&www)},
+                             {"op": "put_route", "name": "bad", "spec": route(&up)}]});
+    let (status, body) = call(&app, "POST", "/v1/changes?dry_run=true", Some(ops), true).await;
+    assert_eq!((status, body["error"]["field"].as_str()), (StatusCode::BAD_REQUEST, Some("ops[1].spec.static.root")));
+    let doc = json!({"routes": {"ok": route(&www), "bad": route(&up)}});
+    let (status, body) = call(&app, "PUT", "/v1/config", Some(doc), true).await;
+    assert_eq!((status, body["error"]["field"].as_str()), (StatusCode::BAD_REQUEST, Some("routes.bad.static.root")));
+    let (_, config) = call(&app, "GET", "/v1/config", None, true).await;
+    assert_eq!(config["routes"].as_object().map(|r| r.len()), Some(1), "{config}");
 }

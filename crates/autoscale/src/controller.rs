@@ -25,7 +25,7 @@ use tidegate_snapshot::ServiceRuntime;
 use tokio::task::JoinHandle;
 
 use crate::decide::{decide, Counts, Decision, History, Params, Reason, Sample};
-use crate::{provider_for, EventKind, Events, Instance, Provider, StartRequest};
+use crate::{provider_for, Coalescer, EventKind, Events, Instance, Provider, StartRequest};
 
 /// One instance's phase as the autoscaler tracks it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
@@ -81,6 +81,9 @@ struct Scaler {
     /// Start failures in a row, and no new start before this time.
     failures: u32,
     retry_at_ms: u64,
+    /// Scale-out decisions repeated while starts back off: counted, not
+    /// recorded every second.
+    scale_outs: Coalescer,
     board: StatusBoard,
     /// In-flight readings taken every [`SAMPLE`] since the last decision
     /// (sum, count): a decision uses their mean, not one instant's value.
@@ -170,6 +173,7 @@ pub fn spawn(control: Control, events: Arc<Events>, state_dir: PathBuf, board: S
                     history: History::default(),
                     failures: 0,
                     retry_at_ms: 0,
+                    scale_outs: Coalescer::default(),
                     board: board.clone(),
                     in_flight_acc: (0.0, 0),
                 };
@@ -232,8 +236,13 @@ impl Scaler {
         let current = counts.current();
         if d.desired > current {
             self.scale_out(spec, d, d.desired - current).await;
-        } else if d.desired < current && d.reason != Reason::Paused {
-            self.scale_in(d, &rt).await;
+        } else {
+            if let Some((detail, n)) = self.scale_outs.settle() {
+                self.repeated_scale_out(detail, n);
+            }
+            if d.desired < current && d.reason != Reason::Paused {
+                self.scale_in(d, &rt).await;
+            }
         }
         self.publish(spec, d);
     }
@@ -256,7 +265,27 @@ impl Scaler {
     }
 
     async fn scale_out(&mut self, spec: &AutoscaleSpec, d: Decision, mut k: u32) {
-        self.event(EventKind::ScaleOut, None, format!("{} -> {}", d.desired - k, d.desired), Some(d));
+        let now = clock::now_ms();
+        let backing_off = now < self.retry_at_ms;
+        let detail = format!("{} -> {}", d.desired - k, d.desired);
+        let noted = self.scale_outs.note(&detail, backing_off);
+        if let Some((earlier, n)) = noted.summary {
+            self.repeated_scale_out(earlier, n);
+        }
+        if let Some(repeats) = noted.record {
+            let detail = if backing_off {
+                format!(
+                    "{detail}; starts back off after failures for {} s more (the same decision meanwhile is counted, \
+                     not repeated)",
+                    (self.retry_at_ms - now).div_ceil(1_000)
+                )
+            } else if repeats > 0 {
+                format!("{detail} (taken {repeats} more times during the start back-off)")
+            } else {
+                detail
+            };
+            self.events.record_repeated(self.name.as_str(), EventKind::ScaleOut, None, detail, Some(d), repeats);
+        }
         // Load came back during a drain: that instance serves again first.
         let draining: Vec<String> =
             self.instances.iter().filter(|(_, t)| t.phase == Phase::Draining).map(|(id, _)| id.clone()).collect();
@@ -515,6 +544,13 @@ impl Scaler {
                 false
             }
         }
+    }
+
+    /// A scale-out decision taken `n` times during a back-off without being
+    /// recorded, and not taken since.
+    fn repeated_scale_out(&self, detail: String, n: u64) {
+        let detail = format!("{detail}: taken {n} more times during the start back-off");
+        self.events.record_repeated(self.name.as_str(), EventKind::ScaleOut, None, detail, None, n);
     }
 
     fn event(&self, kind: EventKind, instance: Option<&str>, detail: String, d: Option<Decision>) {

@@ -58,6 +58,15 @@ pub struct Event {
     /// The decision and its signal values, for scaling decisions.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub decision: Option<Decision>,
+    /// How many times the same event happened again without being
+    /// recorded (while starts backed off after failures) before this one;
+    /// absent when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub repeats: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The event log: the last events in memory, a live feed, and counters.
@@ -109,6 +118,20 @@ impl Events {
         detail: String,
         decision: Option<Decision>,
     ) {
+        self.record_repeated(service, kind, instance, detail, decision, 0);
+    }
+
+    /// Records an event that stands for `repeats` more of the same that
+    /// were not recorded (see [`Coalescer`]).
+    pub fn record_repeated(
+        &self,
+        service: &str,
+        kind: EventKind,
+        instance: Option<&str>,
+        detail: String,
+        decision: Option<Decision>,
+        repeats: u64,
+    ) {
         let at_unix_ms =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let event = Event {
@@ -119,8 +142,9 @@ impl Events {
             instance: instance.map(str::to_string),
             detail,
             decision,
+            repeats,
         };
-        tracing::info!(service, kind = kind_name(kind), instance, detail = %event.detail, "autoscale");
+        tracing::info!(service, kind = kind_name(kind), instance, detail = %event.detail, repeats, "autoscale");
         if let Ok(mut c) = self.counts.lock() {
             *c.entry((service.to_string(), kind_name(kind))).or_default() += 1;
         }
@@ -146,5 +170,100 @@ impl Events {
     /// How many events of each kind each service had, by (service, kind).
     pub fn counts(&self) -> Vec<((String, &'static str), u64)> {
         self.counts.lock().map(|c| c.iter().map(|(k, n)| (k.clone(), *n)).collect()).unwrap_or_default()
+    }
+}
+
+/// Coalesces an event that repeats while nothing can change (a scaling
+/// decision taken every second while starts back off after failures): the
+/// first is recorded, the identical ones after it are only counted, and
+/// the count goes with the next one recorded.
+#[derive(Debug, Default)]
+pub struct Coalescer {
+    held: Option<Held>,
+}
+
+#[derive(Debug)]
+struct Held {
+    detail: String,
+    repeats: u64,
+}
+
+/// What to record for an event noted with [`Coalescer::note`].
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Noted {
+    /// An earlier, different event that repeated unrecorded: its detail
+    /// and how often, to record as a summary first.
+    pub summary: Option<(String, u64)>,
+    /// Record this event, standing for this many unrecorded repeats
+    /// before it; `None`: it is one of them (counted, not recorded).
+    pub record: Option<u64>,
+}
+
+impl Coalescer {
+    /// Notes an event with `detail`. While `quiet`, an event equal to the
+    /// last one recorded is counted instead of recorded.
+    pub fn note(&mut self, detail: &str, quiet: bool) -> Noted {
+        if let Some(h) = self.held.as_mut().filter(|h| h.detail == detail) {
+            if quiet {
+                h.repeats += 1;
+                return Noted { summary: None, record: None };
+            }
+            let repeats = h.repeats;
+            self.held = None;
+            return Noted { summary: None, record: Some(repeats) };
+        }
+        let summary = self.settle();
+        self.held = quiet.then(|| Held { detail: detail.to_string(), repeats: 0 });
+        Noted { summary, record: Some(0) }
+    }
+
+    /// The event stopped happening: the repeats not recorded yet, if any,
+    /// with the event's detail, to record as a summary.
+    pub fn settle(&mut self) -> Option<(String, u64)> {
+        self.held.take().filter(|h| h.repeats > 0).map(|h| (h.detail, h.repeats))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeats_while_quiet_are_counted_and_go_with_the_next_record() {
+        let mut c = Coalescer::default();
+        assert_eq!(c.note("1 -> 2", false), Noted { summary: None, record: Some(0) });
+        // Back-off: the first is recorded, the next three only counted.
+        assert_eq!(c.note("1 -> 2", true), Noted { summary: None, record: Some(0) });
+        for _ in 0..3 {
+            assert_eq!(c.note("1 -> 2", true), Noted { summary: None, record: None });
+        }
+        // Back-off over: one event carrying the count.
+        assert_eq!(c.note("1 -> 2", false), Noted { summary: None, record: Some(3) });
+        assert_eq!(c.note("1 -> 2", false), Noted { summary: None, record: Some(0) });
+    }
+
+    #[test]
+    fn a_different_event_or_the_end_of_it_summarizes_the_held_repeats() {
+        let mut c = Coalescer::default();
+        c.note("1 -> 2", true);
+        c.note("1 -> 2", true);
+        c.note("1 -> 2", true);
+        assert_eq!(c.note("1 -> 3", true), Noted { summary: Some(("1 -> 2".into(), 2)), record: Some(0) });
+        assert_eq!(c.note("1 -> 3", true).record, None);
+        assert_eq!(c.settle(), Some(("1 -> 3".into(), 1)));
+        assert_eq!(c.settle(), None);
+        c.note("1 -> 2", true);
+        assert_eq!(c.settle(), None, "nothing repeated: nothing to summarize");
+    }
+
+    #[test]
+    fn a_recorded_event_carries_its_repeats() {
+        let events = Events::default();
+        events.record_repeated("web", EventKind::ScaleOut, None, "1 -> 2".into(), None, 4);
+        let e = &events.since(0)[0];
+        assert_eq!(e.repeats, 4);
+        assert_eq!(serde_json::to_value(e).unwrap()["repeats"], 4);
+        events.record("web", EventKind::ScaleOut, None, "1 -> 2".into(), None);
+        assert!(serde_json::to_value(&events.since(1)[0]).unwrap().get("repeats").is_none());
     }
 }

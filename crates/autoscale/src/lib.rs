@@ -17,5 +17,5 @@ mod provider;
 pub mod providers;
 
 pub use controller::{spawn, Phase, ScalingStatus, StatusBoard};
-pub use events::{Event, EventKind, Events};
+pub use events::{Coalescer, Event, EventKind, Events, Noted};
 pub use provider::{provider_for, BoxFuture, Instance, Provider, ProviderError, StartRequest};

@@ -36,10 +36,11 @@ use arc_swap::ArcSwap;
 use tidegate_metrics::Histogram;
 use tidegate_model::{ChangeError, ChangeSet, ConfigState};
 use tidegate_snapshot::{Changes, Publications, Snapshot};
-use tidegate_store::{AppliedChange, Store, StoreError};
+use tidegate_store::{Store, StoreError};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
-pub use watch::WatchError;
+pub use tidegate_store::AppliedChange;
+pub use watch::{WatchError, WatchItem, WatchLimits, WatchStats, WatchStream, Watchers};
 
 /// The configuration as of one revision, for readers.
 #[derive(Debug, Clone, Default)]

@@ -1,3 +1,5 @@
+use std::time::{Duration, Instant};
+
 use super::*;
 use tidegate_model::parse_change_set;
 use tidegate_store::RedbStore;
@@ -85,12 +87,116 @@ async fn acknowledged_changes_survive_a_restart_and_replay_to_watchers() {
     assert_eq!(control.config().revision, 6);
     assert_eq!(control.snapshots().load().service("web").unwrap().selector.backends().len(), 5);
 
-    let mut watch = control.watch(3);
+    let mut watch = control.watch(&Watchers::default(), 3, revision_only).unwrap();
     for want in 4..=6 {
-        assert_eq!(watch.recv().await.unwrap().unwrap().revision, want);
+        assert_eq!(watch.next().await, Some(WatchItem::Event(want.to_string())));
     }
     control.submit(put_backend(9)).await.unwrap();
-    assert_eq!(watch.recv().await.unwrap().unwrap().revision, 7);
+    assert_eq!(watch.next().await, Some(WatchItem::Event("7".into())));
+}
+
+fn revision_only(c: &AppliedChange) -> String {
+    c.revision.to_string()
+}
+
+/// Events of about 1 KiB each: the revision, padded.
+fn padded(c: &AppliedChange) -> String {
+    format!("{:<1024}", c.revision)
+}
+
+/// A store with `n` change sets after the service.
+async fn history(dir: &tempfile::TempDir, n: usize) -> Control {
+    let control = start(dir);
+    control.submit(cs(r#"{"ops":[{"op":"put_service","name":"web","spec":{}}]}"#)).await.unwrap();
+    for i in 0..n {
+        control.submit(put_backend(i)).await.unwrap();
+    }
+    control
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_that_does_not_read_holds_its_budget_then_is_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let control = history(&dir, 300).await;
+    let limits = WatchLimits { queue_bytes: 16 * 1024, max_replays: 8, stall: Duration::from_millis(300) };
+    let watchers = Watchers::new(limits);
+    let mut watch = control.watch(&watchers, 0, padded).unwrap();
+    // Read three, then stop reading: the queue fills to its budget and no further.
+    for want in 1..=3 {
+        assert_eq!(
+            watch.next().await.map(|i| matches!(i, WatchItem::Event(t) if t.trim() == want.to_string())),
+            Some(true)
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while watchers.stats().cut.load(Relaxed) == 0 {
+        assert!(watch.queued_bytes() <= 16 * 1024, "{}", watch.queued_bytes());
+        assert!(Instant::now() < deadline, "never cut");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // What was queued is dropped: the stream ends at once, naming the
+    // last revision taken.
+    assert_eq!(watchers.stats().queued_bytes.load(Relaxed), 0);
+    match watch.next().await {
+        Some(WatchItem::End(WatchError::Lagged { resume_from, cause })) => {
+            assert_eq!(resume_from, 3);
+            assert!(cause.contains("took nothing"), "{cause}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(watch.next().await, None);
+    assert_eq!(watchers.stats().replays.load(Relaxed), 0, "the replay slot is free again");
+    drop(watch);
+    assert_eq!(watchers.stats().streams.load(Relaxed), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_beyond_the_limit_are_refused_until_one_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let control = history(&dir, 50).await;
+    let limits = WatchLimits { queue_bytes: 4 * 1024, max_replays: 2, stall: Duration::from_secs(60) };
+    let watchers = Watchers::new(limits);
+    let a = control.watch(&watchers, 0, padded).unwrap();
+    let mut b = control.watch(&watchers, 10, padded).unwrap();
+    assert!(matches!(control.watch(&watchers, 0, padded), Err(WatchError::Busy { replays: 2 })));
+    assert_eq!(watchers.stats().refused.load(Relaxed), 1);
+    // Watching from the current revision replays nothing: always allowed.
+    let live = control.watch(&watchers, control.config().revision, padded).unwrap();
+    assert_eq!(watchers.stats().streams.load(Relaxed), 3);
+    drop(a);
+    // A replay that caught up frees its slot too.
+    for want in 11..=51 {
+        match b.next().await {
+            Some(WatchItem::Event(t)) => assert_eq!(t.trim(), want.to_string()),
+            other => panic!("{other:?}"),
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while watchers.stats().replays.load(Relaxed) != 0 {
+        assert!(Instant::now() < deadline, "replay slots still held");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let c = control.watch(&watchers, 0, padded).unwrap();
+    let d = control.watch(&watchers, 0, padded).unwrap();
+    drop((b, c, d, live));
+    assert_eq!(watchers.stats().streams.load(Relaxed), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_larger_than_the_budget_still_passes_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let control = history(&dir, 3).await;
+    let limits = WatchLimits { queue_bytes: 100, max_replays: 1, stall: Duration::from_secs(60) };
+    let watchers = Watchers::new(limits);
+    let mut watch = control.watch(&watchers, 0, padded).unwrap();
+    for want in 1..=4 {
+        match watch.next().await {
+            Some(WatchItem::Event(t)) => assert_eq!(t.trim(), want.to_string()),
+            other => panic!("{other:?}"),
+        }
+    }
+    control.submit(put_backend(7)).await.unwrap();
+    assert!(matches!(watch.next().await, Some(WatchItem::Event(t)) if t.trim() == "5"));
 }
 
 /// A store that panics in its first `commit`, then works.

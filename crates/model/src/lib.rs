@@ -23,6 +23,7 @@ mod route;
 mod schema;
 mod service;
 mod state;
+pub mod static_root;
 
 pub use certificate::{unix_now, CertificateInfo, CertificateInput, CertificateSpec, KeptKey};
 pub use change::{check_change_set, parse_change_set, parse_json, ChangeSet, Op, ParseError};
@@ -38,3 +39,4 @@ pub use service::{
     ServiceSettings, ServiceSpec, Timeouts, UpstreamProtocol, UpstreamSpec, UpstreamTls, Weight, REDACTED,
 };
 pub use state::{ChangeError, ChangeErrorKind, ConfigState, Delta};
+pub use static_root::{check_static_root, StaticRootError};

@@ -58,7 +58,10 @@ pub struct RouteMatch {
 #[serde(deny_unknown_fields)]
 pub struct StaticDir {
     /// The directory. The request path, less the route's path prefix, is
-    /// looked up below it; paths that would leave it are refused.
+    /// looked up below it; paths that would leave it are refused. It must
+    /// be absolute, with no `.` or `..` segment, and its real path (links
+    /// resolved) a directory that is neither a system directory nor the
+    /// data directory, inside it or above it (docs/security.md).
     pub root: PathBuf,
     /// The file served for a directory (default `index.html`).
     #[serde(default = "default_index")]
@@ -229,11 +232,11 @@ impl TryFrom<RouteWire> for RouteSpec {
         let action = match (w.service, w.static_dir) {
             (Some(s), None) => RouteAction::Service(s),
             (None, Some(d)) => {
-                if !d.root.is_absolute() {
-                    return Err("static.root: must be an absolute path".to_string());
-                }
-                if d.root.parent().is_none() {
-                    return Err("static.root: the filesystem root cannot be served; name a directory".to_string());
+                // Only the path as written here: where it leads is checked
+                // against the filesystem by the API and by the proxy
+                // (`check_static_root`).
+                if let Some(why) = crate::static_root::written_root_refusal(&d.root) {
+                    return Err(format!("static.root: {why}"));
                 }
                 if d.index.is_empty() || d.index.contains(['/', '\\']) || d.index == ".." {
                     return Err("static.index: must be a plain file name".to_string());
@@ -318,6 +321,9 @@ mod tests {
             (r#"{"service":"w","static":{"root":"/x"}}"#, "exactly one"),
             (r#"{"static":{"root":"rel"}}"#, "static.root"),
             (r#"{"static":{"root":"/"}}"#, "static.root"),
+            (r#"{"static":{"root":"/srv/../"}}"#, "static.root"),
+            (r#"{"static":{"root":"/proc/self/root"}}"#, "static.root"),
+            (r#"{"static":{"root":"/etc"}}"#, "static.root"),
             (r#"{"match":{"path_prefix":"/café"},"service":"w"}"#, "ASCII"),
             (r#"{"match":{"path_prefix":"/a%2Fb"},"service":"w"}"#, "encodes"),
             (r#"{"match":{"path_prefix":"/a\\b"},"service":"w"}"#, "raw '\\'"),

@@ -159,7 +159,15 @@ fn never_served(path: &Path) -> bool {
 /// Finds the file, refusing anything that leaves `root` (through symlinks
 /// too) or lies in a directory never served.
 async fn resolve(root: &Path, relative: &Path, index: &str) -> Option<Resolved> {
+    let written = root;
     let root = tokio::fs::canonicalize(root).await.ok()?;
+    // Checked when the route was written, and again here: the directory
+    // may have been replaced by a link since.
+    let private = NEVER_SERVED.get().map_or(&[][..], Vec::as_slice);
+    if let Some(why) = tidegate_model::static_root::real_root_refusal(&root, private) {
+        refused_root(written, &root, &why);
+        return None;
+    }
     let wants_dir = relative.as_os_str().to_string_lossy().ends_with('/');
     let full = tokio::fs::canonicalize(root.join(relative)).await.ok()?;
     if !inside(&root, &full) || never_served(&full) {
@@ -175,6 +183,22 @@ async fn resolve(root: &Path, relative: &Path, index: &str) -> Option<Resolved> 
         return (inside(&root, &index) && !never_served(&index)).then_some(Resolved::File(index));
     }
     meta.is_file().then_some(Resolved::File(full))
+}
+
+/// Logs a static root refused while serving, at most once a minute (every
+/// request to it would otherwise log).
+fn refused_root(written: &Path, real: &Path, why: &str) {
+    static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let last = LAST.load(std::sync::atomic::Ordering::Relaxed);
+    if (last == 0 || now >= last + 60)
+        && LAST
+            .compare_exchange(last, now, std::sync::atomic::Ordering::Relaxed, std::sync::atomic::Ordering::Relaxed)
+            .is_ok()
+    {
+        tracing::warn!(root = %written.display(), real = %real.display(), reason = why,
+            "static route refused: its root leads where no static route may serve; answering 404");
+    }
 }
 
 /// Whether `target` (canonical: symlinks resolved) is under `root` and
@@ -326,6 +350,22 @@ mod tests {
         assert!(!got("out.txt").await, "a link outside the root");
         assert!(got("alias.txt").await, "a link to a visible file inside the root is fine");
         assert!(got("ok.txt").await);
+    }
+
+    #[tokio::test]
+    async fn a_root_swapped_for_a_link_to_a_system_directory_serves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("www");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::write(root.join("passwd"), "mine").unwrap();
+        assert!(resolve(&root, Path::new("passwd"), "index.html").await.is_some());
+        std::fs::remove_dir_all(&root).unwrap();
+        std::os::unix::fs::symlink("/etc", &root).unwrap();
+        assert!(resolve(&root, Path::new("passwd"), "index.html").await.is_none(), "/etc/passwd through a link");
+        std::fs::remove_file(&root).unwrap();
+        std::os::unix::fs::symlink("/", &root).unwrap();
+        assert!(resolve(&root, Path::new("etc/passwd"), "index.html").await.is_none(), "/ through a link");
+        assert!(resolve(Path::new("/proc/self/root"), Path::new("etc/passwd"), "index.html").await.is_none());
     }
 
     #[test]

@@ -164,6 +164,23 @@ pub struct ServeArgs {
     /// Address of the admin API (keep it on loopback or a private network).
     #[arg(long, env = "TIDEGATE_ADMIN", default_value = "127.0.0.1:9900")]
     pub admin: SocketAddr,
+    /// Bytes of encoded events one `/v1/watch` stream may have waiting for
+    /// its connection (history pages are read to fit it too), 64 KiB to
+    /// 1 GiB; a stream whose connection takes nothing meanwhile is cut
+    /// after --watch-stall-timeout-s.
+    #[arg(long, env = "TIDEGATE_WATCH_QUEUE_BYTES", default_value_t = 8 * 1024 * 1024,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(65_536..=1 << 30))]
+    pub watch_queue_bytes: usize,
+    /// Most `/v1/watch` streams replaying history (`?from=` below the
+    /// current revision) at once; more get 503 with `Retry-After`.
+    #[arg(long, env = "TIDEGATE_WATCH_MAX_REPLAYS", default_value_t = 8,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000))]
+    pub watch_max_replays: usize,
+    /// Seconds a `/v1/watch` stream with a full queue may go without its
+    /// connection taking anything before it is cut (its last event:
+    /// `lagged`, with the revision to resume from).
+    #[arg(long, env = "TIDEGATE_WATCH_STALL_TIMEOUT_S", default_value_t = 30, value_parser = seconds())]
+    pub watch_stall_timeout_s: u64,
     /// Directory for the store and the generated admin token.
     #[arg(long, env = "TIDEGATE_DATA_DIR", default_value = "./tidegate-data")]
     pub data_dir: PathBuf,

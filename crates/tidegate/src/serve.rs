@@ -159,7 +159,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             control.announce(name, admin_addr.to_string());
         }
         let data_plane = Arc::new(metrics.collector(control.snapshots()));
-        let state = AdminState::new(control.clone(), &token, data_plane).with_autoscaler(events, scaling);
+        let watch_limits = tidegate_control::WatchLimits {
+            queue_bytes: args.watch_queue_bytes,
+            max_replays: args.watch_max_replays,
+            stall: Duration::from_secs(args.watch_stall_timeout_s),
+        };
+        let state = AdminState::new(control.clone(), &token, data_plane)
+            .with_autoscaler(events, scaling)
+            .with_watch_limits(watch_limits)
+            .with_private_dir(&args.data_dir);
         // One machine-readable line for scripts and tests: `proxy=`,
         // `proxy_tls=` and `metrics=` for the listeners there are.
         let mut listeners = String::new();

@@ -5,7 +5,14 @@
 //!   this provider holds and that 127.0.0.1 can bind, replaces `{port}`,
 //!   `{id}` and `{service}` in every argument, and spawns the command in its
 //!   own process group with stdin from `/dev/null` and stdout and stderr
-//!   appended to `{state_dir}/{service}-{id}.log`. The instance listens on
+//!   appended to `{state_dir}/{service}-{id}.log`. That file is bounded:
+//!   checked four times a second (at every `alive` for an instance adopted
+//!   after a restart), once over [`OUTPUT_FILE_BYTES`] it is copied to
+//!   `{service}-{id}.log.1` (replacing the previous copy) and emptied, so
+//!   an instance has at most two files of about that size. When it is
+//!   stopped (or found gone), its current file is kept as
+//!   `{state_dir}/{service}.last.log` (the last stopped instance's
+//!   output, for start failures) and the others are removed. The instance listens on
 //!   `127.0.0.1:{port}`; its handle is its pid. The variables are also in
 //!   the environment as `TIDEGATE_PORT`, `TIDEGATE_ID`, `TIDEGATE_SERVICE`.
 //!   The command must stay in the foreground: when it exits the instance
@@ -37,6 +44,11 @@ use crate::provider::{BoxFuture, Instance, Provider, ProviderError, StartRequest
 
 /// The longest grace period honoured, s.
 const MAX_GRACE_S: u64 = 3_600;
+
+/// An instance's output file is rotated once over this size, bytes.
+pub const OUTPUT_FILE_BYTES: u64 = 4 * 1024 * 1024;
+/// How often a running instance's output file is checked.
+const ROTATE_EVERY: Duration = Duration::from_millis(250);
 
 /// Local processes, one port each.
 pub struct ProcessProvider {
@@ -85,6 +97,26 @@ impl ProcessProvider {
         self.state_dir.join(format!("{}-{}.log", file_part(&self.service), file_part(id)))
     }
 
+    /// Where the output of the last instance stopped is kept.
+    pub fn last_log_path(&self) -> PathBuf {
+        self.state_dir.join(format!("{}.last.log", file_part(&self.service)))
+    }
+
+    /// Keeps the current output file of a stopped instance as the
+    /// service's last one and removes the rest.
+    fn retire_output(&self, id: &str) {
+        let log = self.log_path(id);
+        let _ = std::fs::remove_file(rotated(&log));
+        match std::fs::rename(&log, self.last_log_path()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(service = %self.service, id, error = %e, "cannot keep the instance's output; removing it");
+                let _ = std::fs::remove_file(&log);
+            }
+        }
+    }
+
     fn children(&self) -> MutexGuard<'_, HashMap<String, Child>> {
         self.children.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -125,7 +157,7 @@ impl ProcessProvider {
         let log_too = log.try_clone().map_err(|e| err(format!("opening {}: {e}", log_path.display())))?;
         let mut command = tokio::process::Command::new(program);
         super::clean_env(&mut command);
-        let mut child = command
+        let child = command
             .args(args)
             .env("TIDEGATE_PORT", &port_text)
             .env("TIDEGATE_ID", &req.id)
@@ -134,14 +166,37 @@ impl ProcessProvider {
             .stdout(log)
             .stderr(log_too)
             .process_group(0)
-            .spawn()
-            .map_err(|e| err(format!("starting {program:?}: {e}")))?;
+            .spawn();
+        let mut child = match child {
+            Ok(child) => child,
+            Err(e) => {
+                // No instance: its output file goes now (kept as the last).
+                self.retire_output(&req.id);
+                return Err(err(format!("starting {program:?}: {e}")));
+            }
+        };
         let pid = child.id().and_then(|p| i32::try_from(p).ok()).ok_or_else(|| err("the child has no pid".into()))?;
         let start_time = proc_info(pid).map(|info| info.start);
         let (exited_tx, exited) = watch::channel(false);
         let label = format!("{}/{}", self.service, req.id);
+        let output = log_path.clone();
         tokio::spawn(async move {
-            match child.wait().await {
+            // Reaps the child, keeping its output bounded meanwhile.
+            let mut check = tokio::time::interval(ROTATE_EVERY);
+            check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let status = loop {
+                tokio::select! {
+                    status = child.wait() => break status,
+                    _ = check.tick() => {
+                        let output = output.clone();
+                        let rotated = tokio::task::spawn_blocking(move || rotate_output(&output, OUTPUT_FILE_BYTES)).await;
+                        if let Ok(Err(e)) = rotated {
+                            tracing::warn!(instance = %label, error = %e, "cannot rotate the instance's output");
+                        }
+                    }
+                }
+            };
+            match status {
                 Ok(status) => tracing::info!(instance = %label, pid, %status, "instance exited"),
                 Err(e) => tracing::warn!(instance = %label, pid, error = %e, "cannot wait for instance"),
             }
@@ -189,9 +244,11 @@ impl ProcessProvider {
         Ok(())
     }
 
-    /// Drops an instance from memory and from the state file.
+    /// Drops an instance from memory and from the state file, and its
+    /// output files (the current one kept as the service's last).
     fn forget(&self, id: &str) {
         self.children().remove(id);
+        self.retire_output(id);
         if let Err(e) = self.store.update(|records| records.retain(|r| r.id != id)) {
             tracing::warn!(service = %self.service, id, error = %e, "cannot update the instances file");
         }
@@ -228,8 +285,40 @@ impl ProcessProvider {
             return Some(c.running());
         }
         let record = self.store.load().into_iter().find(|r| r.id == instance.id)?;
-        Some(leader_alive(record.pid, record.start_time))
+        let alive = leader_alive(record.pid, record.start_time);
+        if alive {
+            // Adopted after a restart: no reaper of ours checks its output.
+            if let Err(e) = rotate_output(&self.log_path(&instance.id), OUTPUT_FILE_BYTES) {
+                tracing::warn!(service = %self.service, id = %instance.id, error = %e, "cannot rotate the instance's output");
+            }
+        }
+        Some(alive)
     }
+}
+
+/// The previous output file of the instance writing `log`.
+fn rotated(log: &Path) -> PathBuf {
+    let mut name = log.as_os_str().to_os_string();
+    name.push(".1");
+    PathBuf::from(name)
+}
+
+/// If `log` is over `limit` bytes, copies it to `log.1` (replacing that)
+/// and empties it; the instance, which appends, goes on writing at its new
+/// end. Returns whether it rotated. Output written between the copy and
+/// the truncation (a fraction of a millisecond) is lost.
+fn rotate_output(log: &Path, limit: u64) -> std::io::Result<bool> {
+    let len = match std::fs::metadata(log) {
+        Ok(m) => m.len(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    if len <= limit {
+        return Ok(false);
+    }
+    std::fs::copy(log, rotated(log))?;
+    OpenOptions::new().write(true).open(log)?.set_len(0)?;
+    Ok(true)
 }
 
 impl Provider for ProcessProvider {
@@ -358,12 +447,62 @@ mod tests {
         assert_eq!(p.alive(&unknown).await, None);
     }
 
+    #[test]
+    fn output_over_the_limit_is_rotated_into_one_previous_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("web-a.log");
+        assert!(!rotate_output(&log, 10).unwrap(), "no file yet");
+        // Opened for appending, as the instance has it.
+        let mut writer = OpenOptions::new().create(true).append(true).open(&log).unwrap();
+        writer.write_all(b"0123456789").unwrap();
+        assert!(!rotate_output(&log, 10).unwrap());
+        writer.write_all(b"abc").unwrap();
+        assert!(rotate_output(&log, 10).unwrap());
+        assert_eq!(std::fs::read(rotated(&log)).unwrap(), b"0123456789abc");
+        assert_eq!(std::fs::metadata(&log).unwrap().len(), 0);
+        // The writer goes on at the start of the emptied file, not at its old offset.
+        writer.write_all(b"next").unwrap();
+        assert_eq!(std::fs::read(&log).unwrap(), b"next");
+        writer.write_all(b" and more output").unwrap();
+        assert!(rotate_output(&log, 10).unwrap());
+        assert_eq!(std::fs::read(rotated(&log)).unwrap(), b"next and more output");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2, "two files, never more");
+    }
+
+    #[tokio::test]
+    async fn a_loud_instance_keeps_two_bounded_files_removed_when_it_stops() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cleanup = Cleanup::default();
+        // About 20 MiB of output in 4 s, and it keeps running.
+        let loud =
+            "i=0; while [ $i -lt 40 ]; do head -c 524288 /dev/zero | tr '\\0' x; sleep 0.1; i=$((i+1)); done; sleep 30";
+        let p = provider(dir.path(), &["sh", "-c", loud], 47_150, 1);
+        let i = p.start(req("loud")).await.unwrap();
+        cleanup.add(&i);
+        let log = p.log_path("loud");
+        let limit = OUTPUT_FILE_BYTES + 4 * 1024 * 1024;
+        let began = Instant::now();
+        while began.elapsed() < Duration::from_secs(6) {
+            let current = std::fs::metadata(&log).map_or(0, |m| m.len());
+            let previous = std::fs::metadata(rotated(&log)).map_or(0, |m| m.len());
+            assert!(current <= limit && previous <= limit, "{current} and {previous} bytes");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(rotated(&log).exists(), "never rotated");
+        p.stop(&i).await.unwrap();
+        assert!(!log.exists() && !rotated(&log).exists(), "the instance's files are left");
+        assert!(p.last_log_path().exists(), "the last output is kept");
+    }
+
     #[tokio::test]
     async fn a_missing_program_fails_to_start() {
         let dir = tempfile::tempdir().unwrap();
         let p = provider(dir.path(), &["/nonexistent/tidegate-server", "{port}"], 47_120, 1);
         let e = p.start(req("x")).await.unwrap_err().0;
         assert!(e.contains("tidegate-server"), "{e}");
+        // No file is left behind per failed start; the last one is kept.
+        assert!(!p.log_path("x").exists());
+        assert!(std::fs::read_to_string(p.last_log_path()).unwrap().contains("starting instance x"));
         assert!(p.list().await.unwrap().is_empty());
         let empty = ProcessProvider::new("web", vec![], PortRange { from: 47_120, to: 47_121 }, 1, dir.path());
         assert!(empty.start(req("x")).await.is_err());

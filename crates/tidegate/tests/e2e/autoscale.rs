@@ -235,3 +235,103 @@ async fn a_killed_instance_is_replaced_and_a_failing_command_gets_no_traffic() {
     let backends = config["services"]["app"]["backends"].as_array().unwrap().clone();
     assert!(!backends.iter().any(|b| b["addr"].as_str().is_some_and(|a| a.contains(":233"))), "{backends:?}");
 }
+
+/// The files of the instances under `data/instances` whose name starts
+/// with `prefix`, with their sizes.
+fn output_files(dir: &std::path::Path, prefix: &str) -> Vec<(String, u64)> {
+    let Ok(entries) = std::fs::read_dir(dir.join("instances")) else { return Vec::new() };
+    let mut files: Vec<(String, u64)> = entries
+        .flatten()
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), e.metadata().map_or(0, |m| m.len())))
+        .filter(|(name, _)| name.starts_with(prefix))
+        .collect();
+    files.sort();
+    files
+}
+
+/// The finding: an autoscaled instance's output file grew without
+/// bound (100 MB printed, 500 MB written in 100 s) and was never removed.
+/// Now each instance has its current file and one rotated copy, each about
+/// 4 MiB at most, and both go when the instance is stopped (its current
+/// file kept as the service's `.last.log`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_output_is_rotated_and_removed_when_it_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let tg = Arc::new(Tidegate::start(dir.path()));
+    let base = Backend::start("base", &[]);
+    // An emulator preceded by a printer: 2.5 MB/s for 40 s at most (so a
+    // run of the old code cannot fill the disk), in the instance's group.
+    let emulator = emulator_command(&[]);
+    let emulator: Vec<&str> = emulator.as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    let script = format!(
+        "i=0; while [ $i -lt 400 ]; do head -c 262144 /dev/zero | tr '\\0' x; sleep 0.1; i=$((i+1)); done & exec {}",
+        emulator.join(" ")
+    );
+    autoscaled(&tg, &base, "23400-23499", json!(["sh", "-c", script]), json!({"pinned": 2})).await;
+    let ready = wait_event(&tg, "ready", 20).await;
+    let id = ready["instance"].as_str().unwrap().to_string();
+    let log = format!("app-{id}.log");
+    let rotated = format!("{log}.1");
+    // Rotated within seconds, and never more than two files of about 4 MiB
+    // (checked four times a second: at 2.5 MB/s, 1 MB of slack is plenty).
+    let limit = 5 * 1024 * 1024;
+    wait_for("the output is rotated", Duration::from_secs(30), async || {
+        let files = output_files(dir.path(), &log);
+        assert!(files.len() <= 2 && files.iter().all(|(_, len)| *len <= limit), "{files:?}");
+        files.iter().any(|(name, _)| *name == rotated).then_some(())
+    })
+    .await;
+    let began = Instant::now();
+    while began.elapsed() < Duration::from_secs(3) {
+        let files = output_files(dir.path(), &log);
+        assert!(files.len() <= 2 && files.iter().all(|(_, len)| *len <= limit), "{files:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Scaled in: drained, stopped, and its files go.
+    let (s, v) = tg.api("POST", "/v1/services/app/autoscale", Some(json!({"pinned": 1}))).await;
+    assert!(s == 200, "{s} {v}");
+    wait_for("the instance is stopped", Duration::from_secs(30), async || {
+        events(&tg).await.into_iter().any(|e| e["kind"] == "stopped" && e["instance"] == id.as_str()).then_some(())
+    })
+    .await;
+    assert_eq!(output_files(dir.path(), &log), vec![], "the stopped instance's files are left");
+    let last = output_files(dir.path(), "app.last.log");
+    assert!(last.len() == 1 && last[0].1 <= limit, "{last:?}");
+}
+
+/// The finding: while starts backed off after failures, the same
+/// scale-out event was recorded every second. Now the repeats are counted
+/// and carried by the next event recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_out_events_are_coalesced_while_starts_back_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let tg = Tidegate::start(dir.path());
+    let base = Backend::start("base", &[]);
+    autoscaled(&tg, &base, "23500-23599", json!(["/nonexistent/program", "{port}"]), json!({"pinned": 2})).await;
+    // Three failures: back-offs of 2 s and 4 s in between.
+    let all = wait_for("three start failures", Duration::from_secs(40), async || {
+        let all = events(&tg).await;
+        (all.iter().filter(|e| e["kind"] == "start_failed").count() >= 3).then_some(all)
+    })
+    .await;
+    let failures = all.iter().filter(|e| e["kind"] == "start_failed").count();
+    let scale_outs: Vec<&Value> = all.iter().filter(|e| e["kind"] == "scale_out").collect();
+    // One to start, and per failure one when the back-off begins and one
+    // when it ends (the old code: one a second, 9 or more by now).
+    assert!(
+        scale_outs.len() <= 2 * failures + 1,
+        "{} scale-outs for {failures} failures: {scale_outs:#?}",
+        scale_outs.len()
+    );
+    assert!(
+        scale_outs.iter().any(|e| e["repeats"].as_u64().is_some_and(|n| n >= 1)),
+        "no event carries its repeats: {scale_outs:#?}"
+    );
+    // No output file is left per failed start: only the last one is kept.
+    let files = output_files(dir.path(), "app");
+    let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["app.last.log"], "{files:?}");
+}

@@ -170,8 +170,8 @@ async fn static_directories_are_served_by_the_proxy() {
     let r = get(&tg.url("//static//sub")).await;
     assert_eq!((r.status, r.headers["location"].to_str().unwrap()), (301, "/static/sub/"));
 
-    // A root that holds the data directory serves everything but it: the
-    // admin token and the store never leave through the proxy.
+    // A root that holds the data directory is refused: the admin token and
+    // the store never leave through the proxy.
     let parent = tempfile::tempdir().unwrap();
     let data = parent.path().join("data");
     std::fs::write(parent.path().join("public.txt"), "public").unwrap();
@@ -179,17 +179,76 @@ async fn static_directories_are_served_by_the_proxy() {
     // The token file, as a deployment without TIDEGATE_ADMIN_TOKEN has it.
     std::fs::write(data.join("admin-token"), TOKEN).unwrap();
     let tg = Tidegate::start(&data);
-    let spec = json!({"match": {"path_prefix": "/files"}, "static": {"root": parent.path()}});
-    let (s, v) = tg.api("PUT", "/v1/routes/files", Some(spec)).await;
-    assert_eq!(s, 200, "{v}");
-    assert_eq!(get(&tg.url("/files/public.txt")).await.text(), "public");
-    for private in ["/files/data/admin-token", "/files/data/config.sqlite"] {
-        assert!(data.join(&private["/files/data/".len()..]).exists(), "{private} is not where the test expects it");
+    std::fs::create_dir_all(data.join("instances")).unwrap();
+    for root in [parent.path().to_path_buf(), data.clone(), data.join("instances")] {
+        let spec = json!({"match": {"path_prefix": "/files"}, "static": {"root": root}});
+        let (s, v) = tg.api("PUT", "/v1/routes/files", Some(spec)).await;
+        assert_eq!((s, v["error"]["field"].as_str()), (400, Some("spec.static.root")), "{root:?}: {v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("data directory"), "{v}");
+    }
+    for private in ["/files/data/admin-token", "/files/data/config.sqlite", "/files/public.txt"] {
         assert_eq!(get(&tg.url(private)).await.status, 404, "{private}");
     }
     // And the filesystem root is refused as a root.
     let (s, v) = tg.api("PUT", "/v1/routes/all", Some(json!({"static": {"root": "/"}}))).await;
     assert_eq!(s, 400, "{v}");
+}
+
+/// The finding: `static.root` accepted a root that climbs back to
+/// `/` (through `..`, `/proc/self/root` or a link), and an unauthenticated
+/// client read system files through it. Such roots are refused when the
+/// route is written, and a root replaced by such a link later serves
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_roots_that_lead_to_system_directories_are_refused_and_never_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let files = tempfile::tempdir().unwrap();
+    let www = files.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    std::fs::write(www.join("index.html"), "hello").unwrap();
+    let to_root = files.path().join("to-root");
+    std::os::unix::fs::symlink("/", &to_root).unwrap();
+    let to_etc = files.path().join("to-etc");
+    std::os::unix::fs::symlink("/etc", &to_etc).unwrap();
+    let climbing = format!("{}/../../../../../../../..", www.display());
+    let roots = [
+        climbing.as_str(),
+        "/proc/self/root",
+        "/proc/1/root",
+        "/etc",
+        "/usr",
+        to_root.to_str().unwrap(),
+        to_etc.to_str().unwrap(),
+    ];
+    for root in roots {
+        let spec = json!({"match": {"path_prefix": "/x"}, "static": {"root": root}});
+        let (s, v) = tg.api("PUT", "/v1/routes/x", Some(spec)).await;
+        assert_eq!(s, 400, "{root}: {v}");
+        assert!(v.to_string().contains("static.root"), "{root}: {v}");
+        let ops = json!({"ops": [{"op": "put_route", "name": "x", "spec": {"static": {"root": root}}}]});
+        let (s, v) = tg.api("POST", "/v1/changes", Some(ops)).await;
+        assert_eq!(s, 400, "{root}: {v}");
+        for path in ["/x/etc/passwd", "/x/passwd"] {
+            let r = get(&tg.url(path)).await;
+            assert_ne!(r.status, 200, "{root}: {path} served: {}", r.text());
+        }
+    }
+    let (_, config) = tg.api("GET", "/v1/config", None).await;
+    assert_eq!(config["routes"], json!({}), "nothing was written");
+
+    // A good root, later replaced by a link to `/`: checked again when
+    // serving, it serves nothing.
+    let spec = json!({"match": {"path_prefix": "/site"}, "static": {"root": www}});
+    let (s, v) = tg.api("PUT", "/v1/routes/site", Some(spec)).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(get(&tg.url("/site/")).await.text(), "hello");
+    std::fs::remove_dir_all(&www).unwrap();
+    std::os::unix::fs::symlink("/", &www).unwrap();
+    for path in ["/site/etc/passwd", "/site/etc/hostname", "/site/"] {
+        let r = get(&tg.url(path)).await;
+        assert_eq!(r.status, 404, "{path}: {}", r.text());
+    }
 }
 
 /// The churn test: clients hammer the proxy while 1,000 changes add
