@@ -47,8 +47,49 @@ pub struct AdminStateInner {
     data_plane: SharedCollector,
     events: Arc<Events>,
     scaling: StatusBoard,
+    /// What became of the configuration file, if there is one.
+    config_file: Option<Arc<ConfigFileReport>>,
     /// Everything `/metrics` shows.
     registry: Arc<tidegate_metrics::Registry>,
+}
+
+/// What `serve --config FILE` last did with its file, shared between the
+/// binary (which reads the file at start and on `SIGHUP`) and `/v1/status`
+/// and `/metrics`: a refused file is visible there, not only in the log.
+#[derive(Debug, Default)]
+pub struct ConfigFileReport {
+    state: std::sync::Mutex<api::ConfigFileState>,
+}
+
+impl ConfigFileReport {
+    /// A report on `path`, read in `mode` (`seed` or `sync`).
+    pub fn new(path: &std::path::Path, mode: &str) -> ConfigFileReport {
+        let state = api::ConfigFileState { path: path.display().to_string(), mode: mode.into(), ..Default::default() };
+        ConfigFileReport { state: std::sync::Mutex::new(state) }
+    }
+
+    /// The file was applied at `revision` (or found in sync with it).
+    pub fn applied(&self, revision: u64) {
+        if let Ok(mut s) = self.state.lock() {
+            s.ok = true;
+            s.applied_revision = Some(revision);
+            s.last_error = None;
+        }
+    }
+
+    /// The file was refused, for `error`; nothing changed.
+    pub fn refused(&self, error: String) {
+        if let Ok(mut s) = self.state.lock() {
+            s.ok = false;
+            s.last_error = Some(error);
+            s.failures += 1;
+        }
+    }
+
+    /// As `/v1/status` shows it.
+    pub fn state(&self) -> api::ConfigFileState {
+        self.state.lock().map(|s| s.clone()).unwrap_or_default()
+    }
 }
 
 impl std::ops::Deref for AdminState {
@@ -73,13 +114,28 @@ impl AdminState {
             SharedCollector(data_plane),
             Arc::default(),
             StatusBoard::default(),
+            None,
         )
     }
 
     /// Shows the autoscaler's events and per-service scaling state.
     pub fn with_autoscaler(self, events: Arc<Events>, scaling: StatusBoard) -> AdminState {
         let s = &*self;
-        AdminState::build(s.control.clone(), s.token.clone(), s.data_plane.clone(), events, scaling)
+        AdminState::build(
+            s.control.clone(),
+            s.token.clone(),
+            s.data_plane.clone(),
+            events,
+            scaling,
+            s.config_file.clone(),
+        )
+    }
+
+    /// Shows what became of the configuration file (`serve --config`).
+    pub fn with_config_file(self, report: Arc<ConfigFileReport>) -> AdminState {
+        let s = &*self;
+        let (events, scaling) = (s.events.clone(), s.scaling.clone());
+        AdminState::build(s.control.clone(), s.token.clone(), s.data_plane.clone(), events, scaling, Some(report))
     }
 
     fn build(
@@ -88,9 +144,10 @@ impl AdminState {
         data_plane: SharedCollector,
         events: Arc<Events>,
         scaling: StatusBoard,
+        config_file: Option<Arc<ConfigFileReport>>,
     ) -> AdminState {
-        let registry = Arc::new(metrics::registry(&control, &events, &data_plane));
-        AdminState(Arc::new(AdminStateInner { control, token, data_plane, events, scaling, registry }))
+        let registry = Arc::new(metrics::registry(&control, &events, &data_plane, config_file.clone()));
+        AdminState(Arc::new(AdminStateInner { control, token, data_plane, events, scaling, config_file, registry }))
     }
 }
 

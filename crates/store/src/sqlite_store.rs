@@ -10,6 +10,7 @@
 //! happens to cross SQLite's threshold: a checkpoint writes every page the
 //! log changed and syncs the database file, several times one commit's cost.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicI32, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -32,6 +33,12 @@ const SCHEMA: &str = "
     CREATE TABLE IF NOT EXISTS log (revision INTEGER PRIMARY KEY, change BLOB NOT NULL);
     CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 ";
+
+/// The tables every database this store ever created has; one without
+/// them was not written by Tidegate, or lost its tables (see
+/// [`check_schema`]). `certificates` came later: an older database gets it
+/// on open.
+const CORE_TABLES: [&str; 5] = ["services", "backends", "routes", "log", "meta"];
 
 /// Pages in the write-ahead log from which [`Store::maintain`] copies it
 /// into the database (SQLite's own default threshold, 4 MiB).
@@ -68,9 +75,21 @@ fn json<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, StoreError> {
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) the database `path` and takes its lock:
-    /// a second process opening the same file gets an error, not a share.
+    /// Opens the database `path` and takes its lock: a second process
+    /// opening the same file gets an error, not a share.
+    ///
+    /// Where there is no file, a new database is made (mode 0600) under a
+    /// temporary name with its tables, and renamed into place: so a file at
+    /// `path` always had the tables, and one that has none of them (an
+    /// empty file, or a database whose tables were dropped) is refused with
+    /// [`StoreError::NoSchema`] rather than served as an empty
+    /// configuration whose revisions start again at 1.
     pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
+        match std::fs::symlink_metadata(path) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => create(path)?,
+            Err(e) => return Err(StoreError::Backend(format!("{}: {e}", path.display()))),
+        }
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let opening = |e: rusqlite::Error| {
             let busy = matches!(
@@ -85,6 +104,14 @@ impl SqliteStore {
         // empty immediate transaction below takes it now. In this mode the
         // WAL index lives in heap memory, not a shared-memory file.
         conn.pragma_update(None, "locking_mode", "EXCLUSIVE").map_err(opening)?;
+        // Before anything is written to it (setting WAL mode writes a header).
+        let tables = conn
+            .prepare("SELECT name FROM sqlite_master WHERE type = 'table'")
+            .and_then(|mut stmt| {
+                stmt.query_map([], |r| r.get::<_, String>(0))?.collect::<Result<BTreeSet<String>, _>>()
+            })
+            .map_err(opening)?;
+        check_schema(&tables, path)?;
         conn.pragma_update(None, "journal_mode", "WAL").map_err(opening)?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(opening)?;
         conn.execute_batch("BEGIN IMMEDIATE; COMMIT;").map_err(opening)?;
@@ -143,6 +170,57 @@ impl SqliteStore {
             .map_err(err)?;
         txn.commit().map_err(err)
     }
+}
+
+/// Makes a new database at `path`: its tables are made under a temporary
+/// name (mode 0600), which is then renamed into place and the directory
+/// synced, so a crash leaves either no file or a whole one.
+fn create(path: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let fail = |what: &str, e: &dyn std::fmt::Display| StoreError::Backend(format!("{what} {}: {e}", path.display()));
+    let mut name = path.as_os_str().to_owned();
+    name.push(".new");
+    let temp = std::path::PathBuf::from(name);
+    // A leftover of a crash while creating: it never was the store.
+    let _ = std::fs::remove_file(&temp);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&temp)
+        .map_err(|e| fail("creating", &e))?;
+    let made = Connection::open(&temp).and_then(|conn| {
+        conn.execute_batch(SCHEMA)?;
+        conn.close().map_err(|(_, e)| e)
+    });
+    made.map_err(|e| fail("creating", &e))?;
+    std::fs::File::open(&temp).and_then(|f| f.sync_all()).map_err(|e| fail("syncing", &e))?;
+    std::fs::rename(&temp, path).map_err(|e| fail("creating", &e))?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| fail("syncing the directory of", &e))?;
+    }
+    Ok(())
+}
+
+/// Refuses a database without the store's tables: an existing file always
+/// had them (see [`SqliteStore::open`]), so one that lacks them is empty or
+/// damaged, and serving it would serve an empty configuration.
+fn check_schema(tables: &BTreeSet<String>, path: &Path) -> Result<(), StoreError> {
+    let missing: Vec<&str> = CORE_TABLES.iter().copied().filter(|t| !tables.contains(*t)).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let what = if missing.len() == CORE_TABLES.len() {
+        if bytes == 0 {
+            "is an empty file (0 bytes), not a Tidegate store".to_string()
+        } else {
+            "holds none of the store's tables".to_string()
+        }
+    } else {
+        format!("lacks the table(s) {}", missing.join(", "))
+    };
+    Err(StoreError::NoSchema { path: path.display().to_string(), what })
 }
 
 /// Records a checkpoint's outcome in the page count: an empty log, or
@@ -462,6 +540,48 @@ mod tests {
         }
         drop(store);
         assert_eq!(SqliteStore::open(&path).unwrap().load().unwrap().revision, revision);
+    }
+
+    #[test]
+    fn an_existing_file_without_the_tables_is_refused_and_a_new_one_is_made_whole() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sqlite");
+        drop(with_service(&path));
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert!(!dir.path().join("c.sqlite.new").exists());
+
+        let empty = dir.path().join("empty.sqlite");
+        std::fs::write(&empty, b"").unwrap();
+        let e = SqliteStore::open(&empty).err().expect("refused");
+        assert!(matches!(&e, StoreError::NoSchema { what, .. } if what.contains("0 bytes")), "{e}");
+        assert!(e.to_string().contains("empty.sqlite"), "{e}");
+        assert_eq!(std::fs::metadata(&empty).unwrap().len(), 0, "left as it was");
+
+        // Tables dropped behind Tidegate's back.
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch("PRAGMA journal_mode=DELETE; DROP TABLE routes; DROP TABLE log;").unwrap();
+        }
+        let e = SqliteStore::open(&path).err().expect("refused");
+        assert!(e.to_string().contains("lacks the table(s) routes, log"), "{e}");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch("DROP TABLE services; DROP TABLE backends; DROP TABLE meta; DROP TABLE certificates;")
+                .unwrap();
+        }
+        let e = SqliteStore::open(&path).err().expect("refused");
+        assert!(e.to_string().contains("holds none of the store's tables"), "{e}");
+    }
+
+    #[test]
+    fn a_database_from_before_certificates_gets_their_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sqlite");
+        drop(with_service(&path));
+        Connection::open(&path).unwrap().execute_batch("DROP TABLE certificates;").unwrap();
+        let loaded = SqliteStore::open(&path).unwrap().load().unwrap();
+        assert_eq!(loaded.revision, 1);
     }
 
     #[test]
