@@ -208,7 +208,6 @@ pub struct Status {
     /// Certificates that expire within 14 days (or have expired), soonest first.
     pub certificates_expiring: Vec<Expiring>,
     /// The configuration file (`serve --config`), when there is one.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub config_file: Option<ConfigFileState>,
 }
 
@@ -232,7 +231,6 @@ pub struct StoreState {
     /// Keys in a state Tidegate never leaves them in (cluster mode; see
     /// docs/cluster.md, "Store faults"): while there is one, `/readyz`
     /// answers 503 and writes are refused.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub faults: Vec<StoreFaultState>,
 }
 

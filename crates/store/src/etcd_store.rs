@@ -412,13 +412,9 @@ fn observe(prefix: &[u8], events: &[Event]) -> Seen {
             None => (rest, &rest[rest.len()..]),
         };
         match (kind, e.kind) {
-            (b"rev", _) => {
-                // A commit writes it with its log entries; anything else
-                // is checked against the log.
-                if !(in_commit && logged.contains(&at) && e.kind == EventKind::Put) {
-                    seen.recheck = true;
-                }
-            }
+            // A commit writes it with its log entries; anything else is
+            // checked against the log.
+            (b"rev", what) => seen.recheck |= !(in_commit && logged.contains(&at) && what == EventKind::Put),
             (b"log", EventKind::Put) => {
                 let entry = match log_number(name) {
                     None => {
