@@ -68,6 +68,19 @@ pub enum StoreError {
         /// What is wrong with it.
         what: String,
     },
+    /// A row of the embedded store whose checksum does not match it: it
+    /// was changed outside Tidegate, or damaged on disk.
+    #[error(
+        "{path}: the {table} row {key:?} does not match its checksum: it was changed outside Tidegate or damaged on disk (restore the file from a backup)"
+    )]
+    Damaged {
+        /// The database file.
+        path: String,
+        /// The table.
+        table: &'static str,
+        /// The row's key (`SERVICE/ID` for a backend).
+        key: String,
+    },
     /// Stored data could not be decoded.
     #[error("stored configuration is invalid: {0}")]
     Corrupt(String),

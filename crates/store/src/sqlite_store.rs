@@ -24,12 +24,17 @@ use tidegate_model::{
 
 use crate::{AppliedChange, Commit, Loaded, Store, StoreError, StoreStatus, LOG_RETAIN};
 
+/// Each object's row carries `sum`, a checksum of its table, key and value
+/// ([`row_sum`]), checked when the configuration is loaded: a row changed
+/// outside Tidegate, or a bit flipped on disk, is refused rather than
+/// loaded with a changed address.
 const SCHEMA: &str = "
-    CREATE TABLE IF NOT EXISTS services (name TEXT PRIMARY KEY, settings BLOB NOT NULL) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS services (name TEXT PRIMARY KEY, settings BLOB NOT NULL, sum INTEGER) WITHOUT ROWID;
     CREATE TABLE IF NOT EXISTS backends (
-        service TEXT NOT NULL, id TEXT NOT NULL, spec BLOB NOT NULL, PRIMARY KEY (service, id)) WITHOUT ROWID;
-    CREATE TABLE IF NOT EXISTS routes (name TEXT PRIMARY KEY, spec BLOB NOT NULL) WITHOUT ROWID;
-    CREATE TABLE IF NOT EXISTS certificates (name TEXT PRIMARY KEY, spec BLOB NOT NULL) WITHOUT ROWID;
+        service TEXT NOT NULL, id TEXT NOT NULL, spec BLOB NOT NULL, sum INTEGER, PRIMARY KEY (service, id))
+        WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS routes (name TEXT PRIMARY KEY, spec BLOB NOT NULL, sum INTEGER) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS certificates (name TEXT PRIMARY KEY, spec BLOB NOT NULL, sum INTEGER) WITHOUT ROWID;
     CREATE TABLE IF NOT EXISTS log (revision INTEGER PRIMARY KEY, change BLOB NOT NULL);
     CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 ";
@@ -116,6 +121,7 @@ impl SqliteStore {
         conn.pragma_update(None, "synchronous", "FULL").map_err(opening)?;
         conn.execute_batch("BEGIN IMMEDIATE; COMMIT;").map_err(opening)?;
         conn.execute_batch(SCHEMA).map_err(opening)?;
+        add_sums(&mut conn).map_err(opening)?;
         // This hook replaces SQLite's automatic checkpoint (which runs
         // inside the commit that crosses 1,000 pages) with ours.
         let wal_pages = Arc::new(AtomicI32::new(0));
@@ -170,6 +176,54 @@ impl SqliteStore {
             .map_err(err)?;
         txn.commit().map_err(err)
     }
+}
+
+/// The object tables: name, key columns (joined by `/` in a row's key),
+/// value column.
+const OBJECT_TABLES: [(&str, &str, &str); 4] = [
+    ("services", "name", "settings"),
+    ("backends", "service || '/' || id", "spec"),
+    ("routes", "name", "spec"),
+    ("certificates", "name", "spec"),
+];
+
+/// The checksum of one object's row: FNV-1a (64 bits) over its table, key
+/// and value. Not a defence against someone who means harm (anyone who may
+/// write the file may write a matching sum), but any change of one byte,
+/// a flipped bit among them, changes it.
+fn row_sum(table: &str, key: &str, value: &[u8]) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in table.bytes().chain([0]).chain(key.bytes()).chain([0]).chain(value.iter().copied()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h as i64
+}
+
+/// Gives every object row its checksum: a database from before checksums
+/// gets the column, and rows without one (written before, or by an older
+/// Tidegate since) get theirs.
+fn add_sums(conn: &mut Connection) -> rusqlite::Result<()> {
+    let txn = conn.transaction()?;
+    for (table, key, value) in OBJECT_TABLES {
+        let has_sum = txn
+            .prepare(&format!("PRAGMA table_info({table})"))?
+            .query_map([], |r| r.get::<_, String>(1))?
+            .collect::<Result<Vec<_>, _>>()?
+            .iter()
+            .any(|c| c == "sum");
+        if !has_sum {
+            txn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN sum INTEGER"))?;
+        }
+        let rows = txn
+            .prepare(&format!("SELECT {key}, {value} FROM {table} WHERE sum IS NULL"))?
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?)))?
+            .collect::<Result<Vec<_>, _>>()?;
+        for (k, v) in rows {
+            txn.execute(&format!("UPDATE {table} SET sum = ?1 WHERE {key} = ?2"), params![row_sum(table, &k, &v), k])?;
+        }
+    }
+    txn.commit()
 }
 
 /// Makes a new database at `path`: its tables are made under a temporary
@@ -257,16 +311,19 @@ fn write_op(txn: &Transaction<'_>, op: &Op, commit: &Commit<'_>) -> Result<(), S
     match op {
         Op::PutService { name, .. } => {
             let Some(spec) = commit.service_after(name) else { return Ok(()) };
+            let value = json(&spec.settings)?;
             run(
-                "INSERT OR REPLACE INTO services (name, settings) VALUES (?1, ?2)",
-                &[&name.as_str(), &json(&spec.settings)?],
+                "INSERT OR REPLACE INTO services (name, settings, sum) VALUES (?1, ?2, ?3)",
+                &[&name.as_str(), &value, &row_sum("services", name.as_str(), &value)],
             )
             .map_err(err)?;
             run("DELETE FROM backends WHERE service = ?1", &[&name.as_str()]).map_err(err)?;
             for (id, b) in &spec.backends {
+                let value = json(b)?;
+                let sum = row_sum("backends", &format!("{name}/{id}"), &value);
                 run(
-                    "INSERT INTO backends (service, id, spec) VALUES (?1, ?2, ?3)",
-                    &[&name.as_str(), &id.as_str(), &json(b)?],
+                    "INSERT INTO backends (service, id, spec, sum) VALUES (?1, ?2, ?3, ?4)",
+                    &[&name.as_str(), &id.as_str(), &value, &sum],
                 )
                 .map_err(err)?;
             }
@@ -276,9 +333,11 @@ fn write_op(txn: &Transaction<'_>, op: &Op, commit: &Commit<'_>) -> Result<(), S
             run("DELETE FROM backends WHERE service = ?1", &[&name.as_str()]).map_err(err)?;
         }
         Op::PutBackend { service, id, spec } => {
+            let value = json(spec)?;
+            let sum = row_sum("backends", &format!("{service}/{id}"), &value);
             run(
-                "INSERT OR REPLACE INTO backends (service, id, spec) VALUES (?1, ?2, ?3)",
-                &[&service.as_str(), &id.as_str(), &json(spec)?],
+                "INSERT OR REPLACE INTO backends (service, id, spec, sum) VALUES (?1, ?2, ?3, ?4)",
+                &[&service.as_str(), &id.as_str(), &value, &sum],
             )
             .map_err(err)?;
         }
@@ -287,7 +346,9 @@ fn write_op(txn: &Transaction<'_>, op: &Op, commit: &Commit<'_>) -> Result<(), S
                 .map_err(err)?;
         }
         Op::PutRoute { name, spec } => {
-            run("INSERT OR REPLACE INTO routes (name, spec) VALUES (?1, ?2)", &[&name.as_str(), &json(spec)?])
+            let value = json(spec)?;
+            let sum = row_sum("routes", name.as_str(), &value);
+            run("INSERT OR REPLACE INTO routes (name, spec, sum) VALUES (?1, ?2, ?3)", &[&name.as_str(), &value, &sum])
                 .map_err(err)?;
         }
         Op::DeleteRoute { name } => {
@@ -295,8 +356,13 @@ fn write_op(txn: &Transaction<'_>, op: &Op, commit: &Commit<'_>) -> Result<(), S
         }
         Op::PutCertificate { name, .. } => {
             let Some(spec) = commit.certificate_after(name) else { return Ok(()) };
-            run("INSERT OR REPLACE INTO certificates (name, spec) VALUES (?1, ?2)", &[&name.as_str(), &json(spec)?])
-                .map_err(err)?;
+            let value = json(spec)?;
+            let sum = row_sum("certificates", name.as_str(), &value);
+            run(
+                "INSERT OR REPLACE INTO certificates (name, spec, sum) VALUES (?1, ?2, ?3)",
+                &[&name.as_str(), &value, &sum],
+            )
+            .map_err(err)?;
         }
         Op::DeleteCertificate { name } => {
             run("DELETE FROM certificates WHERE name = ?1", &[&name.as_str()]).map_err(err)?;
@@ -312,34 +378,44 @@ impl Store for SqliteStore {
         // Rebuild through the model's own apply, so a stored configuration
         // passes the same checks as a submitted one.
         let mut ops = Vec::new();
-        let mut services = conn.prepare("SELECT name, settings FROM services ORDER BY name").map_err(err)?;
-        let mut backends = conn.prepare("SELECT id, spec FROM backends WHERE service = ?1 ORDER BY id").map_err(err)?;
-        let rows = services.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))).map_err(err)?;
-        for row in rows {
-            let (name, settings) = row.map_err(err)?;
+        // Each row as (key, value), its checksum checked.
+        type Row = (String, Vec<u8>, Option<i64>);
+        let row = |r: &rusqlite::Row<'_>| -> rusqlite::Result<Row> { Ok((r.get(0)?, r.get(1)?, r.get(2)?)) };
+        let checked = |table: &'static str, key: String, value: Vec<u8>, sum: Option<i64>| {
+            // A row without a sum was written by an older Tidegate since the
+            // store was opened; it gets one at the next open.
+            if sum.is_some_and(|sum| sum != row_sum(table, &key, &value)) {
+                return Err(StoreError::Damaged { path: self.path.display().to_string(), table, key });
+            }
+            Ok(value)
+        };
+        let mut services = conn.prepare("SELECT name, settings, sum FROM services ORDER BY name").map_err(err)?;
+        let mut backends =
+            conn.prepare("SELECT id, spec, sum FROM backends WHERE service = ?1 ORDER BY id").map_err(err)?;
+        for r in services.query_map([], row).map_err(err)? {
+            let (name, settings, sum) = r.map_err(err)?;
+            let settings = checked("services", name.clone(), settings, sum)?;
             let settings: ServiceSettings = serde_json::from_slice(&settings).map_err(corrupt)?;
             let mut spec = ServiceSpec { settings, backends: Default::default() };
-            let list =
-                backends.query_map([&name], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))).map_err(err)?;
-            for b in list {
-                let (id, value) = b.map_err(err)?;
+            for b in backends.query_map([&name], row).map_err(err)? {
+                let (id, value, sum) = b.map_err(err)?;
+                let value = checked("backends", format!("{name}/{id}"), value, sum)?;
                 spec.backends
                     .insert(BackendId::new(&id).map_err(corrupt)?, serde_json::from_slice(&value).map_err(corrupt)?);
             }
             ops.push(Op::PutService { name: ServiceName::new(&name).map_err(corrupt)?, spec: Box::new(spec) });
         }
-        let mut routes = conn.prepare("SELECT name, spec FROM routes ORDER BY name").map_err(err)?;
-        let rows = routes.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))).map_err(err)?;
-        for row in rows {
-            let (name, spec) = row.map_err(err)?;
+        let mut routes = conn.prepare("SELECT name, spec, sum FROM routes ORDER BY name").map_err(err)?;
+        for r in routes.query_map([], row).map_err(err)? {
+            let (name, spec, sum) = r.map_err(err)?;
+            let spec = checked("routes", name.clone(), spec, sum)?;
             let spec: RouteSpec = serde_json::from_slice(&spec).map_err(corrupt)?;
             ops.push(Op::PutRoute { name: RouteName::new(&name).map_err(corrupt)?, spec });
         }
-        let mut certificates = conn.prepare("SELECT name, spec FROM certificates ORDER BY name").map_err(err)?;
-        let rows =
-            certificates.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))).map_err(err)?;
-        for row in rows {
-            let (name, spec) = row.map_err(err)?;
+        let mut certificates = conn.prepare("SELECT name, spec, sum FROM certificates ORDER BY name").map_err(err)?;
+        for r in certificates.query_map([], row).map_err(err)? {
+            let (name, spec, sum) = r.map_err(err)?;
+            let spec = checked("certificates", name.clone(), spec, sum)?;
             // Decoding checks the pair again. A certificate that expired
             // while stored still loads: refusing it would stop the proxy
             // from starting (status and metrics report the expiry).
@@ -572,6 +648,57 @@ mod tests {
         }
         let e = SqliteStore::open(&path).err().expect("refused");
         assert!(e.to_string().contains("holds none of the store's tables"), "{e}");
+    }
+
+    #[test]
+    fn a_row_changed_behind_tidegate_is_refused_by_its_checksum() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sqlite");
+        {
+            let (store, mut state, mut revision) = with_service(&path);
+            let put = r#"{"ops":[{"op":"put_backend","service":"s","id":"a","spec":{"addr":"10.0.0.1:80"}}]}"#;
+            commit_next(&store, &mut state, &mut revision, put);
+            assert_eq!(store.load().unwrap().revision, 2);
+        }
+        // One bit of the address flipped ('1' is 0x31, '0' is 0x30).
+        let conn = Connection::open(&path).unwrap();
+        let flipped = br#"{"addr":"10.0.0.0:80"}"#.to_vec();
+        conn.execute("UPDATE backends SET spec = ?1 WHERE id = 'a'", params![flipped]).unwrap();
+        drop(conn);
+        let e = SqliteStore::open(&path).unwrap().load().expect_err("refused");
+        assert!(matches!(&e, StoreError::Damaged { table: "backends", key, .. } if key == "s/a"), "{e}");
+        assert!(e.to_string().contains("c.sqlite: the backends row \"s/a\" does not match its checksum"), "{e}");
+    }
+
+    #[test]
+    fn a_database_from_before_checksums_gets_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sqlite");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE services (name TEXT PRIMARY KEY, settings BLOB NOT NULL) WITHOUT ROWID;
+                 CREATE TABLE backends (service TEXT NOT NULL, id TEXT NOT NULL, spec BLOB NOT NULL,
+                     PRIMARY KEY (service, id)) WITHOUT ROWID;
+                 CREATE TABLE routes (name TEXT PRIMARY KEY, spec BLOB NOT NULL) WITHOUT ROWID;
+                 CREATE TABLE log (revision INTEGER PRIMARY KEY, change BLOB NOT NULL);
+                 CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+                 INSERT INTO services VALUES ('s', X'7B7D');
+                 INSERT INTO backends VALUES ('s', 'a', CAST('{\"addr\":\"10.0.0.1:80\"}' AS BLOB));
+                 INSERT INTO meta VALUES ('revision', 4);",
+            )
+            .unwrap();
+        }
+        let store = SqliteStore::open(&path).unwrap();
+        let loaded = store.load().unwrap();
+        assert_eq!(loaded.revision, 4);
+        assert_eq!(loaded.state.service("s").map(|s| s.backends.len()), Some(1));
+        let unsummed: i64 = store
+            .lock()
+            .unwrap()
+            .query_row("SELECT COUNT(*) FROM backends WHERE sum IS NULL", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(unsummed, 0);
     }
 
     #[test]

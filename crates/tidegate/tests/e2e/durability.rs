@@ -196,3 +196,38 @@ async fn an_empty_or_tableless_store_file_is_refused_at_start() {
     let tg = Tidegate::start(&data);
     assert_eq!(served_by(&get(&tg.url("/")).await), "kept");
 }
+
+/// A single bit flipped in a stored backend's address (the disk, or an
+/// edit of the file) is refused at start, naming the row, rather than
+/// loaded with a changed address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_bit_in_a_stored_row_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let b = Backend::start("kept", &[]);
+    let mut tg = Tidegate::start(&data);
+    route_to(&tg, "web", &[&b], "round_robin").await;
+    tg.terminate();
+    assert!(tg.wait_exit(std::time::Duration::from_secs(20)).is_some(), "stopped");
+    let store = data.join("config.sqlite");
+    // Everything into the database file itself (the -wal log's frames carry
+    // their own checksums; the database's pages do not).
+    let checkpoint = std::process::Command::new("sqlite3")
+        .arg(&store)
+        .arg("PRAGMA wal_checkpoint(TRUNCATE);")
+        .output()
+        .expect("sqlite3 runs (apt-get install sqlite3)");
+    assert!(checkpoint.status.success(), "{}", String::from_utf8_lossy(&checkpoint.stderr));
+    let mut bytes = std::fs::read(&store).unwrap();
+    let addr = b.addr.to_string().into_bytes();
+    // Wherever it is (the backend's row, and the change log's copy).
+    let found: Vec<usize> =
+        (0..bytes.len().saturating_sub(addr.len())).filter(|&i| bytes[i..i + addr.len()] == addr[..]).collect();
+    assert!(!found.is_empty(), "the address is in the file");
+    for at in found {
+        bytes[at + addr.len() - 1] ^= 1; // the port's last digit, one bit off
+    }
+    std::fs::write(&store, &bytes).unwrap();
+    let out = crate::config::serve_fails(&data, &[]);
+    assert!(out.contains("config.sqlite: the backends row \"web/b0\" does not match its checksum"), "{out}");
+}
