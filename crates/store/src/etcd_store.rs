@@ -883,6 +883,7 @@ async fn follow_log(client: Client, prefix: Vec<u8>, live: Arc<Live>, hooks: Arc
                     Ok(mut watch) => {
                         live.ok();
                         backoff = Duration::from_millis(100);
+                        resume = Some(start);
                         loop {
                             match watch.next().await {
                                 Ok(Some(message)) => {
@@ -890,8 +891,10 @@ async fn follow_log(client: Client, prefix: Vec<u8>, live: Arc<Live>, hooks: Arc
                                         // etcd no longer has where the watch
                                         // was to start: start from now.
                                         resume = None;
-                                    } else if message.revision() > 0 {
-                                        resume = Some(message.revision() + 1);
+                                    } else if let Some(last) = message.events.iter().map(|e| e.kv.mod_revision).max() {
+                                        // Every event of a revision comes in
+                                        // one message: the next is newer.
+                                        resume = Some(last + 1);
                                     }
                                     let seen = observe(&prefix, &message.events);
                                     let applied = (hooks.applied)();
