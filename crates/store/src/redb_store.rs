@@ -236,6 +236,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_file_to_import_must_be_a_whole_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.redb");
+        std::fs::write(&path, b"").unwrap();
+        let e = RedbStore::open_existing(&path).err().expect("refused");
+        assert!(matches!(&e, StoreError::NoSchema { what, .. } if what.contains("0 bytes")), "{e}");
+        std::fs::remove_file(&path).unwrap();
+        drop(RedbStore::open(&path).unwrap());
+        assert_eq!(RedbStore::open_existing(&path).unwrap().load().unwrap().revision, 0);
+        // A redb file without the store's tables.
+        let other = dir.path().join("other.redb");
+        drop(Database::create(&other).unwrap());
+        let e = RedbStore::open_existing(&other).err().expect("refused");
+        assert!(e.to_string().contains("lacks the table(s) services, backends, routes, log, meta"), "{e}");
+    }
+
+    #[test]
     fn the_shared_suite_passes() {
         crate::suite::run(|p| RedbStore::open(&p.with_extension("redb")));
     }
