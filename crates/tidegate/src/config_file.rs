@@ -178,7 +178,14 @@ fn read_trusted_as(path: &Path, euid: u32) -> Result<String, Untrusted> {
     } else {
         check_directory(path, "the file")?;
     }
-    let mut file = std::fs::File::open(path).map_err(unreadable)?;
+    // Non-blocking, so a pipe put in the file's place cannot hold the
+    // open (and the SIGHUP handler) until someone writes to it; it is then
+    // refused as not a regular file. Reads of a regular file are unaffected.
+    let mut file = {
+        use std::os::unix::fs::OpenOptionsExt;
+        let nonblocking = nix::fcntl::OFlag::O_NONBLOCK.bits();
+        std::fs::OpenOptions::new().read(true).custom_flags(nonblocking).open(path).map_err(unreadable)?
+    };
     let meta = file.metadata().map_err(unreadable)?;
     check_owner_and_mode(path, &meta, euid)?;
     let mut text = String::new();
@@ -403,6 +410,9 @@ mod tests {
         let e = read_trusted(&safe_link).unwrap_err().to_string();
         assert!(e.contains("link.yaml: mode 0666"), "the target is checked, named by the path given: {e}");
         assert!(read_trusted(dir.path()).unwrap_err().to_string().contains("not a regular file"));
+        let fifo = dir.path().join("fifo.yaml");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(read_trusted(&fifo).unwrap_err().to_string().contains("not a regular file"), "refused, not waited on");
     }
 
     #[test]
