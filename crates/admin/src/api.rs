@@ -156,11 +156,11 @@ pub struct Alive {
 /// `GET /readyz`.
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct Readiness {
-    /// `ready`, or `store unavailable` (with 503).
+    /// `ready`, or `store unavailable` or `store fault` (with 503).
     pub status: String,
     /// The revision applied.
     pub revision: u64,
-    /// Why the store is unavailable.
+    /// Why the store is unavailable, or the key at fault and what is wrong.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -207,6 +207,8 @@ pub struct Status {
     pub services: BTreeMap<String, ServiceState>,
     /// Certificates that expire within 14 days (or have expired), soonest first.
     pub certificates_expiring: Vec<Expiring>,
+    /// The configuration file (`serve --config`), when there is one.
+    pub config_file: Option<ConfigFileState>,
 }
 
 /// The configuration store, as `/v1/status` shows it.
@@ -226,6 +228,43 @@ pub struct StoreState {
     pub last_error: Option<String>,
     /// Instances sharing the store (cluster mode).
     pub instances: Vec<InstanceState>,
+    /// Keys in a state Tidegate never leaves them in (cluster mode; see
+    /// docs/cluster.md, "Store faults"): while there is one, `/readyz`
+    /// answers 503 and writes are refused.
+    pub faults: Vec<StoreFaultState>,
+}
+
+/// A key of the store at fault.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct StoreFaultState {
+    /// The key, in full.
+    pub key: String,
+    /// What kind of fault: `rev_invalid`, `rev_missing`, `rev_behind_log`,
+    /// `log_undecodable`, `log_misnumbered`, `log_overwritten`,
+    /// `object_invalid`, `written_outside` or `deleted_outside`.
+    pub kind: String,
+    /// What is wrong, in words.
+    pub message: String,
+}
+
+/// What `serve --config FILE` last did with its file, as `/v1/status`
+/// shows it.
+#[derive(Debug, Clone, Default, Serialize, JsonSchema)]
+pub struct ConfigFileState {
+    /// The file.
+    pub path: String,
+    /// `seed` or `sync`.
+    pub mode: String,
+    /// Whether the last reading of the file (at start, or on `SIGHUP`)
+    /// was applied (or found nothing to change).
+    pub ok: bool,
+    /// The revision the file was last applied at (or found in sync with).
+    pub applied_revision: Option<u64>,
+    /// Why the last reading was refused; the configuration it would have
+    /// changed stayed as it was.
+    pub last_error: Option<String>,
+    /// Readings refused since the start.
+    pub failures: u64,
 }
 
 /// One instance sharing the store.

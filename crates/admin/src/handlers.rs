@@ -369,14 +369,23 @@ pub(crate) async fn healthz() -> Sorted<Alive> {
 
 /// `GET /readyz`: the store is open, the configuration loaded, and the
 /// listeners bound (the admin API starts after the proxy's listener); in
-/// cluster mode, the watch on etcd is live too (503 otherwise: the proxy
-/// still serves its last configuration, but changes made elsewhere do not
-/// reach it). No token.
+/// cluster mode, the watch on etcd is live too, and the store has no fault
+/// (503 otherwise: the proxy still serves its last configuration, but
+/// changes made elsewhere do not reach it, or the store cannot be trusted).
+/// No token.
 pub(crate) async fn readyz(State(state): State<AdminState>) -> axum::response::Response {
     use axum::response::IntoResponse;
     let revision = state.control.config().revision;
     let store = state.control.store_status();
-    if store.connected {
+    if let Some(fault) = store.faults.first() {
+        let error = if store.faults.len() > 1 {
+            format!("{fault} (and {} more: see /v1/status)", store.faults.len() - 1)
+        } else {
+            fault.to_string()
+        };
+        let body = Readiness { status: "store fault".into(), revision, error: Some(error) };
+        (axum::http::StatusCode::SERVICE_UNAVAILABLE, Sorted(body)).into_response()
+    } else if store.connected {
         Sorted(Readiness { status: "ready".into(), revision, error: None }).into_response()
     } else {
         let body = Readiness { status: "store unavailable".into(), revision, error: store.last_error };

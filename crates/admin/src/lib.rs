@@ -53,8 +53,49 @@ pub struct AdminStateInner {
     /// Directories no static route may serve from or above (the data
     /// directory), canonical.
     private_dirs: Arc<[PathBuf]>,
+    /// What became of the configuration file, if there is one.
+    config_file: Option<Arc<ConfigFileReport>>,
     /// Everything `/metrics` shows.
     registry: Arc<tidegate_metrics::Registry>,
+}
+
+/// What `serve --config FILE` last did with its file, shared between the
+/// binary (which reads the file at start and on `SIGHUP`) and `/v1/status`
+/// and `/metrics`: a refused file is visible there, not only in the log.
+#[derive(Debug, Default)]
+pub struct ConfigFileReport {
+    state: std::sync::Mutex<api::ConfigFileState>,
+}
+
+impl ConfigFileReport {
+    /// A report on `path`, read in `mode` (`seed` or `sync`).
+    pub fn new(path: &std::path::Path, mode: &str) -> ConfigFileReport {
+        let state = api::ConfigFileState { path: path.display().to_string(), mode: mode.into(), ..Default::default() };
+        ConfigFileReport { state: std::sync::Mutex::new(state) }
+    }
+
+    /// The file was applied at `revision` (or found in sync with it).
+    pub fn applied(&self, revision: u64) {
+        if let Ok(mut s) = self.state.lock() {
+            s.ok = true;
+            s.applied_revision = Some(revision);
+            s.last_error = None;
+        }
+    }
+
+    /// The file was refused, for `error`; nothing changed.
+    pub fn refused(&self, error: String) {
+        if let Ok(mut s) = self.state.lock() {
+            s.ok = false;
+            s.last_error = Some(error);
+            s.failures += 1;
+        }
+    }
+
+    /// As `/v1/status` shows it.
+    pub fn state(&self) -> api::ConfigFileState {
+        self.state.lock().map(|s| s.clone()).unwrap_or_default()
+    }
 }
 
 impl std::ops::Deref for AdminState {
@@ -78,6 +119,7 @@ struct Parts {
     scaling: StatusBoard,
     watchers: Watchers,
     private_dirs: Arc<[PathBuf]>,
+    config_file: Option<Arc<ConfigFileReport>>,
 }
 
 impl AdminState {
@@ -92,6 +134,7 @@ impl AdminState {
             scaling: StatusBoard::default(),
             watchers: Watchers::default(),
             private_dirs: Arc::from([]),
+            config_file: None,
         })
     }
 
@@ -113,6 +156,11 @@ impl AdminState {
         AdminState::build(Parts { private_dirs: Arc::from([dir]), ..self.parts() })
     }
 
+    /// Shows what became of the configuration file (`serve --config`).
+    pub fn with_config_file(self, report: Arc<ConfigFileReport>) -> AdminState {
+        AdminState::build(Parts { config_file: Some(report), ..self.parts() })
+    }
+
     fn parts(&self) -> Parts {
         let s = &*self.0;
         Parts {
@@ -123,11 +171,13 @@ impl AdminState {
             scaling: s.scaling.clone(),
             watchers: s.watchers.clone(),
             private_dirs: s.private_dirs.clone(),
+            config_file: s.config_file.clone(),
         }
     }
 
     fn build(p: Parts) -> AdminState {
-        let registry = Arc::new(metrics::registry(&p.control, &p.events, &p.data_plane, &p.watchers));
+        let registry =
+            Arc::new(metrics::registry(&p.control, &p.events, &p.data_plane, &p.watchers, p.config_file.clone()));
         AdminState(Arc::new(AdminStateInner {
             control: p.control,
             token: p.token,
@@ -136,6 +186,7 @@ impl AdminState {
             scaling: p.scaling,
             watchers: p.watchers,
             private_dirs: p.private_dirs,
+            config_file: p.config_file,
             registry,
         }))
     }

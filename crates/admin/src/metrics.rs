@@ -40,10 +40,11 @@ pub(crate) fn registry(
     events: &Arc<Events>,
     data_plane: &SharedCollector,
     watchers: &Watchers,
+    config_file: Option<Arc<crate::ConfigFileReport>>,
 ) -> Registry {
     let mut r = Registry::default();
     r.register_collector(Box::new(Build));
-    r.register_collector(Box::new(ConfigCollector(control.clone())));
+    r.register_collector(Box::new(ConfigCollector(control.clone(), config_file)));
     r.register_collector(Box::new(WatchCollector(watchers.clone())));
     r.register_collector(Box::new(ServicesCollector(control.clone())));
     r.register_collector(Box::new(EventsCollector(events.clone())));
@@ -98,7 +99,7 @@ impl Collector for WatchCollector {
 }
 
 /// The writer and the store.
-struct ConfigCollector(Control);
+struct ConfigCollector(Control, Option<Arc<crate::ConfigFileReport>>);
 
 impl fmt::Debug for ConfigCollector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -127,6 +128,20 @@ impl Collector for ConfigCollector {
         ];
         for (name, help, v) in gauges {
             gauge(&mut enc, name, help, [([], v)])?;
+        }
+        let help = "Keys of the configuration store in a state Tidegate never leaves them in (docs/cluster.md, \"Store faults\"); while above 0, /readyz answers 503 and writes are refused.";
+        gauge(&mut enc, "tidegate_store_faults", help, [([], store.faults.len() as u64)])?;
+        if !store.faults.is_empty() {
+            let help = "1 for each key of the store at fault, by key and kind of fault.";
+            let samples = store.faults.iter().map(|f| ([("key", f.key.as_str()), ("kind", f.kind.code())], 1u64));
+            gauge(&mut enc, "tidegate_store_fault", help, samples)?;
+        }
+        if let Some(file) = &self.1 {
+            let state = file.state();
+            let help = "1 when the last reading of the configuration file (--config, at start or on SIGHUP) was applied, 0 when it was refused.";
+            gauge(&mut enc, "tidegate_config_file_ok", help, [([], u64::from(state.ok))])?;
+            let help = "Readings of the configuration file refused (nothing changed).";
+            counter(&mut enc, "tidegate_config_file_refused", help, [([], state.failures)])?;
         }
         let counters = [
             ("tidegate_config_commits", "Durable configuration commits.", &m.commits),

@@ -56,7 +56,7 @@ const DRY_RUN: (&str, &str, &str) =
 /// Every operation, in the order the document lists them.
 const ENDPOINTS: &[Endpoint] = &[
     Endpoint { method: "get", path: "/healthz", summary: "The process answers (no token).", auth: false, query: &[], request: None, ok: (200, "Alive.", Body::Json(of::<api::Alive>)), errors: &[400] },
-    Endpoint { method: "get", path: "/readyz", summary: "The store is open, the configuration loaded, the listeners bound; in cluster mode the etcd watch is live (no token).", auth: false, query: &[], request: None, ok: (200, "Ready.", Body::Json(of::<api::Readiness>)), errors: &[400, 503] },
+    Endpoint { method: "get", path: "/readyz", summary: "The store is open, the configuration loaded, the listeners bound; in cluster mode the etcd watch is live and the store has no fault (no token).", auth: false, query: &[], request: None, ok: (200, "Ready.", Body::Json(of::<api::Readiness>)), errors: &[400, 503] },
     Endpoint { method: "get", path: "/v1/openapi.json", summary: "This document (no token).", auth: false, query: &[], request: None, ok: (200, "The OpenAPI 3.1 document.", Body::Other("application/json")), errors: &[400] },
     Endpoint { method: "get", path: "/v1/services", summary: "Every service, by name.", auth: true, query: &[], request: None, ok: (200, "The services.", Body::Json(of::<api::ServicesRead<'static>>)), errors: &[] },
     Endpoint { method: "get", path: "/v1/services/{name}", summary: "One service.", auth: true, query: &[], request: None, ok: (200, "The service.", Body::Json(of::<api::ServiceRead<'static>>)), errors: &[404] },

@@ -6,7 +6,9 @@ use axum::extract::State;
 use tidegate_balance::{clock, ActiveState};
 use tidegate_snapshot::ServiceRuntime;
 
-use crate::api::{BackendState, Expiring, InstanceState, LoadState, ServiceState, Sorted, Status, StoreState};
+use crate::api::{
+    BackendState, Expiring, InstanceState, LoadState, ServiceState, Sorted, Status, StoreFaultState, StoreState,
+};
 use crate::AdminState;
 
 /// The dynamic weight in effect for each backend of `s`, in the order of
@@ -108,10 +110,20 @@ pub(crate) async fn get_status(State(state): State<AdminState>) -> Sorted<Status
             lag: store.latest_revision.saturating_sub(applied),
             last_error: store.last_error.clone(),
             instances,
+            faults: store
+                .faults
+                .iter()
+                .map(|f| StoreFaultState {
+                    key: f.key.clone(),
+                    kind: f.kind.code().into(),
+                    message: f.kind.to_string(),
+                })
+                .collect(),
         },
         routes: snapshot.route_count(),
         services,
         certificates_expiring: expiring(&snapshot, tidegate_model::unix_now()),
+        config_file: state.config_file.as_ref().map(|f| f.state()),
     })
 }
 

@@ -248,6 +248,25 @@ impl Client {
         Ok(Range { revision: page.header.revision, kvs: page.kvs })
     }
 
+    /// The last key of `[key, range_end)` in key order, as the store was at
+    /// etcd revision `revision` (0: now).
+    pub async fn last_in_range(
+        &self,
+        key: &[u8],
+        range_end: &[u8],
+        revision: i64,
+    ) -> Result<Option<KeyValue>, EtcdError> {
+        let mut body = json!({
+            "key": b64(key), "range_end": b64(range_end), "limit": 1,
+            "sort_order": "DESCEND", "sort_target": "KEY",
+        });
+        if revision > 0 {
+            body["revision"] = json!(revision);
+        }
+        let page: RangeWire = self.call("/v3/kv/range", &body, true).await?;
+        Ok(page.kvs.into_iter().next())
+    }
+
     /// Reads one key.
     pub async fn get(&self, key: &[u8]) -> Result<(i64, Option<KeyValue>), EtcdError> {
         let r = self.range(key, None).await?;

@@ -51,6 +51,12 @@ pub struct KeyValue {
     /// The etcd revision of the key's last change.
     #[serde(default, deserialize_with = "int")]
     pub mod_revision: i64,
+    /// The etcd revision at which the key was created.
+    #[serde(default, deserialize_with = "int")]
+    pub create_revision: i64,
+    /// How many times the key was written since it was created (1: once).
+    #[serde(default, deserialize_with = "int")]
+    pub version: i64,
     /// The lease the key is attached to (0: none).
     #[serde(default, deserialize_with = "int")]
     pub lease: i64,
@@ -274,11 +280,12 @@ mod tests {
     #[test]
     fn integers_come_as_text_or_numbers() {
         let r: RangeWire =
-            serde_json::from_str(r#"{"header":{"revision":"42"},"kvs":[{"key":"YQ==","mod_revision":7}],"more":true}"#)
+            serde_json::from_str(r#"{"header":{"revision":"42"},"kvs":[{"key":"YQ==","mod_revision":7,"create_revision":"5","version":"2"}],"more":true}"#)
                 .expect("decodes");
         assert_eq!(r.header.revision, 42);
         assert_eq!(r.kvs[0].key, b"a");
         assert_eq!(r.kvs[0].mod_revision, 7);
+        assert_eq!((r.kvs[0].create_revision, r.kvs[0].version), (5, 2));
         assert!(r.more);
         let empty: TxnWire = serde_json::from_str(r#"{"header":{"revision":"5"}}"#).expect("decodes");
         assert!(!empty.succeeded, "a failed transaction leaves `succeeded` out");

@@ -37,6 +37,13 @@ pub struct Document {
     /// /v1/config` shows every key, keeps the key the configuration has.
     #[serde(default)]
     pub certificates: BTreeMap<CertName, CertificateInput>,
+    /// States that the document is empty on purpose. `serve --config-mode
+    /// sync` refuses a file with no services, routes or certificates (an
+    /// empty, comment-only or cut-off file would otherwise delete the whole
+    /// configuration) unless it says `empty: true`. A document that says so
+    /// and holds anything is refused.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub empty: bool,
 }
 
 impl Document {
@@ -50,6 +57,18 @@ impl Document {
     /// it is applied. An error names the document's field
     /// (`routes.web.service`, `certificates.c.cert_pem`).
     pub fn check(&self) -> Result<ConfigState, ParseError> {
+        if self.empty && !self.holds_nothing() {
+            return Err(ParseError {
+                op: None,
+                field: "empty".into(),
+                message: format!(
+                    "says the document is empty, but it holds {} service(s), {} route(s) and {} certificate(s)",
+                    self.services.len(),
+                    self.routes.len(),
+                    self.certificates.len()
+                ),
+            });
+        }
         let now = crate::certificate::unix_now();
         for (name, spec) in &self.certificates {
             spec.check_incoming(now).map_err(|m| {
@@ -86,6 +105,11 @@ impl Document {
 }
 
 impl Document {
+    /// Whether it has no service, route or certificate.
+    pub fn holds_nothing(&self) -> bool {
+        self.services.is_empty() && self.routes.is_empty() && self.certificates.is_empty()
+    }
+
     /// The document's fields that keep a value from the configuration it
     /// is applied to (given as the placeholder `(redacted)`, as an export
     /// shows secrets and keys): applied to a configuration without them,
@@ -330,6 +354,23 @@ mod tests {
 
     fn doc(json: serde_json::Value) -> Document {
         serde_json::from_value(json).expect("a document")
+    }
+
+    #[test]
+    fn a_document_says_it_is_empty_only_when_it_is() {
+        let empty = doc(serde_json::json!({"empty": true}));
+        assert!(empty.empty && empty.holds_nothing());
+        assert!(empty.check().is_ok());
+        assert!(doc(serde_json::json!({})).holds_nothing());
+        assert!(!doc(serde_json::json!({})).empty, "absent means not stated");
+        let e = doc(serde_json::json!({"empty": true, "services": {"s": {}}})).check().unwrap_err();
+        assert_eq!(e.field, "empty");
+        assert!(e.message.contains("1 service(s)"), "{}", e.message);
+        // Not written back unless set, so an export is unchanged.
+        assert_eq!(
+            serde_json::to_value(Document::default()).unwrap(),
+            serde_json::json!({"services": {}, "routes": {}, "certificates": {}})
+        );
     }
 
     fn state(json: serde_json::Value) -> ConfigState {

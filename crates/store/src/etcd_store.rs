@@ -15,23 +15,42 @@
 //!
 //! A group of change sets is one transaction: the objects it changed, its
 //! log entries and the new `rev`, guarded by `rev` still holding the
-//! revision the group was built on. Every instance watches `rev` and reads
-//! the log entries it has not applied; revisions are Tidegate's own, one
-//! per change set, the same on every instance.
+//! revision the group was built on and by each of its log keys being
+//! absent (no instance ever overwrites a log entry). Every instance
+//! watches the prefix and reads the log entries it has not applied;
+//! revisions are Tidegate's own, one per change set, the same on every
+//! instance.
+//!
+//! Store faults. Every Tidegate commit writes `rev`, so every object it
+//! writes has the etcd `mod_revision` of a transaction that also wrote
+//! `rev` and a log entry. What breaks that was written by something else,
+//! and is a fault ([`FaultKind`]), found the same way by every instance: a
+//! running one sees it on the watch (a write or delete of an object at an
+//! etcd revision without `rev`), a starting one in the keys' revisions
+//! (an object whose `mod_revision` is newer than the oldest log entry's and
+//! belongs to no log entry). `rev` behind the newest log entry, `rev`
+//! missing beside a log, and log entries that do not decode are faults of
+//! the history. While there is a fault, `/readyz` answers 503, status and
+//! metrics name the key, and writes are refused with it (an object's fault
+//! lets through a write that names the object, which puts it back); a
+//! starting instance refuses to start.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tidegate_etcd::{prefix_end, Client, ClientOptions, Compare, Credentials, EtcdError, EventKind, TlsOptions, TxnOp};
+use tidegate_etcd::{
+    prefix_end, Client, ClientOptions, Compare, Credentials, EtcdError, Event, EventKind, KeyValue, TlsOptions, TxnOp,
+};
 use tidegate_model::{
     BackendId, CertName, CertificateSpec, ChangeSet, ConfigState, Op, RouteName, RouteSpec, ServiceName,
     ServiceSettings, ServiceSpec,
 };
 
 use crate::{
-    AppliedChange, Commit, CommitCost, Follow, InstanceRecord, Loaded, Store, StoreError, StoreStatus, LOG_RETAIN,
+    AppliedChange, Commit, CommitCost, FaultKind, Follow, InstanceRecord, Loaded, Store, StoreError, StoreFault,
+    StoreStatus, LOG_RETAIN, MAX_FAULTS,
 };
 
 /// Where the configuration lives in etcd: `etcd://HOST:PORT[,HOST:PORT...]/PREFIX[?history=N]`.
@@ -152,6 +171,8 @@ struct Live {
     lease: Mutex<Option<(i64, Instant)>>,
     /// Change sets the watch brought that the writer has not taken yet.
     received: Mutex<BTreeMap<u64, AppliedChange>>,
+    /// Keys at fault (full keys), at most [`MAX_FAULTS`].
+    faults: Mutex<BTreeMap<String, FaultKind>>,
 }
 
 /// The most change sets kept from the watch for the writer; beyond it they
@@ -199,6 +220,52 @@ impl Live {
 }
 
 impl Live {
+    /// Records a fault (logged once, when it is new or changes).
+    fn fault(&self, key: String, kind: FaultKind) {
+        let Ok(mut faults) = self.faults.lock() else { return };
+        if faults.get(&key) == Some(&kind) || (faults.len() >= MAX_FAULTS && !faults.contains_key(&key)) {
+            return;
+        }
+        tracing::error!(key = %key, fault = %kind, "store fault: the configuration store holds what Tidegate did not write; writes are refused until it is repaired (docs/cluster.md, \"Store faults\")");
+        faults.insert(key, kind);
+    }
+
+    /// Forgets the fault of `key`, if any (it was repaired).
+    fn clear(&self, key: &str) {
+        let Ok(mut faults) = self.faults.lock() else { return };
+        if let Some(kind) = faults.remove(key) {
+            tracing::info!(key = %key, was = %kind, "store fault repaired");
+        }
+    }
+
+    /// The faults, in key order.
+    fn faults(&self) -> Vec<StoreFault> {
+        let Ok(faults) = self.faults.lock() else { return Vec::new() };
+        faults.iter().map(|(key, kind)| StoreFault { key: key.clone(), kind: kind.clone() }).collect()
+    }
+
+    /// Makes the revision key's fault what `history` found.
+    fn history(&self, rev_key: &str, history: &History) {
+        match &history.rev_fault {
+            Some(kind) => self.fault(rev_key.to_string(), kind.clone()),
+            None => self.clear(rev_key),
+        }
+        if let Some((key, kind)) = &history.log_fault {
+            self.fault(key.clone(), kind.clone());
+        }
+    }
+
+    /// Makes the faults those `load` found, keeping deletes seen on the
+    /// watch (a deleted key leaves nothing for `load` to find).
+    fn loaded(&self, found: &[StoreFault]) {
+        if let Ok(mut faults) = self.faults.lock() {
+            faults.retain(|_, kind| matches!(kind, FaultKind::DeletedOutside { .. }));
+        }
+        for f in found {
+            self.fault(f.key.clone(), f.kind.clone());
+        }
+    }
+
     fn failed(&self, e: &dyn std::fmt::Display) {
         self.connected.store(false, Relaxed);
         if let Ok(mut last) = self.last_error.lock() {
@@ -232,6 +299,199 @@ fn corrupt<E: std::fmt::Display>(e: E) -> StoreError {
     StoreError::Corrupt(e.to_string())
 }
 
+fn text(key: &[u8]) -> String {
+    String::from_utf8_lossy(key).into_owned()
+}
+
+/// The revision a log key's last part (20 digits) names.
+fn log_number(rest: &[u8]) -> Option<u64> {
+    if rest.len() != 20 || !rest.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(rest).ok()?.parse().ok()
+}
+
+/// Decodes the log entry `kv` whose key names revision `number`.
+fn log_entry(kv: &KeyValue, number: u64) -> Result<AppliedChange, FaultKind> {
+    let change: AppliedChange =
+        serde_json::from_slice(&kv.value).map_err(|e| FaultKind::LogUndecodable { error: e.to_string() })?;
+    if change.revision != number {
+        return Err(FaultKind::LogMisnumbered { expected: number, found: change.revision });
+    }
+    if kv.version > 1 {
+        return Err(FaultKind::LogOverwritten { version: kv.version });
+    }
+    Ok(change)
+}
+
+/// The kinds of keys that hold the configuration's objects.
+const OBJECT_KINDS: [&[u8]; 4] = [b"services", b"backends", b"routes", b"certificates"];
+
+/// What the revision key and the newest log entry say, read at one etcd
+/// revision.
+#[derive(Debug, Default)]
+struct History {
+    /// The etcd revision they were read at.
+    etcd_rev: i64,
+    /// Tidegate's revision (0 when the key is missing or invalid).
+    rev: u64,
+    /// What is wrong with the revision key, if anything.
+    rev_fault: Option<FaultKind>,
+    /// A newest log entry whose key names no revision.
+    log_fault: Option<(String, FaultKind)>,
+}
+
+/// Reads `rev` and the newest log key under `prefix`, at one etcd
+/// revision, and says whether they agree.
+async fn check_history(client: &Client, prefix: &[u8]) -> Result<History, StoreError> {
+    let rev_key = [prefix, b"rev"].concat();
+    let log_prefix = [prefix, b"log/"].concat();
+    let (etcd_rev, kv) = client.get(&rev_key).await.map_err(unavailable)?;
+    let newest = client.last_in_range(&log_prefix, &prefix_end(&log_prefix), etcd_rev).await.map_err(unavailable)?;
+    let mut history = History { etcd_rev, ..History::default() };
+    let newest_log = match newest {
+        None => None,
+        Some(kv) => match log_number(&kv.key[log_prefix.len()..]) {
+            Some(n) => Some(n),
+            None => {
+                let error = "its key does not end in a 20-digit revision".to_string();
+                history.log_fault = Some((text(&kv.key), FaultKind::LogUndecodable { error }));
+                None
+            }
+        },
+    };
+    match kv {
+        None => {
+            history.rev_fault = newest_log.map(|newest_log| FaultKind::RevMissing { newest_log });
+        }
+        Some(kv) => match std::str::from_utf8(&kv.value).ok().and_then(|v| v.parse::<u64>().ok()) {
+            None => history.rev_fault = Some(FaultKind::RevInvalid { value: text(&kv.value) }),
+            Some(rev) => {
+                history.rev = rev;
+                history.rev_fault =
+                    newest_log.filter(|n| *n > rev).map(|newest_log| FaultKind::RevBehindLog { rev, newest_log });
+            }
+        },
+    }
+    Ok(history)
+}
+
+/// What one watch message says: the change sets it brings and the faults
+/// it shows or repairs, in order.
+#[derive(Debug, Default, PartialEq)]
+struct Seen {
+    changes: Vec<AppliedChange>,
+    /// `(key, Some(fault))`: a fault; `(key, None)`: the key was repaired.
+    faults: Vec<(String, Option<FaultKind>)>,
+    /// `rev` or the log changed other than by a commit: read them again.
+    recheck: bool,
+}
+
+/// Reads the events of one watch message on the whole prefix. A Tidegate
+/// commit writes `rev` and its log entries at one etcd revision, with the
+/// objects it changes: an object written or deleted at an etcd revision
+/// where `rev` was not written, or a log entry written where no commit was,
+/// was written by something else.
+fn observe(prefix: &[u8], events: &[Event]) -> Seen {
+    let rev_key = [prefix, b"rev"].concat();
+    let commits: std::collections::BTreeSet<i64> =
+        events.iter().filter(|e| e.kind == EventKind::Put && e.kv.key == rev_key).map(|e| e.kv.mod_revision).collect();
+    let logged: std::collections::BTreeSet<i64> = events
+        .iter()
+        .filter(|e| e.kind == EventKind::Put && e.kv.key.starts_with(&[prefix, b"log/"].concat()))
+        .map(|e| e.kv.mod_revision)
+        .collect();
+    let mut seen = Seen::default();
+    for e in events {
+        let Some(rest) = e.kv.key.strip_prefix(prefix) else { continue };
+        let at = e.kv.mod_revision;
+        let in_commit = commits.contains(&at);
+        let key = text(&e.kv.key);
+        let (kind, name) = match rest.iter().position(|b| *b == b'/') {
+            Some(i) => (&rest[..i], &rest[i + 1..]),
+            None => (rest, &rest[rest.len()..]),
+        };
+        match (kind, e.kind) {
+            // A commit writes it with its log entries; anything else is
+            // checked against the log.
+            (b"rev", what) => seen.recheck |= !(in_commit && logged.contains(&at) && what == EventKind::Put),
+            (b"log", EventKind::Put) => {
+                let entry = match log_number(name) {
+                    None => {
+                        Err(FaultKind::LogUndecodable { error: "its key does not end in a 20-digit revision".into() })
+                    }
+                    Some(n) => log_entry(&e.kv, n),
+                };
+                match entry {
+                    Ok(change) if in_commit => seen.changes.push(change),
+                    Ok(_) => {
+                        seen.faults.push((key, Some(FaultKind::WrittenOutside { at })));
+                        seen.recheck = true;
+                    }
+                    Err(fault) => {
+                        seen.faults.push((key, Some(fault)));
+                        seen.recheck = true;
+                    }
+                }
+            }
+            (b"log", EventKind::Delete) => {
+                // Trimmed by a commit, or removed by an operator: either
+                // way not at fault any more; the newest may have changed.
+                seen.faults.push((key, None));
+                if !in_commit {
+                    seen.recheck = true;
+                }
+            }
+            (kind, what) if OBJECT_KINDS.contains(&kind) => {
+                let fault = match (in_commit, what) {
+                    (true, _) => None,
+                    (false, EventKind::Put) => Some(FaultKind::WrittenOutside { at }),
+                    (false, EventKind::Delete) => Some(FaultKind::DeletedOutside { at }),
+                };
+                seen.faults.push((key, fault));
+            }
+            _ => {} // instance records and leaders
+        }
+    }
+    seen
+}
+
+/// Whether `ops` name the object stored at `rest` (a key without the
+/// prefix): a write through Tidegate that names an object at fault puts it
+/// back.
+fn names_object<'a>(ops: impl IntoIterator<Item = &'a Op>, rest: &str) -> bool {
+    ops.into_iter().any(|op| match op {
+        Op::PutService { name, .. } | Op::DeleteService { name } => {
+            rest == format!("services/{name}") || rest.starts_with(&format!("backends/{name}/"))
+        }
+        Op::PutBackend { service, id, .. } | Op::DeleteBackend { service, id } => {
+            rest == format!("backends/{service}/{id}")
+        }
+        Op::PutRoute { name, .. } | Op::DeleteRoute { name } => rest == format!("routes/{name}"),
+        Op::PutCertificate { name, .. } | Op::DeleteCertificate { name } => rest == format!("certificates/{name}"),
+    })
+}
+
+/// What the object stored at `rest` must hold for the configuration to be
+/// `after` (`None`: no key), or `Err` for a key that names no object.
+fn object_value(rest: &str, after: &ConfigState) -> Result<Option<Vec<u8>>, StoreError> {
+    let (kind, name) = rest.split_once('/').unwrap_or((rest, ""));
+    match kind {
+        "services" => after.service(name).map(|s| json(&s.settings)).transpose(),
+        "backends" => {
+            let (service, id) = name.split_once('/').unwrap_or((name, ""));
+            let id = BackendId::new(id).map_err(corrupt)?;
+            after.service(service).and_then(|s| s.backends.get(&id)).map(json).transpose()
+        }
+        "routes" => after.route(name).map(|r| json(&**r)).transpose(),
+        "certificates" => {
+            let name = CertName::new(name).map_err(corrupt)?;
+            after.certificates().get(&name).map(|c| json(&**c)).transpose()
+        }
+        _ => Err(corrupt(format!("{rest:?} names no object"))),
+    }
+}
+
 fn json<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, StoreError> {
     serde_json::to_vec(v).map_err(corrupt)
 }
@@ -251,11 +511,13 @@ impl EtcdStore {
         let client = Client::new(options).map_err(unavailable)?;
         let store = EtcdStore { runtime, client, url, live: Arc::default() };
         // Fail at start, with the reason, rather than at the first change.
-        let (_, rev) = store.runtime.block_on(store.read_rev()).map_err(|e| match e {
+        let prefix = store.url.prefix.clone().into_bytes();
+        let history = store.runtime.block_on(check_history(&store.client, &prefix)).map_err(|e| match e {
             StoreError::Unavailable(m) => StoreError::Unavailable(format!("{}: {m}", store.location())),
             other => other,
         })?;
-        store.live.latest.store(rev, Relaxed);
+        store.live.history(&text(&store.key("rev")), &history);
+        store.live.latest.store(history.rev, Relaxed);
         store.live.ok();
         Ok(store)
     }
@@ -277,6 +539,22 @@ impl EtcdStore {
         read_rev(&self.client, &self.key("rev")).await
     }
 
+    /// Refuses a commit while the store is at fault, unless every fault is
+    /// an object's that the commit names (it puts them back): their keys,
+    /// without the prefix, to write from the configuration after it.
+    fn repairs(&self, commit: &Commit<'_>) -> Result<Vec<String>, StoreError> {
+        let mut repairs = Vec::new();
+        for fault in self.live.faults() {
+            let rest = fault.key.strip_prefix(&self.url.prefix).unwrap_or(&fault.key);
+            let ops = commit.changes.iter().flat_map(|c| &c.change.ops);
+            if fault.kind.is_history() || !names_object(ops, rest) {
+                return Err(StoreError::Fault(fault));
+            }
+            repairs.push(rest.to_string());
+        }
+        Ok(repairs)
+    }
+
     /// Replaces whatever is under the prefix with `state` at `revision`,
     /// with no history (`tidegate store copy`). Refuses a prefix that
     /// already holds a configuration.
@@ -284,11 +562,11 @@ impl EtcdStore {
         let empty = ConfigState::default();
         let mut ops = vec![TxnOp::Put { key: self.key("rev"), value: revision.to_string().into_bytes(), lease: 0 }];
         let all: Vec<_> = state.services().keys().map(|n| Op::DeleteService { name: n.clone() }).collect();
-        self.object_writes(&all, &empty, state, &mut ops)?;
+        self.object_writes(&all, &empty, state, &[], &mut ops)?;
         let routes: Vec<_> = state.routes().keys().map(|n| Op::DeleteRoute { name: n.clone() }).collect();
-        self.object_writes(&routes, &empty, state, &mut ops)?;
+        self.object_writes(&routes, &empty, state, &[], &mut ops)?;
         let certs: Vec<_> = state.certificates().keys().map(|n| Op::DeleteCertificate { name: n.clone() }).collect();
-        self.object_writes(&certs, &empty, state, &mut ops)?;
+        self.object_writes(&certs, &empty, state, &[], &mut ops)?;
         let guard = [Compare::Absent(self.key("rev"))];
         let outcome = self.runtime.block_on(self.client.txn(&guard, &ops)).map_err(unavailable)?;
         if !outcome.succeeded {
@@ -300,12 +578,14 @@ impl EtcdStore {
         Ok(())
     }
 
-    /// The writes that make the objects `ops` touched equal to `after`.
+    /// The writes that make the objects `ops` touched equal to `after`,
+    /// and the keys `repair` (without the prefix) too.
     fn object_writes<'a>(
         &self,
         ops: impl IntoIterator<Item = &'a Op>,
         before: &ConfigState,
         after: &ConfigState,
+        repair: &[String],
         out: &mut Vec<TxnOp>,
     ) -> Result<(), StoreError> {
         // Key -> new value (None: delete), so a key touched twice is written
@@ -353,6 +633,9 @@ impl EtcdStore {
                 }
             }
         }
+        for rest in repair {
+            writes.insert(self.key(rest), object_value(rest, after)?);
+        }
         // A backend of a service that is gone is in its range already.
         writes.retain(|key, _| !gone.iter().any(|g| key.starts_with(g)));
         out.extend(gone.into_iter().map(|from| {
@@ -372,7 +655,7 @@ async fn read_rev(client: &Client, key: &[u8]) -> Result<(i64, u64), StoreError>
     let rev = match kv {
         None => 0,
         Some(kv) => std::str::from_utf8(&kv.value).ok().and_then(|v| v.parse().ok()).ok_or_else(|| {
-            StoreError::Corrupt(format!("the revision key holds {:?}", String::from_utf8_lossy(&kv.value)))
+            StoreError::Fault(StoreFault { key: text(key), kind: FaultKind::RevInvalid { value: text(&kv.value) } })
         })?,
     };
     Ok((etcd_rev, rev))
@@ -380,61 +663,18 @@ async fn read_rev(client: &Client, key: &[u8]) -> Result<(i64, u64), StoreError>
 
 impl Store for EtcdStore {
     fn load(&self) -> Result<Loaded, StoreError> {
-        self.runtime.block_on(async {
+        let range = self.runtime.block_on(async {
             // Everything at one etcd revision: the whole prefix is one range.
             let prefix = self.url.prefix.as_bytes();
-            let range = self.client.range(prefix, Some(&prefix_end(prefix))).await.map_err(unavailable)?;
-            let mut revision = 0;
-            let mut services: BTreeMap<String, ServiceSpec> = BTreeMap::new();
-            let mut routes = Vec::new();
-            let mut certificates = Vec::new();
-            let mut backends = Vec::new();
-            for kv in &range.kvs {
-                let key = std::str::from_utf8(&kv.key[prefix.len()..]).map_err(corrupt)?;
-                let (kind, name) = key.split_once('/').unwrap_or((key, ""));
-                match kind {
-                    "rev" => {
-                        revision = std::str::from_utf8(&kv.value).ok().and_then(|v| v.parse().ok()).unwrap_or(0);
-                    }
-                    "services" => {
-                        let settings: ServiceSettings = serde_json::from_slice(&kv.value).map_err(corrupt)?;
-                        services.insert(name.to_string(), ServiceSpec { settings, backends: Default::default() });
-                    }
-                    "backends" => backends.push((name, &kv.value)),
-                    "routes" => {
-                        let spec: RouteSpec = serde_json::from_slice(&kv.value).map_err(corrupt)?;
-                        routes.push(Op::PutRoute { name: RouteName::new(name).map_err(corrupt)?, spec });
-                    }
-                    "certificates" => {
-                        // An expired certificate still loads (see the embedded store).
-                        let spec: CertificateSpec = serde_json::from_slice(&kv.value).map_err(corrupt)?;
-                        certificates.push(Op::PutCertificate {
-                            name: CertName::new(name).map_err(corrupt)?,
-                            spec: Box::new(spec.into()),
-                        });
-                    }
-                    _ => {} // log entries, instance records
-                }
-            }
-            for (name, value) in backends {
-                let (service, id) = name.split_once('/').ok_or_else(|| corrupt(format!("backend key {name:?}")))?;
-                // A backend whose service is gone cannot be written; skip it
-                // rather than refuse to start.
-                if let Some(spec) = services.get_mut(service) {
-                    spec.backends
-                        .insert(BackendId::new(id).map_err(corrupt)?, serde_json::from_slice(value).map_err(corrupt)?);
-                }
-            }
-            let mut ops = Vec::with_capacity(services.len() + routes.len() + certificates.len());
-            for (name, spec) in services {
-                ops.push(Op::PutService { name: ServiceName::new(&name).map_err(corrupt)?, spec: Box::new(spec) });
-            }
-            ops.extend(routes);
-            ops.extend(certificates);
-            let (state, _) = ConfigState::default().apply(&ChangeSet { if_revision: None, ops }, 0).map_err(corrupt)?;
-            self.live.latest.fetch_max(revision, Relaxed);
-            Ok(Loaded { state, revision })
-        })
+            self.client.range(prefix, Some(&prefix_end(prefix))).await.map_err(unavailable)
+        })?;
+        let (loaded, faults) = check_load(self.url.prefix.as_bytes(), &range.kvs);
+        self.live.loaded(&faults);
+        if let Some(first) = faults.into_iter().next() {
+            return Err(StoreError::Fault(first));
+        }
+        self.live.latest.fetch_max(loaded.revision, Relaxed);
+        Ok(loaded)
     }
 
     fn commit(&self, commit: &Commit<'_>) -> Result<(), StoreError> {
@@ -447,10 +687,14 @@ impl Store for EtcdStore {
         } else {
             Compare::ValueIs(rev_key.clone(), commit.base.to_string().into_bytes())
         };
+        let repairs = self.repairs(commit)?;
         let all_ops = commit.changes.iter().flat_map(|c| &c.change.ops);
         let mut ops = Vec::with_capacity(commit.changes.len() * 2 + 2);
-        self.object_writes(all_ops, commit.before, commit.after, &mut ops)?;
+        self.object_writes(all_ops, commit.before, commit.after, &repairs, &mut ops)?;
+        // No log entry is ever overwritten: each is created, or nothing is.
+        let mut guards = vec![guard];
         for c in commit.changes {
+            guards.push(Compare::Absent(self.log_key(c.revision)));
             ops.push(TxnOp::Put { key: self.log_key(c.revision), value: json(c)?, lease: 0 });
         }
         ops.push(TxnOp::Put { key: rev_key, value: last.revision.to_string().into_bytes(), lease: 0 });
@@ -462,9 +706,22 @@ impl Store for EtcdStore {
         // A failed commit says nothing about the watch, which is what
         // `connected` (and readiness) reports: it breaks by itself when
         // etcd is gone.
-        let outcome = self.runtime.block_on(self.client.txn(&[guard], &ops)).map_err(unavailable)?;
+        let outcome = self.runtime.block_on(self.client.txn(&guards, &ops)).map_err(unavailable)?;
         if !outcome.succeeded {
+            // Another instance committed first, or `rev` and the log
+            // disagree (a log key above `rev` exists): only the first is
+            // worth building again.
+            let prefix = self.url.prefix.as_bytes();
+            let history = self.runtime.block_on(check_history(&self.client, prefix))?;
+            let rev_key = text(&self.key("rev"));
+            self.live.history(&rev_key, &history);
+            if let Some(kind) = history.rev_fault {
+                return Err(StoreError::Fault(StoreFault { key: rev_key, kind }));
+            }
             return Err(StoreError::Conflict { base: commit.base });
+        }
+        for rest in &repairs {
+            self.live.clear(&text(&self.key(rest)));
         }
         self.live.latest.fetch_max(last.revision, Relaxed);
         Ok(())
@@ -505,12 +762,21 @@ impl Store for EtcdStore {
             let end = prefix_end(&self.key("log/"));
             let range = self.client.range_limited(&from, &end, limit).await.map_err(unavailable)?;
             let mut out = Vec::with_capacity(range.kvs.len());
+            let log_prefix = self.key("log/");
             for (expected, kv) in (after + 1..).zip(&range.kvs) {
-                let change: AppliedChange = serde_json::from_slice(&kv.value).map_err(corrupt)?;
-                if change.revision != expected {
-                    return Err(StoreError::Compacted { oldest: change.revision });
+                let fault = |kind: FaultKind| {
+                    let fault = StoreFault { key: text(&kv.key), kind };
+                    self.live.fault(fault.key.clone(), fault.kind.clone());
+                    StoreError::Fault(fault)
+                };
+                let number = log_number(&kv.key[log_prefix.len().min(kv.key.len())..]).ok_or_else(|| {
+                    fault(FaultKind::LogUndecodable { error: "its key does not end in a 20-digit revision".into() })
+                })?;
+                if number != expected {
+                    // Trimmed: the history asked for is gone.
+                    return Err(StoreError::Compacted { oldest: number });
                 }
-                out.push(change);
+                out.push(log_entry(kv, number).map_err(fault)?);
             }
             if out.is_empty() {
                 // No log after `after`: up to date, unless the revision moved
@@ -528,9 +794,8 @@ impl Store for EtcdStore {
         let hooks = Arc::new(hooks);
         let client = self.client.clone();
         let live = self.live.clone();
-        let rev_key = self.key("rev");
-        let log_prefix = self.key("log/");
-        self.runtime.spawn(follow_log(client.clone(), rev_key, log_prefix, live.clone(), hooks.clone()));
+        let prefix = self.url.prefix.clone().into_bytes();
+        self.runtime.spawn(follow_log(client.clone(), prefix, live.clone(), hooks.clone()));
         let instances = self.key("instances/");
         let leaders = self.key("leaders/");
         self.runtime.spawn(heartbeat(client, instances, leaders, live, hooks));
@@ -548,6 +813,7 @@ impl Store for EtcdStore {
             latest_revision: self.live.latest.load(Relaxed),
             last_error: self.live.last_error.lock().ok().and_then(|e| e.clone()),
             instances: self.live.instances.lock().map(|i| i.clone()).unwrap_or_default(),
+            faults: self.live.faults(),
         }
     }
 
@@ -593,38 +859,65 @@ impl Store for EtcdStore {
     }
 }
 
-/// Follows the log for as long as the process lives: reads `rev`, wakes
-/// the writer (which catches up from what it has applied), then watches the
-/// log from there, keeping the change sets it brings for the writer (so
-/// following another instance costs no read). After any break it starts
-/// again (backing off to 2 s).
-async fn follow_log(client: Client, rev_key: Vec<u8>, log_prefix: Vec<u8>, live: Arc<Live>, hooks: Arc<Follow>) {
+/// Follows the store for as long as the process lives: checks `rev`
+/// against the log, wakes the writer (which catches up from what it has
+/// applied), then watches the whole prefix from there, keeping the change
+/// sets it brings for the writer (so following another instance costs no
+/// read) and noting faults ([`observe`]). After any break it starts again
+/// (backing off to 2 s), from where the watch left off when etcd still has
+/// it, so nothing written meanwhile goes unseen.
+async fn follow_log(client: Client, prefix: Vec<u8>, live: Arc<Live>, hooks: Arc<Follow>) {
     let mut backoff = Duration::from_millis(100);
-    let log_end = prefix_end(&log_prefix);
+    let end = prefix_end(&prefix);
+    let rev_key = text(&[&prefix[..], b"rev"].concat());
+    // The etcd revision the next watch starts from, once one has run.
+    let mut resume: Option<i64> = None;
     loop {
-        match read_rev(&client, &rev_key).await {
-            Ok((etcd_rev, rev)) => {
-                live.latest.fetch_max(rev, Relaxed);
+        match check_history(&client, &prefix).await {
+            Ok(history) => {
+                live.history(&rev_key, &history);
+                live.latest.fetch_max(history.rev, Relaxed);
                 (hooks.wake)();
-                match client.watch(&log_prefix, Some(&log_end), etcd_rev + 1).await {
+                let start = resume.unwrap_or(history.etcd_rev + 1);
+                match client.watch(&prefix, Some(&end), start).await {
                     Ok(mut watch) => {
                         live.ok();
                         backoff = Duration::from_millis(100);
+                        resume = Some(start);
                         loop {
                             match watch.next().await {
                                 Ok(Some(message)) => {
+                                    if message.compact_revision > 0 {
+                                        // etcd no longer has where the watch
+                                        // was to start: start from now.
+                                        resume = None;
+                                    } else if let Some(last) = message.events.iter().map(|e| e.kv.mod_revision).max() {
+                                        // Every event of a revision comes in
+                                        // one message: the next is newer.
+                                        resume = Some(last + 1);
+                                    }
+                                    let seen = observe(&prefix, &message.events);
                                     let applied = (hooks.applied)();
                                     let mut newest = 0;
-                                    for event in message.events.iter().filter(|e| e.kind == EventKind::Put) {
-                                        // A change set this instance has not applied yet; a
-                                        // value that does not decode is read again later.
-                                        let Ok(change) = serde_json::from_slice::<AppliedChange>(&event.kv.value)
-                                        else {
-                                            continue;
-                                        };
+                                    for change in seen.changes {
                                         newest = newest.max(change.revision);
                                         if change.revision > applied {
                                             live.keep(change, applied);
+                                        }
+                                    }
+                                    for (key, fault) in seen.faults {
+                                        match fault {
+                                            Some(kind) => live.fault(key, kind),
+                                            None => live.clear(&key),
+                                        }
+                                    }
+                                    if seen.recheck {
+                                        match check_history(&client, &prefix).await {
+                                            Ok(history) => live.history(&rev_key, &history),
+                                            Err(e) => {
+                                                live.failed(&e);
+                                                break;
+                                            }
                                         }
                                     }
                                     if newest > 0 {
@@ -661,6 +954,176 @@ async fn follow_log(client: Client, rev_key: Vec<u8>, log_prefix: Vec<u8>, live:
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(2));
     }
+}
+
+/// Reads the configuration from the keys of the whole prefix (read at one
+/// etcd revision), with every fault they show (see [`observe`] for how a
+/// write from elsewhere is told from a commit's).
+fn check_load(prefix: &[u8], kvs: &[KeyValue]) -> (Loaded, Vec<StoreFault>) {
+    let mut faults = Vec::new();
+    let mut fault = |key: &[u8], kind: FaultKind| {
+        if faults.len() < MAX_FAULTS {
+            faults.push(StoreFault { key: text(key), kind });
+        }
+    };
+    let mut rev_kv = None;
+    let mut log_mods = std::collections::BTreeSet::new();
+    let mut newest_log: Option<u64> = None;
+    let mut objects = Vec::new();
+    for kv in kvs {
+        let Some(rest) = kv.key.strip_prefix(prefix) else { continue };
+        let (kind, name) = match rest.iter().position(|b| *b == b'/') {
+            Some(i) => (&rest[..i], &rest[i + 1..]),
+            None => (rest, &rest[rest.len()..]),
+        };
+        match kind {
+            b"rev" => rev_kv = Some(kv),
+            b"log" => match log_number(name) {
+                None => {
+                    let error = "its key does not end in a 20-digit revision".into();
+                    fault(&kv.key, FaultKind::LogUndecodable { error })
+                }
+                Some(n) => {
+                    log_mods.insert(kv.mod_revision);
+                    newest_log = newest_log.max(Some(n));
+                    if let Err(kind) = log_entry(kv, n) {
+                        fault(&kv.key, kind);
+                    }
+                }
+            },
+            kind if OBJECT_KINDS.contains(&kind) => objects.push((kind, name, kv)),
+            _ => {} // instance records, leaders
+        }
+    }
+    let rev_key = [prefix, b"rev"].concat();
+    let revision = match rev_kv {
+        None => {
+            if let Some(newest_log) = newest_log {
+                fault(&rev_key, FaultKind::RevMissing { newest_log });
+            }
+            0
+        }
+        Some(kv) => match std::str::from_utf8(&kv.value).ok().and_then(|v| v.parse::<u64>().ok()) {
+            None => {
+                fault(&rev_key, FaultKind::RevInvalid { value: text(&kv.value) });
+                0
+            }
+            Some(rev) => {
+                if let Some(newest_log) = newest_log.filter(|n| *n > rev) {
+                    fault(&rev_key, FaultKind::RevBehindLog { rev, newest_log });
+                }
+                rev
+            }
+        },
+    };
+    // The etcd revisions of Tidegate's commits still known: the log's and
+    // the last one's (which wrote `rev`). An object last written at another
+    // revision after the oldest of them was written by something else;
+    // older than that, the history no longer tells.
+    let rev_mod = rev_kv.map(|kv| kv.mod_revision);
+    let floor = log_mods.first().copied().or(rev_mod);
+    let mut services: BTreeMap<String, ServiceSpec> = BTreeMap::new();
+    let mut keys: BTreeMap<String, &[u8]> = BTreeMap::new();
+    let mut routes = Vec::new();
+    let mut certificates = Vec::new();
+    let mut backends = Vec::new();
+    for (kind, name, kv) in objects {
+        let at = kv.mod_revision;
+        if !log_mods.contains(&at) && rev_mod != Some(at) && floor.is_none_or(|f| at > f) {
+            fault(&kv.key, FaultKind::WrittenOutside { at });
+            continue;
+        }
+        let Ok(name) = std::str::from_utf8(name) else {
+            fault(&kv.key, FaultKind::ObjectInvalid { error: "its name is not UTF-8".into() });
+            continue;
+        };
+        let invalid = |e: &dyn std::fmt::Display| FaultKind::ObjectInvalid { error: e.to_string() };
+        match kind {
+            b"services" => match serde_json::from_slice::<ServiceSettings>(&kv.value) {
+                Ok(settings) => {
+                    services.insert(name.to_string(), ServiceSpec { settings, backends: Default::default() });
+                    keys.insert(format!("s/{name}"), &kv.key);
+                }
+                Err(e) => fault(&kv.key, invalid(&e)),
+            },
+            b"backends" => backends.push((name, kv)),
+            b"routes" => match serde_json::from_slice::<RouteSpec>(&kv.value)
+                .map_err(|e| invalid(&e))
+                .and_then(|spec| Ok(Op::PutRoute { name: RouteName::new(name).map_err(|e| invalid(&e))?, spec }))
+            {
+                Ok(op) => {
+                    routes.push(op);
+                    keys.insert(format!("r/{name}"), &kv.key);
+                }
+                Err(kind) => fault(&kv.key, kind),
+            },
+            _ => {
+                // An expired certificate still loads (see the embedded store).
+                let op =
+                    serde_json::from_slice::<CertificateSpec>(&kv.value).map_err(|e| invalid(&e)).and_then(|spec| {
+                        let name = CertName::new(name).map_err(|e| invalid(&e))?;
+                        Ok(Op::PutCertificate { name, spec: Box::new(spec.into()) })
+                    });
+                match op {
+                    Ok(op) => {
+                        certificates.push(op);
+                        keys.insert(format!("c/{name}"), &kv.key);
+                    }
+                    Err(kind) => fault(&kv.key, kind),
+                }
+            }
+        }
+    }
+    for (name, kv) in backends {
+        let Some((service, id)) = name.split_once('/') else {
+            fault(&kv.key, FaultKind::ObjectInvalid { error: "a backend key is backends/SERVICE/ID".into() });
+            continue;
+        };
+        // A backend whose service is gone cannot be written; skip it
+        // rather than refuse to start.
+        if let Some(spec) = services.get_mut(service) {
+            let backend = BackendId::new(id)
+                .map_err(|e| e.to_string())
+                .and_then(|id| serde_json::from_slice(&kv.value).map(|b| (id, b)).map_err(|e| e.to_string()));
+            match backend {
+                Ok((id, b)) => {
+                    spec.backends.insert(id, b);
+                }
+                Err(error) => fault(&kv.key, FaultKind::ObjectInvalid { error }),
+            }
+        }
+    }
+    let mut ops = Vec::with_capacity(services.len() + routes.len() + certificates.len());
+    let mut op_keys = Vec::with_capacity(ops.capacity());
+    for (name, spec) in services {
+        let key = keys.get(&format!("s/{name}")).copied().unwrap_or(prefix);
+        match ServiceName::new(&name) {
+            Ok(name) => {
+                ops.push(Op::PutService { name, spec: Box::new(spec) });
+                op_keys.push(key);
+            }
+            Err(e) => fault(key, FaultKind::ObjectInvalid { error: e.to_string() }),
+        }
+    }
+    for op in routes.into_iter().chain(certificates) {
+        let key = match &op {
+            Op::PutRoute { name, .. } => keys.get(&format!("r/{name}")),
+            Op::PutCertificate { name, .. } => keys.get(&format!("c/{name}")),
+            _ => None,
+        };
+        op_keys.push(key.copied().unwrap_or(prefix));
+        ops.push(op);
+    }
+    let state = match ConfigState::default().apply(&ChangeSet { if_revision: None, ops }, 0) {
+        Ok((state, _)) => state,
+        Err(e) => {
+            let key = e.op.and_then(|i| op_keys.get(i)).copied().unwrap_or(prefix);
+            let field = e.field.as_deref().map(|f| format!("{f}: ")).unwrap_or_default();
+            fault(key, FaultKind::ObjectInvalid { error: format!("{field}{}", e.message) });
+            ConfigState::default()
+        }
+    };
+    (Loaded { state, revision }, faults)
 }
 
 /// How long an instance's lease lives without renewal: its record and its
@@ -778,6 +1241,148 @@ mod tests {
         }
         assert_eq!(live.received.lock().map(|r| r.len()).unwrap_or(0), 2);
         assert_eq!(revisions(live.take(7, 10)), [8, 9]);
+    }
+
+    fn kv(key: &str, value: &str, mod_revision: i64) -> KeyValue {
+        KeyValue {
+            key: key.as_bytes().to_vec(),
+            value: value.as_bytes().to_vec(),
+            mod_revision,
+            create_revision: mod_revision,
+            version: 1,
+            lease: 0,
+        }
+    }
+
+    fn put(key: &str, value: &str, at: i64) -> Event {
+        Event { kind: EventKind::Put, kv: kv(key, value, at) }
+    }
+
+    fn log(revision: u64, at: i64) -> KeyValue {
+        let change = serde_json::to_string(&change(revision)).unwrap();
+        kv(&format!("tg/log/{revision:020}"), &change, at)
+    }
+
+    fn kinds(faults: &[StoreFault]) -> Vec<(String, &'static str)> {
+        faults.iter().map(|f| (f.key.clone(), f.kind.code())).collect()
+    }
+
+    /// A store as Tidegate leaves it: service `s` and route `r` written by
+    /// revision 1 (etcd revision 10), backend `s/a` by revision 2 (11).
+    fn committed() -> Vec<KeyValue> {
+        vec![
+            kv("tg/backends/s/a", r#"{"addr":"127.0.0.1:1"}"#, 11),
+            kv("tg/instances/x", "{}", 30),
+            log(1, 10),
+            log(2, 11),
+            kv("tg/rev", "2", 11),
+            kv("tg/routes/r", r#"{"match":{"path_prefix":"/"},"service":"s"}"#, 10),
+            kv("tg/services/s", "{}", 10),
+        ]
+    }
+
+    #[test]
+    fn a_store_as_tidegate_left_it_loads_without_faults() {
+        let (loaded, faults) = check_load(b"tg/", &committed());
+        assert!(faults.is_empty(), "{faults:?}");
+        assert_eq!(loaded.revision, 2);
+        assert_eq!(loaded.state.service("s").map(|s| s.backends.len()), Some(1));
+        assert!(loaded.state.route("r").is_some());
+    }
+
+    #[test]
+    fn states_tidegate_never_leaves_are_faults_naming_the_key() {
+        let with = |change: &dyn Fn(&mut Vec<KeyValue>)| {
+            let mut kvs = committed();
+            change(&mut kvs);
+            kvs.sort_by(|a, b| a.key.cmp(&b.key));
+            kinds(&check_load(b"tg/", &kvs).1)
+        };
+        fn rev(v: &'static str) -> impl Fn(&mut Vec<KeyValue>) {
+            move |kvs| kvs.iter_mut().filter(|k| k.key == b"tg/rev").for_each(|k| k.value = v.as_bytes().to_vec())
+        }
+        assert_eq!(with(&rev("1")), [("tg/rev".to_string(), "rev_behind_log")]);
+        assert_eq!(with(&rev("two")), [("tg/rev".to_string(), "rev_invalid")]);
+        assert_eq!(with(&|kvs| kvs.retain(|k| k.key != b"tg/rev")), [("tg/rev".to_string(), "rev_missing")]);
+        assert_eq!(with(&rev("9")), [], "ahead of the log is an import's state");
+        let log_key = "tg/log/00000000000000000002".to_string();
+        let broken = |kvs: &mut Vec<KeyValue>| {
+            kvs.iter_mut()
+                .filter(|k| k.key.starts_with(b"tg/log/00000000000000000002"))
+                .for_each(|k| k.value = b"{oops".to_vec())
+        };
+        assert_eq!(with(&broken), [(log_key.clone(), "log_undecodable")]);
+        let renumbered = |kvs: &mut Vec<KeyValue>| {
+            kvs.iter_mut()
+                .filter(|k| k.key == b"tg/log/00000000000000000002")
+                .for_each(|k| *k = KeyValue { key: k.key.clone(), ..log(5, 11) })
+        };
+        assert_eq!(with(&renumbered), [(log_key.clone(), "log_misnumbered")]);
+        let overwritten = |kvs: &mut Vec<KeyValue>| {
+            kvs.iter_mut().filter(|k| k.key == b"tg/log/00000000000000000002").for_each(|k| k.version = 2)
+        };
+        assert_eq!(with(&overwritten), [(log_key, "log_overwritten")]);
+        // Edited in etcd: a newer etcd revision than any commit.
+        let edited = |kvs: &mut Vec<KeyValue>| {
+            kvs.iter_mut().filter(|k| k.key == b"tg/backends/s/a").for_each(|k| {
+                k.value = br#"{"addr":"10.0.0.9:1"}"#.to_vec();
+                k.mod_revision = 12
+            })
+        };
+        assert_eq!(with(&edited), [("tg/backends/s/a".to_string(), "written_outside")]);
+        // Edited between two commits: no log entry at its etcd revision.
+        let between = |kvs: &mut Vec<KeyValue>| {
+            kvs.iter_mut().filter(|k| k.key == b"tg/routes/r").for_each(|k| k.mod_revision = 10);
+            kvs.iter_mut().filter(|k| k.key == b"tg/services/s").for_each(|k| k.mod_revision = 10);
+            kvs.iter_mut().filter(|k| k.key == b"tg/backends/s/a").for_each(|k| k.mod_revision = 11);
+            kvs.push(kv("tg/routes/x", r#"{"match":{"path_prefix":"/x"},"service":"s"}"#, 9));
+            kvs.iter_mut().filter(|k| k.key == b"tg/routes/x").for_each(|k| k.mod_revision = 10);
+            kvs.push(kv("tg/routes/y", r#"{"match":{"path_prefix":"/y"},"service":"s"}"#, 10));
+            kvs.iter_mut().filter(|k| k.key == b"tg/routes/y").for_each(|k| k.mod_revision = 10);
+        };
+        assert_eq!(with(&between), [], "written by the commits");
+        let undecodable = |kvs: &mut Vec<KeyValue>| {
+            kvs.iter_mut().filter(|k| k.key == b"tg/services/s").for_each(|k| k.value = b"\"oops\"".to_vec())
+        };
+        let found = with(&undecodable);
+        assert_eq!(found[0], ("tg/services/s".to_string(), "object_invalid"), "{found:?}");
+        // The route to the service that did not load is named too.
+        assert!(found.contains(&("tg/routes/r".to_string(), "object_invalid")), "{found:?}");
+    }
+
+    #[test]
+    fn the_watch_tells_commits_from_writes_made_elsewhere() {
+        let commit = [
+            put("tg/backends/s/b", r#"{"addr":"127.0.0.1:2"}"#, 20),
+            put("tg/log/00000000000000000003", &serde_json::to_string(&change(3)).unwrap(), 20),
+            put("tg/rev", "3", 20),
+        ];
+        let seen = observe(b"tg/", &commit);
+        assert_eq!(seen.changes.len(), 1);
+        assert_eq!(seen.faults, [("tg/backends/s/b".to_string(), None)], "a commit repairs what it writes");
+        assert!(!seen.recheck);
+
+        let elsewhere = [
+            put("tg/routes/r", "{}", 21),
+            Event { kind: EventKind::Delete, kv: kv("tg/services/t", "", 22) },
+            put("tg/instances/x", "{}", 23),
+        ];
+        let seen = observe(b"tg/", &elsewhere);
+        assert_eq!(
+            seen.faults,
+            [
+                ("tg/routes/r".to_string(), Some(FaultKind::WrittenOutside { at: 21 })),
+                ("tg/services/t".to_string(), Some(FaultKind::DeletedOutside { at: 22 })),
+            ]
+        );
+        assert!(!seen.recheck);
+
+        // `rev` set by hand, a log entry that is not a change set: checked again.
+        assert!(observe(b"tg/", &[put("tg/rev", "1", 24)]).recheck);
+        let seen = observe(b"tg/", &[put("tg/log/00000000000000000004", "garbage", 25)]);
+        assert!(seen.recheck);
+        assert_eq!(seen.faults[0].1.as_ref().map(FaultKind::code), Some("log_undecodable"));
+        assert!(seen.changes.is_empty());
     }
 
     #[test]

@@ -56,6 +56,31 @@ pub enum StoreError {
     /// The database failed (I/O, corruption, ...).
     #[error("storage error: {0}")]
     Backend(String),
+    /// An existing database file that is not a store: empty, or without
+    /// the store's tables. Refused at start rather than served as an empty
+    /// configuration.
+    #[error(
+        "{path} {what}: refusing to serve it as an empty configuration (restore it from a backup; to start empty on purpose, move it and its -wal file away)"
+    )]
+    NoSchema {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        what: String,
+    },
+    /// A row of the embedded store whose checksum does not match it: it
+    /// was changed outside Tidegate, or damaged on disk.
+    #[error(
+        "{path}: the {table} row {key:?} does not match its checksum: it was changed outside Tidegate or damaged on disk (restore the file from a backup)"
+    )]
+    Damaged {
+        /// The database file.
+        path: String,
+        /// The table.
+        table: &'static str,
+        /// The row's key (`SERVICE/ID` for a backend).
+        key: String,
+    },
     /// Stored data could not be decoded.
     #[error("stored configuration is invalid: {0}")]
     Corrupt(String),
@@ -70,6 +95,12 @@ pub enum StoreError {
     /// written: the outcome of the last commit may be unknown.
     #[error("the configuration store is unavailable: {0}")]
     Unavailable(String),
+    /// The store holds a state Tidegate never writes (cluster mode: a key
+    /// changed in etcd by something else). Nothing was written.
+    #[error(
+        "store fault: {0}; Tidegate did not write this and builds nothing on it until it is repaired (see docs/cluster.md, \"Store faults\")"
+    )]
+    Fault(StoreFault),
     /// The store refuses a commit this large.
     #[error("{0}")]
     TooLarge(String),
@@ -79,6 +110,125 @@ pub enum StoreError {
         /// The oldest revision still replayable.
         oldest: u64,
     },
+}
+
+/// A key of a shared store in a state Tidegate never leaves it in: the
+/// store cannot be trusted until an operator repairs it (docs/cluster.md,
+/// "Store faults"). While there is one, `/readyz` answers 503, `/v1/status`
+/// and `/metrics` name the key, and writes are refused with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {kind}")]
+pub struct StoreFault {
+    /// The key at fault, in full (etcd: with its prefix).
+    pub key: String,
+    /// What is wrong with it.
+    pub kind: FaultKind,
+}
+
+impl serde::Serialize for StoreFault {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("StoreFault", 3)?;
+        st.serialize_field("key", &self.key)?;
+        st.serialize_field("kind", self.kind.code())?;
+        st.serialize_field("message", &self.kind.to_string())?;
+        st.end()
+    }
+}
+
+/// What is wrong with a key at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FaultKind {
+    /// The revision key does not hold a revision.
+    #[error("the revision key holds {value:?}, not a revision")]
+    RevInvalid {
+        /// What it holds.
+        value: String,
+    },
+    /// The revision key is gone while the log holds change sets.
+    #[error("the revision key is missing, but the log holds change sets up to revision {newest_log}")]
+    RevMissing {
+        /// The newest revision in the log.
+        newest_log: u64,
+    },
+    /// The revision key is lower than the newest change set in the log
+    /// (as after restoring an older etcd snapshot of part of the keys).
+    #[error("the revision key says {rev}, but the log holds change sets up to revision {newest_log}")]
+    RevBehindLog {
+        /// What the revision key says.
+        rev: u64,
+        /// The newest revision in the log.
+        newest_log: u64,
+    },
+    /// A log entry that is not a change set.
+    #[error("the log entry does not decode: {error}")]
+    LogUndecodable {
+        /// Why.
+        error: String,
+    },
+    /// A log entry whose change set has another revision than its key.
+    #[error("the log entry holds revision {found}, not the {expected} its key says")]
+    LogMisnumbered {
+        /// The revision its key says.
+        expected: u64,
+        /// The revision it holds.
+        found: u64,
+    },
+    /// A log entry written more than once (Tidegate writes each once).
+    #[error("the log entry was written {version} times; Tidegate writes each log entry once")]
+    LogOverwritten {
+        /// How many times it was written.
+        version: i64,
+    },
+    /// An object (service, backend, route, certificate) that does not
+    /// decode, or does not fit the rest of the configuration.
+    #[error("the stored object is invalid: {error}")]
+    ObjectInvalid {
+        /// Why.
+        error: String,
+    },
+    /// An object written where Tidegate committed nothing: changed in etcd
+    /// directly.
+    #[error("written at etcd revision {at}, where Tidegate committed nothing: it was changed outside Tidegate")]
+    WrittenOutside {
+        /// The etcd revision of the write.
+        at: i64,
+    },
+    /// An object deleted where Tidegate committed nothing.
+    #[error("deleted at etcd revision {at}, where Tidegate committed nothing: it was deleted outside Tidegate")]
+    DeletedOutside {
+        /// The etcd revision of the delete.
+        at: i64,
+    },
+}
+
+impl FaultKind {
+    /// A short name for the kind, for `/v1/status` and the `kind` label
+    /// of `tidegate_store_fault`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            FaultKind::RevInvalid { .. } => "rev_invalid",
+            FaultKind::RevMissing { .. } => "rev_missing",
+            FaultKind::RevBehindLog { .. } => "rev_behind_log",
+            FaultKind::LogUndecodable { .. } => "log_undecodable",
+            FaultKind::LogMisnumbered { .. } => "log_misnumbered",
+            FaultKind::LogOverwritten { .. } => "log_overwritten",
+            FaultKind::ObjectInvalid { .. } => "object_invalid",
+            FaultKind::WrittenOutside { .. } => "written_outside",
+            FaultKind::DeletedOutside { .. } => "deleted_outside",
+        }
+    }
+
+    /// A fault of the revision or the log: no commit can be built safely
+    /// on it, so every write is refused until it is repaired. The others
+    /// concern one object, which a write through Tidegate that names it
+    /// puts back.
+    pub fn is_history(&self) -> bool {
+        !matches!(
+            self,
+            FaultKind::ObjectInvalid { .. } | FaultKind::WrittenOutside { .. } | FaultKind::DeletedOutside { .. }
+        )
+    }
 }
 
 /// One group of applied change sets to persist, with the configuration
@@ -153,7 +303,15 @@ pub struct StoreStatus {
     /// The other instances sharing the store, and how far each has applied.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub instances: Vec<InstanceRecord>,
+    /// Keys in a state Tidegate never leaves them in (at most
+    /// [`MAX_FAULTS`]); while there is one, the store is not trusted.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<StoreFault>,
 }
+
+/// The most faults a store keeps track of (and `/v1/status` and
+/// `/metrics` list); beyond them, more are not recorded.
+pub const MAX_FAULTS: usize = 100;
 
 impl StoreStatus {
     /// An embedded store at `path`: always there, no one else.
@@ -165,6 +323,7 @@ impl StoreStatus {
             latest_revision: 0,
             last_error: None,
             instances: Vec::new(),
+            faults: Vec::new(),
         }
     }
 }

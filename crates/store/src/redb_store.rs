@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 use tidegate_model::{ChangeSet, ConfigState, Op, RouteSpec, ServiceSettings, ServiceSpec};
 
 use crate::{AppliedChange, Commit, Loaded, Store, StoreError, StoreStatus, LOG_RETAIN};
@@ -59,6 +59,38 @@ impl RedbStore {
         txn.open_table(LOG).map_err(err)?;
         txn.open_table(META).map_err(err)?;
         txn.commit().map_err(err)?;
+        Ok(RedbStore { db, path: path.to_path_buf() })
+    }
+
+    /// Opens an existing store file `path` (to import it), refusing one
+    /// that is empty or lacks the store's tables with
+    /// [`StoreError::NoSchema`]: a data directory's `config.redb` that
+    /// lost its contents must not be imported as an empty configuration.
+    pub fn open_existing(path: &Path) -> Result<RedbStore, StoreError> {
+        let no_schema = |what: String| StoreError::NoSchema { path: path.display().to_string(), what };
+        let bytes = std::fs::metadata(path).map_err(|e| StoreError::Backend(format!("{}: {e}", path.display())))?.len();
+        if bytes == 0 {
+            return Err(no_schema("is an empty file (0 bytes), not a Tidegate store".into()));
+        }
+        let db = Database::open(path).map_err(|e| StoreError::Backend(format!("{}: {e}", path.display())))?;
+        {
+            let txn = db.begin_read().map_err(err)?;
+            let mut missing = Vec::new();
+            for t in [SERVICES, BACKENDS, ROUTES] {
+                if txn.open_table(t).is_err() {
+                    missing.push(t.name().to_string());
+                }
+            }
+            if txn.open_table(LOG).is_err() {
+                missing.push("log".into());
+            }
+            if txn.open_table(META).is_err() {
+                missing.push("meta".into());
+            }
+            if !missing.is_empty() {
+                return Err(no_schema(format!("lacks the table(s) {}", missing.join(", "))));
+            }
+        }
         Ok(RedbStore { db, path: path.to_path_buf() })
     }
 
@@ -202,6 +234,23 @@ impl Store for RedbStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_to_import_must_be_a_whole_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.redb");
+        std::fs::write(&path, b"").unwrap();
+        let e = RedbStore::open_existing(&path).err().expect("refused");
+        assert!(matches!(&e, StoreError::NoSchema { what, .. } if what.contains("0 bytes")), "{e}");
+        std::fs::remove_file(&path).unwrap();
+        drop(RedbStore::open(&path).unwrap());
+        assert_eq!(RedbStore::open_existing(&path).unwrap().load().unwrap().revision, 0);
+        // A redb file without the store's tables.
+        let other = dir.path().join("other.redb");
+        drop(Database::create(&other).unwrap());
+        let e = RedbStore::open_existing(&other).err().expect("refused");
+        assert!(e.to_string().contains("lacks the table(s) services, backends, routes, log, meta"), "{e}");
+    }
 
     #[test]
     fn the_shared_suite_passes() {

@@ -10,6 +10,7 @@
 //! happens to cross SQLite's threshold: a checkpoint writes every page the
 //! log changed and syncs the database file, several times one commit's cost.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicI32, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -23,15 +24,26 @@ use tidegate_model::{
 
 use crate::{AppliedChange, Commit, Loaded, Store, StoreError, StoreStatus, LOG_RETAIN};
 
+/// Each object's row carries `sum`, a checksum of its table, key and value
+/// ([`row_sum`]), checked when the configuration is loaded: a row changed
+/// outside Tidegate, or a bit flipped on disk, is refused rather than
+/// loaded with a changed address.
 const SCHEMA: &str = "
-    CREATE TABLE IF NOT EXISTS services (name TEXT PRIMARY KEY, settings BLOB NOT NULL) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS services (name TEXT PRIMARY KEY, settings BLOB NOT NULL, sum INTEGER) WITHOUT ROWID;
     CREATE TABLE IF NOT EXISTS backends (
-        service TEXT NOT NULL, id TEXT NOT NULL, spec BLOB NOT NULL, PRIMARY KEY (service, id)) WITHOUT ROWID;
-    CREATE TABLE IF NOT EXISTS routes (name TEXT PRIMARY KEY, spec BLOB NOT NULL) WITHOUT ROWID;
-    CREATE TABLE IF NOT EXISTS certificates (name TEXT PRIMARY KEY, spec BLOB NOT NULL) WITHOUT ROWID;
+        service TEXT NOT NULL, id TEXT NOT NULL, spec BLOB NOT NULL, sum INTEGER, PRIMARY KEY (service, id))
+        WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS routes (name TEXT PRIMARY KEY, spec BLOB NOT NULL, sum INTEGER) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS certificates (name TEXT PRIMARY KEY, spec BLOB NOT NULL, sum INTEGER) WITHOUT ROWID;
     CREATE TABLE IF NOT EXISTS log (revision INTEGER PRIMARY KEY, change BLOB NOT NULL);
     CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 ";
+
+/// The tables every database this store ever created has; one without
+/// them was not written by Tidegate, or lost its tables (see
+/// [`check_schema`]). `certificates` came later: an older database gets it
+/// on open.
+const CORE_TABLES: [&str; 5] = ["services", "backends", "routes", "log", "meta"];
 
 /// Pages in the write-ahead log from which [`Store::maintain`] copies it
 /// into the database (SQLite's own default threshold, 4 MiB).
@@ -68,9 +80,21 @@ fn json<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, StoreError> {
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) the database `path` and takes its lock:
-    /// a second process opening the same file gets an error, not a share.
+    /// Opens the database `path` and takes its lock: a second process
+    /// opening the same file gets an error, not a share.
+    ///
+    /// Where there is no file, a new database is made (mode 0600) under a
+    /// temporary name with its tables, and renamed into place: so a file at
+    /// `path` always had the tables, and one that has none of them (an
+    /// empty file, or a database whose tables were dropped) is refused with
+    /// [`StoreError::NoSchema`] rather than served as an empty
+    /// configuration whose revisions start again at 1.
     pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
+        match std::fs::symlink_metadata(path) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => create(path)?,
+            Err(e) => return Err(StoreError::Backend(format!("{}: {e}", path.display()))),
+        }
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let opening = |e: rusqlite::Error| {
             let busy = matches!(
@@ -85,10 +109,19 @@ impl SqliteStore {
         // empty immediate transaction below takes it now. In this mode the
         // WAL index lives in heap memory, not a shared-memory file.
         conn.pragma_update(None, "locking_mode", "EXCLUSIVE").map_err(opening)?;
+        // Before anything is written to it (setting WAL mode writes a header).
+        let tables = conn
+            .prepare("SELECT name FROM sqlite_master WHERE type = 'table'")
+            .and_then(|mut stmt| {
+                stmt.query_map([], |r| r.get::<_, String>(0))?.collect::<Result<BTreeSet<String>, _>>()
+            })
+            .map_err(opening)?;
+        check_schema(&tables, path)?;
         conn.pragma_update(None, "journal_mode", "WAL").map_err(opening)?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(opening)?;
         conn.execute_batch("BEGIN IMMEDIATE; COMMIT;").map_err(opening)?;
         conn.execute_batch(SCHEMA).map_err(opening)?;
+        add_sums(&mut conn).map_err(opening)?;
         // This hook replaces SQLite's automatic checkpoint (which runs
         // inside the commit that crosses 1,000 pages) with ours.
         let wal_pages = Arc::new(AtomicI32::new(0));
@@ -145,6 +178,105 @@ impl SqliteStore {
     }
 }
 
+/// The object tables: name, key columns (joined by `/` in a row's key),
+/// value column.
+const OBJECT_TABLES: [(&str, &str, &str); 4] = [
+    ("services", "name", "settings"),
+    ("backends", "service || '/' || id", "spec"),
+    ("routes", "name", "spec"),
+    ("certificates", "name", "spec"),
+];
+
+/// The checksum of one object's row: FNV-1a (64 bits) over its table, key
+/// and value. Not a defence against someone who means harm (anyone who may
+/// write the file may write a matching sum), but any change of one byte,
+/// a flipped bit among them, changes it.
+fn row_sum(table: &str, key: &str, value: &[u8]) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in table.bytes().chain([0]).chain(key.bytes()).chain([0]).chain(value.iter().copied()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h as i64
+}
+
+/// Gives every object row its checksum: a database from before checksums
+/// gets the column, and rows without one (written before, or by an older
+/// Tidegate since) get theirs.
+fn add_sums(conn: &mut Connection) -> rusqlite::Result<()> {
+    let txn = conn.transaction()?;
+    for (table, key, value) in OBJECT_TABLES {
+        let has_sum = txn
+            .prepare(&format!("PRAGMA table_info({table})"))?
+            .query_map([], |r| r.get::<_, String>(1))?
+            .collect::<Result<Vec<_>, _>>()?
+            .iter()
+            .any(|c| c == "sum");
+        if !has_sum {
+            txn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN sum INTEGER"))?;
+        }
+        let rows = txn
+            .prepare(&format!("SELECT {key}, {value} FROM {table} WHERE sum IS NULL"))?
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?)))?
+            .collect::<Result<Vec<_>, _>>()?;
+        for (k, v) in rows {
+            txn.execute(&format!("UPDATE {table} SET sum = ?1 WHERE {key} = ?2"), params![row_sum(table, &k, &v), k])?;
+        }
+    }
+    txn.commit()
+}
+
+/// Makes a new database at `path`: its tables are made under a temporary
+/// name (mode 0600), which is then renamed into place and the directory
+/// synced, so a crash leaves either no file or a whole one.
+fn create(path: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let fail = |what: &str, e: &dyn std::fmt::Display| StoreError::Backend(format!("{what} {}: {e}", path.display()));
+    let mut name = path.as_os_str().to_owned();
+    name.push(".new");
+    let temp = std::path::PathBuf::from(name);
+    // A leftover of a crash while creating: it never was the store.
+    let _ = std::fs::remove_file(&temp);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&temp)
+        .map_err(|e| fail("creating", &e))?;
+    let made = Connection::open(&temp).and_then(|conn| {
+        conn.execute_batch(SCHEMA)?;
+        conn.close().map_err(|(_, e)| e)
+    });
+    made.map_err(|e| fail("creating", &e))?;
+    std::fs::File::open(&temp).and_then(|f| f.sync_all()).map_err(|e| fail("syncing", &e))?;
+    std::fs::rename(&temp, path).map_err(|e| fail("creating", &e))?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| fail("syncing the directory of", &e))?;
+    }
+    Ok(())
+}
+
+/// Refuses a database without the store's tables: an existing file always
+/// had them (see [`SqliteStore::open`]), so one that lacks them is empty or
+/// damaged, and serving it would serve an empty configuration.
+fn check_schema(tables: &BTreeSet<String>, path: &Path) -> Result<(), StoreError> {
+    let missing: Vec<&str> = CORE_TABLES.iter().copied().filter(|t| !tables.contains(*t)).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let what = if missing.len() == CORE_TABLES.len() {
+        if bytes == 0 {
+            "is an empty file (0 bytes), not a Tidegate store".to_string()
+        } else {
+            "holds none of the store's tables".to_string()
+        }
+    } else {
+        format!("lacks the table(s) {}", missing.join(", "))
+    };
+    Err(StoreError::NoSchema { path: path.display().to_string(), what })
+}
+
 /// Records a checkpoint's outcome in the page count: an empty log, or
 /// the `pages` it still holds (and a warning) when it failed.
 fn checkpointed(count: &AtomicI32, pages: i32, outcome: rusqlite::Result<(i32, i32)>) {
@@ -179,16 +311,19 @@ fn write_op(txn: &Transaction<'_>, op: &Op, commit: &Commit<'_>) -> Result<(), S
     match op {
         Op::PutService { name, .. } => {
             let Some(spec) = commit.service_after(name) else { return Ok(()) };
+            let value = json(&spec.settings)?;
             run(
-                "INSERT OR REPLACE INTO services (name, settings) VALUES (?1, ?2)",
-                &[&name.as_str(), &json(&spec.settings)?],
+                "INSERT OR REPLACE INTO services (name, settings, sum) VALUES (?1, ?2, ?3)",
+                &[&name.as_str(), &value, &row_sum("services", name.as_str(), &value)],
             )
             .map_err(err)?;
             run("DELETE FROM backends WHERE service = ?1", &[&name.as_str()]).map_err(err)?;
             for (id, b) in &spec.backends {
+                let value = json(b)?;
+                let sum = row_sum("backends", &format!("{name}/{id}"), &value);
                 run(
-                    "INSERT INTO backends (service, id, spec) VALUES (?1, ?2, ?3)",
-                    &[&name.as_str(), &id.as_str(), &json(b)?],
+                    "INSERT INTO backends (service, id, spec, sum) VALUES (?1, ?2, ?3, ?4)",
+                    &[&name.as_str(), &id.as_str(), &value, &sum],
                 )
                 .map_err(err)?;
             }
@@ -198,9 +333,11 @@ fn write_op(txn: &Transaction<'_>, op: &Op, commit: &Commit<'_>) -> Result<(), S
             run("DELETE FROM backends WHERE service = ?1", &[&name.as_str()]).map_err(err)?;
         }
         Op::PutBackend { service, id, spec } => {
+            let value = json(spec)?;
+            let sum = row_sum("backends", &format!("{service}/{id}"), &value);
             run(
-                "INSERT OR REPLACE INTO backends (service, id, spec) VALUES (?1, ?2, ?3)",
-                &[&service.as_str(), &id.as_str(), &json(spec)?],
+                "INSERT OR REPLACE INTO backends (service, id, spec, sum) VALUES (?1, ?2, ?3, ?4)",
+                &[&service.as_str(), &id.as_str(), &value, &sum],
             )
             .map_err(err)?;
         }
@@ -209,7 +346,9 @@ fn write_op(txn: &Transaction<'_>, op: &Op, commit: &Commit<'_>) -> Result<(), S
                 .map_err(err)?;
         }
         Op::PutRoute { name, spec } => {
-            run("INSERT OR REPLACE INTO routes (name, spec) VALUES (?1, ?2)", &[&name.as_str(), &json(spec)?])
+            let value = json(spec)?;
+            let sum = row_sum("routes", name.as_str(), &value);
+            run("INSERT OR REPLACE INTO routes (name, spec, sum) VALUES (?1, ?2, ?3)", &[&name.as_str(), &value, &sum])
                 .map_err(err)?;
         }
         Op::DeleteRoute { name } => {
@@ -217,8 +356,13 @@ fn write_op(txn: &Transaction<'_>, op: &Op, commit: &Commit<'_>) -> Result<(), S
         }
         Op::PutCertificate { name, .. } => {
             let Some(spec) = commit.certificate_after(name) else { return Ok(()) };
-            run("INSERT OR REPLACE INTO certificates (name, spec) VALUES (?1, ?2)", &[&name.as_str(), &json(spec)?])
-                .map_err(err)?;
+            let value = json(spec)?;
+            let sum = row_sum("certificates", name.as_str(), &value);
+            run(
+                "INSERT OR REPLACE INTO certificates (name, spec, sum) VALUES (?1, ?2, ?3)",
+                &[&name.as_str(), &value, &sum],
+            )
+            .map_err(err)?;
         }
         Op::DeleteCertificate { name } => {
             run("DELETE FROM certificates WHERE name = ?1", &[&name.as_str()]).map_err(err)?;
@@ -234,34 +378,44 @@ impl Store for SqliteStore {
         // Rebuild through the model's own apply, so a stored configuration
         // passes the same checks as a submitted one.
         let mut ops = Vec::new();
-        let mut services = conn.prepare("SELECT name, settings FROM services ORDER BY name").map_err(err)?;
-        let mut backends = conn.prepare("SELECT id, spec FROM backends WHERE service = ?1 ORDER BY id").map_err(err)?;
-        let rows = services.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))).map_err(err)?;
-        for row in rows {
-            let (name, settings) = row.map_err(err)?;
+        // Each row as (key, value), its checksum checked.
+        type Row = (String, Vec<u8>, Option<i64>);
+        let row = |r: &rusqlite::Row<'_>| -> rusqlite::Result<Row> { Ok((r.get(0)?, r.get(1)?, r.get(2)?)) };
+        let checked = |table: &'static str, key: String, value: Vec<u8>, sum: Option<i64>| {
+            // A row without a sum was written by an older Tidegate since the
+            // store was opened; it gets one at the next open.
+            if sum.is_some_and(|sum| sum != row_sum(table, &key, &value)) {
+                return Err(StoreError::Damaged { path: self.path.display().to_string(), table, key });
+            }
+            Ok(value)
+        };
+        let mut services = conn.prepare("SELECT name, settings, sum FROM services ORDER BY name").map_err(err)?;
+        let mut backends =
+            conn.prepare("SELECT id, spec, sum FROM backends WHERE service = ?1 ORDER BY id").map_err(err)?;
+        for r in services.query_map([], row).map_err(err)? {
+            let (name, settings, sum) = r.map_err(err)?;
+            let settings = checked("services", name.clone(), settings, sum)?;
             let settings: ServiceSettings = serde_json::from_slice(&settings).map_err(corrupt)?;
             let mut spec = ServiceSpec { settings, backends: Default::default() };
-            let list =
-                backends.query_map([&name], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))).map_err(err)?;
-            for b in list {
-                let (id, value) = b.map_err(err)?;
+            for b in backends.query_map([&name], row).map_err(err)? {
+                let (id, value, sum) = b.map_err(err)?;
+                let value = checked("backends", format!("{name}/{id}"), value, sum)?;
                 spec.backends
                     .insert(BackendId::new(&id).map_err(corrupt)?, serde_json::from_slice(&value).map_err(corrupt)?);
             }
             ops.push(Op::PutService { name: ServiceName::new(&name).map_err(corrupt)?, spec: Box::new(spec) });
         }
-        let mut routes = conn.prepare("SELECT name, spec FROM routes ORDER BY name").map_err(err)?;
-        let rows = routes.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))).map_err(err)?;
-        for row in rows {
-            let (name, spec) = row.map_err(err)?;
+        let mut routes = conn.prepare("SELECT name, spec, sum FROM routes ORDER BY name").map_err(err)?;
+        for r in routes.query_map([], row).map_err(err)? {
+            let (name, spec, sum) = r.map_err(err)?;
+            let spec = checked("routes", name.clone(), spec, sum)?;
             let spec: RouteSpec = serde_json::from_slice(&spec).map_err(corrupt)?;
             ops.push(Op::PutRoute { name: RouteName::new(&name).map_err(corrupt)?, spec });
         }
-        let mut certificates = conn.prepare("SELECT name, spec FROM certificates ORDER BY name").map_err(err)?;
-        let rows =
-            certificates.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))).map_err(err)?;
-        for row in rows {
-            let (name, spec) = row.map_err(err)?;
+        let mut certificates = conn.prepare("SELECT name, spec, sum FROM certificates ORDER BY name").map_err(err)?;
+        for r in certificates.query_map([], row).map_err(err)? {
+            let (name, spec, sum) = r.map_err(err)?;
+            let spec = checked("certificates", name.clone(), spec, sum)?;
             // Decoding checks the pair again. A certificate that expired
             // while stored still loads: refusing it would stop the proxy
             // from starting (status and metrics report the expiry).
@@ -462,6 +616,99 @@ mod tests {
         }
         drop(store);
         assert_eq!(SqliteStore::open(&path).unwrap().load().unwrap().revision, revision);
+    }
+
+    #[test]
+    fn an_existing_file_without_the_tables_is_refused_and_a_new_one_is_made_whole() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sqlite");
+        drop(with_service(&path));
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert!(!dir.path().join("c.sqlite.new").exists());
+
+        let empty = dir.path().join("empty.sqlite");
+        std::fs::write(&empty, b"").unwrap();
+        let e = SqliteStore::open(&empty).err().expect("refused");
+        assert!(matches!(&e, StoreError::NoSchema { what, .. } if what.contains("0 bytes")), "{e}");
+        assert!(e.to_string().contains("empty.sqlite"), "{e}");
+        assert_eq!(std::fs::metadata(&empty).unwrap().len(), 0, "left as it was");
+
+        // Tables dropped behind Tidegate's back.
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch("PRAGMA journal_mode=DELETE; DROP TABLE routes; DROP TABLE log;").unwrap();
+        }
+        let e = SqliteStore::open(&path).err().expect("refused");
+        assert!(e.to_string().contains("lacks the table(s) routes, log"), "{e}");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch("DROP TABLE services; DROP TABLE backends; DROP TABLE meta; DROP TABLE certificates;")
+                .unwrap();
+        }
+        let e = SqliteStore::open(&path).err().expect("refused");
+        assert!(e.to_string().contains("holds none of the store's tables"), "{e}");
+    }
+
+    #[test]
+    fn a_row_changed_behind_tidegate_is_refused_by_its_checksum() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sqlite");
+        {
+            let (store, mut state, mut revision) = with_service(&path);
+            let put = r#"{"ops":[{"op":"put_backend","service":"s","id":"a","spec":{"addr":"10.0.0.1:80"}}]}"#;
+            commit_next(&store, &mut state, &mut revision, put);
+            assert_eq!(store.load().unwrap().revision, 2);
+        }
+        // One bit of the address flipped ('1' is 0x31, '0' is 0x30).
+        let conn = Connection::open(&path).unwrap();
+        let flipped = br#"{"addr":"10.0.0.0:80"}"#.to_vec();
+        conn.execute("UPDATE backends SET spec = ?1 WHERE id = 'a'", params![flipped]).unwrap();
+        drop(conn);
+        let e = SqliteStore::open(&path).unwrap().load().expect_err("refused");
+        assert!(matches!(&e, StoreError::Damaged { table: "backends", key, .. } if key == "s/a"), "{e}");
+        assert!(e.to_string().contains("c.sqlite: the backends row \"s/a\" does not match its checksum"), "{e}");
+    }
+
+    #[test]
+    fn a_database_from_before_checksums_gets_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sqlite");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE services (name TEXT PRIMARY KEY, settings BLOB NOT NULL) WITHOUT ROWID;
+                 CREATE TABLE backends (service TEXT NOT NULL, id TEXT NOT NULL, spec BLOB NOT NULL,
+                     PRIMARY KEY (service, id)) WITHOUT ROWID;
+                 CREATE TABLE routes (name TEXT PRIMARY KEY, spec BLOB NOT NULL) WITHOUT ROWID;
+                 CREATE TABLE log (revision INTEGER PRIMARY KEY, change BLOB NOT NULL);
+                 CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+                 INSERT INTO services VALUES ('s', X'7B7D');
+                 INSERT INTO backends VALUES ('s', 'a', CAST('{\"addr\":\"10.0.0.1:80\"}' AS BLOB));
+                 INSERT INTO meta VALUES ('revision', 4);",
+            )
+            .unwrap();
+        }
+        let store = SqliteStore::open(&path).unwrap();
+        let loaded = store.load().unwrap();
+        assert_eq!(loaded.revision, 4);
+        assert_eq!(loaded.state.service("s").map(|s| s.backends.len()), Some(1));
+        let unsummed: i64 = store
+            .lock()
+            .unwrap()
+            .query_row("SELECT COUNT(*) FROM backends WHERE sum IS NULL", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(unsummed, 0);
+    }
+
+    #[test]
+    fn a_database_from_before_certificates_gets_their_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sqlite");
+        drop(with_service(&path));
+        Connection::open(&path).unwrap().execute_batch("DROP TABLE certificates;").unwrap();
+        let loaded = SqliteStore::open(&path).unwrap().load().unwrap();
+        assert_eq!(loaded.revision, 1);
     }
 
     #[test]

@@ -53,6 +53,160 @@ impl FileError {
     }
 }
 
+/// Why a file that Tidegate acts on with its own privileges (`serve
+/// --config`) is not trusted: someone other than the user Tidegate runs as
+/// (or root) could have written it, and what it says would run as that
+/// user (an autoscaler command, for one).
+#[derive(Debug, thiserror::Error)]
+pub enum Untrusted {
+    /// The file or its directory cannot be examined.
+    #[error("{}: cannot check it: {source}", path.display())]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Not a regular file (a directory, a device, a pipe).
+    #[error("{}: not a regular file", path.display())]
+    NotAFile {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Owned by another user.
+    #[error(
+        "{}: owned by uid {owner}; it must belong to the user Tidegate runs as (uid {euid}) or to root",
+        path.display()
+    )]
+    Owner {
+        /// The file.
+        path: PathBuf,
+        /// Its owner.
+        owner: u32,
+        /// The user Tidegate runs as.
+        euid: u32,
+    },
+    /// Writable by its group or by everyone.
+    #[error("{}: mode {mode:04o} lets {who} write it; only its owner may (chmod go-w)", path.display())]
+    Writable {
+        /// The file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+        /// `its group`, `everyone`, or both.
+        who: &'static str,
+    },
+    /// In a directory anyone may write to, without the sticky bit: anyone
+    /// could replace the file, or the link, with their own.
+    #[error(
+        "{}: {what} in {}, a directory anyone may write to without the sticky bit, so anyone could replace it",
+        path.display(),
+        dir.display()
+    )]
+    OpenDirectory {
+        /// The file or link.
+        path: PathBuf,
+        /// `the file` or `the symbolic link`.
+        what: &'static str,
+        /// The directory.
+        dir: PathBuf,
+    },
+}
+
+/// Checks that the directory holding `path` is not writable by everyone
+/// without the sticky bit (as `/tmp` has it: there only a file's owner may
+/// replace it).
+fn check_directory(path: &Path, what: &'static str) -> Result<(), Untrusted> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let meta = std::fs::metadata(&dir).map_err(|source| Untrusted::Unreadable { path: dir.clone(), source })?;
+    let mode = meta.permissions().mode();
+    if mode & 0o002 != 0 && mode & 0o1000 == 0 {
+        return Err(Untrusted::OpenDirectory { path: path.to_path_buf(), what, dir });
+    }
+    Ok(())
+}
+
+/// Checks what an open file is: a regular file, owned by `euid` or root,
+/// that neither its group nor anyone else may write.
+fn check_owner_and_mode(path: &Path, meta: &std::fs::Metadata, euid: u32) -> Result<(), Untrusted> {
+    use std::os::unix::fs::MetadataExt;
+    if !meta.file_type().is_file() {
+        return Err(Untrusted::NotAFile { path: path.to_path_buf() });
+    }
+    let owner = meta.uid();
+    if owner != euid && owner != 0 {
+        return Err(Untrusted::Owner { path: path.to_path_buf(), owner, euid });
+    }
+    let mode = meta.mode() & 0o7777;
+    let who = match (mode & 0o020 != 0, mode & 0o002 != 0) {
+        (true, true) => "its group and everyone",
+        (true, false) => "its group",
+        (false, true) => "everyone",
+        (false, false) => return Ok(()),
+    };
+    Err(Untrusted::Writable { path: path.to_path_buf(), mode, who })
+}
+
+/// Reads a configuration file that `serve` acts on with its own
+/// privileges, after checking it as the admin token file is checked:
+///
+/// - the file (after following links) is a regular file owned by the user
+///   Tidegate runs as, or by root, and neither its group nor others may
+///   write it;
+/// - its directory is not writable by everyone (unless it has the sticky
+///   bit, as `/tmp` does);
+/// - a symbolic link is followed only when the directory it sits in passes
+///   the same directory check (the target is checked as above).
+///
+/// What is checked is the file actually opened (its descriptor), so a
+/// file swapped in after the check is not read unchecked.
+pub fn read_trusted(path: &Path) -> Result<String, Untrusted> {
+    read_trusted_as(path, nix::unistd::geteuid().as_raw())
+}
+
+fn read_trusted_as(path: &Path, euid: u32) -> Result<String, Untrusted> {
+    let unreadable = |source| Untrusted::Unreadable { path: path.to_path_buf(), source };
+    let link = std::fs::symlink_metadata(path).map_err(unreadable)?;
+    if link.file_type().is_symlink() {
+        check_directory(path, "the symbolic link")?;
+        let target = std::fs::canonicalize(path).map_err(unreadable)?;
+        check_directory(&target, "the file it points to")?;
+    } else {
+        check_directory(path, "the file")?;
+    }
+    // Non-blocking, so a pipe put in the file's place cannot hold the
+    // open (and the SIGHUP handler) until someone writes to it; it is then
+    // refused as not a regular file. Reads of a regular file are unaffected.
+    let mut file = {
+        use std::os::unix::fs::OpenOptionsExt;
+        let nonblocking = nix::fcntl::OFlag::O_NONBLOCK.bits();
+        std::fs::OpenOptions::new().read(true).custom_flags(nonblocking).open(path).map_err(unreadable)?
+    };
+    let meta = file.metadata().map_err(unreadable)?;
+    check_owner_and_mode(path, &meta, euid)?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut file, &mut text).map_err(unreadable)?;
+    Ok(text)
+}
+
+/// Refuses text that cannot be a whole file: YAML whose last line does not
+/// end in a newline, as a file caught while it is written (or cut short)
+/// is. Editors and tools end text files with one. JSON (text that starts
+/// with `{`) needs no such mark: a cut-off object does not parse.
+pub fn check_complete(path: &Path, text: &str) -> Result<(), FileError> {
+    if text.trim_start().starts_with('{') || text.is_empty() || text.ends_with('\n') {
+        return Ok(());
+    }
+    Err(FileError::new(
+        path,
+        "does not end with a newline, so it may be cut off mid-write; write the whole file under another name and rename it into place",
+    ))
+}
+
 /// Reads a file, or standard input for `-`.
 fn read_text(path: &Path) -> Result<String, FileError> {
     let read =
@@ -92,7 +246,12 @@ pub fn read_spec<T: DeserializeOwned>(path: &Path) -> Result<T, FileError> {
 /// else a document (which must hold together: every route's service in
 /// it).
 pub fn read(path: &Path) -> Result<ConfigFile, FileError> {
-    let text = read_text(path)?;
+    parse_file(path, &read_text(path)?)
+}
+
+/// Parses and checks the text of configuration file `path` (see [`read`]).
+pub fn parse_file(path: &Path, text: &str) -> Result<ConfigFile, FileError> {
+    let text = text.to_string();
     // Which kind it is: a first, untyped pass (syntax errors show here).
     let top: serde_norway::Value = parse(path, &text)?;
     let has_ops = match &top {
@@ -197,6 +356,73 @@ mod tests {
 
         let (_f, p) = file("services: [1, 2\n");
         assert!(read(&p).unwrap_err().at.is_some(), "syntax errors have a position");
+    }
+
+    #[test]
+    fn a_configuration_file_is_trusted_only_as_the_token_file_is() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.yaml");
+        std::fs::write(&path, "services: {}\n").unwrap();
+        let mode = |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+        mode(&path, 0o644);
+        assert_eq!(read_trusted(&path).unwrap(), "services: {}\n");
+        for (m, who) in [(0o664, "its group"), (0o646, "everyone"), (0o666, "its group and everyone")] {
+            mode(&path, m);
+            let e = read_trusted(&path).unwrap_err().to_string();
+            assert!(e.contains("t.yaml") && e.contains(&format!("{m:04o} lets {who} write it")), "{e}");
+        }
+        mode(&path, 0o600);
+        // Owned by someone else (as root, the test can give it away; it then checks as uid 4242).
+        std::os::unix::fs::chown(&path, Some(4343), None).ok();
+        let owner = std::fs::metadata(&path).map(|m| std::os::unix::fs::MetadataExt::uid(&m)).unwrap();
+        if owner == 4343 {
+            let e = read_trusted_as(&path, 4242).unwrap_err().to_string();
+            assert!(e.contains("owned by uid 4343") && e.contains("(uid 4242) or to root"), "{e}");
+            assert!(read_trusted_as(&path, 4343).is_ok());
+            std::os::unix::fs::chown(&path, Some(0), None).unwrap();
+        }
+        // A directory anyone may write to: refused, unless sticky.
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        let inside = open.join("c.yaml");
+        std::fs::write(&inside, "services: {}\n").unwrap();
+        mode(&inside, 0o600);
+        mode(&open, 0o777);
+        let e = read_trusted(&inside).unwrap_err().to_string();
+        assert!(e.contains("the file in") && e.contains("without the sticky bit"), "{e}");
+        mode(&open, 0o1777);
+        assert!(read_trusted(&inside).is_ok());
+        // A link is followed where it sits safely and its target passes.
+        mode(&open, 0o777);
+        let safe_link = dir.path().join("link.yaml");
+        std::os::unix::fs::symlink(&path, &safe_link).unwrap();
+        assert!(read_trusted(&safe_link).is_ok());
+        let to_open = dir.path().join("to-open.yaml");
+        std::os::unix::fs::symlink(&inside, &to_open).unwrap();
+        let e = read_trusted(&to_open).unwrap_err().to_string();
+        assert!(e.contains("the file it points to in"), "{e}");
+        let planted = open.join("planted.yaml");
+        std::os::unix::fs::symlink(&path, &planted).unwrap();
+        let e = read_trusted(&planted).unwrap_err().to_string();
+        assert!(e.contains("the symbolic link in"), "{e}");
+        mode(&path, 0o666);
+        let e = read_trusted(&safe_link).unwrap_err().to_string();
+        assert!(e.contains("link.yaml: mode 0666"), "the target is checked, named by the path given: {e}");
+        assert!(read_trusted(dir.path()).unwrap_err().to_string().contains("not a regular file"));
+        let fifo = dir.path().join("fifo.yaml");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(read_trusted(&fifo).unwrap_err().to_string().contains("not a regular file"), "refused, not waited on");
+    }
+
+    #[test]
+    fn yaml_that_stops_mid_line_is_not_a_whole_file() {
+        let p = Path::new("c.yaml");
+        assert!(check_complete(p, "services:\n  web: {}\n").is_ok());
+        assert!(check_complete(p, "").is_ok(), "empty is refused for what it is, elsewhere");
+        assert!(check_complete(p, "{\"services\": {}}").is_ok(), "JSON is whole when it parses");
+        let e = check_complete(p, "services:\n  web:\n    backends: [{id: a, addr: 127.0.0.1:80").unwrap_err();
+        assert!(e.to_string().starts_with("c.yaml: does not end with a newline"), "{e}");
     }
 
     #[test]

@@ -52,7 +52,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let token = admin_token(&args.data_dir)?;
-    let control = Control::start(store)?;
+    let control = Control::start(store).context("loading the configuration from the store")?;
 
     // Every client connection and every backend connection is a
     // descriptor: take all the system allows (the soft limit is often 1024).
@@ -127,19 +127,30 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // apart from the data plane, so configuration stays responsive under load.
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
-        let sync = match (&args.config, args.config_mode) {
-            (Some(path), ConfigMode::Seed) => {
+        let report = args.config.as_ref().map(|path| {
+            let mode = match args.config_mode {
+                ConfigMode::Seed => "seed",
+                ConfigMode::Sync => "sync",
+            };
+            Arc::new(tidegate_admin::ConfigFileReport::new(path, mode))
+        });
+        let sync = match (&args.config, args.config_mode, &report) {
+            (Some(path), ConfigMode::Seed, _) => {
                 load_initial_config(&control, path).await?;
+                if let Some(report) = &report {
+                    report.applied(control.config().revision);
+                }
                 None
             }
-            (Some(path), ConfigMode::Sync) => {
+            (Some(path), ConfigMode::Sync, Some(report)) => {
                 // At start, a file that cannot be applied stops the start:
                 // serving a configuration the operator did not ask for
                 // would be worse.
-                sync_config(&control, path).await?;
-                Some(path.clone())
+                let revision = sync_config(&control, path).await?;
+                report.applied(revision);
+                Some((path.clone(), report.clone()))
             }
-            (None, _) => None,
+            _ => None,
         };
         // Handlers are in place before the ready line: SIGHUP's default
         // action would end the process.
@@ -164,10 +175,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             max_replays: args.watch_max_replays,
             stall: Duration::from_secs(args.watch_stall_timeout_s),
         };
-        let state = AdminState::new(control.clone(), &token, data_plane)
+        let mut state = AdminState::new(control.clone(), &token, data_plane)
             .with_autoscaler(events, scaling)
             .with_watch_limits(watch_limits)
             .with_private_dir(&args.data_dir);
+        if let Some(report) = report {
+            state = state.with_config_file(report);
+        }
         // One machine-readable line for scripts and tests: `proxy=`,
         // `proxy_tls=` and `metrics=` for the listeners there are.
         let mut listeners = String::new();
@@ -277,7 +291,7 @@ async fn load_initial_config(control: &Control, path: &Path) -> anyhow::Result<(
         );
         return Ok(());
     }
-    let file = config_file::read(path)?;
+    let file = read_config_file(path)?;
     let document = matches!(file, config_file::ConfigFile::Document(_));
     let mut change = file.into_change_set();
     // Only onto an empty store: in cluster mode, instances starting
@@ -309,20 +323,42 @@ fn refused_in_file(path: &Path, paths: &[String], e: tidegate_model::ChangeError
     anyhow::anyhow!("{}: {}: {}", path.display(), e.field.as_deref().unwrap_or("."), e.message)
 }
 
+/// Reads `serve --config FILE`: checked as the admin token file is (the
+/// owner, no group or world write, where links point; see
+/// [`config_file::read_trusted`]), then parsed.
+fn read_config_file(path: &Path) -> anyhow::Result<config_file::ConfigFile> {
+    let text = config_file::read_trusted(path)?;
+    Ok(config_file::parse_file(path, &text)?)
+}
+
 /// `--config-mode sync`: makes the configuration equal to the file (a
-/// declarative document) in one change set, logging each change.
-async fn sync_config(control: &Control, path: &Path) -> anyhow::Result<()> {
-    let doc = match config_file::read(path)? {
+/// declarative document) in one change set, logging each change; the
+/// revision the configuration is at after it.
+///
+/// A file that would delete everything without saying so is refused: an
+/// empty or comment-only file, `{}`, or a document with no services,
+/// routes or certificates, unless it says `empty: true`; so is YAML that
+/// does not end in a newline (a file caught mid-write).
+async fn sync_config(control: &Control, path: &Path) -> anyhow::Result<u64> {
+    let text = config_file::read_trusted(path)?;
+    config_file::check_complete(path, &text)?;
+    let doc = match config_file::parse_file(path, &text)? {
         config_file::ConfigFile::Document(doc) => doc,
         config_file::ConfigFile::Changes(_) => {
             bail!("{}: --config-mode sync needs a declarative document (`services`, `routes`, `certificates`), not a change set", path.display())
         }
     };
+    if doc.holds_nothing() && !doc.empty {
+        bail!(
+            "{}: holds no services, routes or certificates (an empty, comment-only or cut-off file?): applying it would delete the whole configuration; if that is what you want, say so with `empty: true`",
+            path.display()
+        );
+    }
     let view = control.config();
     let (ops, changes) = tidegate_model::plan(&view.state, &doc);
     if ops.is_empty() {
         tracing::info!(file = %path.display(), revision = view.revision, "configuration file in sync: no changes");
-        return Ok(());
+        return Ok(view.revision);
     }
     let paths = tidegate_model::document_paths(&ops);
     let change = tidegate_model::ChangeSet { if_revision: Some(view.revision), ops };
@@ -334,23 +370,33 @@ async fn sync_config(control: &Control, path: &Path) -> anyhow::Result<()> {
         tracing::info!(file = %path.display(), revision, "{c}");
     }
     tracing::info!(file = %path.display(), revision, changes = changes.len(), "configuration file applied");
-    Ok(())
+    Ok(revision)
 }
 
 /// SIGHUP (a terminal closing, or an operator used to `nginx -s reload`)
-/// never stops the proxy. With `--config-mode sync` (`sync` is the file)
-/// it applies the configuration file again: a file that does not parse or
-/// apply is logged and changes nothing, and the proxy goes on serving what
-/// it has. Otherwise it is logged and ignored.
-async fn on_hangup(mut hup: tokio::signal::unix::Signal, control: Control, sync: Option<std::path::PathBuf>) {
+/// never stops the proxy. With `--config-mode sync` (`sync` is the file
+/// and its report) it applies the configuration file again: a file that
+/// is not trusted, does not parse, would delete everything without saying
+/// so, or does not apply is logged, shown in `/v1/status` and `/metrics`,
+/// and changes nothing; the proxy goes on serving what it has. Otherwise
+/// it is logged and ignored.
+async fn on_hangup(
+    mut hup: tokio::signal::unix::Signal,
+    control: Control,
+    sync: Option<(std::path::PathBuf, Arc<tidegate_admin::ConfigFileReport>)>,
+) {
     while hup.recv().await.is_some() {
-        let Some(path) = &sync else {
+        let Some((path, report)) = &sync else {
             tracing::info!("SIGHUP ignored: change the configuration with the admin API (`tidegate ctl apply -f FILE`), or run with --config FILE --config-mode sync");
             continue;
         };
         tracing::info!(file = %path.display(), "SIGHUP: applying the configuration file");
-        if let Err(e) = sync_config(&control, path).await {
-            tracing::error!("configuration file not applied, nothing changed: {e:#}");
+        match sync_config(&control, path).await {
+            Ok(revision) => report.applied(revision),
+            Err(e) => {
+                tracing::error!("configuration file not applied, nothing changed: {e:#}");
+                report.refused(format!("{e:#}"));
+            }
         }
     }
 }
@@ -540,15 +586,8 @@ pub fn copy_store(from: &Path, to: EtcdUrl, etcd: &EtcdArgs) -> anyhow::Result<E
 /// tried again at the next start.
 fn open_store(dir: &Path) -> anyhow::Result<SqliteStore> {
     let path = dir.join("config.sqlite");
-    if !path.exists() {
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-            .with_context(|| format!("creating {}", path.display()))?;
-    }
+    // A new data directory gets a new database (mode 0600); an existing
+    // file that is empty or has no tables is refused (`NoSchema`).
     let store = SqliteStore::open(&path).with_context(|| format!("opening the store {}", path.display()))?;
     let old = dir.join("config.redb");
     if old.exists() {
@@ -557,7 +596,7 @@ fn open_store(dir: &Path) -> anyhow::Result<SqliteStore> {
             tracing::warn!(ignored = %old.display(), "both config.sqlite and config.redb exist; config.sqlite is used");
             return Ok(store);
         }
-        let loaded = RedbStore::open(&old)
+        let loaded = RedbStore::open_existing(&old)
             .and_then(|r| r.load())
             .with_context(|| format!("reading {} to import it", old.display()))?;
         store

@@ -762,3 +762,156 @@ async fn etcd_over_tls_with_client_certificates() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("unavailable") || err.contains("certificate"), "{err}");
 }
+
+impl Etcd {
+    /// Runs `etcdctl` against member `i`; its standard output.
+    fn ctl(&self, i: usize, args: &[&str]) -> String {
+        let out = Command::new("etcdctl")
+            .args(["--endpoints", &format!("127.0.0.1:{}", self.members[i].client)])
+            .args(args)
+            .env("ETCDCTL_API", "3")
+            .output()
+            .expect("etcdctl runs (apt-get install etcd-client)");
+        assert!(out.status.success(), "etcdctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+/// Polls `tg`'s `/v1/status` until its store faults name `key` with
+/// `kind` (or, with `None`, until it has none); the status.
+async fn store_fault(tg: &Tidegate, fault: Option<(&str, &str)>) -> Value {
+    crate::support::wait_for(
+        &format!("{} reports the store fault {fault:?}", tg.admin),
+        Duration::from_secs(15),
+        async || {
+            let (_, status) = tg.api("GET", "/v1/status", None).await;
+            let faults = status["store"]["faults"].as_array().cloned().unwrap_or_default();
+            let found = match fault {
+                None => faults.is_empty(),
+                Some((key, kind)) => faults.iter().any(|f| f["key"] == key && f["kind"] == kind),
+            };
+            found.then_some(status)
+        },
+    )
+    .await
+}
+
+/// Runs `serve` on the store; expects it to refuse to start; its output.
+fn start_refused(store: &str) -> String {
+    let dir = tempfile::tempdir().expect("tempdir");
+    crate::config::serve_fails(dir.path(), &["--store", store])
+}
+
+/// States of etcd that Tidegate never leaves it in (`rev` lowered or
+/// deleted, as after restoring part of a snapshot; a log entry that is not
+/// a change set; an object edited or deleted with etcdctl) are store faults:
+/// every running instance sees them, `/readyz` answers 503, status and
+/// metrics name the key, writes are refused with that reason (not "other
+/// instances kept changing the configuration first"), no log entry is ever
+/// overwritten, and a new instance refuses to start, naming the key. Once
+/// repaired, everything is as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_faults_in_etcd_are_named_and_refuse_writes() {
+    let etcd = Etcd::start(1);
+    let store = etcd.url(&[0], "tg");
+    let (a, _da) = instance(&store, &[]);
+    let (b, _db) = instance(&store, &[]);
+    let backend = Backend::start("one", &[]);
+    let revision = service_with_route(&a, &backend).await;
+    assert_eq!(revision, 2);
+    converged(&b, revision).await;
+    let first_log = etcd.ctl(0, &["get", "tg/log/00000000000000000001", "--print-value-only"]);
+
+    // `rev` lowered below the log.
+    etcd.ctl(0, &["put", "tg/rev", "1"]);
+    for tg in [&a, &b] {
+        store_fault(tg, Some(("tg/rev", "rev_behind_log"))).await;
+        let r = get(&tg.admin_url("/readyz")).await;
+        assert_eq!(r.status, 503, "{}", r.text());
+        assert!(r.text().contains("tg/rev") && r.text().contains("store fault"), "{}", r.text());
+        let metrics = send("GET", &tg.admin_url("/metrics"), Some(TOKEN), Vec::new(), &[]).await.text();
+        assert!(metrics.contains(r#"tidegate_store_fault{key="tg/rev",kind="rev_behind_log"} 1"#), "{metrics}");
+        assert!(metrics.contains("tidegate_store_faults 1"), "{metrics}");
+    }
+    let (s, v) = a.api("PUT", "/v1/services/web/backends/x", Some(json!({"addr": "127.0.0.1:9"}))).await;
+    assert_eq!(s, 503, "{v}");
+    let message = v["error"]["message"].as_str().unwrap_or("");
+    assert!(message.contains("store fault: tg/rev: the revision key says 1"), "{v}");
+    assert!(!message.contains("kept changing"), "{v}");
+    let out = start_refused(&store);
+    assert!(out.contains("tg/rev") && out.contains("the log holds change sets up to revision 2"), "{out}");
+    assert_eq!(
+        etcd.ctl(0, &["get", "tg/log/00000000000000000001", "--print-value-only"]),
+        first_log,
+        "no log entry is overwritten"
+    );
+    assert_eq!(get(&a.url("/")).await.status, 200, "the proxy serves on");
+
+    // Deleted.
+    etcd.ctl(0, &["del", "tg/rev"]);
+    store_fault(&b, Some(("tg/rev", "rev_missing"))).await;
+    let (s, v) = b.api("PUT", "/v1/services/web/backends/x", Some(json!({"addr": "127.0.0.1:9"}))).await;
+    assert_eq!(s, 503, "{v}");
+    let out = start_refused(&store);
+    assert!(out.contains("tg/rev: the revision key is missing"), "{out}");
+
+    // Repaired: ready again everywhere, writes flow.
+    etcd.ctl(0, &["put", "tg/rev", "2"]);
+    for tg in [&a, &b] {
+        store_fault(tg, None).await;
+        assert_eq!(get(&tg.admin_url("/readyz")).await.status, 200);
+    }
+    let (s, v) = a.api("PUT", "/v1/services/web/backends/x", Some(json!({"addr": "127.0.0.1:9"}))).await;
+    assert_eq!((s, v["revision"].as_u64()), (200, Some(3)), "{v}");
+    converged(&b, 3).await;
+
+    // A log entry that is not a change set, where the next commit goes.
+    etcd.ctl(0, &["put", "tg/log/00000000000000000004", "not a change set"]);
+    store_fault(&b, Some(("tg/log/00000000000000000004", "log_undecodable"))).await;
+    store_fault(&b, Some(("tg/rev", "rev_behind_log"))).await;
+    let (s, v) = b.api("PUT", "/v1/services/web/backends/y", Some(json!({"addr": "127.0.0.1:9"}))).await;
+    assert_eq!(s, 503, "{v}");
+    assert_eq!(
+        etcd.ctl(0, &["get", "tg/log/00000000000000000004", "--print-value-only"]).trim(),
+        "not a change set",
+        "never overwritten"
+    );
+    etcd.ctl(0, &["del", "tg/log/00000000000000000004"]);
+    store_fault(&a, None).await;
+    store_fault(&b, None).await;
+
+    // A value edited with etcdctl: every instance sees it the same way and
+    // keeps serving what Tidegate wrote; a new instance refuses to start.
+    etcd.ctl(0, &["put", "tg/backends/web/a", r#"{"addr":"127.0.0.1:1"}"#]);
+    for tg in [&a, &b] {
+        store_fault(tg, Some(("tg/backends/web/a", "written_outside"))).await;
+        assert_eq!(get(&tg.admin_url("/readyz")).await.status, 503);
+        assert_eq!(crate::support::served_by(&get(&tg.url("/")).await), "one", "still what Tidegate wrote");
+    }
+    let out = start_refused(&store);
+    assert!(out.contains("tg/backends/web/a: written at etcd revision"), "{out}");
+    // Writes elsewhere are refused; one that names the object puts it back.
+    let (s, v) =
+        a.api("PUT", "/v1/routes/other", Some(json!({"match": {"path_prefix": "/o"}, "service": "web"}))).await;
+    assert_eq!(s, 503, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap_or("").contains("tg/backends/web/a"), "{v}");
+    let (s, v) = a.api("PUT", "/v1/services/web/backends/a", Some(json!({"addr": backend.addr.to_string()}))).await;
+    assert_eq!(s, 200, "{v}");
+    for tg in [&a, &b] {
+        store_fault(tg, None).await;
+        assert_eq!(get(&tg.admin_url("/readyz")).await.status, 200);
+    }
+    let (c, _dc) = instance(&store, &[]);
+    assert_eq!(crate::support::served_by(&get(&c.url("/")).await), "one");
+
+    // Deleted with etcdctl: the running instances see it.
+    etcd.ctl(0, &["del", "tg/routes/web"]);
+    for tg in [&a, &b, &c] {
+        store_fault(tg, Some(("tg/routes/web", "deleted_outside"))).await;
+    }
+    let (s, v) = c.api("PUT", "/v1/routes/web", Some(json!({"match": {"path_prefix": "/"}, "service": "web"}))).await;
+    assert_eq!(s, 200, "{v}");
+    for tg in [&a, &b, &c] {
+        store_fault(tg, None).await;
+    }
+}

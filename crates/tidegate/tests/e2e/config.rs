@@ -270,3 +270,171 @@ fn the_config_file_schema_in_docs_is_current() {
     let schema: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(schema["$schema"], "https://json-schema.org/draft/2020-12/schema");
 }
+
+/// Runs `tidegate serve` on `data_dir` with `extra` and expects it to stop
+/// by itself (within 20 s) with a failure; its output.
+pub(crate) fn serve_fails(data_dir: &Path, extra: &[&str]) -> String {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tidegate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--data-dir"])
+        .arg(data_dir)
+        .args(extra)
+        .env("TIDEGATE_ADMIN_TOKEN", TOKEN)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("serve runs");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while child.try_wait().expect("try_wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("its output");
+            panic!("serve {extra:?} kept running: {}", text(&out));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().expect("its output");
+    assert!(!out.status.success(), "serve {extra:?} exited with success: {}", text(&out));
+    text(&out)
+}
+
+fn hangup(tg: &Tidegate) {
+    let status = std::process::Command::new("kill").args(["-HUP", &tg.pid().to_string()]).status().expect("kill runs");
+    assert!(status.success());
+}
+
+fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// Waits until `/v1/status` shows the configuration file refused `n`
+/// times in all; the status's `config_file`.
+async fn refused_times(tg: &Tidegate, n: u64) -> Value {
+    wait_for(&format!("the file was refused {n} times"), Duration::from_secs(10), async || {
+        let (_, status) = tg.api("GET", "/v1/status", None).await;
+        (status["config_file"]["failures"].as_u64() == Some(n)).then(|| status["config_file"].clone())
+    })
+    .await
+}
+
+/// A configuration file runs with Tidegate's privileges (an autoscaler
+/// command in it runs as that user), so one that someone else could have
+/// written is refused as the admin token file is: at start (the process
+/// exits, naming the file and why) and on SIGHUP (the running configuration
+/// stays, and status and metrics say why).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configuration_file_others_may_write_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (Backend::start("a", &[]), Backend::start("b", &[]));
+    let file = dir.path().join("tidegate.yaml");
+    std::fs::write(&file, document(&[("web", &a)], &[("web", "/")])).unwrap();
+    let f = file.to_str().unwrap().to_string();
+    let data = dir.path().join("data");
+
+    for mode in ["sync", "seed"] {
+        chmod(&file, 0o666);
+        let out = serve_fails(&data, &["--config", &f, "--config-mode", mode]);
+        assert!(out.contains("tidegate.yaml: mode 0666 lets its group and everyone write it"), "{mode}: {out}");
+        chmod(&file, 0o620);
+        let out = serve_fails(&data, &["--config", &f, "--config-mode", mode]);
+        assert!(out.contains("tidegate.yaml: mode 0620 lets its group write it"), "{mode}: {out}");
+    }
+    // In a directory anyone may write to (without the sticky bit), the file
+    // or a link to it could be replaced by anyone.
+    let open = dir.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    chmod(&open, 0o777);
+    let planted = open.join("tidegate.yaml");
+    std::os::unix::fs::symlink(&file, &planted).unwrap();
+    chmod(&file, 0o644);
+    let out = serve_fails(&data, &["--config", planted.to_str().unwrap(), "--config-mode", "sync"]);
+    assert!(out.contains("the symbolic link in") && out.contains("without the sticky bit"), "{out}");
+
+    // A file that passes starts; made writable by others, it is refused on
+    // SIGHUP, and the proxy goes on with what it had.
+    let tg = Tidegate::start_with(&data, &["--config", &f, "--config-mode", "sync"]);
+    assert_eq!(served_by(&get(&tg.url("/")).await), "a");
+    let (_, status) = tg.api("GET", "/v1/status", None).await;
+    assert_eq!(status["config_file"]["ok"], true, "{status}");
+    std::fs::write(&file, document(&[("web", &b)], &[("web", "/")])).unwrap();
+    chmod(&file, 0o646);
+    hangup(&tg);
+    let report = refused_times(&tg, 1).await;
+    assert_eq!(report["ok"], false, "{report}");
+    let why = report["last_error"].as_str().unwrap_or("");
+    assert!(why.contains("tidegate.yaml: mode 0646 lets everyone write it"), "{report}");
+    assert_eq!(served_by(&get(&tg.url("/")).await), "a", "the running configuration stays");
+    let metrics = send("GET", &tg.admin_url("/metrics"), Some(TOKEN), Vec::new(), &[]).await.text();
+    assert!(metrics.contains("tidegate_config_file_ok 0"), "{metrics}");
+    assert!(metrics.contains("tidegate_config_file_refused_total 1"), "{metrics}");
+
+    // Fixed, it applies again.
+    chmod(&file, 0o644);
+    hangup(&tg);
+    wait_for("the fixed file applies", Duration::from_secs(10), async || {
+        (served_by(&get(&tg.url("/")).await) == "b").then_some(())
+    })
+    .await;
+    let (_, status) = tg.api("GET", "/v1/status", None).await;
+    assert_eq!(status["config_file"]["ok"], true, "{status}");
+}
+
+/// With `--config-mode sync`, a file that says nothing (empty, comments
+/// only, `{}`, no objects) or is cut off mid-write would delete every
+/// service and route: it is refused, on SIGHUP and at start, unless it says
+/// `empty: true`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_file_that_would_delete_everything_must_say_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Backend::start("a", &[]);
+    let file = dir.path().join("tidegate.yaml");
+    // Services last, so a cut in the last address still parses.
+    let whole = format!(
+        "routes:\n  web:\n    match: {{path_prefix: /}}\n    service: web\nservices:\n  web:\n    backends:\n      - id: a\n        addr: {}\n",
+        a.addr
+    );
+    std::fs::write(&file, &whole).unwrap();
+    let f = file.to_str().unwrap().to_string();
+    let data = dir.path().join("data");
+    let tg = Tidegate::start_with(&data, &["--config", &f, "--config-mode", "sync"]);
+    assert_eq!(served_by(&get(&tg.url("/")).await), "a");
+    let (_, config) = tg.api("GET", "/v1/config", None).await;
+    let revision = config["revision"].clone();
+
+    let cut = whole[..whole.len() - 2].to_string();
+    let lies = [
+        ("", "holds no services, routes or certificates"),
+        ("# nothing here yet\n", "holds no services, routes or certificates"),
+        ("{}", "holds no services, routes or certificates"),
+        ("services: {}\nroutes: {}\n", "say so with `empty: true`"),
+        (cut.as_str(), "does not end with a newline"),
+    ];
+    for (n, (content, why)) in lies.iter().enumerate() {
+        std::fs::write(&file, content).unwrap();
+        hangup(&tg);
+        let report = refused_times(&tg, n as u64 + 1).await;
+        let error = report["last_error"].as_str().unwrap_or("");
+        assert!(error.contains("tidegate.yaml") && error.contains(why), "{content:?}: {report}");
+        assert_eq!(served_by(&get(&tg.url("/")).await), "a", "{content:?}: the configuration stays");
+        let (_, config) = tg.api("GET", "/v1/config", None).await;
+        assert_eq!(config["revision"], revision, "{content:?}");
+    }
+    // At start too.
+    drop(tg);
+    std::fs::write(&file, "# emptied by mistake\n").unwrap();
+    let out = serve_fails(&data, &["--config", &f, "--config-mode", "sync"]);
+    assert!(out.contains("tidegate.yaml: holds no services, routes or certificates"), "{out}");
+
+    // Said on purpose, it empties the configuration.
+    std::fs::write(&file, &whole).unwrap();
+    let tg = Tidegate::start_with(&data, &["--config", &f, "--config-mode", "sync"]);
+    assert_eq!(served_by(&get(&tg.url("/")).await), "a");
+    std::fs::write(&file, "# nothing is served from here on purpose\nempty: true\n").unwrap();
+    hangup(&tg);
+    wait_for("the empty file applies", Duration::from_secs(10), async || {
+        (get(&tg.url("/")).await.status == 404).then_some(())
+    })
+    .await;
+    let (_, config) = tg.api("GET", "/v1/config", None).await;
+    assert_eq!(config["services"], json!({}), "{config}");
+}

@@ -146,3 +146,88 @@ async fn a_full_disk_refuses_writes_and_they_resume_when_it_is_freed() {
     assert_eq!(put(&tg, 7).await.0, 200);
     drop(tg);
 }
+
+/// An existing `config.sqlite` that is empty (0 bytes) or lost its tables
+/// is refused at start, naming the file, rather than served as an empty
+/// configuration whose revisions start again at 1; a new data directory
+/// still starts empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_or_tableless_store_file_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let b = Backend::start("kept", &[]);
+    let mut tg = Tidegate::start(&data);
+    let (_, config) = tg.api("GET", "/v1/config", None).await;
+    assert_eq!(config["revision"], 0, "a new data directory starts empty");
+    route_to(&tg, "web", &[&b], "round_robin").await;
+    tg.terminate();
+    assert!(tg.wait_exit(std::time::Duration::from_secs(20)).is_some(), "stopped");
+    let store = data.join("config.sqlite");
+    let wal = data.join("config.sqlite-wal");
+    let saved = std::fs::read(&store).unwrap();
+    let saved_wal = std::fs::read(&wal).ok();
+    let restore = || {
+        std::fs::write(&store, &saved).unwrap();
+        if let Some(w) = &saved_wal {
+            std::fs::write(&wal, w).unwrap();
+        }
+    };
+
+    std::fs::write(&store, b"").unwrap();
+    let _ = std::fs::remove_file(&wal);
+    let out = crate::config::serve_fails(&data, &[]);
+    assert!(out.contains("config.sqlite is an empty file (0 bytes)"), "{out}");
+    assert!(out.contains("refusing to serve it as an empty configuration"), "{out}");
+    assert_eq!(std::fs::metadata(&store).unwrap().len(), 0, "left as found");
+
+    // Tables dropped behind its back.
+    restore();
+    let dropped = std::process::Command::new("sqlite3")
+        .arg(&store)
+        .arg("DROP TABLE services; DROP TABLE backends; DROP TABLE routes;")
+        .status()
+        .expect("sqlite3 runs (apt-get install sqlite3)");
+    assert!(dropped.success());
+    let out = crate::config::serve_fails(&data, &[]);
+    assert!(out.contains("config.sqlite lacks the table(s) services, backends, routes"), "{out}");
+
+    // The file as it was starts as it was.
+    restore();
+    let tg = Tidegate::start(&data);
+    assert_eq!(served_by(&get(&tg.url("/")).await), "kept");
+}
+
+/// A single bit flipped in a stored backend's address (the disk, or an
+/// edit of the file) is refused at start, naming the row, rather than
+/// loaded with a changed address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_bit_in_a_stored_row_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let b = Backend::start("kept", &[]);
+    let mut tg = Tidegate::start(&data);
+    route_to(&tg, "web", &[&b], "round_robin").await;
+    tg.terminate();
+    assert!(tg.wait_exit(std::time::Duration::from_secs(20)).is_some(), "stopped");
+    let store = data.join("config.sqlite");
+    // Everything into the database file itself (the -wal log's frames carry
+    // their own checksums; the database's pages do not).
+    let checkpoint = std::process::Command::new("sqlite3")
+        .arg(&store)
+        .arg("PRAGMA wal_checkpoint(TRUNCATE);")
+        .output()
+        .expect("sqlite3 runs (apt-get install sqlite3)");
+    assert!(checkpoint.status.success(), "{}", String::from_utf8_lossy(&checkpoint.stderr));
+    let mut bytes = std::fs::read(&store).unwrap();
+    let addr = b.addr.to_string().into_bytes();
+    // Wherever it is (the backend's row, and the change log's copy).
+    let found: Vec<usize> =
+        (0..bytes.len().saturating_sub(addr.len())).filter(|&i| bytes[i..i + addr.len()] == addr[..]).collect();
+    assert!(!found.is_empty(), "the address is in the file");
+    for at in found {
+        bytes[at + addr.len() - 1] ^= 1; // the port's last digit, one bit off
+    }
+    std::fs::write(&store, &bytes).unwrap();
+    let out = crate::config::serve_fails(&data, &[]);
+    assert!(out.contains("config.sqlite: the backends row \"web/b0\" does not match its checksum"), "{out}");
+}
