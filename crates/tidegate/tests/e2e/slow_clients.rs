@@ -47,6 +47,20 @@ impl Body for Trickle {
     }
 }
 
+/// Reads from `s` until a response head is complete, the connection
+/// ends, or `within` passes; what came, as text.
+fn response_head(s: &mut TcpStream, within: Duration) -> String {
+    s.set_read_timeout(Some(within)).expect("timeout");
+    let (mut reply, mut buf) = (Vec::new(), [0u8; 4096]);
+    while !reply.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => reply.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&reply).into_owned()
+}
+
 /// An HTTP/2 (prior knowledge) connection to `addr`, with the client's
 /// stream flow-control window set to `window`.
 async fn h2_client<B>(
@@ -152,16 +166,7 @@ async fn a_streamed_upload_under_the_minimum_pace_gets_408_and_frees_its_backend
         }
     });
     in_flight_reaches(&tg, 1, "the streamed upload holds the backend").await;
-    s.set_read_timeout(Some(Duration::from_secs(15))).expect("timeout");
-    let mut reply = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !reply.windows(4).any(|w| w == b"\r\n\r\n") {
-        match s.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => reply.extend_from_slice(&buf[..n]),
-        }
-    }
-    let reply = String::from_utf8_lossy(&reply);
+    let reply = response_head(&mut s, Duration::from_secs(15));
     assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
     drop(s);
     let _ = trickle.join();
@@ -285,16 +290,7 @@ async fn a_backends_early_answer_to_an_upload_reaches_the_client() {
             }
         }
     });
-    s.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
-    let mut reply = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !reply.windows(4).any(|w| w == b"\r\n\r\n") {
-        match s.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => reply.extend_from_slice(&buf[..n]),
-        }
-    }
-    let reply = String::from_utf8_lossy(&reply);
+    let reply = response_head(&mut s, Duration::from_secs(20));
     assert!(reply.starts_with("HTTP/1.1 413"), "HTTP/1.1: {reply}");
     drop(s);
     let _ = sender.join();
