@@ -171,6 +171,35 @@ async fn replays_beyond_the_limit_get_503_with_retry_after() {
     }
 }
 
+#[tokio::test]
+async fn a_watch_resumes_after_its_last_event_id() {
+    let (app, _dir) = app();
+    for i in 0..3 {
+        let (status, _) = call(&app, "PUT", &format!("/v1/services/s{i}"), Some(json!({})), true).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let watch = |last: &'static str| {
+        let app = app.clone();
+        async move {
+            let req = Request::get("/v1/watch?from=0")
+                .header("authorization", format!("Bearer {TOKEN}"))
+                .header("last-event-id", last);
+            app.oneshot(req.body(Body::empty()).unwrap()).await.unwrap()
+        }
+    };
+    // Revisions 1 to 3 exist; a client that got 2 is sent 3 first.
+    let resp = watch("2").await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.into_body().into_data_stream();
+    let first = futures_util::StreamExt::next(&mut body).await.unwrap().unwrap();
+    let text = String::from_utf8_lossy(&first);
+    assert!(text.starts_with("id: 3\n"), "{text}");
+    let bad = watch("two").await;
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+    let body: Value = serde_json::from_slice(&axum::body::to_bytes(bad.into_body(), 1 << 20).await.unwrap()).unwrap();
+    assert_eq!(body["error"]["field"], "header.last-event-id", "{body}");
+}
+
 async fn metrics_text(app: &Router) -> String {
     let req = Request::get("/metrics").header("authorization", format!("Bearer {TOKEN}"));
     let res = app.clone().oneshot(req.body(Body::empty()).unwrap()).await.unwrap();

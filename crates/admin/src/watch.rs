@@ -1,5 +1,9 @@
 //! `GET /v1/watch?from=REV`: applied change sets as server-sent events.
 //!
+//! Each event's `id` is its revision, so a client that reconnects with
+//! `Last-Event-ID` (as a browser's `EventSource` does by itself) resumes
+//! after the last change set it got, whatever `from` its URL says.
+//!
 //! Each watcher's queue, its replay of history and the number of replays
 //! at once are bounded (see [`tidegate_control::Watchers`]): a replay
 //! beyond the limit is answered `503` with `Retry-After`, and a watcher
@@ -35,11 +39,12 @@ const RETRY_AFTER_S: u64 = 1;
 
 pub(crate) async fn get_watch(
     State(state): State<AdminState>,
+    headers: axum::http::HeaderMap,
     query: Result<Query<WatchQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::bad_field("query", e.body_text()))?;
     let current = state.control.config().revision;
-    let from = q.from.unwrap_or(current);
+    let from = start_from(q.from, last_event_id(&headers)?, current);
     if from > current {
         return Err(ApiError::bad_field(
             "query.from",
@@ -68,6 +73,28 @@ pub(crate) async fn get_watch(
         Some((Ok(Bytes::from(event)), Some(watch)))
     });
     Ok(([(CONTENT_TYPE, "text/event-stream"), (CACHE_CONTROL, "no-cache")], Body::from_stream(stream)).into_response())
+}
+
+/// The `Last-Event-ID` a reconnecting client sends: the revision of the
+/// last change set it got.
+fn last_event_id(headers: &axum::http::HeaderMap) -> Result<Option<u64>, ApiError> {
+    let Some(value) = headers.get("last-event-id") else { return Ok(None) };
+    let id = value.to_str().ok().map(str::trim).filter(|v| !v.is_empty());
+    match id.map(str::parse::<u64>) {
+        None => Ok(None),
+        Some(Ok(revision)) => Ok(Some(revision)),
+        Some(Err(_)) => Err(ApiError::bad_field("header.last-event-id", "must be a revision (a whole number)")),
+    }
+}
+
+/// The revision to stream after: the later of `from` and the last event
+/// the client got; the current revision when neither is given.
+fn start_from(from: Option<u64>, last_event: Option<u64>, current: u64) -> u64 {
+    match (from, last_event) {
+        (Some(f), Some(l)) => f.max(l),
+        (Some(r), None) | (None, Some(r)) => r,
+        (None, None) => current,
+    }
 }
 
 /// `event: change`, with the change set's secrets redacted (they never
@@ -109,5 +136,14 @@ mod tests {
         assert!(v["error"].as_str().unwrap().contains("?from=42"), "{v}");
         let text = end_event(&WatchError::Compacted { oldest: 7 });
         assert!(text.starts_with("event: error\ndata: {"), "{text}");
+    }
+
+    #[test]
+    fn a_reconnecting_client_resumes_after_its_last_event() {
+        assert_eq!(start_from(None, None, 9), 9, "new changes only");
+        assert_eq!(start_from(Some(0), None, 9), 0);
+        assert_eq!(start_from(None, Some(4), 9), 4);
+        assert_eq!(start_from(Some(0), Some(4), 9), 4, "the URL's from is where it began, not where it is");
+        assert_eq!(start_from(Some(6), Some(4), 9), 6);
     }
 }
