@@ -212,11 +212,12 @@ impl Upstreams {
         admission: &Admission,
         trace: &mut Trace,
     ) -> Result<Response<ProxyBody>, ErrorKind> {
-        // At most the client's cap of requests in progress, until the
-        // backend's answer head.
-        let _per_client = admission.request(peer.addr.ip()).map_err(|_| ErrorKind::ClientLimit)?;
         // Read before a backend is chosen: a slow client holds no backend.
         let (req, body, _buffered, mut upgrade) = Prepared::new(req, peer, &self.limits, &admission.buffers).await?;
+        // At most the client's cap of requests waiting for a backend or
+        // being answered, until the answer's head (reading a body takes no
+        // backend).
+        let _per_client = admission.request(peer.addr.ip()).map_err(|_| ErrorKind::ClientLimit)?;
         let first = match &service.settings.policy {
             PolicySpec::External(spec) => {
                 let host = req.parts.uri.authority().map(|a| a.as_str());

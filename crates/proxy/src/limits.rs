@@ -71,9 +71,10 @@ pub struct Limits {
     /// /64); more are closed at once. 0: no cap (the default: clients
     /// behind one NAT or proxy share an address).
     pub max_connections_per_client: usize,
-    /// Most requests in progress at once from one client address (IPv6:
-    /// one /64), over all its connections; more get `429`. 0: no cap (the
-    /// default).
+    /// Most requests at once from one client address (IPv6: one /64), over
+    /// all its connections, waiting for a backend (in the service's queue)
+    /// or being answered, until each answer's head; a body being read
+    /// ahead does not count. More get `429`. 0: no cap (the default).
     pub max_requests_per_client: usize,
 }
 

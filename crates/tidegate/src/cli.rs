@@ -271,9 +271,10 @@ pub struct ServeArgs {
     /// /64); more are closed at once. 0: no cap.
     #[arg(long, env = "TIDEGATE_MAX_CONNECTIONS_PER_CLIENT", default_value_t = 0)]
     pub max_connections_per_client: usize,
-    /// Most requests to backends in progress at once from one client
-    /// address (IPv6: one /64), over all its connections, until each
-    /// answer's head; more get 429 with `Retry-After`. 0: no cap.
+    /// Most requests at once from one client address (IPv6: one /64), over
+    /// all its connections, waiting for a backend or being answered, until
+    /// each answer's head (not while a body is read ahead); more get 429
+    /// with `Retry-After`. 0: no cap.
     #[arg(long, env = "TIDEGATE_MAX_REQUESTS_PER_CLIENT", default_value_t = 0)]
     pub max_requests_per_client: usize,
     /// Comma-separated IPs or CIDR blocks of trusted proxies in front of

@@ -604,15 +604,15 @@ async fn forward<S: ClientIo>(
     if head.expect_continue && head.body != RequestBody::Empty {
         client.io.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.map_err(|_| ErrorKind::ClientBody)?;
     }
-    // At most the client's cap of requests in progress, until the
-    // backend's answer head.
-    let per_client = proxy.admission().request(peer.addr.ip()).map_err(|_| ErrorKind::ClientLimit)?;
     // The body's time counts from the request's head.
     let body_until = client.seen.start + limits.body_total_timeout;
     // Read before a backend is chosen: a slow client holds no backend.
     let streaming = || crate::admission::is_streaming_protocol(req.view.first("content-type"));
     let budget = &proxy.admission().buffers;
     let (body, buffered) = read_ahead(client, head.body, streaming, limits, budget, body_until).await?;
+    // At most the client's cap of requests waiting for a backend or being
+    // answered, until the answer's head (reading a body takes no backend).
+    let per_client = proxy.admission().request(peer.addr.ip()).map_err(|_| ErrorKind::ClientLimit)?;
     let first = match &service.settings.policy {
         PolicySpec::External(spec) => {
             let asked = Asked { method: req.method.as_str(), path: req.path_and_query, host: req.host };
