@@ -571,7 +571,8 @@ http {{ access_log off;
 def run(ctx: Ctx, p: dict) -> dict:
     """The windows, in order: Tidegate (defaults and the per-client cap)
     quiet, under every attacker, under the slow uploads alone, under a
-    flood whose requests each hold the backend `slow_flood_delay_ms`; Tidegate
+    flood whose requests each hold the backend `slow_flood_delay_ms`;
+    Tidegate with its defaults alone (no cap) under the slow uploads; Tidegate
     with the old behaviour (`--request-buffer-bytes 0 --min-upload-rate 0`,
     no cap) under the slow uploads (the control); nginx quiet and under
     the slow uploads."""
@@ -593,6 +594,17 @@ def run(ctx: Ctx, p: dict) -> dict:
         settle(emu, sampler_admin)
         runs["slow_flood"] = window(ctx, "slow flood", tg.proxy, "slow_flood", p, p["side_duration"], rss, emu,
                                     sampler_admin)
+    finally:
+        sampler_admin.close()
+        stop_tidegate(ctx, tg)
+    # The same slow uploads against Tidegate's defaults alone (no
+    # per-client cap): the load generator sends all the normal traffic from
+    # one address, which a cap counts as one client.
+    tg, sampler_admin = tidegate_up(ctx, "hostile-defaults", [], emu, big, p["max_conns"])
+    try:
+        rss = lambda: rss_kib(tg.proc.pid)  # noqa: E731
+        runs["uploads_no_cap"] = window(ctx, "uploads, no cap", tg.proxy, "uploads", p, p["side_duration"], rss,
+                                        emu, sampler_admin)
     finally:
         sampler_admin.close()
         stop_tidegate(ctx, tg)
@@ -633,8 +645,8 @@ def summarize(runs: dict, p: dict) -> dict:
         "rss_peak_mib": round((h["rss_peak_kib"] or 0) / 1024, 1),
         "windows": {name: {"failures": failures(runs[name]), "p99_us": runs[name]["p99_us"],
                            "p99_ratio": ratio(runs[name], runs[base])}
-                    for name, base in (("uploads", "quiet"), ("slow_flood", "quiet"), ("control_uploads", "quiet"),
-                                       ("nginx_uploads", "nginx_quiet"))},
+                    for name, base in (("uploads", "quiet"), ("slow_flood", "quiet"), ("uploads_no_cap", "quiet"),
+                                       ("control_uploads", "quiet"), ("nginx_uploads", "nginx_quiet"))},
     }
 
 
@@ -647,4 +659,5 @@ def goals(runs: dict, p: dict) -> dict:
     return {"zero_errors": failures(h) == 0, "p99_within_2x": r is not None and r <= 2.0,
             "rss_bounded": (h["rss_peak_kib"] or 0) <= (q["rss_peak_kib"] or 0) + 256 * 1024,
             "uploads_zero_errors": failures(runs["uploads"]) == 0,
+            "uploads_no_cap_zero_errors": failures(runs["uploads_no_cap"]) == 0,
             "control_starved": failures(runs["control_uploads"]) > 0}

@@ -624,6 +624,7 @@ HOSTILE_WINDOWS = (("quiet", "quiet", "Tidegate", "quiet"),
                    ("hostile", "every attacker", "Tidegate", "quiet"),
                    ("uploads", "slow uploads", "Tidegate", "quiet"),
                    ("slow_flood", "flood of slow requests", "Tidegate", "quiet"),
+                   ("uploads_no_cap", "slow uploads, defaults without the per-client cap", "Tidegate", "quiet"),
                    ("control_uploads", "slow uploads, old behaviour (control)", "Tidegate", "quiet"),
                    ("nginx_quiet", "quiet", "nginx", "nginx_quiet"),
                    ("nginx_uploads", "slow uploads", "nginx", "nginx_quiet"))
