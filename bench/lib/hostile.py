@@ -551,7 +551,8 @@ def tidegate_up(ctx: Ctx, name: str, args: list[str], emu: str, big: str, max_co
 
 def nginx_up(ctx: Ctx, emu: str, max_conns: int):
     """nginx with its default request buffering (`client_max_body_size`
-    raised to 2m so that 1,000,000-byte uploads are taken), upstream
+    2m, headroom over the 1,000,000-byte uploads: its default 1m is
+    1,048,576 bytes), upstream
     keepalive, the same connection cap on the backend, and a second
     listener that speaks cleartext HTTP/2 (prior knowledge) for the HTTP/2
     uploads."""

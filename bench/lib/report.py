@@ -641,7 +641,10 @@ def plot_hostile(plt, r):
         bad = (runs[k].get("non_200") or 0) + (runs[k].get("errors") or 0)
         a.annotate(f"{bad} failed" if bad else "0 failed", (i, (runs[k]["p99_us"] or 0) / 1e3), ha="center",
                    va="bottom", fontsize=7, color="red" if bad else "black")
-    a.set_xticks(list(xs), [f"{proxy}\n{label}" for _, label, proxy in keys], fontsize=6)
+    short = {"quiet": "quiet", "hostile": "every\nattacker", "uploads": "slow\nuploads", "slow_flood": "slow\nflood",
+             "uploads_no_cap": "uploads,\nno cap", "control_uploads": "uploads,\nold (control)",
+             "nginx_quiet": "quiet", "nginx_uploads": "slow\nuploads"}
+    a.set_xticks(list(xs), [f"{proxy}\n{short.get(k, k)}" for k, _, proxy in keys], fontsize=6)
     a.set_yscale("log")
     a.set_ylabel("normal requests: p99 (ms)")
     a.set_title(f"{r['summary']['rate']:.0f} req/s of normal traffic to the attacked service", fontsize=9)
