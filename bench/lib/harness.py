@@ -215,13 +215,16 @@ class Tidegate:
     admin: Admin
 
 
-def start_tidegate(ctx: Ctx, name: str, workers: int = 2, extra_env: dict | None = None) -> Tidegate:
+def start_tidegate(ctx: Ctx, name: str, workers: int = 2, extra_env: dict | None = None,
+                   args: list[str] | tuple[str, ...] = ()) -> Tidegate:
+    """Starts `tidegate serve` on free loopback ports; `args` are more
+    options of `serve`."""
     data = ctx.work / f"tg-{name}"
     out = ctx.work / f"tg-{name}.out"
     env = {"TIDEGATE_ADMIN_TOKEN": TOKEN, "TIDEGATE_LOG": "warn"}
     env.update(extra_env or {})
     p = ctx.procs.start([ctx.bin("tidegate"), "serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0",
-                         "--data-dir", str(data), "--workers", str(workers)], out=out, env=env)
+                         "--data-dir", str(data), "--workers", str(workers), *args], out=out, env=env)
     m = wait_for_line(out, r"tidegate ready proxy=(\S+) admin=(\S+)", 30, p)
     return Tidegate(p, m.group(1), m.group(2), data, Admin(m.group(2)))
 

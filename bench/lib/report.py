@@ -261,7 +261,7 @@ def markdown(out: Path, results: dict, meta: dict, pngs: list[str]) -> str:
                             ("heterogeneous", "3. Heterogeneous backends (paper S3)", md_heterogeneous),
                             ("peak", "4. Peak and autoscaling (paper S1)", md_peak),
                             ("overhead", "5. Overhead (paper S4)", md_overhead),
-                            ("hostile", "6. Hostile load (issue 9)", md_hostile),
+                            ("hostile", "6. Hostile load (issues 9 and 35)", md_hostile),
                             ("tls", "7. TLS at the front door and to backends (issue 10)", md_tls),
                             ("cluster", "8. Cluster mode through etcd (issue 11)", md_cluster)):
         if name not in results:
@@ -619,24 +619,38 @@ def plot_tls(plt, r):
     return fig
 
 
+# Hostile windows in report order: (key, label, proxy, the quiet window it is compared with).
+HOSTILE_WINDOWS = (("quiet", "quiet", "Tidegate", "quiet"),
+                   ("hostile", "every attacker", "Tidegate", "quiet"),
+                   ("uploads", "slow uploads", "Tidegate", "quiet"),
+                   ("slow_flood", "flood of slow requests", "Tidegate", "quiet"),
+                   ("uploads_no_cap", "slow uploads, defaults without the per-client cap", "Tidegate", "quiet"),
+                   ("control_uploads", "slow uploads, old behaviour (control)", "Tidegate", "quiet"),
+                   ("nginx_quiet", "quiet", "nginx", "nginx_quiet"),
+                   ("nginx_uploads", "slow uploads", "nginx", "nginx_quiet"))
+
+
 def plot_hostile(plt, r):
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4), gridspec_kw={"width_ratios": [3, 1]})
-    phases = (("quiet", "quiet"), ("hostile", "under attack"))
-    stats = (("p50_us", "p50"), ("p99_us", "p99"), ("max_us", "max"))
-    for i, (phase, label) in enumerate(phases):
-        x = r["runs"][phase]
-        a.bar([j + (i - 0.5) * 0.4 for j in range(len(stats))], [(x[k] or 0) / 1e3 for k, _ in stats], 0.4,
-              label=label)
-    a.set_xticks(range(len(stats)), [name for _, name in stats])
+    runs = r["runs"]
+    keys = [(k, label, proxy) for k, label, proxy, _ in HOSTILE_WINDOWS if k in runs]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [3, 1]})
+    xs = range(len(keys))
+    colors = ["C0" if proxy == "Tidegate" else "C2" for _, _, proxy in keys]
+    a.bar(xs, [(runs[k]["p99_us"] or 0) / 1e3 for k, _, _ in keys], color=colors)
+    for i, (k, _, _) in enumerate(keys):
+        bad = (runs[k].get("non_200") or 0) + (runs[k].get("errors") or 0)
+        a.annotate(f"{bad} failed" if bad else "0 failed", (i, (runs[k]["p99_us"] or 0) / 1e3), ha="center",
+                   va="bottom", fontsize=7, color="red" if bad else "black")
+    short = {"quiet": "quiet", "hostile": "every\nattacker", "uploads": "slow\nuploads", "slow_flood": "slow\nflood",
+             "uploads_no_cap": "uploads,\nno cap", "control_uploads": "uploads,\nold (control)",
+             "nginx_quiet": "quiet", "nginx_uploads": "slow\nuploads"}
+    a.set_xticks(list(xs), [f"{proxy}\n{short.get(k, k)}" for k, _, proxy in keys], fontsize=6)
     a.set_yscale("log")
-    a.set_ylabel("normal request latency (ms)")
-    s = r["summary"]
-    a.set_title(f"{s['rate']:.0f} req/s of normal traffic; failures under attack: "
-                f"{s['normal_failures_under_attack']}", fontsize=9)
-    a.legend(fontsize=8)
-    b.bar([label for _, label in phases], [r["runs"][p]["rss_peak_kib"] / 1024 for p, _ in phases],
-          color=["C0", "C1"])
-    b.set_ylabel("Tidegate RSS peak (MiB)")
+    a.set_ylabel("normal requests: p99 (ms)")
+    a.set_title(f"{r['summary']['rate']:.0f} req/s of normal traffic to the attacked service", fontsize=9)
+    b.bar(xs, [(runs[k].get("rss_peak_kib") or 0) / 1024 for k, _, _ in keys], color=colors)
+    b.set_xticks(list(xs), [k for k, _, _ in keys], rotation=60, ha="right", fontsize=6)
+    b.set_ylabel("proxy RSS peak (MiB)")
     return fig
 
 
@@ -662,15 +676,41 @@ def plot_cluster(plt, r):
 
 
 def md_hostile(r):
-    q, h = r["runs"]["quiet"], r["runs"]["hostile"]
-    fmt = lambda v: "-" if v is None else f"{v:,}"
-    rows = ["| run | ok | non-200 | errors | p50 us | p99 us | max us | RSS peak MiB |", "|---|---|---|---|---|---|---|---|"]
-    for name, x in (("quiet", q), ("under attack", h)):
-        rows.append(f"| {name} | {fmt(x['ok'])} | {fmt(x['non_200'])} | {fmt(x['errors'])} | {fmt(x['p50_us'])} | "
-                    f"{fmt(x['p99_us'])} | {fmt(x['max_us'])} | {x['rss_peak_kib'] / 1024:.1f} |")
-    attacks = "\n".join(f"- `{k}`: {v}" for k, v in h["attacks"].items())
-    s = r["summary"]
-    ratio = "-" if s["p99_ratio"] is None else f"{s['p99_ratio']:.2f}"
-    return ("\n".join(rows) + f"\n\nNormal traffic at {s['rate']:.0f} req/s for {s['duration_s']:.0f} s; "
-            f"p99 under attack / quiet: {ratio}; failures of normal requests under attack: "
-            f"{s['normal_failures_under_attack']}. What the attackers got:\n\n{attacks}\n")
+    runs, fmt = r["runs"], (lambda v: "-" if v is None else f"{v:,}")
+    if "nginx_quiet" not in runs:  # a run from before issue 35: quiet and hostile only
+        keys = [("quiet", "quiet", "Tidegate", "quiet"), ("hostile", "under attack", "Tidegate", "quiet")]
+    else:
+        keys = [w for w in HOSTILE_WINDOWS if w[0] in runs]
+    rows = []
+    for k, label, proxy, base in keys:
+        x = runs[k]
+        ratio = (f"{x['p99_us'] / runs[base]['p99_us']:.2f}" if k != base and x.get("p99_us")
+                 and runs[base].get("p99_us") else "")
+        rows.append([proxy, label, x.get("attackers", ""), fmt(x["ok"]), fmt(x["non_200"]), fmt(x["errors"]),
+                     fmt(x["p50_us"]), fmt(x["p99_us"]), ratio, fmt(x["max_us"]),
+                     f"{(x.get('rss_peak_kib') or 0) / 1024:.1f}", fmt(x.get("backend_conns_peak")),
+                     fmt(x.get("in_flight_peak")), fmt(x.get("queued_peak"))])
+    s = [table(["proxy", "window", "attackers", "ok", "non-200", "errors", "p50 µs", "p99 µs", "p99 / quiet",
+                "max µs", "RSS peak MiB", "backend conns peak", "in flight peak", "queued peak"], rows)]
+    summ = r["summary"]
+    s.append(f"\nNormal traffic: {summ['rate']:.0f} req/s (`tidegate-bench traffic`, open loop) from 127.0.0.1 to "
+             "the attacked service; every attacker from its own loopback address.")
+    p = r.get("params")
+    if p and "max_conns" in p:
+        s.append(f" The backend: `max_conns` {p['max_conns']} (Tidegate and nginx), Tidegate's default policy "
+                 f"(learned limits), `--max-requests-per-client {p['per_client_cap']}`.")
+    g = r.get("goal", {})
+    s.append("\n\nGoals (Tidegate, every attacker against the quiet window): "
+             + ", ".join(f"{k} **{'met' if v else 'NOT met'}**" for k, v in g.items()) + ".\n")
+    s.append("\nWhat the attackers got (answers and how their tries ended):\n")
+    for k, label, proxy, _ in keys:
+        attacks = runs[k].get("attacks") or {}
+        if attacks:
+            s.append(f"\n*{proxy}, {label}*:\n\n" + "\n".join(f"- `{n}`: {v}" for n, v in attacks.items()) + "\n")
+        held = runs[k].get("zero_window_closed_after_s")
+        if held:
+            s.append(f"- zero-window connections closed by the proxy after {held} s\n")
+        bulk = runs[k].get("bulk_in_flight_peak")
+        if bulk is not None and k == "hostile":
+            s.append(f"- most requests in flight to the zero-window readers' backend: {bulk}\n")
+    return "".join(s)

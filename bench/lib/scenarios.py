@@ -45,9 +45,21 @@ PARAMS = {
         "smoke": {"reps": 1, "duration": 2, "conns": 16, "workers": 2},
         "full": {"reps": 3, "duration": 8, "conns": 64, "workers": 2},
     },
+    # duration: the quiet window; hostile_duration: the window under every
+    # attacker (longer than the 60 s write timeout in full, so that the
+    # zero-window readers' streams are seen released); side_duration: the
+    # slow uploads alone, the flood of slow requests, the control and
+    # nginx. max_conns: the backend's cap (Tidegate and nginx);
+    # per_client_cap: --max-requests-per-client.
     "hostile": {
-        "smoke": {"duration": 3, "rate": 200, "attackers_scale": 0.1},
-        "full": {"duration": 60, "rate": 1000, "attackers_scale": 1.0},
+        "smoke": {"duration": 3, "hostile_duration": 3, "side_duration": 2, "rate": 200, "attackers_scale": 0.1,
+                  "uploads_h1": 4, "uploads_h2_streams": 8, "zero_window_conns": 1, "zero_window_streams": 10,
+                  "flood_workers": 48, "slow_flood_delay_ms": 20, "per_client_cap": 32, "max_conns": 48,
+                  "bulk_body_bytes": 32 << 20},
+        "full": {"duration": 60, "hostile_duration": 80, "side_duration": 30, "rate": 1000, "attackers_scale": 1.0,
+                 "uploads_h1": 20, "uploads_h2_streams": 40, "zero_window_conns": 1, "zero_window_streams": 10,
+                 "flood_workers": 64, "slow_flood_delay_ms": 20, "per_client_cap": 32, "max_conns": 48,
+                 "bulk_body_bytes": 32 << 20},
     },
     "cluster": {
         "smoke": {"duration": 1, "rate": 100, "members": "1", "preload": 200, "clients": 4},
@@ -235,8 +247,7 @@ def cluster(ctx: Ctx) -> dict:
 
 
 def hostile_scenario(ctx: Ctx) -> dict:
-    p = PARAMS["hostile"][ctx.profile]
-    return hostile.run(ctx, p["duration"], p["rate"], p["attackers_scale"])
+    return hostile.run(ctx, PARAMS["hostile"][ctx.profile])
 
 
 SCENARIOS = {
