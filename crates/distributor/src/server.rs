@@ -229,8 +229,8 @@ pub async fn serve(opts: ServeOptions) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::DistributorClient;
     use crate::protocol::{decode_answer, Query};
+    use crate::DistributorClient;
     use clap::Parser;
     use http::HeaderMap;
 
