@@ -1,28 +1,22 @@
-//! Tidegate's external distributor (paper S4).
+//! Tidegate's reference distributor (paper S4).
 //!
 //! A service with policy `{"kind": "external", "addr": ..., "policy": ...}`
 //! asks an external process, the *distributor*, which backend should serve
-//! each request. This crate holds the three parts of that conversation:
+//! each request. The wire format and the client a proxy uses live in
+//! `tidegate-distributor-protocol` (re-exported here), so that a proxy
+//! depends on the protocol alone; this crate adds the other side:
 //!
-//! - [`protocol`]: the wire format, one UTF-8 JSON object per UDP datagram
-//!   (at most [`MAX_DATAGRAM`] bytes), documented in `docs/distributor.md`.
-//! - [`DistributorClient`]: what a proxy worker calls per request. One UDP
-//!   socket per address family and scope, shared by all concurrent queries;
-//!   a background task dispatches answers to their queries by id. A query
-//!   is retried with a fresh id on timeout, up to a number of tries, and
-//!   yields `None` when no answer came, so the caller can fall back.
 //! - [`serve`] / [`Server`]: a reference distributor with named policies
 //!   (`round_robin`, `least_cpu` from node_exporter scrapes, `session` by a
 //!   cookie), whose options ([`ServeOptions`]) derive clap arguments so the
 //!   `tidegate` binary can expose it as a subcommand.
 
-mod client;
 mod metrics;
 mod policies;
-pub mod protocol;
 mod server;
 
-pub use client::{ClientStats, DistributorClient};
 pub use metrics::MetricsUrl;
-pub use protocol::{Answer, ProtocolError, Query, WireQuery, MAX_DATAGRAM, VERSION};
 pub use server::{serve, ServeOptions, Server, ServerStats, POLICIES};
+pub use tidegate_distributor_protocol::{
+    protocol, Answer, ClientStats, DistributorClient, ProtocolError, Query, WireQuery, MAX_DATAGRAM, VERSION,
+};

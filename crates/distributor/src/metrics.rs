@@ -1,11 +1,13 @@
 //! Host metrics for `least_cpu`: background scrapes of Prometheus
 //! node_exporter endpoints, written into the [`LoadTable`].
 //!
-//! Each distinct scrape URL gets one task. Every interval it fetches the
-//! exposition text, sums `node_cpu_seconds_total` over all CPUs and modes
-//! (the total) and over `mode="idle"` (the idle time), and writes
-//! `1 - Δidle / Δtotal` for every backend scraped at that URL. The first
-//! scrape, a failed scrape or a counter reset leaves the value unknown.
+//! Each distinct scrape URL gets one task. Every interval it scrapes the
+//! page with `tidegate-scrape` (the one node_exporter parser and scrape,
+//! shared with the load sources), sums `node_cpu_seconds_total` over all
+//! CPUs and modes (the total) and over `mode="idle"` (the idle time), and
+//! writes `1 - Δidle / Δtotal` for every backend scraped at that URL. The
+//! first scrape, a failed scrape or a counter reset leaves the value
+//! unknown.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -14,16 +16,11 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::Uri;
-use http_body_util::{BodyExt, Empty, Limited};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
+use tidegate_scrape::{cpu_busy, scrape_node, NodeSample};
+use tidegate_upstream::{ErrorChain, HttpClient};
 
 use crate::policies::LoadTable;
-
-/// Largest metrics page read (node_exporter pages are a few hundred KiB).
-const MAX_BODY: usize = 16 << 20;
 
 /// `BACKEND=URL`: scrape `URL` (an `http://` node_exporter metrics page) for
 /// `BACKEND`'s host metrics instead of `http://BACKEND_IP:PORT/metrics`.
@@ -79,65 +76,6 @@ pub(crate) fn scrape_plan(
     Ok(plan)
 }
 
-/// Cumulative CPU seconds of one host at one scrape.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct CpuTimes {
-    pub(crate) idle: f64,
-    pub(crate) total: f64,
-}
-
-/// Sums `node_cpu_seconds_total` from Prometheus exposition text; `None` if
-/// the page has no such samples.
-pub(crate) fn parse_cpu(text: &str) -> Option<CpuTimes> {
-    let mut times = CpuTimes { idle: 0.0, total: 0.0 };
-    let mut seen = false;
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("node_cpu_seconds_total") else { continue };
-        let (labels, rest) = match rest.strip_prefix('{') {
-            Some(r) => match r.split_once('}') {
-                Some(split) => split,
-                None => continue,
-            },
-            // Another metric whose name merely starts the same way.
-            None if !rest.starts_with([' ', '\t']) => continue,
-            None => ("", rest),
-        };
-        let Some(Ok(value)) = rest.split_whitespace().next().map(str::parse::<f64>) else { continue };
-        if !value.is_finite() {
-            continue;
-        }
-        seen = true;
-        times.total += value;
-        if labels.split(',').any(|l| l.trim() == "mode=\"idle\"") {
-            times.idle += value;
-        }
-    }
-    seen.then_some(times)
-}
-
-/// Busy fraction between two scrapes; `None` without progress or on a reset.
-pub(crate) fn utilization(prev: CpuTimes, cur: CpuTimes) -> Option<f64> {
-    let total = cur.total - prev.total;
-    let idle = cur.idle - prev.idle;
-    (total > 0.0 && idle >= 0.0).then(|| (1.0 - idle / total).clamp(0.0, 1.0))
-}
-
-pub(crate) type HttpClient = Client<HttpConnector, Empty<Bytes>>;
-
-pub(crate) fn http_client() -> HttpClient {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
-/// Fetches one metrics page as text.
-pub(crate) async fn fetch(client: &HttpClient, url: &Uri) -> Result<String, String> {
-    let response = client.get(url.clone()).await.map_err(|e| e.to_string())?;
-    if !response.status().is_success() {
-        return Err(format!("status {}", response.status()));
-    }
-    let body = Limited::new(response.into_body(), MAX_BODY).collect().await.map_err(|e| e.to_string())?.to_bytes();
-    Ok(String::from_utf8_lossy(&body).into_owned())
-}
-
 /// Scrapes `url` every `interval` forever, writing the utilization of the
 /// host behind it to `indices` in `table`.
 pub(crate) async fn scrape_loop(
@@ -150,23 +88,19 @@ pub(crate) async fn scrape_loop(
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let timeout = interval.clamp(Duration::from_millis(100), Duration::from_secs(5));
-    let mut prev: Option<CpuTimes> = None;
+    let mut prev: Option<NodeSample> = None;
     let mut failing = false;
     loop {
         ticker.tick().await;
-        let cur = match tokio::time::timeout(timeout, fetch(&client, &url)).await {
-            Ok(Ok(text)) => parse_cpu(&text).ok_or_else(|| "no node_cpu_seconds_total samples".to_owned()),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(format!("no answer within {timeout:?}")),
-        };
+        let cur = scrape_node(&client, &url, timeout).await;
         match &cur {
-            Err(e) if !failing => tracing::warn!(%url, error = %e, "distributor: metrics scrape failed"),
+            Err(e) if !failing => tracing::warn!(%url, error = %ErrorChain(e), "distributor: metrics scrape failed"),
             Ok(_) if failing => tracing::info!(%url, "distributor: metrics scrape recovered"),
             _ => {}
         }
         failing = cur.is_err();
         let cur = cur.ok();
-        let cpu = prev.zip(cur).and_then(|(p, c)| utilization(p, c));
+        let cpu = prev.as_ref().zip(cur.as_ref()).and_then(|(p, c)| cpu_busy(p, c));
         for &i in &indices {
             table.set(i, cpu);
         }
@@ -198,22 +132,18 @@ node_cpu_seconds_total{cpu=\"0\",mode=\"idle\"} 105
 node_cpu_seconds_total{cpu=\"0\",mode=\"iowait\"} 1
 node_cpu_seconds_total{cpu=\"0\",mode=\"system\"} 12
 node_cpu_seconds_total{cpu=\"0\",mode=\"user\"} 12
-node_cpu_seconds_total{cpu=\"1\",mode=\"idle\"} 110
+node_cpu_seconds_total{cpu=\"1\",note=\"a}b, c\",mode=\"idle\"} 110
 node_cpu_seconds_total{cpu=\"1\",mode=\"user\"} 20 1700000000000
 ";
 
     #[test]
-    fn cpu_seconds_are_summed_and_utilization_is_the_busy_share() {
-        let a = parse_cpu(PAGE_1).expect("samples");
-        assert_eq!(a, CpuTimes { idle: 200.0, total: 240.0 });
-        let b = parse_cpu(PAGE_2).expect("samples");
-        assert_eq!(b, CpuTimes { idle: 215.0, total: 260.0 });
+    fn pages_give_the_busy_share_even_with_a_brace_in_a_label_value() {
+        let (a, b) = (NodeSample::parse(PAGE_1), NodeSample::parse(PAGE_2));
+        assert_eq!((a.cpu_total_s, a.cpu_idle_s), (Some(240.0), 200.0));
+        assert_eq!((b.cpu_total_s, b.cpu_idle_s), (Some(260.0), 215.0));
         // 20 s of CPU time passed, 15 of them idle: 25 % busy.
-        let u = utilization(a, b).expect("progress");
+        let u = cpu_busy(&a, &b).expect("progress");
         assert!((u - 0.25).abs() < 1e-9, "{u}");
-        assert_eq!(utilization(b, a), None, "a counter reset is unknown, not negative");
-        assert_eq!(utilization(a, a), None, "no progress");
-        assert_eq!(parse_cpu("node_load1 0.5\n"), None);
     }
 
     #[test]
@@ -265,7 +195,13 @@ node_cpu_seconds_total{cpu=\"1\",mode=\"user\"} 20 1700000000000
         let addr = page_server(vec![PAGE_1, PAGE_2]).await;
         let table = Arc::new(LoadTable::new(2));
         let url: Uri = format!("http://{addr}/metrics").parse().expect("url");
-        let task = tokio::spawn(scrape_loop(http_client(), url, vec![1], table.clone(), Duration::from_millis(20)));
+        let task = tokio::spawn(scrape_loop(
+            tidegate_scrape::client(),
+            url,
+            vec![1],
+            table.clone(),
+            Duration::from_millis(20),
+        ));
         let mut got = None;
         for _ in 0..500 {
             got = table.get(1);
@@ -286,7 +222,13 @@ node_cpu_seconds_total{cpu=\"1\",mode=\"user\"} 20 1700000000000
         let table = Arc::new(LoadTable::new(1));
         table.set(0, Some(0.5));
         let url: Uri = "http://127.0.0.1:1/metrics".parse().expect("url");
-        let task = tokio::spawn(scrape_loop(http_client(), url, vec![0], table.clone(), Duration::from_millis(20)));
+        let task = tokio::spawn(scrape_loop(
+            tidegate_scrape::client(),
+            url,
+            vec![0],
+            table.clone(),
+            Duration::from_millis(20),
+        ));
         for _ in 0..500 {
             if table.get(0).is_none() {
                 break;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::net::UdpSocket;
 use tokio::task::AbortHandle;
 
-use crate::metrics::{http_client, scrape_loop, scrape_plan, MetricsUrl};
+use crate::metrics::{scrape_loop, scrape_plan, MetricsUrl};
 use crate::policies::{LoadTable, Policies};
 use crate::protocol::{decode_query, encode_answer, ProtocolError, MAX_DATAGRAM};
 
@@ -120,7 +120,7 @@ impl Server {
         let socket = UdpSocket::bind(opts.listen).await?;
         let load = Arc::new(LoadTable::new(opts.backends.len()));
         let interval = Duration::from_millis(opts.metrics_interval_ms);
-        let client = http_client();
+        let client = tidegate_scrape::client();
         let mut scrapers = Vec::with_capacity(plan.len());
         for (url, indices) in plan {
             let url = url.parse().map_err(|e| invalid(format!("metrics URL {url}: {e}")))?;
@@ -229,8 +229,8 @@ pub async fn serve(opts: ServeOptions) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::DistributorClient;
     use crate::protocol::{decode_answer, Query};
+    use crate::DistributorClient;
     use clap::Parser;
     use http::HeaderMap;
 

@@ -5,7 +5,6 @@
 //! Plain HTTP/1.1 probes share a keep-alive pool; the others open a
 //! connection per probe, so every TLS probe also checks the handshake.
 
-use std::error::Error as StdError;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -17,7 +16,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tidegate_model::{ActiveCheck, BackendAddr, CheckKind, UpstreamProtocol};
-use tidegate_upstream::Profile;
+use tidegate_upstream::{ErrorChain, Profile};
 
 /// The `User-Agent` of HTTP probes.
 pub const PROBE_USER_AGENT: &str = "tidegate-health";
@@ -164,7 +163,7 @@ pub async fn get_via(
             Err(e) => Err(e),
         },
     };
-    sent.map_err(|e| error_chain(&e))
+    sent.map_err(|e| ErrorChain(&e).to_string())
 }
 
 async fn http_probe(client: &ProbeClient, addr: &BackendAddr, check: &ActiveCheck) -> Verdict {
@@ -180,7 +179,7 @@ async fn http_probe(client: &ProbeClient, addr: &BackendAddr, check: &ActiveChec
     };
     match client.http.request(request).await {
         Ok(r) => judge(r, check).await,
-        Err(e) => Verdict::fail(error_chain(&e)),
+        Err(e) => Verdict::fail(ErrorChain(&e).to_string()),
     }
 }
 
@@ -188,7 +187,7 @@ async fn http_probe(client: &ProbeClient, addr: &BackendAddr, check: &ActiveChec
 async fn judge(response: http::Response<Incoming>, check: &ActiveCheck) -> Verdict {
     let status = response.status().as_u16();
     if let Err(e) = drain(response.into_body(), MAX_PROBE_BODY).await {
-        return Verdict::fail(format!("status {status}, then reading the body: {}", error_chain(&e)));
+        return Verdict::fail(format!("status {status}, then reading the body: {}", ErrorChain(&e)));
     }
     if status_expected(status, &check.expect_status) {
         Verdict::pass(format!("status {status}"))
@@ -216,19 +215,6 @@ async fn tcp_probe(addr: &BackendAddr) -> Verdict {
         Ok(_) => Verdict::pass("connected"),
         Err(e) => Verdict::fail(format!("connect: {e}")),
     }
-}
-
-/// An error and its sources, `: `-separated (hyper's own message alone is
-/// often just "client error (Connect)").
-fn error_chain(e: &(dyn StdError + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 #[cfg(test)]

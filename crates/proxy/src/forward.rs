@@ -16,7 +16,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 
 use tidegate_balance::{clock, orca, Backend, Headers, RequestCtx};
-use tidegate_distributor::{DistributorClient, Query};
+use tidegate_distributor_protocol::{DistributorClient, Query};
 use tidegate_model::{ExternalSpec, PolicySpec, UpstreamProtocol};
 use tidegate_snapshot::ServiceRuntime;
 

@@ -30,15 +30,14 @@
 //! reset to unknown (NaN), and so are those of backends no source feeds any
 //! more.
 //!
-//! The parsing and the arithmetic are pure and live in [`prometheus`],
-//! [`gmond`] and [`load`].
+//! The parsing and the arithmetic are pure and live in `tidegate-scrape`
+//! (node_exporter pages), [`gmond`] and [`load`].
 
 mod ganglia;
 pub mod gmond;
 pub mod load;
 mod node_exporter;
 pub mod prober;
-pub mod prometheus;
 mod targets;
 mod throttle;
 
@@ -51,11 +50,11 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tidegate_balance::{clock, BackendStats};
 use tidegate_snapshot::{Changes, Snapshot};
+use tidegate_upstream::HttpClient;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::node_exporter::HttpClient;
 use crate::targets::{NodeKey, Sink, Targets};
 
 /// How often the selectors of services whose policy computes weights from
@@ -158,7 +157,7 @@ impl Supervisor {
     fn new() -> Supervisor {
         Supervisor {
             seen: Weak::new(),
-            client: node_exporter::client(),
+            client: tidegate_scrape::client(),
             node: HashMap::new(),
             ganglia: HashMap::new(),
             probe_client: prober::client(),

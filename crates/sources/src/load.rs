@@ -3,7 +3,7 @@
 use tidegate_balance::LoadReport;
 
 use crate::gmond::GmondHost;
-use crate::prometheus::NodeSample;
+use tidegate_scrape::{cpu_busy, NodeSample};
 
 /// A host's load as measured by one source. `None` means not measured this
 /// time (the backend's previous value is then left as it is).
@@ -32,13 +32,7 @@ impl HostLoad {
         let Some(prev) = prev else {
             return HostLoad { memory, ..HostLoad::default() };
         };
-        let cpu = match (prev.cpu_total_s, cur.cpu_total_s) {
-            (Some(a), Some(b)) => {
-                let (total, idle) = (b - a, cur.cpu_idle_s - prev.cpu_idle_s);
-                (total > 0.0 && idle >= 0.0).then(|| utilization(1.0 - idle / total))
-            }
-            _ => None,
-        };
+        let cpu = cpu_busy(prev, cur);
         let net_bytes_per_s = match (prev.net, cur.net) {
             (Some(a), Some(b)) if a.loopback == b.loopback && b.bytes >= a.bytes && dt_s > 0.0 => {
                 Some((b.bytes - a.bytes) / dt_s)
@@ -124,10 +118,10 @@ pub fn forget(load: &LoadReport) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::prometheus::NetCounters;
+    use tidegate_scrape::NetCounters;
 
-    const SCRAPE_1: &str = include_str!("../testdata/node-exporter-1.txt");
-    const SCRAPE_2: &str = include_str!("../testdata/node-exporter-2.txt");
+    const SCRAPE_1: &str = include_str!("../../scrape/testdata/node-exporter-1.txt");
+    const SCRAPE_2: &str = include_str!("../../scrape/testdata/node-exporter-2.txt");
 
     fn close(a: Option<f64>, b: f64) -> bool {
         a.is_some_and(|a| (a - b).abs() < 1e-9)

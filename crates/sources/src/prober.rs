@@ -18,13 +18,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::{header, Request, Uri};
-use http_body_util::{BodyExt, Empty, Limited};
+use http_body_util::{BodyExt, Full, Limited};
 use tidegate_balance::{clock, orca, Backend};
 use tidegate_health::get_via;
 use tidegate_model::{PolicySpec, PrequalSpec};
 use tidegate_snapshot::ServiceRuntime;
-use tidegate_upstream::Profile;
+use tidegate_upstream::{HttpClient, HttpOptions, Profile};
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 
@@ -36,10 +37,10 @@ const MAX_PER_TICK: usize = 16;
 const MAX_PROBE_BODY: usize = 64 * 1024;
 
 /// The client the probes share: a few idle connections per backend.
-pub(crate) type ProbeClient = crate::node_exporter::HttpClient;
+pub(crate) type ProbeClient = HttpClient;
 
 pub(crate) fn client() -> ProbeClient {
-    crate::node_exporter::pooled_client(Duration::from_secs(1), 8)
+    HttpClient::new(HttpOptions { connect_timeout: Duration::from_secs(1), idle_per_host: 8, ..HttpOptions::default() })
 }
 
 /// How many probes the traffic since the last tick asks for, carrying
@@ -101,8 +102,9 @@ async fn probe(client: ProbeClient, backend: Arc<Backend>, upstream: Profile, sp
     let exchange = async {
         let response = if upstream.is_plain_http1() {
             let uri = format!("http://{}{}", backend.authority, spec.probe_path).parse::<Uri>().ok()?;
-            let request = Request::get(uri).header(header::USER_AGENT, PROBER_USER_AGENT).body(Empty::new()).ok()?;
-            client.request(request).await.ok()?
+            let request =
+                Request::get(uri).header(header::USER_AGENT, PROBER_USER_AGENT).body(Full::new(Bytes::new())).ok()?;
+            client.head(request, limit).await.ok()?
         } else {
             get_via(&backend.addr, &upstream, &spec.probe_path, PROBER_USER_AGENT, limit).await.ok()?
         };

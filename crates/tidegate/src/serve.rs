@@ -453,11 +453,7 @@ pub(crate) fn admin_token(dir: &Path) -> anyhow::Result<String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     }
-    let mut bytes = [0u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
-        .context("reading /dev/urandom for the admin token")?;
-    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let token = new_token().context("drawing the admin token from the system's random source")?;
     use std::os::unix::fs::OpenOptionsExt;
     // create_new: O_EXCL, so nothing that appeared meanwhile (a symlink
     // planted by someone else) is followed or overwritten.
@@ -477,6 +473,17 @@ pub(crate) fn admin_token(dir: &Path) -> anyhow::Result<String> {
 const MIN_TOKEN_BYTES: usize = 32;
 
 /// Why a token is refused, if it is.
+/// Random bytes in a generated admin token (64 hex digits).
+const GENERATED_TOKEN_BYTES: usize = 32;
+
+/// A new admin token: [`GENERATED_TOKEN_BYTES`] bytes from the operating
+/// system's random source (`getrandom(2)`), hex-encoded.
+fn new_token() -> Result<String, getrandom::Error> {
+    let mut bytes = [0u8; GENERATED_TOKEN_BYTES];
+    getrandom::getrandom(&mut bytes)?;
+    Ok(hex::encode(bytes))
+}
+
 fn check_token(t: &str) -> Result<(), String> {
     if t.is_empty() {
         return Err("is set but empty".into());
@@ -612,6 +619,15 @@ fn open_store(dir: &Path) -> anyhow::Result<SqliteStore> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn generated_tokens_are_64_hex_digits_and_differ() {
+        let (a, b) = (new_token().expect("token"), new_token().expect("token"));
+        assert_eq!(a.len(), 2 * GENERATED_TOKEN_BYTES);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()), "{a}");
+        assert!(GENERATED_TOKEN_BYTES >= MIN_TOKEN_BYTES && check_token(&a).is_ok());
+        assert_ne!(a, b);
+    }
 
     #[test]
     fn short_or_odd_tokens_are_refused() {

@@ -9,6 +9,18 @@
 //! through [`Profile::connect`], so they agree on how a backend is reached.
 //! Connections opened under different profiles are never mixed:
 //! [`Profile::key`] tells pools apart.
+//!
+//! The small HTTP clients that are not requests to a service's backends
+//! (node_exporter scrapes, plain Prequal probes, the reference
+//! distributor's scrapes, the autoscaler's webhook) share one helper,
+//! [`HttpClient`], bounded in time and answer size with typed errors; and
+//! [`ErrorChain`] prints any error with its causes.
+
+mod error_chain;
+mod http_client;
+
+pub use error_chain::ErrorChain;
+pub use http_client::{parse_http_url, HttpClient, HttpError, HttpOptions};
 
 use std::hash::{Hash, Hasher};
 use std::io;

@@ -35,13 +35,11 @@ use bytes::Bytes;
 use hmac::{Hmac, Mac};
 use http::header::{CONTENT_TYPE, USER_AGENT};
 use http::{Method, Request, StatusCode, Uri};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use http_body_util::Full;
 use serde::Deserialize;
 use serde_json::json;
 use sha2::Sha256;
+use tidegate_upstream::{parse_http_url, ErrorChain, HttpClient, HttpOptions};
 use tokio::time::Instant;
 
 use super::{first_line, parse_list, parse_started};
@@ -116,7 +114,7 @@ pub struct WebhookProvider {
     secret: Vec<u8>,
     poll_interval: Duration,
     start_timeout: Duration,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: HttpClient,
 }
 
 impl WebhookProvider {
@@ -124,11 +122,11 @@ impl WebhookProvider {
     /// with `secret`, polling pending starts every `poll_interval_ms`
     /// (clamped to 10 ms..60 s). Needs no runtime to be built.
     pub fn new(service: &str, url: &str, secret: &str, poll_interval_ms: u64) -> Self {
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(5))
-            .pool_max_idle_per_host(2)
-            .pool_timer(TokioTimer::new())
-            .build(HttpConnector::new());
+        let client = HttpClient::new(HttpOptions {
+            connect_timeout: REQUEST_TIMEOUT,
+            idle_per_host: 2,
+            idle_timeout: Duration::from_secs(5),
+        });
         WebhookProvider {
             service: service.to_string(),
             url: url.to_string(),
@@ -165,25 +163,18 @@ impl WebhookProvider {
             request = request.header(CONTENT_TYPE, "application/json");
         }
         let request = request.body(Full::new(body)).map_err(|e| format!("building the request to {uri}: {e}"))?;
-        let exchange = async {
-            let response = self.client.request(request).await.map_err(|e| format!("{method} {uri}: {}", chain(&e)))?;
-            let status = response.status();
-            let body = Limited::new(response.into_body(), MAX_ANSWER)
-                .collect()
-                .await
-                .map_err(|e| format!("reading the answer of {method} {uri}: {e}"))?
-                .to_bytes();
-            Ok((status, body))
-        };
         let limit = REQUEST_TIMEOUT.min(deadline.saturating_duration_since(Instant::now()));
-        tokio::time::timeout(limit, exchange)
+        let answer = self
+            .client
+            .send(request, limit, MAX_ANSWER)
             .await
-            .unwrap_or_else(|_| Err(format!("{method} {uri}: no answer within {} s", limit.as_secs_f64())))
+            .map_err(|e| format!("{method} {uri}: {}", ErrorChain(&e)))?;
+        Ok((answer.status(), answer.into_body()))
     }
 
     /// POSTs a JSON action to the configured URL.
     async fn post(&self, action: serde_json::Value, deadline: Instant) -> Result<(StatusCode, Bytes), ProviderError> {
-        let uri = parse_http(&self.url).map_err(|e| self.err(e))?;
+        let uri = parse_http_str(&self.url).map_err(|e| self.err(e))?;
         self.send(Method::POST, &uri, Bytes::from(action.to_string()), deadline).await.map_err(|e| self.err(e))
     }
 
@@ -235,33 +226,17 @@ impl WebhookProvider {
     /// The URL to poll: absolute `http://`, or a path on the webhook's server.
     fn poll_uri(&self, poll: &str) -> Result<Uri, String> {
         if poll.starts_with('/') {
-            let base = parse_http(&self.url)?;
+            let base = parse_http_str(&self.url)?;
             let authority = base.authority().map(|a| a.as_str()).unwrap_or_default();
-            return parse_http(&format!("http://{authority}{poll}"));
+            return parse_http_str(&format!("http://{authority}{poll}"));
         }
-        parse_http(poll)
+        parse_http_str(poll)
     }
 }
 
 /// Parses an `http://` URL with a host.
-fn parse_http(url: &str) -> Result<Uri, String> {
-    let uri: Uri = url.parse().map_err(|e| format!("bad URL {url:?}: {e}"))?;
-    if uri.scheme_str() != Some("http") || uri.authority().is_none() {
-        return Err(format!("bad URL {url:?}: only http://host[:port]/... is supported"));
-    }
-    Ok(uri)
-}
-
-/// An error with its causes, which is where hyper says what went wrong.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+fn parse_http_str(url: &str) -> Result<Uri, String> {
+    parse_http_url(url).map_err(|e| e.to_string())
 }
 
 impl Provider for WebhookProvider {
@@ -309,6 +284,7 @@ mod tests {
     use std::net::SocketAddr;
     use std::sync::{Arc, Mutex};
 
+    use http_body_util::BodyExt;
     use hyper::body::Incoming;
     use hyper::server::conn::http1;
     use hyper::service::service_fn;

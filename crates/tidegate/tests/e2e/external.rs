@@ -33,8 +33,14 @@ impl Drop for Distributor {
 /// The reference distributor choosing among `backends` (by `IP:PORT`),
 /// and the UDP address it listens on.
 fn reference_distributor(backends: &[&Backend]) -> (Distributor, String) {
+    reference_distributor_with(backends, &[])
+}
+
+/// [`reference_distributor`] with more arguments.
+fn reference_distributor_with(backends: &[&Backend], args: &[String]) -> (Distributor, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidegate"));
     cmd.args(["distributor", "--listen", "127.0.0.1:0"]).env("TIDEGATE_LOG", "warn").stdout(Stdio::piped());
+    cmd.args(args);
     for b in backends {
         cmd.args(["--backend", &b.addr.to_string()]);
     }
@@ -131,4 +137,86 @@ async fn the_reference_distributor_spreads_and_keeps_sessions() {
 
     put_external(&tg, &addr, "session", backends).await;
     assert!(sessions_stick(&tg, 5).await, "sessions stick");
+}
+
+/// A fake node_exporter on 127.0.0.1: scrape `n` answers the page `page(n)`.
+async fn fake_exporter(page: fn(u64) -> String) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let mut n = 0;
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let mut head = Vec::new();
+            let mut buf = [0u8; 2048];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
+                match conn.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => head.extend_from_slice(&buf[..k]),
+                }
+            }
+            n += 1;
+            let body = page(n);
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = conn.write_all(answer.as_bytes()).await;
+        }
+    });
+    addr
+}
+
+/// `least_cpu` reads node_exporter pages with the one exposition parser: a
+/// `}` inside a label value is part of the value. Host A is 10 % busy, but
+/// its idle counter carries a label value with a `}`; the distributor's old
+/// parser cut the label set there, dropped the line and saw A 100 % busy,
+/// sending everything to B (90 % busy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_cpu_reads_a_brace_inside_a_label_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let a = Backend::start("a", &[]);
+    let b = Backend::start("b", &[]);
+    let idle_a = fake_exporter(|n| {
+        format!(
+            "# TYPE node_cpu_seconds_total counter\n\
+             node_cpu_seconds_total{{cpu=\"0\",mode=\"idle\",note=\"a}}b, c\"}} {}\n\
+             node_cpu_seconds_total{{cpu=\"0\",mode=\"user\"}} {}\n",
+            9 * n,
+            n
+        )
+    })
+    .await;
+    let busy_b = fake_exporter(|n| {
+        format!(
+            "node_cpu_seconds_total{{cpu=\"0\",mode=\"idle\"}} {}\nnode_cpu_seconds_total{{cpu=\"0\",mode=\"user\"}} {}\n",
+            n,
+            9 * n
+        )
+    })
+    .await;
+    let args = [
+        format!("--metrics-url={}=http://{idle_a}/metrics", a.addr),
+        format!("--metrics-url={}=http://{busy_b}/metrics", b.addr),
+        "--metrics-interval-ms=100".to_string(),
+    ];
+    let (_distributor, addr) = reference_distributor_with(&[&a, &b], &args);
+    let backends = json!([{"id": "a", "addr": a.addr.to_string()}, {"id": "b", "addr": b.addr.to_string()}]);
+    put_external(&tg, &addr, "least_cpu", backends).await;
+    // Until two scrapes of each page, least_cpu takes turns; then every
+    // answer is the idle host's.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut last = Vec::new();
+    loop {
+        last.push(served_by(&get(&tg.url("/")).await));
+        if last.len() > 10 {
+            last.remove(0);
+        }
+        if last.len() == 10 && last.iter().all(|s| s == "a") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "least_cpu never settled on the idle host: {last:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
