@@ -1069,7 +1069,12 @@ fn check_load(prefix: &[u8], kvs: &[KeyValue]) -> (Loaded, Vec<StoreFault>) {
     for (kind, name, kv) in objects {
         let at = kv.mod_revision;
         if !log_mods.contains(&at) && rev_mod != Some(at) && floor.is_none_or(|f| at > f) {
-            fault(&kv.key, FaultKind::WrittenOutside { at });
+            // Named by its field when it does not even validate.
+            let kind = match object_error(kind, name, &kv.value) {
+                Some(error) => FaultKind::ObjectInvalid { error },
+                None => FaultKind::WrittenOutside { at },
+            };
+            fault(&kv.key, kind);
             continue;
         }
         let Ok(name) = std::str::from_utf8(name) else {
@@ -1157,7 +1162,7 @@ fn check_load(prefix: &[u8], kvs: &[KeyValue]) -> (Loaded, Vec<StoreFault>) {
         Ok((state, _)) => state,
         Err(e) => {
             let key = e.op.and_then(|i| op_keys.get(i)).copied().unwrap_or(prefix);
-            let field = e.field.as_deref().map(|f| format!("{f}: ")).unwrap_or_default();
+            let field = e.field.as_deref().map(|f| format!("{}: ", crate::op_field(f))).unwrap_or_default();
             fault(key, FaultKind::ObjectInvalid { error: format!("{field}{}", e.message) });
             ConfigState::default()
         }

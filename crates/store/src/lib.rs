@@ -477,12 +477,7 @@ pub(crate) fn rebuild(ops: Vec<tidegate_model::Op>, keys: &[String]) -> Result<C
     let all = ChangeSet { if_revision: None, ops };
     ConfigState::default().apply(&all, 0).map(|(state, _)| state).map_err(|e| {
         let key = e.op.and_then(|i| keys.get(i)).map_or("(the configuration)", String::as_str);
-        // `ops[N].spec.service` names the op's field: the key names the op
-        // and its spec.
-        let field = e.field.as_deref().map(|f| {
-            let rest = f.split_once("].").map_or(f, |(_, rest)| rest);
-            rest.strip_prefix("spec.").unwrap_or(rest)
-        });
+        let field = e.field.as_deref().map(op_field);
         let error = match field {
             Some(field) => format!("{field}: {}", e.message),
             None => e.message.clone(),
@@ -491,3 +486,9 @@ pub(crate) fn rebuild(ops: Vec<tidegate_model::Op>, keys: &[String]) -> Result<C
     })
 }
 
+/// The field of an object's op (`ops[N].spec.service`) as a field of the
+/// stored object (`service`): its key names the op and its spec.
+pub(crate) fn op_field(field: &str) -> &str {
+    let rest = field.split_once("].").map_or(field, |(_, rest)| rest);
+    rest.strip_prefix("spec.").unwrap_or(rest)
+}
