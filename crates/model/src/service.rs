@@ -1652,10 +1652,7 @@ impl<'de> Deserialize<'de> for Backends {
                 let mut index = 0usize;
                 while let Some(ListedBackend(id, spec)) = seq.next_element()? {
                     if map.contains_key(&id) {
-                        return Err(de::Error::custom(format!(
-                            "[{index}].id: duplicate backend id {:?}",
-                            id.as_str()
-                        )));
+                        return Err(de::Error::custom(format!("[{index}].id: duplicate backend id {:?}", id.as_str())));
                     }
                     map.insert(id, spec);
                     index += 1;

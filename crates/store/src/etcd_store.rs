@@ -482,7 +482,9 @@ fn object_error(kind: &[u8], name: &[u8], value: &[u8]) -> Option<String> {
                 .and_then(|()| BackendId::new(id).map(drop))
                 .map_err(|e| e.to_string())
                 .and_then(|()| {
-                    tidegate_model::parse_json::<tidegate_model::BackendSpec>(value).map(drop).map_err(|e| e.to_string())
+                    tidegate_model::parse_json::<tidegate_model::BackendSpec>(value)
+                        .map(drop)
+                        .map_err(|e| e.to_string())
                 }),
         },
         b"routes" => RouteName::new(name)
@@ -1103,11 +1105,12 @@ fn check_load(prefix: &[u8], kvs: &[KeyValue]) -> (Loaded, Vec<StoreFault>) {
             },
             _ => {
                 // An expired certificate still loads (see the embedded store).
-                let op =
-                    tidegate_model::parse_json::<CertificateSpec>(&kv.value).map_err(|e| invalid(&e)).and_then(|spec| {
+                let op = tidegate_model::parse_json::<CertificateSpec>(&kv.value).map_err(|e| invalid(&e)).and_then(
+                    |spec| {
                         let name = CertName::new(name).map_err(|e| invalid(&e))?;
                         Ok(Op::PutCertificate { name, spec: Box::new(spec.into()) })
-                    });
+                    },
+                );
                 match op {
                     Ok(op) => {
                         certificates.push(op);

@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex};
 use rusqlite::wal::CheckpointMode;
 use rusqlite::{params, Connection, OpenFlags, Transaction};
 use tidegate_model::{
-    BackendId, CertName, CertificateSpec, ConfigState, Op, RouteName, RouteSpec, ServiceName,
-    ServiceSettings, ServiceSpec,
+    BackendId, CertName, CertificateSpec, ConfigState, Op, RouteName, RouteSpec, ServiceName, ServiceSettings,
+    ServiceSpec,
 };
 
 use crate::{
@@ -703,14 +703,26 @@ mod tests {
             let conn = Connection::open(&path).unwrap();
             let sum = row_sum(table, key, value.as_bytes());
             match table {
-                "services" => conn.execute("UPDATE services SET settings = ?1, sum = ?2 WHERE name = ?3", params![value.as_bytes(), sum, key]),
-                "backends" => conn.execute("INSERT INTO backends (service, id, spec, sum) VALUES ('s', 'a', ?1, ?2)", params![value.as_bytes(), sum]),
-                _ => conn.execute("INSERT INTO routes (name, spec, sum) VALUES (?1, ?2, ?3)", params![key, value.as_bytes(), sum]),
+                "services" => conn.execute(
+                    "UPDATE services SET settings = ?1, sum = ?2 WHERE name = ?3",
+                    params![value.as_bytes(), sum, key],
+                ),
+                "backends" => conn.execute(
+                    "INSERT INTO backends (service, id, spec, sum) VALUES ('s', 'a', ?1, ?2)",
+                    params![value.as_bytes(), sum],
+                ),
+                _ => conn.execute(
+                    "INSERT INTO routes (name, spec, sum) VALUES (?1, ?2, ?3)",
+                    params![key, value.as_bytes(), sum],
+                ),
             }
             .unwrap();
             drop(conn);
             let e = SqliteStore::open(&path).unwrap().load().expect_err("refused");
-            assert!(matches!(&e, StoreError::Invalid { key, error } if key == named && error.starts_with(field)), "{value}: {e}");
+            assert!(
+                matches!(&e, StoreError::Invalid { key, error } if key == named && error.starts_with(field)),
+                "{value}: {e}"
+            );
             assert!(e.to_string().contains("does not start"), "{e}");
         }
     }

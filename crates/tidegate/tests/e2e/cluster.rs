@@ -843,7 +843,9 @@ async fn invalid_values_written_into_etcd_are_refused_naming_key_and_field() {
         assert!(out.contains(&format!("{key}: the stored object is invalid: {field}")), "{out}");
         // A write through Tidegate that names the object puts it back.
         let (s, v) = match key {
-            "tg/services/web" => a.api("PUT", "/v1/services/web", Some(json!({"backends": [{"id": "a", "addr": addr}]}))).await,
+            "tg/services/web" => {
+                a.api("PUT", "/v1/services/web", Some(json!({"backends": [{"id": "a", "addr": addr}]}))).await
+            }
             "tg/backends/web/a" => a.api("PUT", "/v1/services/web/backends/a", Some(json!({"addr": addr}))).await,
             _ => a.api("PUT", "/v1/routes/web", Some(json!({"match": {"path_prefix": "/"}, "service": "web"}))).await,
         };
