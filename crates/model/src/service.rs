@@ -75,6 +75,54 @@ fn is_default_concurrency(c: &ConcurrencySpec) -> bool {
     *c == ConcurrencySpec::default()
 }
 
+/// A share in percent, 0..=100, checked where it is decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "u32", into = "u32")]
+pub struct Percent(u32);
+
+impl Percent {
+    /// The percentage, `None` above 100.
+    pub const fn new(v: u32) -> Option<Percent> {
+        if v <= 100 {
+            Some(Percent(v))
+        } else {
+            None
+        }
+    }
+
+    /// The percentage.
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl TryFrom<u32> for Percent {
+    type Error = String;
+    fn try_from(v: u32) -> Result<Self, String> {
+        Percent::new(v).ok_or_else(|| format!("must be 0..=100, got {v}"))
+    }
+}
+
+impl From<Percent> for u32 {
+    fn from(p: Percent) -> u32 {
+        p.0
+    }
+}
+
+impl schemars::JsonSchema for Percent {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Percent".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({"type": "integer", "format": "uint32", "minimum": 0, "maximum": 100})
+    }
+}
+
 /// A per-backend connection limit, 1..=100000.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(try_from = "u32", into = "u32")]
@@ -789,7 +837,7 @@ pub struct PassiveCheck {
     pub max_ejection_ms: u64,
     /// At most this share of a service's backends is ejected at once, in
     /// percent (default 50), so ejection cannot empty a pool.
-    pub max_ejected_percent: u32,
+    pub max_ejected_percent: Percent,
 }
 
 impl Default for PassiveCheck {
@@ -798,7 +846,7 @@ impl Default for PassiveCheck {
             consecutive_failures: 5,
             base_ejection_ms: 5_000,
             max_ejection_ms: 120_000,
-            max_ejected_percent: 50,
+            max_ejected_percent: Percent(50),
         }
     }
 }
@@ -826,14 +874,14 @@ pub struct HealthSpec {
 pub struct RetryBudget {
     /// Retries in flight may be at most this percent of the service's
     /// requests in flight (default 20), so retries cannot multiply an outage.
-    pub percent: u32,
+    pub percent: Percent,
     /// ... but at least this many at once (default 3).
     pub min_concurrent: u32,
 }
 
 impl Default for RetryBudget {
     fn default() -> Self {
-        RetryBudget { percent: 20, min_concurrent: 3 }
+        RetryBudget { percent: Percent(20), min_concurrent: 3 }
     }
 }
 
@@ -1391,9 +1439,6 @@ impl ServiceSettings {
         if let Some(tls) = &self.upstream.tls {
             tls.validate()?;
         }
-        if self.retry_budget.percent > 100 {
-            return Err("retry_budget.percent: must be 0..=100".into());
-        }
         let h = &self.health;
         if let Some(a) = &h.active {
             if !request_path(&a.path) {
@@ -1417,9 +1462,6 @@ impl ServiceSettings {
             }
         }
         let p = &h.passive;
-        if p.max_ejected_percent > 100 {
-            return Err("health.passive.max_ejected_percent: must be 0..=100".into());
-        }
         if p.max_ejection_ms > DAY_MS {
             return Err(format!(
                 "health.passive.max_ejection_ms: at most {DAY_MS} (one day), got {}",
@@ -1758,7 +1800,7 @@ mod tests {
             (r#"{"timeouts":{"connect_ms":0}}"#, "timeouts.connect_ms"),
             (r#"{"retries":11}"#, "retries"),
             (r#"{"queue":{"timeout_ms":0}}"#, "queue.timeout_ms"),
-            (r#"{"health":{"passive":{"max_ejected_percent":101}}}"#, "health.passive.max_ejected_percent"),
+            (r#"{"health":{"slow_start_ms":86400001}}"#, "health.slow_start_ms"),
             (r#"{"concurrency":{"latency_tolerance_pct":5}}"#, "concurrency.latency_tolerance_pct"),
             (r#"{"upstream":{"max_idle":100001}}"#, "upstream.max_idle"),
         ];
@@ -1775,6 +1817,15 @@ mod tests {
             let change = serde_json::json!({"ops": [{"op": "put_service", "name": "web", "spec": value}]});
             let err = crate::parse_change_set(change.to_string().as_bytes()).unwrap_err();
             assert_eq!((err.op, err.field.as_str()), (Some(0), format!("ops[0].spec.{field}").as_str()), "{err}");
+        }
+        // Ranges that are types name their field through the decode's path.
+        for (text, field) in [
+            (r#"{"health":{"passive":{"max_ejected_percent":101}}}"#, "health.passive.max_ejected_percent"),
+            (r#"{"retry_budget":{"percent":101}}"#, "retry_budget.percent"),
+        ] {
+            let err = crate::parse_json::<ServiceSpec>(text.as_bytes()).unwrap_err();
+            assert_eq!(err.field, field, "{text}: {err}");
+            assert!(err.message.starts_with("must be 0..=100, got 101"), "{err}");
         }
         // A backend names its field, listed or on its own.
         let listed = r#"{"backends":[{"id":"a","addr":"h:1"},{"id":"b","addr":"h:2","weight":10001}]}"#;

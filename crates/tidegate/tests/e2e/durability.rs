@@ -242,7 +242,7 @@ async fn a_stored_service_that_does_not_validate_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let b = Backend::start("kept", &[]);
-    let mut tg = Tidegate::start(&data);
+    let tg = Tidegate::start(&data);
     route_to(&tg, "web", &[&b], "round_robin").await;
     tg.terminate();
     let store = data.join("config.sqlite");
