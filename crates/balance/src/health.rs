@@ -90,7 +90,7 @@ pub fn record_outcome(
         return false;
     }
     let ejected = pool.iter().filter(|b| b.stats.is_ejected(now_ms)).count();
-    let allowed = pool.len() * passive.max_ejected_percent as usize / 100;
+    let allowed = pool.len() * passive.max_ejected_percent.get() as usize / 100;
     if ejected + 1 > allowed {
         return false;
     }
@@ -141,7 +141,7 @@ mod tests {
             consecutive_failures: 3,
             base_ejection_ms: 1_000,
             max_ejection_ms: 8_000,
-            max_ejected_percent: 50,
+            max_ejected_percent: tidegate_model::Percent::new(50).expect("a percentage"),
         }
     }
 

@@ -3,7 +3,7 @@
 use std::fmt;
 
 use imbl::OrdMap;
-use serde::de::{self, SeqAccess, Visitor};
+use serde::de::{self, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::names::{BackendAddr, BackendId};
@@ -73,6 +73,54 @@ fn is_false(b: &bool) -> bool {
 
 fn is_default_concurrency(c: &ConcurrencySpec) -> bool {
     *c == ConcurrencySpec::default()
+}
+
+/// A share in percent, 0..=100, checked where it is decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "u32", into = "u32")]
+pub struct Percent(u32);
+
+impl Percent {
+    /// The percentage, `None` above 100.
+    pub const fn new(v: u32) -> Option<Percent> {
+        if v <= 100 {
+            Some(Percent(v))
+        } else {
+            None
+        }
+    }
+
+    /// The percentage.
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl TryFrom<u32> for Percent {
+    type Error = String;
+    fn try_from(v: u32) -> Result<Self, String> {
+        Percent::new(v).ok_or_else(|| format!("must be 0..=100, got {v}"))
+    }
+}
+
+impl From<Percent> for u32 {
+    fn from(p: Percent) -> u32 {
+        p.0
+    }
+}
+
+impl schemars::JsonSchema for Percent {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Percent".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({"type": "integer", "format": "uint32", "minimum": 0, "maximum": 100})
+    }
 }
 
 /// A per-backend connection limit, 1..=100000.
@@ -789,7 +837,7 @@ pub struct PassiveCheck {
     pub max_ejection_ms: u64,
     /// At most this share of a service's backends is ejected at once, in
     /// percent (default 50), so ejection cannot empty a pool.
-    pub max_ejected_percent: u32,
+    pub max_ejected_percent: Percent,
 }
 
 impl Default for PassiveCheck {
@@ -798,7 +846,7 @@ impl Default for PassiveCheck {
             consecutive_failures: 5,
             base_ejection_ms: 5_000,
             max_ejection_ms: 120_000,
-            max_ejected_percent: 50,
+            max_ejected_percent: Percent(50),
         }
     }
 }
@@ -826,14 +874,14 @@ pub struct HealthSpec {
 pub struct RetryBudget {
     /// Retries in flight may be at most this percent of the service's
     /// requests in flight (default 20), so retries cannot multiply an outage.
-    pub percent: u32,
+    pub percent: Percent,
     /// ... but at least this many at once (default 3).
     pub min_concurrent: u32,
 }
 
 impl Default for RetryBudget {
     fn default() -> Self {
-        RetryBudget { percent: 20, min_concurrent: 3 }
+        RetryBudget { percent: Percent(20), min_concurrent: 3 }
     }
 }
 
@@ -1270,8 +1318,13 @@ impl ServiceSpec {
 }
 
 /// Everything about a service except its backends.
+///
+/// It decodes in one place, whatever it is read from (the API, a file, a
+/// store, the change log): the fields as written here, then
+/// the checks across fields; no code can obtain one that did not pass.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, remote = "Self")]
+#[schemars(rename = "ServiceSettings")]
 pub struct ServiceSettings {
     /// The balancing policy (default `{"kind": "round_robin"}`).
     #[serde(default)]
@@ -1297,7 +1350,7 @@ pub struct ServiceSettings {
     #[serde(default)]
     pub queue: QueueSpec,
     /// Learned per-backend concurrency limits.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default_concurrency")]
     pub concurrency: ConcurrencySpec,
     /// Connections to the backends: how many idle ones are kept for reuse.
     #[serde(default)]
@@ -1309,6 +1362,24 @@ pub struct ServiceSettings {
 
 fn default_retries() -> u32 {
     2
+}
+
+// The one decode of a service's settings: the derived field decoding
+// (`remote = "Self"` makes it the inherent `ServiceSettings::deserialize`),
+// then the checks across fields. Everything that decodes settings or a
+// service comes through here.
+impl<'de> Deserialize<'de> for ServiceSettings {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let settings = ServiceSettings::deserialize(d)?;
+        settings.validate().map_err(de::Error::custom)?;
+        Ok(settings)
+    }
+}
+
+impl Serialize for ServiceSettings {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        ServiceSettings::serialize(self, s)
+    }
 }
 
 impl Default for ServiceSettings {
@@ -1368,9 +1439,6 @@ impl ServiceSettings {
         if let Some(tls) = &self.upstream.tls {
             tls.validate()?;
         }
-        if self.retry_budget.percent > 100 {
-            return Err("retry_budget.percent: must be 0..=100".into());
-        }
         let h = &self.health;
         if let Some(a) = &h.active {
             if !request_path(&a.path) {
@@ -1394,9 +1462,6 @@ impl ServiceSettings {
             }
         }
         let p = &h.passive;
-        if p.max_ejected_percent > 100 {
-            return Err("health.passive.max_ejected_percent: must be 0..=100".into());
-        }
         if p.max_ejection_ms > DAY_MS {
             return Err(format!(
                 "health.passive.max_ejection_ms: at most {DAY_MS} (one day), got {}",
@@ -1465,10 +1530,11 @@ impl ServiceSettings {
 
 /// A service: settings plus its backends keyed by id (`PUT /v1/services/{name}`).
 ///
-/// On the wire the backends are a list of `{"id", "addr", "weight", "backup"}`;
-/// duplicate ids are rejected.
-#[derive(Debug, Clone, PartialEq, Eq, Default, schemars::JsonSchema)]
-#[schemars(with = "ServiceWire")]
+/// On the wire it is one object: the fields of [`ServiceSettings`] and
+/// `backends`, a list of `{"id", "addr", "weight", "backup", "max_conns"}`;
+/// duplicate ids are rejected. It decodes through the one validated path
+/// of [`ServiceSettings`], whichever door it comes through.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ServiceSpec {
     /// Policy, timeouts, retries.
     pub settings: ServiceSettings,
@@ -1476,172 +1542,203 @@ pub struct ServiceSpec {
     pub backends: OrdMap<BackendId, BackendSpec>,
 }
 
-#[derive(Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields, rename = "ServiceSpec")]
-struct ServiceWire {
-    /// The balancing policy (default `{"kind": "round_robin"}`).
-    #[serde(default)]
-    policy: PolicySpec,
-    /// Upstream timeouts.
-    #[serde(default)]
-    timeouts: Timeouts,
-    /// How many times a failed request may be tried again on another backend
-    /// (default 2). Connect failures are always retryable; other failures
-    /// only for idempotent methods with a replayable body.
-    #[serde(default = "default_retries")]
-    retries: u32,
-    /// Retries in flight relative to requests in flight.
-    #[serde(default)]
-    retry_budget: RetryBudget,
-    /// Active and passive health checks, slow start.
-    #[serde(default)]
-    health: HealthSpec,
-    /// Load reports from backends (ORCA, node_exporter, Ganglia).
-    #[serde(default)]
-    load_metrics: LoadSources,
-    /// Waiting for backends at their limits.
-    #[serde(default)]
-    queue: QueueSpec,
-    /// Learned per-backend concurrency limits.
-    #[serde(default, skip_serializing_if = "is_default_concurrency")]
-    concurrency: ConcurrencySpec,
-    /// Connections to the backends: how many idle ones are kept for reuse.
-    #[serde(default)]
-    upstream: UpstreamSpec,
-    /// Autoscaling (off unless given).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    autoscale: Option<AutoscaleSpec>,
-    /// The backends: a list of `{"id", "addr", "weight", "backup", "max_conns"}`, ids unique.
-    #[serde(default)]
-    backends: BackendList,
+/// The entry a map carries besides the fields of the type it decodes as:
+/// `backends` beside a service's settings, `id` beside a backend's spec.
+struct Split<'a, A, E> {
+    inner: A,
+    key: &'static str,
+    taken: &'a mut Option<E>,
 }
 
-/// A backend as listed inside a service.
-#[derive(Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-struct ListedBackend {
-    /// The backend's id within the service (unique in the list).
-    id: BackendId,
-    /// Where the backend listens, `host:port`.
-    addr: BackendAddr,
-    /// Relative share of traffic (0..=10000, default 1).
-    #[serde(default)]
-    weight: Weight,
-    /// A backup backend receives traffic only when no primary backend can take it.
-    #[serde(default)]
-    backup: bool,
-    /// At most this many requests in flight to the backend (HAProxy's
-    /// `maxconn`); more wait in the service's queue. Unlimited when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    max_conns: Option<MaxConns>,
-    /// Created and owned by the autoscaler (which may drain and remove it).
-    #[serde(default, skip_serializing_if = "is_false")]
-    autoscaled: bool,
+impl<'de, A: MapAccess<'de>, E: Deserialize<'de>> MapAccess<'de> for Split<'_, A, E> {
+    type Error = A::Error;
+
+    fn next_key_seed<K: de::DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, A::Error> {
+        loop {
+            let Some(key) = self.inner.next_key::<String>()? else {
+                return Ok(None);
+            };
+            if key != self.key {
+                let key: de::value::StringDeserializer<A::Error> = de::IntoDeserializer::into_deserializer(key);
+                return seed.deserialize(key).map(Some);
+            }
+            if self.taken.is_some() {
+                return Err(de::Error::duplicate_field(self.key));
+            }
+            *self.taken = Some(self.inner.next_value()?);
+        }
+    }
+
+    fn next_value_seed<V: de::DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, A::Error> {
+        self.inner.next_value_seed(seed)
+    }
 }
 
-#[derive(Default)]
-struct BackendList(OrdMap<BackendId, BackendSpec>);
+/// Decodes a map as a `T`, the entry `key` taken out first and decoded as
+/// an `E`: one type's fields and one more, with `T`'s own checks (unknown
+/// fields, defaults, validation) and the map's field paths intact.
+fn split_map<'de, A, E, T>(map: A, key: &'static str) -> Result<(Option<E>, T), A::Error>
+where
+    A: MapAccess<'de>,
+    E: Deserialize<'de>,
+    T: Deserialize<'de>,
+{
+    let mut taken = None;
+    let rest = T::deserialize(de::value::MapAccessDeserializer::new(Split { inner: map, key, taken: &mut taken }))?;
+    Ok((taken, rest))
+}
 
-impl schemars::JsonSchema for BackendList {
+/// The schema of `T` (an object) with one more property, `key`, of type `E`.
+fn schema_with<T: schemars::JsonSchema, E: schemars::JsonSchema>(
+    generator: &mut schemars::SchemaGenerator,
+    key: &str,
+    description: &str,
+    required: bool,
+    about: &str,
+) -> schemars::Schema {
+    let mut schema = T::json_schema(generator);
+    let mut extra = generator.subschema_for::<E>();
+    extra.insert("description".into(), description.into());
+    if !required {
+        extra.insert("default".into(), serde_json::json!([]));
+    }
+    schema.insert("description".into(), about.into());
+    if let Some(props) = schema.get_mut("properties").and_then(serde_json::Value::as_object_mut) {
+        props.insert(key.into(), extra.into());
+    }
+    if required {
+        match schema.get_mut("required").and_then(serde_json::Value::as_array_mut) {
+            Some(list) => list.insert(0, key.into()),
+            None => {
+                schema.insert("required".into(), serde_json::json!([key]));
+            }
+        }
+    }
+    schema
+}
+
+impl schemars::JsonSchema for ServiceSpec {
     fn schema_name() -> std::borrow::Cow<'static, str> {
-        "BackendList".into()
+        "ServiceSpec".into()
     }
 
-    fn inline_schema() -> bool {
-        true
-    }
-
-    /// A list of backends, ids unique.
     fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        <Vec<ListedBackend>>::json_schema(generator)
+        schema_with::<ServiceSettings, Vec<ListedBackend>>(
+            generator,
+            "backends",
+            "The backends: a list of `{\"id\", \"addr\", \"weight\", \"backup\", \"max_conns\"}`, ids unique.",
+            false,
+            "A service: settings plus its backends keyed by id (`PUT /v1/services/{name}`).\n\nOn the wire the \
+             backends are a list of `{\"id\", \"addr\", \"weight\", \"backup\"}`;\nduplicate ids are rejected.",
+        )
     }
 }
 
-impl<'de> Deserialize<'de> for BackendList {
+/// A backend as listed inside a service: its id and its [`BackendSpec`].
+struct ListedBackend(BackendId, BackendSpec);
+
+impl schemars::JsonSchema for ListedBackend {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ListedBackend".into()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schema_with::<BackendSpec, BackendId>(
+            generator,
+            "id",
+            "The backend's id within the service (unique in the list).",
+            true,
+            "A backend as listed inside a service.",
+        )
+    }
+}
+
+impl<'de> Deserialize<'de> for ListedBackend {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
-            type Value = BackendList;
+            type Value = ListedBackend;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a backend: its id, addr and settings")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ListedBackend, A::Error> {
+                match split_map::<A, BackendId, BackendSpec>(map, "id")? {
+                    (Some(id), spec) => Ok(ListedBackend(id, spec)),
+                    (None, _) => Err(de::Error::missing_field("id")),
+                }
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+#[derive(Serialize)]
+struct ListedRef<'a> {
+    id: &'a BackendId,
+    #[serde(flatten)]
+    spec: &'a BackendSpec,
+}
+
+struct Backends(OrdMap<BackendId, BackendSpec>);
+
+impl<'de> Deserialize<'de> for Backends {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Backends;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a list of backends")
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<BackendList, A::Error> {
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Backends, A::Error> {
                 let mut map = OrdMap::new();
                 let mut index = 0usize;
-                while let Some(b) = seq.next_element::<ListedBackend>()? {
-                    if map.contains_key(&b.id) {
-                        return Err(de::Error::custom(format!(
-                            "[{index}].id: duplicate backend id {:?}",
-                            b.id.as_str()
-                        )));
+                while let Some(ListedBackend(id, spec)) = seq.next_element()? {
+                    if map.contains_key(&id) {
+                        return Err(de::Error::custom(format!("[{index}].id: duplicate backend id {:?}", id.as_str())));
                     }
-                    let spec = BackendSpec {
-                        addr: b.addr,
-                        weight: b.weight,
-                        backup: b.backup,
-                        max_conns: b.max_conns,
-                        autoscaled: b.autoscaled,
-                    };
-                    map.insert(b.id, spec);
+                    map.insert(id, spec);
                     index += 1;
                 }
-                Ok(BackendList(map))
+                Ok(Backends(map))
             }
         }
         d.deserialize_seq(V)
     }
 }
 
-impl Serialize for BackendList {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(|(id, b)| ListedBackend {
-            id: id.clone(),
-            addr: b.addr.clone(),
-            weight: b.weight,
-            backup: b.backup,
-            max_conns: b.max_conns,
-            autoscaled: b.autoscaled,
-        }))
-    }
-}
-
 impl<'de> Deserialize<'de> for ServiceSpec {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let w = ServiceWire::deserialize(d)?;
-        let settings = ServiceSettings {
-            policy: w.policy,
-            timeouts: w.timeouts,
-            retries: w.retries,
-            retry_budget: w.retry_budget,
-            health: w.health,
-            load_metrics: w.load_metrics,
-            queue: w.queue,
-            concurrency: w.concurrency,
-            upstream: w.upstream,
-            autoscale: w.autoscale,
-        };
-        settings.validate().map_err(de::Error::custom)?;
-        Ok(ServiceSpec { settings, backends: w.backends.0 })
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ServiceSpec;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a service: its settings and backends")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ServiceSpec, A::Error> {
+                // The settings decode (and are validated) as `ServiceSettings`.
+                let (backends, settings) = split_map::<A, Backends, ServiceSettings>(map, "backends")?;
+                Ok(ServiceSpec { settings, backends: backends.map(|b| b.0).unwrap_or_default() })
+            }
+        }
+        d.deserialize_map(V)
     }
 }
 
 impl Serialize for ServiceSpec {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let st = &self.settings;
-        ServiceWire {
-            policy: st.policy.clone(),
-            timeouts: st.timeouts,
-            retries: st.retries,
-            retry_budget: st.retry_budget,
-            health: st.health.clone(),
-            load_metrics: st.load_metrics.clone(),
-            queue: st.queue,
-            concurrency: st.concurrency,
-            upstream: st.upstream.clone(),
-            autoscale: st.autoscale.clone(),
-            backends: BackendList(self.backends.clone()),
+        struct List<'a>(&'a OrdMap<BackendId, BackendSpec>);
+        impl Serialize for List<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_seq(self.0.iter().map(|(id, spec)| ListedRef { id, spec }))
+            }
         }
-        .serialize(s)
+        #[derive(Serialize)]
+        struct Out<'a> {
+            #[serde(flatten)]
+            settings: &'a ServiceSettings,
+            backends: List<'a>,
+        }
+        Out { settings: &self.settings, backends: List(&self.backends) }.serialize(s)
     }
 }
 
@@ -1692,6 +1789,66 @@ mod tests {
             let err = serde_json::from_str::<ServiceSpec>(bad).unwrap_err().to_string();
             assert!(err.contains(field), "{bad}: {err}");
         }
+    }
+
+    /// Settings decode through one validated path however they arrive: on
+    /// their own (as the stores keep them), inside a service, from a JSON
+    /// value, inside a change set; each refusal names the field.
+    #[test]
+    fn every_door_decodes_through_the_one_validated_path() {
+        let bad = [
+            (r#"{"timeouts":{"connect_ms":0}}"#, "timeouts.connect_ms"),
+            (r#"{"retries":11}"#, "retries"),
+            (r#"{"queue":{"timeout_ms":0}}"#, "queue.timeout_ms"),
+            (r#"{"health":{"slow_start_ms":86400001}}"#, "health.slow_start_ms"),
+            (r#"{"concurrency":{"latency_tolerance_pct":5}}"#, "concurrency.latency_tolerance_pct"),
+            (r#"{"upstream":{"max_idle":100001}}"#, "upstream.max_idle"),
+        ];
+        for (text, field) in bad {
+            let settings = crate::parse_json::<ServiceSettings>(text.as_bytes()).unwrap_err();
+            assert_eq!(settings.field, field, "{text}: {settings}");
+            let err = serde_json::from_str::<ServiceSettings>(text).unwrap_err().to_string();
+            assert!(err.starts_with(&format!("{field}: ")), "{text}: {err}");
+            let value: serde_json::Value = serde_json::from_str(text).unwrap();
+            let err = serde_json::from_value::<ServiceSettings>(value.clone()).unwrap_err().to_string();
+            assert!(err.starts_with(&format!("{field}: ")), "{text}: {err}");
+            let spec = crate::parse_json::<ServiceSpec>(text.as_bytes()).unwrap_err();
+            assert_eq!(spec.field, field, "{text}: {spec}");
+            let change = serde_json::json!({"ops": [{"op": "put_service", "name": "web", "spec": value}]});
+            let err = crate::parse_change_set(change.to_string().as_bytes()).unwrap_err();
+            assert_eq!((err.op, err.field.as_str()), (Some(0), format!("ops[0].spec.{field}").as_str()), "{err}");
+        }
+        // Ranges that are types name their field through the decode's path.
+        for (text, field) in [
+            (r#"{"health":{"passive":{"max_ejected_percent":101}}}"#, "health.passive.max_ejected_percent"),
+            (r#"{"retry_budget":{"percent":101}}"#, "retry_budget.percent"),
+        ] {
+            let err = crate::parse_json::<ServiceSpec>(text.as_bytes()).unwrap_err();
+            assert_eq!(err.field, field, "{text}: {err}");
+            assert!(err.message.starts_with("must be 0..=100, got 101"), "{err}");
+        }
+        // A backend names its field, listed or on its own.
+        let listed = r#"{"backends":[{"id":"a","addr":"h:1"},{"id":"b","addr":"h:2","weight":10001}]}"#;
+        assert_eq!(crate::parse_json::<ServiceSpec>(listed.as_bytes()).unwrap_err().field, "backends[1].weight");
+        let alone = crate::parse_json::<BackendSpec>(br#"{"addr":"nope"}"#).unwrap_err();
+        assert_eq!(alone.field, "addr", "{alone}");
+        for (text, want) in [
+            (r#"{"backends":[{"addr":"h:1"}]}"#, "missing field `id`"),
+            (r#"{"backends":[{"id":"a"}]}"#, "missing field `addr`"),
+            (r#"{"backends":[{"id":"a","id":"b","addr":"h:1"}]}"#, "duplicate field `id`"),
+            (r#"{"backends":[{"id":"a","addr":"h:1","bogus":1}]}"#, "unknown field `bogus`"),
+            (r#"{"backends":[],"backends":[]}"#, "duplicate field `backends`"),
+            (r#"{"bogus":1}"#, "unknown field `bogus`"),
+        ] {
+            let err = crate::parse_json::<ServiceSpec>(text.as_bytes()).unwrap_err().to_string();
+            assert!(err.contains(want), "{text}: {err}");
+        }
+        // What is stored decodes back to itself; a default block is not written.
+        let spec: ServiceSpec = serde_json::from_str(r#"{"retries":3,"backends":[{"id":"a","addr":"h:1"}]}"#).unwrap();
+        let stored = serde_json::to_string(&spec.settings).unwrap();
+        assert!(!stored.contains("backends") && !stored.contains("concurrency"), "{stored}");
+        assert_eq!(serde_json::from_str::<ServiceSettings>(&stored).unwrap(), spec.settings);
+        assert!(serde_json::from_str::<ServiceSettings>(r#"{"backends":[]}"#).is_err(), "settings carry no backends");
     }
 
     #[test]

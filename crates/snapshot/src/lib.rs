@@ -55,7 +55,7 @@ impl ServiceLive {
     /// summed from its backends by the caller: only a retry pays for it),
     /// or `min_concurrent`.
     pub fn try_retry(&self, budget: &RetryBudget, in_flight: u64) -> bool {
-        let allowed = (in_flight * u64::from(budget.percent) / 100).max(u64::from(budget.min_concurrent));
+        let allowed = (in_flight * u64::from(budget.percent.get()) / 100).max(u64::from(budget.min_concurrent));
         let taken = self.retries_in_flight.fetch_update(Relaxed, Relaxed, |r| (r < allowed).then_some(r + 1)).is_ok();
         if !taken {
             self.retries_refused.fetch_add(1, Relaxed);
@@ -493,7 +493,8 @@ mod budget_tests {
     #[test]
     fn the_retry_budget_scales_with_traffic() {
         let live = ServiceLive::default();
-        let budget = RetryBudget { percent: 20, min_concurrent: 2 };
+        let budget =
+            RetryBudget { percent: tidegate_model::Percent::new(20).expect("a percentage"), min_concurrent: 2 };
         assert!(live.try_retry(&budget, 0) && live.try_retry(&budget, 0));
         assert!(!live.try_retry(&budget, 0), "min_concurrent when idle");
         let more = (0..30).filter(|_| live.try_retry(&budget, 100)).count();

@@ -314,7 +314,7 @@ fn log_number(rest: &[u8]) -> Option<u64> {
 /// Decodes the log entry `kv` whose key names revision `number`.
 fn log_entry(kv: &KeyValue, number: u64) -> Result<AppliedChange, FaultKind> {
     let change: AppliedChange =
-        serde_json::from_slice(&kv.value).map_err(|e| FaultKind::LogUndecodable { error: e.to_string() })?;
+        tidegate_model::parse_json(&kv.value).map_err(|e| FaultKind::LogUndecodable { error: e.to_string() })?;
     if change.revision != number {
         return Err(FaultKind::LogMisnumbered { expected: number, found: change.revision });
     }
@@ -443,7 +443,15 @@ fn observe(prefix: &[u8], events: &[Event]) -> Seen {
                 }
             }
             (kind, what) if OBJECT_KINDS.contains(&kind) => {
+                // A value that does not decode is named with its field,
+                // however it was written (the data plane follows the log,
+                // which decodes the same way, and never takes it).
+                let invalid = (what == EventKind::Put)
+                    .then(|| object_error(kind, name, &e.kv.value))
+                    .flatten()
+                    .map(|error| FaultKind::ObjectInvalid { error });
                 let fault = match (in_commit, what) {
+                    _ if invalid.is_some() => invalid,
                     (true, _) => None,
                     (false, EventKind::Put) => Some(FaultKind::WrittenOutside { at }),
                     (false, EventKind::Delete) => Some(FaultKind::DeletedOutside { at }),
@@ -454,6 +462,39 @@ fn observe(prefix: &[u8], events: &[Event]) -> Seen {
         }
     }
     seen
+}
+
+/// Why the object value stored under `kind/name` does not decode, naming
+/// the field (or the name) at fault; `None` when it decodes. The same
+/// decode as every other door: the model's validated `Deserialize`.
+fn object_error(kind: &[u8], name: &[u8], value: &[u8]) -> Option<String> {
+    let Ok(name) = std::str::from_utf8(name) else {
+        return Some("its name is not UTF-8".into());
+    };
+    let result = match kind {
+        b"services" => ServiceName::new(name)
+            .map_err(|e| e.to_string())
+            .and_then(|_| tidegate_model::parse_json::<ServiceSettings>(value).map(drop).map_err(|e| e.to_string())),
+        b"backends" => match name.split_once('/') {
+            None => Err("a backend key is backends/SERVICE/ID".into()),
+            Some((service, id)) => ServiceName::new(service)
+                .map(drop)
+                .and_then(|()| BackendId::new(id).map(drop))
+                .map_err(|e| e.to_string())
+                .and_then(|()| {
+                    tidegate_model::parse_json::<tidegate_model::BackendSpec>(value)
+                        .map(drop)
+                        .map_err(|e| e.to_string())
+                }),
+        },
+        b"routes" => RouteName::new(name)
+            .map_err(|e| e.to_string())
+            .and_then(|_| tidegate_model::parse_json::<RouteSpec>(value).map(drop).map_err(|e| e.to_string())),
+        _ => CertName::new(name)
+            .map_err(|e| e.to_string())
+            .and_then(|_| tidegate_model::parse_json::<CertificateSpec>(value).map(drop).map_err(|e| e.to_string())),
+    };
+    result.err()
 }
 
 /// Whether `ops` name the object stored at `rest` (a key without the
@@ -1030,7 +1071,12 @@ fn check_load(prefix: &[u8], kvs: &[KeyValue]) -> (Loaded, Vec<StoreFault>) {
     for (kind, name, kv) in objects {
         let at = kv.mod_revision;
         if !log_mods.contains(&at) && rev_mod != Some(at) && floor.is_none_or(|f| at > f) {
-            fault(&kv.key, FaultKind::WrittenOutside { at });
+            // Named by its field when it does not even validate.
+            let kind = match object_error(kind, name, &kv.value) {
+                Some(error) => FaultKind::ObjectInvalid { error },
+                None => FaultKind::WrittenOutside { at },
+            };
+            fault(&kv.key, kind);
             continue;
         }
         let Ok(name) = std::str::from_utf8(name) else {
@@ -1039,7 +1085,7 @@ fn check_load(prefix: &[u8], kvs: &[KeyValue]) -> (Loaded, Vec<StoreFault>) {
         };
         let invalid = |e: &dyn std::fmt::Display| FaultKind::ObjectInvalid { error: e.to_string() };
         match kind {
-            b"services" => match serde_json::from_slice::<ServiceSettings>(&kv.value) {
+            b"services" => match tidegate_model::parse_json::<ServiceSettings>(&kv.value) {
                 Ok(settings) => {
                     services.insert(name.to_string(), ServiceSpec { settings, backends: Default::default() });
                     keys.insert(format!("s/{name}"), &kv.key);
@@ -1047,7 +1093,7 @@ fn check_load(prefix: &[u8], kvs: &[KeyValue]) -> (Loaded, Vec<StoreFault>) {
                 Err(e) => fault(&kv.key, invalid(&e)),
             },
             b"backends" => backends.push((name, kv)),
-            b"routes" => match serde_json::from_slice::<RouteSpec>(&kv.value)
+            b"routes" => match tidegate_model::parse_json::<RouteSpec>(&kv.value)
                 .map_err(|e| invalid(&e))
                 .and_then(|spec| Ok(Op::PutRoute { name: RouteName::new(name).map_err(|e| invalid(&e))?, spec }))
             {
@@ -1059,11 +1105,12 @@ fn check_load(prefix: &[u8], kvs: &[KeyValue]) -> (Loaded, Vec<StoreFault>) {
             },
             _ => {
                 // An expired certificate still loads (see the embedded store).
-                let op =
-                    serde_json::from_slice::<CertificateSpec>(&kv.value).map_err(|e| invalid(&e)).and_then(|spec| {
+                let op = tidegate_model::parse_json::<CertificateSpec>(&kv.value).map_err(|e| invalid(&e)).and_then(
+                    |spec| {
                         let name = CertName::new(name).map_err(|e| invalid(&e))?;
                         Ok(Op::PutCertificate { name, spec: Box::new(spec.into()) })
-                    });
+                    },
+                );
                 match op {
                     Ok(op) => {
                         certificates.push(op);
@@ -1084,7 +1131,7 @@ fn check_load(prefix: &[u8], kvs: &[KeyValue]) -> (Loaded, Vec<StoreFault>) {
         if let Some(spec) = services.get_mut(service) {
             let backend = BackendId::new(id)
                 .map_err(|e| e.to_string())
-                .and_then(|id| serde_json::from_slice(&kv.value).map(|b| (id, b)).map_err(|e| e.to_string()));
+                .and_then(|id| tidegate_model::parse_json(&kv.value).map(|b| (id, b)).map_err(|e| e.to_string()));
             match backend {
                 Ok((id, b)) => {
                     spec.backends.insert(id, b);
@@ -1118,7 +1165,7 @@ fn check_load(prefix: &[u8], kvs: &[KeyValue]) -> (Loaded, Vec<StoreFault>) {
         Ok((state, _)) => state,
         Err(e) => {
             let key = e.op.and_then(|i| op_keys.get(i)).copied().unwrap_or(prefix);
-            let field = e.field.as_deref().map(|f| format!("{f}: ")).unwrap_or_default();
+            let field = e.field.as_deref().map(|f| format!("{}: ", crate::op_field(f))).unwrap_or_default();
             fault(key, FaultKind::ObjectInvalid { error: format!("{field}{}", e.message) });
             ConfigState::default()
         }
@@ -1363,7 +1410,7 @@ mod tests {
         assert!(!seen.recheck);
 
         let elsewhere = [
-            put("tg/routes/r", "{}", 21),
+            put("tg/routes/r", r#"{"match":{"path_prefix":"/"},"service":"s"}"#, 21),
             Event { kind: EventKind::Delete, kv: kv("tg/services/t", "", 22) },
             put("tg/instances/x", "{}", 23),
         ];
@@ -1383,6 +1430,58 @@ mod tests {
         assert!(seen.recheck);
         assert_eq!(seen.faults[0].1.as_ref().map(FaultKind::code), Some("log_undecodable"));
         assert!(seen.changes.is_empty());
+    }
+
+    /// A value that does not validate, written under the prefix by anyone
+    /// (with a commit's `rev` or without), is a fault naming its key and
+    /// field, found by the same decode on the watch as at load.
+    #[test]
+    fn invalid_objects_are_faults_naming_the_key_and_field() {
+        let cases = [
+            ("tg/services/s", r#"{"timeouts":{"connect_ms":0}}"#, "timeouts.connect_ms"),
+            ("tg/services/s", r#"{"retries":11}"#, "retries"),
+            ("tg/backends/s/a", r#"{"addr":"nope"}"#, "addr"),
+            ("tg/backends/s/a", r#"{"addr":"127.0.0.1:1","weight":10001}"#, "weight"),
+            ("tg/routes/r", r#"{"match":{"path_prefix":"api"},"service":"s"}"#, "match.path_prefix"),
+        ];
+        for (key, value, field) in cases {
+            for in_commit in [false, true] {
+                let mut events = vec![put(key, value, 30)];
+                if in_commit {
+                    events.push(put("tg/log/00000000000000000003", &serde_json::to_string(&change(3)).unwrap(), 30));
+                    events.push(put("tg/rev", "3", 30));
+                }
+                let seen = observe(b"tg/", &events);
+                let fault = seen.faults.iter().find(|(k, _)| k == key).and_then(|(_, f)| f.clone());
+                match fault {
+                    Some(FaultKind::ObjectInvalid { error }) => {
+                        assert!(error.starts_with(&format!("{field}: ")), "{key} {value}: {error}")
+                    }
+                    other => panic!("{key} {value}: {other:?}"),
+                }
+            }
+            // At load: the same fault, and the instance does not start.
+            let mut kvs = committed();
+            kvs.retain(|k| k.key != key.as_bytes());
+            kvs.push(kv(key, value, 10));
+            kvs.sort_by(|a, b| a.key.cmp(&b.key));
+            let (_, faults) = check_load(b"tg/", &kvs);
+            let first = faults.iter().find(|f| f.key == key).unwrap_or_else(|| panic!("{key}: {faults:?}"));
+            assert_eq!(first.kind.code(), "object_invalid");
+            assert!(first.to_string().contains(&format!("{key}: the stored object is invalid: {field}: ")), "{first}");
+        }
+        // A forged commit (`rev` and a log entry) whose change set does not
+        // validate: the change set is refused, naming its field.
+        let forged = r#"{"revision":3,"change":{"ops":[{"op":"put_service","name":"s","spec":{"retries":11}}]}}"#;
+        let seen = observe(b"tg/", &[put("tg/log/00000000000000000003", forged, 31), put("tg/rev", "3", 31)]);
+        assert!(seen.changes.is_empty(), "never applied");
+        match &seen.faults[..] {
+            [(key, Some(FaultKind::LogUndecodable { error }))] => {
+                assert_eq!(key, "tg/log/00000000000000000003");
+                assert!(error.starts_with("change.ops[0].spec.retries: must be 0..=10"), "{error}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

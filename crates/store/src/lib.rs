@@ -84,6 +84,19 @@ pub enum StoreError {
     /// Stored data could not be decoded.
     #[error("stored configuration is invalid: {0}")]
     Corrupt(String),
+    /// A stored object that does not decode through the model's validated
+    /// path, or does not fit the rest of the configuration: the instance
+    /// does not start on it.
+    #[error(
+        "the stored object {key} is invalid: {error}; Tidegate does not start on a configuration that does not validate (restore the store from a backup)"
+    )]
+    Invalid {
+        /// The object's key, `services/NAME`, `backends/SERVICE/ID`,
+        /// `routes/NAME` or `certificates/NAME`.
+        key: String,
+        /// What is wrong with it, naming the field at fault.
+        error: String,
+    },
     /// Another instance committed first: the revision the group was built
     /// on is no longer the newest. Nothing was written.
     #[error("another instance changed the configuration first (the newest revision is no longer {base})")]
@@ -442,4 +455,40 @@ pub trait Store: Send + Sync + 'static {
     /// Ends this instance's membership now (at shutdown): its record and
     /// its roles go at once rather than when the lease lapses.
     fn retire(&self) {}
+}
+
+/// Decodes the stored object `key` through the model's one validated
+/// decode (the same as the API's, a file's and the change log's): a value
+/// that does not validate is refused, naming the key and the field.
+pub(crate) fn decode_object<T: serde::de::DeserializeOwned>(key: &str, value: &[u8]) -> Result<T, StoreError> {
+    tidegate_model::parse_json(value).map_err(|e| invalid_object(key, e))
+}
+
+/// The error for the stored object `key`.
+pub(crate) fn invalid_object(key: &str, error: impl std::fmt::Display) -> StoreError {
+    StoreError::Invalid { key: key.to_string(), error: error.to_string() }
+}
+
+/// Rebuilds the configuration from the stored objects, put by `ops` (one
+/// per object, its key in `keys`), through the model's own apply: the
+/// checks across objects (a route's service exists) a submitted change set
+/// gets. A failure names the key of the object at fault.
+pub(crate) fn rebuild(ops: Vec<tidegate_model::Op>, keys: &[String]) -> Result<ConfigState, StoreError> {
+    let all = ChangeSet { if_revision: None, ops };
+    ConfigState::default().apply(&all, 0).map(|(state, _)| state).map_err(|e| {
+        let key = e.op.and_then(|i| keys.get(i)).map_or("(the configuration)", String::as_str);
+        let field = e.field.as_deref().map(op_field);
+        let error = match field {
+            Some(field) => format!("{field}: {}", e.message),
+            None => e.message.clone(),
+        };
+        invalid_object(key, error)
+    })
+}
+
+/// The field of an object's op (`ops[N].spec.service`) as a field of the
+/// stored object (`service`): its key names the op and its spec.
+pub(crate) fn op_field(field: &str) -> &str {
+    let rest = field.split_once("].").map_or(field, |(_, rest)| rest);
+    rest.strip_prefix("spec.").unwrap_or(rest)
 }

@@ -3,9 +3,11 @@
 use std::path::Path;
 
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
-use tidegate_model::{ChangeSet, ConfigState, Op, RouteSpec, ServiceSettings, ServiceSpec};
+use tidegate_model::{Op, RouteSpec, ServiceSettings, ServiceSpec};
 
-use crate::{AppliedChange, Commit, Loaded, Store, StoreError, StoreStatus, LOG_RETAIN};
+use crate::{
+    decode_object, invalid_object, rebuild, AppliedChange, Commit, Loaded, Store, StoreError, StoreStatus, LOG_RETAIN,
+};
 
 /// Service settings (without backends), by service name.
 const SERVICES: TableDefinition<&str, &[u8]> = TableDefinition::new("services");
@@ -145,33 +147,40 @@ impl Store for RedbStore {
     fn load(&self) -> Result<Loaded, StoreError> {
         let txn = self.db.begin_read().map_err(err)?;
         let revision = txn.open_table(META).map_err(err)?.get("revision").map_err(err)?.map_or(0, |v| v.value());
-        // Rebuild through the model's own apply, so a stored configuration
-        // passes the same checks as a submitted one.
+        // Each object decodes through the model's one validated decode, as
+        // a submitted one does, and the whole is rebuilt through the
+        // model's own apply: a value that does not validate is refused,
+        // naming its key and field, and the instance does not start on it.
         let mut ops = Vec::new();
+        let mut keys = Vec::new();
         let backends = txn.open_table(BACKENDS).map_err(err)?;
         for row in txn.open_table(SERVICES).map_err(err)?.iter().map_err(err)? {
             let (name, settings) = row.map_err(err)?;
             let name = name.value().to_string();
-            let settings: ServiceSettings = serde_json::from_slice(settings.value()).map_err(corrupt)?;
+            let key = format!("services/{name}");
+            let settings: ServiceSettings = decode_object(&key, settings.value())?;
             let mut spec = ServiceSpec { settings, backends: Default::default() };
             let (lo, hi) = (format!("{name}\0"), format!("{name}\u{1}"));
             for b in backends.range(lo.as_str()..hi.as_str()).map_err(err)? {
-                let (key, value) = b.map_err(err)?;
-                let id = key.value().split_once('\0').map(|(_, id)| id).unwrap_or_default();
-                let id = tidegate_model::BackendId::new(id).map_err(corrupt)?;
-                spec.backends.insert(id, serde_json::from_slice(value.value()).map_err(corrupt)?);
+                let (k, value) = b.map_err(err)?;
+                let id = k.value().split_once('\0').map(|(_, id)| id).unwrap_or_default();
+                let backend_key = format!("backends/{name}/{id}");
+                let id = tidegate_model::BackendId::new(id).map_err(|e| invalid_object(&backend_key, e))?;
+                spec.backends.insert(id, decode_object(&backend_key, value.value())?);
             }
-            let name = tidegate_model::ServiceName::new(&name).map_err(corrupt)?;
+            let name = tidegate_model::ServiceName::new(&name).map_err(|e| invalid_object(&key, e))?;
             ops.push(Op::PutService { name, spec: Box::new(spec) });
+            keys.push(key);
         }
         for row in txn.open_table(ROUTES).map_err(err)?.iter().map_err(err)? {
             let (name, spec) = row.map_err(err)?;
-            let name = tidegate_model::RouteName::new(name.value()).map_err(corrupt)?;
-            let spec: RouteSpec = serde_json::from_slice(spec.value()).map_err(corrupt)?;
+            let key = format!("routes/{}", name.value());
+            let name = tidegate_model::RouteName::new(name.value()).map_err(|e| invalid_object(&key, e))?;
+            let spec: RouteSpec = decode_object(&key, spec.value())?;
             ops.push(Op::PutRoute { name, spec });
+            keys.push(key);
         }
-        let all = ChangeSet { if_revision: None, ops };
-        let (state, _) = ConfigState::default().apply(&all, 0).map_err(corrupt)?;
+        let state = rebuild(ops, &keys)?;
         Ok(Loaded { state, revision })
     }
 

@@ -18,11 +18,13 @@ use std::sync::{Arc, Mutex};
 use rusqlite::wal::CheckpointMode;
 use rusqlite::{params, Connection, OpenFlags, Transaction};
 use tidegate_model::{
-    BackendId, CertName, CertificateSpec, ChangeSet, ConfigState, Op, RouteName, RouteSpec, ServiceName,
-    ServiceSettings, ServiceSpec,
+    BackendId, CertName, CertificateSpec, ConfigState, Op, RouteName, RouteSpec, ServiceName, ServiceSettings,
+    ServiceSpec,
 };
 
-use crate::{AppliedChange, Commit, Loaded, Store, StoreError, StoreStatus, LOG_RETAIN};
+use crate::{
+    decode_object, invalid_object, rebuild, AppliedChange, Commit, Loaded, Store, StoreError, StoreStatus, LOG_RETAIN,
+};
 
 /// Each object's row carries `sum`, a checksum of its table, key and value
 /// ([`row_sum`]), checked when the configuration is loaded: a row changed
@@ -375,9 +377,13 @@ impl Store for SqliteStore {
     fn load(&self) -> Result<Loaded, StoreError> {
         let conn = self.lock()?;
         let revision = revision(&conn)?;
-        // Rebuild through the model's own apply, so a stored configuration
-        // passes the same checks as a submitted one.
+        // Each object decodes through the model's one validated decode, as
+        // a submitted one does, and the whole is rebuilt through the
+        // model's own apply: a row that does not validate (written by
+        // something other than Tidegate) is refused, naming its key and
+        // field, and the instance does not start on it.
         let mut ops = Vec::new();
+        let mut keys = Vec::new();
         // Each row as (key, value), its checksum checked.
         type Row = (String, Vec<u8>, Option<i64>);
         let row = |r: &rusqlite::Row<'_>| -> rusqlite::Result<Row> { Ok((r.get(0)?, r.get(1)?, r.get(2)?)) };
@@ -394,36 +400,44 @@ impl Store for SqliteStore {
             conn.prepare("SELECT id, spec, sum FROM backends WHERE service = ?1 ORDER BY id").map_err(err)?;
         for r in services.query_map([], row).map_err(err)? {
             let (name, settings, sum) = r.map_err(err)?;
+            let key = format!("services/{name}");
             let settings = checked("services", name.clone(), settings, sum)?;
-            let settings: ServiceSettings = serde_json::from_slice(&settings).map_err(corrupt)?;
+            let settings: ServiceSettings = decode_object(&key, &settings)?;
             let mut spec = ServiceSpec { settings, backends: Default::default() };
             for b in backends.query_map([&name], row).map_err(err)? {
                 let (id, value, sum) = b.map_err(err)?;
+                let backend_key = format!("backends/{name}/{id}");
                 let value = checked("backends", format!("{name}/{id}"), value, sum)?;
-                spec.backends
-                    .insert(BackendId::new(&id).map_err(corrupt)?, serde_json::from_slice(&value).map_err(corrupt)?);
+                let id = BackendId::new(&id).map_err(|e| invalid_object(&backend_key, e))?;
+                spec.backends.insert(id, decode_object(&backend_key, &value)?);
             }
-            ops.push(Op::PutService { name: ServiceName::new(&name).map_err(corrupt)?, spec: Box::new(spec) });
+            let name = ServiceName::new(&name).map_err(|e| invalid_object(&key, e))?;
+            ops.push(Op::PutService { name, spec: Box::new(spec) });
+            keys.push(key);
         }
         let mut routes = conn.prepare("SELECT name, spec, sum FROM routes ORDER BY name").map_err(err)?;
         for r in routes.query_map([], row).map_err(err)? {
             let (name, spec, sum) = r.map_err(err)?;
+            let key = format!("routes/{name}");
             let spec = checked("routes", name.clone(), spec, sum)?;
-            let spec: RouteSpec = serde_json::from_slice(&spec).map_err(corrupt)?;
-            ops.push(Op::PutRoute { name: RouteName::new(&name).map_err(corrupt)?, spec });
+            let spec: RouteSpec = decode_object(&key, &spec)?;
+            ops.push(Op::PutRoute { name: RouteName::new(&name).map_err(|e| invalid_object(&key, e))?, spec });
+            keys.push(key);
         }
         let mut certificates = conn.prepare("SELECT name, spec, sum FROM certificates ORDER BY name").map_err(err)?;
         for r in certificates.query_map([], row).map_err(err)? {
             let (name, spec, sum) = r.map_err(err)?;
+            let key = format!("certificates/{name}");
             let spec = checked("certificates", name.clone(), spec, sum)?;
             // Decoding checks the pair again. A certificate that expired
             // while stored still loads: refusing it would stop the proxy
             // from starting (status and metrics report the expiry).
-            let spec: CertificateSpec = serde_json::from_slice(&spec).map_err(corrupt)?;
-            ops.push(Op::PutCertificate { name: CertName::new(&name).map_err(corrupt)?, spec: Box::new(spec.into()) });
+            let spec: CertificateSpec = decode_object(&key, &spec)?;
+            let name = CertName::new(&name).map_err(|e| invalid_object(&key, e))?;
+            ops.push(Op::PutCertificate { name, spec: Box::new(spec.into()) });
+            keys.push(key);
         }
-        let all = ChangeSet { if_revision: None, ops };
-        let (state, _) = ConfigState::default().apply(&all, 0).map_err(corrupt)?;
+        let state = rebuild(ops, &keys)?;
         Ok(Loaded { state, revision })
     }
 
@@ -668,6 +682,49 @@ mod tests {
         let e = SqliteStore::open(&path).unwrap().load().expect_err("refused");
         assert!(matches!(&e, StoreError::Damaged { table: "backends", key, .. } if key == "s/a"), "{e}");
         assert!(e.to_string().contains("c.sqlite: the backends row \"s/a\" does not match its checksum"), "{e}");
+    }
+
+    /// A row that does not validate (here written with its checksum, as by
+    /// an older Tidegate or a tool) is refused at load, naming its key and
+    /// field: the instance does not start on it.
+    #[test]
+    fn a_row_that_does_not_validate_is_refused_naming_its_key_and_field() {
+        let cases = [
+            ("services", "s", r#"{"timeouts":{"connect_ms":0}}"#, "services/s", "timeouts.connect_ms: must be"),
+            ("backends", "s/a", r#"{"addr":"nope"}"#, "backends/s/a", "addr: "),
+            ("backends", "s/a", r#"{"addr":"127.0.0.1:1","weight":10001}"#, "backends/s/a", "weight: "),
+            ("routes", "r", r#"{"match":{"path_prefix":"api"},"service":"s"}"#, "routes/r", "match.path_prefix: "),
+            ("routes", "r", r#"{"match":{"path_prefix":"/"},"service":"none"}"#, "routes/r", "service: "),
+        ];
+        for (table, key, value, named, field) in cases {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("c.sqlite");
+            drop(with_service(&path));
+            let conn = Connection::open(&path).unwrap();
+            let sum = row_sum(table, key, value.as_bytes());
+            match table {
+                "services" => conn.execute(
+                    "UPDATE services SET settings = ?1, sum = ?2 WHERE name = ?3",
+                    params![value.as_bytes(), sum, key],
+                ),
+                "backends" => conn.execute(
+                    "INSERT INTO backends (service, id, spec, sum) VALUES ('s', 'a', ?1, ?2)",
+                    params![value.as_bytes(), sum],
+                ),
+                _ => conn.execute(
+                    "INSERT INTO routes (name, spec, sum) VALUES (?1, ?2, ?3)",
+                    params![key, value.as_bytes(), sum],
+                ),
+            }
+            .unwrap();
+            drop(conn);
+            let e = SqliteStore::open(&path).unwrap().load().expect_err("refused");
+            assert!(
+                matches!(&e, StoreError::Invalid { key, error } if key == named && error.starts_with(field)),
+                "{value}: {e}"
+            );
+            assert!(e.to_string().contains("does not start"), "{e}");
+        }
     }
 
     #[test]

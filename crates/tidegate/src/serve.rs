@@ -52,7 +52,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let token = admin_token(&args.data_dir)?;
-    let control = Control::start(store).context("loading the configuration from the store")?;
+    let control = Control::start(store).context("not starting: loading the configuration from the store")?;
 
     // Every client connection and every backend connection is a
     // descriptor: take all the system allows (the soft limit is often 1024).

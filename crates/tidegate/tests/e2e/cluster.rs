@@ -802,6 +802,63 @@ fn start_refused(store: &str) -> String {
     crate::config::serve_fails(dir.path(), &["--store", store])
 }
 
+/// Values that do not validate, written straight into etcd by anything with
+/// access to it (a service, a backend, a route): every running instance
+/// refuses them with a store fault naming the key and the field (status,
+/// metrics, `/readyz` 503), the proxy keeps serving the last valid
+/// configuration, and a new instance does not start on them, saying why.
+/// Before the one validated decode path, a service's settings decoded
+/// without their checks (a `connect_ms` of 0 loaded and started).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_values_written_into_etcd_are_refused_naming_key_and_field() {
+    let etcd = Etcd::start(1);
+    let store = etcd.url(&[0], "tg");
+    let (a, _da) = instance(&store, &[]);
+    let (b, _db) = instance(&store, &[]);
+    let backend = Backend::start("one", &[]);
+    let revision = service_with_route(&a, &backend).await;
+    converged(&b, revision).await;
+    let addr = backend.addr.to_string();
+    let cases = [
+        ("tg/services/web", json!({"timeouts": {"connect_ms": 0}}), "timeouts.connect_ms: must be 1..=86400000"),
+        ("tg/backends/web/a", json!({"addr": "nope"}), "addr: invalid address \"nope\""),
+        ("tg/routes/web", json!({"match": {"path_prefix": "api"}, "service": "web"}), "match.path_prefix: \"api\""),
+    ];
+    for (key, value, field) in cases {
+        etcd.ctl(0, &["put", key, &value.to_string()]);
+        for tg in [&a, &b] {
+            let status = store_fault(tg, Some((key, "object_invalid"))).await;
+            let faults = status["store"]["faults"].as_array().cloned().unwrap_or_default();
+            let message = faults.iter().find(|f| f["key"] == key).and_then(|f| f["message"].as_str()).unwrap_or("");
+            assert!(message.contains(&format!("the stored object is invalid: {field}")), "{key}: {message}");
+            let r = get(&tg.admin_url("/readyz")).await;
+            assert_eq!(r.status, 503, "{}", r.text());
+            let metrics = send("GET", &tg.admin_url("/metrics"), Some(TOKEN), Vec::new(), &[]).await.text();
+            let line = format!(r#"tidegate_store_fault{{key="{key}",kind="object_invalid"}} 1"#);
+            assert!(metrics.contains(&line) && metrics.contains("tidegate_store_faults 1"), "{metrics}");
+            assert_eq!(crate::support::served_by(&get(&tg.url("/")).await), "one", "the last valid configuration");
+        }
+        let out = start_refused(&store);
+        assert!(out.contains("not starting"), "{out}");
+        assert!(out.contains(&format!("{key}: the stored object is invalid: {field}")), "{out}");
+        // A write through Tidegate that names the object puts it back.
+        let (s, v) = match key {
+            "tg/services/web" => {
+                a.api("PUT", "/v1/services/web", Some(json!({"backends": [{"id": "a", "addr": addr}]}))).await
+            }
+            "tg/backends/web/a" => a.api("PUT", "/v1/services/web/backends/a", Some(json!({"addr": addr}))).await,
+            _ => a.api("PUT", "/v1/routes/web", Some(json!({"match": {"path_prefix": "/"}, "service": "web"}))).await,
+        };
+        assert_eq!(s, 200, "{v}");
+        for tg in [&a, &b] {
+            store_fault(tg, None).await;
+            assert_eq!(get(&tg.admin_url("/readyz")).await.status, 200);
+        }
+    }
+    let (c, _dc) = instance(&store, &[]);
+    assert_eq!(crate::support::served_by(&get(&c.url("/")).await), "one");
+}
+
 /// States of etcd that Tidegate never leaves it in (`rev` lowered or
 /// deleted, as after restoring part of a snapshot; a log entry that is not
 /// a change set; an object edited or deleted with etcdctl) are store faults:

@@ -231,3 +231,31 @@ async fn a_flipped_bit_in_a_stored_row_is_refused() {
     let out = crate::config::serve_fails(&data, &[]);
     assert!(out.contains("config.sqlite: the backends row \"web/b0\" does not match its checksum"), "{out}");
 }
+
+/// A stored service whose settings do not validate (a row without a
+/// checksum, as a Tidegate from before checksums left it, edited) is
+/// refused at start, naming its key and field: the instance does not start
+/// on it. Before the one validated decode path, a service's settings were
+/// decoded without their checks and such a row loaded and served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_service_that_does_not_validate_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let b = Backend::start("kept", &[]);
+    let tg = Tidegate::start(&data);
+    route_to(&tg, "web", &[&b], "round_robin").await;
+    tg.terminate();
+    let store = data.join("config.sqlite");
+    let edit = std::process::Command::new("sqlite3")
+        .arg(&store)
+        .arg(r#"UPDATE services SET settings = CAST('{"timeouts":{"connect_ms":0}}' AS BLOB), sum = NULL WHERE name = 'web';"#)
+        .output()
+        .expect("sqlite3 runs (apt-get install sqlite3)");
+    assert!(edit.status.success(), "{}", String::from_utf8_lossy(&edit.stderr));
+    let out = crate::config::serve_fails(&data, &[]);
+    assert!(out.contains("not starting"), "{out}");
+    assert!(
+        out.contains("the stored object services/web is invalid: timeouts.connect_ms: must be 1..=86400000"),
+        "{out}"
+    );
+}
