@@ -5,6 +5,7 @@
 //! Run long: `TIDEGATE_FUZZ_SECS=600 cargo test -p tidegate-h1 --release
 //! --test fuzz_chunked` (see docs/fuzzing.md).
 
+#[path = "../../../fuzz/campaign.rs"]
 mod support;
 
 use proptest::prelude::*;

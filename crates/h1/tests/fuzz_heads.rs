@@ -16,6 +16,7 @@
 //! Run long: `TIDEGATE_FUZZ_SECS=600 cargo test -p tidegate-h1 --release
 //! --test fuzz_heads -- --nocapture` (see docs/fuzzing.md).
 
+#[path = "../../../fuzz/campaign.rs"]
 mod support;
 
 use std::convert::Infallible;
