@@ -334,7 +334,7 @@ fn codec_response(raw: &[u8], body: &[u8], to_head: bool) -> Result<Option<(Resp
 type HyperRead = Option<Read>;
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime")
 }
 
 const PATIENCE: Duration = Duration::from_secs(5);
@@ -350,7 +350,7 @@ async fn hyper_request(raw: &[u8], body: &[u8]) -> HyperRead {
             let seen = seen.clone();
             async move {
                 let read = req.into_body().collect().await.map(|b| b.to_bytes().to_vec()).map_err(|_| ());
-                let mut seen = seen.lock().unwrap();
+                let mut seen = seen.lock().expect("not poisoned");
                 if seen.is_none() {
                     *seen = Some(read);
                 }
@@ -366,13 +366,13 @@ async fn hyper_request(raw: &[u8], body: &[u8]) -> HyperRead {
     let serving = tokio::spawn(async move {
         let _ = conn.await;
     });
-    client.write_all(raw).await.unwrap();
-    client.write_all(body).await.unwrap();
-    client.shutdown().await.unwrap();
+    client.write_all(raw).await.expect("the pipe is open");
+    client.write_all(body).await.expect("the pipe is open");
+    client.shutdown().await.expect("the pipe is open");
     let mut answer = Vec::new();
     let _ = tokio::time::timeout(PATIENCE, client.read_to_end(&mut answer)).await;
     let _ = tokio::time::timeout(PATIENCE, serving).await;
-    let first = seen.lock().unwrap().take();
+    let first = seen.lock().expect("not poisoned").take();
     first
 }
 
@@ -402,7 +402,12 @@ async fn hyper_response(raw: &[u8], body: &[u8], to_head: bool) -> HyperRead {
         let _ = server.read_to_end(&mut got).await;
     });
     let method = if to_head { hyper::Method::HEAD } else { hyper::Method::GET };
-    let req = hyper::Request::builder().method(method).uri("/").header("host", "a").body(Empty::new()).unwrap();
+    let req = hyper::Request::builder()
+        .method(method)
+        .uri("/")
+        .header("host", "a")
+        .body(Empty::new())
+        .expect("a valid request");
     let result = tokio::time::timeout(PATIENCE, async {
         let resp = sender.send_request(req).await.ok()?;
         let read = resp.into_body().collect().await.map(|b| b.to_bytes().to_vec()).map_err(|_| ());
