@@ -291,3 +291,6 @@ mod tests {
         assert!(!empty.succeeded, "a failed transaction leaves `succeeded` out");
     }
 }
+
+#[cfg(test)]
+mod fuzz;

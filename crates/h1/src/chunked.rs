@@ -37,8 +37,10 @@ enum State {
     DataLf,
     /// At the start of a trailer line (or the final empty line).
     TrailerStart,
-    /// Inside a trailer line.
-    Trailer,
+    /// In a trailer field's name (a token), before its colon.
+    TrailerName,
+    /// In a trailer field's value, after the colon.
+    TrailerValue,
     /// Expecting the LF of a trailer line.
     TrailerLf,
     /// Expecting the LF of the final empty line.
@@ -156,15 +158,26 @@ impl ChunkedDecoder {
                 b'\n' => Size { digits: 0 },
                 _ => return Err(ChunkedError("chunk data must end with CRLF")),
             },
+            // A trailer line is a field line (RFC 9112, section 7.1.2):
+            // a token, a colon, a value. Anything else (a line without a
+            // colon, a folded line, a space before the colon) is refused,
+            // as hyper and other servers refuse it: a reading that skips
+            // it and one that stops at it could end the body apart.
             TrailerStart => match b {
                 b'\r' => EndLf,
                 b'\n' => return Err(ChunkedError("bare LF in trailers")),
-                _ => self.trailer_byte()?,
+                _ if is_tchar(b) => self.trailer_byte(TrailerName)?,
+                _ => return Err(ChunkedError("invalid trailer field name")),
             },
-            Trailer => match b {
+            TrailerName => match b {
+                b':' => self.trailer_byte(TrailerValue)?,
+                _ if is_tchar(b) => self.trailer_byte(TrailerName)?,
+                _ => return Err(ChunkedError("invalid trailer field name")),
+            },
+            TrailerValue => match b {
                 b'\r' => TrailerLf,
-                b'\n' | 0 => return Err(ChunkedError("invalid byte in a trailer")),
-                _ => self.trailer_byte()?,
+                b'\t' | b' '..=b'~' | 0x80..=0xff => self.trailer_byte(TrailerValue)?,
+                _ => return Err(ChunkedError("invalid byte in a trailer")),
             },
             TrailerLf => match b {
                 b'\n' => TrailerStart,
@@ -179,13 +192,18 @@ impl ChunkedDecoder {
         Ok(())
     }
 
-    fn trailer_byte(&mut self) -> Result<State, ChunkedError> {
+    fn trailer_byte(&mut self, next: State) -> Result<State, ChunkedError> {
         self.trailers += 1;
         if self.trailers > MAX_TRAILERS {
             return Err(ChunkedError("trailers too large"));
         }
-        Ok(State::Trailer)
+        Ok(next)
     }
+}
+
+/// A token character (RFC 9110, section 5.6.2).
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
 /// Writes the size line of a chunk of `len` bytes (`{len:x}\r\n`) into
@@ -278,6 +296,33 @@ mod tests {
             assert!(decode_all(bad, 1).is_err(), "{:?}", String::from_utf8_lossy(bad));
         }
         // 16 hex digits are fine as syntax.
+        let mut d = ChunkedDecoder::default();
+        assert!(d.decode(b"ffffffffffffffff\r\n").is_ok());
+    }
+
+    /// Found by the fuzz campaign (docs/fuzzing.md): trailer lines that
+    /// are not field lines were read and dropped; hyper refuses them.
+    #[test]
+    fn trailer_lines_must_be_fields() {
+        for bad in [
+            &b"0\r\na\r\n0\r\n\r\n"[..],
+            b"0\r\n x: 1\r\n\r\n",
+            b"0\r\nx : 1\r\n\r\n",
+            b"0\r\n: 1\r\n\r\n",
+            b"0\r\nx: 1\r\n\tfolded\r\n\r\n",
+            b"0\r\nx: a\x01b\r\n\r\n",
+            b"0\r\nx: a\x7fb\r\n\r\n",
+        ] {
+            assert!(decode_all(bad, 1).is_err(), "{:?}", String::from_utf8_lossy(bad));
+            assert!(decode_all(bad, 64).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        }
+        for good in [&b"0\r\nx-t: 1\r\n\r\n"[..], b"0\r\nx:\r\ny: a b\t\xe9\r\n\r\n"] {
+            assert_eq!(decode_all(good, 1).map(|(d, n)| (d.len(), n)), Ok((0, good.len())));
+        }
+    }
+
+    #[test]
+    fn sixteen_digits_are_syntax() {
         let mut d = ChunkedDecoder::default();
         assert!(d.decode(b"ffffffffffffffff\r\n").is_ok());
     }

@@ -247,3 +247,6 @@ impl Drop for RetryToken<'_> {
 pub(crate) fn is_idempotent(method: &[u8]) -> bool {
     matches!(method, b"GET" | b"HEAD" | b"OPTIONS" | b"TRACE" | b"PUT" | b"DELETE")
 }
+
+#[cfg(test)]
+mod tests;
