@@ -26,5 +26,5 @@ run tidegate-etcd --lib wire::fuzz::watch_streams_decode_alike_however_split
 run tidegate-etcd --lib wire::fuzz::arbitrary_bytes_never_panic
 run tidegate-sources --test fuzz_gmond gmond_documents_parse_bounded
 run tidegate-sources --test fuzz_gmond arbitrary_bytes_parse_bounded
-run tidegate-sources --test fuzz_prometheus expositions_parse_without_panic
-run tidegate-sources --test fuzz_prometheus arbitrary_text_parses_without_panic
+run tidegate-scrape --test fuzz_prometheus expositions_parse_without_panic
+run tidegate-scrape --test fuzz_prometheus arbitrary_text_parses_without_panic

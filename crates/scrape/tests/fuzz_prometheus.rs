@@ -4,13 +4,13 @@
 //!
 //! Kept in its own file so it follows the parser wherever it goes (see
 //! docs/fuzzing.md). Run long: `TIDEGATE_FUZZ_SECS=600 cargo test -p
-//! tidegate-sources --release --test fuzz_prometheus`.
+//! tidegate-scrape --release --test fuzz_prometheus`.
 
 #[path = "../../../fuzz/campaign.rs"]
 mod support;
 
 use proptest::prelude::*;
-use tidegate_sources::prometheus::{samples, NodeSample};
+use tidegate_scrape::{samples, NodeSample};
 
 fn label_value() -> impl Strategy<Value = String> {
     prop_oneof![
