@@ -19,9 +19,9 @@ run tidegate-h1 --test fuzz_heads arbitrary_bytes_as_heads
 run tidegate-h1 --test fuzz_chunked any_split_reads_like_one_piece
 run tidegate-h1 --test fuzz_chunked arbitrary_bytes_never_panic
 run tidegate-model --test fuzz_normalize normalized_paths_are_safe_fixed_points
-run tidegate-distributor --test fuzz_protocol queries_round_trip
-run tidegate-distributor --test fuzz_protocol answers_round_trip
-run tidegate-distributor --test fuzz_protocol mutated_datagrams_never_panic
+run tidegate-distributor-protocol --test fuzz_protocol queries_round_trip
+run tidegate-distributor-protocol --test fuzz_protocol answers_round_trip
+run tidegate-distributor-protocol --test fuzz_protocol mutated_datagrams_never_panic
 run tidegate-etcd --lib wire::fuzz::watch_streams_decode_alike_however_split
 run tidegate-etcd --lib wire::fuzz::arbitrary_bytes_never_panic
 run tidegate-sources --test fuzz_gmond gmond_documents_parse_bounded

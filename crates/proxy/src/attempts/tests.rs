@@ -8,8 +8,8 @@ use std::sync::Arc;
 use http::HeaderMap;
 use tidegate_balance::{Backend, RequestCtx};
 use tidegate_model::{
-    BackendAddr, BackendId, BackendSpec, MaxConns, QueueSpec, RetryBudget, ServiceName, ServiceSettings, ServiceSpec,
-    Weight,
+    BackendAddr, BackendId, BackendSpec, MaxConns, Percent, QueueSpec, RetryBudget, ServiceName, ServiceSettings,
+    ServiceSpec, Weight,
 };
 use tidegate_snapshot::ServiceRuntime;
 use tokio::time::Instant;
@@ -99,7 +99,7 @@ impl Exchange for Scripted {
 fn service(n: usize, edit: impl FnOnce(&mut ServiceSettings, &mut BackendSpec)) -> ServiceRuntime {
     let mut settings = ServiceSettings::default();
     settings.health.passive.consecutive_failures = 1;
-    settings.health.passive.max_ejected_percent = 100;
+    settings.health.passive.max_ejected_percent = Percent::new(100).expect("a percentage");
     let mut template = BackendSpec {
         addr: BackendAddr::new("127.0.0.1:1").unwrap(),
         weight: Weight::try_from(1).unwrap(),
@@ -150,7 +150,9 @@ fn status(result: &Result<Answered<u16>, ErrorKind>) -> Result<u16, ErrorKind> {
 async fn a_connect_failure_is_retried_on_another_backend_even_for_a_post_and_without_budget() {
     // No retry budget at all: a request that reached no backend retries
     // for free.
-    let svc = service(2, |s, _| s.retry_budget = RetryBudget { percent: 0, min_concurrent: 0 });
+    let svc = service(2, |s, _| {
+        s.retry_budget = RetryBudget { percent: Percent::new(0).expect("a percentage"), min_concurrent: 0 }
+    });
     let mut ex = Scripted::new(POST, &[Step::Fail(ConnectFailed)]);
     let (result, trace) = go(&svc, &mut ex, None).await;
     assert_eq!(status(&result), Ok(200));
@@ -287,7 +289,9 @@ async fn the_last_shed_answer_is_returned_when_no_backend_does_better() {
 
 #[tokio::test]
 async fn an_exhausted_retry_budget_stops_retries() {
-    let svc = service(2, |s, _| s.retry_budget = RetryBudget { percent: 0, min_concurrent: 0 });
+    let svc = service(2, |s, _| {
+        s.retry_budget = RetryBudget { percent: Percent::new(0).expect("a percentage"), min_concurrent: 0 }
+    });
     let mut ex = Scripted::new(GET, &[Step::Fail(UpstreamClosed)]);
     let (result, trace) = go(&svc, &mut ex, None).await;
     assert_eq!(status(&result), Err(UpstreamClosed));
@@ -303,7 +307,9 @@ async fn an_exhausted_retry_budget_stops_retries() {
     assert_eq!(svc.live.retries_refused.load(Relaxed), 2);
 
     // Retries already in flight take the budget's room.
-    let svc = service(2, |s, _| s.retry_budget = RetryBudget { percent: 0, min_concurrent: 1 });
+    let svc = service(2, |s, _| {
+        s.retry_budget = RetryBudget { percent: Percent::new(0).expect("a percentage"), min_concurrent: 1 }
+    });
     svc.live.retries_in_flight.store(1, Relaxed);
     let mut ex = Scripted::new(GET, &[Step::Fail(UpstreamClosed)]);
     let (result, _) = go(&svc, &mut ex, None).await;

@@ -4,7 +4,7 @@
 //!
 //! Kept in its own file so it moves with the protocol (see
 //! docs/fuzzing.md). Run long: `TIDEGATE_FUZZ_SECS=600 cargo test -p
-//! tidegate-distributor --release --test fuzz_protocol`.
+//! tidegate-distributor-protocol --release --test fuzz_protocol`.
 
 #[path = "../../../fuzz/campaign.rs"]
 mod support;
@@ -12,8 +12,8 @@ mod support;
 use std::net::SocketAddr;
 
 use proptest::prelude::*;
-use tidegate_distributor::protocol::{decode_answer, decode_query, encode_answer, encode_query};
-use tidegate_distributor::{ProtocolError, Query, MAX_DATAGRAM};
+use tidegate_distributor_protocol::protocol::{decode_answer, decode_query, encode_answer, encode_query};
+use tidegate_distributor_protocol::{ProtocolError, Query, MAX_DATAGRAM};
 
 /// Header pairs as a proxy would pass them.
 #[derive(Debug, Clone)]
