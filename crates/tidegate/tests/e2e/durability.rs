@@ -242,9 +242,11 @@ async fn a_stored_service_that_does_not_validate_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let b = Backend::start("kept", &[]);
-    let tg = Tidegate::start(&data);
+    let mut tg = Tidegate::start(&data);
     route_to(&tg, "web", &[&b], "round_robin").await;
     tg.terminate();
+    // The database is edited only once the process let it go.
+    assert!(tg.wait_exit(std::time::Duration::from_secs(20)).is_some(), "stopped");
     let store = data.join("config.sqlite");
     let edit = std::process::Command::new("sqlite3")
         .arg(&store)
