@@ -552,18 +552,23 @@ fn check_request(rt: &tokio::runtime::Runtime, raw: &[u8], body: &[u8]) -> Resul
         }
         return Ok(());
     };
-    let head_len = head.len;
-    match rt.block_on(hyper_request(raw, body)) {
-        // Both read a body: the same one, or both fail to.
+    let hyper = rt.block_on(hyper_request(raw, body));
+    same_body(&all, head.len, codec_read, hyper, "request")
+}
+
+/// Both read a body: the same one, or both fail to; otherwise the
+/// difference must be a documented lenient or stricter choice.
+fn same_body(all: &[u8], head_len: usize, codec_read: Read, hyper: HyperRead, what: &str) -> Result<(), TestCaseError> {
+    match hyper {
         Some(hyper_read) if codec_read.as_ref().ok() == hyper_read.as_ref().ok() => {}
         Some(Ok(_)) if codec_read.is_err() && long_chunk_size(&all[head_len..]) => {}
         Some(hyper_read) => prop_assert!(
-            lenient(&all).is_some(),
+            lenient(all).is_some(),
             "the codec reads {:?}, hyper {:?}",
             codec_read.map(Raw),
             hyper_read.map(Raw)
         ),
-        None => prop_assert!(lenient(&all).is_some(), "hyper refuses a request the codec accepts"),
+        None => prop_assert!(lenient(all).is_some(), "hyper refuses a {} the codec accepts", what),
     }
     Ok(())
 }
@@ -595,19 +600,8 @@ fn check_response(rt: &tokio::runtime::Runtime, raw: &[u8], body: &[u8], to_head
         }
         return Ok(());
     };
-    let head_len = head.len;
-    match rt.block_on(hyper_response(raw, body, to_head)) {
-        Some(hyper_read) if codec_read.as_ref().ok() == hyper_read.as_ref().ok() => {}
-        Some(Ok(_)) if codec_read.is_err() && long_chunk_size(&all[head_len..]) => {}
-        Some(hyper_read) => prop_assert!(
-            lenient(&all).is_some(),
-            "the codec reads {:?}, hyper {:?}",
-            codec_read.map(Raw),
-            hyper_read.map(Raw)
-        ),
-        None => prop_assert!(lenient(&all).is_some(), "hyper refuses a response the codec accepts"),
-    }
-    Ok(())
+    let hyper = rt.block_on(hyper_response(raw, body, to_head));
+    same_body(&all, head.len, codec_read, hyper, "response")
 }
 
 #[test]

@@ -197,27 +197,40 @@ async fn an_empty_or_tableless_store_file_is_refused_at_start() {
     assert_eq!(served_by(&get(&tg.url("/")).await), "kept");
 }
 
+/// A data directory (under `dir`) whose store holds service `web` over one
+/// backend, written by a Tidegate that has exited since (the database is
+/// edited only once the process let it go).
+async fn stored_web_service(dir: &std::path::Path) -> (Backend, std::path::PathBuf) {
+    let data = dir.join("data");
+    let b = Backend::start("kept", &[]);
+    let mut tg = Tidegate::start(&data);
+    route_to(&tg, "web", &[&b], "round_robin").await;
+    tg.terminate();
+    assert!(tg.wait_exit(std::time::Duration::from_secs(20)).is_some(), "stopped");
+    (b, data)
+}
+
+/// Runs one statement of the `sqlite3` shell on `store`.
+fn sqlite3(store: &std::path::Path, sql: &str) {
+    let out = std::process::Command::new("sqlite3")
+        .arg(store)
+        .arg(sql)
+        .output()
+        .expect("sqlite3 runs (apt-get install sqlite3)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 /// A single bit flipped in a stored backend's address (the disk, or an
 /// edit of the file) is refused at start, naming the row, rather than
 /// loaded with a changed address.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flipped_bit_in_a_stored_row_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let b = Backend::start("kept", &[]);
-    let mut tg = Tidegate::start(&data);
-    route_to(&tg, "web", &[&b], "round_robin").await;
-    tg.terminate();
-    assert!(tg.wait_exit(std::time::Duration::from_secs(20)).is_some(), "stopped");
+    let (b, data) = stored_web_service(dir.path()).await;
     let store = data.join("config.sqlite");
     // Everything into the database file itself (the -wal log's frames carry
     // their own checksums; the database's pages do not).
-    let checkpoint = std::process::Command::new("sqlite3")
-        .arg(&store)
-        .arg("PRAGMA wal_checkpoint(TRUNCATE);")
-        .output()
-        .expect("sqlite3 runs (apt-get install sqlite3)");
-    assert!(checkpoint.status.success(), "{}", String::from_utf8_lossy(&checkpoint.stderr));
+    sqlite3(&store, "PRAGMA wal_checkpoint(TRUNCATE);");
     let mut bytes = std::fs::read(&store).unwrap();
     let addr = b.addr.to_string().into_bytes();
     // Wherever it is (the backend's row, and the change log's copy).
@@ -240,20 +253,12 @@ async fn a_flipped_bit_in_a_stored_row_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stored_service_that_does_not_validate_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let b = Backend::start("kept", &[]);
-    let mut tg = Tidegate::start(&data);
-    route_to(&tg, "web", &[&b], "round_robin").await;
-    tg.terminate();
-    // The database is edited only once the process let it go.
-    assert!(tg.wait_exit(std::time::Duration::from_secs(20)).is_some(), "stopped");
+    let (_b, data) = stored_web_service(dir.path()).await;
     let store = data.join("config.sqlite");
-    let edit = std::process::Command::new("sqlite3")
-        .arg(&store)
-        .arg(r#"UPDATE services SET settings = CAST('{"timeouts":{"connect_ms":0}}' AS BLOB), sum = NULL WHERE name = 'web';"#)
-        .output()
-        .expect("sqlite3 runs (apt-get install sqlite3)");
-    assert!(edit.status.success(), "{}", String::from_utf8_lossy(&edit.stderr));
+    sqlite3(
+        &store,
+        r#"UPDATE services SET settings = CAST('{"timeouts":{"connect_ms":0}}' AS BLOB), sum = NULL WHERE name = 'web';"#,
+    );
     let out = crate::config::serve_fails(&data, &[]);
     assert!(out.contains("not starting"), "{out}");
     assert!(
