@@ -422,8 +422,9 @@ async fn shed_by(b: &Backend) -> u64 {
 /// concurrency limit, without being told any capacity. Capacities 1:2:4
 /// with small backend queues and twice as many users as slots: the
 /// learned limits come within a factor of 1.5 of the true slots, the
-/// excess waits in the proxy's queue, and nothing fails; when one
-/// backend's capacity halves mid-run, its limit comes down.
+/// excess waits in the proxy's queue (backends shed under 1%), and
+/// nothing fails; when one backend's capacity halves mid-run, its limit
+/// comes down, and what it sheds meanwhile is retried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn learned_limits_find_each_backends_capacity_and_nothing_fails() {
     let dir = tempfile::tempdir().unwrap();
@@ -461,6 +462,22 @@ async fn learned_limits_find_each_backends_capacity_and_nothing_fails() {
     // and the limit may climb back. A median over seconds once stayed at 5
     // in CI; what this test checks is that the learner reacts: the limit
     // reads 3 or less at some point within 9 s (read every 100 ms).
+    // The steady state: with limits learned, the excess waited in the
+    // proxy's queue, not in the backends' (whose queues of 4 overflow
+    // into sheds). Read before the halving, whose transient sheds are
+    // expected (retried, so nothing fails) and depend on how fast the
+    // learner reacts on two busy cores.
+    let shed_before = shed_by(&b1).await + shed_by(&b2).await + shed_by(&b4).await;
+    let (_, status) = tg.api("GET", "/v1/status", None).await;
+    let served_before: u64 = status["services"]["web"]["backends"]
+        .as_array()
+        .map(|list| list.iter().map(|b| b["requests"].as_u64().unwrap_or(0)).sum())
+        .unwrap_or(0);
+    assert!(served_before > 500, "{status}");
+    assert!(
+        (shed_before as f64) < 0.01 * served_before as f64,
+        "backends shed {shed_before} of {served_before} requests before the halving"
+    );
     let halved = send("POST", &format!("http://{}/_emulator/slots?n=2", b4.addr), None, vec![], &[]).await;
     assert_eq!(halved.status, 200);
     let deadline = Instant::now() + Duration::from_secs(9);
@@ -479,8 +496,6 @@ async fn learned_limits_find_each_backends_capacity_and_nothing_fails() {
     eprintln!("learned {limits:?}, after halving {after:?}, load {r:?}");
     assert_eq!(r.failed, 0, "{r:?}");
     assert!(r.ok > 2_000, "{r:?}");
-    let shed = shed_by(&b1).await + shed_by(&b2).await + shed_by(&b4).await;
-    assert!((shed as f64) < 0.01 * r.ok as f64, "backends shed {shed} of {} requests", r.ok);
 }
 
 /// Issue 12: the `prequal` policy probes the backends (here the emulators'
