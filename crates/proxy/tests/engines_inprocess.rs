@@ -54,9 +54,14 @@ impl Engine {
 
     /// Sends `req` as this engine's client does.
     async fn send(self, proxy: &Proxy, req: &Req) -> Reply {
+        self.send_to(proxy.addr, req).await
+    }
+
+    /// Sends `req` to `addr` as this engine's client does.
+    async fn send_to(self, addr: std::net::SocketAddr, req: &Req) -> Reply {
         match self {
-            Native | Hyper => h1(proxy.addr, req).await,
-            H2Native | H2Hyper => h2(proxy.addr, req).await,
+            Native | Hyper => h1(addr, req).await,
+            H2Native | H2Hyper => h2(addr, req).await,
         }
     }
 
@@ -279,6 +284,65 @@ async fn response_large(e: Engine) -> Observed {
     let mut o = observed(&r, vec![("content-length", r.header("content-length"))]);
     o.body = intact(&r.body, &vec![b'x'; BIG]);
     o
+}
+
+async fn head_of_large_response(e: Engine) -> Observed {
+    let (_b, p) = raw_rig(e, Script::Framings).await;
+    let r = e.send(&p, &Req::new("HEAD", "/r/big")).await;
+    p.stop().await;
+    observed(&r, vec![("content-length", r.header("content-length"))])
+}
+
+/// A response with both `Content-Length` and chunked: framed by the
+/// coding, and the length not passed on.
+async fn response_length_and_coding(e: Engine) -> Observed {
+    let (_b, p) = raw_rig(e, Script::Framings).await;
+    let r = e.send(&p, &Req::new("GET", "/r/both")).await;
+    p.stop().await;
+    observed(&r, vec![("content-length", r.header("content-length"))])
+}
+
+async fn invalid_response(e: Engine) -> Observed {
+    let (_b, p) = raw_rig(e, Script::Framings).await;
+    let r = e.send(&p, &Req::new("GET", "/r/garbage")).await;
+    p.stop().await;
+    observed(&r, vec![])
+}
+
+/// A `101` to a request that asked for no upgrade.
+async fn unsolicited_switch(e: Engine) -> Observed {
+    let (_b, p) = raw_rig(e, Script::Framings).await;
+    let r = e.send(&p, &Req::new("GET", "/r/switch")).await;
+    p.stop().await;
+    observed(&r, vec![])
+}
+
+async fn response_timeout(e: Engine) -> Observed {
+    let b = RawBackend::start(Script::Framings).await;
+    let settings = json!({ "timeouts": { "response_ms": 100 } });
+    let p = e.start(Limits::default(), config(&[], service("r", &[b.addr], settings).into()));
+    let r = e.send(&p, &Req::new("GET", "/r/silent")).await;
+    p.stop().await;
+    observed(&r, vec![("backend requests", b.requests.load(Ordering::SeqCst).to_string())])
+}
+
+/// The only backend is at its `max_conns` (a request it holds) and the
+/// queue takes none: 503 at once.
+async fn queue_full(e: Engine) -> Observed {
+    let b = RawBackend::start(Script::Framings).await;
+    let mut spec = service("r", &[b.addr], json!({ "queue": { "max": 0 } }));
+    spec[0]["spec"]["backends"][0]["max_conns"] = json!(1);
+    let p = e.start(Limits::default(), config(&[], spec.into()));
+    let addr = p.addr;
+    let held = tokio::spawn(async move { e.send_to(addr, &Req::new("GET", "/r/silent")).await });
+    let requests = b.requests.clone();
+    wait_until("the backend holds the first request", || requests.load(Ordering::SeqCst) == 1).await;
+    let r = e.send(&p, &Req::new("GET", "/r/x")).await;
+    // The backend goes: the held request ends (502), then the proxy.
+    drop(b);
+    let held = held.await.expect("the held request");
+    p.stop().await;
+    observed(&r, vec![("held request", held.status.to_string())])
 }
 
 async fn no_route(e: Engine) -> Observed {
@@ -576,6 +640,122 @@ async fn http10_client(e: Engine) -> Observed {
     )
 }
 
+/// An HTTP/1.0 client asking for keep-alive gets its second request
+/// answered on the same connection.
+async fn http10_keep_alive(e: Engine) -> Observed {
+    let (b, p) = echo_rig(e, Limits::default()).await;
+    let mut s = connect(p.addr).await;
+    let mut buf = Vec::new();
+    s.write_all(b"GET /e/1 HTTP/1.0\r\nhost: app.test\r\nconnection: keep-alive\r\n\r\n").await.expect("written");
+    let first = read_reply(&mut s, &mut buf, false).await;
+    let second = match s.write_all(b"GET /e/2 HTTP/1.0\r\nhost: app.test\r\n\r\n").await {
+        Ok(()) => read_reply(&mut s, &mut buf, false).await,
+        Err(_) => Reply::default(),
+    };
+    drop(s);
+    p.stop().await;
+    observed(
+        &first,
+        vec![
+            ("connection", first.header("connection")),
+            ("second", format!("{} {}", second.status, text(&second.body))),
+            ("backend got", requests(&b)),
+        ],
+    )
+}
+
+/// Request lines ended by a bare LF.
+async fn bare_lf(e: Engine) -> Observed {
+    let (b, p) = echo_rig(e, Limits::default()).await;
+    let r = h1_raw(p.addr, b"GET /e/lf HTTP/1.1\nhost: app.test\nconnection: close\n\n", false).await;
+    p.stop().await;
+    observed(&r, vec![("backend got", requests(&b))])
+}
+
+/// A header folded over two lines (obsolete line folding).
+async fn obs_fold(e: Engine) -> Observed {
+    let (b, p) = echo_rig(e, Limits::default()).await;
+    let raw = b"GET /e/fold HTTP/1.1\r\nhost: app.test\r\nx-folded: one\r\n two\r\nconnection: close\r\n\r\n";
+    let r = h1_raw(p.addr, raw, false).await;
+    p.stop().await;
+    let folded = b.seen().first().map_or("-".into(), |s| s.header("x-folded"));
+    observed(&r, vec![("backend got", requests(&b)), ("backend x-folded", folded)])
+}
+
+/// An absolute-form target: its authority wins over `Host`.
+async fn absolute_form(e: Engine) -> Observed {
+    let (b, p) = echo_rig(e, Limits::default()).await;
+    let raw = b"GET http://app.test/e/abs?q=1 HTTP/1.1\r\nhost: other.test\r\nconnection: close\r\n\r\n";
+    let r = h1_raw(p.addr, raw, false).await;
+    p.stop().await;
+    let host = b.seen().first().map_or("-".into(), |s| s.header("host"));
+    observed(&r, vec![("backend got", requests(&b)), ("backend host", host)])
+}
+
+/// Paths that cannot be normalized safely: 400, nothing forwarded.
+async fn refused_paths(e: Engine) -> Observed {
+    let (b, p) = echo_rig(e, Limits::default()).await;
+    let mut answers = Vec::new();
+    for path in ["/e/a%2Fb", "/e/a%00", "/e/a%5Cb", "/e/..;/x", "/e/../../x", "/e/%zz"] {
+        let r = e.send(&p, &Req::new("GET", path)).await;
+        answers.push(format!("{path} {}", r.status));
+    }
+    p.stop().await;
+    Observed {
+        status: 200,
+        fields: vec![("answers", answers.join(", ")), ("backend got", requests(&b))],
+        body: String::new(),
+    }
+}
+
+/// A raw backslash in an HTTP/1.1 target.
+async fn backslash_path(e: Engine) -> Observed {
+    let (b, p) = echo_rig(e, Limits::default()).await;
+    let r = h1_raw(p.addr, b"GET /e/a\\b HTTP/1.1\r\nhost: app.test\r\nconnection: close\r\n\r\n", false).await;
+    p.stop().await;
+    observed(&r, vec![("backend got", requests(&b))])
+}
+
+/// A request coding other than plain chunked.
+async fn request_coding_not_chunked(e: Engine) -> Observed {
+    let (b, p) = echo_rig(e, Limits::default()).await;
+    let raw =
+        b"POST /e/echo HTTP/1.1\r\nhost: app.test\r\ntransfer-encoding: gzip, chunked\r\nconnection: close\r\n\r\n\
+                3\r\nabc\r\n0\r\n\r\n";
+    let r = h1_raw(p.addr, raw, false).await;
+    p.stop().await;
+    observed(&r, vec![("backend got", requests(&b))])
+}
+
+/// A chunked request body with a malformed chunk size.
+async fn chunked_malformed(e: Engine) -> Observed {
+    let (b, p) = echo_rig(e, Limits::default()).await;
+    let raw = b"POST /e/echo HTTP/1.1\r\nhost: app.test\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n\
+                zz\r\nabc\r\n0\r\n\r\n";
+    let r = h1_raw(p.addr, raw, false).await;
+    p.stop().await;
+    observed(&r, vec![("backend got", requests(&b))])
+}
+
+/// A backend's `103 Early Hints` before its answer: what the client sees.
+async fn early_hints(e: Engine) -> Observed {
+    let (_b, p) = raw_rig(e, Script::Framings).await;
+    let mut s = connect(p.addr).await;
+    s.write_all(b"GET /r/early HTTP/1.1\r\nhost: app.test\r\nconnection: close\r\n\r\n").await.expect("written");
+    let mut buf = Vec::new();
+    let mut interim = Vec::new();
+    let r = loop {
+        let r = read_reply(&mut s, &mut buf, false).await;
+        if !(100..200).contains(&r.status) {
+            break r;
+        }
+        interim.push(format!("{} link {}", r.status, r.header("link")));
+    };
+    drop(s);
+    p.stop().await;
+    observed(&r, vec![("interim", if interim.is_empty() { "-".into() } else { interim.join(", ") })])
+}
+
 async fn websocket_upgrade(e: Engine) -> Observed {
     let (b, p) = echo_rig(e, Limits::default()).await;
     let mut s = connect(p.addr).await;
@@ -825,6 +1005,36 @@ fn cases() -> Vec<Case> {
         case!(response_chunked, ALL, ok(&[], "hello, world")),
         case!(response_until_close, ALL, ok(&[], "until close")),
         case!(response_large, ALL, ok(&[("content-length", "1048576")], "<1048576 bytes, intact>")),
+        case!(head_of_large_response, ALL, ok(&[("content-length", "1048576")], "")),
+        case!(response_length_and_coding, ALL, ok(&[("content-length", "-")], "hello")),
+        case!(
+            invalid_response,
+            ALL,
+            Expect { status: 502, fields: &[], body: "502 the backend sent an invalid response\n" }
+        ),
+        case!(
+            unsolicited_switch,
+            ALL,
+            Expect { status: 502, fields: &[], body: "502 the backend sent an invalid response\n" }
+        ),
+        case!(
+            response_timeout,
+            ALL,
+            Expect {
+                status: 504,
+                fields: &[("backend requests", "1")],
+                body: "504 the backend did not answer in time\n"
+            }
+        ),
+        case!(
+            queue_full,
+            ALL,
+            Expect {
+                status: 503,
+                fields: &[("held request", "502")],
+                body: "503 every backend is at its connection limit and the queue is full\n"
+            }
+        ),
         case!(
             no_route,
             ALL,
@@ -1000,6 +1210,70 @@ fn cases() -> Vec<Case> {
                 ok(&[("version", "HTTP/1.0"), ("transfer-encoding", "-"), ("closed after", "true")], "hello, world")
             )]
         ),
+        case!(
+            http10_keep_alive,
+            H1,
+            ok(
+                &[("connection", "keep-alive"), ("second", "200 hello"), ("backend got", "GET /e/1; GET /e/2")],
+                "hello"
+            )
+        ),
+        case!(bare_lf, H1, ok(&[("backend got", "GET /e/lf")], "hello")),
+        // Differs: hyper refuses obsolete line folding with an empty 400
+        // of its own (as its 431s).
+        case!(
+            obs_fold,
+            H1,
+            Expect {
+                status: 400,
+                fields: &[("backend got", "(none)"), ("backend x-folded", "-")],
+                body: "400 the request is malformed\n"
+            },
+            &[(
+                Hyper,
+                Expect { status: 400, fields: &[("backend got", "(none)"), ("backend x-folded", "-")], body: "" }
+            )]
+        ),
+        case!(absolute_form, H1, ok(&[("backend got", "GET /e/abs?q=1"), ("backend host", "app.test")], "hello")),
+        case!(
+            refused_paths,
+            ALL,
+            Expect {
+                status: 200,
+                fields: &[
+                    ("answers", "/e/a%2Fb 400, /e/a%00 400, /e/a%5Cb 400, /e/..;/x 400, /e/../../x 400, /e/%zz 400"),
+                    ("backend got", "(none)")
+                ],
+                body: ""
+            }
+        ),
+        case!(
+            backslash_path,
+            H1,
+            Expect { status: 400, fields: &[("backend got", "(none)")], body: "400 the request path is invalid\n" }
+        ),
+        // Documented (docs/fuzzing.md, "Stricter than hyper"): hyper reads
+        // `gzip, chunked` as chunked and the proxy forwards the decoded body.
+        case!(
+            request_coding_not_chunked,
+            H1,
+            Expect {
+                status: 501,
+                fields: &[("backend got", "(none)")],
+                body: "501 only the chunked transfer coding is supported\n"
+            },
+            &[(Hyper, ok(&[("backend got", "POST /e/echo")], "abc"))]
+        ),
+        case!(
+            chunked_malformed,
+            H1,
+            Expect {
+                status: 400,
+                fields: &[("backend got", "(none)")],
+                body: "400 the request body is malformed or incomplete\n"
+            }
+        ),
+        case!(early_hints, H1, ok(&[("interim", "-")], "ok")),
         case!(
             websocket_upgrade,
             H1,

@@ -95,24 +95,41 @@ impl Drop for Proxy {
 /// A change set with one service per `(name, backend addresses)` and a
 /// route `/{name}` to it, plus `extra` operations.
 pub fn config(services: &[(&str, &[SocketAddr])], extra: Vec<serde_json::Value>) -> serde_json::Value {
-    let mut ops = Vec::new();
-    for (name, addrs) in services {
-        let backends: Vec<_> = addrs
-            .iter()
-            .enumerate()
-            .map(|(i, a)| serde_json::json!({ "id": format!("b{i}"), "addr": a.to_string() }))
-            .collect();
-        ops.push(serde_json::json!({
-            "op": "put_service", "name": name,
-            "spec": { "policy": { "kind": "round_robin" }, "backends": backends },
-        }));
-        ops.push(serde_json::json!({
-            "op": "put_route", "name": name,
-            "spec": { "match": { "path_prefix": format!("/{name}") }, "service": name },
-        }));
-    }
+    let mut ops: Vec<_> =
+        services.iter().flat_map(|(name, addrs)| service(name, addrs, serde_json::json!({}))).collect();
     ops.extend(extra);
     serde_json::json!({ "ops": ops })
+}
+
+/// The operations that put service `name` (round robin over `addrs`, ids
+/// `b0`, `b1`..., with `settings`' fields besides) and a route `/{name}`
+/// to it.
+pub fn service(name: &str, addrs: &[SocketAddr], settings: serde_json::Value) -> [serde_json::Value; 2] {
+    let backends: Vec<_> = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| serde_json::json!({ "id": format!("b{i}"), "addr": a.to_string() }))
+        .collect();
+    let mut spec = serde_json::json!({ "policy": { "kind": "round_robin" }, "backends": backends });
+    if let (Some(spec), serde_json::Value::Object(more)) = (spec.as_object_mut(), settings) {
+        spec.extend(more);
+    }
+    [
+        serde_json::json!({ "op": "put_service", "name": name, "spec": spec }),
+        serde_json::json!({
+            "op": "put_route", "name": name,
+            "spec": { "match": { "path_prefix": format!("/{name}") }, "service": name },
+        }),
+    ]
+}
+
+/// Polls `check` until it holds; panics past [`DEADLINE`].
+pub async fn wait_until(what: &str, check: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !check() {
+        assert!(tokio::time::Instant::now() < deadline, "{what}: not within {DEADLINE:?}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 /// A port that refuses connections: bound, never listening, and kept
@@ -271,10 +288,12 @@ async fn answer(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Script {
     /// By path: `/…/chunked`: chunks with an extension and a trailer;
+    /// `/…/garbage`: not HTTP; `/…/switch`: `101` to any request;
+    /// `/…/both`: `Content-Length` and chunked; `/…/silent`: no answer;
+    /// `/…/early`: `103 Early Hints`, then `200 ok`;
     /// `/…/close`: no length (the body ends with the connection);
     /// `/…/big`: [`BIG`] bytes by length; `/…/hop`: hop-by-hop response
-    /// headers; anything else: `200 fine`
-    /// by length. Keep-alive.
+    /// headers; anything else: `200 fine` by length. Keep-alive.
     Framings,
     /// Answers the first request of each connection (`200 fine`, kept
     /// alive), then closes the connection when the second arrives, without
@@ -347,6 +366,26 @@ async fn raw_serve(mut s: TcpStream, script: Script, requests: Arc<AtomicUsize>)
                 let _ = s.write_all(b"HTTP/1.1 200 OK\r\n\r\nuntil close").await;
                 return;
             }
+            Script::Framings if path.ends_with("/garbage") => {
+                let _ = s.write_all(b"NOT HTTP AT ALL\r\n\r\n").await;
+                return;
+            }
+            Script::Framings if path.ends_with("/switch") => {
+                b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: x\r\n\r\n".to_vec()
+            }
+            Script::Framings if path.ends_with("/both") => b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\
+                  transfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+                .to_vec(),
+            Script::Framings if path.ends_with("/silent") => {
+                // Never answers; holds the connection until the proxy or
+                // the end of the test closes it.
+                let mut sink = [0u8; 1024];
+                while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+                return;
+            }
+            Script::Framings if path.ends_with("/early") => b"HTTP/1.1 103 Early Hints\r\nlink: </style.css>\r\n\r\n\
+                  HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+                .to_vec(),
             Script::Framings if path.ends_with("/big") => {
                 let mut r = format!("HTTP/1.1 200 OK\r\ncontent-length: {BIG}\r\n\r\n").into_bytes();
                 if !is_head {
