@@ -114,7 +114,8 @@ fn intact(got: &[u8], sent: &[u8]) -> String {
 }
 
 fn observed(r: &Reply, fields: Vec<(&'static str, String)>) -> Observed {
-    Observed { status: r.status, fields, body: text(&r.body) }
+    let body = if r.cut { "<cut short>".to_string() } else { text(&r.body) };
+    Observed { status: r.status, fields, body }
 }
 
 /// What a backend got, one `METHOD uri` per request.
@@ -300,6 +301,29 @@ async fn response_length_and_coding(e: Engine) -> Observed {
     let r = e.send(&p, &Req::new("GET", "/r/both")).await;
     p.stop().await;
     observed(&r, vec![("content-length", r.header("content-length"))])
+}
+
+/// A backend's body cut short after its head: the client sees it cut
+/// too, never a complete-looking body. (Over HTTP/2 the stream's reset may
+/// overtake its head, still queued in the proxy: the client then gets a
+/// stream error and no head; either is "cut".)
+async fn backend_body_cut(e: Engine) -> Observed {
+    let (_b, p) = raw_rig(e, Script::Framings).await;
+    let by_length = e.send(&p, &Req::new("GET", "/r/short")).await;
+    let chunked = e.send(&p, &Req::new("GET", "/r/shortchunks")).await;
+    p.stop().await;
+    let verdict = |r: &Reply| {
+        if r.cut || r.status == 0 {
+            "cut".to_string()
+        } else {
+            format!("complete: {} {}", r.status, text(&r.body))
+        }
+    };
+    Observed {
+        status: 200,
+        fields: vec![("by length", verdict(&by_length)), ("chunked", verdict(&chunked))],
+        body: String::new(),
+    }
 }
 
 async fn invalid_response(e: Engine) -> Observed {
@@ -517,6 +541,21 @@ async fn forwarding_headers(e: Engine) -> Observed {
         .map(|n| (n, seen.header(n)))
         .chain([("x-forwarded-port", seen.header("x-forwarded-port").replace(&port, "<proxy port>"))])
         .collect();
+    observed(&r, fields)
+}
+
+/// A trusted proxy's forwarding headers are kept, and appended to.
+async fn forwarding_headers_trusted(e: Engine) -> Observed {
+    let limits = Limits { trusted_proxies: "127.0.0.0/8".parse().expect("a block"), ..Limits::default() };
+    let (b, p) = echo_rig(e, limits).await;
+    let req = Req::new("GET", "/e/x")
+        .header("x-forwarded-for", "198.51.100.7")
+        .header("forwarded", "for=198.51.100.7")
+        .header("x-real-ip", "198.51.100.7");
+    let r = e.send(&p, &req).await;
+    p.stop().await;
+    let seen = one(&b);
+    let fields = ["x-forwarded-for", "forwarded", "x-real-ip"].into_iter().map(|n| (n, seen.header(n))).collect();
     observed(&r, fields)
 }
 
@@ -1007,6 +1046,7 @@ fn cases() -> Vec<Case> {
         case!(response_large, ALL, ok(&[("content-length", "1048576")], "<1048576 bytes, intact>")),
         case!(head_of_large_response, ALL, ok(&[("content-length", "1048576")], "")),
         case!(response_length_and_coding, ALL, ok(&[("content-length", "-")], "hello")),
+        case!(backend_body_cut, ALL, ok(&[("by length", "cut"), ("chunked", "cut")], "")),
         case!(
             invalid_response,
             ALL,
@@ -1133,6 +1173,18 @@ fn cases() -> Vec<Case> {
                     ("x-forwarded-proto", "http"),
                     ("x-forwarded-host", "app.test:8080"),
                     ("x-forwarded-port", "<proxy port>")
+                ],
+                "hello"
+            )
+        ),
+        case!(
+            forwarding_headers_trusted,
+            ALL,
+            ok(
+                &[
+                    ("x-forwarded-for", "198.51.100.7, 127.0.0.1"),
+                    ("forwarded", "for=198.51.100.7"),
+                    ("x-real-ip", "198.51.100.7")
                 ],
                 "hello"
             )

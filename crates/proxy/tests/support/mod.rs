@@ -290,7 +290,9 @@ pub enum Script {
     /// By path: `/…/chunked`: chunks with an extension and a trailer;
     /// `/…/garbage`: not HTTP; `/…/switch`: `101` to any request;
     /// `/…/both`: `Content-Length` and chunked; `/…/silent`: no answer;
-    /// `/…/early`: `103 Early Hints`, then `200 ok`;
+    /// `/…/early`: `103 Early Hints`, then `200 ok`; `/…/short` and
+    /// `/…/shortchunks`: a body cut short by the close (framed by length,
+    /// chunked);
     /// `/…/close`: no length (the body ends with the connection);
     /// `/…/big`: [`BIG`] bytes by length; `/…/hop`: hop-by-hop response
     /// headers; anything else: `200 fine` by length. Keep-alive.
@@ -386,6 +388,15 @@ async fn raw_serve(mut s: TcpStream, script: Script, requests: Arc<AtomicUsize>)
             Script::Framings if path.ends_with("/early") => b"HTTP/1.1 103 Early Hints\r\nlink: </style.css>\r\n\r\n\
                   HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
                 .to_vec(),
+            Script::Framings if path.ends_with("/short") => {
+                let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly ten..").await;
+                return;
+            }
+            Script::Framings if path.ends_with("/shortchunks") => {
+                let _ =
+                    s.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n10\r\nonly").await;
+                return;
+            }
             Script::Framings if path.ends_with("/big") => {
                 let mut r = format!("HTTP/1.1 200 OK\r\ncontent-length: {BIG}\r\n\r\n").into_bytes();
                 if !is_head {
@@ -433,6 +444,9 @@ pub struct Reply {
     pub headers: Vec<(String, String)>,
     /// The body, decoded from its framing.
     pub body: Vec<u8>,
+    /// The body broke off: the connection ended (or the HTTP/2 stream was
+    /// reset) before its framing said it was complete.
+    pub cut: bool,
 }
 
 impl Reply {
@@ -555,12 +569,12 @@ where
                 .iter()
                 .map(|(n, v)| (n.to_string(), String::from_utf8_lossy(v.as_bytes()).into()))
                 .collect();
-            let body = match tokio::time::timeout(DEADLINE, body.collect()).await {
-                Ok(Ok(b)) => b.to_bytes().to_vec(),
-                Ok(Err(e)) => format!("<body error: {e}>").into_bytes(),
-                Err(_) => b"<no body in time>".to_vec(),
+            let (body, cut) = match tokio::time::timeout(DEADLINE, body.collect()).await {
+                Ok(Ok(b)) => (b.to_bytes().to_vec(), false),
+                Ok(Err(_)) => (Vec::new(), true),
+                Err(_) => (b"<no body in time>".to_vec(), false),
             };
-            Reply { version: "HTTP/2".into(), status: parts.status.as_u16(), headers, body }
+            Reply { version: "HTTP/2".into(), status: parts.status.as_u16(), headers, body, cut }
         }
     };
     drop(send);
@@ -634,24 +648,38 @@ async fn read_reply_inner(s: &mut TcpStream, buf: &mut Vec<u8>, head_request: bo
         .filter_map(|l| l.split_once(':'))
         .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
         .collect();
-    let mut reply = Reply { version, status, headers, body: Vec::new() };
+    let mut reply = Reply { version, status, headers, body: Vec::new(), cut: false };
     if head_request || (100..200).contains(&status) || status == 204 || status == 304 {
         return Ok(reply);
     }
-    if reply.header("transfer-encoding").to_ascii_lowercase().contains("chunked") {
-        reply.body = read_chunked(s, buf).await?;
-    } else if let Ok(len) = reply.header("content-length").parse::<usize>() {
+    let chunked = reply.header("transfer-encoding").to_ascii_lowercase().contains("chunked");
+    let length = reply.header("content-length").parse::<usize>().ok();
+    match read_body(s, buf, chunked, length).await {
+        Ok(body) => reply.body = body,
+        Err(_) => reply.cut = true,
+    }
+    Ok(reply)
+}
+
+async fn read_body(
+    s: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    chunked: bool,
+    length: Option<usize>,
+) -> std::io::Result<Vec<u8>> {
+    if chunked {
+        return read_chunked(s, buf).await;
+    }
+    if let Some(len) = length {
         while buf.len() < len {
             if fill(s, buf).await? == 0 {
                 return Err(eof("inside a body framed by length"));
             }
         }
-        reply.body = buf.drain(..len).collect();
-    } else {
-        while fill(s, buf).await? > 0 {}
-        reply.body = std::mem::take(buf);
+        return Ok(buf.drain(..len).collect());
     }
-    Ok(reply)
+    while fill(s, buf).await? > 0 {}
+    Ok(std::mem::take(buf))
 }
 
 async fn read_chunked(s: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<Vec<u8>> {
