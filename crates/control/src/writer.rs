@@ -321,6 +321,7 @@ fn difference(old: &ConfigState, new: &ConfigState) -> Delta {
         services: changed(old.services(), new.services()),
         routes: changed(old.routes(), new.routes()),
         certificates: changed(old.certificates(), new.certificates()),
+        rules: changed(old.rules(), new.rules()),
     }
 }
 

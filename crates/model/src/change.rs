@@ -3,8 +3,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::certificate::CertificateInput;
-use crate::names::{BackendId, CertName, RouteName, ServiceName};
+use crate::names::{BackendId, CertName, RouteName, RuleSetName, ServiceName};
 use crate::route::RouteSpec;
+use crate::rules::RuleSetSpec;
 use crate::service::{BackendSpec, ServiceSpec};
 
 /// One operation on the configuration.
@@ -64,6 +65,18 @@ pub enum Op {
         /// The certificate.
         name: CertName,
     },
+    /// Create or replace a rule set.
+    PutRules {
+        /// The rule set.
+        name: RuleSetName,
+        /// Its steps.
+        spec: Box<RuleSetSpec>,
+    },
+    /// Remove a rule set; fails while routes still run it.
+    DeleteRules {
+        /// The rule set.
+        name: RuleSetName,
+    },
 }
 
 // serde's internally tagged enums buffer their content and so lose the path
@@ -75,6 +88,7 @@ impl ChangeSet {
         let hides = |op: &Op| match op {
             Op::PutService { spec, .. } => spec.has_secrets(),
             Op::PutCertificate { .. } => true,
+            Op::PutRules { spec, .. } => spec.has_secrets(),
             _ => false,
         };
         if !self.ops.iter().any(hides) {
@@ -89,6 +103,9 @@ impl ChangeSet {
                 }
                 Op::PutCertificate { name, spec } => {
                     Op::PutCertificate { name: name.clone(), spec: Box::new(spec.redacted()) }
+                }
+                Op::PutRules { name, spec } => {
+                    Op::PutRules { name: name.clone(), spec: Box::new(spec.redacted().into_owned()) }
                 }
                 other => other.clone(),
             })
@@ -122,10 +139,14 @@ impl<'de> Deserialize<'de> for Op {
             "put_certificate" => sub::<NameSpec<CertName, CertificateInput>>(body)
                 .map(|w| Op::PutCertificate { name: w.name, spec: Box::new(w.spec) }),
             "delete_certificate" => sub::<Named<CertName>>(body).map(|w| Op::DeleteCertificate { name: w.name }),
+            "put_rules" => sub::<NameSpec<RuleSetName, RuleSetSpec>>(body)
+                .map(|w| Op::PutRules { name: w.name, spec: Box::new(w.spec) }),
+            "delete_rules" => sub::<Named<RuleSetName>>(body).map(|w| Op::DeleteRules { name: w.name }),
             other => {
                 return Err(D::Error::custom(format!(
                     "op: unknown op {other:?}; expected one of put_service, delete_service, \
-                     put_backend, delete_backend, put_route, delete_route, put_certificate, delete_certificate"
+                     put_backend, delete_backend, put_route, delete_route, put_certificate, delete_certificate, \
+                     put_rules, delete_rules"
                 )))
             }
         };

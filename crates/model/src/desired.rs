@@ -14,8 +14,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::certificate::CertificateInput;
 use crate::change::{ChangeSet, Op, ParseError};
-use crate::names::{CertName, RouteName, ServiceName};
+use crate::names::{CertName, RouteName, RuleSetName, ServiceName};
 use crate::route::RouteSpec;
+use crate::rules::RuleSetSpec;
 use crate::service::ServiceSpec;
 use crate::state::{ChangeError, ConfigState};
 
@@ -37,6 +38,11 @@ pub struct Document {
     /// /v1/config` shows every key, keeps the key the configuration has.
     #[serde(default)]
     pub certificates: BTreeMap<CertName, CertificateInput>,
+    /// Rule sets by name (`rules:`). A password hash given as
+    /// `(redacted)`, as `GET /v1/config` shows every hash, keeps the hash
+    /// the configuration has for that user.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rules: BTreeMap<RuleSetName, RuleSetSpec>,
     /// States that the document is empty on purpose. `serve --config-mode
     /// sync` refuses a file with no services, routes or certificates (an
     /// empty, comment-only or cut-off file would otherwise delete the whole
@@ -62,10 +68,12 @@ impl Document {
                 op: None,
                 field: "empty".into(),
                 message: format!(
-                    "says the document is empty, but it holds {} service(s), {} route(s) and {} certificate(s)",
+                    "says the document is empty, but it holds {} service(s), {} route(s), {} certificate(s) \
+                     and {} rule set(s)",
                     self.services.len(),
                     self.routes.len(),
-                    self.certificates.len()
+                    self.certificates.len(),
+                    self.rules.len()
                 ),
             });
         }
@@ -86,6 +94,7 @@ impl Document {
                     spec.fill_kept_secrets("a secret kept from the configuration");
                     Op::PutService { name, spec: Box::new(spec) }
                 }
+                Op::PutRules { name, spec } => Op::PutRules { name, spec: Box::new(spec.with_placeholders_filled()) },
                 op => op,
             })
             .collect::<Vec<_>>();
@@ -101,7 +110,7 @@ impl Document {
 impl Document {
     /// Whether it has no service, route or certificate.
     pub fn holds_nothing(&self) -> bool {
-        self.services.is_empty() && self.routes.is_empty() && self.certificates.is_empty()
+        self.services.is_empty() && self.routes.is_empty() && self.certificates.is_empty() && self.rules.is_empty()
     }
 
     /// The document's fields that keep a value from the configuration it
@@ -117,7 +126,11 @@ impl Document {
             .iter()
             .filter(|(_, c)| c.keeps_key())
             .map(|(n, _)| format!("certificates.{}.key_pem", n.as_str()));
-        secrets.chain(keys).collect()
+        let hashes = self
+            .rules
+            .iter()
+            .flat_map(|(n, r)| r.kept_hashes().into_iter().map(move |f| format!("rules.{}.{f}", n.as_str())));
+        secrets.chain(keys).chain(hashes).collect()
     }
 
     /// Every object of the document as a put operation: services and
@@ -149,6 +162,8 @@ pub enum Kind {
     Route,
     /// A certificate.
     Certificate,
+    /// A rule set.
+    Rules,
 }
 
 /// One object a plan creates, updates or deletes.
@@ -177,6 +192,7 @@ impl std::fmt::Display for Change {
             Kind::Service => "service",
             Kind::Route => "route",
             Kind::Certificate => "certificate",
+            Kind::Rules => "rules",
         };
         write!(f, "{sign} {kind} {}", self.name)?;
         if !self.fields.is_empty() {
@@ -255,6 +271,16 @@ pub fn plan(current: &ConfigState, desired: &Document) -> (Vec<Op>, Vec<Change>)
         let spec = resolved.map_or_else(|| input.clone(), CertificateInput::Whole);
         ops.push(Op::PutCertificate { name: name.clone(), spec: Box::new(spec) });
     }
+    for (name, spec) in &desired.rules {
+        let previous = current.rules().get(name).map(|o| &**o);
+        let spec = spec.with_secrets_of(previous).map_or_else(|_| spec.clone(), std::borrow::Cow::into_owned);
+        if previous.is_some_and(|o| *o == spec) {
+            continue;
+        }
+        // Hashes are never shown: compared, they only name the field.
+        put(Kind::Rules, name.as_str().to_string(), previous.map(|o| json(&o.redacted())), json(&spec.redacted()));
+        ops.push(Op::PutRules { name: name.clone(), spec: Box::new(spec) });
+    }
     for (name, spec) in &desired.routes {
         let old = current.routes().get(name);
         if old.is_some_and(|o| **o == *spec) {
@@ -269,6 +295,10 @@ pub fn plan(current: &ConfigState, desired: &Document) -> (Vec<Op>, Vec<Change>)
     for name in current.routes().keys().filter(|n| !desired.routes.contains_key(*n)) {
         delete(Kind::Route, name.as_str());
         ops.push(Op::DeleteRoute { name: name.clone() });
+    }
+    for name in current.rules().keys().filter(|n| !desired.rules.contains_key(*n)) {
+        delete(Kind::Rules, name.as_str());
+        ops.push(Op::DeleteRules { name: name.clone() });
     }
     for name in current.services().keys().filter(|n| !desired.services.contains_key(*n)) {
         delete(Kind::Service, name.as_str());
@@ -308,6 +338,7 @@ fn document_path(op: &Op) -> String {
         Op::PutService { name, .. } => format!("services.{}", name.as_str()),
         Op::PutRoute { name, .. } => format!("routes.{}", name.as_str()),
         Op::PutCertificate { name, .. } => format!("certificates.{}", name.as_str()),
+        Op::PutRules { name, .. } => format!("rules.{}", name.as_str()),
         _ => ".".to_string(),
     }
 }

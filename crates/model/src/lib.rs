@@ -21,6 +21,7 @@ pub mod normalize;
 #[cfg(test)]
 mod roundtrip;
 mod route;
+pub mod rules;
 mod schema;
 mod service;
 mod state;
@@ -31,8 +32,9 @@ pub use change::{check_change_set, parse_change_set, parse_json, ChangeSet, Op, 
 pub use desired::{document_paths, in_document, plan, Action, Change, Document, Kind};
 pub use headers::Headers;
 pub use invalid::{Invalid, Reason};
-pub use names::{BackendAddr, BackendId, CertName, NameError, RouteName, ServiceName};
+pub use names::{BackendAddr, BackendId, CertName, NameError, RouteName, RuleSetName, ServiceName};
 pub use route::{HeaderMatch, HostPattern, PathPattern, RouteAction, RouteMatch, RouteSpec, StaticDir};
+pub use rules::{RuleSetSpec, Step};
 pub use schema::config_file_schema;
 pub use service::{
     ActiveCheck, AutoscaleSpec, BackendSpec, BalanceFactor, CheckKind, ConcurrencySpec, ExternalSpec, FeedbackFormula,

@@ -96,6 +96,11 @@ name_type!(
     "certificate name"
 );
 name_type!(
+    /// The name of a rule set (`PUT /v1/rules/{name}`).
+    RuleSetName,
+    "rule set name"
+);
+name_type!(
     /// The id of a backend, unique within its service.
     BackendId,
     "backend id"

@@ -8,7 +8,10 @@ use http::{HeaderName, HeaderValue, Method};
 use serde::{Deserialize, Serialize};
 
 use crate::invalid::Invalid;
-use crate::names::ServiceName;
+use crate::names::{RuleSetName, ServiceName};
+
+/// The most rule sets a route may run.
+pub const MAX_ROUTE_RULES: usize = 16;
 
 /// Which host a route matches.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -101,6 +104,9 @@ pub struct RouteSpec {
     /// the same URL over HTTPS (on the TLS listener) instead of being
     /// served. Default false.
     pub redirect_https: bool,
+    /// The rule sets its requests run through, in order (`"rules":
+    /// ["name", ...]`, at most 16, each once); each must exist.
+    pub rules: Vec<RuleSetName>,
 }
 
 impl RouteSpec {
@@ -130,6 +136,9 @@ struct RouteWire {
     priority: i32,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     redirect_https: bool,
+    /// Rule sets run in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    rules: Vec<RuleSetName>,
 }
 
 #[derive(Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
@@ -160,7 +169,7 @@ fn parse_host(h: &str) -> Result<HostPattern, Invalid> {
     Ok(if wild { HostPattern::Wildcard(Arc::from(format!(".{rest}"))) } else { HostPattern::Exact(Arc::from(rest)) })
 }
 
-fn check_path(field: &str, p: &str) -> Result<(), Invalid> {
+pub(crate) fn check_path(field: &str, p: &str) -> Result<(), Invalid> {
     let bad = |expected: String| Invalid::malformed(field, format!("{p:?}"), expected);
     if !p.starts_with('/') {
         return Err(bad("must start with '/'".into()));
@@ -249,11 +258,24 @@ impl TryFrom<RouteWire> for RouteSpec {
             }
             _ => return Err(Invalid::conflict("", "static", "a route needs exactly one of `service` and `static`")),
         };
+        if w.rules.len() > MAX_ROUTE_RULES {
+            return Err(Invalid::too_large(
+                "rules",
+                format!("{MAX_ROUTE_RULES} rule sets"),
+                Some(w.rules.len().to_string()),
+            ));
+        }
+        for (i, r) in w.rules.iter().enumerate() {
+            if w.rules[..i].contains(r) {
+                return Err(Invalid::rule(format!("rules[{i}]"), format!("rule set {r:?} is listed twice")));
+            }
+        }
         Ok(RouteSpec {
             matches: RouteMatch { host, path, methods, headers },
             action,
             priority: w.priority,
             redirect_https: w.redirect_https,
+            rules: w.rules,
         })
     }
 }
@@ -294,6 +316,7 @@ impl From<RouteSpec> for RouteWire {
             static_dir,
             priority: r.priority,
             redirect_https: r.redirect_https,
+            rules: r.rules,
         }
     }
 }

@@ -6,8 +6,9 @@ use imbl::{OrdMap, OrdSet};
 
 use crate::certificate::CertificateSpec;
 use crate::change::{ChangeSet, Op};
-use crate::names::{BackendId, CertName, RouteName, ServiceName};
+use crate::names::{BackendId, CertName, RouteName, RuleSetName, ServiceName};
 use crate::route::RouteSpec;
+use crate::rules::RuleSetSpec;
 use crate::service::ServiceSpec;
 
 /// What kind of failure a change set met.
@@ -49,6 +50,8 @@ pub struct Delta {
     pub routes: OrdSet<RouteName>,
     /// Certificates that were put or deleted.
     pub certificates: OrdSet<CertName>,
+    /// Rule sets that were put or deleted.
+    pub rules: OrdSet<RuleSetName>,
 }
 
 impl Delta {
@@ -57,22 +60,27 @@ impl Delta {
         self.services.extend(other.services);
         self.routes.extend(other.routes);
         self.certificates.extend(other.certificates);
+        self.rules.extend(other.rules);
     }
 
     /// True when nothing was touched.
     pub fn is_empty(&self) -> bool {
-        self.services.is_empty() && self.routes.is_empty() && self.certificates.is_empty()
+        self.services.is_empty() && self.routes.is_empty() && self.certificates.is_empty() && self.rules.is_empty()
     }
 }
 
-/// The configuration: services, routes and certificates. Cloning is O(1).
+/// The configuration: services, routes, certificates and rule sets.
+/// Cloning is O(1).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ConfigState {
     services: OrdMap<ServiceName, Arc<ServiceSpec>>,
     routes: OrdMap<RouteName, Arc<RouteSpec>>,
     certificates: OrdMap<CertName, Arc<CertificateSpec>>,
+    rules: OrdMap<RuleSetName, Arc<RuleSetSpec>>,
     /// Reverse index: which routes point at each service.
     users: OrdMap<ServiceName, OrdSet<RouteName>>,
+    /// Reverse index: which routes run each rule set.
+    rule_users: OrdMap<RuleSetName, OrdSet<RouteName>>,
 }
 
 impl ConfigState {
@@ -89,6 +97,21 @@ impl ConfigState {
     /// All TLS certificates, by name.
     pub fn certificates(&self) -> &OrdMap<CertName, Arc<CertificateSpec>> {
         &self.certificates
+    }
+
+    /// All rule sets, by name.
+    pub fn rules(&self) -> &OrdMap<RuleSetName, Arc<RuleSetSpec>> {
+        &self.rules
+    }
+
+    /// One rule set.
+    pub fn rule_set(&self, name: &str) -> Option<&Arc<RuleSetSpec>> {
+        self.rules.get(name)
+    }
+
+    /// The routes that run the rule set `name`.
+    pub fn rule_set_users(&self, name: &str) -> Option<&OrdSet<RouteName>> {
+        self.rule_users.get(name)
     }
 
     /// One service.
@@ -177,10 +200,23 @@ impl ConfigState {
                         ));
                     }
                 }
+                for (k, set) in spec.rules.iter().enumerate() {
+                    if !self.rules.contains_key(set) {
+                        return Err(ChangeError::at(
+                            NotFound,
+                            i,
+                            &format!("spec.rules[{k}]"),
+                            format!("route {name:?} runs rule set {set:?}, which does not exist"),
+                        ));
+                    }
+                }
                 let old = self.routes.insert(name.clone(), Arc::new(spec.clone()));
                 self.unlink(name, old.as_deref());
                 if let Some(target) = spec.service() {
                     self.users.entry(target.clone()).or_default().insert(name.clone());
+                }
+                for set in &spec.rules {
+                    self.rule_users.entry(set.clone()).or_default().insert(name.clone());
                 }
                 delta.routes.insert(name.clone());
             }
@@ -215,6 +251,34 @@ impl ConfigState {
                 }
                 delta.certificates.insert(name.clone());
             }
+            Op::PutRules { name, spec } => {
+                let previous = self.rules.get(name).map(|r| &**r);
+                let spec = spec
+                    .with_secrets_of(previous)
+                    .map_err(|e| ChangeError::at(Conflict, i, &format!("spec.{}", e.field), e.reason.to_string()))?
+                    .into_owned();
+                self.rules.insert(name.clone(), Arc::new(spec));
+                delta.rules.insert(name.clone());
+            }
+            Op::DeleteRules { name } => {
+                if let Some(users) = self.rule_users.get(name).filter(|u| !u.is_empty()) {
+                    let list: Vec<&str> = users.iter().take(5).map(|r| r.as_str()).collect();
+                    return Err(ChangeError::at(
+                        Conflict,
+                        i,
+                        "name",
+                        format!(
+                            "rule set {name:?} is still run by {} route(s) ({}); remove it from them first",
+                            users.len(),
+                            list.join(", ")
+                        ),
+                    ));
+                }
+                if self.rules.remove(name).is_none() {
+                    return Err(ChangeError::at(NotFound, i, "name", format!("no rule set {name:?}")));
+                }
+                delta.rules.insert(name.clone());
+            }
         }
         Ok(())
     }
@@ -227,6 +291,14 @@ impl ConfigState {
     }
 
     fn unlink(&mut self, route: &RouteName, old: Option<&RouteSpec>) {
+        for set in old.map_or(&[][..], |o| &o.rules[..]) {
+            if let Some(users) = self.rule_users.get_mut(set) {
+                users.remove(route);
+                if users.is_empty() {
+                    self.rule_users.remove(set);
+                }
+            }
+        }
         if let Some(target) = old.and_then(RouteSpec::service) {
             if let Some(set) = self.users.get_mut(target) {
                 set.remove(route);
@@ -296,6 +368,27 @@ mod tests {
             {"op":"delete_service","name":"web"}]}"#);
         let (s, _) = s.apply(&mv, 1).unwrap();
         assert!(s.service("web").is_none());
+    }
+
+    #[test]
+    fn rule_sets_are_checked_like_services() {
+        let (s, _) = ConfigState::default().apply(&web(), 0).unwrap();
+        let missing = cs(r#"{"ops":[{"op":"put_route","name":"r","spec":{"service":"web","rules":["hsts"]}}]}"#);
+        let e = s.apply(&missing, 1).unwrap_err();
+        assert_eq!((e.kind, e.field.as_deref()), (ChangeErrorKind::NotFound, Some("ops[0].spec.rules[0]")));
+        let put = cs(r#"{"ops":[{"op":"put_rules","name":"hsts","spec":{"steps":[{"kind":"deny"}]}},
+            {"op":"put_route","name":"r","spec":{"service":"web","rules":["hsts"]}}]}"#);
+        let (s, delta) = s.apply(&put, 1).unwrap();
+        assert!(delta.rules.contains("hsts") && s.rule_set("hsts").is_some());
+        let e = s.apply(&cs(r#"{"ops":[{"op":"delete_rules","name":"hsts"}]}"#), 2).unwrap_err();
+        assert_eq!(e.kind, ChangeErrorKind::Conflict);
+        assert!(e.message.contains("(r)"), "names the route: {}", e.message);
+        let unuse = cs(r#"{"ops":[{"op":"put_route","name":"r","spec":{"service":"web"}},
+            {"op":"delete_rules","name":"hsts"}]}"#);
+        let (s, _) = s.apply(&unuse, 2).unwrap();
+        assert!(s.rules().is_empty());
+        let e = s.apply(&cs(r#"{"ops":[{"op":"delete_rules","name":"hsts"}]}"#), 3).unwrap_err();
+        assert_eq!(e.kind, ChangeErrorKind::NotFound);
     }
 
     #[test]

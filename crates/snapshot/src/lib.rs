@@ -224,6 +224,7 @@ impl Snapshot {
             services: state.services().keys().cloned().collect(),
             routes: state.routes().keys().cloned().collect(),
             certificates: state.certificates().keys().cloned().collect(),
+            rules: state.rules().keys().cloned().collect(),
         };
         Snapshot::empty().next(state, &delta, revision)
     }

@@ -8,7 +8,7 @@
 //! | `rev` | the newest revision, in decimal |
 //! | `services/NAME` | the service's settings |
 //! | `backends/SERVICE/ID` | one backend |
-//! | `routes/NAME`, `certificates/NAME` | one route, one certificate |
+//! | `routes/NAME`, `certificates/NAME`, `rules/NAME` | one route, one certificate, one rule set |
 //! | `log/REVISION` (20 digits) | the change set that made that revision |
 //! | `instances/NAME` | a live instance's record, under its lease |
 //! | `leaders/ROLE` | the name of the instance that leads ROLE (one service's autoscaling), under its lease |
@@ -44,8 +44,8 @@ use tidegate_etcd::{
     prefix_end, Client, ClientOptions, Compare, Credentials, EtcdError, Event, EventKind, KeyValue, TlsOptions, TxnOp,
 };
 use tidegate_model::{
-    BackendId, CertName, CertificateSpec, ChangeSet, ConfigState, Op, RouteName, RouteSpec, ServiceName,
-    ServiceSettings, ServiceSpec,
+    BackendId, CertName, CertificateSpec, ChangeSet, ConfigState, Op, RouteName, RouteSpec, RuleSetName, RuleSetSpec,
+    ServiceName, ServiceSettings, ServiceSpec,
 };
 
 use crate::{
@@ -325,7 +325,7 @@ fn log_entry(kv: &KeyValue, number: u64) -> Result<AppliedChange, FaultKind> {
 }
 
 /// The kinds of keys that hold the configuration's objects.
-const OBJECT_KINDS: [&[u8]; 4] = [b"services", b"backends", b"routes", b"certificates"];
+const OBJECT_KINDS: [&[u8]; 5] = [b"services", b"backends", b"routes", b"certificates", b"rules"];
 
 /// What the revision key and the newest log entry say, read at one etcd
 /// revision.
@@ -490,6 +490,9 @@ fn object_error(kind: &[u8], name: &[u8], value: &[u8]) -> Option<String> {
         b"routes" => RouteName::new(name)
             .map_err(|e| e.to_string())
             .and_then(|_| tidegate_model::parse_json::<RouteSpec>(value).map(drop).map_err(|e| e.to_string())),
+        b"rules" => RuleSetName::new(name)
+            .map_err(|e| e.to_string())
+            .and_then(|_| tidegate_model::parse_json::<RuleSetSpec>(value).map(drop).map_err(|e| e.to_string())),
         _ => CertName::new(name)
             .map_err(|e| e.to_string())
             .and_then(|_| tidegate_model::parse_json::<CertificateSpec>(value).map(drop).map_err(|e| e.to_string())),
@@ -510,6 +513,7 @@ fn names_object<'a>(ops: impl IntoIterator<Item = &'a Op>, rest: &str) -> bool {
         }
         Op::PutRoute { name, .. } | Op::DeleteRoute { name } => rest == format!("routes/{name}"),
         Op::PutCertificate { name, .. } | Op::DeleteCertificate { name } => rest == format!("certificates/{name}"),
+        Op::PutRules { name, .. } | Op::DeleteRules { name } => rest == format!("rules/{name}"),
     })
 }
 
@@ -529,6 +533,7 @@ fn object_value(rest: &str, after: &ConfigState) -> Result<Option<Vec<u8>>, Stor
             let name = CertName::new(name).map_err(corrupt)?;
             after.certificates().get(&name).map(|c| json(&**c)).transpose()
         }
+        "rules" => after.rule_set(name).map(|r| json(&**r)).transpose(),
         _ => Err(corrupt(format!("{rest:?} names no object"))),
     }
 }
@@ -608,6 +613,8 @@ impl EtcdStore {
         self.object_writes(&routes, &empty, state, &[], &mut ops)?;
         let certs: Vec<_> = state.certificates().keys().map(|n| Op::DeleteCertificate { name: n.clone() }).collect();
         self.object_writes(&certs, &empty, state, &[], &mut ops)?;
+        let rules: Vec<_> = state.rules().keys().map(|n| Op::DeleteRules { name: n.clone() }).collect();
+        self.object_writes(&rules, &empty, state, &[], &mut ops)?;
         let guard = [Compare::Absent(self.key("rev"))];
         let outcome = self.runtime.block_on(self.client.txn(&guard, &ops)).map_err(unavailable)?;
         if !outcome.succeeded {
@@ -671,6 +678,12 @@ impl EtcdStore {
                 Op::PutCertificate { name, .. } | Op::DeleteCertificate { name } => {
                     let spec = after.certificates().get(name);
                     writes.insert(self.key(&format!("certificates/{name}")), spec.map(|s| json(&**s)).transpose()?);
+                }
+                // As the configuration holds it: a hash given as the
+                // placeholder is the one kept.
+                Op::PutRules { name, .. } | Op::DeleteRules { name } => {
+                    let spec = after.rules().get(name);
+                    writes.insert(self.key(&format!("rules/{name}")), spec.map(|s| json(&**s)).transpose()?);
                 }
             }
         }
@@ -784,8 +797,15 @@ impl Store for EtcdStore {
         // key, which the change set does not carry (a PEM key is at most a
         // few KiB).
         let size = serde_json::to_vec(change).map_or(0, |v| v.len());
-        let kept_keys =
-            change.ops.iter().filter(|op| matches!(op, Op::PutCertificate { spec, .. } if spec.keeps_key())).count();
+        let kept_keys = change
+            .ops
+            .iter()
+            .filter(|op| match op {
+                Op::PutCertificate { spec, .. } => spec.keeps_key(),
+                Op::PutRules { spec, .. } => !spec.kept_hashes().is_empty(),
+                _ => false,
+            })
+            .count();
         CommitCost { ops: writes + 1, bytes: size * 3 + 128 * (writes + 1) + KEPT_KEY_BYTES * kept_keys }
     }
 
@@ -1067,6 +1087,7 @@ fn check_load(prefix: &[u8], kvs: &[KeyValue]) -> (Loaded, Vec<StoreFault>) {
     let mut keys: BTreeMap<String, &[u8]> = BTreeMap::new();
     let mut routes = Vec::new();
     let mut certificates = Vec::new();
+    let mut rules = Vec::new();
     let mut backends = Vec::new();
     for (kind, name, kv) in objects {
         let at = kv.mod_revision;
@@ -1103,6 +1124,17 @@ fn check_load(prefix: &[u8], kvs: &[KeyValue]) -> (Loaded, Vec<StoreFault>) {
                 }
                 Err(kind) => fault(&kv.key, kind),
             },
+            b"rules" => {
+                match tidegate_model::parse_json::<RuleSetSpec>(&kv.value).map_err(|e| invalid(&e)).and_then(|spec| {
+                    Ok(Op::PutRules { name: RuleSetName::new(name).map_err(|e| invalid(&e))?, spec: Box::new(spec) })
+                }) {
+                    Ok(op) => {
+                        rules.push(op);
+                        keys.insert(format!("u/{name}"), &kv.key);
+                    }
+                    Err(kind) => fault(&kv.key, kind),
+                }
+            }
             _ => {
                 // An expired certificate still loads (see the embedded store).
                 let op = tidegate_model::parse_json::<CertificateSpec>(&kv.value).map_err(|e| invalid(&e)).and_then(
@@ -1152,8 +1184,10 @@ fn check_load(prefix: &[u8], kvs: &[KeyValue]) -> (Loaded, Vec<StoreFault>) {
             Err(e) => fault(key, FaultKind::ObjectInvalid { error: e.to_string() }),
         }
     }
-    for op in routes.into_iter().chain(certificates) {
+    // Rule sets before the routes that run them.
+    for op in rules.into_iter().chain(routes).chain(certificates) {
         let key = match &op {
+            Op::PutRules { name, .. } => keys.get(&format!("u/{name}")),
             Op::PutRoute { name, .. } => keys.get(&format!("r/{name}")),
             Op::PutCertificate { name, .. } => keys.get(&format!("c/{name}")),
             _ => None,
@@ -1326,6 +1360,22 @@ mod tests {
             kv("tg/routes/r", r#"{"match":{"path_prefix":"/"},"service":"s"}"#, 10),
             kv("tg/services/s", "{}", 10),
         ]
+    }
+
+    #[test]
+    fn rule_sets_load_before_the_routes_that_run_them_and_are_checked() {
+        let mut kvs = committed();
+        kvs.push(kv("tg/rules/api", r#"{"steps":[{"kind":"strip_prefix","prefix":"/api"}]}"#, 10));
+        kvs.retain(|kv| kv.key != b"tg/routes/r");
+        kvs.push(kv("tg/routes/r", r#"{"match":{"path_prefix":"/"},"service":"s","rules":["api"]}"#, 10));
+        let (loaded, faults) = check_load(b"tg/", &kvs);
+        assert!(faults.is_empty(), "{faults:?}");
+        assert!(loaded.state.rule_set("api").is_some());
+        let mut bad = committed();
+        bad.push(kv("tg/rules/api", r#"{"steps":[{"kind":"rewrite_path","regex":"(","replacement":"/"}]}"#, 10));
+        let (_, faults) = check_load(b"tg/", &bad);
+        assert_eq!(kinds(&faults), vec![("tg/rules/api".to_string(), "object_invalid")]);
+        assert!(faults[0].to_string().contains("steps[0].regex"), "{}", faults[0]);
     }
 
     #[test]

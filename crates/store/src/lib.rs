@@ -22,7 +22,9 @@ mod sqlite_store;
 #[cfg(test)]
 mod suite;
 
-use tidegate_model::{CertName, CertificateSpec, ChangeSet, ConfigState, ServiceName, ServiceSpec};
+use tidegate_model::{
+    CertName, CertificateSpec, ChangeSet, ConfigState, RuleSetName, RuleSetSpec, ServiceName, ServiceSpec,
+};
 
 pub use etcd_store::{EtcdAccess, EtcdStore, EtcdUrl};
 pub use redb_store::RedbStore;
@@ -92,7 +94,7 @@ pub enum StoreError {
     )]
     Invalid {
         /// The object's key, `services/NAME`, `backends/SERVICE/ID`,
-        /// `routes/NAME` or `certificates/NAME`.
+        /// `routes/NAME`, `certificates/NAME` or `rules/NAME`.
         key: String,
         /// What is wrong with it, naming the field at fault.
         error: String,
@@ -272,6 +274,11 @@ impl Commit<'_> {
     /// The certificate a `put_certificate` op named.
     pub fn certificate_after(&self, name: &CertName) -> Option<&CertificateSpec> {
         self.after.certificates().get(name).map(|c| &**c)
+    }
+
+    /// The rule set a `put_rules` op named.
+    pub fn rules_after(&self, name: &RuleSetName) -> Option<&RuleSetSpec> {
+        self.after.rules().get(name).map(|r| &**r)
     }
 }
 

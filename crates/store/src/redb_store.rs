@@ -138,6 +138,9 @@ impl RedbStore {
                     "the redb store does not hold certificates; use the SQLite store".into(),
                 ));
             }
+            Op::PutRules { .. } | Op::DeleteRules { .. } => {
+                return Err(StoreError::Backend("the redb store does not hold rule sets; use the SQLite store".into()));
+            }
         }
         Ok(())
     }

@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex};
 use rusqlite::wal::CheckpointMode;
 use rusqlite::{params, Connection, OpenFlags, Transaction};
 use tidegate_model::{
-    BackendId, CertName, CertificateSpec, ConfigState, Op, RouteName, RouteSpec, ServiceName, ServiceSettings,
-    ServiceSpec,
+    BackendId, CertName, CertificateSpec, ConfigState, Op, RouteName, RouteSpec, RuleSetName, RuleSetSpec, ServiceName,
+    ServiceSettings, ServiceSpec,
 };
 
 use crate::{
@@ -37,14 +37,15 @@ const SCHEMA: &str = "
         WITHOUT ROWID;
     CREATE TABLE IF NOT EXISTS routes (name TEXT PRIMARY KEY, spec BLOB NOT NULL, sum INTEGER) WITHOUT ROWID;
     CREATE TABLE IF NOT EXISTS certificates (name TEXT PRIMARY KEY, spec BLOB NOT NULL, sum INTEGER) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS rules (name TEXT PRIMARY KEY, spec BLOB NOT NULL, sum INTEGER) WITHOUT ROWID;
     CREATE TABLE IF NOT EXISTS log (revision INTEGER PRIMARY KEY, change BLOB NOT NULL);
     CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 ";
 
 /// The tables every database this store ever created has; one without
 /// them was not written by Tidegate, or lost its tables (see
-/// [`check_schema`]). `certificates` came later: an older database gets it
-/// on open.
+/// [`check_schema`]). `certificates` and `rules` came later: an older
+/// database gets them on open.
 const CORE_TABLES: [&str; 5] = ["services", "backends", "routes", "log", "meta"];
 
 /// Pages in the write-ahead log from which [`Store::maintain`] copies it
@@ -159,6 +160,12 @@ impl SqliteStore {
             .map(|(name, spec)| Op::PutService { name: name.clone(), spec: Box::new(ServiceSpec::clone(spec)) })
             .chain(
                 state
+                    .rules()
+                    .iter()
+                    .map(|(name, spec)| Op::PutRules { name: name.clone(), spec: Box::new(RuleSetSpec::clone(spec)) }),
+            )
+            .chain(
+                state
                     .routes()
                     .iter()
                     .map(|(name, spec)| Op::PutRoute { name: name.clone(), spec: RouteSpec::clone(spec) }),
@@ -167,7 +174,8 @@ impl SqliteStore {
         let mut conn = self.lock()?;
         let txn = conn.transaction().map_err(err)?;
         txn.execute_batch(
-            "DELETE FROM services; DELETE FROM backends; DELETE FROM routes; DELETE FROM certificates; DELETE FROM log;",
+            "DELETE FROM services; DELETE FROM backends; DELETE FROM routes; DELETE FROM certificates; DELETE FROM rules; \
+             DELETE FROM log;",
         )
             .map_err(err)?;
         let whole = Commit { base: 0, changes: &[], before: state, after: state };
@@ -182,11 +190,12 @@ impl SqliteStore {
 
 /// The object tables: name, key columns (joined by `/` in a row's key),
 /// value column.
-const OBJECT_TABLES: [(&str, &str, &str); 4] = [
+const OBJECT_TABLES: [(&str, &str, &str); 5] = [
     ("services", "name", "settings"),
     ("backends", "service || '/' || id", "spec"),
     ("routes", "name", "spec"),
     ("certificates", "name", "spec"),
+    ("rules", "name", "spec"),
 ];
 
 /// The checksum of one object's row: FNV-1a (64 bits) over its table, key
@@ -369,6 +378,18 @@ fn write_op(txn: &Transaction<'_>, op: &Op, commit: &Commit<'_>) -> Result<(), S
         Op::DeleteCertificate { name } => {
             run("DELETE FROM certificates WHERE name = ?1", &[&name.as_str()]).map_err(err)?;
         }
+        Op::PutRules { name, .. } => {
+            // As the configuration holds it: a hash given as the
+            // placeholder is the one kept.
+            let Some(spec) = commit.rules_after(name) else { return Ok(()) };
+            let value = json(spec)?;
+            let sum = row_sum("rules", name.as_str(), &value);
+            run("INSERT OR REPLACE INTO rules (name, spec, sum) VALUES (?1, ?2, ?3)", &[&name.as_str(), &value, &sum])
+                .map_err(err)?;
+        }
+        Op::DeleteRules { name } => {
+            run("DELETE FROM rules WHERE name = ?1", &[&name.as_str()]).map_err(err)?;
+        }
     }
     Ok(())
 }
@@ -413,6 +434,17 @@ impl Store for SqliteStore {
             }
             let name = ServiceName::new(&name).map_err(|e| invalid_object(&key, e))?;
             ops.push(Op::PutService { name, spec: Box::new(spec) });
+            keys.push(key);
+        }
+        // Rule sets before the routes that run them.
+        let mut rules = conn.prepare("SELECT name, spec, sum FROM rules ORDER BY name").map_err(err)?;
+        for r in rules.query_map([], row).map_err(err)? {
+            let (name, spec, sum) = r.map_err(err)?;
+            let key = format!("rules/{name}");
+            let spec = checked("rules", name.clone(), spec, sum)?;
+            let spec: RuleSetSpec = decode_object(&key, &spec)?;
+            let name = RuleSetName::new(&name).map_err(|e| invalid_object(&key, e))?;
+            ops.push(Op::PutRules { name, spec: Box::new(spec) });
             keys.push(key);
         }
         let mut routes = conn.prepare("SELECT name, spec, sum FROM routes ORDER BY name").map_err(err)?;
@@ -528,6 +560,7 @@ mod tests {
     #[test]
     fn the_shared_suite_passes() {
         crate::suite::run(|p| SqliteStore::open(&p.with_extension("sqlite")));
+        crate::suite::rule_sets_survive_reopening(|p| SqliteStore::open(&p.with_extension("sqlite")));
     }
 
     /// Commits the change sets `texts`, at the next revisions, in one
