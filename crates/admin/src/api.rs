@@ -10,7 +10,7 @@ use axum::Json;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tidegate_autoscale::{Event, ScalingStatus};
-use tidegate_model::{BackendSpec, CertificateInfo, CertificateSpec, Change, RouteSpec, ServiceSpec};
+use tidegate_model::{BackendSpec, CertificateInfo, CertificateSpec, Change, RouteSpec, RuleSetSpec, ServiceSpec};
 
 /// An answer as JSON with its keys in alphabetical order at every level
 /// (as the examples in docs/api.md show them), whatever the order of the
@@ -102,6 +102,26 @@ pub struct RoutesRead<'a> {
     pub routes: BTreeMap<&'a str, &'a RouteSpec>,
 }
 
+/// One rule set, read back (password hashes as `(redacted)`).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct RuleSetRead<'a> {
+    /// The revision read.
+    pub revision: u64,
+    /// The rule set.
+    pub spec: Cow<'a, RuleSetSpec>,
+    /// The routes that run it.
+    pub used_by: Vec<&'a str>,
+}
+
+/// Every rule set, by name (password hashes as `(redacted)`).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct RuleSetsRead<'a> {
+    /// The revision read.
+    pub revision: u64,
+    /// Rule sets by name.
+    pub rules: BTreeMap<&'a str, Cow<'a, RuleSetSpec>>,
+}
+
 /// A certificate as the read APIs show it: never its key.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct CertificateView<'a> {
@@ -144,6 +164,10 @@ pub struct ConfigRead<'a> {
     /// `default`, and the key as `(redacted)` (applied back, it keeps the
     /// key). Names and validity: `GET /v1/certificates`.
     pub certificates: BTreeMap<&'a str, CertificateSpec>,
+    /// Rule sets by name (password hashes as `(redacted)`; applied back,
+    /// each keeps its user's hash).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub rules: BTreeMap<&'a str, Cow<'a, RuleSetSpec>>,
 }
 
 /// `GET /healthz`.

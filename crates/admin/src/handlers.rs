@@ -11,12 +11,12 @@ use tidegate_control::SubmitError;
 use tidegate_model::{
     check_static_root, document_paths, in_document, parse_change_set, parse_json, plan, unix_now, BackendId,
     BackendSpec, CertName, CertificateInput, CertificateSpec, ChangeError, ChangeSet, ConfigState, Document, Op,
-    RouteAction, RouteName, RouteSpec, ServiceName, ServiceSpec,
+    RouteAction, RouteName, RouteSpec, RuleSetName, RuleSetSpec, ServiceName, ServiceSpec,
 };
 
 use crate::api::{
     Alive, BackendRead, CertificateRead, CertificateView, CertificatesRead, ChangesApplied, ConfigApplied, ConfigRead,
-    Readiness, RouteRead, RoutesRead, ServiceRead, ServicesRead, Sorted, Written,
+    Readiness, RouteRead, RoutesRead, RuleSetRead, RuleSetsRead, ServiceRead, ServicesRead, Sorted, Written,
 };
 use crate::{AdminState, ApiError};
 
@@ -32,6 +32,10 @@ fn route_name(s: &str) -> Result<RouteName, ApiError> {
 
 fn cert_name(s: &str) -> Result<CertName, ApiError> {
     CertName::new(s).map_err(|e| ApiError::bad_field("path.name", e.to_string()))
+}
+
+fn rules_name(s: &str) -> Result<RuleSetName, ApiError> {
+    RuleSetName::new(s).map_err(|e| ApiError::bad_field("path.name", e.to_string()))
 }
 
 fn backend_id(s: &str) -> Result<BackendId, ApiError> {
@@ -244,6 +248,37 @@ pub(crate) async fn list_routes(State(state): State<AdminState>) -> Response {
     Sorted(RoutesRead { revision: view.revision, routes }).into_response()
 }
 
+pub(crate) async fn put_rules(
+    State(state): State<AdminState>,
+    Path(name): Path<String>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Answer<Written> {
+    let name = rules_name(&name)?;
+    // A hash given as the placeholder keeps the user's current one.
+    let spec: RuleSetSpec = body(bytes)?;
+    submit(&state, vec![Op::PutRules { name, spec: Box::new(spec) }]).await
+}
+
+pub(crate) async fn delete_rules(State(state): State<AdminState>, Path(name): Path<String>) -> Answer<Written> {
+    let name = rules_name(&name)?;
+    submit(&state, vec![Op::DeleteRules { name }]).await
+}
+
+pub(crate) async fn get_rules(State(state): State<AdminState>, Path(name): Path<String>) -> Response {
+    let view = state.control.config();
+    let Some(spec) = view.state.rule_set(&name) else {
+        return ApiError::not_found(format!("no rule set {name:?}")).into_response();
+    };
+    let used_by = view.state.rule_set_users(&name).map_or_else(Vec::new, |u| u.iter().map(|r| r.as_str()).collect());
+    Sorted(RuleSetRead { revision: view.revision, spec: spec.redacted(), used_by }).into_response()
+}
+
+pub(crate) async fn list_rules(State(state): State<AdminState>) -> Response {
+    let view = state.control.config();
+    let rules = view.state.rules().iter().map(|(k, v)| (k.as_str(), v.redacted())).collect();
+    Sorted(RuleSetsRead { revision: view.revision, rules }).into_response()
+}
+
 pub(crate) async fn put_certificate(
     State(state): State<AdminState>,
     Path(name): Path<String>,
@@ -398,7 +433,8 @@ pub(crate) async fn get_config(State(state): State<AdminState>) -> Response {
         view.state.services().iter().map(|(k, v)| (k.as_str(), v.redacted())).collect();
     let routes: BTreeMap<&str, &RouteSpec> = view.state.routes().iter().map(|(k, v)| (k.as_str(), &**v)).collect();
     let certificates = view.state.certificates().iter().map(|(k, v)| (k.as_str(), v.redacted())).collect();
-    Sorted(ConfigRead { revision: view.revision, services, routes, certificates }).into_response()
+    let rules = view.state.rules().iter().map(|(k, v)| (k.as_str(), v.redacted())).collect();
+    Sorted(ConfigRead { revision: view.revision, services, routes, certificates, rules }).into_response()
 }
 
 #[cfg(test)]

@@ -209,6 +209,8 @@ pub fn router(state: AdminState) -> Router {
         )
         .route("/v1/routes", get(handlers::list_routes))
         .route("/v1/routes/{name}", put(handlers::put_route).get(handlers::get_route).delete(handlers::delete_route))
+        .route("/v1/rules", get(handlers::list_rules))
+        .route("/v1/rules/{name}", put(handlers::put_rules).get(handlers::get_rules).delete(handlers::delete_rules))
         .route("/v1/certificates", get(handlers::list_certificates))
         .route(
             "/v1/certificates/{name}",

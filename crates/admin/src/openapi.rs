@@ -10,7 +10,7 @@
 use schemars::generate::SchemaSettings;
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde_json::{json, Map, Value};
-use tidegate_model::{BackendSpec, CertificateSpec, ChangeSet, Document, RouteSpec, ServiceSpec};
+use tidegate_model::{BackendSpec, CertificateSpec, ChangeSet, Document, RouteSpec, RuleSetSpec, ServiceSpec};
 
 use crate::api;
 
@@ -71,6 +71,10 @@ const ENDPOINTS: &[Endpoint] = &[
     Endpoint { method: "get", path: "/v1/routes/{name}", summary: "One route.", auth: true, query: &[], request: None, ok: (200, "The route.", Body::Json(of::<api::RouteRead<'static>>)), errors: &[404] },
     Endpoint { method: "put", path: "/v1/routes/{name}", summary: "Create or replace a route (its service must exist).", auth: true, query: &[], request: Some(of::<RouteSpec>), ok: (200, "Durable and live.", Body::Json(of::<api::Written>)), errors: WRITE },
     Endpoint { method: "delete", path: "/v1/routes/{name}", summary: "Delete a route.", auth: true, query: &[], request: None, ok: (200, "Durable and live.", Body::Json(of::<api::Written>)), errors: WRITE },
+    Endpoint { method: "get", path: "/v1/rules", summary: "Every rule set, by name (password hashes as `(redacted)`).", auth: true, query: &[], request: None, ok: (200, "The rule sets.", Body::Json(of::<api::RuleSetsRead<'static>>)), errors: &[] },
+    Endpoint { method: "get", path: "/v1/rules/{name}", summary: "One rule set (password hashes as `(redacted)`) and the routes that run it.", auth: true, query: &[], request: None, ok: (200, "The rule set.", Body::Json(of::<api::RuleSetRead<'static>>)), errors: &[404] },
+    Endpoint { method: "put", path: "/v1/rules/{name}", summary: "Create or replace a rule set (`{\"steps\": [...]}`; a hash given as `(redacted)` keeps the user's current one).", auth: true, query: &[], request: Some(of::<RuleSetSpec>), ok: (200, "Durable and live.", Body::Json(of::<api::Written>)), errors: WRITE },
+    Endpoint { method: "delete", path: "/v1/rules/{name}", summary: "Delete a rule set (refused while a route runs it, naming the route).", auth: true, query: &[], request: None, ok: (200, "Durable and live.", Body::Json(of::<api::Written>)), errors: WRITE },
     Endpoint { method: "get", path: "/v1/certificates", summary: "Every TLS certificate (never its key).", auth: true, query: &[], request: None, ok: (200, "The certificates.", Body::Json(of::<api::CertificatesRead<'static>>)), errors: &[] },
     Endpoint { method: "get", path: "/v1/certificates/{name}", summary: "One TLS certificate (never its key).", auth: true, query: &[], request: None, ok: (200, "The certificate.", Body::Json(of::<api::CertificateRead<'static>>)), errors: &[404] },
     Endpoint { method: "put", path: "/v1/certificates/{name}", summary: "Create or replace a TLS certificate (chain and key).", auth: true, query: &[], request: Some(of::<CertificateSpec>), ok: (200, "Durable and live.", Body::Json(of::<api::Written>)), errors: WRITE },

@@ -412,9 +412,30 @@ pub enum CtlCommand {
     /// Routes.
     #[command(subcommand)]
     Route(RouteCommand),
+    /// Traffic rule sets (docs/rules.md), run by the routes that name them.
+    #[command(subcommand)]
+    Rules(RulesCommand),
     /// TLS certificates of the HTTPS listener.
     #[command(subcommand)]
     Cert(CertCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RulesCommand {
+    /// List rule sets: their steps' kinds (password hashes never shown).
+    List,
+    /// Show one rule set and the routes that run it.
+    Get { name: String },
+    /// Create or replace a rule set from a YAML/JSON file
+    /// (`steps: [...]`).
+    Put {
+        name: String,
+        /// The rule set as a YAML/JSON file.
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+    },
+    /// Delete a rule set (refused while a route runs it).
+    Delete { name: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -538,6 +559,9 @@ pub enum RouteCommand {
         /// Higher wins over more specific (default 0).
         #[arg(long)]
         priority: Option<i32>,
+        /// Rule sets the route runs, in order (comma-separated names).
+        #[arg(long, value_delimiter = ',')]
+        rules: Vec<String>,
     },
     /// Delete a route.
     Delete { name: String },

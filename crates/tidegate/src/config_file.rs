@@ -229,10 +229,24 @@ fn parse<T: DeserializeOwned>(path: &Path, text: &str) -> Result<T, FileError> {
             Some((m, _)) if at.is_some() => m.to_string(),
             _ => message,
         };
-        let message = match message.split_once(": ") {
+        let mut message = match message.split_once(": ") {
             Some((path, rest)) if !path.is_empty() && !path.contains(' ') => rest.to_string(),
             _ => message,
         };
+        // A value's own check may name a field inside it (a rule set's
+        // `steps[1].location: ...`): folded into the field.
+        let mut field = field;
+        while let Some((sub, rest)) = message.split_once(": ") {
+            if sub.is_empty() || !sub.chars().all(|c| c.is_ascii_alphanumeric() || "_.[]".contains(c)) {
+                break;
+            }
+            field = match (field.as_str(), sub.starts_with('[')) {
+                (".", _) => sub.to_string(),
+                (_, true) => format!("{field}{sub}"),
+                (_, false) => format!("{field}.{sub}"),
+            };
+            message = rest.to_string();
+        }
         FileError { path: path.to_path_buf(), at, field, message }
     })
 }
@@ -301,6 +315,9 @@ impl ConfigFile {
                     d.routes.len(),
                     d.certificates.len()
                 );
+                if !d.rules.is_empty() {
+                    s.push_str(&format!(", {} rule set(s)", d.rules.len()));
+                }
                 let kept = d.kept_fields();
                 if !kept.is_empty() {
                     let (verb, it) = if kept.len() == 1 { ("is", "it keeps") } else { ("are", "each keeps") };

@@ -11,7 +11,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 
-use crate::cli::{BackendCommand, CertCommand, CtlArgs, CtlCommand, RouteCommand, ServiceCommand};
+use crate::cli::{BackendCommand, CertCommand, CtlArgs, CtlCommand, RouteCommand, RulesCommand, ServiceCommand};
 use crate::config_file;
 use crate::output::{render, Output, View};
 
@@ -76,6 +76,7 @@ impl Admin {
             CtlCommand::Service(ServiceCommand::List) => View::Services,
             CtlCommand::Route(RouteCommand::List) => View::Routes,
             CtlCommand::Cert(CertCommand::List) => View::Certificates,
+            CtlCommand::Rules(RulesCommand::List) => View::Rules,
             _ => View::Other,
         };
         let (method, path, body) = match cmd {
@@ -175,11 +176,19 @@ impl Admin {
                     (M::PUT, format!("/v1/certificates/{name}"), Some(spec))
                 }
             },
+            CtlCommand::Rules(c) => match c {
+                RulesCommand::List => (M::GET, "/v1/rules".into(), None),
+                RulesCommand::Get { name } => (M::GET, format!("/v1/rules/{name}"), None),
+                RulesCommand::Delete { name } => (M::DELETE, format!("/v1/rules/{name}"), None),
+                RulesCommand::Put { name, file } => {
+                    (M::PUT, format!("/v1/rules/{name}"), Some(spec_file::<tidegate_model::RuleSetSpec>(&file)?))
+                }
+            },
             CtlCommand::Route(c) => match c {
                 RouteCommand::List => (M::GET, "/v1/routes".into(), None),
                 RouteCommand::Get { name } => (M::GET, format!("/v1/routes/{name}"), None),
                 RouteCommand::Delete { name } => (M::DELETE, format!("/v1/routes/{name}"), None),
-                RouteCommand::Put { name, file, service, host, path_prefix, path, priority } => {
+                RouteCommand::Put { name, file, service, host, path_prefix, path, priority, rules } => {
                     let spec = match file {
                         Some(f) => spec_file::<tidegate_model::RouteSpec>(&f)?,
                         None => {
@@ -192,7 +201,7 @@ impl Admin {
                                     m.insert(k.into(), json!(v));
                                 }
                             }
-                            json!({ "match": m, "service": service, "priority": priority.unwrap_or(0) })
+                            json!({ "match": m, "service": service, "priority": priority.unwrap_or(0), "rules": rules })
                         }
                     };
                     (M::PUT, format!("/v1/routes/{name}"), Some(spec))

@@ -39,6 +39,8 @@ pub enum View {
     Routes,
     /// `/v1/certificates`.
     Certificates,
+    /// `/v1/rules`.
+    Rules,
     /// `/v1/events`.
     Events,
     /// Anything else.
@@ -170,10 +172,23 @@ fn table(value: &Value, view: View) -> Option<String> {
                         Some(s) => s.to_string(),
                         None => format!("static {}", cell(&r["static"]["root"])),
                     };
-                    vec![name.clone(), cell(&m["host"]), path, target, cell(&r["priority"])]
+                    let rules: Vec<String> = r["rules"].as_array().into_iter().flatten().map(cell).collect();
+                    let rules = if rules.is_empty() { "-".to_string() } else { rules.join(",") };
+                    vec![name.clone(), cell(&m["host"]), path, target, cell(&r["priority"]), rules]
                 })
                 .collect();
-            columns(&["ROUTE", "HOST", "PATH", "TARGET", "PRIORITY"], &rows)
+            columns(&["ROUTE", "HOST", "PATH", "TARGET", "PRIORITY", "RULES"], &rows)
+        }
+        View::Rules => {
+            let rows: Vec<Vec<String>> = entries(value, "rules")
+                .into_iter()
+                .map(|(name, r)| {
+                    let steps = r["steps"].as_array().map_or(&[][..], Vec::as_slice);
+                    let kinds: Vec<String> = steps.iter().map(|s| cell(&s["kind"])).collect();
+                    vec![name.clone(), steps.len().to_string(), kinds.join(",")]
+                })
+                .collect();
+            columns(&["RULES", "STEPS", "KINDS"], &rows)
         }
         View::Certificates => {
             let rows: Vec<Vec<String>> = entries(value, "certificates")

@@ -151,6 +151,12 @@ fn flush(text: &mut String, parts: &mut Vec<Part>) {
     }
 }
 
+impl serde::Serialize for Template {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.source)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,11 +193,5 @@ mod tests {
         }
         // Without vars, braces are text.
         assert_eq!(Template::parse("r", "/{x}", false, None).unwrap().parts(), &[Part::Literal("/{x}".into())]);
-    }
-}
-
-impl serde::Serialize for Template {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.source)
     }
 }

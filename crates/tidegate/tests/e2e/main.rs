@@ -18,6 +18,7 @@ mod hygiene;
 mod observability;
 mod operator;
 mod proxying;
+mod rules;
 mod slow_clients;
 mod sources;
 mod tls;

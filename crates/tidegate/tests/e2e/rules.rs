@@ -1,0 +1,181 @@
+//! Traffic rule sets as configuration (`/v1/rules`, `put_rules` /
+//! `delete_rules`, a route's `rules`, the file's `rules:` section, `ctl
+//! rules`): validated with the field named, refused while a route runs
+//! them, password hashes never read back, durable across a restart.
+//! (What the rules do to requests is the proxy's, wired separately.)
+
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+const HASH: &str = "$2b$12$R9h/cIPz0gi.URNNX3kh2OPST9/PgBkqquzi.Ss7KIUgO2t0jWMUW";
+
+fn api_rules() -> Value {
+    json!({ "steps": [
+        { "kind": "strip_prefix", "prefix": "/api" },
+        { "kind": "set_request_header", "name": "X-A", "value": "1" },
+        { "kind": "set_response_header", "name": "Strict-Transport-Security", "value": "max-age=63072000" },
+        { "kind": "ip_allow", "cidrs": ["127.0.0.0/8"] },
+        { "kind": "rate_limit", "key": "client_ip", "rate_per_s": 100, "burst": 20 },
+        { "kind": "basic_auth", "realm": "r", "users": [{ "name": "u", "hash": HASH }] },
+    ] })
+}
+
+fn text(out: &std::process::Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule_sets_are_written_read_refused_and_redacted() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let (s, v) = tg.api("PUT", "/v1/services/web", Some(json!({}))).await;
+    assert_eq!(s, 200, "{v}");
+
+    // A route naming a rule set that does not exist is refused.
+    let route = json!({ "match": { "path_prefix": "/api" }, "service": "web", "rules": ["api"] });
+    let (s, v) = tg.api("PUT", "/v1/routes/r", Some(route.clone())).await;
+    assert_eq!(s, 404, "{v}");
+    assert!(v.to_string().contains("rules[0]"), "names the field: {v}");
+
+    // An invalid step is refused, naming the step and its field.
+    let bad = json!({ "steps": [{ "kind": "deny" }, { "kind": "rewrite_path", "regex": "(", "replacement": "/" }] });
+    let (s, v) = tg.api("PUT", "/v1/rules/api", Some(bad)).await;
+    assert_eq!(s, 400, "{v}");
+    assert_eq!(v["error"]["field"], "spec.steps[1].regex", "{v}");
+    let plain =
+        json!({ "steps": [{ "kind": "basic_auth", "realm": "r", "users": [{ "name": "u", "hash": "hunter2" }] }] });
+    let (s, v) = tg.api("PUT", "/v1/rules/api", Some(plain)).await;
+    assert_eq!(s, 400, "{v}");
+    assert_eq!(v["error"]["field"], "spec.steps[0].users[0].hash", "{v}");
+    assert!(!v.to_string().contains("hunter2"), "a password is not repeated: {v}");
+
+    let (s, v) = tg.api("PUT", "/v1/rules/api", Some(api_rules())).await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = tg.api("PUT", "/v1/routes/r", Some(route)).await;
+    assert_eq!(s, 200, "{v}");
+
+    // Read back: the steps, the route that runs it, never the hash.
+    let (s, v) = tg.api("GET", "/v1/rules/api", None).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["spec"]["steps"].as_array().map(Vec::len), Some(6), "{v}");
+    assert_eq!(v["used_by"], json!(["r"]));
+    assert_eq!(v["spec"]["steps"][5]["users"][0]["hash"], "(redacted)");
+    for path in ["/v1/rules", "/v1/rules/api", "/v1/config"] {
+        let (_, v) = tg.api("GET", path, None).await;
+        assert!(!v.to_string().contains(HASH), "{path} shows no hash: {v}");
+        assert!(v.to_string().contains("strip_prefix"), "{path} shows the rules: {v}");
+    }
+    let (_, v) = tg.api("GET", "/v1/routes/r", None).await;
+    assert_eq!(v["spec"]["rules"], json!(["api"]));
+
+    // The placeholder given back keeps the hash (an export applied back).
+    let (_, exported) = tg.api("GET", "/v1/rules/api", None).await;
+    let (s, v) = tg.api("PUT", "/v1/rules/api", Some(exported["spec"].clone())).await;
+    assert_eq!(s, 200, "{v}");
+
+    // Deleting a rule set a route runs is refused, naming the route.
+    let (s, v) = tg.api("DELETE", "/v1/rules/api", None).await;
+    assert_eq!(s, 409, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap_or_default().contains("(r)"), "names the route: {v}");
+
+    // ctl: a table of rule sets, and the route's column.
+    let out = tg.ctl(&["-o", "table", "rules", "list"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let shown = text(&out);
+    assert!(shown.contains("RULES") && shown.contains("api") && shown.contains("strip_prefix,"), "{shown}");
+    assert!(!shown.contains(HASH));
+    let out = tg.ctl(&["-o", "table", "route", "list"]);
+    assert!(text(&out).contains("RULES") && text(&out).contains("api"), "{}", text(&out));
+
+    // In one change set, the route stops running it and it goes.
+    let (s, v) = tg
+        .api(
+            "POST",
+            "/v1/changes",
+            Some(json!({ "ops": [
+                { "op": "put_route", "name": "r", "spec": { "match": { "path_prefix": "/api" }, "service": "web" } },
+                { "op": "delete_rules", "name": "api" },
+            ] })),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (s, _) = tg.api("GET", "/v1/rules/api", None).await;
+    assert_eq!(s, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule_sets_survive_a_restart_with_their_hashes_and_reach_watchers_redacted() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let (s, v) = tg.api("PUT", "/v1/rules/api", Some(api_rules())).await;
+    assert_eq!(s, 200, "{v}");
+    let (_, v) = tg.api("PUT", "/v1/services/web", Some(json!({}))).await;
+    let revision = v["revision"].as_u64().unwrap_or_default();
+    let route = json!({ "service": "web", "rules": ["api"] });
+    let (s, v) = tg.api("PUT", "/v1/routes/r", Some(route)).await;
+    assert_eq!(s, 200, "{v}");
+
+    // The watch replays the change sets, the hash redacted.
+    let admin = tg.admin;
+    let watched = tokio::task::spawn_blocking(move || {
+        use std::io::{BufRead, BufReader, Write};
+        let mut s = std::net::TcpStream::connect(admin).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+        write!(s, "GET /v1/watch?from=0 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n").unwrap();
+        BufReader::new(s).lines().map_while(Result::ok).find(|line| line.contains("put_rules"))
+    })
+    .await
+    .unwrap()
+    .expect("the watch shows the put_rules change set");
+    assert!(!watched.contains(HASH) && watched.contains("(redacted)"), "{watched}");
+    let _ = revision;
+
+    tg.kill9();
+    let tg = Tidegate::start(dir.path());
+    let (s, v) = tg.api("GET", "/v1/rules/api", None).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["used_by"], json!(["r"]));
+    // The hash survived: the placeholder still finds it to keep.
+    let (s, v) = tg.api("PUT", "/v1/rules/api", Some(v["spec"].clone())).await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = tg.api("DELETE", "/v1/rules/api", None).await;
+    assert_eq!(s, 409, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_files_rules_section_is_checked_and_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let validate = |p: &std::path::Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tidegate")).arg("validate").arg(p).output().expect("validate")
+    };
+    let file = dir.path().join("tidegate.yaml");
+    let good = format!(
+        "services:\n  web: {{}}\nrules:\n  api:\n    steps:\n      - {{kind: strip_prefix, prefix: /api}}\n      \
+         - {{kind: basic_auth, realm: r, users: [{{name: u, hash: '{HASH}'}}]}}\n\
+         routes:\n  r: {{service: web, rules: [api]}}\n"
+    );
+    std::fs::write(&file, &good).unwrap();
+    let out = validate(&file);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("1 rule set(s)"), "{}", text(&out));
+
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "rules:\n  api:\n    steps:\n      - {kind: deny}\n      - {kind: redirect, location: '/{nope}'}\n",
+    )
+    .unwrap();
+    let out = validate(&bad);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("rules.api.steps[1].location"), "{}", text(&out));
+
+    let f = file.to_str().unwrap().to_string();
+    let tg = Tidegate::start_with(&dir.path().join("data"), &["--config", &f, "--config-mode", "sync"]);
+    let (s, v) = tg.api("GET", "/v1/rules/api", None).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["used_by"], json!(["r"]));
+    let (_, config) = tg.api("GET", "/v1/config", None).await;
+    assert!(!config.to_string().contains(HASH), "{config}");
+    assert_eq!(config["rules"]["api"]["steps"][0]["prefix"], "/api");
+}
