@@ -17,7 +17,7 @@ use tidegate_balance::limit::LimitParams;
 use tidegate_balance::{Backend, BackendStats, ServiceSelector};
 use tidegate_metrics::LazyHistogram;
 use tidegate_model::{
-    BackendId, BackendSpec, ConfigState, Delta, RetryBudget, ServiceName, ServiceSettings, ServiceSpec,
+    BackendId, BackendSpec, ConfigState, Delta, RetryBudget, RouteName, ServiceName, ServiceSettings, ServiceSpec,
 };
 use tidegate_router::Router;
 
@@ -210,6 +210,10 @@ pub struct Snapshot {
     /// usually), so the background pass need not visit every service.
     refreshing: HashMap<ServiceName, Arc<ServiceRuntime>>,
     certificates: Arc<Certificates>,
+    /// The compiled rule chain of each route that runs rule sets, rebuilt
+    /// when the route or one of its rule sets changes (and so its limiter
+    /// state starts afresh then).
+    rules: HashMap<RouteName, Arc<tidegate_rules::Chain>>,
 }
 
 impl Snapshot {
@@ -262,7 +266,36 @@ impl Snapshot {
         if !delta.certificates.is_empty() {
             next.certificates = Arc::new(Certificates::build(state));
         }
+        next.rebuild_rules(state, delta);
         next
+    }
+
+    /// Compiles the rule chains of the routes `delta` touched, directly or
+    /// through a rule set they run.
+    fn rebuild_rules(&mut self, state: &ConfigState, delta: &Delta) {
+        let mut routes: Vec<RouteName> = delta.routes.iter().cloned().collect();
+        for set in &delta.rules {
+            routes.extend(state.rule_set_users(set.as_str()).into_iter().flatten().cloned());
+        }
+        for name in routes {
+            let sets: Option<Vec<_>> = state.route(name.as_str()).filter(|r| !r.rules.is_empty()).map(|r| {
+                r.rules.iter().filter_map(|n| Some((n.clone(), state.rule_set(n.as_str())?.clone()))).collect()
+            });
+            match sets {
+                Some(sets) => {
+                    let chain = tidegate_rules::Chain::compile(name.as_str(), &sets);
+                    self.rules.insert(name, Arc::new(chain));
+                }
+                None => {
+                    self.rules.remove(&name);
+                }
+            }
+        }
+    }
+
+    /// The compiled rule chain of the route `name`, if it runs rule sets.
+    pub fn rules(&self, route: &str) -> Option<&Arc<tidegate_rules::Chain>> {
+        self.rules.get(route)
     }
 
     /// The TLS certificates, indexed for SNI.
@@ -349,6 +382,34 @@ mod tests {
         assert!(Arc::ptr_eq(snap2.refreshing().next().unwrap(), snap2.service("rr").unwrap()));
         // The earlier snapshot is untouched.
         assert_eq!(refreshing(&snap1), ["fb", "orca"]);
+    }
+
+    #[test]
+    fn routes_carry_their_rule_chains_rebuilt_when_a_set_changes() {
+        let (s1, d1) = apply(
+            &ConfigState::default(),
+            0,
+            r#"{"ops":[
+            {"op":"put_service","name":"a","spec":{}},
+            {"op":"put_rules","name":"strip","spec":{"steps":[{"kind":"strip_prefix","prefix":"/a"}]}},
+            {"op":"put_route","name":"r","spec":{"match":{"path_prefix":"/a"},"service":"a","rules":["strip"]}},
+            {"op":"put_route","name":"plain","spec":{"match":{"path_prefix":"/b"},"service":"a"}}]}"#,
+        );
+        let snap1 = Snapshot::empty().next(&s1, &d1, 1);
+        let chain1 = snap1.rules("r").expect("the route's chain").clone();
+        assert!(!chain1.is_empty() && snap1.rules("plain").is_none());
+        // A change of the rule set alone rebuilds the chain of its route.
+        let (s2, d2) =
+            apply(&s1, 1, r#"{"ops":[{"op":"put_rules","name":"strip","spec":{"steps":[{"kind":"deny"}]}}]}"#);
+        let snap2 = snap1.next(&s2, &d2, 2);
+        assert!(!Arc::ptr_eq(&chain1, snap2.rules("r").unwrap()));
+        // A route that stops running rules loses its chain.
+        let (s3, d3) = apply(
+            &s2,
+            2,
+            r#"{"ops":[{"op":"put_route","name":"r","spec":{"service":"a"}},{"op":"delete_rules","name":"strip"}]}"#,
+        );
+        assert!(snap2.next(&s3, &d3, 3).rules("r").is_none());
     }
 
     #[test]

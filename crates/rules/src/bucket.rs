@@ -1,0 +1,246 @@
+//! Token buckets and in-flight counters per key, in tables of bounded size.
+//!
+//! A table holds at most [`SHARDS`] × its per-shard capacity keys, whatever
+//! number of distinct keys arrives: keys are kept as 64-bit hashes (seeded
+//! per process), so each entry is a fixed 32 bytes or so. When a shard is
+//! full, a new key evicts, among the first [`SAMPLE`] entries of the shard,
+//! the bucket that holds the most tokens once refilled: a full bucket is
+//! the same as a fresh one, so evicting it forgets nothing; a key that is
+//! being limited keeps its (low) bucket unless every sampled one is lower.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Shards of a table (each behind its own lock).
+pub const SHARDS: usize = 16;
+/// Entries a shard visits to choose one to evict.
+pub const SAMPLE: usize = 16;
+/// The default number of keys a rate-limit table holds (65,536; about
+/// 3 MiB with the map's overhead).
+pub const DEFAULT_KEYS: usize = 65_536;
+
+/// One token bucket, in thousandths of a token.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    milli: u64,
+    at: Instant,
+}
+
+/// A rate limit's buckets: `rate` thousandths of a token per second, at
+/// most `capacity` thousandths held; a request takes 1000.
+#[derive(Debug)]
+pub struct Buckets {
+    rate: u64,
+    capacity: u64,
+    per_shard: usize,
+    hasher: foldhash::fast::RandomState,
+    shards: Vec<Mutex<HashMap<u64, Bucket>>>,
+}
+
+/// What a bucket said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// Let through (a token taken).
+    Yes,
+    /// Refused: a token will be there after this long.
+    No(Duration),
+}
+
+impl Buckets {
+    /// Buckets refilled at `rate_milli` thousandths of a token per second,
+    /// each holding at most `burst` tokens, for at most `keys` keys.
+    pub fn new(rate_milli: u64, burst: u32, keys: usize) -> Buckets {
+        let per_shard = keys.div_ceil(SHARDS).max(1);
+        Buckets {
+            rate: rate_milli.max(1),
+            capacity: u64::from(burst.max(1)) * 1000,
+            per_shard,
+            hasher: foldhash::fast::RandomState::default(),
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::with_capacity(per_shard.min(1024)))).collect(),
+        }
+    }
+
+    fn refill(&self, b: Bucket, now: Instant) -> u64 {
+        let elapsed = now.saturating_duration_since(b.at).as_nanos();
+        let added = elapsed.saturating_mul(u128::from(self.rate)) / 1_000_000_000;
+        (u128::from(b.milli) + added).min(u128::from(self.capacity)) as u64
+    }
+
+    /// Takes a token for `key` at `now`, or says how long until one.
+    pub fn take(&self, key: impl Hash, now: Instant) -> Admit {
+        let h = self.hasher.hash_one(key);
+        let shard = &self.shards[(h as usize) % SHARDS];
+        let mut map = match shard.lock() {
+            Ok(m) => m,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if !map.contains_key(&h) && map.len() >= self.per_shard {
+            let victim = map.iter().take(SAMPLE).max_by_key(|(_, b)| self.refill(**b, now)).map(|(k, _)| *k);
+            if let Some(k) = victim {
+                map.remove(&k);
+            }
+        }
+        let bucket = map.entry(h).or_insert(Bucket { milli: self.capacity, at: now });
+        let level = self.refill(*bucket, now);
+        bucket.at = now.max(bucket.at);
+        if level >= 1000 {
+            bucket.milli = level - 1000;
+            Admit::Yes
+        } else {
+            bucket.milli = level;
+            let missing = 1000 - level;
+            Admit::No(Duration::from_nanos(missing.saturating_mul(1_000_000_000) / self.rate))
+        }
+    }
+
+    /// Keys held now.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().map_or(0, |m| m.len())).sum()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The most keys it holds.
+    pub fn max_keys(&self) -> usize {
+        self.per_shard * SHARDS
+    }
+}
+
+/// In-flight counts per key, at most `max` per key and `keys` keys.
+#[derive(Debug)]
+pub struct InFlight {
+    max: u32,
+    keys: usize,
+    hasher: foldhash::fast::RandomState,
+    counts: Mutex<HashMap<u64, u32>>,
+}
+
+impl InFlight {
+    /// At most `max` requests at once per key; at most `keys` keys with
+    /// requests in flight (more are refused, as if at their limit).
+    pub fn new(max: u32, keys: usize) -> InFlight {
+        InFlight { max, keys, hasher: foldhash::fast::RandomState::default(), counts: Mutex::new(HashMap::new()) }
+    }
+
+    /// Counts one more request of `key`, or `None` at the limit. The
+    /// count goes down when the permit drops.
+    pub fn enter(self: &std::sync::Arc<Self>, key: impl Hash) -> Option<Permit> {
+        let h = self.hasher.hash_one(key);
+        let mut map = match self.counts.lock() {
+            Ok(m) => m,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if !map.contains_key(&h) && map.len() >= self.keys {
+            return None;
+        }
+        let n = map.entry(h).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(Permit { table: self.clone(), key: h })
+    }
+
+    fn leave(&self, key: u64) {
+        let mut map = match self.counts.lock() {
+            Ok(m) => m,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some(n) = map.get_mut(&key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                map.remove(&key);
+            }
+        }
+    }
+
+    /// Requests in flight for `key`.
+    pub fn count(&self, key: impl Hash) -> u32 {
+        let h = self.hasher.hash_one(key);
+        self.counts.lock().map_or(0, |m| m.get(&h).copied().unwrap_or(0))
+    }
+}
+
+/// One request counted by a concurrency limit, until dropped.
+#[derive(Debug)]
+pub struct Permit {
+    table: std::sync::Arc<InFlight>,
+    key: u64,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.table.leave(self.key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn a_bucket_admits_its_burst_then_its_rate() {
+        let b = Buckets::new(10_000, 5, 100); // 10/s, burst 5
+        let t0 = Instant::now();
+        for _ in 0..5 {
+            assert_eq!(b.take("k", t0), Admit::Yes);
+        }
+        let Admit::No(wait) = b.take("k", t0) else { panic!("the burst is spent") };
+        assert_eq!(wait, Duration::from_millis(100));
+        assert_eq!(b.take("k", t0 + Duration::from_millis(100)), Admit::Yes);
+        assert_eq!(b.take("other", t0), Admit::Yes, "keys have their own buckets");
+    }
+
+    #[test]
+    fn over_ten_seconds_one_key_gets_its_rate() {
+        let b = Buckets::new(100_000, 10, 16); // 100/s
+        let t0 = Instant::now();
+        let admitted = (0..=10_000u64).filter(|i| b.take("k", t0 + Duration::from_millis(*i)) == Admit::Yes).count();
+        // 10 s at 100/s, plus the burst it starts with.
+        assert!((1000..=1010).contains(&admitted), "{admitted}");
+    }
+
+    #[test]
+    fn a_key_flood_keeps_the_table_bounded() {
+        let b = Buckets::new(1000, 1, 1024);
+        let t0 = Instant::now();
+        for i in 0..100_000u32 {
+            b.take(i, t0);
+        }
+        assert!(b.len() <= b.max_keys() && b.max_keys() == 1024, "{}", b.len());
+    }
+
+    #[test]
+    fn permits_count_until_dropped() {
+        let t = std::sync::Arc::new(InFlight::new(2, 10));
+        let a = t.enter("k").unwrap();
+        let _b = t.enter("k").unwrap();
+        assert!(t.enter("k").is_none());
+        drop(a);
+        assert!(t.enter("k").is_some());
+        assert_eq!(t.count("k"), 1);
+    }
+
+    proptest! {
+        /// Over any span, a key is admitted at most burst + rate × span
+        /// times; asked every millisecond, at least once per whole number
+        /// of milliseconds a token takes (a full bucket of one token keeps
+        /// no fraction beyond it).
+        #[test]
+        fn the_admitted_rate_is_the_configured_rate(rate in 1u64..2000, burst in 1u32..50, ms in 100u64..5000) {
+            let b = Buckets::new(rate * 1000, burst, 16);
+            let t0 = Instant::now();
+            let admitted = (0..=ms).filter(|i| b.take(0u8, t0 + Duration::from_millis(*i)) == Admit::Yes).count() as u64;
+            let most = u64::from(burst) + rate * ms / 1000 + 1;
+            let least = ms / (1000u64.div_ceil(rate)) + 1;
+            prop_assert!(admitted <= most, "{admitted} > {most}");
+            prop_assert!(admitted >= least, "{admitted} < {least}");
+        }
+    }
+}

@@ -1,0 +1,485 @@
+//! Tidegate's traffic rule engine: what a route's rule sets do to a
+//! request and its response, with no IO.
+//!
+//! [`Chain::compile`] turns the rule sets a route runs into one chain of
+//! compiled steps, once per snapshot (regexes, network sets, header names
+//! and values, templates and limiter tables are built there, never per
+//! request). [`Chain::request`] evaluates the request phase on an
+//! engine-neutral [`RequestView`] and returns an [`Outcome`]: let it
+//! through with [`Forward`] edits (a new path, still normalized and with
+//! no dot segment; header edits, the Host sent upstream; the body limit;
+//! the response phase's [`ResponsePlan`]), answer it ([`Answer`]:
+//! redirect, refusal, 401 with `WWW-Authenticate`, 429 with
+//! `Retry-After`, 413, a CORS preflight), or wait for work the proxy does
+//! off the request path ([`Pending`]: a password check on a blocking
+//! thread, a forward-auth sub-request) and then [`Chain::resume`].
+//!
+//! Limiter state (token buckets, in-flight counts) lives in the compiled
+//! chain: each route that runs a rule set counts on its own, and a chain
+//! compiled again (its route or one of its rule sets changed) starts with
+//! full buckets. Tables are bounded (see [`bucket`]).
+
+pub mod auth;
+pub mod bucket;
+pub mod cidr;
+pub mod path;
+pub mod response;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::{HeaderName, HeaderValue, Method};
+use tidegate_model::rules::{self as model, LimitKey, Step};
+use tidegate_model::{Headers, RuleSetName, RuleSetSpec};
+
+pub use auth::{AuthAnswer, AuthRequest, PasswordCheck};
+pub use bucket::Permit;
+pub use response::{HeaderEdit, ResponsePlan};
+
+/// A request as the rules see it, whatever engine holds it.
+pub struct RequestView<'a> {
+    /// The method.
+    pub method: &'a Method,
+    /// The routing host (lowercase, without port).
+    pub host: &'a str,
+    /// The normalized path.
+    pub path: &'a str,
+    /// The query, without `?`.
+    pub query: Option<&'a str>,
+    /// The request's header fields.
+    pub headers: &'a dyn Headers,
+    /// The client's address (behind `--trusted-proxies`, the forwarded one).
+    pub client: IpAddr,
+    /// Whether the client came over TLS.
+    pub tls: bool,
+    /// The body's declared length, if any.
+    pub content_length: Option<u64>,
+}
+
+/// Which step decided or changed something, for logs and metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleRef {
+    /// The rule set.
+    pub set: RuleSetName,
+    /// The step's index in it.
+    pub step: usize,
+    /// The step's kind (`rate_limit`).
+    pub kind: &'static str,
+}
+
+/// An answer the proxy gives instead of forwarding.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// The status.
+    pub status: u16,
+    /// Header fields to send.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// A short plain-text body.
+    pub body: &'static str,
+    /// For a refusal by a forward-auth service: send its body on as the
+    /// answer's body (the proxy kept it).
+    pub relay_auth_body: bool,
+    /// The step that answered.
+    pub rule: RuleRef,
+}
+
+/// What to do to a request that goes on to the backend.
+#[derive(Debug, Default)]
+pub struct Forward {
+    /// The path to send upstream, if a step changed it.
+    pub path: Option<String>,
+    /// Request header edits, in order (`host` among them sets the Host
+    /// sent upstream).
+    pub request_headers: Vec<HeaderEdit>,
+    /// The largest body to take (413 when `Content-Length` says more, and
+    /// the stream is cut when it carries more).
+    pub max_body: Option<u64>,
+    /// The response phase.
+    pub response: ResponsePlan,
+    /// Held while the request is in flight (concurrency limits).
+    pub permits: Vec<Permit>,
+    /// The steps that changed the request.
+    pub changed_by: Vec<RuleRef>,
+}
+
+/// Work to do off the request path before the chain goes on.
+#[derive(Debug)]
+pub enum Work {
+    /// Check a password (slow on purpose): run [`PasswordCheck::verify`]
+    /// on a blocking thread.
+    Password(PasswordCheck),
+    /// Ask an auth service: make the sub-request, with its timeout.
+    ForwardAuth(AuthRequest),
+}
+
+/// A chain waiting for [`Work`]: give the result to [`Chain::resume`]
+/// (or [`Chain::auth_failed`] when the auth service did not answer).
+#[derive(Debug)]
+pub struct Pending {
+    /// What to do.
+    pub work: Work,
+    /// Where the chain stopped, and what it had done.
+    pub resume: Resume,
+}
+
+/// The state of a chain stopped at a step.
+#[derive(Debug)]
+pub struct Resume {
+    next: usize,
+    at: usize,
+    forward: Forward,
+}
+
+/// What the request phase decided.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Forward it, with these edits.
+    Forward(Forward),
+    /// Answer it.
+    Answer(Answer),
+    /// Do this first, then resume.
+    Pending(Pending),
+}
+
+/// The result of [`Work`].
+#[derive(Debug)]
+pub enum WorkResult {
+    /// The password check's verdict.
+    Password(bool),
+    /// The auth service's answer.
+    ForwardAuth(AuthAnswer),
+}
+
+enum Compiled {
+    StripPrefix(model::PathPrefix),
+    Rewrite(model::RewritePath),
+    ReqHeader(HeaderEdit),
+    RespHeader(HeaderEdit),
+    Redirect(model::Redirect),
+    Deny(u16),
+    IpAllow(cidr::CidrSet),
+    IpDeny(cidr::CidrSet),
+    Basic(model::BasicAuth),
+    ForwardAuth(model::ForwardAuth),
+    Rate(LimitKey, bucket::Buckets),
+    Concurrency(LimitKey, Arc<bucket::InFlight>),
+    MaxBody(u64),
+    Cors(model::Cors),
+    Compress(Arc<model::Compress>),
+}
+
+struct Slot {
+    rule: RuleRef,
+    step: Compiled,
+}
+
+/// The compiled rule sets of one route, in order.
+pub struct Chain {
+    route: Arc<str>,
+    steps: Vec<Slot>,
+}
+
+impl std::fmt::Debug for Chain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Chain").field("route", &self.route).field("steps", &self.steps.len()).finish()
+    }
+}
+
+fn kind(step: &Step) -> &'static str {
+    match step {
+        Step::StripPrefix(_) => "strip_prefix",
+        Step::RewritePath(_) => "rewrite_path",
+        Step::SetRequestHeader(_) => "set_request_header",
+        Step::AddRequestHeader(_) => "add_request_header",
+        Step::RemoveRequestHeader(_) => "remove_request_header",
+        Step::SetResponseHeader(_) => "set_response_header",
+        Step::AddResponseHeader(_) => "add_response_header",
+        Step::RemoveResponseHeader(_) => "remove_response_header",
+        Step::Redirect(_) => "redirect",
+        Step::Deny(_) => "deny",
+        Step::IpAllow(_) => "ip_allow",
+        Step::IpDeny(_) => "ip_deny",
+        Step::BasicAuth(_) => "basic_auth",
+        Step::ForwardAuth(_) => "forward_auth",
+        Step::RateLimit(_) => "rate_limit",
+        Step::ConcurrencyLimit(_) => "concurrency_limit",
+        Step::MaxBodyBytes(_) => "max_body_bytes",
+        Step::Cors(_) => "cors",
+        Step::Compress(_) => "compress",
+    }
+}
+
+fn compile_step(step: &Step) -> Compiled {
+    match step {
+        Step::StripPrefix(s) => Compiled::StripPrefix(s.prefix.clone()),
+        Step::RewritePath(r) => Compiled::Rewrite(r.clone()),
+        Step::SetRequestHeader(h) => Compiled::ReqHeader(HeaderEdit::Set(h.name.0.clone(), h.value.0.clone())),
+        Step::AddRequestHeader(h) => Compiled::ReqHeader(HeaderEdit::Add(h.name.0.clone(), h.value.0.clone())),
+        Step::RemoveRequestHeader(h) => Compiled::ReqHeader(HeaderEdit::Remove(h.name.0.clone())),
+        Step::SetResponseHeader(h) => Compiled::RespHeader(match h.only_if_absent {
+            true => HeaderEdit::SetIfAbsent(h.name.0.clone(), h.value.0.clone()),
+            false => HeaderEdit::Set(h.name.0.clone(), h.value.0.clone()),
+        }),
+        Step::AddResponseHeader(h) => Compiled::RespHeader(HeaderEdit::Add(h.name.0.clone(), h.value.0.clone())),
+        Step::RemoveResponseHeader(h) => Compiled::RespHeader(HeaderEdit::Remove(h.name.0.clone())),
+        Step::Redirect(r) => Compiled::Redirect(r.clone()),
+        Step::Deny(d) => Compiled::Deny(d.status.get()),
+        Step::IpAllow(l) => Compiled::IpAllow(cidr::CidrSet::new(&l.cidrs)),
+        Step::IpDeny(l) => Compiled::IpDeny(cidr::CidrSet::new(&l.cidrs)),
+        Step::BasicAuth(b) => Compiled::Basic(b.clone()),
+        Step::ForwardAuth(f) => Compiled::ForwardAuth(f.clone()),
+        Step::RateLimit(r) => {
+            Compiled::Rate(r.key.clone(), bucket::Buckets::new(r.rate_per_s.millis(), r.bucket(), bucket::DEFAULT_KEYS))
+        }
+        Step::ConcurrencyLimit(c) => {
+            Compiled::Concurrency(c.key.clone(), Arc::new(bucket::InFlight::new(c.max.get(), bucket::DEFAULT_KEYS)))
+        }
+        Step::MaxBodyBytes(m) => Compiled::MaxBody(m.bytes.get()),
+        Step::Cors(c) => Compiled::Cors(c.clone()),
+        Step::Compress(c) => Compiled::Compress(Arc::new(c.clone())),
+    }
+}
+
+/// The bytes a limit counts a request by.
+fn limit_key(key: &LimitKey, req: &RequestView<'_>) -> Vec<u8> {
+    match key {
+        LimitKey::ClientIp => match req.client {
+            IpAddr::V4(a) => a.octets().to_vec(),
+            IpAddr::V6(a) => a.octets().to_vec(),
+        },
+        LimitKey::Route => Vec::new(),
+        LimitKey::Header(h) => {
+            let mut k = vec![1u8];
+            k.extend_from_slice(req.headers.first(h.as_str()).unwrap_or_default());
+            k
+        }
+    }
+}
+
+fn text(status: u16) -> &'static str {
+    match status {
+        401 => "authentication required\n",
+        403 => "forbidden\n",
+        413 => "request body too large\n",
+        429 => "too many requests\n",
+        503 => "the authentication service did not answer\n",
+        s if (300..400).contains(&s) => "",
+        _ => "refused\n",
+    }
+}
+
+impl Chain {
+    /// Compiles `sets` (the route's rule sets, in its order) for the
+    /// route `route`. Values were checked when decoded: this cannot fail.
+    pub fn compile(route: &str, sets: &[(RuleSetName, Arc<RuleSetSpec>)]) -> Chain {
+        let mut steps = Vec::new();
+        for (name, spec) in sets {
+            for (i, step) in spec.steps.iter().enumerate() {
+                let rule = RuleRef { set: name.clone(), step: i, kind: kind(step) };
+                steps.push(Slot { rule, step: compile_step(step) });
+            }
+        }
+        Chain { route: Arc::from(route), steps }
+    }
+
+    /// The route it was compiled for.
+    pub fn route(&self) -> &str {
+        &self.route
+    }
+
+    /// Whether it has no step (the proxy may skip it).
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+
+    /// Runs the request phase from the first step.
+    pub fn request(&self, req: &RequestView<'_>, now: Instant) -> Outcome {
+        self.run(req, now, 0, Forward::default())
+    }
+
+    /// Goes on after [`Work`], with its result.
+    pub fn resume(&self, req: &RequestView<'_>, now: Instant, resume: Resume, result: WorkResult) -> Outcome {
+        let Resume { next, at, mut forward } = resume;
+        let Some(slot) = self.steps.get(at) else { return Outcome::Forward(forward) };
+        match (&slot.step, result) {
+            (Compiled::Basic(b), WorkResult::Password(true)) => {
+                if !b.forward_authorization {
+                    forward.request_headers.push(HeaderEdit::Remove(http::header::AUTHORIZATION));
+                }
+            }
+            (Compiled::Basic(b), _) => return Outcome::Answer(self.unauthorized(slot, &b.realm)),
+            (Compiled::ForwardAuth(f), WorkResult::ForwardAuth(answer)) => {
+                if !(200..300).contains(&answer.status) {
+                    let headers = auth::RELAYED
+                        .iter()
+                        .flat_map(|n| {
+                            answer.headers.get_all(*n).iter().map(|v| (HeaderName::from_static(n), v.clone()))
+                        })
+                        .collect();
+                    return Outcome::Answer(Answer {
+                        status: answer.status,
+                        headers,
+                        body: "",
+                        relay_auth_body: true,
+                        rule: slot.rule.clone(),
+                    });
+                }
+                for name in &f.copy_headers {
+                    match answer.headers.get(&name.0) {
+                        Some(v) => forward.request_headers.push(HeaderEdit::Set(name.0.clone(), v.clone())),
+                        // Never let a client supply what the auth service
+                        // would have said.
+                        None => forward.request_headers.push(HeaderEdit::Remove(name.0.clone())),
+                    }
+                }
+                forward.changed_by.push(slot.rule.clone());
+            }
+            _ => return Outcome::Answer(self.answer(slot, 503, Vec::new())),
+        }
+        self.run(req, now, next, forward)
+    }
+
+    /// The answer when the auth service of the pending step did not answer
+    /// (down, refused, timed out): 503, never let through.
+    pub fn auth_failed(&self, resume: Resume) -> Answer {
+        match self.steps.get(resume.at) {
+            Some(slot) => self.answer(slot, 503, Vec::new()),
+            None => Answer {
+                status: 503,
+                headers: Vec::new(),
+                body: text(503),
+                relay_auth_body: false,
+                rule: RuleRef {
+                    set: RuleSetName::new("unknown").unwrap_or_else(|_| unreachable!()),
+                    step: 0,
+                    kind: "forward_auth",
+                },
+            },
+        }
+    }
+
+    fn answer(&self, slot: &Slot, status: u16, headers: Vec<(HeaderName, HeaderValue)>) -> Answer {
+        Answer { status, headers, body: text(status), relay_auth_body: false, rule: slot.rule.clone() }
+    }
+
+    fn unauthorized(&self, slot: &Slot, realm: &str) -> Answer {
+        self.answer(slot, 401, vec![(http::header::WWW_AUTHENTICATE, auth::challenge(realm))])
+    }
+
+    fn run(&self, req: &RequestView<'_>, now: Instant, from: usize, mut fwd: Forward) -> Outcome {
+        for (at, slot) in self.steps.iter().enumerate().skip(from) {
+            let path = fwd.path.as_deref().unwrap_or(req.path);
+            match &slot.step {
+                Compiled::StripPrefix(p) => {
+                    if let Some(rest) = path::strip_prefix(path, p.as_str()) {
+                        fwd.path = Some(rest.to_string());
+                        fwd.changed_by.push(slot.rule.clone());
+                    }
+                }
+                Compiled::Rewrite(r) => {
+                    if let Some(caps) = r.regex.0.captures(path) {
+                        let parts = self.parts(req, path);
+                        match path::checked(path::expand(&r.replacement, &parts, Some(&caps))) {
+                            Ok(p) => {
+                                fwd.path = Some(p);
+                                fwd.changed_by.push(slot.rule.clone());
+                            }
+                            Err(_) => return Outcome::Answer(self.answer(slot, 400, Vec::new())),
+                        }
+                    }
+                }
+                Compiled::ReqHeader(e) => {
+                    fwd.request_headers.push(e.clone());
+                    fwd.changed_by.push(slot.rule.clone());
+                }
+                Compiled::RespHeader(e) => fwd.response.headers.push(e.clone()),
+                Compiled::Redirect(r) => {
+                    let caps = match &r.regex {
+                        Some(re) => match re.0.captures(path) {
+                            Some(c) => Some(c),
+                            None => continue,
+                        },
+                        None => None,
+                    };
+                    let target = path::expand(&r.location, &self.parts(req, path), caps.as_ref());
+                    let Ok(location) = HeaderValue::from_str(&target) else {
+                        return Outcome::Answer(self.answer(slot, 400, Vec::new()));
+                    };
+                    return Outcome::Answer(self.answer(
+                        slot,
+                        r.status.get(),
+                        vec![(http::header::LOCATION, location)],
+                    ));
+                }
+                Compiled::Deny(status) => return Outcome::Answer(self.answer(slot, *status, Vec::new())),
+                Compiled::IpAllow(set) if !set.contains(req.client) => {
+                    return Outcome::Answer(self.answer(slot, 403, Vec::new()))
+                }
+                Compiled::IpDeny(set) if set.contains(req.client) => {
+                    return Outcome::Answer(self.answer(slot, 403, Vec::new()))
+                }
+                Compiled::IpAllow(_) | Compiled::IpDeny(_) => {}
+                Compiled::Basic(b) => {
+                    return match auth::basic_check(b, req.headers.first("authorization")) {
+                        Some(check) => Outcome::Pending(Pending {
+                            work: Work::Password(check),
+                            resume: Resume { next: at + 1, at, forward: fwd },
+                        }),
+                        None => Outcome::Answer(self.unauthorized(slot, &b.realm)),
+                    };
+                }
+                Compiled::ForwardAuth(f) => {
+                    let call = auth::forward_request(f, req, path);
+                    return Outcome::Pending(Pending {
+                        work: Work::ForwardAuth(call),
+                        resume: Resume { next: at + 1, at, forward: fwd },
+                    });
+                }
+                Compiled::Rate(key, buckets) => {
+                    if let bucket::Admit::No(wait) = buckets.take(limit_key(key, req), now) {
+                        let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+                        let headers = vec![(http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)))];
+                        return Outcome::Answer(self.answer(slot, 429, headers));
+                    }
+                }
+                Compiled::Concurrency(key, table) => match table.enter(limit_key(key, req)) {
+                    Some(permit) => fwd.permits.push(permit),
+                    None => {
+                        let headers = vec![(http::header::RETRY_AFTER, HeaderValue::from(1u32))];
+                        return Outcome::Answer(self.answer(slot, 429, headers));
+                    }
+                },
+                Compiled::MaxBody(max) => {
+                    if req.content_length.is_some_and(|n| n > *max) {
+                        return Outcome::Answer(self.answer(slot, 413, Vec::new()));
+                    }
+                    fwd.max_body = Some(fwd.max_body.map_or(*max, |m| m.min(*max)));
+                }
+                Compiled::Cors(c) => {
+                    let preflight = req.headers.first("access-control-request-method").is_some();
+                    match response::cors(c, req.method, req.headers.first("origin"), preflight) {
+                        response::CorsVerdict::Preflight(headers) => {
+                            return Outcome::Answer(self.answer(slot, 204, headers));
+                        }
+                        response::CorsVerdict::Simple(edits) => fwd.response.headers.extend(edits),
+                        response::CorsVerdict::None => {}
+                    }
+                }
+                Compiled::Compress(c) => fwd.response.compress = Some(c.clone()),
+            }
+        }
+        Outcome::Forward(fwd)
+    }
+
+    fn parts<'a>(&self, req: &RequestView<'a>, path: &'a str) -> path::Parts<'a> {
+        path::Parts { scheme: if req.tls { "https" } else { "http" }, host: req.host, path, query: req.query }
+    }
+}
+
+/// How long a forward-auth sub-request may take at most, whatever a step
+/// says (its `timeout_ms` is at most this).
+pub const MAX_AUTH_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[cfg(test)]
+mod tests;

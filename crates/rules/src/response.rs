@@ -1,0 +1,219 @@
+//! The response phase: header edits, CORS and the compression choice.
+
+use std::sync::Arc;
+
+use http::{HeaderName, HeaderValue};
+use tidegate_model::rules::{Algorithm, Compress, Cors};
+
+/// One header edit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeaderEdit {
+    /// Replace every value of the field with this one.
+    Set(HeaderName, HeaderValue),
+    /// Set it only if the message has no such field.
+    SetIfAbsent(HeaderName, HeaderValue),
+    /// Add a value, keeping those there.
+    Add(HeaderName, HeaderValue),
+    /// Remove the field.
+    Remove(HeaderName),
+}
+
+impl HeaderEdit {
+    /// Applies the edit to `headers`.
+    pub fn apply(&self, headers: &mut http::HeaderMap) {
+        match self {
+            HeaderEdit::Set(n, v) => {
+                headers.insert(n.clone(), v.clone());
+            }
+            HeaderEdit::SetIfAbsent(n, v) => {
+                if !headers.contains_key(n) {
+                    headers.insert(n.clone(), v.clone());
+                }
+            }
+            HeaderEdit::Add(n, v) => {
+                headers.append(n.clone(), v.clone());
+            }
+            HeaderEdit::Remove(n) => {
+                headers.remove(n);
+            }
+        }
+    }
+}
+
+/// What to do to the response of a request let through.
+#[derive(Debug, Clone, Default)]
+pub struct ResponsePlan {
+    /// Header edits, in order (CORS's headers among them).
+    pub headers: Vec<HeaderEdit>,
+    /// How to compress, if a `compress` step ran.
+    pub compress: Option<Arc<Compress>>,
+}
+
+impl ResponsePlan {
+    /// Applies the header edits to a response's headers.
+    pub fn apply_headers(&self, headers: &mut http::HeaderMap) {
+        for e in &self.headers {
+            e.apply(headers);
+        }
+    }
+
+    /// The coding to compress this response with, if any: the request's
+    /// `accept_encoding`; the response's `status`, `content_type`,
+    /// `content_length` (`None`: unknown, streamed), whether it is already
+    /// encoded (`Content-Encoding`) or a range (206 / `Content-Range`).
+    /// The proxy then sets `Content-Encoding`, drops `Content-Length`, and
+    /// adds `Vary: Accept-Encoding`.
+    pub fn compression(
+        &self,
+        accept_encoding: Option<&[u8]>,
+        status: u16,
+        content_type: Option<&[u8]>,
+        content_length: Option<u64>,
+        encoded_or_ranged: bool,
+    ) -> Option<Algorithm> {
+        let c = self.compress.as_ref()?;
+        if encoded_or_ranged || status == 206 || status == 204 || status == 304 || status < 200 {
+            return None;
+        }
+        if content_length.is_some_and(|n| n < u64::from(c.min_bytes.get())) {
+            return None;
+        }
+        let ct = content_type?;
+        if !c.types.iter().any(|t| t.matches(ct)) {
+            return None;
+        }
+        negotiate(&c.algorithms, accept_encoding?)
+    }
+}
+
+/// The configured algorithm the client prefers (highest `q`, then the
+/// configured order); `q=0` refuses one, `*` stands for the unnamed.
+pub fn negotiate(offered: &[Algorithm], accept: &[u8]) -> Option<Algorithm> {
+    let text = std::str::from_utf8(accept).ok()?;
+    let mut weights: Vec<(String, u32)> = Vec::new();
+    for item in text.split(',') {
+        let mut parts = item.split(';');
+        let coding = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+        if coding.is_empty() {
+            continue;
+        }
+        let mut q = 1000;
+        for p in parts {
+            if let Some(v) = p.trim().strip_prefix("q=").or_else(|| p.trim().strip_prefix("Q=")) {
+                q = parse_q(v.trim()).unwrap_or(0);
+            }
+        }
+        weights.push((coding, q));
+    }
+    let weight = |a: Algorithm| {
+        weights
+            .iter()
+            .find(|(c, _)| c == a.token() || (a == Algorithm::Gzip && c == "x-gzip"))
+            .or_else(|| weights.iter().find(|(c, _)| c == "*"))
+            .map_or(0, |(_, q)| *q)
+    };
+    let mut best: Option<(Algorithm, u32)> = None;
+    for a in offered {
+        let q = weight(*a);
+        if q > 0 && best.is_none_or(|(_, b)| q > b) {
+            best = Some((*a, q));
+        }
+    }
+    best.map(|(a, _)| a)
+}
+
+fn parse_q(v: &str) -> Option<u32> {
+    let (int, frac) = v.split_once('.').unwrap_or((v, ""));
+    if frac.len() > 3 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let int: u32 = int.parse().ok()?;
+    let frac_val: u32 = if frac.is_empty() { 0 } else { format!("{frac:0<3}").parse().ok()? };
+    let q = int * 1000 + frac_val;
+    (q <= 1000).then_some(q)
+}
+
+/// A request's standing under a `cors` step.
+pub(crate) enum CorsVerdict {
+    /// No `Origin`, or one not allowed: nothing added.
+    None,
+    /// A preflight of an allowed origin: answer it with these headers.
+    Preflight(Vec<(HeaderName, HeaderValue)>),
+    /// An allowed origin's request: add these to the response.
+    Simple(Vec<HeaderEdit>),
+}
+
+fn join<T: AsRef<str>>(items: &[T]) -> Option<HeaderValue> {
+    let s = items.iter().map(|i| i.as_ref()).collect::<Vec<_>>().join(", ");
+    HeaderValue::from_str(&s).ok()
+}
+
+pub(crate) fn cors(step: &Cors, method: &http::Method, origin: Option<&[u8]>, preflight: bool) -> CorsVerdict {
+    use http::header;
+    let Some(origin) = origin else { return CorsVerdict::None };
+    let any = step.allow_origins.iter().any(|o| o.is_any());
+    let listed = step.allow_origins.iter().any(|o| o.as_str().as_bytes().eq_ignore_ascii_case(origin));
+    if !any && !listed {
+        return CorsVerdict::None;
+    }
+    let Ok(origin_value) = HeaderValue::from_bytes(origin) else { return CorsVerdict::None };
+    let allow = if any && !step.allow_credentials { HeaderValue::from_static("*") } else { origin_value };
+    let mut common = vec![(header::ACCESS_CONTROL_ALLOW_ORIGIN, allow)];
+    if step.allow_credentials {
+        common.push((header::ACCESS_CONTROL_ALLOW_CREDENTIALS, HeaderValue::from_static("true")));
+    }
+    if preflight && method == http::Method::OPTIONS {
+        let mut h = common;
+        let methods: Vec<String> = step.allow_methods.iter().map(|m| m.0.to_string()).collect();
+        if let Some(v) = join(&methods) {
+            h.push((header::ACCESS_CONTROL_ALLOW_METHODS, v));
+        }
+        let headers: Vec<&str> = step.allow_headers.iter().map(|n| n.0.as_str()).collect();
+        if let Some(v) = join(&headers).filter(|_| !headers.is_empty()) {
+            h.push((header::ACCESS_CONTROL_ALLOW_HEADERS, v));
+        }
+        h.push((header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from(step.max_age_s.get())));
+        h.push((header::VARY, HeaderValue::from_static("Origin")));
+        return CorsVerdict::Preflight(h);
+    }
+    let mut edits: Vec<HeaderEdit> = common.into_iter().map(|(n, v)| HeaderEdit::Set(n, v)).collect();
+    let expose: Vec<&str> = step.expose_headers.iter().map(|n| n.0.as_str()).collect();
+    if let Some(v) = join(&expose).filter(|_| !expose.is_empty()) {
+        edits.push(HeaderEdit::Set(header::ACCESS_CONTROL_EXPOSE_HEADERS, v));
+    }
+    edits.push(HeaderEdit::Add(header::VARY, HeaderValue::from_static("Origin")));
+    CorsVerdict::Simple(edits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: [Algorithm; 3] = [Algorithm::Zstd, Algorithm::Br, Algorithm::Gzip];
+
+    #[test]
+    fn the_client_picks_by_q_then_the_configured_order() {
+        assert_eq!(negotiate(&ALL, b"gzip, deflate, br"), Some(Algorithm::Br));
+        assert_eq!(negotiate(&ALL, b"gzip;q=1.0, br;q=0.5"), Some(Algorithm::Gzip));
+        assert_eq!(negotiate(&ALL, b"zstd;q=0, br;q=0, gzip;q=0"), None);
+        assert_eq!(negotiate(&ALL, b"*"), Some(Algorithm::Zstd));
+        assert_eq!(negotiate(&ALL, b"identity"), None);
+        assert_eq!(negotiate(&[Algorithm::Gzip], b"x-gzip"), Some(Algorithm::Gzip));
+        assert_eq!(negotiate(&ALL, b"br;q=2"), None, "a q above 1 is no q");
+    }
+
+    #[test]
+    fn only_compressible_unencoded_responses_above_the_minimum() {
+        let c: Compress = serde_json::from_value(serde_json::json!({"min_bytes": 100})).unwrap();
+        let plan = ResponsePlan { headers: Vec::new(), compress: Some(Arc::new(c)) };
+        let json = Some(&b"application/json; charset=utf-8"[..]);
+        assert_eq!(plan.compression(Some(b"gzip"), 200, json, Some(1000), false), Some(Algorithm::Gzip));
+        assert_eq!(plan.compression(Some(b"gzip"), 200, json, None, false), Some(Algorithm::Gzip));
+        assert_eq!(plan.compression(Some(b"gzip"), 200, json, Some(10), false), None);
+        assert_eq!(plan.compression(Some(b"gzip"), 200, json, Some(1000), true), None);
+        assert_eq!(plan.compression(Some(b"gzip"), 206, json, Some(1000), false), None);
+        assert_eq!(plan.compression(Some(b"gzip"), 200, Some(b"image/png"), Some(1000), false), None);
+        assert_eq!(plan.compression(None, 200, json, Some(1000), false), None);
+        assert_eq!(plan.compression(Some(b"gzip"), 200, Some(b"text/html"), Some(1000), false), Some(Algorithm::Gzip));
+    }
+}

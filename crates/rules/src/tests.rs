@@ -1,0 +1,219 @@
+use super::*;
+
+fn chain(steps: serde_json::Value) -> Chain {
+    let spec: RuleSetSpec = serde_json::from_value(serde_json::json!({ "steps": steps })).unwrap();
+    Chain::compile("r", &[(RuleSetName::new("set").unwrap(), Arc::new(spec))])
+}
+
+fn view<'a>(path: &'a str, headers: &'a http::HeaderMap, client: &str) -> RequestView<'a> {
+    static GET: Method = Method::GET;
+    RequestView {
+        method: &GET,
+        host: "example.com",
+        path,
+        query: Some("a=1"),
+        headers,
+        client: client.parse().unwrap(),
+        tls: false,
+        content_length: None,
+    }
+}
+
+fn forward(o: Outcome) -> Forward {
+    match o {
+        Outcome::Forward(f) => f,
+        other => panic!("expected forward, got {other:?}"),
+    }
+}
+
+fn answer(o: Outcome) -> Answer {
+    match o {
+        Outcome::Answer(a) => a,
+        other => panic!("expected an answer, got {other:?}"),
+    }
+}
+
+#[test]
+fn paths_and_headers_are_edited_in_order() {
+    let c = chain(serde_json::json!([
+        {"kind": "strip_prefix", "prefix": "/api"},
+        {"kind": "rewrite_path", "regex": "^/v1/(.*)$", "replacement": "/v2/$1"},
+        {"kind": "set_request_header", "name": "Host", "value": "backend.internal"},
+        {"kind": "remove_request_header", "name": "X-Secret"},
+        {"kind": "set_response_header", "name": "Strict-Transport-Security", "value": "max-age=1", "only_if_absent": true},
+    ]));
+    let h = http::HeaderMap::new();
+    let f = forward(c.request(&view("/api/v1/users", &h, "10.0.0.1"), Instant::now()));
+    assert_eq!(f.path.as_deref(), Some("/v2/users"));
+    assert_eq!(f.changed_by.iter().map(|r| r.step).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+    let mut req = http::HeaderMap::new();
+    req.insert("x-secret", HeaderValue::from_static("1"));
+    for e in &f.request_headers {
+        e.apply(&mut req);
+    }
+    assert_eq!(req.get("host").unwrap(), "backend.internal");
+    assert!(req.get("x-secret").is_none());
+    let mut resp = http::HeaderMap::new();
+    resp.insert("strict-transport-security", HeaderValue::from_static("kept"));
+    f.response.apply_headers(&mut resp);
+    assert_eq!(resp.get("strict-transport-security").unwrap(), "kept", "only if the backend did not set it");
+}
+
+#[test]
+fn a_rewrite_that_would_climb_is_refused() {
+    let c = chain(serde_json::json!([{"kind": "rewrite_path", "regex": "^/(.*)a$", "replacement": "/x/$1./y"}]));
+    let h = http::HeaderMap::new();
+    assert_eq!(answer(c.request(&view("/.a", &h, "10.0.0.1"), Instant::now())).status, 400);
+}
+
+#[test]
+fn redirects_build_their_target_from_the_request() {
+    let c = chain(serde_json::json!([
+        {"kind": "redirect", "status": 308, "location": "https://{host}/new/$1?{query}", "regex": "^/old/(.*)$"},
+        {"kind": "deny", "status": 404},
+    ]));
+    let h = http::HeaderMap::new();
+    let a = answer(c.request(&view("/old/page", &h, "10.0.0.1"), Instant::now()));
+    assert_eq!((a.status, a.headers[0].1.to_str().unwrap()), (308, "https://example.com/new/page?a=1"));
+    assert_eq!((a.rule.step, a.rule.kind), (0, "redirect"));
+    let a = answer(c.request(&view("/other", &h, "10.0.0.1"), Instant::now()));
+    assert_eq!((a.status, a.rule.kind), (404, "deny"), "a redirect whose regex does not match goes on");
+}
+
+#[test]
+fn client_networks_are_allowed_and_denied() {
+    let c = chain(serde_json::json!([
+        {"kind": "ip_allow", "cidrs": ["10.0.0.0/8"]},
+        {"kind": "ip_deny", "cidrs": ["10.9.0.0/16"]},
+    ]));
+    let h = http::HeaderMap::new();
+    assert!(matches!(c.request(&view("/", &h, "10.1.2.3"), Instant::now()), Outcome::Forward(_)));
+    assert_eq!(answer(c.request(&view("/", &h, "192.0.2.1"), Instant::now())).status, 403);
+    assert_eq!(answer(c.request(&view("/", &h, "10.9.1.1"), Instant::now())).rule.kind, "ip_deny");
+}
+
+#[test]
+fn rate_limits_answer_429_with_retry_after() {
+    let c = chain(serde_json::json!([{"kind": "rate_limit", "key": "header:X-Key", "rate_per_s": 1, "burst": 2}]));
+    let mut h = http::HeaderMap::new();
+    h.insert("x-key", HeaderValue::from_static("a"));
+    let t = Instant::now();
+    for _ in 0..2 {
+        assert!(matches!(c.request(&view("/", &h, "10.0.0.1"), t), Outcome::Forward(_)));
+    }
+    let a = answer(c.request(&view("/", &h, "10.0.0.1"), t));
+    assert_eq!(a.status, 429);
+    assert_eq!(a.headers[0], (http::header::RETRY_AFTER, HeaderValue::from(1u32)));
+    h.insert("x-key", HeaderValue::from_static("b"));
+    assert!(matches!(c.request(&view("/", &h, "10.0.0.1"), t), Outcome::Forward(_)), "another key");
+}
+
+#[test]
+fn concurrency_limits_hold_permits() {
+    let c = chain(serde_json::json!([{"kind": "concurrency_limit", "key": "route", "max": 1}]));
+    let h = http::HeaderMap::new();
+    let first = forward(c.request(&view("/", &h, "10.0.0.1"), Instant::now()));
+    assert_eq!(answer(c.request(&view("/", &h, "10.0.0.2"), Instant::now())).status, 429);
+    drop(first);
+    assert!(matches!(c.request(&view("/", &h, "10.0.0.2"), Instant::now()), Outcome::Forward(_)));
+}
+
+#[test]
+fn bodies_are_limited() {
+    let c = chain(serde_json::json!([{"kind": "max_body_bytes", "bytes": 10}]));
+    let h = http::HeaderMap::new();
+    let mut v = view("/", &h, "10.0.0.1");
+    v.content_length = Some(11);
+    assert_eq!(answer(c.request(&v, Instant::now())).status, 413);
+    v.content_length = None;
+    assert_eq!(forward(c.request(&v, Instant::now())).max_body, Some(10));
+}
+
+#[test]
+fn basic_auth_checks_off_the_request_path() {
+    let hash = bcrypt::hash_with_salt("pw", 4, [1u8; 16]).unwrap().format_for_version(bcrypt::Version::TwoB);
+    let c = chain(serde_json::json!([
+        {"kind": "basic_auth", "realm": "admin", "users": [{"name": "u", "hash": hash}]},
+        {"kind": "set_request_header", "name": "X-After", "value": "1"},
+    ]));
+    let none = http::HeaderMap::new();
+    let a = answer(c.request(&view("/", &none, "10.0.0.1"), Instant::now()));
+    assert_eq!(a.status, 401);
+    assert!(a.headers[0].1.to_str().unwrap().contains("realm=\"admin\""));
+    let mut h = http::HeaderMap::new();
+    h.insert("authorization", HeaderValue::from_static("Basic dTpwdw==")); // u:pw
+    let v = view("/", &h, "10.0.0.1");
+    let Outcome::Pending(Pending { work: Work::Password(check), resume }) = c.request(&v, Instant::now()) else {
+        panic!("a password check first")
+    };
+    let ok = check.verify();
+    assert!(ok);
+    let f = forward(c.resume(&v, Instant::now(), resume, WorkResult::Password(ok)));
+    assert_eq!(f.request_headers[0], HeaderEdit::Remove(http::header::AUTHORIZATION));
+    assert_eq!(f.request_headers.len(), 2, "the chain went on");
+    let Outcome::Pending(p) = c.request(&v, Instant::now()) else { panic!() };
+    assert_eq!(answer(c.resume(&v, Instant::now(), p.resume, WorkResult::Password(false))).status, 401);
+}
+
+#[test]
+fn forward_auth_is_a_described_sub_request_that_fails_closed() {
+    let c = chain(serde_json::json!([
+        {"kind": "forward_auth", "url": "http://127.0.0.1:9000/check?x=1", "copy_headers": ["X-User"], "timeout_ms": 500},
+    ]));
+    let mut h = http::HeaderMap::new();
+    h.insert("authorization", HeaderValue::from_static("Bearer t"));
+    h.insert("x-user", HeaderValue::from_static("forged"));
+    let v = view("/p", &h, "10.0.0.1");
+    let Outcome::Pending(Pending { work: Work::ForwardAuth(call), resume }) = c.request(&v, Instant::now()) else {
+        panic!("a sub-request first")
+    };
+    assert_eq!((call.authority.as_str(), call.path_and_query.as_str()), ("127.0.0.1:9000", "/check?x=1"));
+    assert_eq!(call.timeout, Duration::from_millis(500));
+    assert!(call.headers.iter().any(|(n, v)| n == "authorization" && v == "Bearer t"));
+    assert!(call.headers.iter().any(|(n, v)| n == "x-forwarded-uri" && v == "/p?a=1"));
+    let mut ok = http::HeaderMap::new();
+    ok.insert("x-user", HeaderValue::from_static("alice"));
+    let f =
+        forward(c.resume(&v, Instant::now(), resume, WorkResult::ForwardAuth(AuthAnswer { status: 200, headers: ok })));
+    assert_eq!(
+        f.request_headers,
+        vec![HeaderEdit::Set(HeaderName::from_static("x-user"), HeaderValue::from_static("alice"))]
+    );
+
+    let Outcome::Pending(p) = c.request(&v, Instant::now()) else { panic!() };
+    let mut no = http::HeaderMap::new();
+    no.insert("www-authenticate", HeaderValue::from_static("Bearer"));
+    let a = answer(c.resume(
+        &v,
+        Instant::now(),
+        p.resume,
+        WorkResult::ForwardAuth(AuthAnswer { status: 401, headers: no }),
+    ));
+    assert!(a.status == 401 && a.relay_auth_body && a.headers.len() == 1);
+    let Outcome::Pending(p) = c.request(&v, Instant::now()) else { panic!() };
+    assert_eq!(c.auth_failed(p.resume).status, 503, "down or slow: refused, never let through");
+}
+
+#[test]
+fn cors_answers_preflights_and_marks_responses() {
+    let c = chain(serde_json::json!([
+        {"kind": "cors", "allow_origins": ["https://app.example"], "allow_headers": ["X-Token"], "allow_credentials": true},
+    ]));
+    let mut h = http::HeaderMap::new();
+    h.insert("origin", HeaderValue::from_static("https://app.example"));
+    h.insert("access-control-request-method", HeaderValue::from_static("PUT"));
+    static OPTIONS: Method = Method::OPTIONS;
+    let mut v = view("/", &h, "10.0.0.1");
+    v.method = &OPTIONS;
+    let a = answer(c.request(&v, Instant::now()));
+    assert_eq!(a.status, 204);
+    assert!(a.headers.iter().any(|(n, v)| n == "access-control-allow-origin" && v == "https://app.example"));
+    assert!(a.headers.iter().any(|(n, v)| n == "access-control-allow-headers" && v == "x-token"));
+    let f = forward(c.request(&view("/", &h, "10.0.0.1"), Instant::now()));
+    let mut resp = http::HeaderMap::new();
+    f.response.apply_headers(&mut resp);
+    assert_eq!(resp.get("access-control-allow-credentials").unwrap(), "true");
+    h.insert("origin", HeaderValue::from_static("https://evil.example"));
+    let f = forward(c.request(&view("/", &h, "10.0.0.1"), Instant::now()));
+    assert!(f.response.headers.is_empty(), "an origin not allowed gets nothing");
+}
