@@ -27,7 +27,7 @@ pub mod response;
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use http::{HeaderName, HeaderValue, Method};
 use tidegate_model::rules::{self as model, LimitKey, Step};
@@ -128,6 +128,7 @@ pub struct Pending {
 pub struct Resume {
     next: usize,
     at: usize,
+    rule: RuleRef,
     forward: Forward,
 }
 
@@ -241,19 +242,19 @@ fn compile_step(step: &Step) -> Compiled {
     }
 }
 
-/// The bytes a limit counts a request by.
-fn limit_key(key: &LimitKey, req: &RequestView<'_>) -> Vec<u8> {
+/// What a limit counts a request by (hashed by the tables, never kept).
+#[derive(Hash)]
+enum KeyRef<'a> {
+    Ip(IpAddr),
+    Route,
+    Header(Option<&'a [u8]>),
+}
+
+fn limit_key<'a>(key: &LimitKey, req: &RequestView<'a>) -> KeyRef<'a> {
     match key {
-        LimitKey::ClientIp => match req.client {
-            IpAddr::V4(a) => a.octets().to_vec(),
-            IpAddr::V6(a) => a.octets().to_vec(),
-        },
-        LimitKey::Route => Vec::new(),
-        LimitKey::Header(h) => {
-            let mut k = vec![1u8];
-            k.extend_from_slice(req.headers.first(h.as_str()).unwrap_or_default());
-            k
-        }
+        LimitKey::ClientIp => KeyRef::Ip(req.client),
+        LimitKey::Route => KeyRef::Route,
+        LimitKey::Header(h) => KeyRef::Header(req.headers.first(h.as_str())),
     }
 }
 
@@ -300,7 +301,7 @@ impl Chain {
 
     /// Goes on after [`Work`], with its result.
     pub fn resume(&self, req: &RequestView<'_>, now: Instant, resume: Resume, result: WorkResult) -> Outcome {
-        let Resume { next, at, mut forward } = resume;
+        let Resume { next, at, rule: _, mut forward } = resume;
         let Some(slot) = self.steps.get(at) else { return Outcome::Forward(forward) };
         match (&slot.step, result) {
             (Compiled::Basic(b), WorkResult::Password(true)) => {
@@ -343,20 +344,7 @@ impl Chain {
     /// The answer when the auth service of the pending step did not answer
     /// (down, refused, timed out): 503, never let through.
     pub fn auth_failed(&self, resume: Resume) -> Answer {
-        match self.steps.get(resume.at) {
-            Some(slot) => self.answer(slot, 503, Vec::new()),
-            None => Answer {
-                status: 503,
-                headers: Vec::new(),
-                body: text(503),
-                relay_auth_body: false,
-                rule: RuleRef {
-                    set: RuleSetName::new("unknown").unwrap_or_else(|_| unreachable!()),
-                    step: 0,
-                    kind: "forward_auth",
-                },
-            },
-        }
+        Answer { status: 503, headers: Vec::new(), body: text(503), relay_auth_body: false, rule: resume.rule }
     }
 
     fn answer(&self, slot: &Slot, status: u16, headers: Vec<(HeaderName, HeaderValue)>) -> Answer {
@@ -424,7 +412,7 @@ impl Chain {
                     return match auth::basic_check(b, req.headers.first("authorization")) {
                         Some(check) => Outcome::Pending(Pending {
                             work: Work::Password(check),
-                            resume: Resume { next: at + 1, at, forward: fwd },
+                            resume: Resume { next: at + 1, at, rule: slot.rule.clone(), forward: fwd },
                         }),
                         None => Outcome::Answer(self.unauthorized(slot, &b.realm)),
                     };
@@ -433,7 +421,7 @@ impl Chain {
                     let call = auth::forward_request(f, req, path);
                     return Outcome::Pending(Pending {
                         work: Work::ForwardAuth(call),
-                        resume: Resume { next: at + 1, at, forward: fwd },
+                        resume: Resume { next: at + 1, at, rule: slot.rule.clone(), forward: fwd },
                     });
                 }
                 Compiled::Rate(key, buckets) => {
@@ -476,10 +464,6 @@ impl Chain {
         path::Parts { scheme: if req.tls { "https" } else { "http" }, host: req.host, path, query: req.query }
     }
 }
-
-/// How long a forward-auth sub-request may take at most, whatever a step
-/// says (its `timeout_ms` is at most this).
-pub const MAX_AUTH_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[cfg(test)]
 mod tests;

@@ -1,4 +1,5 @@
 use super::*;
+use std::time::Duration;
 
 fn chain(steps: serde_json::Value) -> Chain {
     let spec: RuleSetSpec = serde_json::from_value(serde_json::json!({ "steps": steps })).unwrap();
