@@ -972,3 +972,49 @@ async fn store_faults_in_etcd_are_named_and_refuse_writes() {
         store_fault(tg, None).await;
     }
 }
+
+/// Rule sets are configuration: written through one instance, they reach
+/// the others through etcd with their hashes (kept through the
+/// placeholder elsewhere), and an instance started later loads them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule_sets_reach_every_instance_through_etcd() {
+    const HASH: &str = "$2b$12$R9h/cIPz0gi.URNNX3kh2OPST9/PgBkqquzi.Ss7KIUgO2t0jWMUW";
+    let etcd = Etcd::start(1);
+    let store = etcd.url(&[0], "tg");
+    let (a, _da) = instance(&store, &["--instance-name", "a"]);
+    let (b, _db) = instance(&store, &["--instance-name", "b"]);
+    let rules = json!({ "steps": [
+        { "kind": "strip_prefix", "prefix": "/api" },
+        { "kind": "basic_auth", "realm": "r", "users": [{ "name": "u", "hash": HASH }] },
+    ] });
+    let (s, v) = a.api("PUT", "/v1/rules/api", Some(rules)).await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = a
+        .api(
+            "POST",
+            "/v1/changes",
+            Some(json!({ "ops": [
+            { "op": "put_service", "name": "web", "spec": {} },
+            { "op": "put_route", "name": "r", "spec": { "service": "web", "rules": ["api"] } },
+        ] })),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let revision = v["revision"].as_u64().expect("revision");
+    converged(&b, revision).await;
+    let (s, v) = b.api("GET", "/v1/rules/api", None).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["used_by"], json!(["r"]));
+    assert!(!v.to_string().contains(HASH), "{v}");
+    // B holds the real hash: the placeholder written through B keeps it.
+    let (s, w) = b.api("PUT", "/v1/rules/api", Some(v["spec"].clone())).await;
+    assert_eq!(s, 200, "{w}");
+    let (s, w) = b.api("DELETE", "/v1/rules/api", None).await;
+    assert_eq!(s, 409, "{w}");
+    // An instance started now loads them from etcd.
+    let (c, _dc) = instance(&store, &["--instance-name", "c"]);
+    let (s, v) = c.api("GET", "/v1/rules/api", None).await;
+    assert_eq!(s, 200, "{v}");
+    let (s, w) = c.api("PUT", "/v1/rules/api", Some(v["spec"].clone())).await;
+    assert_eq!(s, 200, "the hash came through etcd: {w}");
+}
