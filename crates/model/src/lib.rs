@@ -33,7 +33,7 @@ pub use desired::{document_paths, in_document, plan, Action, Change, Document, K
 pub use headers::Headers;
 pub use invalid::{Invalid, Reason};
 pub use names::{BackendAddr, BackendId, CertName, NameError, RouteName, RuleSetName, ServiceName};
-pub use route::{HeaderMatch, HostPattern, PathPattern, RouteAction, RouteMatch, RouteSpec, StaticDir};
+pub use route::{HeaderMatch, HeaderRegex, HostPattern, PathPattern, RouteAction, RouteMatch, RouteSpec, StaticDir};
 pub use rules::{RuleSetSpec, Step};
 pub use schema::config_file_schema;
 pub use service::{

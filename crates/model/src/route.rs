@@ -44,6 +44,16 @@ pub struct HeaderMatch {
     pub value: HeaderValue,
 }
 
+/// A header a request must carry with a value a regular expression matches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderRegex {
+    /// The header's name (lowercase).
+    pub name: HeaderName,
+    /// Matched against each value (one matching is enough; a value that is
+    /// not UTF-8 never matches). Unanchored: write `^...$` for the whole.
+    pub regex: crate::rules::PathRegex,
+}
+
 /// The conditions of a route. All given conditions must hold.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteMatch {
@@ -55,6 +65,18 @@ pub struct RouteMatch {
     pub methods: Vec<Method>,
     /// Required headers.
     pub headers: Vec<HeaderMatch>,
+    /// Headers that must be present, whatever their value.
+    pub header_present: Vec<HeaderName>,
+    /// Headers that must have a value the regex matches.
+    pub header_regex: Vec<HeaderRegex>,
+}
+
+impl RouteMatch {
+    /// How many method and header conditions it has (more is more
+    /// specific).
+    pub fn conditions(&self) -> usize {
+        usize::from(!self.methods.is_empty()) + self.headers.len() + self.header_present.len() + self.header_regex.len()
+    }
 }
 
 /// A static directory served by the proxy itself.
@@ -154,6 +176,13 @@ struct MatchWire {
     methods: Vec<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     headers: BTreeMap<String, String>,
+    /// Headers that must be present, whatever their value.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    header_present: Vec<String>,
+    /// `{"name": "regex"}`: each header must have a value the regex
+    /// (`regex` crate syntax, unanchored) matches.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    header_regex: BTreeMap<String, String>,
 }
 
 fn parse_host(h: &str) -> Result<HostPattern, Invalid> {
@@ -242,6 +271,24 @@ impl TryFrom<RouteWire> for RouteSpec {
             })?;
             headers.push(HeaderMatch { name: hn, value: hv });
         }
+        let header_name = |field: String, name: &str| {
+            HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| Invalid::malformed(field, format!("{name:?}"), "is not a header name"))
+        };
+        let mut header_present = Vec::new();
+        for (i, name) in m.header_present.iter().enumerate() {
+            let hn = header_name(format!("match.header_present[{i}]"), name)?;
+            if !header_present.contains(&hn) {
+                header_present.push(hn);
+            }
+        }
+        let mut header_regex = Vec::new();
+        for (name, regex) in &m.header_regex {
+            let hn = header_name("match.header_regex".to_string(), name)?;
+            let regex = crate::rules::PathRegex::try_from(regex.clone())
+                .map_err(|e| e.under(&format!("match.header_regex.{name}")))?;
+            header_regex.push(HeaderRegex { name: hn, regex });
+        }
         let action = match (w.service, w.static_dir) {
             (Some(s), None) => RouteAction::Service(s),
             (None, Some(d)) => {
@@ -271,7 +318,7 @@ impl TryFrom<RouteWire> for RouteSpec {
             }
         }
         Ok(RouteSpec {
-            matches: RouteMatch { host, path, methods, headers },
+            matches: RouteMatch { host, path, methods, headers, header_present, header_regex },
             action,
             priority: w.priority,
             redirect_https: w.redirect_https,
@@ -311,6 +358,12 @@ impl From<RouteSpec> for RouteWire {
                 path,
                 methods: m.methods.iter().map(|m| m.to_string()).collect(),
                 headers,
+                header_present: m.header_present.iter().map(|h| h.as_str().to_string()).collect(),
+                header_regex: m
+                    .header_regex
+                    .iter()
+                    .map(|h| (h.name.to_string(), h.regex.0.as_str().to_string()))
+                    .collect(),
             },
             service,
             static_dir,
@@ -378,8 +431,21 @@ mod tests {
     }
 
     #[test]
+    fn header_presence_and_regex_conditions_decode_and_name_the_field() {
+        let r =
+            parse(r#"{"match":{"header_present":["X-Debug"],"header_regex":{"User-Agent":"(?i)curl"}},"service":"w"}"#)
+                .unwrap();
+        assert_eq!(r.matches.header_present, vec![HeaderName::from_static("x-debug")]);
+        assert_eq!(r.matches.conditions(), 2);
+        let e = parse(r#"{"match":{"header_regex":{"x":"("}},"service":"w"}"#).unwrap_err();
+        assert!(e.contains("match.header_regex.x"), "{e}");
+        let e = parse(r#"{"match":{"header_present":["a b"]},"service":"w"}"#).unwrap_err();
+        assert!(e.contains("match.header_present[0]"), "{e}");
+    }
+
+    #[test]
     fn a_route_round_trips_through_json() {
-        let text = r#"{"match":{"host":"*.a.com","path":"/x","methods":["GET"],"headers":{"x-canary":"1"}},"service":"w","priority":5}"#;
+        let text = r#"{"match":{"host":"*.a.com","path":"/x","methods":["GET"],"headers":{"x-canary":"1"},"header_present":["x-a"],"header_regex":{"x-b":"^v[0-9]+$"}},"service":"w","priority":5,"rules":[]}"#;
         let r = parse(text).unwrap();
         let again = parse(&serde_json::to_string(&r).unwrap()).unwrap();
         assert_eq!(r, again);

@@ -179,12 +179,7 @@ struct Rank {
 
 impl Rank {
     fn new(spec: &RouteSpec, host: u32, path: u32) -> Rank {
-        Rank {
-            priority: spec.priority,
-            host,
-            path,
-            conditions: usize::from(!spec.matches.methods.is_empty()) + spec.matches.headers.len(),
-        }
+        Rank { priority: spec.priority, host, path, conditions: spec.matches.conditions() }
     }
 }
 
@@ -192,6 +187,10 @@ fn conditions_hold(spec: &RouteSpec, req: &RequestView<'_>) -> bool {
     let m = &spec.matches;
     (m.methods.is_empty() || m.methods.contains(req.method))
         && m.headers.iter().all(|h| req.headers.any(h.name.as_str(), &mut |v| v == h.value.as_bytes()))
+        && m.header_present.iter().all(|h| req.headers.first(h.as_str()).is_some())
+        && m.header_regex.iter().all(|h| {
+            req.headers.any(h.name.as_str(), &mut |v| std::str::from_utf8(v).is_ok_and(|v| h.regex.0.is_match(v)))
+        })
 }
 
 /// Orders a bucket: best first, ties broken by name for determinism.

@@ -76,6 +76,25 @@ fn methods_and_headers_filter() {
 }
 
 #[test]
+fn header_presence_and_regex_filter() {
+    let mut r = Router::new();
+    r.insert(name("any"), route(r#"{"match":{"path_prefix":"/x"},"service":"s"}"#));
+    r.insert(name("debug"), route(r#"{"match":{"path_prefix":"/x","header_present":["x-debug"]},"service":"s"}"#));
+    r.insert(
+        name("v2"),
+        route(r#"{"match":{"path_prefix":"/x","header_regex":{"accept":"^application/vnd\\.v2"}},"service":"s"}"#),
+    );
+    let mut h = HeaderMap::new();
+    h.insert("accept", HeaderValue::from_static("application/json"));
+    assert_eq!(find_with(&r, "", "/x", &Method::GET, &h), Some("any"));
+    h.append("accept", HeaderValue::from_static("application/vnd.v2+json"));
+    assert_eq!(find_with(&r, "", "/x", &Method::GET, &h), Some("v2"), "one value matching is enough");
+    let mut h = HeaderMap::new();
+    h.insert("x-debug", HeaderValue::from_static(""));
+    assert_eq!(find_with(&r, "", "/x", &Method::GET, &h), Some("debug"), "present, even empty");
+}
+
+#[test]
 fn replacing_and_removing_routes() {
     let mut r = table();
     let before = r.clone();
