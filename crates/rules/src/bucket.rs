@@ -62,14 +62,21 @@ impl Buckets {
         }
     }
 
-    fn refill(&self, b: Bucket, now: Instant) -> u64 {
+    fn refill(&self, b: Bucket, now: Instant, rate: u64) -> u64 {
         let elapsed = now.saturating_duration_since(b.at).as_nanos();
-        let added = elapsed.saturating_mul(u128::from(self.rate)) / 1_000_000_000;
+        let added = elapsed.saturating_mul(u128::from(rate)) / 1_000_000_000;
         (u128::from(b.milli) + added).min(u128::from(self.capacity)) as u64
     }
 
     /// Takes a token for `key` at `now`, or says how long until one.
     pub fn take(&self, key: impl Hash, now: Instant) -> Admit {
+        self.take_share(key, now, 1)
+    }
+
+    /// As [`Buckets::take`], refilled at the rate divided by `share` (the
+    /// live instances of a cluster, for a per-instance share; at least 1).
+    pub fn take_share(&self, key: impl Hash, now: Instant, share: u32) -> Admit {
+        let rate = (self.rate / u64::from(share.max(1))).max(1);
         let h = self.hasher.hash_one(key);
         let shard = &self.shards[(h as usize) % SHARDS];
         let mut map = match shard.lock() {
@@ -77,13 +84,13 @@ impl Buckets {
             Err(poisoned) => poisoned.into_inner(),
         };
         if !map.contains_key(&h) && map.len() >= self.per_shard {
-            let victim = map.iter().take(SAMPLE).max_by_key(|(_, b)| self.refill(**b, now)).map(|(k, _)| *k);
+            let victim = map.iter().take(SAMPLE).max_by_key(|(_, b)| self.refill(**b, now, rate)).map(|(k, _)| *k);
             if let Some(k) = victim {
                 map.remove(&k);
             }
         }
         let bucket = map.entry(h).or_insert(Bucket { milli: self.capacity, at: now });
-        let level = self.refill(*bucket, now);
+        let level = self.refill(*bucket, now, rate);
         bucket.at = now.max(bucket.at);
         if level >= 1000 {
             bucket.milli = level - 1000;
@@ -91,7 +98,7 @@ impl Buckets {
         } else {
             bucket.milli = level;
             let missing = 1000 - level;
-            Admit::No(Duration::from_nanos(missing.saturating_mul(1_000_000_000) / self.rate))
+            Admit::No(Duration::from_nanos(missing.saturating_mul(1_000_000_000) / rate))
         }
     }
 
@@ -204,6 +211,15 @@ mod tests {
         let admitted = (0..=10_000u64).filter(|i| b.take("k", t0 + Duration::from_millis(*i)) == Admit::Yes).count();
         // 10 s at 100/s, plus the burst it starts with.
         assert!((1000..=1010).contains(&admitted), "{admitted}");
+    }
+
+    #[test]
+    fn a_share_divides_the_rate() {
+        let b = Buckets::new(100_000, 1, 16); // 100/s
+        let t0 = Instant::now();
+        let admitted =
+            (0..=1000u64).filter(|i| b.take_share("k", t0 + Duration::from_millis(*i), 4) == Admit::Yes).count();
+        assert!((25..=26).contains(&admitted), "a quarter of 100/s over 1 s: {admitted}");
     }
 
     #[test]

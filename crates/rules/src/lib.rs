@@ -163,7 +163,8 @@ enum Compiled {
     IpDeny(cidr::CidrSet),
     Basic(model::BasicAuth),
     ForwardAuth(model::ForwardAuth),
-    Rate(LimitKey, bucket::Buckets),
+    /// The key, the buckets, whether the rate is shared among instances.
+    Rate(LimitKey, bucket::Buckets, bool),
     Concurrency(LimitKey, Arc<bucket::InFlight>),
     MaxBody(u64),
     Cors(model::Cors),
@@ -179,6 +180,8 @@ struct Slot {
 pub struct Chain {
     route: Arc<str>,
     steps: Vec<Slot>,
+    /// Live instances sharing `per_instance_share` rates (1 until told).
+    instances: std::sync::atomic::AtomicU32,
 }
 
 impl std::fmt::Debug for Chain {
@@ -230,9 +233,11 @@ fn compile_step(step: &Step) -> Compiled {
         Step::IpDeny(l) => Compiled::IpDeny(cidr::CidrSet::new(&l.cidrs)),
         Step::BasicAuth(b) => Compiled::Basic(b.clone()),
         Step::ForwardAuth(f) => Compiled::ForwardAuth(f.clone()),
-        Step::RateLimit(r) => {
-            Compiled::Rate(r.key.clone(), bucket::Buckets::new(r.rate_per_s.millis(), r.bucket(), bucket::DEFAULT_KEYS))
-        }
+        Step::RateLimit(r) => Compiled::Rate(
+            r.key.clone(),
+            bucket::Buckets::new(r.rate_per_s.millis(), r.bucket(), bucket::DEFAULT_KEYS),
+            r.per_instance_share,
+        ),
         Step::ConcurrencyLimit(c) => {
             Compiled::Concurrency(c.key.clone(), Arc::new(bucket::InFlight::new(c.max.get(), bucket::DEFAULT_KEYS)))
         }
@@ -281,7 +286,14 @@ impl Chain {
                 steps.push(Slot { rule, step: compile_step(step) });
             }
         }
-        Chain { route: Arc::from(route), steps }
+        Chain { route: Arc::from(route), steps, instances: std::sync::atomic::AtomicU32::new(1) }
+    }
+
+    /// Tells the chain how many instances are live (cluster mode): a
+    /// `rate_limit` with `per_instance_share` admits its rate divided by
+    /// it. At least 1.
+    pub fn set_live_instances(&self, n: u32) {
+        self.instances.store(n.max(1), std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The route it was compiled for.
@@ -424,8 +436,9 @@ impl Chain {
                         resume: Resume { next: at + 1, at, rule: slot.rule.clone(), forward: fwd },
                     });
                 }
-                Compiled::Rate(key, buckets) => {
-                    if let bucket::Admit::No(wait) = buckets.take(limit_key(key, req), now) {
+                Compiled::Rate(key, buckets, shared) => {
+                    let share = if *shared { self.instances.load(std::sync::atomic::Ordering::Relaxed) } else { 1 };
+                    if let bucket::Admit::No(wait) = buckets.take_share(limit_key(key, req), now, share) {
                         let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
                         let headers = vec![(http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)))];
                         return Outcome::Answer(self.answer(slot, 429, headers));

@@ -110,6 +110,20 @@ fn rate_limits_answer_429_with_retry_after() {
 }
 
 #[test]
+fn a_shared_rate_is_divided_among_live_instances() {
+    let c = chain(
+        serde_json::json!([{"kind": "rate_limit", "key": "route", "rate_per_s": 10, "burst": 1, "per_instance_share": true}]),
+    );
+    c.set_live_instances(2);
+    let h = http::HeaderMap::new();
+    let t = Instant::now();
+    assert!(matches!(c.request(&view("/", &h, "10.0.0.1"), t), Outcome::Forward(_)));
+    let a = answer(c.request(&view("/", &h, "10.0.0.1"), t + Duration::from_millis(150)));
+    assert_eq!(a.status, 429, "5/s each: no token after 150 ms");
+    assert!(matches!(c.request(&view("/", &h, "10.0.0.1"), t + Duration::from_millis(200)), Outcome::Forward(_)));
+}
+
+#[test]
 fn concurrency_limits_hold_permits() {
     let c = chain(serde_json::json!([{"kind": "concurrency_limit", "key": "route", "max": 1}]));
     let h = http::HeaderMap::new();
