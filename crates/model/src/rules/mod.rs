@@ -93,6 +93,7 @@ pub struct StripPrefix {
 
 /// `rewrite_path`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct RewritePath {
     /// Matched against the normalized path; paths it does not match are
     /// left as they are.
@@ -137,8 +138,10 @@ pub struct ResponseHeaderSet {
 
 /// `redirect`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct Redirect {
     /// 300, 301, 302, 303, 307 or 308 (default 302).
+    #[serde(default)]
     pub status: RedirectStatus,
     /// The target: text with `{scheme}`, `{host}`, `{path}`, `{query}`,
     /// `{uri}`, and `$N` when `regex` is given.
