@@ -378,5 +378,11 @@ async fn a_flood_from_one_address_does_not_keep_another_out_of_the_queue() {
     assert_eq!(polite, [Some(200); 10], "the polite client was refused or starved");
     let web = &status["services"]["web"];
     assert!(web["queue_displaced"].as_u64() >= Some(1), "no flood request was displaced: {web}");
+    let metrics = send("GET", &tg.admin_url("/metrics"), Some(TOKEN), Vec::new(), &[]).await.text();
+    let displaced = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"tidegate_service_queue_displaced_total{service="web"} "#))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    assert!(displaced >= Some(1.0), "{metrics}");
     assert!(flood_ok.load(Relaxed) > 0 && flood_503.load(Relaxed) > 0, "the flood was served and refused");
 }
