@@ -31,7 +31,7 @@ mod published;
 mod queue;
 mod tls;
 pub use published::{Changes, Publications};
-pub use queue::{WaitQueue, Waiter};
+pub use queue::{Joined, WaitQueue, Waiter};
 pub use tls::Certificates;
 
 /// Live counters of a service, shared across snapshots like backend stats.
@@ -42,8 +42,8 @@ pub struct ServiceLive {
     /// Retries refused by the budget.
     pub retries_refused: AtomicU64,
     /// Requests waiting for room under a backend's limit (`max_conns` or
-    /// learned), oldest first; woken when a request to a limited backend
-    /// finishes.
+    /// learned), in turns between client addresses and oldest first within
+    /// one; woken when a request to a limited backend finishes.
     pub queue: WaitQueue,
     /// How long requests that had to queue waited.
     pub queue_wait: LazyHistogram,
