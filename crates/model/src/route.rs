@@ -303,8 +303,8 @@ mod tests {
     use super::*;
     use crate::Reason;
 
-    fn parse(s: &str) -> Result<RouteSpec, String> {
-        serde_json::from_str(s).map_err(|e| e.to_string())
+    fn parse(s: &str) -> Result<RouteSpec, serde_json::Error> {
+        serde_json::from_str(s)
     }
 
     #[test]
@@ -337,7 +337,7 @@ mod tests {
             (r#"{"service":"w","extra":1}"#, "unknown field"),
         ];
         for (text, want) in cases {
-            let err = parse(text).unwrap_err();
+            let err = parse(text).unwrap_err().to_string();
             assert!(err.contains(want), "{text}: {err}");
         }
     }

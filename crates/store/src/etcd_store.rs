@@ -76,6 +76,8 @@ const MAX_TXN_BYTES: usize = 1 << 20;
 /// encoded in the transaction (an RSA-4096 key in PEM is about 3.3 KiB).
 const KEPT_KEY_BYTES: usize = 6 * 1024;
 
+// A clap value parser (`--store`, `copy-store`'s target): its error is
+// printed as it is, so it stays text.
 impl std::str::FromStr for EtcdUrl {
     type Err = String;
 
