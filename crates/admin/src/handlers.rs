@@ -253,10 +253,8 @@ pub(crate) async fn put_certificate(
     // A key given as the placeholder keeps the current one (a renewed
     // chain for the same key, or the default flag changed).
     let spec: CertificateInput = body(bytes)?;
-    spec.check_incoming(unix_now()).map_err(|m| {
-        let (field, message) = m.split_once(": ").unwrap_or(("cert_pem", &m));
-        ApiError::bad_field(&format!("spec.{field}"), message.to_string())
-    })?;
+    spec.check_incoming(unix_now())
+        .map_err(|e| ApiError::parse(tidegate_model::ParseError::invalid(None, "spec", e), None))?;
     submit(&state, vec![Op::PutCertificate { name, spec: Box::new(spec) }]).await
 }
 

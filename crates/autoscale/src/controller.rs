@@ -17,15 +17,16 @@ use std::time::Duration;
 use serde::Serialize;
 use tidegate_balance::clock;
 use tidegate_control::Control;
+use tidegate_control::SubmitError;
 use tidegate_model::{
-    ActiveCheck, AutoscaleSpec, BackendAddr, BackendId, BackendSpec, ChangeSet, CheckKind, Op, ProviderSpec,
+    ActiveCheck, AutoscaleSpec, BackendAddr, BackendId, BackendSpec, ChangeSet, CheckKind, NameError, Op, ProviderSpec,
     ServiceName, Weight,
 };
 use tidegate_snapshot::ServiceRuntime;
 use tokio::task::JoinHandle;
 
 use crate::decide::{decide, Counts, Decision, History, Params, Reason, Sample};
-use crate::{provider_for, Coalescer, EventKind, Events, Instance, Provider, StartRequest};
+use crate::{provider_for, Coalescer, EventKind, Events, Instance, Provider, ProviderError, StartRequest};
 
 /// One instance's phase as the autoscaler tracks it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
@@ -67,7 +68,32 @@ struct Tracked {
     /// When the phase began (ms on [`clock`]).
     since_ms: u64,
     /// The start-and-probe task, while starting: the ready instance, or why not.
-    starting: Option<JoinHandle<Result<Instance, String>>>,
+    starting: Option<JoinHandle<Result<Instance, StartError>>>,
+}
+
+/// Why a new instance did not become a backend.
+#[derive(Debug, thiserror::Error)]
+enum StartError {
+    /// The provider did not start it.
+    #[error("start failed: {0}")]
+    Provider(#[from] ProviderError),
+    /// It gave an address that is not one.
+    #[error("{0}")]
+    Address(#[from] NameError),
+    /// It did not pass its readiness probe in time (it was stopped).
+    #[error("not ready after {timeout_s} s: {last}")]
+    NotReady {
+        /// The time allowed, s.
+        timeout_s: u64,
+        /// What the last probe said.
+        last: String,
+    },
+    /// The configuration refused it as a backend (it was stopped).
+    #[error(transparent)]
+    Refused(#[from] SubmitError),
+    /// The start task ended without an answer (it panicked or was cancelled).
+    #[error(transparent)]
+    Task(#[from] tokio::task::JoinError),
 }
 
 struct Scaler {
@@ -318,17 +344,31 @@ impl Scaler {
         let placeholder = Instance { id: id.clone(), addr: String::new(), handle: None };
         let task_id = id.clone();
         let task = tokio::spawn(async move {
-            let instance = provider.start(req).await.map_err(|e| format!("start failed: {e}"))?;
+            let instance = match provider.start(req).await {
+                Ok(instance) => instance,
+                Err(e) => {
+                    if e.may_have_started() {
+                        // It may run although the start failed: stop that
+                        // id, so nothing runs unknown to the autoscaler.
+                        let unknown = Instance { id: task_id.clone(), addr: String::new(), handle: None };
+                        if let Err(stop) = provider.stop(&unknown).await {
+                            tracing::warn!(service = %service, id = %task_id, error = %stop, "cleanup after a failed start failed");
+                        }
+                    }
+                    return Err(e.into());
+                }
+            };
             events.record(service.as_str(), EventKind::Started, Some(&task_id), format!("at {}", instance.addr), None);
             let outcome = wait_ready(&instance, &ready, &upstream).await;
             match outcome {
                 Ok(()) => {
                     let added = match backend_op(&service, &instance, 1) {
-                        Some(op) => control
+                        Ok(op) => control
                             .submit(ChangeSet { if_revision: None, ops: vec![op] })
                             .await
-                            .map_err(|e| e.to_string()),
-                        None => Err(format!("bad instance address {:?}", instance.addr)),
+                            .map(|_| ())
+                            .map_err(StartError::from),
+                        Err(e) => Err(StartError::from(e)),
                     };
                     if let Err(e) = added {
                         let _ = provider.stop(&instance).await;
@@ -361,7 +401,7 @@ impl Scaler {
         for id in done {
             let Some(mut t) = self.instances.remove(&id) else { continue };
             let result = match t.starting.take() {
-                Some(task) => task.await.unwrap_or_else(|e| Err(e.to_string())),
+                Some(task) => task.await.unwrap_or_else(|e| Err(e.into())),
                 None => continue,
             };
             match result {
@@ -525,7 +565,7 @@ impl Scaler {
 
     async fn put_backend(&self, id: &str, weight: u32) -> bool {
         let Some(t) = self.instances.get(id) else { return false };
-        let Some(op) = backend_op(&self.name, &t.instance, weight) else { return false };
+        let Ok(op) = backend_op(&self.name, &t.instance, weight) else { return false };
         self.submit(op).await
     }
 
@@ -573,14 +613,16 @@ impl Scaler {
     }
 }
 
-/// A put_backend op for an instance, marked as the autoscaler's.
-fn backend_op(service: &ServiceName, instance: &Instance, weight: u32) -> Option<Op> {
-    Some(Op::PutBackend {
+/// A put_backend op for an instance, marked as the autoscaler's; `Err`
+/// when its id or address is not one a backend can have.
+fn backend_op(service: &ServiceName, instance: &Instance, weight: u32) -> Result<Op, NameError> {
+    Ok(Op::PutBackend {
         service: service.clone(),
-        id: BackendId::new(&instance.id).ok()?,
+        id: BackendId::new(&instance.id)?,
         spec: BackendSpec {
-            addr: BackendAddr::new(&instance.addr).ok()?,
-            weight: Weight::try_from(weight).ok()?,
+            addr: BackendAddr::new(&instance.addr)?,
+            // 0 (draining) or 1: both are weights.
+            weight: Weight::try_from(weight).unwrap_or_default(),
             backup: false,
             max_conns: None,
             autoscaled: true,
@@ -593,8 +635,8 @@ async fn wait_ready(
     instance: &Instance,
     ready: &tidegate_model::ReadySpec,
     upstream: &tidegate_upstream::Profile,
-) -> Result<(), String> {
-    let addr = BackendAddr::new(&instance.addr).map_err(|e| e.to_string())?;
+) -> Result<(), StartError> {
+    let addr = BackendAddr::new(&instance.addr)?;
     let check = ActiveCheck {
         kind: CheckKind::Http,
         path: ready.path.clone(),
@@ -615,5 +657,5 @@ async fn wait_ready(
         last = verdict.detail;
         tokio::time::sleep(Duration::from_millis(ready.interval_ms)).await;
     }
-    Err(format!("not ready after {} s: {last}", ready.timeout_s))
+    Err(StartError::NotReady { timeout_s: ready.timeout_s, last })
 }

@@ -18,4 +18,7 @@ pub mod providers;
 
 pub use controller::{spawn, Phase, ScalingStatus, StatusBoard};
 pub use events::{Coalescer, Event, EventKind, Events, Noted};
-pub use provider::{provider_for, BoxFuture, Instance, Provider, ProviderError, StartRequest};
+pub use provider::{
+    provider_for, AnswerError, BoxFuture, Instance, Provider, ProviderError, ProviderErrorKind, SignalError,
+    StartRequest,
+};

@@ -13,6 +13,8 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::{Deserialize, Serialize};
 
+use crate::invalid::{Invalid, Reason};
+
 /// A certificate chain and its key (`PUT /v1/certificates/{name}`).
 /// Values of this type are always valid: the chain parses and the key
 /// matches its first certificate.
@@ -87,7 +89,7 @@ impl CertificateSpec {
     /// DNS host can only be served as the default, since no SNI name
     /// selects it. A certificate not valid yet is taken (its issuer's clock
     /// may run a little ahead of ours); `GET` shows its dates.
-    pub fn check_incoming(&self, now: i64) -> Result<(), String> {
+    pub fn check_incoming(&self, now: i64) -> Result<(), Invalid> {
         check_incoming(&self.info, self.wire.default, now)
     }
 
@@ -104,15 +106,18 @@ impl CertificateSpec {
 }
 
 /// See [`CertificateSpec::check_incoming`].
-fn check_incoming(info: &CertificateInfo, default: bool, now: i64) -> Result<(), String> {
+fn check_incoming(info: &CertificateInfo, default: bool, now: i64) -> Result<(), Invalid> {
     if info.not_after < now {
-        return Err(format!("cert_pem: the certificate expired at {} (Unix time)", info.not_after));
+        return Err(Invalid::new("cert_pem", Reason::Expired { not_after: info.not_after }));
     }
     if info.names.is_empty() && !default {
-        return Err("default: the certificate names no DNS host (no DNS subject alternative name and no \
-                    common name), so no SNI name selects it; make it the default certificate \
-                    (\"default\": true) or use one issued for the names it must serve"
-            .to_string());
+        return Err(Invalid::conflict(
+            "default",
+            "cert_pem",
+            "the certificate names no DNS host (no DNS subject alternative name and no \
+             common name), so no SNI name selects it; make it the default certificate \
+             (\"default\": true) or use one issued for the names it must serve",
+        ));
     }
     Ok(())
 }
@@ -164,7 +169,7 @@ impl CertificateInput {
     }
 
     /// See [`CertificateSpec::check_incoming`].
-    pub fn check_incoming(&self, now: i64) -> Result<(), String> {
+    pub fn check_incoming(&self, now: i64) -> Result<(), Invalid> {
         check_incoming(self.info(), self.is_default(), now)
     }
 
@@ -172,15 +177,18 @@ impl CertificateInput {
     /// the configuration has (`current`). `Err` (naming `key_pem`) when it
     /// keeps a key and there is none, or the key kept does not match the
     /// new chain.
-    pub fn resolve(&self, current: Option<&CertificateSpec>) -> Result<CertificateSpec, String> {
+    pub fn resolve(&self, current: Option<&CertificateSpec>) -> Result<CertificateSpec, Invalid> {
         match self {
             CertificateInput::Whole(spec) => Ok(spec.clone()),
             CertificateInput::KeepKey(k) => {
                 let Some(current) = current else {
-                    return Err(format!(
-                        "key_pem: {:?} is the placeholder read APIs show, and there is no certificate of this \
-                         name whose key it could keep; give the key",
-                        crate::REDACTED
+                    return Err(Invalid::rule(
+                        "key_pem",
+                        format!(
+                            "{:?} is the placeholder read APIs show, and there is no certificate of this \
+                             name whose key it could keep; give the key",
+                            crate::REDACTED
+                        ),
                     ));
                 };
                 let wire = CertificateWire {
@@ -188,9 +196,9 @@ impl CertificateInput {
                     key_pem: current.wire.key_pem.clone(),
                     default: k.default,
                 };
-                CertificateSpec::try_from(wire).map_err(|e| match e.strip_prefix("key_pem: ") {
-                    Some(why) => format!("key_pem: the key kept from the current certificate: {why}"),
-                    None => e,
+                CertificateSpec::try_from(wire).map_err(|e| match e.field.as_str() {
+                    "key_pem" => Invalid::new("key_pem", Reason::KeptKey(Box::new(e.reason))),
+                    _ => e,
                 })
             }
         }
@@ -237,9 +245,9 @@ impl From<CertificateInput> for CertificateWire {
 }
 
 impl TryFrom<CertificateWire> for CertificateInput {
-    type Error = String;
+    type Error = Invalid;
 
-    fn try_from(wire: CertificateWire) -> Result<Self, String> {
+    fn try_from(wire: CertificateWire) -> Result<Self, Invalid> {
         if wire.key_pem != crate::REDACTED {
             return CertificateSpec::try_from(wire).map(CertificateInput::Whole);
         }
@@ -276,9 +284,9 @@ impl From<CertificateSpec> for CertificateWire {
 }
 
 impl TryFrom<CertificateWire> for CertificateSpec {
-    type Error = String;
+    type Error = Invalid;
 
-    fn try_from(wire: CertificateWire) -> Result<Self, String> {
+    fn try_from(wire: CertificateWire) -> Result<Self, Invalid> {
         let certified = key_pair(&wire.cert_pem, &wire.key_pem, ("cert_pem", "key_pem"))?;
         let info = inspect(&certified.cert)?;
         Ok(CertificateSpec { wire, info: Arc::new(info), key: Arc::new(certified), redacted: false })
@@ -293,34 +301,35 @@ pub(crate) fn key_pair(
     cert_pem: &str,
     key_pem: &str,
     fields: (&str, &str),
-) -> Result<rustls::sign::CertifiedKey, String> {
+) -> Result<rustls::sign::CertifiedKey, Invalid> {
     let (cert_field, key_field) = fields;
     let chain = chain(cert_pem, cert_field)?;
     let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
-        .map_err(|e| format!("{key_field}: not a PEM private key ({e})"))?;
+        .map_err(|e| Invalid::unreadable(key_field, format!("not a PEM private key ({e})")))?;
     let provider = rustls::crypto::ring::default_provider();
     rustls::sign::CertifiedKey::from_der(chain, key, &provider).map_err(|e| match e {
-        rustls::Error::InconsistentKeys(_) => format!("{key_field}: the key does not match the certificate"),
-        other => format!("{key_field}: unsupported or malformed key ({other})"),
+        rustls::Error::InconsistentKeys(_) => Invalid::new(key_field, Reason::KeyMismatch),
+        other => Invalid::unreadable(key_field, format!("unsupported or malformed key ({other})")),
     })
 }
 
 /// The certificates of a PEM chain, at least one; errors name `field`.
-pub(crate) fn chain(pem: &str, field: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+pub(crate) fn chain(pem: &str, field: &str) -> Result<Vec<CertificateDer<'static>>, Invalid> {
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem.as_bytes())
         .collect::<Result<_, _>>()
-        .map_err(|e| format!("{field}: not a PEM certificate chain ({e})"))?;
+        .map_err(|e| Invalid::unreadable(field, format!("not a PEM certificate chain ({e})")))?;
     if chain.is_empty() {
-        return Err(format!("{field}: no CERTIFICATE block found"));
+        return Err(Invalid::unreadable(field, "no CERTIFICATE block found"));
     }
     Ok(chain)
 }
 
 /// Reads names and validity from the first certificate of `chain`.
-fn inspect(chain: &[CertificateDer<'_>]) -> Result<CertificateInfo, String> {
+fn inspect(chain: &[CertificateDer<'_>]) -> Result<CertificateInfo, Invalid> {
     use x509_parser::extensions::GeneralName;
-    let (_, cert) = x509_parser::parse_x509_certificate(chain[0].as_ref())
-        .map_err(|e| format!("cert_pem: not an X.509 certificate ({e})"))?;
+    let first = chain.first().ok_or_else(|| Invalid::unreadable("cert_pem", "no CERTIFICATE block found"))?;
+    let (_, cert) = x509_parser::parse_x509_certificate(first.as_ref())
+        .map_err(|e| Invalid::unreadable("cert_pem", format!("not an X.509 certificate ({e})")))?;
     let mut names: Vec<String> = match cert.subject_alternative_name() {
         Ok(Some(san)) => san
             .value
@@ -332,7 +341,7 @@ fn inspect(chain: &[CertificateDer<'_>]) -> Result<CertificateInfo, String> {
             })
             .collect(),
         Ok(None) => Vec::new(),
-        Err(e) => return Err(format!("cert_pem: malformed subject alternative names ({e})")),
+        Err(e) => return Err(Invalid::unreadable("cert_pem", format!("malformed subject alternative names ({e})"))),
     };
     if names.is_empty() {
         names.extend(cert.subject().iter_common_name().filter_map(|cn| cn.as_str().ok()).map(str::to_ascii_lowercase));
@@ -365,11 +374,14 @@ mod tests {
         (cert.pem(), key.serialize_pem())
     }
 
-    fn parse(cert: &str, key: &str) -> Result<CertificateSpec, String> {
+    fn parse(cert: &str, key: &str) -> Result<CertificateSpec, crate::ParseError> {
         crate::parse_json::<CertificateSpec>(
             serde_json::json!({ "cert_pem": cert, "key_pem": key, "default": true }).to_string().as_bytes(),
         )
-        .map_err(|e| format!("{}: {}", e.field, e.message))
+    }
+
+    fn wire(cert: &str, key: &str) -> CertificateWire {
+        CertificateWire { cert_pem: cert.into(), key_pem: key.into(), default: false }
     }
 
     #[test]
@@ -391,12 +403,17 @@ mod tests {
     fn bad_input_names_the_field() {
         let (cert, key) = pair(&["a.example"]);
         let (_, other_key) = pair(&["a.example"]);
-        let err = parse(&cert, &other_key).unwrap_err();
+        let err = parse(&cert, &other_key).unwrap_err().to_string();
         assert!(err.starts_with("key_pem: the key does not match"), "{err}");
-        let err = parse("garbage", &key).unwrap_err();
+        let err = parse("garbage", &key).unwrap_err().to_string();
         assert!(err.starts_with("cert_pem:"), "{err}");
-        let err = parse(&cert, "garbage").unwrap_err();
+        let err = parse(&cert, "garbage").unwrap_err().to_string();
         assert!(err.starts_with("key_pem:"), "{err}");
+        // The typed refusal names the field and the kind.
+        let err = CertificateSpec::try_from(wire(&cert, &other_key)).unwrap_err();
+        assert_eq!((err.field.as_str(), &err.reason), ("key_pem", &Reason::KeyMismatch));
+        let err = CertificateSpec::try_from(wire("garbage", &key)).unwrap_err();
+        assert!(matches!((err.field.as_str(), err.reason), ("cert_pem", Reason::Malformed { value: None, .. })));
         let mut params = rcgen::CertificateParams::new(vec!["old.example".to_string()]).unwrap();
         params.not_before = rcgen::date_time_ymd(2020, 1, 1);
         params.not_after = rcgen::date_time_ymd(2021, 1, 1);
@@ -404,7 +421,25 @@ mod tests {
         let old = params.self_signed(&old_key).unwrap();
         let old = parse(&old.pem(), &old_key.serialize_pem()).expect("an expired pair still decodes (stored data)");
         let err = old.check_incoming(unix_now()).unwrap_err();
-        assert!(err.starts_with("cert_pem: the certificate expired"), "{err}");
+        assert_eq!(err.field, "cert_pem");
+        assert_eq!(err.reason, Reason::Expired { not_after: old.info().not_after });
+        assert!(err.to_string().starts_with("cert_pem: the certificate expired"), "{err}");
+    }
+
+    #[test]
+    fn a_kept_key_is_refused_by_kind() {
+        let (cert, _) = pair(&["a.example"]);
+        let (other_cert, other_key) = pair(&["a.example"]);
+        let input = CertificateInput::try_from(wire(&cert, crate::REDACTED)).unwrap();
+        let err = input.resolve(None).unwrap_err();
+        assert!(matches!((err.field.as_str(), &err.reason), ("key_pem", Reason::Rule(_))), "{err:?}");
+        let current = CertificateSpec::try_from(wire(&other_cert, &other_key)).unwrap();
+        let err = input.resolve(Some(&current)).unwrap_err();
+        assert_eq!(err.reason, Reason::KeptKey(Box::new(Reason::KeyMismatch)));
+        assert_eq!(
+            err.to_string(),
+            "key_pem: the key kept from the current certificate: the key does not match the certificate"
+        );
     }
 
     #[test]
@@ -424,7 +459,8 @@ mod tests {
         assert!(spec(true).info().names.is_empty());
         assert_eq!(spec(true).check_incoming(unix_now()), Ok(()));
         let err = spec(false).check_incoming(unix_now()).unwrap_err();
-        assert!(err.starts_with("default: the certificate names no DNS host"), "{err}");
+        assert!(matches!(&err.reason, Reason::Conflict { with, .. } if with == "cert_pem"), "{err:?}");
+        assert!(err.to_string().starts_with("default: the certificate names no DNS host"), "{err}");
         // Named ones need not be the default; not valid yet is taken.
         let mut later = rcgen::CertificateParams::new(vec!["soon.example".to_string()]).unwrap();
         later.not_before = rcgen::date_time_ymd(2090, 1, 1);

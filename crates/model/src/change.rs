@@ -122,24 +122,33 @@ impl<'de> Deserialize<'de> for Op {
             "put_certificate" => sub::<NameSpec<CertName, CertificateInput>>(body)
                 .map(|w| Op::PutCertificate { name: w.name, spec: Box::new(w.spec) }),
             "delete_certificate" => sub::<Named<CertName>>(body).map(|w| Op::DeleteCertificate { name: w.name }),
-            other => Err(format!(
-                "op: unknown op {other:?}; expected one of put_service, delete_service, \
-                 put_backend, delete_backend, put_route, delete_route, put_certificate, delete_certificate"
-            )),
+            other => {
+                return Err(D::Error::custom(format!(
+                    "op: unknown op {other:?}; expected one of put_service, delete_service, \
+                     put_backend, delete_backend, put_route, delete_route, put_certificate, delete_certificate"
+                )))
+            }
         };
-        op.map_err(D::Error::custom)
+        op.map_err(|e| D::Error::custom(path_message(e)))
     }
 }
 
-fn sub<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T, String> {
-    serde_path_to_error::deserialize(v).map_err(|e| {
-        let path = e.path().to_string();
-        if path == "." {
-            e.inner().to_string()
-        } else {
-            format!("{path}: {}", e.inner())
-        }
-    })
+/// Decodes an op's body, keeping the path of an error (the caller turns
+/// it into serde's text, prefixed by the path, with [`path_message`]).
+fn sub<T: serde::de::DeserializeOwned>(
+    v: serde_json::Value,
+) -> Result<T, serde_path_to_error::Error<serde_json::Error>> {
+    serde_path_to_error::deserialize(v)
+}
+
+/// An op body's decode error as text: `path: message`.
+fn path_message(e: serde_path_to_error::Error<serde_json::Error>) -> String {
+    let path = e.path().to_string();
+    if path == "." {
+        e.inner().to_string()
+    } else {
+        format!("{path}: {}", e.inner())
+    }
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -195,6 +204,13 @@ pub struct ParseError {
 }
 
 impl ParseError {
+    /// A refusal of the model's checks (`e.field` below `prefix`), as a
+    /// parse error of the document it is in.
+    pub fn invalid(op: Option<usize>, prefix: &str, e: crate::Invalid) -> Self {
+        let field = e.under(prefix);
+        ParseError { op, field: field.field, message: field.reason.to_string() }
+    }
+
     /// Builds an error from a JSON parse failure, keeping the path serde saw.
     pub fn from_path(err: serde_path_to_error::Error<serde_json::Error>) -> Self {
         let mut field = match err.path().to_string() {
@@ -255,10 +271,7 @@ pub fn check_change_set(cs: &ChangeSet) -> Result<(), ParseError> {
     let now = crate::certificate::unix_now();
     for (i, op) in cs.ops.iter().enumerate() {
         if let Op::PutCertificate { spec, .. } = op {
-            spec.check_incoming(now).map_err(|m| {
-                let (field, message) = m.split_once(": ").unwrap_or(("cert_pem", &m));
-                ParseError { op: Some(i), field: format!("ops[{i}].spec.{field}"), message: message.to_string() }
-            })?;
+            spec.check_incoming(now).map_err(|e| ParseError::invalid(Some(i), &format!("ops[{i}].spec"), e))?;
         }
     }
     Ok(())

@@ -71,14 +71,8 @@ impl Document {
         }
         let now = crate::certificate::unix_now();
         for (name, spec) in &self.certificates {
-            spec.check_incoming(now).map_err(|m| {
-                let (field, message) = m.split_once(": ").unwrap_or(("cert_pem", &m));
-                ParseError {
-                    op: None,
-                    field: format!("certificates.{}.{field}", name.as_str()),
-                    message: message.into(),
-                }
-            })?;
+            spec.check_incoming(now)
+                .map_err(|e| ParseError::invalid(None, &format!("certificates.{}", name.as_str()), e))?;
         }
         // What the document keeps from the configuration it is applied to
         // (a secret or a key given as the placeholder) is checked there.

@@ -15,6 +15,7 @@ mod certificate;
 mod change;
 mod desired;
 mod headers;
+mod invalid;
 mod names;
 pub mod normalize;
 #[cfg(test)]
@@ -29,6 +30,7 @@ pub use certificate::{unix_now, CertificateInfo, CertificateInput, CertificateSp
 pub use change::{check_change_set, parse_change_set, parse_json, ChangeSet, Op, ParseError};
 pub use desired::{document_paths, in_document, plan, Action, Change, Document, Kind};
 pub use headers::Headers;
+pub use invalid::{Invalid, Reason};
 pub use names::{BackendAddr, BackendId, CertName, NameError, RouteName, ServiceName};
 pub use route::{HeaderMatch, HostPattern, PathPattern, RouteAction, RouteMatch, RouteSpec, StaticDir};
 pub use schema::config_file_schema;

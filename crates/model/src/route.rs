@@ -7,6 +7,7 @@ use std::sync::Arc;
 use http::{HeaderName, HeaderValue, Method};
 use serde::{Deserialize, Serialize};
 
+use crate::invalid::Invalid;
 use crate::names::ServiceName;
 
 /// Which host a route matches.
@@ -146,7 +147,7 @@ struct MatchWire {
     headers: BTreeMap<String, String>,
 }
 
-fn parse_host(h: &str) -> Result<HostPattern, String> {
+fn parse_host(h: &str) -> Result<HostPattern, Invalid> {
     let h = h.to_ascii_lowercase();
     let (wild, rest) = match h.strip_prefix("*.") {
         Some(rest) => (true, rest),
@@ -154,54 +155,55 @@ fn parse_host(h: &str) -> Result<HostPattern, String> {
     };
     let label_ok = |l: &str| !l.is_empty() && l.len() <= 63 && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
     if rest.is_empty() || rest.len() > 253 || !rest.split('.').all(label_ok) {
-        return Err(format!("match.host: {h:?} is not a host name or a `*.domain` wildcard"));
+        return Err(Invalid::malformed("match.host", format!("{h:?}"), "is not a host name or a `*.domain` wildcard"));
     }
     Ok(if wild { HostPattern::Wildcard(Arc::from(format!(".{rest}"))) } else { HostPattern::Exact(Arc::from(rest)) })
 }
 
-fn check_path(field: &str, p: &str) -> Result<(), String> {
+fn check_path(field: &str, p: &str) -> Result<(), Invalid> {
+    let bad = |expected: String| Invalid::malformed(field, format!("{p:?}"), expected);
     if !p.starts_with('/') {
-        return Err(format!("{field}: {p:?} must start with '/'"));
+        return Err(bad("must start with '/'".into()));
     }
     if p.contains(['?', '#']) || p.chars().any(|c| c.is_ascii_control() || c == ' ') {
-        return Err(format!("{field}: {p:?} must be a plain path (no query, fragment, spaces)"));
+        return Err(bad("must be a plain path (no query, fragment, spaces)".into()));
     }
     // Routes match the normalized path (as clients send it, percent-
     // encoded): a route is written in that form, or it could never match.
     if !p.is_ascii() {
-        return Err(format!("{field}: {p:?} must be ASCII: percent-encode other characters (UTF-8, uppercase hex)"));
+        return Err(bad("must be ASCII: percent-encode other characters (UTF-8, uppercase hex)".into()));
     }
     match crate::normalize::normalize(p) {
         Ok(n) if n == p => {}
         Ok(n) => {
-            return Err(format!(
-                "{field}: {p:?} must be written as requests are normalized, {n:?} (an unreserved character as \
+            return Err(bad(format!(
+                "must be written as requests are normalized, {n:?} (an unreserved character as \
                  itself, other escapes in uppercase hex, no dot segments or repeated slashes)"
-            ))
+            )))
         }
         Err(crate::normalize::PathError::EncodedSeparator) => {
-            return Err(format!("{field}: {p:?} encodes '/', '\\' or NUL, which requests may not carry"));
+            return Err(bad("encodes '/', '\\' or NUL, which requests may not carry".into()));
         }
         Err(crate::normalize::PathError::Backslash) => {
-            return Err(format!(
-                "{field}: {p:?} has a raw '\\', which requests may not carry (some servers read it as '/')"
-            ));
+            return Err(bad("has a raw '\\', which requests may not carry (some servers read it as '/')".into()));
         }
-        Err(e) => return Err(format!("{field}: {p:?} is not a path a request can have ({e:?})")),
+        Err(e) => return Err(bad(format!("is not a path a request can have ({e:?})"))),
     }
     Ok(())
 }
 
 impl TryFrom<RouteWire> for RouteSpec {
-    type Error = String;
-    fn try_from(w: RouteWire) -> Result<Self, String> {
+    type Error = Invalid;
+    fn try_from(w: RouteWire) -> Result<Self, Invalid> {
         let m = w.matches;
         let host = match m.host.as_deref() {
             None => HostPattern::Any,
             Some(h) => parse_host(h)?,
         };
         let path = match (m.path_prefix, m.path) {
-            (Some(_), Some(_)) => return Err("match: give `path_prefix` or `path`, not both".to_string()),
+            (Some(_), Some(_)) => {
+                return Err(Invalid::conflict("match", "match.path", "give `path_prefix` or `path`, not both"))
+            }
             (None, Some(p)) => {
                 check_path("match.path", &p)?;
                 PathPattern::Exact(Arc::from(p))
@@ -215,8 +217,9 @@ impl TryFrom<RouteWire> for RouteSpec {
         };
         let mut methods = Vec::new();
         for (i, name) in m.methods.iter().enumerate() {
-            let method = Method::from_bytes(name.to_ascii_uppercase().as_bytes())
-                .map_err(|_| format!("match.methods[{i}]: {name:?} is not an HTTP method"))?;
+            let method = Method::from_bytes(name.to_ascii_uppercase().as_bytes()).map_err(|_| {
+                Invalid::malformed(format!("match.methods[{i}]"), format!("{name:?}"), "is not an HTTP method")
+            })?;
             if !methods.contains(&method) {
                 methods.push(method);
             }
@@ -224,9 +227,10 @@ impl TryFrom<RouteWire> for RouteSpec {
         let mut headers = Vec::new();
         for (name, value) in &m.headers {
             let hn = HeaderName::from_bytes(name.as_bytes())
-                .map_err(|_| format!("match.headers: {name:?} is not a header name"))?;
-            let hv = HeaderValue::from_str(value)
-                .map_err(|_| format!("match.headers.{name}: {value:?} is not a header value"))?;
+                .map_err(|_| Invalid::malformed("match.headers", format!("{name:?}"), "is not a header name"))?;
+            let hv = HeaderValue::from_str(value).map_err(|_| {
+                Invalid::malformed(format!("match.headers.{name}"), format!("{value:?}"), "is not a header value")
+            })?;
             headers.push(HeaderMatch { name: hn, value: hv });
         }
         let action = match (w.service, w.static_dir) {
@@ -236,14 +240,14 @@ impl TryFrom<RouteWire> for RouteSpec {
                 // against the filesystem by the API and by the proxy
                 // (`check_static_root`).
                 if let Some(why) = crate::static_root::written_root_refusal(&d.root) {
-                    return Err(format!("static.root: {why}"));
+                    return Err(Invalid::unreadable("static.root", why));
                 }
                 if d.index.is_empty() || d.index.contains(['/', '\\']) || d.index == ".." {
-                    return Err("static.index: must be a plain file name".to_string());
+                    return Err(Invalid::unreadable("static.index", "must be a plain file name"));
                 }
                 RouteAction::Static(d)
             }
-            _ => return Err("a route needs exactly one of `service` and `static`".to_string()),
+            _ => return Err(Invalid::conflict("", "static", "a route needs exactly one of `service` and `static`")),
         };
         Ok(RouteSpec {
             matches: RouteMatch { host, path, methods, headers },
@@ -297,9 +301,10 @@ impl From<RouteSpec> for RouteWire {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Reason;
 
-    fn parse(s: &str) -> Result<RouteSpec, String> {
-        serde_json::from_str(s).map_err(|e| e.to_string())
+    fn parse(s: &str) -> Result<RouteSpec, serde_json::Error> {
+        serde_json::from_str(s)
     }
 
     #[test]
@@ -332,9 +337,21 @@ mod tests {
             (r#"{"service":"w","extra":1}"#, "unknown field"),
         ];
         for (text, want) in cases {
-            let err = parse(text).unwrap_err();
+            let err = parse(text).unwrap_err().to_string();
             assert!(err.contains(want), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn refusals_name_the_field_and_kind() {
+        let wire = |text: &str| serde_json::from_str::<RouteWire>(text).unwrap();
+        let e = RouteSpec::try_from(wire(r#"{"match":{"path":"x"},"service":"w"}"#)).unwrap_err();
+        assert_eq!(e.field, "match.path");
+        assert!(matches!(&e.reason, Reason::Malformed { value: Some(v), .. } if v == "\"x\""), "{e:?}");
+        let e = RouteSpec::try_from(wire(r#"{"match":{"path":"/a","path_prefix":"/b"},"service":"w"}"#)).unwrap_err();
+        assert!(matches!(&e.reason, Reason::Conflict { with, .. } if with == "match.path"), "{e:?}");
+        let e = RouteSpec::try_from(wire(r#"{"match":{"methods":["GET","G T"]},"service":"w"}"#)).unwrap_err();
+        assert_eq!(e.field, "match.methods[1]");
     }
 
     #[test]

@@ -6,6 +6,7 @@ use imbl::OrdMap;
 use serde::de::{self, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::invalid::{Invalid, Reason};
 use crate::names::{BackendAddr, BackendId};
 
 /// A backend's share of traffic relative to its peers. `0` sends it nothing
@@ -31,10 +32,10 @@ impl Default for Weight {
 }
 
 impl TryFrom<u32> for Weight {
-    type Error = String;
-    fn try_from(w: u32) -> Result<Self, String> {
+    type Error = Invalid;
+    fn try_from(w: u32) -> Result<Self, Invalid> {
         if w > Self::MAX {
-            return Err(format!("weight {w} is above the maximum {}", Self::MAX));
+            return Err(named_range("weight", "0..=10000", w));
         }
         Ok(Weight(w))
     }
@@ -44,6 +45,12 @@ impl From<Weight> for u32 {
     fn from(w: Weight) -> u32 {
         w.0
     }
+}
+
+/// A ranged number refused on its own (its field named by the decode's
+/// path), its name said in the message too.
+fn named_range(name: &'static str, range: &str, value: impl fmt::Display) -> Invalid {
+    Invalid::new("", Reason::OutOfRange { name: Some(name), range: range.into(), value: Some(value.to_string()) })
 }
 
 /// One backend of a service, as configured (`PUT /v1/services/{s}/backends/{id}`).
@@ -97,9 +104,9 @@ impl Percent {
 }
 
 impl TryFrom<u32> for Percent {
-    type Error = String;
-    fn try_from(v: u32) -> Result<Self, String> {
-        Percent::new(v).ok_or_else(|| format!("must be 0..=100, got {v}"))
+    type Error = Invalid;
+    fn try_from(v: u32) -> Result<Self, Invalid> {
+        Percent::new(v).ok_or_else(|| Invalid::range("", "0..=100", v))
     }
 }
 
@@ -136,12 +143,12 @@ impl MaxConns {
 }
 
 impl TryFrom<u32> for MaxConns {
-    type Error = String;
-    fn try_from(v: u32) -> Result<Self, String> {
+    type Error = Invalid;
+    fn try_from(v: u32) -> Result<Self, Invalid> {
         if (1..=100_000).contains(&v) {
             Ok(MaxConns(v))
         } else {
-            Err(format!("max_conns must be 1..=100000, got {v}"))
+            Err(named_range("max_conns", "1..=100000", v))
         }
     }
 }
@@ -213,24 +220,21 @@ impl Default for ConcurrencySpec {
 }
 
 impl ConcurrencySpec {
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> Result<(), Invalid> {
         if !(110..=1000).contains(&self.latency_tolerance_pct) {
-            return Err(format!(
-                "concurrency.latency_tolerance_pct: must be 110..=1000, got {}",
-                self.latency_tolerance_pct
-            ));
+            return Err(Invalid::range("concurrency.latency_tolerance_pct", "110..=1000", self.latency_tolerance_pct));
         }
         if self.min == 0 || self.max > 100_000 || self.min > self.max {
-            return Err(format!(
-                "concurrency: need 1 <= min <= max <= 100000, got min {} and max {}",
-                self.min, self.max
+            return Err(Invalid::rule(
+                "concurrency",
+                format!("need 1 <= min <= max <= 100000, got min {} and max {}", self.min, self.max),
             ));
         }
         if self.min_rise_us > 10_000_000 {
-            return Err(format!("concurrency.min_rise_us: must be 0..=10000000, got {}", self.min_rise_us));
+            return Err(Invalid::range("concurrency.min_rise_us", "0..=10000000", self.min_rise_us));
         }
         if !(self.min..=self.max).contains(&self.initial) {
-            return Err(format!("concurrency.initial: must be within min..=max, got {}", self.initial));
+            return Err(Invalid::range("concurrency.initial", "within min..=max", self.initial));
         }
         Ok(())
     }
@@ -330,33 +334,35 @@ impl fmt::Debug for UpstreamTls {
 impl UpstreamTls {
     /// The trusted CAs of `ca_pem`, checked: at least one certificate, and
     /// nothing that is not one.
-    pub fn ca_certificates(&self) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
+    pub fn ca_certificates(&self) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, Invalid> {
         use rustls::pki_types::pem::PemObject;
+        const FIELD: &str = "upstream.tls.ca_pem";
         let Some(pem) = &self.ca_pem else {
             return Ok(Vec::new());
         };
         let certs = rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("upstream.tls.ca_pem: not PEM certificates ({e})"))?;
+            .map_err(|e| Invalid::unreadable(FIELD, format!("not PEM certificates ({e})")))?;
         if certs.is_empty() {
-            return Err("upstream.tls.ca_pem: no CERTIFICATE block found".into());
+            return Err(Invalid::unreadable(FIELD, "no CERTIFICATE block found"));
         }
         let mut roots = rustls::RootCertStore::empty();
         for (i, c) in certs.iter().enumerate() {
-            roots
-                .add(c.clone())
-                .map_err(|e| format!("upstream.tls.ca_pem: certificate {i} is not a usable CA certificate ({e})"))?;
+            roots.add(c.clone()).map_err(|e| {
+                Invalid::unreadable(FIELD, format!("certificate {i} is not a usable CA certificate ({e})"))
+            })?;
         }
         Ok(certs)
     }
 
     /// The `sni` as a server name, checked.
-    pub fn server_name(&self) -> Result<Option<rustls::pki_types::ServerName<'static>>, String> {
+    pub fn server_name(&self) -> Result<Option<rustls::pki_types::ServerName<'static>>, Invalid> {
         self.sni
             .as_deref()
             .map(|n| {
-                rustls::pki_types::ServerName::try_from(n.to_string())
-                    .map_err(|_| format!("upstream.tls.sni: {n:?} is not a DNS name or IP address"))
+                rustls::pki_types::ServerName::try_from(n.to_string()).map_err(|_| {
+                    Invalid::malformed("upstream.tls.sni", format!("{n:?}"), "is not a DNS name or IP address")
+                })
             })
             .transpose()
     }
@@ -364,22 +370,27 @@ impl UpstreamTls {
     /// The client certificate and its key, checked to match; `None`
     /// without one. A key still the placeholder [`REDACTED`] (kept from the
     /// configuration it is applied to) is not checked here: only the chain.
-    pub fn client_identity(&self) -> Result<Option<rustls::sign::CertifiedKey>, String> {
+    pub fn client_identity(&self) -> Result<Option<rustls::sign::CertifiedKey>, Invalid> {
         const FIELDS: (&str, &str) = ("upstream.tls.client_cert_pem", "upstream.tls.client_key_pem");
+        let requires = |field: &str, with: &str| Invalid::new(field, Reason::Requires { with: with.into() });
         match (&self.client_cert_pem, &self.client_key_pem) {
             (None, None) => Ok(None),
-            (Some(_), None) => Err(format!("{}: required with client_cert_pem", FIELDS.1)),
-            (None, Some(_)) => Err(format!("{}: required with client_key_pem", FIELDS.0)),
+            (Some(_), None) => Err(requires(FIELDS.1, "client_cert_pem")),
+            (None, Some(_)) => Err(requires(FIELDS.0, "client_key_pem")),
             (Some(cert), Some(key)) if key == REDACTED => crate::certificate::chain(cert, FIELDS.0).map(|_| None),
             (Some(cert), Some(key)) => crate::certificate::key_pair(cert, key, FIELDS).map(Some),
         }
     }
 
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> Result<(), Invalid> {
         self.ca_certificates()?;
         self.server_name()?;
         if !self.verify && self.ca_pem.is_some() {
-            return Err("upstream.tls.ca_pem: given with \"verify\": false, where nothing is checked".into());
+            return Err(Invalid::conflict(
+                "upstream.tls.ca_pem",
+                "upstream.tls.verify",
+                "given with \"verify\": false, where nothing is checked",
+            ));
         }
         self.client_identity()?;
         Ok(())
@@ -484,12 +495,14 @@ impl Default for BalanceFactor {
 }
 
 impl TryFrom<f64> for BalanceFactor {
-    type Error = String;
-    fn try_from(v: f64) -> Result<Self, String> {
+    type Error = Invalid;
+    fn try_from(v: f64) -> Result<Self, Invalid> {
         if (1.0..=10.0).contains(&v) {
             Ok(BalanceFactor(v))
         } else {
-            Err(format!("balance_factor must be 1.0..=10.0, got {v}"))
+            // Named in the text: inside a policy (a tagged enum) the
+            // decode's path stops at `policy`.
+            Err(named_range("balance_factor", "1.0..=10.0", v))
         }
     }
 }
@@ -514,15 +527,15 @@ impl HeaderKey {
 }
 
 impl TryFrom<String> for HeaderKey {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
+    type Error = Invalid;
+    fn try_from(s: String) -> Result<Self, Invalid> {
         let ok = !s.is_empty()
             && s.len() <= 128
             && s.bytes().all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b));
         if ok {
             Ok(HeaderKey(s))
         } else {
-            Err(format!("{s:?} is not a valid header or cookie name"))
+            Err(Invalid::malformed("", format!("{s:?}"), "is not a valid header or cookie name"))
         }
     }
 }
@@ -612,15 +625,15 @@ struct GammaWire {
 }
 
 impl TryFrom<GammaWire> for Gammas {
-    type Error = String;
-    fn try_from(g: GammaWire) -> Result<Self, String> {
+    type Error = Invalid;
+    fn try_from(g: GammaWire) -> Result<Self, Invalid> {
         let all = [g.rate, g.cpu, g.memory, g.network, g.time];
         if all.iter().any(|x| !(0.0..=1.0).contains(x)) {
-            return Err("gamma: each exponent must be 0..=1".into());
+            return Err(Invalid::rule("gamma", "each exponent must be 0..=1"));
         }
         let sum: f64 = all.iter().sum();
         if (sum - 1.0).abs() > 1e-6 {
-            return Err(format!("gamma: exponents must sum to 1, they sum to {sum}"));
+            return Err(Invalid::rule("gamma", format!("exponents must sum to 1, they sum to {sum}")));
         }
         Ok(Gammas { rate: g.rate, cpu: g.cpu, memory: g.memory, network: g.network, time: g.time })
     }
@@ -697,21 +710,25 @@ impl Default for PrequalSpec {
 }
 
 impl PrequalSpec {
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> Result<(), Invalid> {
         if !request_path(&self.probe_path) {
-            return Err(format!("policy.probe_path: {:?} must be a path starting with '/'", self.probe_path));
+            return Err(Invalid::malformed(
+                "policy.probe_path",
+                format!("{:?}", self.probe_path),
+                "must be a path starting with '/'",
+            ));
         }
         if !(1..=1000).contains(&self.probes_per_request_pct) {
-            return Err("policy.probes_per_request_pct: must be 1..=1000".into());
+            return Err(Invalid::range_only("policy.probes_per_request_pct", "1..=1000"));
         }
         if !(1..=100).contains(&self.reuse) {
-            return Err("policy.reuse: must be 1..=100".into());
+            return Err(Invalid::range_only("policy.reuse", "1..=100"));
         }
         if !(10..=60_000).contains(&self.max_age_ms) {
-            return Err("policy.max_age_ms: must be 10..=60000".into());
+            return Err(Invalid::range_only("policy.max_age_ms", "10..=60000"));
         }
         if !(1..=100).contains(&self.hot_quantile_pct) {
-            return Err("policy.hot_quantile_pct: must be 1..=100".into());
+            return Err(Invalid::range_only("policy.hot_quantile_pct", "1..=100"));
         }
         Ok(())
     }
@@ -1107,9 +1124,9 @@ pub struct PortRange {
 }
 
 impl TryFrom<String> for PortRange {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
-        let bad = || format!("ports: {s:?} is not FROM-TO with 1 <= FROM <= TO <= 65535");
+    type Error = Invalid;
+    fn try_from(s: String) -> Result<Self, Invalid> {
+        let bad = || Invalid::malformed("ports", format!("{s:?}"), "is not FROM-TO with 1 <= FROM <= TO <= 65535");
         let (a, b) = s.split_once('-').ok_or_else(bad)?;
         let (from, to) = (a.trim().parse::<u16>().map_err(|_| bad())?, b.trim().parse::<u16>().map_err(|_| bad())?);
         if from == 0 || from > to {
@@ -1134,52 +1151,66 @@ fn request_path(path: &str) -> bool {
 }
 
 impl AutoscaleSpec {
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> Result<(), Invalid> {
         if !(1..=1_000).contains(&self.max) {
-            return Err(format!("autoscale.max: must be 1..=1000, got {}", self.max));
+            return Err(Invalid::range("autoscale.max", "1..=1000", self.max));
         }
         if self.min > self.max {
-            return Err(format!("autoscale.min: must be at most max ({}), got {}", self.max, self.min));
+            return Err(Invalid::range("autoscale.min", format!("at most max ({})", self.max), self.min));
         }
         if let Some(p) = self.pinned.filter(|p| !(self.min..=self.max).contains(p)) {
-            return Err(format!("autoscale.pinned: must be within min..=max ({}..={}), got {p}", self.min, self.max));
+            return Err(Invalid::range(
+                "autoscale.pinned",
+                format!("within min..=max ({}..={})", self.min, self.max),
+                p,
+            ));
         }
         if self.target_in_flight == 0 {
-            return Err("autoscale.target_in_flight: must be above 0".into());
+            return Err(Invalid::range_only("autoscale.target_in_flight", "above 0"));
         }
         if self.latency_threshold_ms == 0 {
-            return Err("autoscale.latency_threshold_ms: must be above 0".into());
+            return Err(Invalid::range_only("autoscale.latency_threshold_ms", "above 0"));
         }
         if self.stable_window_s > 3_600 {
-            return Err(format!("autoscale.stable_window_s: at most 3600, got {}", self.stable_window_s));
+            return Err(Invalid::too_large(
+                "autoscale.stable_window_s",
+                "3600",
+                Some(self.stable_window_s.to_string()),
+            ));
         }
         if self.panic_window_s == 0 || self.panic_window_s > self.stable_window_s {
-            return Err(format!(
-                "autoscale.panic_window_s: must be 1..=stable_window_s ({}), got {}",
-                self.stable_window_s, self.panic_window_s
+            return Err(Invalid::range(
+                "autoscale.panic_window_s",
+                format!("1..=stable_window_s ({})", self.stable_window_s),
+                self.panic_window_s,
             ));
         }
         if self.peak_hold_s > 86_400 {
-            return Err(format!("autoscale.peak_hold_s: at most 86400, got {}", self.peak_hold_s));
+            return Err(Invalid::too_large("autoscale.peak_hold_s", "86400", Some(self.peak_hold_s.to_string())));
         }
         if self.drain_timeout_s > 3_600 {
-            return Err(format!("autoscale.drain_timeout_s: at most 3600, got {}", self.drain_timeout_s));
+            return Err(Invalid::too_large(
+                "autoscale.drain_timeout_s",
+                "3600",
+                Some(self.drain_timeout_s.to_string()),
+            ));
         }
         let r = &self.ready;
         if !request_path(&r.path) || r.timeout_s == 0 || r.timeout_s > 3_600 || !(10..=60_000).contains(&r.interval_ms)
         {
-            return Err(
-                "autoscale.ready: need a path starting with '/', 0 < timeout_s <= 3600, interval_ms 10..=60000".into(),
-            );
+            return Err(Invalid::rule(
+                "autoscale.ready",
+                "need a path starting with '/', 0 < timeout_s <= 3600, interval_ms 10..=60000",
+            ));
         }
         match &self.provider {
             ProviderSpec::Process { command, .. } if command.is_empty() || command[0].is_empty() => {
-                Err("autoscale.provider.command: needs a program".into())
+                Err(Invalid::rule("autoscale.provider.command", "needs a program"))
             }
             ProviderSpec::Command { start, stop, .. }
                 if start.first().is_none_or(String::is_empty) || stop.first().is_none_or(String::is_empty) =>
             {
-                Err("autoscale.provider: `start` and `stop` need a program each".into())
+                Err(Invalid::rule("autoscale.provider", "`start` and `stop` need a program each"))
             }
             ProviderSpec::Webhook { url, secret, .. }
                 if !url.starts_with("http://")
@@ -1187,7 +1218,10 @@ impl AutoscaleSpec {
                         != Some(false)
                     || secret.is_empty() =>
             {
-                Err("autoscale.provider: webhook needs an http:// url with a host and a non-empty secret".into())
+                Err(Invalid::rule(
+                    "autoscale.provider",
+                    "webhook needs an http:// url with a host and a non-empty secret",
+                ))
             }
             _ => Ok(()),
         }
@@ -1294,7 +1328,7 @@ impl ServiceSpec {
     pub fn with_secrets_of(
         &self,
         previous: Option<&ServiceSpec>,
-    ) -> Result<std::borrow::Cow<'_, ServiceSpec>, (Secret, String)> {
+    ) -> Result<std::borrow::Cow<'_, ServiceSpec>, Invalid> {
         let kept = self.kept_secrets();
         if kept.is_empty() {
             return Ok(std::borrow::Cow::Borrowed(self));
@@ -1302,7 +1336,13 @@ impl ServiceSpec {
         let mut copy = self.clone();
         for s in kept {
             let Some(old) = previous.and_then(|p| p.secret(s)).filter(|v| *v != REDACTED) else {
-                return Err((s, format!("{REDACTED:?} is the placeholder read APIs show, and this service has no secret to keep; give the real one")));
+                return Err(Invalid::rule(
+                    s.field(),
+                    format!(
+                        "{REDACTED:?} is the placeholder read APIs show, and this service has no secret to keep; \
+                         give the real one"
+                    ),
+                ));
             };
             if let Some(v) = copy.secret_mut(s) {
                 *v = old.to_string();
@@ -1310,7 +1350,11 @@ impl ServiceSpec {
         }
         if let Some(tls) = &copy.settings.upstream.tls {
             tls.client_identity().map_err(|e| {
-                (Secret::ClientKey, format!("the key kept from the service does not fit client_cert_pem ({e})"))
+                Invalid::conflict(
+                    Secret::ClientKey.field(),
+                    "upstream.tls.client_cert_pem",
+                    format!("the key kept from the service does not fit client_cert_pem ({e})"),
+                )
             })?;
         }
         Ok(std::borrow::Cow::Owned(copy))
@@ -1408,7 +1452,7 @@ impl ServiceSettings {
         self.concurrency.learn.unwrap_or(by_default)
     }
 
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> Result<(), Invalid> {
         self.concurrency.validate()?;
         let t = &self.timeouts;
         const DAY_MS: u64 = 86_400_000;
@@ -1418,23 +1462,23 @@ impl ServiceSettings {
             ("timeouts.idle_ms", t.idle_ms),
         ] {
             if v == 0 || v > DAY_MS {
-                return Err(format!("{field}: must be 1..={DAY_MS}, got {v}"));
+                return Err(Invalid::range(field, format!("1..={DAY_MS}"), v));
             }
         }
         if self.retries > 10 {
-            return Err(format!("retries: must be 0..=10, got {}", self.retries));
+            return Err(Invalid::range("retries", "0..=10", self.retries));
         }
         if let Some(a) = &self.autoscale {
             a.validate()?;
         }
         if self.queue.max > 1_000_000 {
-            return Err(format!("queue.max: must be 0..=1000000, got {}", self.queue.max));
+            return Err(Invalid::range("queue.max", "0..=1000000", self.queue.max));
         }
         if !(1..=DAY_MS).contains(&self.queue.timeout_ms) {
-            return Err(format!("queue.timeout_ms: must be 1..={DAY_MS}, got {}", self.queue.timeout_ms));
+            return Err(Invalid::range("queue.timeout_ms", format!("1..={DAY_MS}"), self.queue.timeout_ms));
         }
         if self.upstream.max_idle > 100_000 {
-            return Err(format!("upstream.max_idle: must be 0..=100000, got {}", self.upstream.max_idle));
+            return Err(Invalid::range("upstream.max_idle", "0..=100000", self.upstream.max_idle));
         }
         if let Some(tls) = &self.upstream.tls {
             tls.validate()?;
@@ -1442,66 +1486,83 @@ impl ServiceSettings {
         let h = &self.health;
         if let Some(a) = &h.active {
             if !request_path(&a.path) {
-                return Err(format!("health.active.path: {:?} must be a path starting with '/'", a.path));
+                return Err(Invalid::malformed(
+                    "health.active.path",
+                    format!("{:?}", a.path),
+                    "must be a path starting with '/'",
+                ));
             }
             for (field, v) in [("interval_ms", a.interval_ms), ("timeout_ms", a.timeout_ms)] {
                 if !(10..=DAY_MS).contains(&v) {
-                    return Err(format!("health.active.{field}: must be 10..={DAY_MS}, got {v}"));
+                    return Err(Invalid::range(format!("health.active.{field}"), format!("10..={DAY_MS}"), v));
                 }
             }
             if a.timeout_ms > a.interval_ms {
-                return Err("health.active.timeout_ms: must not exceed interval_ms".into());
+                return Err(Invalid::conflict(
+                    "health.active.timeout_ms",
+                    "health.active.interval_ms",
+                    "must not exceed interval_ms",
+                ));
             }
             for (field, v) in [("rise", a.rise), ("fall", a.fall)] {
                 if !(1..=100).contains(&v) {
-                    return Err(format!("health.active.{field}: must be 1..=100, got {v}"));
+                    return Err(Invalid::range(format!("health.active.{field}"), "1..=100", v));
                 }
             }
             if let Some(bad) = a.expect_status.iter().find(|s| !(100..=599).contains(*s)) {
-                return Err(format!("health.active.expect_status: {bad} is not an HTTP status"));
+                return Err(Invalid::malformed(
+                    "health.active.expect_status",
+                    bad.to_string(),
+                    "is not an HTTP status",
+                ));
             }
         }
         let p = &h.passive;
         if p.max_ejection_ms > DAY_MS {
-            return Err(format!(
-                "health.passive.max_ejection_ms: at most {DAY_MS} (one day), got {}",
-                p.max_ejection_ms
+            return Err(Invalid::too_large(
+                "health.passive.max_ejection_ms",
+                format!("{DAY_MS} (one day)"),
+                Some(p.max_ejection_ms.to_string()),
             ));
         }
         if p.base_ejection_ms == 0 || p.base_ejection_ms > p.max_ejection_ms {
-            return Err(format!(
-                "health.passive.base_ejection_ms: must be 1..=max_ejection_ms ({}), got {}",
-                p.max_ejection_ms, p.base_ejection_ms
+            return Err(Invalid::range(
+                "health.passive.base_ejection_ms",
+                format!("1..=max_ejection_ms ({})", p.max_ejection_ms),
+                p.base_ejection_ms,
             ));
         }
         if h.slow_start_ms > DAY_MS {
-            return Err("health.slow_start_ms: at most one day".into());
+            return Err(Invalid::too_large("health.slow_start_ms", "one day", None));
         }
         match &self.policy {
             PolicySpec::P2cEwma { decay_ms } if !(1..=DAY_MS).contains(decay_ms) => {
-                return Err("policy.decay_ms: must be 1..=86400000".into());
+                return Err(Invalid::range_only("policy.decay_ms", format!("1..={DAY_MS}")));
             }
             PolicySpec::DynamicFeedback(f) if !(10..=DAY_MS).contains(&f.interval_ms) => {
-                return Err("policy.interval_ms: must be 10..=86400000".into());
+                return Err(Invalid::range_only("policy.interval_ms", format!("10..={DAY_MS}")));
             }
             PolicySpec::Prequal(p) => p.validate()?,
             PolicySpec::OrcaWrr(o) => {
                 if o.blackout_ms > DAY_MS {
-                    return Err(format!("policy.blackout_ms: must be 0..={DAY_MS}, got {}", o.blackout_ms));
+                    return Err(Invalid::range("policy.blackout_ms", format!("0..={DAY_MS}"), o.blackout_ms));
                 }
                 if !(1..=DAY_MS).contains(&o.expiry_ms) {
-                    return Err(format!("policy.expiry_ms: must be 1..={DAY_MS}, got {}", o.expiry_ms));
+                    return Err(Invalid::range("policy.expiry_ms", format!("1..={DAY_MS}"), o.expiry_ms));
                 }
             }
             PolicySpec::External(e) => {
                 if e.addr.port() == 0 || e.addr.ip().is_unspecified() {
-                    return Err(format!("policy.addr: {} is not an address to send to", e.addr));
+                    return Err(Invalid::malformed("policy.addr", e.addr.to_string(), "is not an address to send to"));
                 }
                 if !(1..=10_000).contains(&e.timeout_ms) || !(1..=10).contains(&e.tries) {
-                    return Err("policy: external needs timeout_ms 1..=10000 and tries 1..=10".into());
+                    return Err(Invalid::rule("policy", "external needs timeout_ms 1..=10000 and tries 1..=10"));
                 }
                 if e.policy.is_empty() || e.policy.len() > 64 {
-                    return Err("policy.policy: the distributor policy name must be 1..=64 characters".into());
+                    return Err(Invalid::rule(
+                        "policy.policy",
+                        "the distributor policy name must be 1..=64 characters",
+                    ));
                 }
             }
             _ => {}
@@ -1511,18 +1572,18 @@ impl ServiceSettings {
             ("load_metrics.ganglia.interval_ms", self.load_metrics.ganglia.as_ref().map(|g| g.interval_ms)),
         ] {
             if let Some(v) = v.filter(|v| !(100..=DAY_MS).contains(v)) {
-                return Err(format!("{field}: must be 100..={DAY_MS}, got {v}"));
+                return Err(Invalid::range(field, format!("100..={DAY_MS}"), v));
             }
         }
         if self.load_metrics.node_exporter.as_ref().is_some_and(|n| n.port == 0) {
-            return Err("load_metrics.node_exporter.port: must be 1..=65535".into());
+            return Err(Invalid::range_only("load_metrics.node_exporter.port", "1..=65535"));
         }
         let links = [
             self.load_metrics.node_exporter.as_ref().map(|n| n.link_bytes_per_s),
             self.load_metrics.ganglia.as_ref().map(|g| g.link_bytes_per_s),
         ];
         if links.iter().flatten().any(|&l| l == 0) {
-            return Err("load_metrics: link_bytes_per_s must be above 0".into());
+            return Err(Invalid::rule("load_metrics", "link_bytes_per_s must be above 0"));
         }
         Ok(())
     }
@@ -1849,6 +1910,70 @@ mod tests {
         assert!(!stored.contains("backends") && !stored.contains("concurrency"), "{stored}");
         assert_eq!(serde_json::from_str::<ServiceSettings>(&stored).unwrap(), spec.settings);
         assert!(serde_json::from_str::<ServiceSettings>(r#"{"backends":[]}"#).is_err(), "settings carry no backends");
+    }
+
+    /// The checks return the field and a typed reason; the text the API
+    /// and the stores show is made from them.
+    #[test]
+    fn refusals_are_typed_with_the_field() {
+        let mut s = ServiceSettings::default();
+        s.timeouts.connect_ms = 0;
+        let e = s.validate().unwrap_err();
+        assert_eq!(e.field, "timeouts.connect_ms");
+        assert_eq!(e.reason, Reason::OutOfRange { name: None, range: "1..=86400000".into(), value: Some("0".into()) });
+        assert_eq!(e.to_string(), "timeouts.connect_ms: must be 1..=86400000, got 0");
+        let mut s = ServiceSettings::default();
+        s.health.active = Some(ActiveCheck {
+            kind: CheckKind::Http,
+            path: "/".into(),
+            expect_status: vec![],
+            interval_ms: 100,
+            timeout_ms: 200,
+            rise: 1,
+            fall: 1,
+        });
+        let e = s.validate().unwrap_err();
+        assert!(matches!(&e.reason, Reason::Conflict { with, .. } if with == "health.active.interval_ms"), "{e:?}");
+        assert_eq!(e.to_string(), "health.active.timeout_ms: must not exceed interval_ms");
+        let e = Weight::try_from(10_001).unwrap_err();
+        assert!(e.field.is_empty() && matches!(e.reason, Reason::OutOfRange { name: Some("weight"), .. }), "{e:?}");
+        let tls = UpstreamTls {
+            sni: None,
+            ca_pem: None,
+            verify: true,
+            client_cert_pem: None,
+            client_key_pem: Some("k".into()),
+        };
+        let e = tls.client_identity().unwrap_err();
+        assert_eq!(e.field, "upstream.tls.client_cert_pem");
+        assert_eq!(e.reason, Reason::Requires { with: "client_key_pem".into() });
+        // A placeholder with nothing to keep names the secret's field.
+        let spec = ServiceSpec {
+            settings: ServiceSettings {
+                autoscale: Some(AutoscaleSpec {
+                    provider: ProviderSpec::Webhook {
+                        url: "http://h/".into(),
+                        secret: REDACTED.into(),
+                        poll_interval_ms: 500,
+                    },
+                    min: 1,
+                    max: 2,
+                    latency_threshold_ms: 50,
+                    target_in_flight: 8,
+                    peak_hold_s: 300,
+                    ready: ReadySpec::default(),
+                    drain_timeout_s: 30,
+                    stable_window_s: 60,
+                    panic_window_s: 6,
+                    paused: false,
+                    pinned: None,
+                }),
+                ..ServiceSettings::default()
+            },
+            backends: OrdMap::new(),
+        };
+        let e = spec.with_secrets_of(None).unwrap_err();
+        assert!(matches!((e.field.as_str(), &e.reason), ("autoscale.provider.secret", Reason::Rule(_))), "{e:?}");
     }
 
     #[test]

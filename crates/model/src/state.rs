@@ -130,7 +130,7 @@ impl ConfigState {
                 let previous = self.services.get(name).map(|p| &**p);
                 let spec = spec
                     .with_secrets_of(previous)
-                    .map_err(|(secret, m)| ChangeError::at(Conflict, i, &format!("spec.{}", secret.field()), m))?
+                    .map_err(|e| ChangeError::at(Conflict, i, &format!("spec.{}", e.field), e.reason.to_string()))?
                     .into_owned();
                 self.services.insert(name.clone(), Arc::new(spec));
                 delta.services.insert(name.clone());
@@ -193,10 +193,9 @@ impl ConfigState {
             }
             Op::PutCertificate { name, spec } => {
                 let previous = self.certificates.get(name).map(|c| &**c);
-                let spec = spec.resolve(previous).map_err(|m| {
-                    let (field, message) = m.split_once(": ").unwrap_or(("key_pem", &m));
-                    ChangeError::at(Conflict, i, &format!("spec.{field}"), message.to_string())
-                })?;
+                let spec = spec
+                    .resolve(previous)
+                    .map_err(|e| ChangeError::at(Conflict, i, &format!("spec.{}", e.field), e.reason.to_string()))?;
                 if spec.is_default() {
                     if let Some((other, _)) = self.certificates.iter().find(|(n, c)| *n != name && c.is_default()) {
                         return Err(ChangeError::at(

@@ -105,7 +105,7 @@ impl ServiceRuntime {
             None => tidegate_upstream::Profile::build(&spec.settings.upstream).unwrap_or_else(|e| {
                 // Validation refuses such settings before they are stored.
                 tracing::error!(service = %name, error = %e, "upstream settings do not compile; no connections");
-                tidegate_upstream::Profile::refusing(e)
+                tidegate_upstream::Profile::refusing(e.to_string())
             }),
         };
         ServiceRuntime {

@@ -33,11 +33,28 @@ use std::time::Duration;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
-use tidegate_model::{BackendAddr, UpstreamProtocol, UpstreamSpec, UpstreamTls};
+use tidegate_model::{BackendAddr, Invalid, UpstreamProtocol, UpstreamSpec, UpstreamTls};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
+
+/// Why a service's `upstream` settings do not compile.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    /// A setting the model's validation refuses (a CA that is not one, a
+    /// bad server name, a client key that does not fit), naming the field.
+    #[error(transparent)]
+    Invalid(#[from] Invalid),
+    /// rustls refused the TLS configuration built from `field`.
+    #[error("{field}: {source}")]
+    Tls {
+        /// The setting at fault (`upstream.tls`, `upstream.tls.ca_pem`).
+        field: &'static str,
+        /// What rustls said.
+        source: rustls::Error,
+    },
+}
 
 /// How a service's backends are reached, compiled from its `upstream`
 /// settings.
@@ -80,7 +97,7 @@ impl Default for Profile {
 impl Profile {
     /// Compiles a service's `upstream` settings. Fails only on settings the
     /// model's validation refuses (a CA that is not one, a bad name).
-    pub fn build(spec: &UpstreamSpec) -> Result<Profile, String> {
+    pub fn build(spec: &UpstreamSpec) -> Result<Profile, ProfileError> {
         let Some(tls) = &spec.tls else {
             let key = if spec.protocol == UpstreamProtocol::Http1 { 0 } else { 1 };
             return Ok(Profile { protocol: spec.protocol, tls: None, key, refused: None });
@@ -225,17 +242,17 @@ fn public_roots() -> &'static rustls::RootCertStore {
     ROOTS.get_or_init(|| rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() })
 }
 
-fn client_config(tls: &UpstreamTls) -> Result<rustls::ClientConfig, String> {
+fn client_config(tls: &UpstreamTls) -> Result<rustls::ClientConfig, ProfileError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|e| format!("upstream.tls: {e}"))?;
+        .map_err(|source| ProfileError::Tls { field: "upstream.tls", source })?;
     let verifying = if !tls.verify {
         builder.dangerous().with_custom_certificate_verifier(Arc::new(NoVerification(provider)))
     } else if tls.ca_pem.is_some() {
         let mut roots = rustls::RootCertStore::empty();
         for c in tls.ca_certificates()? {
-            roots.add(c).map_err(|e| format!("upstream.tls.ca_pem: {e}"))?;
+            roots.add(c).map_err(|source| ProfileError::Tls { field: "upstream.tls.ca_pem", source })?;
         }
         builder.with_root_certificates(roots)
     } else {
@@ -244,7 +261,7 @@ fn client_config(tls: &UpstreamTls) -> Result<rustls::ClientConfig, String> {
     // A key still the placeholder was never resolved (the model resolves
     // it when the change is applied): refused, never sent without it.
     if tls.client_key_pem.as_deref() == Some(tidegate_model::REDACTED) {
-        return Err("upstream.tls.client_key_pem: the placeholder, not a key".into());
+        return Err(Invalid::unreadable("upstream.tls.client_key_pem", "the placeholder, not a key").into());
     }
     Ok(match tls.client_identity()? {
         Some(identity) => verifying.with_client_cert_resolver(Arc::new(ClientIdentity(Arc::new(identity)))),
@@ -476,7 +493,8 @@ mod tests {
         // The model resolves the placeholder before anything is compiled;
         // one that slips through opens no connection rather than go without.
         let e = Profile::build(&tls(tidegate_model::REDACTED)).err().unwrap();
-        assert!(e.contains("upstream.tls.client_key_pem"), "{e}");
+        assert!(matches!(&e, ProfileError::Invalid(i) if i.field == "upstream.tls.client_key_pem"), "{e:?}");
+        assert_eq!(e.to_string(), "upstream.tls.client_key_pem: the placeholder, not a key");
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //!   it must print `[{"id": ..., "addr": ..., "handle": ...}]`. Without one,
 //!   the provider knows of no instances.
 //! - `alive` cannot tell: `None`.
+//! - After a `start` that timed out, the autoscaler runs `stop` for that id
+//!   with `{addr}` and `{handle}` empty: the script may have started it.
 //!
 //! The same values are in the scripts' environment as `TIDEGATE_SERVICE`,
 //! `TIDEGATE_ID`, `TIDEGATE_ADDR` and `TIDEGATE_HANDLE`. Each run is bounded
@@ -27,7 +29,7 @@ use tokio::time::Instant;
 
 use super::unix::signal_group;
 use super::{fill, first_line, parse_list, parse_started};
-use crate::provider::{BoxFuture, Instance, Provider, ProviderError, StartRequest};
+use crate::provider::{BoxFuture, Instance, Provider, ProviderError, ProviderErrorKind, StartRequest};
 
 /// The longest a script may run.
 pub const RUN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -63,10 +65,10 @@ impl CommandProvider {
     /// Runs `template` with `vars` replaced (and in the environment); fails
     /// on a non-zero exit.
     async fn run(&self, what: &str, template: &[String], vars: &[(&str, &str)]) -> Result<Vec<u8>, ProviderError> {
-        let err = |msg: String| ProviderError(format!("{what} script for {}: {msg}", self.service));
+        let err = |kind: ProviderErrorKind| ProviderError::new(format!("{what} script for {}", self.service), kind);
         let argv: Vec<String> = template.iter().map(|arg| fill(arg, vars)).collect();
         let Some((program, args)) = argv.split_first().filter(|(p, _)| !p.is_empty()) else {
-            return Err(err("no program configured".into()));
+            return Err(err(ProviderErrorKind::NotConfigured("program")));
         };
         let mut command = tokio::process::Command::new(program);
         command.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -75,10 +77,13 @@ impl CommandProvider {
         for (name, value) in vars {
             command.env(format!("TIDEGATE_{}", name.to_ascii_uppercase()), value);
         }
-        let child = command.spawn().map_err(|e| err(format!("running {program:?}: {e}")))?;
-        let out = run_to_end(child, self.timeout).await.map_err(|e| err(format!("{program:?} {e}")))?;
+        let child = command
+            .spawn()
+            .map_err(|source| err(ProviderErrorKind::Spawn { doing: "running", program: program.clone(), source }))?;
+        let out = run_to_end(child, program, self.timeout).await.map_err(err)?;
         if !out.status.success() {
-            return Err(err(format!("{program:?} failed ({}): {}", out.status, first_line(&out.stderr))));
+            let (program, stderr) = (program.clone(), first_line(&out.stderr));
+            return Err(err(ProviderErrorKind::Exited { program, status: out.status, stderr }));
         }
         if !out.stderr.is_empty() {
             tracing::debug!(service = %self.service, what, stderr = %first_line(&out.stderr), "script wrote to stderr");
@@ -89,7 +94,11 @@ impl CommandProvider {
 
 /// Waits for `child` and collects its output, for at most `timeout`; on a
 /// timeout, kills its process group.
-async fn run_to_end(mut child: tokio::process::Child, timeout: Duration) -> Result<Output, String> {
+async fn run_to_end(
+    mut child: tokio::process::Child,
+    program: &str,
+    timeout: Duration,
+) -> Result<Output, ProviderErrorKind> {
     let pid = child.id().and_then(|p| i32::try_from(p).ok());
     let (stdout_pipe, stderr_pipe) = (child.stdout.take(), child.stderr.take());
     let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
@@ -114,12 +123,16 @@ async fn run_to_end(mut child: tokio::process::Child, timeout: Duration) -> Resu
     };
     match status {
         Some(Ok(status)) => Ok(Output { status, stdout, stderr }),
-        Some(Err(e)) => Err(format!("could not be waited for: {e}")),
+        Some(Err(source)) => Err(ProviderErrorKind::Wait { program: program.to_string(), source }),
         None => {
             if let Some(pid) = pid {
                 let _ = signal_group(pid, Signal::SIGKILL);
             }
-            Err(format!("timed out after {} s (killed): {}", timeout.as_secs_f64(), first_line(&stderr)))
+            Err(ProviderErrorKind::TimedOut {
+                program: program.to_string(),
+                after: timeout,
+                stderr: first_line(&stderr),
+            })
         }
     }
 }
@@ -144,8 +157,10 @@ impl Provider for CommandProvider {
         Box::pin(async move {
             let vars = [("service", self.service.as_str()), ("id", req.id.as_str())];
             let stdout = self.run("start", &self.start, &vars).await?;
-            parse_started(&req.id, &stdout)
-                .map_err(|e| ProviderError(format!("start script for {}: bad output ({e})", self.service)))
+            parse_started(&req.id, &stdout).map_err(|error| {
+                let kind = ProviderErrorKind::BadAnswer { what: "bad output", error };
+                ProviderError::new(format!("start script for {}", self.service), kind)
+            })
         })
     }
 
@@ -166,8 +181,10 @@ impl Provider for CommandProvider {
         Box::pin(async move {
             let Some(list) = &self.list else { return Ok(Vec::new()) };
             let stdout = self.run("list", list, &[("service", self.service.as_str())]).await?;
-            parse_list(&stdout)
-                .map_err(|e| ProviderError(format!("list script for {}: bad output ({e})", self.service)))
+            parse_list(&stdout).map_err(|error| {
+                let kind = ProviderErrorKind::BadAnswer { what: "bad output", error };
+                ProviderError::new(format!("list script for {}", self.service), kind)
+            })
         })
     }
 
@@ -221,23 +238,39 @@ mod tests {
     async fn failures_carry_the_first_line_of_stderr() {
         let failing = sh("echo '' >&2; echo 'quota exceeded' >&2; echo second >&2; exit 3");
         let p = CommandProvider::new("web", failing.clone(), failing.clone(), Some(failing));
-        let e = p.start(req("i1")).await.unwrap_err().0;
-        assert!(e.contains("quota exceeded") && !e.contains("second"), "{e}");
-        assert!(e.contains("exit status: 3"), "{e}");
+        let e = p.start(req("i1")).await.unwrap_err();
+        match &e.kind {
+            ProviderErrorKind::Exited { status, stderr, .. } => {
+                assert_eq!((status.code(), stderr.as_str()), (Some(3), "quota exceeded"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!e.may_have_started(), "a refusal started nothing");
+        let e = e.to_string();
+        assert!(e.starts_with("start script for web: ") && e.contains("exit status: 3"), "{e}");
         let i = Instance { id: "i1".into(), addr: "h:1".into(), handle: None };
-        assert!(p.stop(&i).await.unwrap_err().0.contains("quota exceeded"));
-        assert!(p.list().await.unwrap_err().0.contains("quota exceeded"));
+        assert!(p.stop(&i).await.unwrap_err().to_string().contains("quota exceeded"));
+        assert!(p.list().await.unwrap_err().to_string().contains("quota exceeded"));
 
         let bad_json = CommandProvider::new("web", sh("echo starting; echo oops >&2"), sh("true"), Some(sh("echo {}")));
-        let e = bad_json.start(req("i1")).await.unwrap_err().0;
-        assert!(e.contains("bad output"), "{e}");
+        let e = bad_json.start(req("i1")).await.unwrap_err();
+        assert!(matches!(e.kind, ProviderErrorKind::BadAnswer { what: "bad output", .. }), "{e:?}");
         assert!(bad_json.list().await.is_err());
         let bad_addr = CommandProvider::new("web", sh(r#"echo '{"addr": "nowhere"}'"#), sh("true"), None);
-        assert!(bad_addr.start(req("i1")).await.is_err());
+        match bad_addr.start(req("i1")).await.unwrap_err().kind {
+            ProviderErrorKind::BadAnswer { error, .. } => assert_eq!(error.field(), "addr"),
+            other => panic!("{other:?}"),
+        }
 
         let missing = CommandProvider::new("web", vec!["/nonexistent/tidegate-script".into()], vec![], None);
-        assert!(missing.start(req("i1")).await.unwrap_err().0.contains("nonexistent"));
-        assert!(missing.stop(&i).await.unwrap_err().0.contains("no program"));
+        let e = missing.start(req("i1")).await.unwrap_err();
+        assert!(
+            matches!(&e.kind, ProviderErrorKind::Spawn { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+        );
+        assert!(e.to_string().contains("nonexistent"), "{e}");
+        let e = missing.stop(&i).await.unwrap_err();
+        assert!(matches!(e.kind, ProviderErrorKind::NotConfigured("program")), "{e:?}");
+        assert_eq!(e.to_string(), "stop script for web: no program configured");
     }
 
     #[tokio::test]
@@ -245,7 +278,10 @@ mod tests {
         let mut p = CommandProvider::new("web", sh("echo slow >&2; sleep 30"), sh("true"), None);
         p.timeout = Duration::from_millis(300);
         let began = std::time::Instant::now();
-        let e = p.start(req("i1")).await.unwrap_err().0;
+        let e = p.start(req("i1")).await.unwrap_err();
+        assert!(matches!(&e.kind, ProviderErrorKind::TimedOut { stderr, .. } if stderr == "slow"), "{e:?}");
+        assert!(e.may_have_started(), "a script cut short may have started something");
+        let e = e.to_string();
         assert!(e.contains("timed out") && e.contains("slow"), "{e}");
         assert!(began.elapsed() < Duration::from_secs(3));
 

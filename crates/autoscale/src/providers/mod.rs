@@ -27,6 +27,7 @@ use crate::provider::{Instance, Provider};
 
 pub use command::CommandProvider;
 pub use process::ProcessProvider;
+pub use unix::SignalError;
 pub use webhook::WebhookProvider;
 
 /// Environment variables a started program inherits from Tidegate; all
@@ -119,34 +120,75 @@ pub(crate) fn valid_addr(addr: &str) -> bool {
     }
 }
 
+/// What is wrong with a script's or a webhook's answer.
+#[derive(Debug, thiserror::Error)]
+pub enum AnswerError {
+    /// Not the JSON expected.
+    #[error("expected {expected}: {source}")]
+    Json {
+        /// The shape expected.
+        expected: &'static str,
+        /// The parser's error.
+        source: serde_json::Error,
+    },
+    /// `"handle"` is neither a string nor a number.
+    #[error("\"handle\" must be a string, got {0}")]
+    Handle(Value),
+    /// `"addr"` is not `host:port`.
+    #[error("\"addr\" must be host:port, got {0:?}")]
+    Addr(String),
+    /// A listed instance without an id or with a bad address.
+    #[error("bad instance {id:?} at {addr:?}: need an id and host:port")]
+    Listed {
+        /// Its id.
+        id: String,
+        /// Its address.
+        addr: String,
+    },
+}
+
+impl AnswerError {
+    /// The field at fault (`.` for the answer as a whole).
+    pub fn field(&self) -> &'static str {
+        match self {
+            AnswerError::Json { .. } => ".",
+            AnswerError::Handle(_) => "handle",
+            AnswerError::Addr(_) => "addr",
+            AnswerError::Listed { id, .. } if id.is_empty() => "id",
+            AnswerError::Listed { .. } => "addr",
+        }
+    }
+}
+
 /// A provider's handle as JSON: a string, or a number kept as its text.
-fn handle_of(value: Option<Value>) -> Result<Option<String>, String> {
+fn handle_of(value: Option<Value>) -> Result<Option<String>, AnswerError> {
     match value {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s)),
         Some(Value::Number(n)) => Ok(Some(n.to_string())),
-        Some(other) => Err(format!("\"handle\" must be a string, got {other}")),
+        Some(other) => Err(AnswerError::Handle(other)),
     }
 }
 
 /// The answer to a start: `{"addr": "host:port", "handle": "..."}`, the
 /// handle optional; other fields are ignored.
-pub(crate) fn parse_started(id: &str, bytes: &[u8]) -> Result<Instance, String> {
+pub(crate) fn parse_started(id: &str, bytes: &[u8]) -> Result<Instance, AnswerError> {
     #[derive(Deserialize)]
     struct Started {
         addr: String,
         #[serde(default)]
         handle: Option<Value>,
     }
-    let started: Started = serde_json::from_slice(bytes).map_err(|e| format!("expected {{\"addr\": ...}}: {e}"))?;
+    let started: Started =
+        serde_json::from_slice(bytes).map_err(|source| AnswerError::Json { expected: "{\"addr\": ...}", source })?;
     if !valid_addr(&started.addr) {
-        return Err(format!("\"addr\" must be host:port, got {:?}", started.addr));
+        return Err(AnswerError::Addr(started.addr));
     }
     Ok(Instance { id: id.to_string(), addr: started.addr, handle: handle_of(started.handle)? })
 }
 
 /// The answer to a list: `[{"id": ..., "addr": "host:port", "handle": ...}]`.
-pub(crate) fn parse_list(bytes: &[u8]) -> Result<Vec<Instance>, String> {
+pub(crate) fn parse_list(bytes: &[u8]) -> Result<Vec<Instance>, AnswerError> {
     #[derive(Deserialize)]
     struct Listed {
         id: String,
@@ -154,13 +196,13 @@ pub(crate) fn parse_list(bytes: &[u8]) -> Result<Vec<Instance>, String> {
         #[serde(default)]
         handle: Option<Value>,
     }
-    let listed: Vec<Listed> =
-        serde_json::from_slice(bytes).map_err(|e| format!("expected [{{\"id\": ..., \"addr\": ...}}]: {e}"))?;
+    let listed: Vec<Listed> = serde_json::from_slice(bytes)
+        .map_err(|source| AnswerError::Json { expected: "[{\"id\": ..., \"addr\": ...}]", source })?;
     listed
         .into_iter()
         .map(|l| {
             if l.id.is_empty() || !valid_addr(&l.addr) {
-                return Err(format!("bad instance {:?} at {:?}: need an id and host:port", l.id, l.addr));
+                return Err(AnswerError::Listed { id: l.id, addr: l.addr });
             }
             Ok(Instance { id: l.id, addr: l.addr, handle: handle_of(l.handle)? })
         })
@@ -198,14 +240,17 @@ mod tests {
         assert_eq!(i, Instance { id: "x".into(), addr: "10.0.0.1:80".into(), handle: Some("42".into()) });
         let i = parse_started("x", br#"{"addr": "[::1]:8080"}"#).unwrap();
         assert_eq!(i.handle, None);
-        assert!(parse_started("x", br#"{"addr": "nohost"}"#).is_err());
-        assert!(parse_started("x", br#"{"addr": "h:0"}"#).is_err());
-        assert!(parse_started("x", br#"{"addr": "h:1", "handle": [1]}"#).is_err());
-        assert!(parse_started("x", b"not json").is_err());
+        let field = |r: Result<Instance, AnswerError>| r.unwrap_err().field();
+        assert_eq!(field(parse_started("x", br#"{"addr": "nohost"}"#)), "addr");
+        assert_eq!(field(parse_started("x", br#"{"addr": "h:0"}"#)), "addr");
+        assert_eq!(field(parse_started("x", br#"{"addr": "h:1", "handle": [1]}"#)), "handle");
+        assert!(matches!(parse_started("x", b"not json"), Err(AnswerError::Json { .. })));
+        let e = parse_started("x", br#"{"addr": "h:0"}"#).unwrap_err().to_string();
+        assert_eq!(e, r#""addr" must be host:port, got "h:0""#);
         let l = parse_list(br#"[{"id": "a", "addr": "h:1"}, {"id": "b", "addr": "h:2", "handle": "vm"}]"#).unwrap();
         assert_eq!(l.len(), 2);
         assert_eq!(l[1].handle.as_deref(), Some("vm"));
-        assert!(parse_list(br#"[{"id": "", "addr": "h:1"}]"#).is_err());
+        assert_eq!(parse_list(br#"[{"id": "", "addr": "h:1"}]"#).unwrap_err().field(), "id");
         assert!(parse_list(br#"{"id": "a"}"#).is_err());
         assert_eq!(first_line(b"\n  \n  first \nsecond"), "first");
         assert_eq!(first_line(b""), "(no output)");

@@ -40,7 +40,7 @@ use tokio::sync::watch;
 use super::state::{Record, StateStore};
 use super::unix::{leader_alive, proc_info, terminate};
 use super::{file_part, fill};
-use crate::provider::{BoxFuture, Instance, Provider, ProviderError, StartRequest};
+use crate::provider::{BoxFuture, Instance, Provider, ProviderError, ProviderErrorKind, StartRequest};
 
 /// The longest grace period honoured, s.
 const MAX_GRACE_S: u64 = 3_600;
@@ -122,39 +122,38 @@ impl ProcessProvider {
     }
 
     fn spawn_instance(&self, req: &StartRequest) -> Result<Instance, ProviderError> {
-        let err = |msg: String| ProviderError(format!("process provider for {}: {msg}", self.service));
-        std::fs::create_dir_all(&self.state_dir)
-            .map_err(|e| err(format!("creating {}: {e}", self.state_dir.display())))?;
+        let err = |kind: ProviderErrorKind| ProviderError::new(format!("process provider for {}", self.service), kind);
+        let io = |doing: &'static str, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| err(ProviderErrorKind::Io { doing, path, source })
+        };
+        std::fs::create_dir_all(&self.state_dir).map_err(io("creating", &self.state_dir))?;
         // Held until the child is registered, so concurrent starts get different ports.
         let mut children = self.children();
         if children.get(&req.id).is_some_and(Child::running) {
-            return Err(err(format!("instance {} already runs", req.id)));
+            return Err(err(ProviderErrorKind::AlreadyRuns(req.id.clone())));
         }
         let records = self.store.load();
         let live: Vec<&Record> = records.iter().filter(|r| leader_alive(r.pid, r.start_time)).collect();
         if live.iter().any(|r| r.id == req.id) {
-            return Err(err(format!("instance {} already runs", req.id)));
+            return Err(err(ProviderErrorKind::AlreadyRuns(req.id.clone())));
         }
         let taken: HashSet<u16> =
             children.values().filter(|c| c.running()).map(|c| c.port).chain(live.iter().map(|r| r.port)).collect();
         let port = (self.ports.from..=self.ports.to)
             .find(|p| *p != 0 && !taken.contains(p) && TcpListener::bind(("127.0.0.1", *p)).is_ok())
-            .ok_or_else(|| err(format!("no free port in {}-{}", self.ports.from, self.ports.to)))?;
+            .ok_or_else(|| err(ProviderErrorKind::NoFreePort { from: self.ports.from, to: self.ports.to }))?;
 
         let port_text = port.to_string();
         let vars = [("port", port_text.as_str()), ("id", req.id.as_str()), ("service", self.service.as_str())];
         let argv: Vec<String> = self.command.iter().map(|arg| fill(arg, &vars)).collect();
         let Some((program, args)) = argv.split_first().filter(|(p, _)| !p.is_empty()) else {
-            return Err(err("no command configured".into()));
+            return Err(err(ProviderErrorKind::NotConfigured("command")));
         };
         let log_path = self.log_path(&req.id);
-        let mut log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .map_err(|e| err(format!("opening {}: {e}", log_path.display())))?;
+        let mut log = OpenOptions::new().create(true).append(true).open(&log_path).map_err(io("opening", &log_path))?;
         let _ = writeln!(log, "# tidegate: starting instance {} on port {port}: {argv:?}", req.id);
-        let log_too = log.try_clone().map_err(|e| err(format!("opening {}: {e}", log_path.display())))?;
+        let log_too = log.try_clone().map_err(io("opening", &log_path))?;
         let mut command = tokio::process::Command::new(program);
         super::clean_env(&mut command);
         let child = command
@@ -172,10 +171,10 @@ impl ProcessProvider {
             Err(e) => {
                 // No instance: its output file goes now (kept as the last).
                 self.retire_output(&req.id);
-                return Err(err(format!("starting {program:?}: {e}")));
+                return Err(err(ProviderErrorKind::Spawn { doing: "starting", program: program.clone(), source: e }));
             }
         };
-        let pid = child.id().and_then(|p| i32::try_from(p).ok()).ok_or_else(|| err("the child has no pid".into()))?;
+        let pid = child.id().and_then(|p| i32::try_from(p).ok()).ok_or_else(|| err(ProviderErrorKind::NoPid))?;
         let start_time = proc_info(pid).map(|info| info.start);
         let (exited_tx, exited) = watch::channel(false);
         let label = format!("{}/{}", self.service, req.id);
@@ -234,7 +233,7 @@ impl ProcessProvider {
         let leader_gone = || exited.as_ref().is_some_and(|rx| *rx.borrow()) || !leader_alive(pid, start_time);
         terminate(pid, self.grace, leader_gone)
             .await
-            .map_err(|e| ProviderError(format!("stopping {}/{}: {e}", self.service, instance.id)))?;
+            .map_err(|e| ProviderError::new(format!("stopping {}/{}", self.service, instance.id), e.into()))?;
         if let Some(mut rx) = exited {
             // Let the reaper catch up, so the pid is no longer a zombie.
             let _ = tokio::time::timeout(Duration::from_secs(1), rx.wait_for(|done| *done)).await;
@@ -498,17 +497,26 @@ mod tests {
     async fn a_missing_program_fails_to_start() {
         let dir = tempfile::tempdir().unwrap();
         let p = provider(dir.path(), &["/nonexistent/tidegate-server", "{port}"], 47_120, 1);
-        let e = p.start(req("x")).await.unwrap_err().0;
-        assert!(e.contains("tidegate-server"), "{e}");
+        let e = p.start(req("x")).await.unwrap_err();
+        assert!(
+            matches!(&e.kind, ProviderErrorKind::Spawn { doing: "starting", program, .. } if program.ends_with("tidegate-server")),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().starts_with("process provider for web: starting \"/nonexistent/tidegate-server\""),
+            "{e}"
+        );
         // No file is left behind per failed start; the last one is kept.
         assert!(!p.log_path("x").exists());
         assert!(std::fs::read_to_string(p.last_log_path()).unwrap().contains("starting instance x"));
         assert!(p.list().await.unwrap().is_empty());
         let empty = ProcessProvider::new("web", vec![], PortRange { from: 47_120, to: 47_121 }, 1, dir.path());
-        assert!(empty.start(req("x")).await.is_err());
+        assert!(matches!(empty.start(req("x")).await.unwrap_err().kind, ProviderErrorKind::NotConfigured("command")));
         for (from, to) in [(0, 0), (47_122, 47_121)] {
             let none = ProcessProvider::new("web", vec!["true".into()], PortRange { from, to }, 1, dir.path());
-            assert!(none.start(req("x")).await.unwrap_err().0.contains("no free port"));
+            let e = none.start(req("x")).await.unwrap_err();
+            assert!(matches!(e.kind, ProviderErrorKind::NoFreePort { .. }), "{e:?}");
+            assert!(e.to_string().contains("no free port"), "{e}");
         }
     }
 

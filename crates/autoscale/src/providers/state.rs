@@ -40,6 +40,24 @@ struct StateFile {
     instances: Vec<Record>,
 }
 
+/// Why the state file could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// A file operation on `path` failed.
+    #[error("{doing} {}: {source}", .path.display())]
+    Io {
+        /// What was being done: `creating the directory of`, `writing`, ...
+        doing: &'static str,
+        /// The state file.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// The records could not be encoded.
+    #[error("encoding the instances: {0}")]
+    Encode(#[source] serde_json::Error),
+}
+
 /// One service's state file.
 #[derive(Debug, Clone)]
 pub(crate) struct StateStore {
@@ -60,7 +78,7 @@ impl StateStore {
     }
 
     /// Applies `change` to the records and writes them back; returns them.
-    pub fn update(&self, change: impl FnOnce(&mut Vec<Record>)) -> Result<Vec<Record>, String> {
+    pub fn update(&self, change: impl FnOnce(&mut Vec<Record>)) -> Result<Vec<Record>, StateError> {
         let _guard = STATE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let mut records = self.read();
         change(&mut records);
@@ -86,13 +104,14 @@ impl StateStore {
         }
     }
 
-    fn write(&self, records: &[Record]) -> Result<(), String> {
-        let fail = |what: &str, e: std::io::Error| format!("{what} {}: {e}", self.path.display());
+    fn write(&self, records: &[Record]) -> Result<(), StateError> {
+        let fail =
+            |doing: &'static str, source: std::io::Error| StateError::Io { doing, path: self.path.clone(), source };
         if let Some(dir) = self.path.parent() {
             fs::create_dir_all(dir).map_err(|e| fail("creating the directory of", e))?;
         }
         let file = StateFile { service: self.service.clone(), instances: records.to_vec() };
-        let json = serde_json::to_vec_pretty(&file).map_err(|e| format!("encoding the instances: {e}"))?;
+        let json = serde_json::to_vec_pretty(&file).map_err(StateError::Encode)?;
         let mut tmp_name = self.path.clone().into_os_string();
         tmp_name.push(".tmp");
         let tmp = PathBuf::from(tmp_name);
@@ -136,5 +155,18 @@ mod tests {
         assert!(store.load().is_empty());
         store.update(|r| r.push(record("a", 1))).unwrap();
         assert_eq!(store.load(), vec![record("a", 1)]);
+    }
+
+    #[test]
+    fn a_write_that_fails_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // The state directory is a file: nothing can be created in it.
+        let blocked = dir.path().join("blocked");
+        std::fs::write(&blocked, b"").unwrap();
+        let store = StateStore::new(&blocked, "web");
+        match store.update(|r| r.push(record("a", 1))) {
+            Err(StateError::Io { path, .. }) => assert_eq!(path, blocked.join("web.instances.json")),
+            other => panic!("{other:?}"),
+        }
     }
 }

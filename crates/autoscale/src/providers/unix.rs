@@ -95,15 +95,41 @@ pub(crate) fn group_alive(pgid: i32) -> bool {
     })
 }
 
+/// Why an instance's process group could not be signalled or stopped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SignalError {
+    /// Our own group, init's, or not a group id: never signalled.
+    #[error("refusing to signal process group {0}")]
+    Refused(i32),
+    /// The system refused the signal.
+    #[error("sending {signal} to process group {pgid}: {errno}")]
+    Send {
+        /// The group.
+        pgid: i32,
+        /// The signal.
+        signal: Signal,
+        /// What the system said.
+        errno: Errno,
+    },
+    /// The group's leader still runs after SIGKILL and the wait after it.
+    #[error("process group {pgid} still runs {} s after SIGKILL", .waited.as_secs())]
+    StillRuns {
+        /// The group.
+        pgid: i32,
+        /// How long it was waited for after SIGKILL.
+        waited: Duration,
+    },
+}
+
 /// Sends `signal` to process group `pgid`. A group that is already gone is
 /// fine; our own group, init's and nonsense ids are refused.
-pub(crate) fn signal_group(pgid: i32, signal: Signal) -> Result<(), String> {
+pub(crate) fn signal_group(pgid: i32, signal: Signal) -> Result<(), SignalError> {
     if pgid <= 1 || pgid == getpgrp().as_raw() || pgid == getpid().as_raw() {
-        return Err(format!("refusing to signal process group {pgid}"));
+        return Err(SignalError::Refused(pgid));
     }
     match killpg(Pid::from_raw(pgid), signal) {
         Ok(()) | Err(Errno::ESRCH) => Ok(()),
-        Err(e) => Err(format!("sending {signal} to process group {pgid}: {e}")),
+        Err(errno) => Err(SignalError::Send { pgid, signal, errno }),
     }
 }
 
@@ -126,7 +152,7 @@ pub(crate) async fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) 
 /// SIGTERM to the group, up to `grace` for every member to exit, then
 /// SIGKILL to the group and up to [`KILL_WAIT`] more. Succeeds once the
 /// leader is gone, even if unreaped members linger after SIGKILL.
-pub(crate) async fn terminate(pgid: i32, grace: Duration, leader_gone: impl Fn() -> bool) -> Result<(), String> {
+pub(crate) async fn terminate(pgid: i32, grace: Duration, leader_gone: impl Fn() -> bool) -> Result<(), SignalError> {
     let gone = || leader_gone() && !group_alive(pgid);
     if gone() {
         return Ok(());
@@ -144,7 +170,7 @@ pub(crate) async fn terminate(pgid: i32, grace: Duration, leader_gone: impl Fn()
         tracing::warn!(pgid, "members of the instance's process group remain after SIGKILL (unreaped?)");
         return Ok(());
     }
-    Err(format!("process group {pgid} still runs {} s after SIGKILL", KILL_WAIT.as_secs()))
+    Err(SignalError::StillRuns { pgid, waited: KILL_WAIT })
 }
 
 #[cfg(test)]
@@ -167,7 +193,7 @@ mod tests {
         assert_ne!(info.state, 'Z');
         assert!(signal_group(getpgrp().as_raw(), Signal::SIGTERM).is_err());
         assert!(signal_group(0, Signal::SIGTERM).is_err());
-        assert!(signal_group(1, Signal::SIGTERM).is_err());
+        assert_eq!(signal_group(1, Signal::SIGTERM), Err(SignalError::Refused(1)));
         assert!(signal_group(-5, Signal::SIGTERM).is_err());
         assert!(!leader_alive(0, None));
         assert!(!leader_alive(-1, None));

@@ -39,11 +39,11 @@ use http_body_util::Full;
 use serde::Deserialize;
 use serde_json::json;
 use sha2::Sha256;
-use tidegate_upstream::{parse_http_url, ErrorChain, HttpClient, HttpOptions};
+use tidegate_upstream::{parse_http_url, HttpClient, HttpError, HttpOptions};
 use tokio::time::Instant;
 
 use super::{first_line, parse_list, parse_started};
-use crate::provider::{BoxFuture, Instance, Provider, ProviderError, StartRequest};
+use crate::provider::{BoxFuture, Instance, Provider, ProviderError, ProviderErrorKind, StartRequest};
 
 /// The header that carries the signature.
 pub const SIGNATURE_HEADER: &str = "x-tidegate-signature";
@@ -137,8 +137,8 @@ impl WebhookProvider {
         }
     }
 
-    fn err(&self, msg: String) -> ProviderError {
-        ProviderError(format!("webhook for {}: {msg}", self.service))
+    fn err(&self, kind: ProviderErrorKind) -> ProviderError {
+        ProviderError::new(format!("webhook for {}", self.service), kind)
     }
 
     /// Sends one signed request; answers its status and body. Bounded by
@@ -149,7 +149,7 @@ impl WebhookProvider {
         uri: &Uri,
         body: Bytes,
         deadline: Instant,
-    ) -> Result<(StatusCode, Bytes), String> {
+    ) -> Result<(StatusCode, Bytes), ProviderErrorKind> {
         let timestamp = unix_now();
         let path = uri.path_and_query().map_or("/", |p| p.as_str());
         let signed = Signed { timestamp, method: method.as_str(), path, body: &body };
@@ -162,19 +162,17 @@ impl WebhookProvider {
         if method == Method::POST {
             request = request.header(CONTENT_TYPE, "application/json");
         }
-        let request = request.body(Full::new(body)).map_err(|e| format!("building the request to {uri}: {e}"))?;
+        let failed =
+            |source| ProviderErrorKind::Http { method: method.clone(), uri: uri.to_string(), source: Box::new(source) };
+        let request = request.body(Full::new(body)).map_err(|e| failed(HttpError::Build(e)))?;
         let limit = REQUEST_TIMEOUT.min(deadline.saturating_duration_since(Instant::now()));
-        let answer = self
-            .client
-            .send(request, limit, MAX_ANSWER)
-            .await
-            .map_err(|e| format!("{method} {uri}: {}", ErrorChain(&e)))?;
+        let answer = self.client.send(request, limit, MAX_ANSWER).await.map_err(failed)?;
         Ok((answer.status(), answer.into_body()))
     }
 
     /// POSTs a JSON action to the configured URL.
     async fn post(&self, action: serde_json::Value, deadline: Instant) -> Result<(StatusCode, Bytes), ProviderError> {
-        let uri = parse_http_str(&self.url).map_err(|e| self.err(e))?;
+        let uri = parse_http_url(&self.url).map_err(|e| self.err(ProviderErrorKind::Url(e)))?;
         self.send(Method::POST, &uri, Bytes::from(action.to_string()), deadline).await.map_err(|e| self.err(e))
     }
 
@@ -189,12 +187,12 @@ impl WebhookProvider {
                 struct Accepted {
                     poll: String,
                 }
-                let accepted: Accepted = serde_json::from_slice(&body)
-                    .map_err(|e| self.err(format!("202 without {{\"poll\": URL}}: {e}")))?;
-                let poll = self.poll_uri(&accepted.poll).map_err(|e| self.err(e))?;
+                let accepted: Accepted =
+                    serde_json::from_slice(&body).map_err(|e| self.err(ProviderErrorKind::NoPollUrl(e)))?;
+                let poll = self.poll_uri(&accepted.poll).map_err(|e| self.err(ProviderErrorKind::Url(e)))?;
                 self.poll(&req.id, &poll, deadline).await
             }
-            other => Err(self.err(format!("start answered {other}: {}", first_line(&body)))),
+            other => Err(self.err(self::status("start".into(), other, &body))),
         }
     }
 
@@ -204,39 +202,38 @@ impl WebhookProvider {
         loop {
             let now = Instant::now();
             if now + self.poll_interval >= deadline {
-                return Err(self
-                    .err(format!("instance {id} not started within {} s ({last})", self.start_timeout.as_secs_f64())));
+                let (id, after) = (id.to_string(), self.start_timeout);
+                return Err(self.err(ProviderErrorKind::NotStartedInTime { id, after, last }));
             }
             tokio::time::sleep(self.poll_interval).await;
             match self.send(Method::GET, uri, Bytes::new(), deadline).await {
                 Ok((StatusCode::OK, body)) => return self.started(id, &body),
                 Ok((StatusCode::ACCEPTED, _)) => last = "still starting".into(),
-                Ok((status, body)) => {
-                    return Err(self.err(format!("polling {uri} answered {status}: {}", first_line(&body))));
-                }
-                Err(e) => last = e,
+                Ok((other, body)) => return Err(self.err(status(format!("polling {uri}"), other, &body))),
+                Err(e) => last = e.to_string(),
             }
         }
     }
 
     fn started(&self, id: &str, body: &[u8]) -> Result<Instance, ProviderError> {
-        parse_started(id, body).map_err(|e| self.err(format!("bad start answer ({e})")))
+        parse_started(id, body)
+            .map_err(|error| self.err(ProviderErrorKind::BadAnswer { what: "bad start answer", error }))
     }
 
     /// The URL to poll: absolute `http://`, or a path on the webhook's server.
-    fn poll_uri(&self, poll: &str) -> Result<Uri, String> {
+    fn poll_uri(&self, poll: &str) -> Result<Uri, HttpError> {
         if poll.starts_with('/') {
-            let base = parse_http_str(&self.url)?;
+            let base = parse_http_url(&self.url)?;
             let authority = base.authority().map(|a| a.as_str()).unwrap_or_default();
-            return parse_http_str(&format!("http://{authority}{poll}"));
+            return parse_http_url(&format!("http://{authority}{poll}"));
         }
-        parse_http_str(poll)
+        parse_http_url(poll)
     }
 }
 
-/// Parses an `http://` URL with a host.
-fn parse_http_str(url: &str) -> Result<Uri, String> {
-    parse_http_url(url).map_err(|e| e.to_string())
+/// A webhook's answer `status` to `what`, not a success.
+fn status(what: String, status: StatusCode, body: &[u8]) -> ProviderErrorKind {
+    ProviderErrorKind::Status { what, status, body: first_line(body) }
 }
 
 impl Provider for WebhookProvider {
@@ -254,7 +251,7 @@ impl Provider for WebhookProvider {
             if status.is_success() {
                 Ok(())
             } else {
-                Err(self.err(format!("stop of {} answered {status}: {}", instance.id, first_line(&body))))
+                Err(self.err(self::status(format!("stop of {}", instance.id), status, &body)))
             }
         })
     }
@@ -264,9 +261,10 @@ impl Provider for WebhookProvider {
             let action = json!({"action": "list", "service": self.service});
             let (status, body) = self.post(action, Instant::now() + REQUEST_TIMEOUT).await?;
             match status {
-                StatusCode::OK => parse_list(&body).map_err(|e| self.err(format!("bad list answer ({e})"))),
+                StatusCode::OK => parse_list(&body)
+                    .map_err(|error| self.err(ProviderErrorKind::BadAnswer { what: "bad list answer", error })),
                 StatusCode::NOT_FOUND => Ok(Vec::new()),
-                other => Err(self.err(format!("list answered {other}: {}", first_line(&body)))),
+                other => Err(self.err(self::status("list".into(), other, &body))),
             }
         })
     }
@@ -432,28 +430,36 @@ mod tests {
         let (addr, _) = server().await;
         let url = format!("http://{addr}/hook");
         let wrong = WebhookProvider::new("web", &url, "not the secret", 10);
-        let e = wrong.start(req("i1")).await.unwrap_err().0;
+        let e = wrong.start(req("i1")).await.unwrap_err();
+        assert!(matches!(&e.kind, ProviderErrorKind::Status { status, .. } if *status == StatusCode::UNAUTHORIZED));
+        assert!(!e.may_have_started(), "a refusal started nothing");
+        let e = e.to_string();
         assert!(e.contains("401") && e.contains("bad signature"), "{e}");
         let p = WebhookProvider::new("web", &url, SECRET, 10);
-        let e = p.start(req("failing")).await.unwrap_err().0;
+        let e = p.start(req("failing")).await.unwrap_err().to_string();
         assert!(e.contains("500") && e.contains("boom") && !e.contains("more"), "{e}");
 
         let mut slow = WebhookProvider::new("web", &url, SECRET, 10);
         slow.start_timeout = Duration::from_millis(300);
-        let e = slow.start(req("never")).await.unwrap_err().0;
-        assert!(e.contains("not started within"), "{e}");
+        let e = slow.start(req("never")).await.unwrap_err();
+        assert!(matches!(&e.kind, ProviderErrorKind::NotStartedInTime { id, .. } if id == "never"), "{e:?}");
+        assert!(e.may_have_started(), "an accepted start may still come up");
+        assert!(e.to_string().contains("not started within"), "{e}");
         // A poll URL nobody answers is retried until the deadline.
-        let e = slow.start(req("broken")).await.unwrap_err().0;
+        let e = slow.start(req("broken")).await.unwrap_err().to_string();
         assert!(e.contains("not started within"), "{e}");
 
         let down = WebhookProvider::new("web", "http://127.0.0.1:1/hook", SECRET, 10);
-        assert!(down.start(req("i1")).await.is_err());
+        let e = down.start(req("i1")).await.unwrap_err();
+        assert!(matches!(e.kind, ProviderErrorKind::Http { .. }) && !e.may_have_started(), "{e:?}");
         let instance = Instance { id: "i1".into(), addr: "h:1".into(), handle: None };
         assert!(down.stop(&instance).await.is_err());
         assert!(down.list().await.is_err());
         for url in ["https://127.0.0.1/hook", "not a url", "/relative", ""] {
             let bad = WebhookProvider::new("web", url, SECRET, 10);
-            assert!(bad.start(req("i1")).await.unwrap_err().0.contains("URL"), "{url}");
+            let e = bad.start(req("i1")).await.unwrap_err();
+            assert!(matches!(e.kind, ProviderErrorKind::Url(_)), "{url}: {e:?}");
+            assert!(e.to_string().contains("URL"), "{url}");
         }
     }
 }
