@@ -27,6 +27,7 @@ mod metrics;
 mod native;
 mod observe;
 mod pick;
+mod pipeline;
 mod pool;
 pub mod retry;
 mod server;

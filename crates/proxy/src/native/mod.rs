@@ -32,8 +32,8 @@ use http::{Method, Response, StatusCode};
 use http_body_util::BodyExt;
 use tidegate_balance::{Headers, RequestCtx};
 use tidegate_h1::{parse_request, HeadError, HeadLimits, Header, HeaderKind, RequestBody, RequestHead};
-use tidegate_model::{PolicySpec, RouteAction, UpstreamProtocol};
-use tidegate_snapshot::{RequestView, ServiceRuntime};
+use tidegate_model::{PolicySpec, UpstreamProtocol};
+use tidegate_snapshot::ServiceRuntime;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -44,12 +44,13 @@ use crate::attempts::{self, is_idempotent, Answered, Trace};
 use crate::body::ProxyBody;
 use crate::error::{ErrorKind, Source as FailureSource};
 use crate::forward::{Asked, Peer};
-use crate::handler::Proxy;
+use crate::handler::{local_response, Proxy};
 use crate::hygiene;
 use crate::limits::{Limits, TimedIo};
 use crate::normalize::normalize;
 use crate::observe::Seen;
 use crate::pick::Slot;
+use crate::pipeline::{self, Action, Facts, Local};
 use crate::static_files;
 
 use exchange::{read_ahead, upstream_framing, NativeAnswer, NativeExchange};
@@ -502,45 +503,69 @@ impl Headers for HeadView<'_> {
     }
 }
 
-/// Routes a request and serves it; `Ok(keep)` once a response was sent.
-async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Result<bool, ErrorKind> {
-    let (head, buf, proxy) = (ctx.head, ctx.buf, ctx.proxy);
-    let method = Method::from_bytes(head.method.of(buf)).map_err(|_| ErrorKind::BadRequest)?;
-    if method == Method::CONNECT {
-        return Ok(ctx.answer(client, hygiene::refuse_connect(), true).await);
-    }
+/// What this engine reads of a request's target and `Host`.
+struct Parsed<'a> {
+    /// The host the request names ([`hygiene::effective_host`]).
+    host: Option<&'a str>,
+    /// The normalized path.
+    path: Cow<'a, str>,
+    /// What the backend receives: the normalized path and the query.
+    path_and_query: Cow<'a, str>,
+}
+
+/// Reads a request's target and host, and checks them.
+fn parse_target<'a>(head: &RequestHead, buf: &'a [u8]) -> Result<Parsed<'a>, ErrorKind> {
     let raw_target = std::str::from_utf8(head.target.of(buf)).map_err(|_| ErrorKind::BadRequest)?;
     let target = split_target(raw_target)?;
     let host = hygiene::effective_host(target.authority, head.host.map(|h| h.of(buf)), head.minor == 1)?;
     let path = normalize(target.path).map_err(|_| ErrorKind::InvalidPath)?;
-    // What the backend receives: the normalized path and the query.
     let path_and_query: Cow<'_, str> = match (&path, target.query) {
         (Cow::Borrowed(_), None) => Cow::Borrowed(target.path),
         (Cow::Borrowed(_), Some(_)) if target.authority.is_none() => Cow::Borrowed(raw_target),
         (p, Some(q)) => Cow::Owned(format!("{p}?{q}")),
         (p, None) => Cow::Owned(p.to_string()),
     };
-    if let Some(resp) = proxy.health_answer(&method, &path, ctx.stopping) {
-        return Ok(ctx.answer(client, resp, ctx.closes(client)).await);
-    }
-    let routing = hygiene::routing_host(host.unwrap_or(""));
+    Ok(Parsed { host, path, path_and_query })
+}
+
+/// Decides what to do with a request ([`crate::pipeline`]) and does it;
+/// `Ok(keep)` once a response was sent.
+async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Result<bool, ErrorKind> {
+    let (head, buf, proxy) = (ctx.head, ctx.buf, ctx.proxy);
+    let method = Method::from_bytes(head.method.of(buf)).map_err(|_| ErrorKind::BadRequest)?;
+    // Refused or not, the pipeline decides (it refuses `CONNECT` before
+    // reading the target, which names no path then).
+    let parsed = parse_target(head, buf);
     let view = HeadView { buf, headers: &head.headers };
+    let facts = parsed.as_ref().map_err(|kind| Local::Error(*kind)).map(|p| Facts {
+        host: hygiene::routing_host(p.host.unwrap_or("")),
+        path: &p.path,
+        path_and_query: &p.path_and_query,
+        headers: &view,
+        tls: ctx.peer.https,
+        stopping: ctx.stopping,
+    });
     let snapshot = proxy.snapshot();
-    let request = RequestView { host: &routing, path: &path, method: &method, headers: &view };
-    let route = snapshot.route(&request).ok_or(ErrorKind::NoRoute)?;
-    client.seen.routed(route, proxy.access_log().is_some());
-    if route.spec.redirect_https && !ctx.peer.https {
-        let resp = hygiene::https_redirect(&routing, proxy.https_port(), &path_and_query)?;
-        return Ok(ctx.answer(client, resp, ctx.closes(client)).await);
+    let decision = pipeline::decide(&method, facts.as_ref().map_err(Clone::clone), proxy.settings(), &snapshot);
+    if let Some(route) = decision.route {
+        client.seen.routed(route, proxy.access_log().is_some());
     }
-    match &route.spec.action {
-        RouteAction::Static(dir) => {
-            let req = static_request(&method, &path_and_query, &view)?;
-            let resp = static_files::serve(dir, &route.spec.matches.path, &req).await;
+    match decision.action {
+        Action::Local(answer) => {
+            let close = answer == Local::ConnectRefused || ctx.closes(client);
+            let resp = local_response(answer)?;
+            Ok(ctx.answer(client, resp, close).await)
+        }
+        Action::Static { dir, prefix } => {
+            // (The pipeline serves and forwards only requests with facts.)
+            let parsed = parsed.as_ref().map_err(|kind| *kind)?;
+            let req = static_request(&method, &parsed.path_and_query, &view)?;
+            let resp = static_files::serve(dir, prefix, &req).await;
             Ok(ctx.answer(client, resp, ctx.closes(client)).await)
         }
-        RouteAction::Service(name) => {
-            let service = snapshot.service(name.as_str()).ok_or(ErrorKind::NoBackend)?.clone();
+        Action::Forward(service) => {
+            let parsed = parsed.as_ref().map_err(|kind| *kind)?;
+            drop(facts);
             drop(snapshot);
             // One id for the backend and the access log.
             let generated;
@@ -552,7 +577,8 @@ async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Res
                     &generated[..]
                 }
             };
-            let req = Routed { view: &view, method: &method, host, path_and_query: &path_and_query, request_id };
+            let path_and_query = &parsed.path_and_query;
+            let req = Routed { view: &view, method: &method, host: parsed.host, path_and_query, request_id };
             forward(client, ctx, req, &service).await
         }
     }
