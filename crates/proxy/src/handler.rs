@@ -6,19 +6,21 @@ use arc_swap::ArcSwap;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use tidegate_snapshot::Snapshot;
+use tokio::time::Instant;
 
-use crate::access_log::AccessLog;
+use crate::access_log::{AccessLog, Line};
 use crate::admission::Admission;
 use crate::attempts::Trace;
 use crate::body::ProxyBody;
+use crate::conn::Peer;
 use crate::error::ErrorKind;
-use crate::forward::{Peer, Upstreams};
 use crate::hygiene;
 use crate::limits::Limits;
 use crate::metrics::{Counters, ProxyMetrics};
 use crate::observe::{describe, Finish, Seen};
 use crate::pipeline::{self, Action, Facts, Local, Settings};
 use crate::static_files;
+use crate::upstreams::Upstreams;
 
 /// The request handler. One per worker (or one shared, in the multi-thread
 /// runtime); holds the upstream connection pools.
@@ -121,7 +123,7 @@ impl Proxy {
             Err(e) => {
                 finish.seen.error = Some(e);
                 self.metrics.error(e);
-                e.response()
+                crate::reply::error(e)
             }
         };
         self.metrics.response(resp.status());
@@ -153,8 +155,8 @@ impl Proxy {
             seen.routed(route, self.access_log.is_some());
         }
         match decision.action {
-            Action::Local(answer) => local_response(answer),
-            Action::Static { dir, prefix } => Ok(static_files::serve(dir, prefix, &req).await),
+            Action::Local(answer) => crate::reply::local_response(answer),
+            Action::Static { dir, prefix } => Ok(static_files::serve(dir, prefix, &req).await.map(ProxyBody::Static)),
             Action::Forward(service) => {
                 drop(facts);
                 drop(snapshot);
@@ -177,15 +179,15 @@ fn check_head(req: &mut Request<Incoming>, max_headers: usize) -> Result<(), Loc
     hygiene::sanitize(req).map_err(Local::Error)
 }
 
-/// The response to a local answer of the pipeline; a refusal counted as an
-/// error is the `Err`.
-pub(crate) fn local_response(answer: Local) -> Result<Response<ProxyBody>, ErrorKind> {
-    Ok(match answer {
-        Local::Health { draining: false } => crate::error::plain(http::StatusCode::OK, "ok\n"),
-        Local::Health { draining: true } => crate::error::plain(http::StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
-        Local::ConnectRefused => hygiene::refuse_connect(),
-        Local::HeadTooLarge => crate::error::head_too_large(),
-        Local::HttpsRedirect(location) => hygiene::https_redirect(location),
-        Local::Error(kind) => return Err(kind),
-    })
+impl Proxy {
+    /// Counts a request that `ended` (its last byte written) in its route's
+    /// histogram and, when the access log is on, sends its line (`describe`
+    /// fills in what only the request knows, from the record and `ended`:
+    /// the line's duration is the histogram's).
+    pub(crate) fn finish(&self, seen: &Seen, ended: Instant, describe: impl FnOnce(&Seen, Instant) -> Line) {
+        crate::observe::count(seen, ended, self.metrics());
+        if let Some(log) = self.access_log() {
+            log.send(describe(seen, ended));
+        }
+    }
 }

@@ -149,16 +149,6 @@ fn plain_host(host: &[u8]) -> bool {
         && port.is_none_or(port_ok)
 }
 
-/// The answer to a `CONNECT` request: `405 Method Not Allowed`. The proxy
-/// opens no tunnels to arbitrary hosts, and a backend's 2xx to `CONNECT`
-/// would start a tunnel that a response framed as usual cannot describe
-/// (RFC 9110, section 9.3.6; nginx refuses it too).
-pub(crate) fn refuse_connect() -> http::Response<crate::body::ProxyBody> {
-    let mut resp = crate::error::plain(http::StatusCode::METHOD_NOT_ALLOWED, "405 CONNECT is not supported here\n");
-    resp.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"));
-    resp
-}
-
 /// Whether a request header named `name` is passed on. Not when the name
 /// has an underscore: many backends (CGI, WSGI, Rack and the like) read
 /// `X_Forwarded_For` and `X-Forwarded-For` as the same variable, so such a
@@ -191,15 +181,6 @@ pub(crate) fn switched_as_asked(asked: &[u8], to: Option<&[u8]>) -> bool {
 /// `websocket` of `websocket/13`.
 fn protocol_name(protocol: &[u8]) -> &[u8] {
     protocol.split(|b| *b == b'/').next().unwrap_or_default()
-}
-
-/// The answer of a `redirect_https` route to a request that came over
-/// plain HTTP: `308 Permanent Redirect` (the method and body are kept by
-/// the client) to `location` ([`crate::pipeline`] builds it).
-pub(crate) fn https_redirect(location: HeaderValue) -> http::Response<crate::body::ProxyBody> {
-    let mut resp = crate::error::plain(http::StatusCode::PERMANENT_REDIRECT, "308 this route is served over HTTPS\n");
-    resp.headers_mut().insert(header::LOCATION, location);
-    resp
 }
 
 /// The host to route on: the `Host` header (set by [`sanitize`]),

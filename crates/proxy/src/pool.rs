@@ -27,9 +27,10 @@ use hyper_util::rt::TokioIo;
 use tidegate_model::{BackendAddr, UpstreamProtocol};
 use tidegate_upstream::{ConnectError, Profile, Stream};
 
-use crate::body::UpBody;
-use crate::error::{classify_upstream, ErrorKind};
+use crate::error::ErrorKind;
 use crate::metrics::Counters;
+use crate::upbody::UpBody;
+use crate::upstream_error::classify_upstream;
 
 /// How often idle connections are checked for expiry.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);

@@ -18,7 +18,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 
-use crate::forward::{ConnHold, Peer};
+use crate::conn::{ConnHold, Peer};
 use crate::handler::Proxy;
 use crate::limits::{Limits, TimedIo};
 use crate::metrics::ProxyMetrics;

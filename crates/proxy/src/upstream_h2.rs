@@ -9,27 +9,23 @@
 //! connection carries it.
 
 use std::collections::HashMap;
-use std::pin::Pin;
 use std::sync::Mutex;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri, Version};
-use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tidegate_balance::Backend;
 use tidegate_model::{BackendAddr, UpstreamProtocol};
 use tidegate_upstream::Profile;
-use tokio::sync::mpsc;
 
-use crate::body::UpBody;
-use crate::error::{classify_upstream, ClientBodyError, ErrorKind};
+use crate::error::ErrorKind;
 use crate::pool::{connect, ConnSettings, Unsent};
+use crate::upbody::UpBody;
+use crate::upstream_error::classify_upstream;
 
 /// The sending half of a shared HTTP/2 connection.
 type Sender = http2::SendRequest<UpBody>;
@@ -185,40 +181,6 @@ pub(crate) fn request(
 /// Whether a `TE` field asks for trailers.
 pub(crate) fn wants_trailers(te: &[u8]) -> bool {
     te.split(|b| *b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
-}
-
-/// A request body fed from a client connection by another future of the
-/// same task (the native HTTP/1 path reads the client's body while the
-/// backend reads this). An `Err` item means the client broke off.
-#[derive(Debug)]
-pub struct ChannelBody {
-    rx: mpsc::Receiver<Result<Bytes, ClientBodyError>>,
-    /// The declared length, if any.
-    length: Option<u64>,
-}
-
-impl ChannelBody {
-    /// A body and the sender that feeds it.
-    pub(crate) fn new(length: Option<u64>) -> (mpsc::Sender<Result<Bytes, ClientBodyError>>, ChannelBody) {
-        let (tx, rx) = mpsc::channel(4);
-        (tx, ChannelBody { rx, length })
-    }
-}
-
-impl Body for ChannelBody {
-    type Data = Bytes;
-    type Error = ClientBodyError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
-        self.rx.poll_recv(cx).map(|item| item.map(|r| r.map(Frame::data)))
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.length.map_or_else(SizeHint::default, SizeHint::with_exact)
-    }
 }
 
 #[cfg(test)]

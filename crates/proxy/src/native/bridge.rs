@@ -20,14 +20,15 @@ use tidegate_h1::{ChunkedDecoder, HeadLimits, ResponseBody, CHUNKED_END};
 use tidegate_snapshot::ServiceRuntime;
 use tokio::time::Instant;
 
-use super::exchange::{early_answer, open, read_response, NativeAnswer, Upstream};
 use super::relay::{write_all, write_piece};
 use super::rewrite::{announced_length, field, forwards_response_field, framing_fields, Framing};
+use super::upstream::{early_answer, open, read_response, NativeAnswer, Upstream};
 use crate::attempts::Exchange;
-use crate::body::{ClientBody, ProxyBody};
+use crate::body::ProxyBody;
 use crate::error::ErrorKind;
 use crate::pick::Slot;
 use crate::pool::{Conn, ConnSettings, UpstreamPool};
+use crate::upbody::ClientBody;
 
 /// The body of a bridged request.
 pub(crate) enum Payload {

@@ -28,11 +28,14 @@ use super::exchange::Body;
 use super::relay::{self, RelayError, Source};
 use super::{ClientIo, ClientSide, Ctx, Routed};
 use crate::attempts::{is_idempotent, Trace};
-use crate::body::{Hold, ProxyBody, UpBody};
-use crate::error::{ClientBodyError, ErrorKind};
-use crate::forward::{Prepared, Replay};
+use crate::body::{Hold, ProxyBody};
+use crate::error::ErrorKind;
 use crate::headers;
-use crate::upstream_h2::{wants_trailers, ChannelBody};
+use crate::prepared::{Prepared, Replay};
+use crate::upbody::ChannelBody;
+use crate::upbody::UpBody;
+use crate::upstream_error::ClientBodyError;
+use crate::upstream_h2::wants_trailers;
 
 /// Sends a routed request to an HTTP/2 backend of `service` and writes its
 /// answer; `Ok(keep)` once a response was sent.

@@ -23,6 +23,7 @@ mod h2;
 mod relay;
 mod rewrite;
 mod timer;
+pub(crate) mod upstream;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -42,22 +43,24 @@ use tokio::time::Instant;
 use crate::access_log::Line;
 use crate::attempts::{self, is_idempotent, Answered, Trace};
 use crate::body::ProxyBody;
+use crate::conn::Peer;
 use crate::error::{ErrorKind, Source as FailureSource};
-use crate::forward::{Asked, Peer};
-use crate::handler::{local_response, Proxy};
+use crate::handler::Proxy;
 use crate::hygiene;
 use crate::limits::{Limits, TimedIo};
 use crate::normalize::normalize;
 use crate::observe::Seen;
 use crate::pick::Slot;
 use crate::pipeline::{self, Action, Facts, Local};
+use crate::reply::local_response;
 use crate::static_files;
+use crate::upstreams::Asked;
 
-use exchange::{read_ahead, upstream_framing, NativeAnswer, NativeExchange};
-pub(crate) use exchange::{NativeConn, Upstream};
+use exchange::{read_ahead, upstream_framing, NativeExchange};
 use relay::{fill, write_all, RelayError, Source};
 use rewrite::{local_head, response_head, Forwarding, Framing};
 use timer::Timer;
+use upstream::{NativeAnswer, NativeConn};
 
 /// The HTTP/2 connection preface (RFC 9113, section 3.4).
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -334,14 +337,14 @@ async fn refuse<S: ClientIo>(client: &mut ClientSide<S>, e: HeadError, proxy: &P
     let resp = match e {
         HeadError::Framing(cause) => error_response(ErrorKind::InvalidFraming(cause), proxy),
         HeadError::DuplicateHost => error_response(ErrorKind::InvalidHost, proxy),
-        HeadError::TooLarge | HeadError::TooManyHeaders => crate::error::head_too_large(),
+        HeadError::TooLarge | HeadError::TooManyHeaders => crate::reply::head_too_large(),
         HeadError::UnsupportedCoding => {
-            crate::error::plain(StatusCode::NOT_IMPLEMENTED, "501 only the chunked transfer coding is supported\n")
+            crate::reply::plain(StatusCode::NOT_IMPLEMENTED, "501 only the chunked transfer coding is supported\n")
         }
         HeadError::Version => {
-            crate::error::plain(StatusCode::HTTP_VERSION_NOT_SUPPORTED, "505 only HTTP/1.0 and HTTP/1.1 here\n")
+            crate::reply::plain(StatusCode::HTTP_VERSION_NOT_SUPPORTED, "505 only HTTP/1.0 and HTTP/1.1 here\n")
         }
-        HeadError::Syntax(_) => crate::error::plain(StatusCode::BAD_REQUEST, "400 the request is malformed\n"),
+        HeadError::Syntax(_) => crate::reply::plain(StatusCode::BAD_REQUEST, "400 the request is malformed\n"),
     };
     client.answered(resp.status(), proxy);
     write_local(client, resp, true, false, 1).await;
@@ -387,7 +390,7 @@ async fn end<S: ClientIo>(client: &mut ClientSide<S>, unread: bool) {
 /// The proxy's answer for `kind`, counted.
 fn error_response(kind: ErrorKind, proxy: &Proxy) -> Response<ProxyBody> {
     proxy.metrics().error(kind);
-    kind.response()
+    crate::reply::error(kind)
 }
 
 /// What serving one request reads, besides its client connection.
@@ -560,7 +563,7 @@ async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Res
             // (The pipeline serves and forwards only requests with facts.)
             let parsed = parsed.as_ref().map_err(|kind| *kind)?;
             let req = static_request(&method, &parsed.path_and_query, &view)?;
-            let resp = static_files::serve(dir, prefix, &req).await;
+            let resp = static_files::serve(dir, prefix, &req).await.map(ProxyBody::Static);
             Ok(ctx.answer(client, resp, ctx.closes(client)).await)
         }
         Action::Forward(service) => {
@@ -736,7 +739,7 @@ async fn respond<S: ClientIo>(client: &mut ClientSide<S>, answer: NativeAnswer, 
         // it did not offer): the backend broke the exchange. Nothing was
         // sent to the client yet.
         tracing::debug!("backend switched protocols without a matching upgrade request");
-        let resp = ErrorKind::InvalidResponse.response();
+        let resp = crate::reply::error(ErrorKind::InvalidResponse);
         client.seen.status = resp.status().as_u16();
         client.seen.error = Some(ErrorKind::InvalidResponse);
         write_local(client, resp, true, false, minor).await;
