@@ -11,7 +11,7 @@ use hyper::body::Incoming;
 use crate::observe::Finish;
 use crate::pick::Slot;
 use crate::pool::{Conn, HyperConn};
-use crate::static_files::StaticBody;
+use tidegate_static::StaticBody;
 
 /// Errors while streaming a body.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -19,7 +19,6 @@ use crate::limits::Limits;
 use crate::metrics::{Counters, ProxyMetrics};
 use crate::observe::{describe, Finish, Seen};
 use crate::pipeline::{self, Action, Facts, Local, Settings};
-use crate::static_files;
 use crate::upstreams::Upstreams;
 
 /// The request handler. One per worker (or one shared, in the multi-thread
@@ -156,7 +155,9 @@ impl Proxy {
         }
         match decision.action {
             Action::Local(answer) => crate::reply::local_response(answer),
-            Action::Static { dir, prefix } => Ok(static_files::serve(dir, prefix, &req).await.map(ProxyBody::Static)),
+            Action::Static { dir, prefix } => {
+                Ok(tidegate_static::serve(dir, prefix, &req).await.map(ProxyBody::Static))
+            }
             Action::Forward(service) => {
                 drop(facts);
                 drop(snapshot);

@@ -34,7 +34,6 @@ mod prepared;
 mod reply;
 pub mod retry;
 mod server;
-mod static_files;
 mod tls;
 mod tunnel;
 mod upbody;
@@ -50,7 +49,7 @@ pub use handler::Proxy;
 pub use limits::{Limits, TrustedProxies};
 pub use metrics::{DataPlaneCollector, ProxyMetrics};
 pub use server::{serve, Http1Engine, RuntimeMode, ServerHandle, ServerOptions};
-pub use static_files::never_serve;
 /// Request-path normalization (in the model, where route paths are checked
 /// against the same rules).
 pub use tidegate_model::normalize;
+pub use tidegate_static::never_serve;

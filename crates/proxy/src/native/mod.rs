@@ -53,7 +53,6 @@ use crate::observe::Seen;
 use crate::pick::Slot;
 use crate::pipeline::{self, Action, Facts, Local};
 use crate::reply::local_response;
-use crate::static_files;
 use crate::upstreams::Asked;
 
 use exchange::{read_ahead, upstream_framing, NativeExchange};
@@ -563,7 +562,7 @@ async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Res
             // (The pipeline serves and forwards only requests with facts.)
             let parsed = parsed.as_ref().map_err(|kind| *kind)?;
             let req = static_request(&method, &parsed.path_and_query, &view)?;
-            let resp = static_files::serve(dir, prefix, &req).await.map(ProxyBody::Static);
+            let resp = tidegate_static::serve(dir, prefix, &req).await.map(ProxyBody::Static);
             Ok(ctx.answer(client, resp, ctx.closes(client)).await)
         }
         Action::Forward(service) => {

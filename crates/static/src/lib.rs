@@ -1,5 +1,8 @@
-//! Static directories served by the proxy itself: safe paths, content types,
-//! conditional requests (ETag, Last-Modified) and single byte ranges.
+//! Static directories served by Tidegate's proxy itself: safe paths,
+//! content types, conditional requests (ETag, Last-Modified) and single
+//! byte ranges. [`serve`] answers an `http::Request` with a
+//! [`StaticBody`]; it knows nothing of the proxy's engines, which wrap the
+//! body in their own.
 
 use std::io::SeekFrom;
 use std::path::{Component, Path, PathBuf};
@@ -103,7 +106,7 @@ impl Body for FileBody {
 
 /// Serves `req` from `dir`; the route's path prefix is removed from the
 /// request path first (`/static/a.css` under prefix `/static` is `a.css`).
-pub(crate) async fn serve<B>(dir: &StaticDir, pattern: &PathPattern, req: &Request<B>) -> Response<StaticBody> {
+pub async fn serve<B>(dir: &StaticDir, pattern: &PathPattern, req: &Request<B>) -> Response<StaticBody> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         let mut resp = plain(StatusCode::METHOD_NOT_ALLOWED, "405 only GET and HEAD are allowed here\n");
         resp.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
