@@ -13,11 +13,14 @@
 //! The proxy never changes configuration; it only reads snapshots.
 
 pub mod access_log;
+// The attempt machinery (error kinds, retries, picking, the attempt loop)
+// is the `tidegate-attempts` crate; its modules keep their paths here.
+use tidegate_attempts as attempts;
+use tidegate_attempts::pick;
+pub use tidegate_attempts::{error, retry};
 mod admission;
-mod attempts;
 mod body;
 mod conn;
-pub mod error;
 mod forward;
 mod handler;
 mod headers;
@@ -27,12 +30,10 @@ mod limits;
 mod metrics;
 mod native;
 mod observe;
-mod pick;
 mod pipeline;
 mod pool;
 mod prepared;
 mod reply;
-pub mod retry;
 mod server;
 mod tls;
 mod tunnel;

@@ -175,7 +175,7 @@ impl ErrorKind {
 
     /// The position of this kind in [`ErrorKind::ALL`] (whatever its
     /// cause).
-    pub(crate) fn index(self) -> usize {
+    pub fn index(self) -> usize {
         let this = std::mem::discriminant(&self);
         ErrorKind::ALL.iter().position(|k| std::mem::discriminant(k) == this).unwrap_or(0)
     }
