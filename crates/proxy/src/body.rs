@@ -8,10 +8,11 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
 
+use crate::hyper_conn::HyperConn;
 use crate::observe::Finish;
 use crate::pick::Slot;
-use crate::pool::{Conn, HyperConn};
 use tidegate_static::StaticBody;
+use tidegate_upstream::pool::Conn;
 
 /// Errors while streaming a body.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -19,12 +19,13 @@ use crate::body::{Hold, ProxyBody};
 use crate::conn::Peer;
 use crate::error::ErrorKind;
 use crate::headers;
+use crate::hyper_conn::{HyperConn, HyperPool, Sent, Unsent};
 use crate::native::bridge::{self, BridgeExchange, Payload};
-use crate::pool::{ConnSettings, HyperConn, Sent, Unsent, UpstreamPool};
 use crate::prepared::{Prepared, Replay};
 use crate::tunnel;
 use crate::upbody::UpBody;
 use crate::upstreams::{Asked, Upstreams};
+use tidegate_upstream::pool::UpstreamPool;
 
 impl Upstreams {
     /// Forwards `req` to a backend of `service`, trying others on failure.
@@ -128,7 +129,7 @@ impl Exchange for HyperExchange<'_> {
     ) -> Result<Sent, ErrorKind> {
         let body = self.body.take().ok_or(ErrorKind::ClientBody)?;
         let up = upstream_request(&self.req.parts, backend, &self.req.path_and_query, body)?;
-        let cs = ConnSettings::of(service);
+        let cs = crate::upstreams::conn_settings(service);
         let sending = self.pool.send(&backend.addr, &service.upstream, cs, up, fresh, self.upgrade);
         self.body.settle(tokio::time::timeout_at(deadline, sending).await.unwrap_or(Err(Unsent::TIMED_OUT)))
     }

@@ -20,8 +20,8 @@ use crate::attempts::{is_idempotent, Exchange};
 use crate::conn::{Peer, REPLAY_LIMIT};
 use crate::error::ErrorKind;
 use crate::headers;
+use crate::hyper_conn::Unsent;
 use crate::limits::Limits;
-use crate::pool::{ConnSettings, Unsent};
 use crate::upbody::{ClientBody, UpBody};
 use crate::upstream_error::ClientBodyError;
 use crate::upstream_h2::{self, H2Pool};
@@ -94,7 +94,7 @@ impl Exchange for H2Exchange<'_> {
         let (req, profile) = (self.req, &service.upstream);
         let up =
             upstream_h2::request(&req.parts, backend, profile.scheme(), &req.path_and_query, req.te_trailers, body)?;
-        let sending = self.pool.send(backend, profile, ConnSettings::of(service), up, fresh);
+        let sending = self.pool.send(backend, profile, crate::upstreams::conn_settings(service), up, fresh);
         self.body.settle(tokio::time::timeout_at(deadline, sending).await.unwrap_or(Err(Unsent::TIMED_OUT)))
     }
 

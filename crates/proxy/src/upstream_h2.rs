@@ -23,9 +23,10 @@ use tidegate_model::{BackendAddr, UpstreamProtocol};
 use tidegate_upstream::Profile;
 
 use crate::error::ErrorKind;
-use crate::pool::{connect, ConnSettings, Unsent};
+use crate::hyper_conn::{connect, Unsent};
 use crate::upbody::UpBody;
 use crate::upstream_error::classify_upstream;
+use tidegate_upstream::pool::ConnSettings;
 
 /// The sending half of a shared HTTP/2 connection.
 type Sender = http2::SendRequest<UpBody>;

@@ -16,12 +16,13 @@ use crate::attempts::{self, Answered, Trace};
 use crate::conn::Peer;
 use crate::error::ErrorKind;
 use crate::host_addrs::HostAddrs;
+use crate::hyper_conn::HyperConn;
 use crate::limits::Limits;
 use crate::metrics::Counters;
 use crate::pick::Slot;
-use crate::pool::{ConnSettings, HyperConn, UpstreamPool};
 use crate::prepared::{H2Exchange, Prepared, Replay};
 use crate::upstream_h2::H2Pool;
+use tidegate_upstream::pool::{ConnSettings, UpstreamPool};
 
 /// A worker's way to its backends: its connection pool and its
 /// external-distributor client.
@@ -65,15 +66,14 @@ impl Upstreams {
     }
 }
 
-impl ConnSettings {
-    pub(crate) fn of(service: &ServiceRuntime) -> ConnSettings {
-        let settings = &service.settings;
-        ConnSettings {
-            connect: Duration::from_millis(settings.timeouts.connect_ms),
-            idle: Duration::from_millis(settings.timeouts.idle_ms),
-            max_idle: settings.upstream.max_idle as usize,
-            profile: service.upstream.key(),
-        }
+/// What `service` asks of its connections.
+pub(crate) fn conn_settings(service: &ServiceRuntime) -> ConnSettings {
+    let settings = &service.settings;
+    ConnSettings {
+        connect: Duration::from_millis(settings.timeouts.connect_ms),
+        idle: Duration::from_millis(settings.timeouts.idle_ms),
+        max_idle: settings.upstream.max_idle as usize,
+        profile: service.upstream.key(),
     }
 }
 

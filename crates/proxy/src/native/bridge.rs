@@ -27,8 +27,8 @@ use crate::attempts::Exchange;
 use crate::body::ProxyBody;
 use crate::error::ErrorKind;
 use crate::pick::Slot;
-use crate::pool::{Conn, ConnSettings, UpstreamPool};
 use crate::upbody::ClientBody;
+use tidegate_upstream::pool::{Conn, UpstreamPool};
 
 /// The body of a bridged request.
 pub(crate) enum Payload {
@@ -68,7 +68,7 @@ impl Exchange for BridgeExchange<'_> {
         fresh: bool,
         deadline: Instant,
     ) -> Result<NativeAnswer, ErrorKind> {
-        let cs = ConnSettings::of(service);
+        let cs = crate::upstreams::conn_settings(service);
         let mut conn = open(self.pool, backend, &service.upstream, cs, fresh).await?;
         let sending = self.write(&mut conn, backend);
         let written = tokio::time::timeout_at(deadline, sending).await.unwrap_or(Err(ErrorKind::ResponseTimeout));

@@ -20,7 +20,7 @@ use crate::attempts::Exchange;
 use crate::conn::REPLAY_LIMIT;
 use crate::error::ErrorKind;
 use crate::limits::Limits;
-use crate::pool::{Conn, ConnSettings, UpstreamPool};
+use tidegate_upstream::pool::{Conn, UpstreamPool};
 
 /// The request body, as attempts can send it.
 pub(crate) enum Body {
@@ -72,7 +72,7 @@ impl<S: ClientIo> Exchange for NativeExchange<'_, S> {
         fresh: bool,
         deadline: Instant,
     ) -> Result<NativeAnswer, ErrorKind> {
-        let cs = ConnSettings::of(service);
+        let cs = crate::upstreams::conn_settings(service);
         let fresh = fresh || self.forwarding.upgrade.is_some();
         let mut conn = open(self.pool, backend, &service.upstream, cs, fresh).await?;
         let host = (!self.forwarding.named_host).then_some(backend.authority.as_str());
@@ -286,6 +286,7 @@ mod tests {
     use crate::native::upstream::NativeConn;
     use std::future::Future;
     use tidegate_model::BackendAddr;
+    use tidegate_upstream::pool::ConnSettings;
     use tokio::io::AsyncWriteExt;
 
     /// A connection waiting for its answer holds no read buffer; it takes
@@ -296,7 +297,7 @@ mod tests {
         let addr = BackendAddr::new(&l.local_addr().unwrap().to_string()).unwrap();
         let (tcp, accepted) = tokio::join!(tokio::net::TcpStream::connect(l.local_addr().unwrap()), l.accept());
         let (mut backend, _) = accepted.unwrap();
-        let pool = UpstreamPool::<Upstream>::new(Arc::default());
+        let pool = UpstreamPool::<Upstream>::new(Arc::<crate::metrics::Counters>::default());
         let settings =
             ConnSettings { connect: Duration::from_secs(1), idle: Duration::from_secs(60), max_idle: 8, profile: 0 };
         let mut conn = pool.fresh(NativeConn::new(Stream::Plain(tcp.unwrap())), &addr, settings);

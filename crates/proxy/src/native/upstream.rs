@@ -11,7 +11,8 @@ use tidegate_upstream::Stream;
 
 use super::relay::fill;
 use crate::error::ErrorKind;
-use crate::pool::{connect, Conn, ConnSettings, Reusable, UpstreamPool};
+use crate::hyper_conn::connect;
+use tidegate_upstream::pool::{Conn, ConnSettings, Reusable, UpstreamPool};
 
 /// An upstream connection of the native path: the socket and what was
 /// read from it but not used yet. Pooled boxed ([`Upstream`]): a request
