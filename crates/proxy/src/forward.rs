@@ -53,7 +53,8 @@ impl Upstreams {
         };
         let ctx = RequestCtx::new(Some(peer.addr), req.path_and_query.as_str(), &req.parts.headers);
         if upgrade.is_none() && service.upstream.protocol() == UpstreamProtocol::Http2 {
-            let (mut response, slot) = self.send_h2(service, &req, body, &ctx, first, trace).await?;
+            let (mut response, slot) =
+                crate::prepared::send_h2(&self.h2, service, &req, body, &ctx, first, trace).await?;
             headers::response_headers(response.headers_mut());
             return Ok(response.map(|b| ProxyBody::upstream(b, Hold { slot, conn: None })));
         }

@@ -9,7 +9,7 @@ use hyper::Response;
 use hyper_util::rt::TokioIo;
 use tidegate_model::{BackendAddr, UpstreamProtocol};
 use tidegate_upstream::pool::{Conn, ConnSettings, OpenCounter, UpstreamPool};
-use tidegate_upstream::{ConnectError, Profile, Stream};
+use tidegate_upstream::{Profile, Stream};
 
 use crate::error::ErrorKind;
 use crate::metrics::Counters;
@@ -52,11 +52,7 @@ pub(crate) async fn connect(
     settings: ConnSettings,
     protocol: UpstreamProtocol,
 ) -> Result<Stream, ErrorKind> {
-    profile.connect_for(addr, settings.connect, protocol).await.map_err(|e| match e {
-        ConnectError::Failed(_) => ErrorKind::ConnectFailed,
-        ConnectError::TimedOut => ErrorKind::ConnectTimeout,
-        ConnectError::Tls(_) => ErrorKind::UpstreamTls,
-    })
+    profile.connect_for(addr, settings.connect, protocol).await.map_err(|e| crate::upstream_error::connect_kind(&e))
 }
 
 /// Opens a new connection to `addr`; `upgrades` keeps the socket usable

@@ -12,16 +12,17 @@ use http::{Request, Response, Version};
 use http_body::Body as _;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use tidegate_balance::{orca, Backend};
+use tidegate_balance::{orca, Backend, RequestCtx};
 use tidegate_snapshot::ServiceRuntime;
 
 use crate::admission::{is_streaming_protocol, BufferBudget, MinRate, Reserved};
-use crate::attempts::{is_idempotent, Exchange};
+use crate::attempts::{self, is_idempotent, Answered, Exchange, Trace};
 use crate::conn::{Peer, REPLAY_LIMIT};
 use crate::error::ErrorKind;
 use crate::headers;
 use crate::hyper_conn::Unsent;
 use crate::limits::Limits;
+use crate::pick::Slot;
 use crate::upbody::{ClientBody, UpBody};
 use crate::upstream_error::ClientBodyError;
 use crate::upstream_h2::{self, H2Pool};
@@ -105,6 +106,22 @@ impl Exchange for H2Exchange<'_> {
     fn orca(answer: &Response<Incoming>) -> Option<&[u8]> {
         answer.headers().get(orca::ORCA_HEADER).map(HeaderValue::as_bytes)
     }
+}
+
+/// Sends a prepared request to an HTTP/2 backend of `service`, trying
+/// others on failure; the response head and the slot its body holds.
+pub(crate) async fn send_h2(
+    h2: &H2Pool,
+    service: &ServiceRuntime,
+    req: &Prepared,
+    body: Replay,
+    ctx: &RequestCtx<'_>,
+    first: Option<Arc<Backend>>,
+    trace: &mut Trace,
+) -> Result<(Response<Incoming>, Slot), ErrorKind> {
+    let mut ex = H2Exchange { pool: h2, req, body };
+    let Answered { answer, slot } = attempts::run(service, &mut ex, ctx, first, trace).await?;
+    Ok((answer, slot))
 }
 
 /// The request body, buffered when small so it can be sent more than once.

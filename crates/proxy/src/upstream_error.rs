@@ -1,8 +1,30 @@
-//! The errors of exchanges with backends over hyper's client (HTTP/1.1
-//! upgrades, HTTP/2), classified as [`ErrorKind`]s, and the error a
-//! client's request body yields while it is sent.
+//! Failures on the upstream side as [`ErrorKind`]s: connects and native
+//! reads ([`tidegate_upstream`]'s typed errors), and exchanges over hyper's
+//! client (HTTP/1.1 upgrades, HTTP/2); and the error a client's request
+//! body yields while it is sent.
+
+use tidegate_upstream::h1::ReadError;
+use tidegate_upstream::ConnectError;
 
 use crate::error::ErrorKind;
+
+/// The kind of a failed connect.
+pub(crate) fn connect_kind(e: &ConnectError) -> ErrorKind {
+    match e {
+        ConnectError::Failed(_) => ErrorKind::ConnectFailed,
+        ConnectError::TimedOut => ErrorKind::ConnectTimeout,
+        ConnectError::Tls(_) => ErrorKind::UpstreamTls,
+    }
+}
+
+/// The kind of a failed read of a native connection's response head.
+pub(crate) fn read_kind(e: ReadError) -> ErrorKind {
+    match e {
+        ReadError::Stale => ErrorKind::StaleConnection,
+        ReadError::Closed => ErrorKind::UpstreamClosed,
+        ReadError::Invalid => ErrorKind::InvalidResponse,
+    }
+}
 
 /// The error a client's request body yields while it is read. Its own
 /// type lets the attempt tell, from hyper's error chain, that the client

@@ -5,31 +5,31 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::Response;
-use hyper::body::Incoming;
-use tidegate_balance::{clock, Backend, Headers, RequestCtx};
+use tidegate_balance::{clock, Backend, Headers};
 use tidegate_distributor_protocol::{DistributorClient, Query};
 use tidegate_model::ExternalSpec;
 use tidegate_snapshot::ServiceRuntime;
 
-use crate::attempts::{self, Answered, Trace};
 use crate::conn::Peer;
 use crate::error::ErrorKind;
 use crate::host_addrs::HostAddrs;
 use crate::hyper_conn::HyperConn;
 use crate::limits::Limits;
 use crate::metrics::Counters;
-use crate::pick::Slot;
-use crate::prepared::{H2Exchange, Prepared, Replay};
+use crate::upstream_error::{connect_kind, read_kind};
 use crate::upstream_h2::H2Pool;
-use tidegate_upstream::pool::{ConnSettings, UpstreamPool};
+use tidegate_h1::HeadLimits;
+use tidegate_model::BackendAddr;
+use tidegate_upstream::h1;
+use tidegate_upstream::pool::{Conn, ConnSettings, UpstreamPool};
+use tidegate_upstream::Profile;
 
 /// A worker's way to its backends: its connection pool and its
 /// external-distributor client.
 pub(crate) struct Upstreams {
     pub(crate) pool: UpstreamPool<HyperConn>,
     /// The native HTTP/1 path's connections.
-    pub(crate) native: UpstreamPool<crate::native::upstream::Upstream>,
+    pub(crate) native: UpstreamPool<tidegate_upstream::h1::Upstream>,
     /// Shared connections to HTTP/2 backends.
     pub(crate) h2: H2Pool,
     /// Asks external distributors (paper S4); one per worker.
@@ -61,7 +61,7 @@ impl Upstreams {
     }
 
     /// The native HTTP/1 path's upstream connections.
-    pub(crate) fn native_pool(&self) -> &UpstreamPool<crate::native::upstream::Upstream> {
+    pub(crate) fn native_pool(&self) -> &UpstreamPool<tidegate_upstream::h1::Upstream> {
         &self.native
     }
 }
@@ -74,24 +74,6 @@ pub(crate) fn conn_settings(service: &ServiceRuntime) -> ConnSettings {
         idle: Duration::from_millis(settings.timeouts.idle_ms),
         max_idle: settings.upstream.max_idle as usize,
         profile: service.upstream.key(),
-    }
-}
-
-impl Upstreams {
-    /// Sends a prepared request to an HTTP/2 backend of `service`, trying
-    /// others on failure; the response head and the slot its body holds.
-    pub(crate) async fn send_h2(
-        &self,
-        service: &ServiceRuntime,
-        req: &Prepared,
-        body: Replay,
-        ctx: &RequestCtx<'_>,
-        first: Option<Arc<Backend>>,
-        trace: &mut Trace,
-    ) -> Result<(Response<Incoming>, Slot), ErrorKind> {
-        let mut ex = H2Exchange { pool: &self.h2, req, body };
-        let Answered { answer, slot } = attempts::run(service, &mut ex, ctx, first, trace).await?;
-        Ok((answer, slot))
     }
 }
 
@@ -143,4 +125,25 @@ impl Upstreams {
             None => backends.iter().filter(|b| b.backup && usable(b)).min_by_key(|b| b.stats.in_flight()).cloned(),
         }
     }
+}
+
+/// A native connection to `addr` ([`h1::open`]), failures as kinds.
+pub(crate) async fn open_native(
+    pool: &UpstreamPool<h1::Upstream>,
+    addr: &BackendAddr,
+    profile: &Profile,
+    cs: ConnSettings,
+    fresh: bool,
+) -> Result<Conn<h1::Upstream>, ErrorKind> {
+    h1::open(pool, addr, profile, cs, fresh).await.map_err(|e| connect_kind(&e))
+}
+
+/// Reads a response head from a native connection ([`h1::read_response`]),
+/// failures as kinds.
+pub(crate) async fn read_native(
+    conn: &mut Conn<h1::Upstream>,
+    to_head: bool,
+    limits: HeadLimits,
+) -> Result<(), ErrorKind> {
+    h1::read_response(conn, to_head, limits).await.map_err(read_kind)
 }

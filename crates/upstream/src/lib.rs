@@ -20,7 +20,9 @@
 //! per connection type (last in, first out, per backend address and
 //! profile, with idle expiry and a grace for a burst's surplus).
 
+pub mod buffers;
 mod error_chain;
+pub mod h1;
 mod http_client;
 pub mod pool;
 

@@ -22,12 +22,13 @@ use tokio::time::Instant;
 
 use super::relay::{write_all, write_piece};
 use super::rewrite::{announced_length, field, forwards_response_field, framing_fields, Framing};
-use super::upstream::{early_answer, open, read_response, NativeAnswer, Upstream};
 use crate::attempts::Exchange;
 use crate::body::ProxyBody;
 use crate::error::ErrorKind;
 use crate::pick::Slot;
 use crate::upbody::ClientBody;
+use crate::upstreams::{open_native as open, read_native as read_response};
+use tidegate_upstream::h1::{early_answer, NativeAnswer, Upstream};
 use tidegate_upstream::pool::{Conn, UpstreamPool};
 
 /// The body of a bridged request.
@@ -69,7 +70,7 @@ impl Exchange for BridgeExchange<'_> {
         deadline: Instant,
     ) -> Result<NativeAnswer, ErrorKind> {
         let cs = crate::upstreams::conn_settings(service);
-        let mut conn = open(self.pool, backend, &service.upstream, cs, fresh).await?;
+        let mut conn = open(self.pool, &backend.addr, &service.upstream, cs, fresh).await?;
         let sending = self.write(&mut conn, backend);
         let written = tokio::time::timeout_at(deadline, sending).await.unwrap_or(Err(ErrorKind::ResponseTimeout));
         let limits = HeadLimits { max_bytes: 64 * 1024, max_headers: tidegate_h1::MAX_HEADERS };
@@ -77,7 +78,7 @@ impl Exchange for BridgeExchange<'_> {
         match written {
             Err(ErrorKind::StaleConnection) => {
                 // Closed while idle, nothing of the request sent: a new one.
-                conn = open(self.pool, backend, &service.upstream, cs, true).await?;
+                conn = open(self.pool, &backend.addr, &service.upstream, cs, true).await?;
                 let sending = self.write(&mut conn, backend);
                 tokio::time::timeout_at(deadline, sending).await.unwrap_or(Err(ErrorKind::ResponseTimeout))?;
             }
@@ -102,7 +103,7 @@ impl Exchange for BridgeExchange<'_> {
     }
 
     fn orca(answer: &NativeAnswer) -> Option<&[u8]> {
-        answer.orca()
+        answer.field(tidegate_balance::orca::ORCA_HEADER)
     }
 
     fn body_sent(&self) -> Option<Instant> {

@@ -13,13 +13,14 @@ use tokio::time::Instant;
 
 use super::relay::{self, write_all, RelayError, Source};
 use super::rewrite::{request_head, Forwarding, Framing};
-use super::upstream::{early_answer, open, read_response, NativeAnswer, Upstream};
 use super::{ClientIo, ClientSide};
 use crate::admission::{BufferBudget, MinRate, Pace, Reserved};
 use crate::attempts::Exchange;
 use crate::conn::REPLAY_LIMIT;
 use crate::error::ErrorKind;
 use crate::limits::Limits;
+use crate::upstreams::{open_native as open, read_native as read_response};
+use tidegate_upstream::h1::{early_answer, NativeAnswer, Upstream};
 use tidegate_upstream::pool::{Conn, UpstreamPool};
 
 /// The request body, as attempts can send it.
@@ -74,13 +75,13 @@ impl<S: ClientIo> Exchange for NativeExchange<'_, S> {
     ) -> Result<NativeAnswer, ErrorKind> {
         let cs = crate::upstreams::conn_settings(service);
         let fresh = fresh || self.forwarding.upgrade.is_some();
-        let mut conn = open(self.pool, backend, &service.upstream, cs, fresh).await?;
+        let mut conn = open(self.pool, &backend.addr, &service.upstream, cs, fresh).await?;
         let host = (!self.forwarding.named_host).then_some(backend.authority.as_str());
         match self.write_head(&mut conn, host, deadline).await {
             // The backend closed the pooled connection while it was idle
             // and none of the request reached it: send it on a new one.
             Err(ErrorKind::StaleConnection) if self.sendable() => {
-                conn = open(self.pool, backend, &service.upstream, cs, true).await?;
+                conn = open(self.pool, &backend.addr, &service.upstream, cs, true).await?;
                 self.write_head(&mut conn, host, deadline).await?;
             }
             // The backend stopped reading the request: it may have
@@ -113,7 +114,7 @@ impl<S: ClientIo> Exchange for NativeExchange<'_, S> {
     }
 
     fn orca(answer: &NativeAnswer) -> Option<&[u8]> {
-        answer.orca()
+        answer.field(tidegate_balance::orca::ORCA_HEADER)
     }
 
     fn body_sent(&self) -> Option<Instant> {
@@ -283,9 +284,9 @@ pub(crate) fn upstream_framing(body: &Body, declared: RequestBody) -> Framing {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::native::upstream::NativeConn;
     use std::future::Future;
     use tidegate_model::BackendAddr;
+    use tidegate_upstream::h1::NativeConn;
     use tidegate_upstream::pool::ConnSettings;
     use tokio::io::AsyncWriteExt;
 

@@ -64,7 +64,7 @@ pub(super) async fn forward<S: ClientIo>(
     let picking = RequestCtx::new(Some(ctx.peer.addr), req.path_and_query, req.view);
     let upstreams = ctx.proxy.upstreams();
     let mut trace = Trace::default();
-    let sending = upstreams.send_h2(service, &prepared, replay, &picking, first, &mut trace);
+    let sending = crate::prepared::send_h2(&upstreams.h2, service, &prepared, replay, &picking, first, &mut trace);
     let answered = match feed {
         None => sending.await,
         Some((tx, framing)) => {

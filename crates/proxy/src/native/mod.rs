@@ -17,13 +17,11 @@
 //! bytes already read.
 
 pub(crate) mod bridge;
-mod buffers;
 mod exchange;
 mod h2;
 mod relay;
 mod rewrite;
 mod timer;
-pub(crate) mod upstream;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -58,8 +56,8 @@ use crate::upstreams::Asked;
 use exchange::{read_ahead, upstream_framing, NativeExchange};
 use relay::{fill, write_all, RelayError, Source};
 use rewrite::{local_head, response_head, Forwarding, Framing};
+use tidegate_upstream::h1::{NativeAnswer, NativeConn};
 use timer::Timer;
-use upstream::{NativeAnswer, NativeConn};
 
 /// The HTTP/2 connection preface (RFC 9113, section 3.4).
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -208,7 +206,7 @@ pub(crate) async fn serve<S: ClientIo>(
         }
         served += 1;
         client.seen = Seen::new(Instant::now());
-        let buf = buffers::take_head(&mut client.inbox, head.len);
+        let buf = tidegate_upstream::buffers::take_head(&mut client.inbox, head.len);
         let stopping = *stop.borrow();
         // Boxed: the state of a request in progress (a few KiB) lives only
         // while the request does, not in every idle connection's task.
@@ -230,7 +228,7 @@ pub(crate) async fn serve<S: ClientIo>(
             return;
         }
         if client.inbox.is_empty() {
-            buffers::give_back(std::mem::take(&mut client.inbox));
+            tidegate_upstream::buffers::give_back(std::mem::take(&mut client.inbox));
         }
         if client.scratch.capacity() > 4 * 1024 {
             client.scratch = Vec::new();

@@ -1,35 +1,50 @@
-//! The native path's upstream connections: a socket and its read buffer,
-//! pooled per backend ([`crate::pool`]), opened, and read for a response
-//! head. Used by the native engine's exchange and by the bridge that
-//! sends hyper's requests over the same connections.
+//! The native HTTP/1.1 upstream connections (Tidegate's own, on the
+//! [`tidegate_h1`] codec): a socket and its read buffer, pooled per backend
+//! ([`crate::pool`]), opened, and read for a response head. The proxy's
+//! native engine and its bridge for hyper's requests send over them.
 
 use bytes::BytesMut;
-use tidegate_balance::{orca, Backend};
 use tidegate_h1::{parse_response, HeadLimits, HeaderKind, ResponseHead};
-use tidegate_model::UpstreamProtocol;
-use tidegate_upstream::Stream;
+use tidegate_model::{BackendAddr, UpstreamProtocol};
 
-use super::relay::fill;
-use crate::error::ErrorKind;
-use crate::hyper_conn::connect;
-use tidegate_upstream::pool::{Conn, ConnSettings, Reusable, UpstreamPool};
+use crate::buffers::fill;
+use crate::pool::{Conn, ConnSettings, Reusable, UpstreamPool};
+use crate::{ConnectError, Profile, Stream};
+
+/// Why no response head could be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ReadError {
+    /// A connection reused from the pool ended before any byte of an
+    /// answer: the backend closed it while it was idle.
+    #[error("the backend had closed the idle connection")]
+    Stale,
+    /// The connection was reset or closed before a complete head.
+    #[error("the backend closed the connection")]
+    Closed,
+    /// What came is not a valid HTTP/1.1 response head.
+    #[error("the backend sent an invalid response head")]
+    Invalid,
+}
 
 /// An upstream connection of the native path: the socket and what was
 /// read from it but not used yet. Pooled boxed ([`Upstream`]): a request
 /// moves its connection from the pool to the attempt, the response relay
 /// and back, and a pointer moves for less than these 136 bytes.
-pub(crate) struct NativeConn {
+pub struct NativeConn {
+    /// The socket.
     pub stream: Stream,
+    /// Bytes read and not used yet (unallocated while idle).
     pub inbox: BytesMut,
     /// The last response head read on it (its header list is reused).
     pub head: ResponseHead,
 }
 
 /// A native connection as the pool holds it.
-pub(crate) type Upstream = Box<NativeConn>;
+pub type Upstream = Box<NativeConn>;
 
 impl NativeConn {
-    pub(crate) fn new(stream: Stream) -> Upstream {
+    /// A connection just opened on `stream`, as the pool holds it.
+    pub fn new(stream: Stream) -> Upstream {
         Box::new(NativeConn { stream, inbox: BytesMut::new(), head: ResponseHead::default() })
     }
 }
@@ -47,16 +62,16 @@ impl NativeConn {
     /// Gives the read buffer of an idle connection back to the worker (it
     /// holds nothing), after a body relayed by the native engine: every
     /// chunk split off it has been written and dropped.
-    pub(crate) fn park(&mut self) {
+    pub fn park(&mut self) {
         if self.inbox.is_empty() {
-            super::buffers::give_back(std::mem::take(&mut self.inbox));
+            crate::buffers::give_back(std::mem::take(&mut self.inbox));
         }
     }
 
     /// Frees the read buffer of an idle connection whose body chunks were
     /// handed to hyper (HTTP/2 and `--http1 hyper` clients): some may still
     /// be queued there, so its memory is not reused.
-    pub(crate) fn park_and_free(&mut self) {
+    pub fn park_and_free(&mut self) {
         if self.inbox.is_empty() {
             self.inbox = BytesMut::new();
         }
@@ -66,25 +81,25 @@ impl NativeConn {
 /// A backend's answer: the connection its body arrives on, with the
 /// response head parsed into `conn.head` (its bytes are the first
 /// `head.len` of the inbox).
-pub(crate) struct NativeAnswer {
+pub struct NativeAnswer {
+    /// The connection, with the head parsed into `conn.head`.
     pub conn: Conn<Upstream>,
 }
 
 impl NativeAnswer {
     /// The response's status code.
-    pub(crate) fn status(&self) -> u16 {
+    pub fn status(&self) -> u16 {
         self.conn.conn.head.code
     }
 
-    /// The response's ORCA load report, if it carries one.
-    pub(crate) fn orca(&self) -> Option<&[u8]> {
+    /// The first value of the response field `name` (an extension field,
+    /// such as an ORCA load report), if it has one.
+    pub fn field(&self, name: &str) -> Option<&[u8]> {
         let c = &self.conn.conn;
         c.head
             .headers
             .iter()
-            .find(|h| {
-                h.kind == HeaderKind::Other && h.name.of(&c.inbox).eq_ignore_ascii_case(orca::ORCA_HEADER.as_bytes())
-            })
+            .find(|h| h.kind == HeaderKind::Other && h.name.of(&c.inbox).eq_ignore_ascii_case(name.as_bytes()))
             .map(|h| h.value.of(&c.inbox))
     }
 }
@@ -92,37 +107,33 @@ impl NativeAnswer {
 /// A connection whose backend answered before it read the whole request:
 /// never reused (whatever it says, part of the request may still be in
 /// flight towards it).
-pub(crate) fn early_answer(mut conn: Conn<Upstream>) -> Conn<Upstream> {
+pub fn early_answer(mut conn: Conn<Upstream>) -> Conn<Upstream> {
     conn.conn.head.close = true;
     conn
 }
 
 /// A connection to `backend`: the most recently used idle one, unless
 /// `fresh`, else a new one.
-pub(crate) async fn open(
+pub async fn open(
     pool: &UpstreamPool<Upstream>,
-    backend: &Backend,
-    profile: &tidegate_upstream::Profile,
+    addr: &BackendAddr,
+    profile: &Profile,
     cs: ConnSettings,
     fresh: bool,
-) -> Result<Conn<Upstream>, ErrorKind> {
-    match if fresh { None } else { pool.checkout(&backend.addr, cs) } {
+) -> Result<Conn<Upstream>, ConnectError> {
+    match if fresh { None } else { pool.checkout(addr, cs) } {
         Some(c) => Ok(c),
         None => {
             // Native connections speak HTTP/1.1, whatever the service does
             // (an upgrade on an HTTP/2 service comes here).
-            let stream = connect(&backend.addr, profile, cs, UpstreamProtocol::Http1).await?;
-            Ok(pool.fresh(NativeConn::new(stream), &backend.addr, cs))
+            let stream = profile.connect_for(addr, cs.connect, UpstreamProtocol::Http1).await?;
+            Ok(pool.fresh(NativeConn::new(stream), addr, cs))
         }
     }
 }
 
 /// Reads the response head from `conn`, skipping interim (1xx) answers.
-pub(crate) async fn read_response(
-    conn: &mut Conn<Upstream>,
-    to_head: bool,
-    limits: HeadLimits,
-) -> Result<(), ErrorKind> {
+pub async fn read_response(conn: &mut Conn<Upstream>, to_head: bool, limits: HeadLimits) -> Result<(), ReadError> {
     let reused = conn.reused;
     let c = &mut conn.conn;
     let mut got_any = false;
@@ -135,7 +146,7 @@ pub(crate) async fn read_response(
                 }
                 Ok(Some(())) => return Ok(()),
                 Ok(None) => {}
-                Err(_) => return Err(ErrorKind::InvalidResponse),
+                Err(_) => return Err(ReadError::Invalid),
             }
         }
         // No read buffer until the answer is there: the requests waiting
@@ -148,8 +159,8 @@ pub(crate) async fn read_response(
             fill(&mut c.stream, &mut c.inbox).await
         };
         match read.await {
-            Ok(0) | Err(_) if reused && !got_any => return Err(ErrorKind::StaleConnection),
-            Ok(0) | Err(_) => return Err(ErrorKind::UpstreamClosed),
+            Ok(0) | Err(_) if reused && !got_any => return Err(ReadError::Stale),
+            Ok(0) | Err(_) => return Err(ReadError::Closed),
             Ok(_) => got_any = true,
         }
     }
