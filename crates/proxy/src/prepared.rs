@@ -95,7 +95,11 @@ impl Exchange for H2Exchange<'_> {
         let (req, profile) = (self.req, &service.upstream);
         let up =
             upstream_h2::request(&req.parts, backend, profile.scheme(), &req.path_and_query, req.te_trailers, body)?;
-        let sending = self.pool.send(backend, profile, crate::upstreams::conn_settings(service), up, fresh);
+        let cs = crate::upstreams::conn_settings(service);
+        let sending = async {
+            let sent = self.pool.send(&backend.addr, profile, cs, up, fresh).await;
+            sent.map_err(|u| Unsent { kind: upstream_h2::h2_kind(&u.error), request: u.request })
+        };
         self.body.settle(tokio::time::timeout_at(deadline, sending).await.unwrap_or(Err(Unsent::TIMED_OUT)))
     }
 

@@ -23,6 +23,7 @@
 pub mod buffers;
 mod error_chain;
 pub mod h1;
+pub mod h2_pool;
 mod http_client;
 pub mod pool;
 
