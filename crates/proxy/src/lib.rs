@@ -1,14 +1,18 @@
-//! Tidegate's data plane.
+//! Tidegate's data plane: the listeners, the two HTTP/1.1 engines (the
+//! native one on [`tidegate_h1`], the default, and hyper's) and HTTP/2,
+//! request hygiene, limits and observation.
 //!
-//! A hyper 1.x server (HTTP/1.1 and h2c) whose handler reads the current
-//! [`Snapshot`](tidegate_snapshot::Snapshot) with one atomic load per
-//! request, matches a route, and either serves a static directory or
-//! forwards to a backend picked by the service's selector, over the worker's
-//! own keep-alive connections ([`pool`]). Proxy semantics live here:
-//! forwarding headers, hop-by-hop stripping, timeouts, retries decided by a
-//! pure function of a typed error ([`retry::decide`], [`ErrorKind`]),
-//! WebSocket (HTTP/1.1 upgrade) pass-through, and short plain-text 4xx / 5xx
-//! answers that say what went wrong.
+//! Each request reads the current [`Snapshot`](tidegate_snapshot::Snapshot)
+//! with one atomic load; one request pipeline (`pipeline::decide`, the
+//! same for every engine, with no IO) decides whether the proxy answers
+//! itself, serves a static directory ([`tidegate_static`]) or forwards to
+//! a service; forwarding runs the attempt loop of [`tidegate_attempts`]
+//! (retries decided by a pure function of a typed error, [`retry::decide`],
+//! [`ErrorKind`]) over the worker's own connections, kept in
+//! [`tidegate_upstream`]'s pools. Proxy semantics live here: forwarding
+//! headers, hop-by-hop stripping, timeouts, WebSocket (HTTP/1.1 upgrade)
+//! pass-through, and short plain-text 4xx / 5xx answers that say what went
+//! wrong. docs/architecture.md draws the modules' layers.
 //!
 //! The proxy never changes configuration; it only reads snapshots.
 
