@@ -76,7 +76,7 @@ impl Upstreams {
                 body_sent: None,
             };
             let Answered { answer, slot } = attempts::run(service, &mut ex, &ctx, first, trace).await?;
-            return bridge::response(answer, slot);
+            return bridge::response(answer, slot).map(|resp| resp.map(ProxyBody::Native));
         }
         let mut ex = HyperExchange { pool: &self.pool, req: &req, body, upgrade: upgrade.is_some() };
         let Answered { answer: Sent { mut response, conn }, slot } =

@@ -31,6 +31,7 @@ mod headers;
 mod host_addrs;
 mod hygiene;
 mod hyper_conn;
+mod hyper_server;
 mod limits;
 mod metrics;
 mod native;

@@ -151,7 +151,7 @@ pub(crate) async fn serve<S: ClientIo>(
     proxy: Arc<Proxy>,
     stop: watch::Receiver<bool>,
     limits: Limits,
-    hyper: crate::server::HyperServer,
+    hyper: crate::hyper_server::HyperServer,
 ) {
     let accepted = Instant::now();
     let mut client = ClientSide {
@@ -186,7 +186,7 @@ pub(crate) async fn serve<S: ClientIo>(
             Next::Closed => return,
             Next::Http2 => {
                 let read = client.inbox.split().freeze();
-                let io = crate::server::Prefixed::new(read, client.io);
+                let io = crate::hyper_server::Prefixed::new(read, client.io);
                 // Boxed: rare, and large; not part of every connection's task.
                 in_box(|| hyper.serve(io, peer, proxy, stop, limits)).await;
                 return;
@@ -897,7 +897,7 @@ mod sizes {
         let proxy = Arc::new(Proxy::new(snaps, &crate::ProxyMetrics::default(), Arc::new(Limits::default()), None));
         let (_tx, rx) = watch::channel(false);
         let peer = Peer::new("127.0.0.1:1".parse().unwrap());
-        let f = serve(s, peer, proxy, rx, Limits::default(), crate::server::HyperServer::for_tests());
+        let f = serve(s, peer, proxy, rx, Limits::default(), crate::hyper_server::HyperServer::for_tests());
         assert!(size(&f) <= 3 * 1024, "the connection future grew to {} bytes", size(&f));
     }
 
