@@ -63,3 +63,33 @@ pub(crate) fn local_response(answer: Local) -> Result<Response<ProxyBody>, Error
         Local::Error(kind) => return Err(kind),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_local_answer_has_its_status_and_fields() {
+        let status = |l| local_response(l).map(|r| r.status().as_u16());
+        assert_eq!(status(Local::Health { draining: false }), Ok(200));
+        assert_eq!(status(Local::Health { draining: true }), Ok(503));
+        assert_eq!(status(Local::HeadTooLarge), Ok(431));
+        assert_eq!(status(Local::Error(ErrorKind::NoRoute)), Err(ErrorKind::NoRoute));
+        let connect = local_response(Local::ConnectRefused).unwrap();
+        assert_eq!(connect.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert!(connect.headers().contains_key(header::ALLOW));
+        let to = HeaderValue::from_static("https://a.example/x");
+        let redirect = local_response(Local::HttpsRedirect(to.clone())).unwrap();
+        assert_eq!(redirect.status(), StatusCode::PERMANENT_REDIRECT);
+        assert_eq!(redirect.headers()[header::LOCATION], to);
+    }
+
+    #[test]
+    fn error_answers_are_plain_text_and_a_client_over_its_cap_may_retry() {
+        let resp = error(ErrorKind::ClientLimit);
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
+        assert_eq!(resp.headers()[header::CONTENT_TYPE], "text/plain; charset=utf-8");
+        assert!(!error(ErrorKind::NoBackend).headers().contains_key(header::RETRY_AFTER));
+    }
+}
