@@ -3,7 +3,7 @@
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 
-use crate::forward::Peer;
+use crate::conn::Peer;
 
 /// Hop-by-hop headers (RFC 9110 section 7.6.1, plus the legacy ones):
 /// they describe one connection and are never forwarded.
