@@ -140,7 +140,7 @@ pub(crate) async fn pick_or_wait<'a>(
         }
         match &queue.waiting {
             None => {
-                let client = ctx.client.map_or(Waiter::UNKNOWN_CLIENT, |a| crate::admission::client_key(a.ip()));
+                let client = ctx.client.map_or(Waiter::UNKNOWN_CLIENT, |a| tidegate_snapshot::client_key(a.ip()));
                 let waiter = Arc::new(Waiter::new(client));
                 let max = service.settings.queue.max as usize;
                 let joined = waiters.push_back(&waiter, max);

@@ -31,7 +31,7 @@ mod published;
 mod queue;
 mod tls;
 pub use published::{Changes, Publications};
-pub use queue::{Joined, WaitQueue, Waiter};
+pub use queue::{client_key, Joined, WaitQueue, Waiter};
 pub use tls::Certificates;
 
 /// Live counters of a service, shared across snapshots like backend stats.

@@ -252,6 +252,19 @@ impl WaitQueue {
     }
 }
 
+/// The key a client is counted under, by the wait queue's fairness and by
+/// the proxy's per-client caps: its address, an IPv4-mapped IPv6 address
+/// as IPv4, and IPv6 by its /64 (one subscriber's usual share).
+pub fn client_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+        },
+        v4 => v4,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::future::Future;
