@@ -138,7 +138,7 @@ impl Proxy {
     ) -> Result<Response<ProxyBody>, ErrorKind> {
         // This engine's checks of the head; refused or not, the pipeline
         // decides (it refuses `CONNECT` before reading them).
-        let checked = check_head(&mut req, self.upstreams.limits().max_headers);
+        let checked = check_head(&mut req, self.upstreams.limits());
         let host = hygiene::request_routing_host(&req);
         let facts = Facts {
             host,
@@ -171,13 +171,31 @@ impl Proxy {
 }
 
 /// The hyper engine's checks of a request head, in place: the header
-/// count (the HTTP/1 parsers count headers; an HTTP/2 header list is only
-/// bounded in bytes), then [`hygiene::sanitize`].
-fn check_head(req: &mut Request<Incoming>, max_headers: usize) -> Result<(), Local> {
-    if req.headers().len() > max_headers {
+/// count and the head's size against the proxy's limits (hyper's parsers
+/// read a little past them, see [`crate::limits::HYPER_HEAD_MARGIN`], so
+/// that a head over them gets the proxy's own answer here), then
+/// [`hygiene::sanitize`].
+fn check_head<B>(req: &mut Request<B>, limits: &Limits) -> Result<(), Local> {
+    if req.headers().len() > limits.max_headers || head_size(req) > limits.max_header_bytes {
         return Err(Local::HeadTooLarge);
     }
     hygiene::sanitize(req).map_err(Local::Error)
+}
+
+/// A request head's size as the proxy counts it against
+/// `max_header_bytes`, whichever version carried it: the request line and
+/// the fields as HTTP/1.1 writes them (`name: value` and a line end each,
+/// and the empty line). An HTTP/2 request's target counts with its scheme
+/// and authority, as an absolute-form target would. Whitespace a client
+/// padded an HTTP/1.1 line with is not counted.
+fn head_size<B>(req: &Request<B>) -> usize {
+    let uri = req.uri();
+    let target = uri.scheme_str().map_or(0, |s| s.len() + "://".len())
+        + uri.authority().map_or(0, |a| a.as_str().len())
+        + uri.path_and_query().map_or(1, |pq| pq.as_str().len());
+    let line = req.method().as_str().len() + " ".len() + target + " HTTP/1.1\r\n".len();
+    let fields: usize = req.headers().iter().map(|(n, v)| n.as_str().len() + ": ".len() + v.len() + "\r\n".len()).sum();
+    line + fields + "\r\n".len()
 }
 
 impl Proxy {
@@ -190,5 +208,40 @@ impl Proxy {
         if let Some(log) = self.access_log() {
             log.send(describe(seen, ended));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(uri: &str, fields: &[(&str, &str)]) -> Request<()> {
+        let mut b = Request::builder().uri(uri);
+        for (n, v) in fields {
+            b = b.header(*n, *v);
+        }
+        b.body(()).unwrap()
+    }
+
+    #[test]
+    fn a_head_counts_as_http11_writes_it() {
+        let raw = "GET /a?b HTTP/1.1\r\nhost: example.com\r\nx-y: z\r\n\r\n";
+        let req = request("/a?b", &[("host", "example.com"), ("x-y", "z")]);
+        assert_eq!(head_size(&req), raw.len());
+        let absolute = request("http://example.com/a?b", &[]);
+        assert_eq!(head_size(&absolute), "GET http://example.com/a?b HTTP/1.1\r\n\r\n".len());
+    }
+
+    #[test]
+    fn a_head_over_either_limit_is_refused_by_the_proxy() {
+        let limits = Limits { max_header_bytes: 100, max_headers: 2, ..Limits::default() };
+        let mut within = request("/", &[("host", "h"), ("x-a", "1")]);
+        assert_eq!(check_head(&mut within, &limits), Ok(()));
+        let mut many = request("/", &[("host", "h"), ("x-a", "1"), ("x-b", "2")]);
+        assert_eq!(check_head(&mut many, &limits), Err(Local::HeadTooLarge));
+        let mut large = request("/", &[("host", "h"), ("x-a", &"a".repeat(100))]);
+        assert_eq!(check_head(&mut large, &limits), Err(Local::HeadTooLarge));
+        assert!(limits.hyper_max_headers() > limits.max_headers, "hyper reads past the count");
+        assert!(Limits::default().hyper_max_header_bytes() > Limits::default().max_header_bytes, "and the size");
     }
 }

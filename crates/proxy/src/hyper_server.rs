@@ -271,16 +271,20 @@ impl HyperServer {
         // connection with no request in progress, which the connection's own
         // idle check closes (see `serve_connection`); hyper's header timeout
         // would cost a timer allocation per request.
+        // hyper's parsers read heads a little past the proxy's limits, so
+        // that the handler refuses one over them with the proxy's own
+        // answer (`handler::check_head`); hyper answers only past the
+        // margin, with an empty 431 of its own.
         builder
             .http1()
             .keep_alive(true)
-            .max_buf_size(limits.max_header_bytes.max(8192))
-            .max_headers(limits.max_headers);
+            .max_buf_size(limits.hyper_max_header_bytes())
+            .max_headers(limits.hyper_max_headers());
         builder
             .http2()
             .timer(TokioTimer::new())
             .max_concurrent_streams(limits.h2_max_streams)
-            .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+            .max_header_list_size(u32::try_from(limits.hyper_max_header_bytes()).unwrap_or(u32::MAX))
             .keep_alive_interval(Some(limits.idle_timeout))
             .keep_alive_timeout(Duration::from_secs(20));
         HyperServer { builder: Arc::new(builder) }

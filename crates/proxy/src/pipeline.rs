@@ -76,7 +76,8 @@ pub(crate) enum Local {
     },
     /// `405` to `CONNECT`: the proxy opens no tunnels.
     ConnectRefused,
-    /// `431`: more header fields than `--max-headers`.
+    /// `431`: more header fields than `--max-headers`, or a head larger
+    /// than `--max-header-bytes`.
     HeadTooLarge,
     /// `308` to the same URL over HTTPS, at `Location`.
     HttpsRedirect(HeaderValue),
