@@ -1,13 +1,16 @@
 """Hostile load (issues 9 and 35): normal open-loop traffic through a proxy
 to one service of small capacity, first alone (quiet), then while attackers
 on the same machine run for the whole window, then a shorter window with
-only the slow uploads. Tidegate runs with its defaults and a per-client cap
-on requests; the slow uploads also run against Tidegate with the old
-behaviour (every body streamed at once, no pace: the control) and against
-nginx with its default request buffering.
+only the slow uploads. Tidegate runs with its defaults and per-client caps
+on requests and connections; the slow uploads also run against Tidegate with
+the old behaviour (every body streamed at once, no pace: the control) and
+against nginx with its default request buffering.
 
-Attackers (each from its own loopback address; loopback accepts any source
-in 127.0.0.0/8, so the normal traffic from 127.0.0.1 is another client):
+The normal traffic comes from `normal_sources` addresses (127.0.1.1 and
+the ones after it, in turn: `tidegate-bench traffic --sources`), as many
+users would, so that per-client caps and the fair queue count each user
+alone. Attackers (each kind from its own loopback address; loopback
+accepts any source in 127.0.0.0/8):
 - issue 9's mix: slowloris (headers trickled), silent connections, header
   floods (100 KiB of headers), smuggling attempts (CL+TE, duplicate
   Content-Length), garbage bytes, 64 KiB bodies trickled 2 bytes every 3 s;
@@ -17,7 +20,10 @@ in 127.0.0.0/8, so the normal traffic from 127.0.0.1 is another client):
   with many POST streams of declared length 1,000,000, a byte on each every
   5 s; a stream that is answered or reset is replaced at the next byte;
 - zero-window HTTP/2 readers: connections with SETTINGS_INITIAL_WINDOW_SIZE
-  0 that open streams for responses they never take, PINGs answered;
+  0 that open streams for responses they never take, PINGs answered; each
+  reader opens `zero_window_tries` connections in the window at most (a
+  bounded attacker: after the proxy cuts one at its write timeout, it
+  may come back that many times);
 - a per-client flood: many keep-alive connections from one address, each
   sending the next request as soon as the last is answered (after a 429,
   0.1 s later); in a window of its own, to a path the backend holds for a
@@ -43,7 +49,9 @@ import time
 from harness import (Ctx, bench_async, free_port, log, read_json_output, start_emulator, start_nginx,
                      start_tidegate, stop_tidegate, wait_http, wait_port)
 
-# Where each attacker connects from. The normal traffic comes from 127.0.0.1.
+# Where each attacker connects from. The normal traffic comes from
+# NORMAL_FROM and the addresses after it (`normal_sources` of them).
+NORMAL_FROM = "127.0.1.1"
 SOURCES = {
     "mix": "127.0.0.6",
     "slow_upload_h1": "127.0.0.3",
@@ -81,13 +89,13 @@ def tree_rss_kib(pid: int) -> int:
 
 class Attack:
     """One kind of attacker: `workers` threads, each repeating `once` until
-    the deadline; counts what came back. `opts` are the attacker's own
-    parameters."""
+    the deadline (or `tries` times, when given); counts what came back.
+    `opts` are the attacker's own parameters."""
 
     def __init__(self, name: str, addr: tuple[str, int], deadline: float, workers: int, once, pace: float,
-                 src: str = "127.0.0.1", **opts) -> None:
+                 src: str = "127.0.0.1", tries: int | None = None, **opts) -> None:
         self.name, self.addr, self.deadline, self.once, self.pace = name, addr, deadline, once, pace
-        self.src, self.opts = src, opts
+        self.src, self.tries, self.opts = src, tries, opts
         self.answers: dict[str, int] = {}
         self.held: list[float] = []  # zero-window connections: seconds until the proxy closed them
         self.lock = threading.Lock()
@@ -100,7 +108,9 @@ class Attack:
                 self.answers[what] = self.answers.get(what, 0) + n
 
     def loop(self) -> None:
-        while time.monotonic() < self.deadline:
+        tried = 0
+        while time.monotonic() < self.deadline and (self.tries is None or tried < self.tries):
+            tried += 1
             t0 = time.monotonic()
             try:
                 self.count(self.once(self))
@@ -420,7 +430,8 @@ def attackers(kind: str, p: dict, addr: tuple[str, int], h2_addr: tuple[str, int
                       streams=p["uploads_h2_streams"], h2_addr=h2_addr))
     if kind == "all":
         out.append(Attack("zero_window_h2", addr, deadline, p["zero_window_conns"], zero_window_h2, 0.5,
-                          SOURCES["zero_window_h2"], streams=p["zero_window_streams"], path="/bulk"))
+                          SOURCES["zero_window_h2"], tries=p["zero_window_tries"], streams=p["zero_window_streams"],
+                          path="/bulk"))
         out.append(Attack("flood", addr, deadline, p["flood_workers"], flood, 0.001, SOURCES["flood"], path="/flood"))
     return out
 
@@ -450,6 +461,7 @@ class Sampler(threading.Thread):
                     services = self.admin.call("GET", "/v1/status")["services"]
                     svc = services["app"]
                     x.update(in_flight=svc["in_flight"], queued=svc["queued"],
+                             queued_clients=svc.get("queued_clients"), displaced=svc.get("queue_displaced"),
                              limit=svc["backends"][0].get("concurrency_limit"),
                              bulk_in_flight=services.get("bulk", {}).get("in_flight"))
                 except (OSError, RuntimeError, KeyError, IndexError, ValueError):
@@ -465,6 +477,11 @@ class Sampler(threading.Thread):
         values = [x[key] for x in self.samples if x.get(key) is not None]
         return min(values) if values else None
 
+    def growth(self, key: str):
+        """How much a counter grew over the window (None without samples)."""
+        values = [x[key] for x in self.samples if x.get(key) is not None]
+        return values[-1] - values[0] if values else None
+
 
 def window(ctx: Ctx, label: str, proxy: str, kind: str | None, p: dict, duration: float, rss, emu: str,
            admin=None, h2_proxy: str | None = None) -> dict:
@@ -475,7 +492,8 @@ def window(ctx: Ctx, label: str, proxy: str, kind: str | None, p: dict, duration
     h2_host, h2_port = (h2_proxy or proxy).rsplit(":", 1)
     sampler = Sampler(rss, emu, admin)
     sampler.start()
-    traffic = bench_async(ctx, ["traffic", "--rate", str(p["rate"]), "--duration-s", str(duration), "--path", "/"],
+    traffic = bench_async(ctx, ["traffic", "--rate", str(p["rate"]), "--duration-s", str(duration), "--path", "/",
+                                "--sources", str(p["normal_sources"]), "--source-from", NORMAL_FROM],
                           out, proxy=proxy, threads=1)
     attacks = []
     if kind:
@@ -499,6 +517,7 @@ def window(ctx: Ctx, label: str, proxy: str, kind: str | None, p: dict, duration
         "p50_us": lat.get("p50"), "p99_us": lat.get("p99"), "max_us": lat.get("max"),
         "rss_peak_kib": sampler.peak("rss_kib"), "backend_conns_peak": sampler.peak("backend_conns"),
         "in_flight_peak": sampler.peak("in_flight"), "queued_peak": sampler.peak("queued"),
+        "queued_clients_peak": sampler.peak("queued_clients"), "queue_displaced": sampler.growth("displaced"),
         "bulk_in_flight_peak": sampler.peak("bulk_in_flight"),
         "learned_limit_low": sampler.low("limit"),
         "attacks": {a.name: a.answers for a in attacks},
@@ -507,7 +526,8 @@ def window(ctx: Ctx, label: str, proxy: str, kind: str | None, p: dict, duration
     }
     log(f"  {label:16}: ok {res['ok']} non-200 {res['non_200']} errors {res['errors']} p50 {res['p50_us']} us "
         f"p99 {res['p99_us']} us, RSS peak {(res['rss_peak_kib'] or 0) / 1024:.1f} MiB, backend conns peak "
-        f"{res['backend_conns_peak']}, in flight peak {res['in_flight_peak']}, queued peak {res['queued_peak']}")
+        f"{res['backend_conns_peak']}, in flight peak {res['in_flight_peak']}, queued peak {res['queued_peak']} "
+        f"(clients {res['queued_clients_peak']}, displaced {res['queue_displaced']})")
     for a in attacks:
         log(f"    {a.name:15} {a.answers}" + (f" closed after {a.held} s" if a.held else ""))
     return res
@@ -570,7 +590,7 @@ http {{ access_log off;
 
 
 def run(ctx: Ctx, p: dict) -> dict:
-    """The windows, in order: Tidegate (defaults and the per-client cap)
+    """The windows, in order: Tidegate (defaults and the per-client caps)
     quiet, under every attacker, under the slow uploads alone, under a
     flood whose requests each hold the backend `slow_flood_delay_ms`;
     Tidegate with its defaults alone (no cap) under the slow uploads; Tidegate
@@ -582,7 +602,8 @@ def run(ctx: Ctx, p: dict) -> dict:
     # the sockets buffer (the emulator serves one body size, so they get
     # their own backend, `/bulk`).
     _, big = start_emulator(ctx, "bulk", "--body-size", str(p["bulk_body_bytes"]))
-    cap = ["--max-requests-per-client", str(p["per_client_cap"])]
+    cap = ["--max-requests-per-client", str(p["per_client_cap"]),
+           "--max-connections-per-client", str(p["per_client_conns"])]
     runs = {}
     tg, sampler_admin = tidegate_up(ctx, "hostile", cap, emu, big, p["max_conns"])
     try:
@@ -599,8 +620,7 @@ def run(ctx: Ctx, p: dict) -> dict:
         sampler_admin.close()
         stop_tidegate(ctx, tg)
     # The same slow uploads against Tidegate's defaults alone (no
-    # per-client cap): the load generator sends all the normal traffic from
-    # one address, which a cap counts as one client.
+    # per-client cap).
     tg, sampler_admin = tidegate_up(ctx, "hostile-defaults", [], emu, big, p["max_conns"])
     try:
         rss = lambda: rss_kib(tg.proc.pid)  # noqa: E731

@@ -689,16 +689,20 @@ def md_hostile(r):
         rows.append([proxy, label, x.get("attackers", ""), fmt(x["ok"]), fmt(x["non_200"]), fmt(x["errors"]),
                      fmt(x["p50_us"]), fmt(x["p99_us"]), ratio, fmt(x["max_us"]),
                      f"{(x.get('rss_peak_kib') or 0) / 1024:.1f}", fmt(x.get("backend_conns_peak")),
-                     fmt(x.get("in_flight_peak")), fmt(x.get("queued_peak"))])
+                     fmt(x.get("in_flight_peak")), fmt(x.get("queued_peak")), fmt(x.get("queue_displaced"))])
     s = [table(["proxy", "window", "attackers", "ok", "non-200", "errors", "p50 µs", "p99 µs", "p99 / quiet",
-                "max µs", "RSS peak MiB", "backend conns peak", "in flight peak", "queued peak"], rows)]
+                "max µs", "RSS peak MiB", "backend conns peak", "in flight peak", "queued peak", "displaced"], rows)]
     summ = r["summary"]
-    s.append(f"\nNormal traffic: {summ['rate']:.0f} req/s (`tidegate-bench traffic`, open loop) from 127.0.0.1 to "
+    p = r.get("params") or {}
+    sources = (f"from {p['normal_sources']} addresses (127.0.1.1 and after, in turn)" if "normal_sources" in p
+               else "from 127.0.0.1")
+    s.append(f"\nNormal traffic: {summ['rate']:.0f} req/s (`tidegate-bench traffic`, open loop) {sources} to "
              "the attacked service; every attacker from its own loopback address.")
-    p = r.get("params")
-    if p and "max_conns" in p:
+    if "max_conns" in p:
         s.append(f" The backend: `max_conns` {p['max_conns']} (Tidegate and nginx), Tidegate's default policy "
-                 f"(learned limits), `--max-requests-per-client {p['per_client_cap']}`.")
+                 f"(learned limits), `--max-requests-per-client {p['per_client_cap']}`"
+                 + (f", `--max-connections-per-client {p['per_client_conns']}`" if "per_client_conns" in p else "")
+                 + ".")
     g = r.get("goal", {})
     s.append("\n\nGoals (Tidegate, every attacker against the quiet window): "
              + ", ".join(f"{k} **{'met' if v else 'NOT met'}**" for k, v in g.items()) + ".\n")

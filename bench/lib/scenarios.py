@@ -50,16 +50,20 @@ PARAMS = {
     # zero-window readers' streams are seen released); side_duration: the
     # slow uploads alone, the flood of slow requests, the control and
     # nginx. max_conns: the backend's cap (Tidegate and nginx);
-    # per_client_cap: --max-requests-per-client.
+    # per_client_cap: --max-requests-per-client; per_client_conns:
+    # --max-connections-per-client; normal_sources: the addresses the
+    # normal traffic comes from, in turn (so that the caps and the fair
+    # queue see many users, not one); zero_window_tries: connections each
+    # zero-window reader opens in its window at most.
     "hostile": {
         "smoke": {"duration": 3, "hostile_duration": 3, "side_duration": 2, "rate": 200, "attackers_scale": 0.1,
                   "uploads_h1": 4, "uploads_h2_streams": 8, "zero_window_conns": 1, "zero_window_streams": 10,
-                  "flood_workers": 48, "slow_flood_delay_ms": 20, "per_client_cap": 32, "max_conns": 48,
-                  "bulk_body_bytes": 32 << 20},
+                  "zero_window_tries": 2, "flood_workers": 48, "slow_flood_delay_ms": 20, "per_client_cap": 32,
+                  "per_client_conns": 64, "normal_sources": 16, "max_conns": 48, "bulk_body_bytes": 32 << 20},
         "full": {"duration": 60, "hostile_duration": 80, "side_duration": 30, "rate": 1000, "attackers_scale": 1.0,
                  "uploads_h1": 20, "uploads_h2_streams": 40, "zero_window_conns": 1, "zero_window_streams": 10,
-                 "flood_workers": 64, "slow_flood_delay_ms": 20, "per_client_cap": 32, "max_conns": 48,
-                 "bulk_body_bytes": 32 << 20},
+                 "zero_window_tries": 2, "flood_workers": 64, "slow_flood_delay_ms": 20, "per_client_cap": 32,
+                 "per_client_conns": 64, "normal_sources": 64, "max_conns": 48, "bulk_body_bytes": 32 << 20},
     },
     "cluster": {
         "smoke": {"duration": 1, "rate": 100, "members": "1", "preload": 200, "clients": 4},

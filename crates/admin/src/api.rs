@@ -326,6 +326,12 @@ pub struct ServiceState {
     pub in_flight: u64,
     /// Requests waiting for a backend under its limit.
     pub queued: u64,
+    /// Client addresses (IPv6: /64) with requests waiting; the queue takes
+    /// them in turns.
+    pub queued_clients: u64,
+    /// Requests that lost their place in the full queue to a request of a
+    /// client holding fewer places (answered `503` queue full).
+    pub queue_displaced: u64,
     /// Whether its backends' concurrency limits are learned.
     pub learns_limits: bool,
     /// Retries in flight (under the retry budget).

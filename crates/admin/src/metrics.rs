@@ -313,6 +313,10 @@ impl Collector for ServicesCollector {
         };
         let help = "Requests waiting for a backend under its limit, per service.";
         gauge(&mut enc, "tidegate_service_queued", help, per_service(|s| s.live.queue.len() as u64))?;
+        let help = "Client addresses (IPv6: /64) with requests waiting in the service's queue.";
+        gauge(&mut enc, "tidegate_service_queued_clients", help, per_service(|s| s.live.queue.clients() as u64))?;
+        let help = "Requests that lost their place in the service's full queue to a client holding fewer places.";
+        counter(&mut enc, "tidegate_service_queue_displaced", help, per_service(|s| s.live.queue.displaced()))?;
         let help = "Requests in flight to the service's backends.";
         let in_flight =
             |s: &tidegate_snapshot::ServiceRuntime| s.selector.backends().iter().map(|b| b.stats.in_flight()).sum();

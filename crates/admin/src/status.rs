@@ -69,6 +69,8 @@ fn service_status(s: &ServiceRuntime) -> ServiceState {
         policy: s.settings.policy.clone(),
         in_flight: s.selector.backends().iter().map(|b| b.stats.in_flight()).sum::<u64>(),
         queued: s.live.queue.len() as u64,
+        queued_clients: s.live.queue.clients() as u64,
+        queue_displaced: s.live.queue.displaced(),
         learns_limits: s.settings.learns_limits(),
         retries_in_flight: s.live.retries_in_flight.load(Relaxed),
         retries_refused: s.live.retries_refused.load(Relaxed),

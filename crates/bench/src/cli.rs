@@ -110,6 +110,19 @@ pub struct RampArgs {
     /// Requests in flight at most; beyond it a request is skipped and counted.
     #[arg(long, default_value_t = 10_000)]
     pub max_in_flight: usize,
+
+    /// Client addresses to send from, in turn (each with its own
+    /// keep-alive connections): `--source-from` and the addresses after
+    /// it. A proxy's per-client caps and fair queueing then see that many
+    /// users, not one. 1 with the default `--source-from`: the system
+    /// chooses (as for any client).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub sources: u32,
+
+    /// The first client address (loopback, 127.0.0.0/8; the target must
+    /// be IPv4 loopback too when it is set or `--sources` is above 1).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub source_from: std::net::Ipv4Addr,
 }
 
 /// Options of `sequential`.
@@ -302,6 +315,19 @@ pub struct TrafficArgs {
     /// Requests in flight at most; beyond it a request is skipped and counted.
     #[arg(long, default_value_t = 10_000)]
     pub max_in_flight: usize,
+
+    /// Client addresses to send from, in turn (each with its own
+    /// keep-alive connections): `--source-from` and the addresses after
+    /// it. A proxy's per-client caps and fair queueing then see that many
+    /// users, not one. 1 with the default `--source-from`: the system
+    /// chooses (as for any client).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub sources: u32,
+
+    /// The first client address (loopback, 127.0.0.0/8; the target must
+    /// be IPv4 loopback too when it is set or `--sources` is above 1).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub source_from: std::net::Ipv4Addr,
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! Every request carries a timeout covering the whole exchange (headers and
 //! body); failures are values, never panics, so the scenarios can count them.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -69,8 +69,20 @@ impl Http {
     /// A client for `addr` (which must be loopback), sending
     /// `Authorization: Bearer TOKEN` when a token is given.
     pub fn new(addr: SocketAddr, token: Option<&str>, timeout: Duration) -> anyhow::Result<Http> {
+        Http::from_source(addr, token, timeout, None)
+    }
+
+    /// The same, its connections bound to the client address `source`
+    /// (`None`: the system chooses).
+    pub fn from_source(
+        addr: SocketAddr,
+        token: Option<&str>,
+        timeout: Duration,
+        source: Option<IpAddr>,
+    ) -> anyhow::Result<Http> {
         require_loopback("target", addr)?;
         let mut connector = HttpConnector::new();
+        connector.set_local_address(source);
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(timeout));
         let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector);

@@ -2,10 +2,11 @@
 //! scheduled send time, and every answer that is not a 200 counted. Run it
 //! next to `churn` or `saturate` to see what live traffic suffers.
 
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::ensure;
+use anyhow::{bail, ensure};
 use http::StatusCode;
 use serde::Serialize;
 
@@ -22,6 +23,9 @@ pub struct TrafficReport {
     path: String,
     rate: f64,
     duration_s: f64,
+    /// The client addresses requests were sent from, in turn (empty: the
+    /// system's choice).
+    sources: Vec<String>,
     sending: Sending,
     /// Requests answered 200 (by the expected backend, if one was given).
     ok: u64,
@@ -43,7 +47,15 @@ pub async fn run(target: &Target, args: &TrafficArgs) -> anyhow::Result<TrafficR
     ensure!(args.path.starts_with('/'), "--path must start with '/'");
     let plan = Plan::new(args.rate, args.duration_s)?;
     let timeout = Duration::from_millis(target.timeout_ms);
-    let proxy = Arc::new(Http::new(target.proxy, None, timeout)?);
+    let sources = source_addrs(args.source_from, args.sources, target.proxy)?;
+    let proxies = match &sources {
+        None => vec![Http::new(target.proxy, None, timeout)?],
+        Some(ips) => ips
+            .iter()
+            .map(|ip| Http::from_source(target.proxy, None, timeout, Some((*ip).into())))
+            .collect::<Result<_, _>>()?,
+    };
+    let proxies = Arc::new(proxies);
     let path: Arc<str> = Arc::from(args.path.as_str());
 
     let mut agg = Aggregate::new(args.expect_backend.clone());
@@ -51,8 +63,9 @@ pub async fn run(target: &Target, args: &TrafficArgs) -> anyhow::Result<TrafficR
         plan,
         args.max_in_flight,
         timeout + Duration::from_secs(1),
-        move |_, at| {
-            let proxy = Arc::clone(&proxy);
+        move |i, at| {
+            // Request i from client address i modulo their count.
+            let proxy = proxies[(i % proxies.len() as u64) as usize].clone();
             let path = Arc::clone(&path);
             async move {
                 let reply = proxy.get(&path).await;
@@ -70,6 +83,7 @@ pub async fn run(target: &Target, args: &TrafficArgs) -> anyhow::Result<TrafficR
         path: args.path.clone(),
         rate: args.rate,
         duration_s: args.duration_s,
+        sources: sources.map_or_else(Vec::new, |ips| ips.iter().map(ToString::to_string).collect()),
         sending,
         ok: agg.ok,
         non_200: agg.non_200,
@@ -79,6 +93,24 @@ pub async fn run(target: &Target, args: &TrafficArgs) -> anyhow::Result<TrafficR
         error_total: agg.errors.total(),
         errors: agg.errors,
     })
+}
+
+/// The client addresses `--sources` and `--source-from` name: `n`
+/// consecutive addresses from `first`, all loopback, to an IPv4 loopback
+/// `target`; `None` for one address left to the system (the defaults).
+fn source_addrs(first: Ipv4Addr, n: u32, target: SocketAddr) -> anyhow::Result<Option<Vec<Ipv4Addr>>> {
+    if n == 1 && first == Ipv4Addr::LOCALHOST {
+        return Ok(None);
+    }
+    ensure!(target.is_ipv4(), "--sources and --source-from need an IPv4 target, not {target}");
+    // 127.0.0.0 and 127.255.255.255 are not hosts' addresses.
+    let host = |ip: Ipv4Addr| ip.is_loopback() && ip.octets()[1..] != [0, 0, 0] && ip.octets()[1..] != [255; 3];
+    let start = u32::from(first);
+    let last = start.checked_add(n - 1).map(Ipv4Addr::from);
+    let Some(last) = last.filter(|l| host(first) && host(*l)) else {
+        bail!("--source-from {first} with --sources {n} leaves the host addresses of 127.0.0.0/8");
+    };
+    Ok(Some((start..=u32::from(last)).map(Ipv4Addr::from).collect()))
 }
 
 /// Totals over all requests.
@@ -143,6 +175,20 @@ mod tests {
             backend: Some(backend.to_owned()),
             body: Bytes::new(),
         })
+    }
+
+    #[test]
+    fn sources_are_consecutive_loopback_addresses() {
+        let v4: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let from = |ip: &str| ip.parse::<Ipv4Addr>().unwrap();
+        assert_eq!(source_addrs(Ipv4Addr::LOCALHOST, 1, v4).unwrap(), None, "the defaults: the system chooses");
+        let ips = source_addrs(from("127.0.1.254"), 3, v4).unwrap().unwrap();
+        assert_eq!(ips, [from("127.0.1.254"), from("127.0.1.255"), from("127.0.2.0")]);
+        assert_eq!(source_addrs(from("127.0.0.9"), 1, v4).unwrap(), Some(vec![from("127.0.0.9")]));
+        assert!(source_addrs(from("127.255.255.250"), 6, v4).is_err(), "reaches the broadcast address");
+        assert!(source_addrs(from("127.0.0.0"), 2, v4).is_err());
+        assert!(source_addrs(from("10.0.0.1"), 2, v4).is_err(), "not loopback");
+        assert!(source_addrs(Ipv4Addr::LOCALHOST, 2, "[::1]:80".parse().unwrap()).is_err(), "IPv6 target");
     }
 
     #[test]

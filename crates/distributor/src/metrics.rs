@@ -32,6 +32,7 @@ pub struct MetricsUrl {
     pub url: Uri,
 }
 
+// A clap value parser: its error is printed as it is.
 impl FromStr for MetricsUrl {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -51,6 +52,11 @@ impl fmt::Display for MetricsUrl {
     }
 }
 
+/// A `--metrics-url` whose backend is not one of the `--backend`s.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--metrics-url {0}: {backend} is not one of the --backend addresses", backend = .0.backend)]
+pub(crate) struct UnknownBackend(pub(crate) MetricsUrl);
+
 /// Which URL to scrape for which backends (by index): an explicit
 /// [`MetricsUrl`], else node_exporter on the backend's host at
 /// `node_exporter_port`, else none (the backend's load stays unknown).
@@ -58,9 +64,9 @@ pub(crate) fn scrape_plan(
     backends: &[SocketAddr],
     node_exporter_port: Option<u16>,
     overrides: &[MetricsUrl],
-) -> Result<BTreeMap<String, Vec<usize>>, String> {
+) -> Result<BTreeMap<String, Vec<usize>>, UnknownBackend> {
     if let Some(o) = overrides.iter().find(|o| !backends.contains(&o.backend)) {
-        return Err(format!("--metrics-url {o}: {} is not one of the --backend addresses", o.backend));
+        return Err(UnknownBackend(o.clone()));
     }
     let mut plan: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for (i, b) in backends.iter().enumerate() {
@@ -156,7 +162,7 @@ node_cpu_seconds_total{cpu=\"1\",mode=\"user\"} 20 1700000000000
         assert_eq!(plan.get("http://127.0.0.1:9200/metrics"), Some(&vec![2]));
         assert_eq!(scrape_plan(&b, None, &[]).expect("plan").len(), 0);
         let stranger: MetricsUrl = "10.9.9.9:80=http://x:1/metrics".parse().expect("override");
-        assert!(scrape_plan(&b, None, &[stranger]).is_err());
+        assert_eq!(scrape_plan(&b, None, std::slice::from_ref(&stranger)), Err(UnknownBackend(stranger)));
         assert!("10.0.0.2:80=https://x/metrics".parse::<MetricsUrl>().is_err());
         assert!("10.0.0.2:80".parse::<MetricsUrl>().is_err());
     }

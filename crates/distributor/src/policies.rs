@@ -42,6 +42,14 @@ impl LoadTable {
     }
 }
 
+/// Why a query got no backend: answered to the proxy as its error text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum DecideError {
+    /// The query names a policy this distributor does not have.
+    #[error("unknown policy {0:?} (known: {known})", known = crate::POLICIES.join(", "))]
+    UnknownPolicy(String),
+}
+
 /// The backends and the state of every policy.
 #[derive(Debug)]
 pub(crate) struct Policies {
@@ -61,13 +69,13 @@ impl Policies {
         Policies { backends, keys, next: AtomicUsize::new(0), load, session_cookie }
     }
 
-    /// Runs the query's policy: the backend, or the error message to answer.
-    pub(crate) fn decide(&self, q: &WireQuery<'_>) -> Result<SocketAddr, String> {
+    /// Runs the query's policy: the backend, or why there is none.
+    pub(crate) fn decide(&self, q: &WireQuery<'_>) -> Result<SocketAddr, DecideError> {
         match q.policy.as_str() {
             "round_robin" => Ok(self.round_robin()),
             "least_cpu" => Ok(self.least_cpu()),
             "session" => Ok(self.session(q)),
-            other => Err(format!("unknown policy {other:?} (known: {})", crate::POLICIES.join(", "))),
+            other => Err(DecideError::UnknownPolicy(other.to_string())),
         }
     }
 
@@ -152,7 +160,7 @@ mod tests {
         .expect("json")
     }
 
-    fn decide(p: &Policies, policy: &str, cookie: Option<&str>) -> Result<SocketAddr, String> {
+    fn decide(p: &Policies, policy: &str, cookie: Option<&str>) -> Result<SocketAddr, DecideError> {
         let d = datagram(policy, cookie);
         p.decide(&decode_query(&d).expect("query"))
     }
@@ -167,6 +175,8 @@ mod tests {
     #[test]
     fn unknown_policy_is_an_error() {
         let e = decide(&policies(2), "least_io", None).expect_err("unknown");
+        assert_eq!(e, DecideError::UnknownPolicy("least_io".into()));
+        let e = e.to_string();
         assert!(e.contains("least_io") && e.contains("round_robin"), "{e}");
     }
 

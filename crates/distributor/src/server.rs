@@ -116,7 +116,8 @@ impl Server {
         if opts.metrics_interval_ms == 0 {
             return Err(invalid("--metrics-interval-ms must be at least 1".into()));
         }
-        let plan = scrape_plan(&opts.backends, opts.node_exporter_port, &opts.metrics_urls).map_err(invalid)?;
+        let plan = scrape_plan(&opts.backends, opts.node_exporter_port, &opts.metrics_urls)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let socket = UdpSocket::bind(opts.listen).await?;
         let load = Arc::new(LoadTable::new(opts.backends.len()));
         let interval = Duration::from_millis(opts.metrics_interval_ms);
@@ -192,9 +193,9 @@ impl Server {
                         c.answers.fetch_add(1, Relaxed);
                         encode_answer(q.id, Ok(backend), out);
                     }
-                    Err(message) => {
+                    Err(e) => {
                         c.errors.fetch_add(1, Relaxed);
-                        encode_answer(q.id, Err(&message), out);
+                        encode_answer(q.id, Err(&e.to_string()), out);
                     }
                 }
                 true

@@ -57,6 +57,34 @@ pub enum EtcdError {
     Config(String),
 }
 
+/// Why a connection to one member could not be opened.
+#[derive(Debug, thiserror::Error)]
+enum ConnectError {
+    /// TCP did not connect within the connect timeout.
+    #[error("connect timed out")]
+    TimedOut,
+    /// TCP failed (refused, unreachable, ...).
+    #[error("{0}")]
+    Tcp(#[source] std::io::Error),
+    /// The endpoint's host is not a name TLS can check.
+    #[error("{host}: {source}")]
+    ServerName {
+        /// The host.
+        host: String,
+        /// Why it is not a server name.
+        source: rustls::pki_types::InvalidDnsNameError,
+    },
+    /// The TLS handshake did not end within the connect timeout.
+    #[error("TLS handshake timed out")]
+    TlsTimedOut,
+    /// The TLS handshake failed.
+    #[error("TLS handshake: {0}")]
+    Tls(#[source] std::io::Error),
+    /// The HTTP/1.1 handshake failed.
+    #[error("{0}")]
+    Http(#[source] hyper::Error),
+}
+
 /// TLS to the members.
 #[derive(Debug, Clone, Default)]
 pub struct TlsOptions {
@@ -516,27 +544,28 @@ impl Client {
         Err(EtcdError::Unavailable(last_error))
     }
 
-    async fn connect(&self, member: usize) -> Result<Sender, String> {
+    async fn connect(&self, member: usize) -> Result<Sender, ConnectError> {
         let endpoint = &self.inner.options.endpoints[member];
         let tcp = tokio::time::timeout(self.inner.options.connect_timeout, TcpStream::connect(endpoint.as_str()))
             .await
-            .map_err(|_| "connect timed out".to_string())?
-            .map_err(|e| e.to_string())?;
+            .map_err(|_| ConnectError::TimedOut)?
+            .map_err(ConnectError::Tcp)?;
         let _ = tcp.set_nodelay(true);
         let io: Box<dyn Io> = match &self.inner.tls {
             None => Box::new(tcp),
             Some(tls) => {
                 let host = endpoint.rsplit_once(':').map_or(endpoint.as_str(), |(h, _)| h);
                 let host = host.trim_start_matches('[').trim_end_matches(']');
-                let name = ServerName::try_from(host.to_string()).map_err(|e| format!("{host}: {e}"))?;
+                let name = ServerName::try_from(host.to_string())
+                    .map_err(|source| ConnectError::ServerName { host: host.to_string(), source })?;
                 let stream = tokio::time::timeout(self.inner.options.connect_timeout, tls.connect(name, tcp))
                     .await
-                    .map_err(|_| "TLS handshake timed out".to_string())?
-                    .map_err(|e| format!("TLS handshake: {e}"))?;
+                    .map_err(|_| ConnectError::TlsTimedOut)?
+                    .map_err(ConnectError::Tls)?;
                 Box::new(stream)
             }
         };
-        let (sender, connection) = http1::handshake(TokioIo::new(io)).await.map_err(|e| e.to_string())?;
+        let (sender, connection) = http1::handshake(TokioIo::new(io)).await.map_err(ConnectError::Http)?;
         tokio::spawn(async move {
             let _ = connection.await;
         });
@@ -648,5 +677,18 @@ mod tests {
         let mut o = ClientOptions::new(vec!["127.0.0.1:2379".into()]);
         o.tls = Some(TlsOptions { ca_pem: "not a pem".into(), ..Default::default() });
         assert!(matches!(Client::new(o), Err(EtcdError::Config(m)) if m.contains("CA")));
+    }
+
+    #[tokio::test]
+    async fn a_member_that_cannot_be_reached_says_why() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let client = Client::new(ClientOptions::new(vec![closed.to_string()])).unwrap();
+        let e = client.connect(0).await.map(|_| ()).unwrap_err();
+        assert!(matches!(&e, ConnectError::Tcp(io) if io.kind() == std::io::ErrorKind::ConnectionRefused), "{e:?}");
+        // Every member failed: the request says etcd is unavailable, naming the member.
+        match client.connection().await.map(|_| ()) {
+            Err(EtcdError::Unavailable(m)) => assert!(m.starts_with(&closed.to_string()), "{m}"),
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -32,7 +32,7 @@ use tidegate_snapshot::{Changes, Snapshot};
 use tokio::task::JoinHandle;
 
 pub use plan::{plan, Plan, ProbeKey, Target};
-pub use probe::{get_via, probe, status_expected, ProbeClient, Verdict, MAX_PROBE_BODY, PROBE_USER_AGENT};
+pub use probe::{get_via, probe, status_expected, GetError, ProbeClient, Verdict, MAX_PROBE_BODY, PROBE_USER_AGENT};
 pub use prober::MAX_START_JITTER;
 
 /// The least time between two passes of [`spawn`]'s task over a new

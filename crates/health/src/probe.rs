@@ -16,7 +16,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tidegate_model::{ActiveCheck, BackendAddr, CheckKind, UpstreamProtocol};
-use tidegate_upstream::{ErrorChain, Profile};
+use tidegate_upstream::{ConnectError, ErrorChain, Profile};
 
 /// The `User-Agent` of HTTP probes.
 pub const PROBE_USER_AGENT: &str = "tidegate-health";
@@ -121,8 +121,22 @@ pub async fn probe(client: &ProbeClient, addr: &BackendAddr, upstream: &Profile,
 async fn profile_probe(addr: &BackendAddr, upstream: &Profile, check: &ActiveCheck, limit: Duration) -> Verdict {
     match get_via(addr, upstream, &check.path, PROBE_USER_AGENT, limit).await {
         Ok(response) => judge(response, check).await,
-        Err(e) => Verdict::fail(e),
+        Err(e) => Verdict::fail(e.to_string()),
     }
+}
+
+/// Why [`get_via`] got no response head.
+#[derive(Debug, thiserror::Error)]
+pub enum GetError {
+    /// The connection (TCP, TLS) could not be opened.
+    #[error("connect: {0}")]
+    Connect(#[source] ConnectError),
+    /// The request could not be built from the path.
+    #[error("invalid probe request: {0}")]
+    Request(#[source] http::Error),
+    /// The exchange failed: the handshake, sending, or reading the head.
+    #[error("{}", ErrorChain(.0))]
+    Exchange(hyper::Error),
 }
 
 /// Sends `GET path` (with `user_agent`) to `addr` on a connection of its
@@ -135,18 +149,15 @@ pub async fn get_via(
     path: &str,
     user_agent: &'static str,
     limit: Duration,
-) -> Result<http::Response<Incoming>, String> {
-    let stream = TokioIo::new(upstream.connect(addr, limit).await.map_err(|e| format!("connect: {e}"))?);
+) -> Result<http::Response<Incoming>, GetError> {
+    let stream = TokioIo::new(upstream.connect(addr, limit).await.map_err(GetError::Connect)?);
     // HTTP/1.1 sends the origin form and `Host`; HTTP/2 the absolute form
     // (its `:scheme` and `:authority`).
     let request = match upstream.protocol() {
         UpstreamProtocol::Http1 => Request::get(path).header(HOST, addr.as_str()),
         UpstreamProtocol::Http2 => Request::get(format!("{}://{}{}", upstream.scheme(), addr.as_str(), path)),
     };
-    let request = request
-        .header(USER_AGENT, user_agent)
-        .body(Empty::<Bytes>::new())
-        .map_err(|e| format!("invalid probe request: {e}"))?;
+    let request = request.header(USER_AGENT, user_agent).body(Empty::<Bytes>::new()).map_err(GetError::Request)?;
     let sent = match upstream.protocol() {
         UpstreamProtocol::Http1 => match hyper::client::conn::http1::handshake(stream).await {
             Ok((mut sender, conn)) => {
@@ -163,7 +174,7 @@ pub async fn get_via(
             Err(e) => Err(e),
         },
     };
-    sent.map_err(|e| ErrorChain(&e).to_string())
+    sent.map_err(GetError::Exchange)
 }
 
 async fn http_probe(client: &ProbeClient, addr: &BackendAddr, check: &ActiveCheck) -> Verdict {
@@ -277,5 +288,16 @@ mod tests {
         let v = probe(&client, &silent, &Profile::default(), &check(CheckKind::Http, 50)).await;
         assert_eq!(v, Verdict::fail("timed out after 50 ms"));
         server.abort();
+    }
+
+    #[tokio::test]
+    async fn get_via_says_which_step_failed() {
+        let closed = closed_port().await;
+        let e = get_via(&closed, &Profile::default(), "/", PROBE_USER_AGENT, Duration::from_millis(500)).await;
+        assert!(matches!(e, Err(GetError::Connect(ConnectError::Failed(_)))), "{e:?}");
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let open = BackendAddr::new(&listener.local_addr().unwrap().to_string()).unwrap();
+        let e = get_via(&open, &Profile::default(), "no path", PROBE_USER_AGENT, Duration::from_millis(500)).await;
+        assert!(matches!(e, Err(GetError::Request(_))), "{e:?}");
     }
 }

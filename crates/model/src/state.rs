@@ -201,12 +201,23 @@ impl ConfigState {
                     }
                 }
                 for (k, set) in spec.rules.iter().enumerate() {
-                    if !self.rules.contains_key(set) {
+                    let Some(rules) = self.rules.get(set) else {
                         return Err(ChangeError::at(
                             NotFound,
                             i,
                             &format!("spec.rules[{k}]"),
                             format!("route {name:?} runs rule set {set:?}, which does not exist"),
+                        ));
+                    };
+                    if let Some((j, step)) = rules.steps.iter().enumerate().find(|(_, s)| !s.applied()) {
+                        return Err(ChangeError::at(
+                            Conflict,
+                            i,
+                            &format!("spec.rules[{k}]"),
+                            format!(
+                                "rule set {set:?} holds steps[{j}] ({}), which this version's data plane does not apply yet; a route runs only rule sets whose every step is applied (docs/rules.md)",
+                                step.kind()
+                            ),
                         ));
                     }
                 }
@@ -257,6 +268,19 @@ impl ConfigState {
                     .with_secrets_of(previous)
                     .map_err(|e| ChangeError::at(Conflict, i, &format!("spec.{}", e.field), e.reason.to_string()))?
                     .into_owned();
+                if let Some(route) = self.rule_users.get(name).and_then(|users| users.iter().next()) {
+                    if let Some((j, step)) = spec.steps.iter().enumerate().find(|(_, s)| !s.applied()) {
+                        return Err(ChangeError::at(
+                            Conflict,
+                            i,
+                            &format!("spec.steps[{j}]"),
+                            format!(
+                                "route {route:?} runs rule set {name:?}, and this version's data plane does not apply {} steps yet (docs/rules.md)",
+                                step.kind()
+                            ),
+                        ));
+                    }
+                }
                 self.rules.insert(name.clone(), Arc::new(spec));
                 delta.rules.insert(name.clone());
             }
@@ -376,9 +400,20 @@ mod tests {
         let missing = cs(r#"{"ops":[{"op":"put_route","name":"r","spec":{"service":"web","rules":["hsts"]}}]}"#);
         let e = s.apply(&missing, 1).unwrap_err();
         assert_eq!((e.kind, e.field.as_deref()), (ChangeErrorKind::NotFound, Some("ops[0].spec.rules[0]")));
-        let put = cs(r#"{"ops":[{"op":"put_rules","name":"hsts","spec":{"steps":[{"kind":"deny"}]}},
+        // A step the data plane does not apply yet: no route may run it.
+        let unapplied = cs(r#"{"ops":[{"op":"put_rules","name":"hsts","spec":{"steps":[{"kind":"deny"}]}},
+            {"op":"put_route","name":"r","spec":{"service":"web","rules":["hsts"]}}]}"#);
+        let e = s.apply(&unapplied, 1).unwrap_err();
+        assert_eq!((e.kind, e.field.as_deref()), (ChangeErrorKind::Conflict, Some("ops[1].spec.rules[0]")));
+        assert!(e.message.contains("steps[0] (deny)"), "{}", e.message);
+        let put = cs(r#"{"ops":[{"op":"put_rules","name":"hsts","spec":{"steps":[]}},
             {"op":"put_route","name":"r","spec":{"service":"web","rules":["hsts"]}}]}"#);
         let (s, delta) = s.apply(&put, 1).unwrap();
+        // Nor may a set a route runs gain one.
+        let gain = cs(r#"{"ops":[{"op":"put_rules","name":"hsts","spec":{"steps":[{"kind":"deny"}]}}]}"#);
+        let e = s.apply(&gain, 2).unwrap_err();
+        assert_eq!((e.kind, e.field.as_deref()), (ChangeErrorKind::Conflict, Some("ops[0].spec.steps[0]")));
+        assert!(e.message.contains("\"r\""), "names the route: {}", e.message);
         assert!(delta.rules.contains("hsts") && s.rule_set("hsts").is_some());
         let e = s.apply(&cs(r#"{"ops":[{"op":"delete_rules","name":"hsts"}]}"#), 2).unwrap_err();
         assert_eq!(e.kind, ChangeErrorKind::Conflict);

@@ -17,15 +17,16 @@
 //!   take a service's capacity. Off by default: clients behind one NAT or
 //!   proxy share an address.
 //!
-//! The decisions ([`Pace`], [`client_key`]) are pure; the counters are
+//! The decisions ([`Pace`], and [`client_key`] in tidegate-snapshot) are pure; the counters are
 //! atomics and sharded maps.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tidegate_snapshot::client_key;
 use tokio::time::Instant;
 
 use crate::limits::Limits;
@@ -109,18 +110,6 @@ pub(crate) struct Reserved {
 impl Drop for Reserved {
     fn drop(&mut self) {
         self.budget.used.fetch_sub(self.bytes, Relaxed);
-    }
-}
-
-/// The key a client is counted under: its address, an IPv4-mapped IPv6
-/// address as IPv4, and IPv6 by its /64 (one subscriber's usual share).
-pub(crate) fn client_key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
-        },
-        v4 => v4,
     }
 }
 

@@ -5,21 +5,21 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use http::{Request, Response};
 use hyper::body::Incoming;
-use tidegate_model::RouteAction;
-use tidegate_snapshot::RequestView;
 use tidegate_snapshot::Snapshot;
+use tokio::time::Instant;
 
-use crate::access_log::AccessLog;
+use crate::access_log::{AccessLog, Line};
 use crate::admission::Admission;
 use crate::attempts::Trace;
 use crate::body::ProxyBody;
+use crate::conn::Peer;
 use crate::error::ErrorKind;
-use crate::forward::{Peer, Upstreams};
 use crate::hygiene;
 use crate::limits::Limits;
 use crate::metrics::{Counters, ProxyMetrics};
 use crate::observe::{describe, Finish, Seen};
-use crate::static_files;
+use crate::pipeline::{self, Action, Facts, Local, Settings};
+use crate::upstreams::Upstreams;
 
 /// The request handler. One per worker (or one shared, in the multi-thread
 /// runtime); holds the upstream connection pools.
@@ -27,10 +27,9 @@ pub struct Proxy {
     snapshots: Arc<ArcSwap<Snapshot>>,
     upstreams: Upstreams,
     metrics: Arc<Counters>,
-    /// The TLS listener's port, where `redirect_https` routes send clients.
-    https_port: Option<u16>,
-    /// The path answered by the proxy itself for health checks, if any.
-    health_path: Option<Box<str>>,
+    /// What the request pipeline reads of the worker: the health path and
+    /// the TLS listener's port.
+    settings: Settings,
     /// Where each request's line goes, if anywhere.
     access_log: Option<Arc<AccessLog>>,
     /// The body buffer budget and per-client caps, shared by the workers.
@@ -53,8 +52,7 @@ impl Proxy {
             admission,
             upstreams: Upstreams::new(limits, &metrics),
             metrics,
-            https_port,
-            health_path: None,
+            settings: Settings { health_path: None, https_port },
             access_log: None,
         }
     }
@@ -83,29 +81,12 @@ impl Proxy {
     /// Answers `path` itself, before routing, for load balancers' health
     /// checks.
     pub fn set_health_path(&mut self, path: Option<&str>) {
-        self.health_path = path.map(Into::into);
+        self.settings.health_path = path.map(Into::into);
     }
 
-    /// The answer to a health check, if `path` is the health path and the
-    /// method reads: 200 `ok`, or 503 `draining` when `stopping`.
-    pub(crate) fn health_answer(
-        &self,
-        method: &http::Method,
-        path: &str,
-        stopping: bool,
-    ) -> Option<Response<ProxyBody>> {
-        if self.health_path.as_deref() != Some(path) || !matches!(*method, http::Method::GET | http::Method::HEAD) {
-            return None;
-        }
-        Some(match stopping {
-            false => crate::error::plain(http::StatusCode::OK, "ok\n"),
-            true => crate::error::plain(http::StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
-        })
-    }
-
-    /// The TLS listener's port, if there is one.
-    pub(crate) fn https_port(&self) -> Option<u16> {
-        self.https_port
+    /// What the request pipeline reads of the worker.
+    pub(crate) fn settings(&self) -> &Settings {
+        &self.settings
     }
 
     /// The current snapshot.
@@ -141,7 +122,7 @@ impl Proxy {
             Err(e) => {
                 finish.seen.error = Some(e);
                 self.metrics.error(e);
-                e.response()
+                crate::reply::error(e)
             }
         };
         self.metrics.response(resp.status());
@@ -155,31 +136,30 @@ impl Proxy {
         client: &Peer,
         seen: &mut Seen,
     ) -> Result<Response<ProxyBody>, ErrorKind> {
-        if req.method() == http::Method::CONNECT {
-            return Ok(hygiene::refuse_connect());
-        }
-        // The HTTP/1 parsers count headers; an HTTP/2 header list is only
-        // bounded in bytes, so count here.
-        if req.headers().len() > self.upstreams.limits().max_headers {
-            return Ok(crate::error::head_too_large());
-        }
-        hygiene::sanitize(&mut req)?;
-        if let Some(resp) = self.health_answer(req.method(), req.uri().path(), false) {
-            return Ok(resp);
-        }
-        let snapshot = self.snapshots.load_full();
+        // This engine's checks of the head; refused or not, the pipeline
+        // decides (it refuses `CONNECT` before reading them).
+        let checked = check_head(&mut req, self.upstreams.limits());
         let host = hygiene::request_routing_host(&req);
-        let view = RequestView { host: &host, path: req.uri().path(), method: req.method(), headers: req.headers() };
-        let route = snapshot.route(&view).ok_or(ErrorKind::NoRoute)?;
-        seen.routed(route, self.access_log.is_some());
-        if route.spec.redirect_https && !client.https {
-            let pq = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
-            return hygiene::https_redirect(&host, self.https_port, pq);
+        let facts = Facts {
+            host,
+            path: req.uri().path(),
+            path_and_query: req.uri().path_and_query().map_or("/", |pq| pq.as_str()),
+            headers: req.headers(),
+            tls: client.https,
+            stopping: false,
+        };
+        let snapshot = self.snapshots.load_full();
+        let decision = pipeline::decide(req.method(), checked.map(|()| &facts), &self.settings, &snapshot);
+        if let Some(route) = decision.route {
+            seen.routed(route, self.access_log.is_some());
         }
-        match &route.spec.action {
-            RouteAction::Static(dir) => Ok(static_files::serve(dir, &route.spec.matches.path, &req).await),
-            RouteAction::Service(name) => {
-                let service = snapshot.service(name.as_str()).ok_or(ErrorKind::NoBackend)?.clone();
+        match decision.action {
+            Action::Local(answer) => crate::reply::local_response(answer),
+            Action::Static { dir, prefix } => {
+                Ok(tidegate_static::serve(dir, prefix, &req).await.map(ProxyBody::Static))
+            }
+            Action::Forward(service) => {
+                drop(facts);
                 drop(snapshot);
                 let mut trace = Trace::default();
                 let forwarded = self.upstreams.forward(&service, req, client, &self.admission, &mut trace).await;
@@ -187,5 +167,81 @@ impl Proxy {
                 forwarded
             }
         }
+    }
+}
+
+/// The hyper engine's checks of a request head, in place: the header
+/// count and the head's size against the proxy's limits (hyper's parsers
+/// read a little past them, see [`crate::limits::HYPER_HEAD_MARGIN`], so
+/// that a head over them gets the proxy's own answer here), then
+/// [`hygiene::sanitize`].
+fn check_head<B>(req: &mut Request<B>, limits: &Limits) -> Result<(), Local> {
+    if req.headers().len() > limits.max_headers || head_size(req) > limits.max_header_bytes {
+        return Err(Local::HeadTooLarge);
+    }
+    hygiene::sanitize(req).map_err(Local::Error)
+}
+
+/// A request head's size as the proxy counts it against
+/// `max_header_bytes`, whichever version carried it: the request line and
+/// the fields as HTTP/1.1 writes them (`name: value` and a line end each,
+/// and the empty line). An HTTP/2 request's target counts with its scheme
+/// and authority, as an absolute-form target would. Whitespace a client
+/// padded an HTTP/1.1 line with is not counted.
+fn head_size<B>(req: &Request<B>) -> usize {
+    let uri = req.uri();
+    let target = uri.scheme_str().map_or(0, |s| s.len() + "://".len())
+        + uri.authority().map_or(0, |a| a.as_str().len())
+        + uri.path_and_query().map_or(1, |pq| pq.as_str().len());
+    let line = req.method().as_str().len() + " ".len() + target + " HTTP/1.1\r\n".len();
+    let fields: usize = req.headers().iter().map(|(n, v)| n.as_str().len() + ": ".len() + v.len() + "\r\n".len()).sum();
+    line + fields + "\r\n".len()
+}
+
+impl Proxy {
+    /// Counts a request that `ended` (its last byte written) in its route's
+    /// histogram and, when the access log is on, sends its line (`describe`
+    /// fills in what only the request knows, from the record and `ended`:
+    /// the line's duration is the histogram's).
+    pub(crate) fn finish(&self, seen: &Seen, ended: Instant, describe: impl FnOnce(&Seen, Instant) -> Line) {
+        crate::observe::count(seen, ended, self.metrics());
+        if let Some(log) = self.access_log() {
+            log.send(describe(seen, ended));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(uri: &str, fields: &[(&str, &str)]) -> Request<()> {
+        let mut b = Request::builder().uri(uri);
+        for (n, v) in fields {
+            b = b.header(*n, *v);
+        }
+        b.body(()).unwrap()
+    }
+
+    #[test]
+    fn a_head_counts_as_http11_writes_it() {
+        let raw = "GET /a?b HTTP/1.1\r\nhost: example.com\r\nx-y: z\r\n\r\n";
+        let req = request("/a?b", &[("host", "example.com"), ("x-y", "z")]);
+        assert_eq!(head_size(&req), raw.len());
+        let absolute = request("http://example.com/a?b", &[]);
+        assert_eq!(head_size(&absolute), "GET http://example.com/a?b HTTP/1.1\r\n\r\n".len());
+    }
+
+    #[test]
+    fn a_head_over_either_limit_is_refused_by_the_proxy() {
+        let limits = Limits { max_header_bytes: 100, max_headers: 2, ..Limits::default() };
+        let mut within = request("/", &[("host", "h"), ("x-a", "1")]);
+        assert_eq!(check_head(&mut within, &limits), Ok(()));
+        let mut many = request("/", &[("host", "h"), ("x-a", "1"), ("x-b", "2")]);
+        assert_eq!(check_head(&mut many, &limits), Err(Local::HeadTooLarge));
+        let mut large = request("/", &[("host", "h"), ("x-a", &"a".repeat(100))]);
+        assert_eq!(check_head(&mut large, &limits), Err(Local::HeadTooLarge));
+        assert!(limits.hyper_max_headers() > limits.max_headers, "hyper reads past the count");
+        assert!(Limits::default().hyper_max_header_bytes() > Limits::default().max_header_bytes, "and the size");
     }
 }

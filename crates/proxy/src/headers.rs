@@ -3,7 +3,7 @@
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 
-use crate::forward::Peer;
+use crate::conn::Peer;
 
 /// Hop-by-hop headers (RFC 9110 section 7.6.1, plus the legacy ones):
 /// they describe one connection and are never forwarded.
@@ -132,8 +132,13 @@ fn join_cookies(h: &mut http::HeaderMap) {
 }
 
 /// Rewrites a request's headers for its backend: hop-by-hop headers out
-/// (an upgrade's `Upgrade` kept), `X-Forwarded-For`/`-Proto`/`-Host` set,
-/// and `Host` present for HTTP/1.1 backends. The client's own
+/// (an upgrade's `Upgrade` kept), `Expect` out, `X-Forwarded-For`/`-Proto`/
+/// `-Host` set, and `Host` present for HTTP/1.1 backends. `Expect` is the
+/// proxy's to meet, never the backend's: both engines answer
+/// `100-continue` themselves (hyper's when the body is first read, the
+/// native engine before it reads it), and a proxy that has answered an
+/// expectation must not forward it (RFC 9110, section 10.1.1), or the
+/// backend would send a `100` of its own that no client asked for. The client's own
 /// `X-Forwarded-For`, `Forwarded` and `X-Real-IP` are kept (and appended
 /// to) only when it is a trusted proxy; otherwise they are replaced or
 /// removed, so a backend can believe what it reads.
@@ -141,6 +146,7 @@ pub(crate) fn request_headers(parts: &mut Parts, peer: &Peer, upgrade: bool) {
     let h = &mut parts.headers;
     let upgrade_value = if upgrade { h.get(header::UPGRADE).cloned() } else { None };
     strip_hop_by_hop(h);
+    h.remove(header::EXPECT);
     let refused: Vec<_> =
         h.keys().filter(|n| !crate::hygiene::forwards_request_field(n.as_str().as_bytes())).cloned().collect();
     for name in refused {
@@ -209,6 +215,22 @@ mod tests {
         assert_eq!(h["x-forwarded-for"], "198.51.100.1, 192.0.2.9");
         assert_eq!(h["x-real-ip"], "198.51.100.1");
         assert_eq!(h["x-forwarded-host"], "h");
+    }
+
+    #[test]
+    fn an_expectation_is_met_by_the_proxy_and_not_forwarded() {
+        let req = http::Request::builder()
+            .method("POST")
+            .uri("/")
+            .header(header::HOST, "h")
+            .header(header::EXPECT, "100-continue")
+            .header(header::CONTENT_LENGTH, "5")
+            .body(())
+            .unwrap();
+        let (mut parts, ()) = req.into_parts();
+        request_headers(&mut parts, &Peer::new("192.0.2.9:5000".parse().unwrap()), false);
+        assert!(!parts.headers.contains_key(header::EXPECT), "{:?}", parts.headers);
+        assert_eq!(parts.headers[header::CONTENT_LENGTH], "5", "the framing stays");
     }
 
     #[test]

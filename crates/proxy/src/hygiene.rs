@@ -149,16 +149,6 @@ fn plain_host(host: &[u8]) -> bool {
         && port.is_none_or(port_ok)
 }
 
-/// The answer to a `CONNECT` request: `405 Method Not Allowed`. The proxy
-/// opens no tunnels to arbitrary hosts, and a backend's 2xx to `CONNECT`
-/// would start a tunnel that a response framed as usual cannot describe
-/// (RFC 9110, section 9.3.6; nginx refuses it too).
-pub(crate) fn refuse_connect() -> http::Response<crate::body::ProxyBody> {
-    let mut resp = crate::error::plain(http::StatusCode::METHOD_NOT_ALLOWED, "405 CONNECT is not supported here\n");
-    resp.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"));
-    resp
-}
-
 /// Whether a request header named `name` is passed on. Not when the name
 /// has an underscore: many backends (CGI, WSGI, Rack and the like) read
 /// `X_Forwarded_For` and `X-Forwarded-For` as the same variable, so such a
@@ -191,29 +181,6 @@ pub(crate) fn switched_as_asked(asked: &[u8], to: Option<&[u8]>) -> bool {
 /// `websocket` of `websocket/13`.
 fn protocol_name(protocol: &[u8]) -> &[u8] {
     protocol.split(|b| *b == b'/').next().unwrap_or_default()
-}
-
-/// The answer of a `redirect_https` route to a request that came over
-/// plain HTTP: `308 Permanent Redirect` (the method and body are kept by
-/// the client) to the same host (`host`: lowercase, without its port) on
-/// the TLS listener's port (omitted when it is 443, or unknown), with the
-/// same path and query.
-pub(crate) fn https_redirect(
-    host: &str,
-    https_port: Option<u16>,
-    path_and_query: &str,
-) -> Result<http::Response<crate::body::ProxyBody>, ErrorKind> {
-    if host.is_empty() {
-        return Err(ErrorKind::InvalidHost);
-    }
-    let location = match https_port {
-        Some(p) if p != 443 => format!("https://{host}:{p}{path_and_query}"),
-        _ => format!("https://{host}{path_and_query}"),
-    };
-    let value = HeaderValue::from_str(&location).map_err(|_| ErrorKind::InvalidPath)?;
-    let mut resp = crate::error::plain(http::StatusCode::PERMANENT_REDIRECT, "308 this route is served over HTTPS\n");
-    resp.headers_mut().insert(header::LOCATION, value);
-    Ok(resp)
 }
 
 /// The host to route on: the `Host` header (set by [`sanitize`]),
@@ -387,17 +354,6 @@ mod tests {
         assert!(forwards_request_field(b"X-Forwarded-For"));
         assert!(!forwards_request_field(b"X_Forwarded_For"));
         assert!(!forwards_request_field(b"content_length"));
-    }
-
-    #[test]
-    fn https_redirects_keep_host_path_and_query() {
-        let loc = |host, port, pq| {
-            https_redirect(host, port, pq).map(|r| r.headers()[header::LOCATION].to_str().unwrap().to_string())
-        };
-        assert_eq!(loc("a.example", Some(8443), "/x?y=1"), Ok("https://a.example:8443/x?y=1".to_string()));
-        assert_eq!(loc("a.example", Some(443), "/"), Ok("https://a.example/".to_string()));
-        assert_eq!(loc("a.example", None, "/"), Ok("https://a.example/".to_string()));
-        assert_eq!(loc("", Some(443), "/"), Err(ErrorKind::InvalidHost));
     }
 
     #[test]

@@ -1,49 +1,61 @@
-//! Tidegate's data plane.
+//! Tidegate's data plane: the listeners, the two HTTP/1.1 engines (the
+//! native one on [`tidegate_h1`], the default, and hyper's) and HTTP/2,
+//! request hygiene, limits and observation.
 //!
-//! A hyper 1.x server (HTTP/1.1 and h2c) whose handler reads the current
-//! [`Snapshot`](tidegate_snapshot::Snapshot) with one atomic load per
-//! request, matches a route, and either serves a static directory or
-//! forwards to a backend picked by the service's selector, over the worker's
-//! own keep-alive connections ([`pool`]). Proxy semantics live here:
-//! forwarding headers, hop-by-hop stripping, timeouts, retries decided by a
-//! pure function of a typed error ([`retry::decide`], [`ErrorKind`]),
-//! WebSocket (HTTP/1.1 upgrade) pass-through, and short plain-text 4xx / 5xx
-//! answers that say what went wrong.
+//! Each request reads the current [`Snapshot`](tidegate_snapshot::Snapshot)
+//! with one atomic load; one request pipeline (`pipeline::decide`, the
+//! same for every engine, with no IO) decides whether the proxy answers
+//! itself, serves a static directory ([`tidegate_static`]) or forwards to
+//! a service; forwarding runs the attempt loop of [`tidegate_attempts`]
+//! (retries decided by a pure function of a typed error, [`retry::decide`],
+//! [`ErrorKind`]) over the worker's own connections, kept in
+//! [`tidegate_upstream`]'s pools. Proxy semantics live here: forwarding
+//! headers, hop-by-hop stripping, timeouts, WebSocket (HTTP/1.1 upgrade)
+//! pass-through, and short plain-text 4xx / 5xx answers that say what went
+//! wrong. docs/architecture.md draws the modules' layers.
 //!
 //! The proxy never changes configuration; it only reads snapshots.
 
 pub mod access_log;
+// The attempt machinery (error kinds, retries, picking, the attempt loop)
+// is the `tidegate-attempts` crate; its modules keep their paths here.
+use tidegate_attempts as attempts;
+use tidegate_attempts::pick;
+pub use tidegate_attempts::{error, retry};
 mod admission;
-mod attempts;
 mod body;
-pub mod error;
+mod conn;
 mod forward;
 mod handler;
 mod headers;
 mod host_addrs;
 mod hygiene;
+mod hyper_conn;
+mod hyper_server;
 mod limits;
 mod metrics;
 mod native;
 mod observe;
-mod pick;
-mod pool;
-pub mod retry;
+mod pipeline;
+mod prepared;
+mod reply;
 mod server;
-mod static_files;
 mod tls;
 mod tunnel;
+mod upbody;
+mod upstream_error;
 mod upstream_h2;
+mod upstreams;
 
 pub use access_log::AccessLog;
 pub use body::ProxyBody;
+pub use conn::Peer;
 pub use error::{ErrorKind, Source};
-pub use forward::Peer;
 pub use handler::Proxy;
 pub use limits::{Limits, TrustedProxies};
 pub use metrics::{DataPlaneCollector, ProxyMetrics};
 pub use server::{serve, Http1Engine, RuntimeMode, ServerHandle, ServerOptions};
-pub use static_files::never_serve;
 /// Request-path normalization (in the model, where route paths are checked
 /// against the same rules).
 pub use tidegate_model::normalize;
+pub use tidegate_static::never_serve;

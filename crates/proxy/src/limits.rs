@@ -102,6 +102,30 @@ impl Default for Limits {
     }
 }
 
+/// How far past the proxy's own head limits hyper's parsers read (HTTP/1
+/// with `--http1 hyper`, and HTTP/2 on either engine): a head over
+/// `max_header_bytes` or `max_headers` but within this many times them
+/// reaches the handler, which refuses it with the proxy's own `431` and
+/// text, as the native engine does; only a head past this answers with
+/// hyper's own empty `431`, written before the proxy sees the request.
+pub(crate) const HYPER_HEAD_MARGIN: usize = 2;
+
+impl Limits {
+    /// The largest head hyper's HTTP/1 parser reads (its read buffer's
+    /// bound, which must be at least hyper's minimum of 8 KiB), and the
+    /// largest header list h2 decodes: [`HYPER_HEAD_MARGIN`] times
+    /// `max_header_bytes`.
+    pub(crate) fn hyper_max_header_bytes(&self) -> usize {
+        self.max_header_bytes.saturating_mul(HYPER_HEAD_MARGIN).max(8192)
+    }
+
+    /// The most header fields hyper's HTTP/1 parser reads:
+    /// [`HYPER_HEAD_MARGIN`] times `max_headers`.
+    pub(crate) fn hyper_max_headers(&self) -> usize {
+        self.max_headers.saturating_mul(HYPER_HEAD_MARGIN)
+    }
+}
+
 /// A list of address blocks (`10.0.0.0/8`, `::1/128`, `192.0.2.7`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TrustedProxies(Vec<(IpAddr, u8)>);

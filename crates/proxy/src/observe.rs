@@ -15,9 +15,8 @@ use tidegate_snapshot::{Entry, RouteStats};
 use tokio::time::Instant;
 
 use crate::access_log::{AccessLog, Line};
+use crate::conn::Peer;
 use crate::error::ErrorKind;
-use crate::forward::Peer;
-use crate::handler::Proxy;
 use crate::metrics::Counters;
 
 /// One request, as seen.
@@ -123,7 +122,7 @@ fn blank(client: SocketAddr, protocol: &'static str) -> Line {
 
 /// Counts a finished request: in its route's duration histogram (or the
 /// one of requests that matched no route), and its retries.
-fn count(seen: &Seen, ended: Instant, counters: &Counters) {
+pub(crate) fn count(seen: &Seen, ended: Instant, counters: &Counters) {
     let took = ended.saturating_duration_since(seen.start);
     seen.route.as_deref().unwrap_or(&counters.unrouted).observe(seen.status, took);
     if seen.attempts > 1 {
@@ -185,19 +184,6 @@ impl Drop for Finish {
             self.seen.fill(&mut line, ended);
             line.bytes_out = self.bytes_out;
             log.send(line);
-        }
-    }
-}
-
-impl Proxy {
-    /// Counts a request that `ended` (its last byte written) in its route's
-    /// histogram and, when the access log is on, sends its line (`describe`
-    /// fills in what only the request knows, from the record and `ended`:
-    /// the line's duration is the histogram's).
-    pub(crate) fn finish(&self, seen: &Seen, ended: Instant, describe: impl FnOnce(&Seen, Instant) -> Line) {
-        count(seen, ended, self.metrics());
-        if let Some(log) = self.access_log() {
-            log.send(describe(seen, ended));
         }
     }
 }

@@ -19,7 +19,7 @@ use tidegate_balance::clock;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::body::Hold;
-use crate::forward::ConnHold;
+use crate::conn::ConnHold;
 
 /// Joins the two sides once both upgrades complete, in a task of its own.
 pub(crate) fn splice_hyper(

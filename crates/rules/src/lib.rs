@@ -190,30 +190,6 @@ impl std::fmt::Debug for Chain {
     }
 }
 
-fn kind(step: &Step) -> &'static str {
-    match step {
-        Step::StripPrefix(_) => "strip_prefix",
-        Step::RewritePath(_) => "rewrite_path",
-        Step::SetRequestHeader(_) => "set_request_header",
-        Step::AddRequestHeader(_) => "add_request_header",
-        Step::RemoveRequestHeader(_) => "remove_request_header",
-        Step::SetResponseHeader(_) => "set_response_header",
-        Step::AddResponseHeader(_) => "add_response_header",
-        Step::RemoveResponseHeader(_) => "remove_response_header",
-        Step::Redirect(_) => "redirect",
-        Step::Deny(_) => "deny",
-        Step::IpAllow(_) => "ip_allow",
-        Step::IpDeny(_) => "ip_deny",
-        Step::BasicAuth(_) => "basic_auth",
-        Step::ForwardAuth(_) => "forward_auth",
-        Step::RateLimit(_) => "rate_limit",
-        Step::ConcurrencyLimit(_) => "concurrency_limit",
-        Step::MaxBodyBytes(_) => "max_body_bytes",
-        Step::Cors(_) => "cors",
-        Step::Compress(_) => "compress",
-    }
-}
-
 fn compile_step(step: &Step) -> Compiled {
     match step {
         Step::StripPrefix(s) => Compiled::StripPrefix(s.prefix.clone()),
@@ -282,7 +258,7 @@ impl Chain {
         let mut steps = Vec::new();
         for (name, spec) in sets {
             for (i, step) in spec.steps.iter().enumerate() {
-                let rule = RuleRef { set: name.clone(), step: i, kind: kind(step) };
+                let rule = RuleRef { set: name.clone(), step: i, kind: step.kind() };
                 steps.push(Slot { rule, step: compile_step(step) });
             }
         }

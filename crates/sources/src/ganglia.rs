@@ -37,29 +37,48 @@ pub(crate) async fn run(addr: SocketAddr, mut target: watch::Receiver<Arc<Gangli
                 apply(&t, &hosts, clock::now_ms());
                 throttle.success(SOURCE, &name);
             }
-            Err(e) => throttle.failure(SOURCE, &name, &e),
+            Err(e) => throttle.failure(SOURCE, &name, &e.to_string()),
         }
         expire_all(t.groups.iter().flat_map(|g| g.backends.iter().map(|b| &b.1)), t.interval);
         tokio::time::sleep_until(started + t.interval).await;
     }
 }
 
+/// Why a gmond dump could not be had.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FetchError {
+    /// gmond could not be reached.
+    #[error("connect: {0}")]
+    Connect(#[source] std::io::Error),
+    /// The connection failed while the dump was read.
+    #[error("read: {0}")]
+    Read(#[source] std::io::Error),
+    /// The dump is larger than [`MAX_DUMP`].
+    #[error("the dump exceeds {MAX_DUMP} bytes")]
+    TooLarge,
+    /// The dump did not end within the time allowed.
+    #[error("no complete dump within {0:?}")]
+    TimedOut(Duration),
+    /// The dump names no host.
+    #[error("the dump has no HOST")]
+    NoHost,
+}
+
 /// Reads one whole dump (gmond closes the connection after it).
-async fn fetch(addr: SocketAddr, timeout: Duration) -> Result<Vec<GmondHost>, String> {
+async fn fetch(addr: SocketAddr, timeout: Duration) -> Result<Vec<GmondHost>, FetchError> {
     let read = async {
-        let stream = TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
+        let stream = TcpStream::connect(addr).await.map_err(FetchError::Connect)?;
         let mut xml = Vec::new();
-        stream.take(MAX_DUMP + 1).read_to_end(&mut xml).await.map_err(|e| format!("read: {e}"))?;
+        stream.take(MAX_DUMP + 1).read_to_end(&mut xml).await.map_err(FetchError::Read)?;
         if xml.len() as u64 > MAX_DUMP {
-            return Err(format!("the dump exceeds {MAX_DUMP} bytes"));
+            return Err(FetchError::TooLarge);
         }
         Ok(xml)
     };
-    let xml =
-        tokio::time::timeout(timeout, read).await.map_err(|_| format!("no complete dump within {timeout:?}"))??;
+    let xml = tokio::time::timeout(timeout, read).await.map_err(|_| FetchError::TimedOut(timeout))??;
     let hosts = gmond::parse(&xml);
     if hosts.is_empty() {
-        return Err("the dump has no HOST".into());
+        return Err(FetchError::NoHost);
     }
     Ok(hosts)
 }
@@ -95,6 +114,36 @@ pub(crate) fn apply(target: &GangliaTarget, hosts: &[GmondHost], now_ms: u64) {
 mod tests {
     use super::*;
     use crate::targets::{GangliaGroup, Sink};
+    use tokio::io::AsyncWriteExt;
+
+    /// A gmond at a fresh address that writes `dump` to each of `n`
+    /// connections and closes them.
+    async fn gmond(dump: &'static [u8], n: usize) -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            for _ in 0..n {
+                let Ok((mut conn, _)) = listener.accept().await else { return };
+                let _ = conn.write_all(dump).await;
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn fetch_says_why_there_is_no_dump() {
+        let closed = {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            listener.local_addr().unwrap()
+        };
+        let e = fetch(closed, Duration::from_secs(2)).await.unwrap_err();
+        assert!(matches!(e, FetchError::Connect(_)), "{e:?}");
+        let empty = gmond(b"<GANGLIA_XML></GANGLIA_XML>", 1).await;
+        assert!(matches!(fetch(empty, Duration::from_secs(2)).await, Err(FetchError::NoHost)));
+        let one =
+            gmond(br#"<GANGLIA_XML><CLUSTER><HOST NAME="a" IP="10.0.0.1"></HOST></CLUSTER></GANGLIA_XML>"#, 1).await;
+        assert_eq!(fetch(one, Duration::from_secs(2)).await.unwrap().len(), 1);
+    }
 
     fn sink(link: u64) -> Sink {
         Sink { stats: Arc::default(), link_bytes_per_s: link }

@@ -49,8 +49,8 @@ use tidegate_model::{
 };
 
 use crate::{
-    AppliedChange, Commit, CommitCost, FaultKind, Follow, InstanceRecord, Loaded, Store, StoreError, StoreFault,
-    StoreStatus, LOG_RETAIN, MAX_FAULTS,
+    AppliedChange, Commit, CommitCost, FaultKind, Follow, InstanceRecord, Loaded, ObjectError, Store, StoreError,
+    StoreFault, StoreStatus, LOG_RETAIN, MAX_FAULTS,
 };
 
 /// Where the configuration lives in etcd: `etcd://HOST:PORT[,HOST:PORT...]/PREFIX[?history=N]`.
@@ -76,6 +76,8 @@ const MAX_TXN_BYTES: usize = 1 << 20;
 /// encoded in the transaction (an RSA-4096 key in PEM is about 3.3 KiB).
 const KEPT_KEY_BYTES: usize = 6 * 1024;
 
+// A clap value parser (`--store`, `copy-store`'s target): its error is
+// printed as it is, so it stays text.
 impl std::str::FromStr for EtcdUrl {
     type Err = String;
 
@@ -467,38 +469,41 @@ fn observe(prefix: &[u8], events: &[Event]) -> Seen {
 /// Why the object value stored under `kind/name` does not decode, naming
 /// the field (or the name) at fault; `None` when it decodes. The same
 /// decode as every other door: the model's validated `Deserialize`.
-fn object_error(kind: &[u8], name: &[u8], value: &[u8]) -> Option<String> {
+fn object_error(kind: &[u8], name: &[u8], value: &[u8]) -> Option<ObjectError> {
     let Ok(name) = std::str::from_utf8(name) else {
-        return Some("its name is not UTF-8".into());
+        return Some(ObjectError::Key(NAME_NOT_UTF8));
     };
+    fn decodes<T: serde::de::DeserializeOwned>(value: &[u8]) -> Result<(), ObjectError> {
+        tidegate_model::parse_json::<T>(value).map(drop).map_err(ObjectError::from)
+    }
     let result = match kind {
-        b"services" => ServiceName::new(name)
-            .map_err(|e| e.to_string())
-            .and_then(|_| tidegate_model::parse_json::<ServiceSettings>(value).map(drop).map_err(|e| e.to_string())),
+        b"services" => {
+            ServiceName::new(name).map_err(ObjectError::from).and_then(|_| decodes::<ServiceSettings>(value))
+        }
         b"backends" => match name.split_once('/') {
-            None => Err("a backend key is backends/SERVICE/ID".into()),
+            None => Err(ObjectError::Key(BACKEND_KEY)),
             Some((service, id)) => ServiceName::new(service)
                 .map(drop)
                 .and_then(|()| BackendId::new(id).map(drop))
-                .map_err(|e| e.to_string())
-                .and_then(|()| {
-                    tidegate_model::parse_json::<tidegate_model::BackendSpec>(value)
-                        .map(drop)
-                        .map_err(|e| e.to_string())
-                }),
+                .map_err(ObjectError::from)
+                .and_then(|()| decodes::<tidegate_model::BackendSpec>(value)),
         },
-        b"routes" => RouteName::new(name)
-            .map_err(|e| e.to_string())
-            .and_then(|_| tidegate_model::parse_json::<RouteSpec>(value).map(drop).map_err(|e| e.to_string())),
-        b"rules" => RuleSetName::new(name)
-            .map_err(|e| e.to_string())
-            .and_then(|_| tidegate_model::parse_json::<RuleSetSpec>(value).map(drop).map_err(|e| e.to_string())),
-        _ => CertName::new(name)
-            .map_err(|e| e.to_string())
-            .and_then(|_| tidegate_model::parse_json::<CertificateSpec>(value).map(drop).map_err(|e| e.to_string())),
+        b"routes" => RouteName::new(name).map_err(ObjectError::from).and_then(|_| decodes::<RouteSpec>(value)),
+        b"rules" => RuleSetName::new(name).map_err(ObjectError::from).and_then(|_| decodes::<RuleSetSpec>(value)),
+        _ => CertName::new(name).map_err(ObjectError::from).and_then(|_| decodes::<CertificateSpec>(value)),
     };
     result.err()
 }
+
+/// A fault for an object that does not decode.
+fn invalid(e: impl Into<ObjectError>) -> FaultKind {
+    FaultKind::ObjectInvalid { error: e.into() }
+}
+
+/// An object whose key's name is not UTF-8.
+const NAME_NOT_UTF8: &str = "its name is not UTF-8";
+/// A backend whose key is not `backends/SERVICE/ID`.
+const BACKEND_KEY: &str = "a backend key is backends/SERVICE/ID";
 
 /// Whether `ops` name the object stored at `rest` (a key without the
 /// prefix): a write through Tidegate that names an object at fault puts it
@@ -618,10 +623,7 @@ impl EtcdStore {
         let guard = [Compare::Absent(self.key("rev"))];
         let outcome = self.runtime.block_on(self.client.txn(&guard, &ops)).map_err(unavailable)?;
         if !outcome.succeeded {
-            return Err(StoreError::Backend(format!(
-                "{} already holds a configuration; copy into an empty prefix",
-                self.location()
-            )));
+            return Err(StoreError::NotEmpty { location: self.location() });
         }
         Ok(())
     }
@@ -1101,22 +1103,21 @@ fn check_load(prefix: &[u8], kvs: &[KeyValue]) -> (Loaded, Vec<StoreFault>) {
             continue;
         }
         let Ok(name) = std::str::from_utf8(name) else {
-            fault(&kv.key, FaultKind::ObjectInvalid { error: "its name is not UTF-8".into() });
+            fault(&kv.key, FaultKind::ObjectInvalid { error: ObjectError::Key(NAME_NOT_UTF8) });
             continue;
         };
-        let invalid = |e: &dyn std::fmt::Display| FaultKind::ObjectInvalid { error: e.to_string() };
         match kind {
             b"services" => match tidegate_model::parse_json::<ServiceSettings>(&kv.value) {
                 Ok(settings) => {
                     services.insert(name.to_string(), ServiceSpec { settings, backends: Default::default() });
                     keys.insert(format!("s/{name}"), &kv.key);
                 }
-                Err(e) => fault(&kv.key, invalid(&e)),
+                Err(e) => fault(&kv.key, invalid(e)),
             },
             b"backends" => backends.push((name, kv)),
             b"routes" => match tidegate_model::parse_json::<RouteSpec>(&kv.value)
-                .map_err(|e| invalid(&e))
-                .and_then(|spec| Ok(Op::PutRoute { name: RouteName::new(name).map_err(|e| invalid(&e))?, spec }))
+                .map_err(invalid)
+                .and_then(|spec| Ok(Op::PutRoute { name: RouteName::new(name).map_err(invalid)?, spec }))
             {
                 Ok(op) => {
                     routes.push(op);
@@ -1125,8 +1126,8 @@ fn check_load(prefix: &[u8], kvs: &[KeyValue]) -> (Loaded, Vec<StoreFault>) {
                 Err(kind) => fault(&kv.key, kind),
             },
             b"rules" => {
-                match tidegate_model::parse_json::<RuleSetSpec>(&kv.value).map_err(|e| invalid(&e)).and_then(|spec| {
-                    Ok(Op::PutRules { name: RuleSetName::new(name).map_err(|e| invalid(&e))?, spec: Box::new(spec) })
+                match tidegate_model::parse_json::<RuleSetSpec>(&kv.value).map_err(invalid).and_then(|spec| {
+                    Ok(Op::PutRules { name: RuleSetName::new(name).map_err(invalid)?, spec: Box::new(spec) })
                 }) {
                     Ok(op) => {
                         rules.push(op);
@@ -1137,12 +1138,10 @@ fn check_load(prefix: &[u8], kvs: &[KeyValue]) -> (Loaded, Vec<StoreFault>) {
             }
             _ => {
                 // An expired certificate still loads (see the embedded store).
-                let op = tidegate_model::parse_json::<CertificateSpec>(&kv.value).map_err(|e| invalid(&e)).and_then(
-                    |spec| {
-                        let name = CertName::new(name).map_err(|e| invalid(&e))?;
-                        Ok(Op::PutCertificate { name, spec: Box::new(spec.into()) })
-                    },
-                );
+                let op = tidegate_model::parse_json::<CertificateSpec>(&kv.value).map_err(invalid).and_then(|spec| {
+                    let name = CertName::new(name).map_err(invalid)?;
+                    Ok(Op::PutCertificate { name, spec: Box::new(spec.into()) })
+                });
                 match op {
                     Ok(op) => {
                         certificates.push(op);
@@ -1155,15 +1154,15 @@ fn check_load(prefix: &[u8], kvs: &[KeyValue]) -> (Loaded, Vec<StoreFault>) {
     }
     for (name, kv) in backends {
         let Some((service, id)) = name.split_once('/') else {
-            fault(&kv.key, FaultKind::ObjectInvalid { error: "a backend key is backends/SERVICE/ID".into() });
+            fault(&kv.key, FaultKind::ObjectInvalid { error: ObjectError::Key(BACKEND_KEY) });
             continue;
         };
         // A backend whose service is gone cannot be written; skip it
         // rather than refuse to start.
         if let Some(spec) = services.get_mut(service) {
             let backend = BackendId::new(id)
-                .map_err(|e| e.to_string())
-                .and_then(|id| tidegate_model::parse_json(&kv.value).map(|b| (id, b)).map_err(|e| e.to_string()));
+                .map_err(ObjectError::from)
+                .and_then(|id| tidegate_model::parse_json(&kv.value).map(|b| (id, b)).map_err(ObjectError::from));
             match backend {
                 Ok((id, b)) => {
                     spec.backends.insert(id, b);
@@ -1181,7 +1180,7 @@ fn check_load(prefix: &[u8], kvs: &[KeyValue]) -> (Loaded, Vec<StoreFault>) {
                 ops.push(Op::PutService { name, spec: Box::new(spec) });
                 op_keys.push(key);
             }
-            Err(e) => fault(key, FaultKind::ObjectInvalid { error: e.to_string() }),
+            Err(e) => fault(key, FaultKind::ObjectInvalid { error: e.into() }),
         }
     }
     // Rule sets before the routes that run them.
@@ -1199,8 +1198,7 @@ fn check_load(prefix: &[u8], kvs: &[KeyValue]) -> (Loaded, Vec<StoreFault>) {
         Ok((state, _)) => state,
         Err(e) => {
             let key = e.op.and_then(|i| op_keys.get(i)).copied().unwrap_or(prefix);
-            let field = e.field.as_deref().map(|f| format!("{}: ", crate::op_field(f))).unwrap_or_default();
-            fault(key, FaultKind::ObjectInvalid { error: format!("{field}{}", e.message) });
+            fault(key, FaultKind::ObjectInvalid { error: ObjectError::conflict(&e) });
             ConfigState::default()
         }
     };
@@ -1505,7 +1503,8 @@ mod tests {
                 let fault = seen.faults.iter().find(|(k, _)| k == key).and_then(|(_, f)| f.clone());
                 match fault {
                     Some(FaultKind::ObjectInvalid { error }) => {
-                        assert!(error.starts_with(&format!("{field}: ")), "{key} {value}: {error}")
+                        assert_eq!(error.field(), Some(field), "{key} {value}: {error}");
+                        assert!(error.to_string().starts_with(&format!("{field}: ")), "{key} {value}: {error}")
                     }
                     other => panic!("{key} {value}: {other:?}"),
                 }

@@ -55,9 +55,29 @@ pub struct Loaded {
 /// Errors of a store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The database failed (I/O, corruption, ...).
+    /// The database failed (I/O, corruption, ...): the engine's own
+    /// message, which no caller acts on beyond showing it.
     #[error("storage error: {0}")]
     Backend(String),
+    /// The database file is locked by another process: another Tidegate
+    /// uses the data directory.
+    #[error("storage error: {path}: {detail} (is another Tidegate using this data directory?)")]
+    Locked {
+        /// The database file.
+        path: String,
+        /// What the database said.
+        detail: String,
+    },
+    /// The store does not keep this kind of object (the redb store and
+    /// certificates).
+    #[error("storage error: {0}")]
+    Unsupported(&'static str),
+    /// A copy's target already holds a configuration.
+    #[error("storage error: {location} already holds a configuration; copy into an empty prefix")]
+    NotEmpty {
+        /// The target store.
+        location: String,
+    },
     /// An existing database file that is not a store: empty, or without
     /// the store's tables. Refused at start rather than served as an empty
     /// configuration.
@@ -97,7 +117,7 @@ pub enum StoreError {
         /// `routes/NAME`, `certificates/NAME` or `rules/NAME`.
         key: String,
         /// What is wrong with it, naming the field at fault.
-        error: String,
+        error: ObjectError,
     },
     /// Another instance committed first: the revision the group was built
     /// on is no longer the newest. Nothing was written.
@@ -151,6 +171,47 @@ impl serde::Serialize for StoreFault {
     }
 }
 
+/// Why a stored object (a service, backend, route or certificate) is
+/// refused: its key, its value, or how it fits the rest.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ObjectError {
+    /// The name in its key is not a valid name.
+    #[error(transparent)]
+    Name(#[from] tidegate_model::NameError),
+    /// Its key is not one Tidegate writes.
+    #[error("{0}")]
+    Key(&'static str),
+    /// Its value does not decode through the model's validated path.
+    #[error(transparent)]
+    Decode(#[from] tidegate_model::ParseError),
+    /// It does not fit the rest of the configuration (a route whose
+    /// service is missing, two default certificates).
+    #[error("{}{message}", .field.as_ref().map(|f| format!("{f}: ")).unwrap_or_default())]
+    Conflict {
+        /// The field at fault, as a field of the object (`service`).
+        field: Option<String>,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl ObjectError {
+    /// The field of the object at fault, when one is.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            ObjectError::Decode(e) => Some(e.field.as_str()),
+            ObjectError::Conflict { field, .. } => field.as_deref(),
+            ObjectError::Name(_) | ObjectError::Key(_) => None,
+        }
+    }
+
+    /// A change set's refusal (`ops[N].spec.FIELD`) as the refusal of the
+    /// object the op stands for.
+    pub(crate) fn conflict(e: &tidegate_model::ChangeError) -> ObjectError {
+        ObjectError::Conflict { field: e.field.as_deref().map(|f| op_field(f).to_string()), message: e.message.clone() }
+    }
+}
+
 /// What is wrong with a key at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FaultKind {
@@ -200,7 +261,7 @@ pub enum FaultKind {
     #[error("the stored object is invalid: {error}")]
     ObjectInvalid {
         /// Why.
-        error: String,
+        error: ObjectError,
     },
     /// An object written where Tidegate committed nothing: changed in etcd
     /// directly.
@@ -472,8 +533,8 @@ pub(crate) fn decode_object<T: serde::de::DeserializeOwned>(key: &str, value: &[
 }
 
 /// The error for the stored object `key`.
-pub(crate) fn invalid_object(key: &str, error: impl std::fmt::Display) -> StoreError {
-    StoreError::Invalid { key: key.to_string(), error: error.to_string() }
+pub(crate) fn invalid_object(key: &str, error: impl Into<ObjectError>) -> StoreError {
+    StoreError::Invalid { key: key.to_string(), error: error.into() }
 }
 
 /// Rebuilds the configuration from the stored objects, put by `ops` (one
@@ -484,12 +545,7 @@ pub(crate) fn rebuild(ops: Vec<tidegate_model::Op>, keys: &[String]) -> Result<C
     let all = ChangeSet { if_revision: None, ops };
     ConfigState::default().apply(&all, 0).map(|(state, _)| state).map_err(|e| {
         let key = e.op.and_then(|i| keys.get(i)).map_or("(the configuration)", String::as_str);
-        let field = e.field.as_deref().map(op_field);
-        let error = match field {
-            Some(field) => format!("{field}: {}", e.message),
-            None => e.message.clone(),
-        };
-        invalid_object(key, error)
+        invalid_object(key, ObjectError::conflict(&e))
     })
 }
 

@@ -134,9 +134,7 @@ impl RedbStore {
             // Older data directories had no certificates; this store is
             // kept to read them once, not to take new kinds of objects.
             Op::PutCertificate { .. } | Op::DeleteCertificate { .. } => {
-                return Err(StoreError::Backend(
-                    "the redb store does not hold certificates; use the SQLite store".into(),
-                ));
+                return Err(StoreError::Unsupported("the redb store does not hold certificates; use the SQLite store"));
             }
             Op::PutRules { .. } | Op::DeleteRules { .. } => {
                 return Err(StoreError::Backend("the redb store does not hold rule sets; use the SQLite store".into()));

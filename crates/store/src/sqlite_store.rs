@@ -104,8 +104,10 @@ impl SqliteStore {
                 e.sqlite_error_code(),
                 Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
             );
-            let hint = if busy { " (is another Tidegate using this data directory?)" } else { "" };
-            StoreError::Backend(format!("{}: {e}{hint}", path.display()))
+            match busy {
+                true => StoreError::Locked { path: path.display().to_string(), detail: e.to_string() },
+                false => StoreError::Backend(format!("{}: {e}", path.display())),
+            }
         };
         let mut conn = Connection::open_with_flags(path, flags).map_err(opening)?;
         // Exclusive locking keeps the lock from the first write on; the
@@ -723,11 +725,11 @@ mod tests {
     #[test]
     fn a_row_that_does_not_validate_is_refused_naming_its_key_and_field() {
         let cases = [
-            ("services", "s", r#"{"timeouts":{"connect_ms":0}}"#, "services/s", "timeouts.connect_ms: must be"),
-            ("backends", "s/a", r#"{"addr":"nope"}"#, "backends/s/a", "addr: "),
-            ("backends", "s/a", r#"{"addr":"127.0.0.1:1","weight":10001}"#, "backends/s/a", "weight: "),
-            ("routes", "r", r#"{"match":{"path_prefix":"api"},"service":"s"}"#, "routes/r", "match.path_prefix: "),
-            ("routes", "r", r#"{"match":{"path_prefix":"/"},"service":"none"}"#, "routes/r", "service: "),
+            ("services", "s", r#"{"timeouts":{"connect_ms":0}}"#, "services/s", "timeouts.connect_ms"),
+            ("backends", "s/a", r#"{"addr":"nope"}"#, "backends/s/a", "addr"),
+            ("backends", "s/a", r#"{"addr":"127.0.0.1:1","weight":10001}"#, "backends/s/a", "weight"),
+            ("routes", "r", r#"{"match":{"path_prefix":"api"},"service":"s"}"#, "routes/r", "match.path_prefix"),
+            ("routes", "r", r#"{"match":{"path_prefix":"/"},"service":"none"}"#, "routes/r", "service"),
         ];
         for (table, key, value, named, field) in cases {
             let dir = tempfile::tempdir().unwrap();
@@ -753,9 +755,10 @@ mod tests {
             drop(conn);
             let e = SqliteStore::open(&path).unwrap().load().expect_err("refused");
             assert!(
-                matches!(&e, StoreError::Invalid { key, error } if key == named && error.starts_with(field)),
+                matches!(&e, StoreError::Invalid { key, error } if key == named && error.field() == Some(field)),
                 "{value}: {e}"
             );
+            assert!(e.to_string().contains(&format!("{named} is invalid: {field}: ")), "{e}");
             assert!(e.to_string().contains("does not start"), "{e}");
         }
     }
@@ -807,7 +810,8 @@ mod tests {
         let path = dir.path().join("c.sqlite");
         let _first = SqliteStore::open(&path).unwrap();
         let second = SqliteStore::open(&path);
-        assert!(matches!(&second, Err(StoreError::Backend(m)) if m.contains("another Tidegate")), "{:?}", second.err());
+        assert!(matches!(&second, Err(StoreError::Locked { .. })), "{:?}", second.err());
+        assert!(second.err().is_some_and(|e| e.to_string().contains("another Tidegate")));
     }
 
     #[test]

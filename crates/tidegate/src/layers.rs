@@ -85,3 +85,45 @@ fn the_data_plane_never_depends_on_the_control_plane() {
         }
     }
 }
+
+/// Each workspace crate's normal dependencies (any crate), with the
+/// features each declares.
+fn all_dependencies() -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .current_dir(root())
+        .output()
+        .expect("cargo metadata runs");
+    assert!(out.status.success(), "cargo metadata: {}", String::from_utf8_lossy(&out.stderr));
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("cargo metadata's JSON");
+    let mut crates = BTreeMap::new();
+    for p in meta["packages"].as_array().expect("packages") {
+        let name = p["name"].as_str().expect("a name").to_string();
+        let mut deps = BTreeMap::new();
+        for d in p["dependencies"].as_array().expect("dependencies").iter().filter(|d| d["kind"].is_null()) {
+            let features = d["features"].as_array().into_iter().flatten().filter_map(|f| f.as_str()).map(String::from);
+            deps.entry(d["name"].as_str().expect("a name").to_string()).or_insert_with(BTreeSet::new).extend(features);
+        }
+        crates.insert(name, deps);
+    }
+    crates
+}
+
+/// The attempt machinery does no IO: no HTTP stack, no TLS, no sockets, no
+/// upstream connections, and tokio for its clock only. (Its dependencies
+/// may use more: the snapshot holds each service's upstream profile.)
+#[test]
+fn the_attempt_machinery_does_no_io() {
+    let all = all_dependencies();
+    let deps = &all["tidegate-attempts"];
+    for forbidden in
+        ["hyper", "hyper-util", "h2", "socket2", "rustls", "tokio-rustls", "tidegate-upstream", "tidegate-proxy"]
+    {
+        assert!(!deps.contains_key(forbidden), "tidegate-attempts depends on {forbidden}");
+    }
+    let tokio = deps.get("tokio").map(|f| f.iter().map(String::as_str).collect::<Vec<_>>()).unwrap_or_default();
+    for io in ["net", "fs", "io-util", "process", "full"] {
+        assert!(!tokio.contains(&io), "tidegate-attempts asks tokio for `{io}`");
+    }
+}

@@ -484,18 +484,30 @@ fn new_token() -> Result<String, getrandom::Error> {
     Ok(hex::encode(bytes))
 }
 
-fn check_token(t: &str) -> Result<(), String> {
+/// Why an admin token is refused; shown after the token's source
+/// (`TIDEGATE_ADMIN_TOKEN is set but empty`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum TokenError {
+    /// Given, but empty.
+    #[error("is set but empty")]
+    Empty,
+    /// Shorter than [`MIN_TOKEN_BYTES`].
+    #[error("is {0} bytes long; it must be at least {MIN_TOKEN_BYTES} (for example `openssl rand -hex 32`)")]
+    TooShort(usize),
+    /// Holds a space or a control character.
+    #[error("must not contain spaces or control characters")]
+    BadCharacter,
+}
+
+fn check_token(t: &str) -> Result<(), TokenError> {
     if t.is_empty() {
-        return Err("is set but empty".into());
+        return Err(TokenError::Empty);
     }
     if t.len() < MIN_TOKEN_BYTES {
-        return Err(format!(
-            "is {} bytes long; it must be at least {MIN_TOKEN_BYTES} (for example `openssl rand -hex 32`)",
-            t.len()
-        ));
+        return Err(TokenError::TooShort(t.len()));
     }
     if t.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err("must not contain spaces or control characters".into());
+        return Err(TokenError::BadCharacter);
     }
     Ok(())
 }
@@ -631,11 +643,11 @@ mod tests {
 
     #[test]
     fn short_or_odd_tokens_are_refused() {
-        assert!(check_token("").is_err());
-        assert!(check_token("x").unwrap_err().contains("1 bytes long"));
-        assert!(check_token(&"a".repeat(31)).is_err());
+        assert_eq!(check_token(""), Err(TokenError::Empty));
+        assert!(check_token("x").unwrap_err().to_string().contains("1 bytes long"));
+        assert_eq!(check_token(&"a".repeat(31)), Err(TokenError::TooShort(31)));
         assert!(check_token(&"a".repeat(32)).is_ok());
-        assert!(check_token(&format!("{} b", "a".repeat(32))).is_err());
+        assert_eq!(check_token(&format!("{} b", "a".repeat(32))), Err(TokenError::BadCharacter));
     }
 
     #[test]

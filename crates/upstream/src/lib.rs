@@ -15,9 +15,17 @@
 //! distributor's scrapes, the autoscaler's webhook) share one helper,
 //! [`HttpClient`], bounded in time and answer size with typed errors; and
 //! [`ErrorChain`] prints any error with its causes.
+//!
+//! A worker keeps its idle keep-alive connections in a [`pool::UpstreamPool`]
+//! per connection type (last in, first out, per backend address and
+//! profile, with idle expiry and a grace for a burst's surplus).
 
+pub mod buffers;
 mod error_chain;
+pub mod h1;
+pub mod h2_pool;
 mod http_client;
+pub mod pool;
 
 pub use error_chain::ErrorChain;
 pub use http_client::{parse_http_url, HttpClient, HttpError, HttpOptions};

@@ -146,7 +146,8 @@ function renderServices(status) {
       el("h3", {}, name),
       el("div", { class: "facts" },
         el("span", {}, "policy ", policy), el("span", {}, "in flight ", s.in_flight),
-        el("span", {}, "queued ", s.queued), el("span", {}, s.learns_limits ? "learned limits" : "fixed limits"),
+        el("span", {}, "queued ", s.queued, s.queued_clients > 1 ? ` (${s.queued_clients} clients)` : ""),
+        el("span", {}, s.learns_limits ? "learned limits" : "fixed limits"),
         el("span", {}, "retries refused ", s.retries_refused)),
       scalingLine(s.scaling), table));
   }

@@ -23,6 +23,12 @@ pub use types::{
     MinBytes, PasswordHash, PathPrefix, PathRegex, Rate, RedirectStatus,
 };
 
+/// The step kinds the data plane applies to traffic in this version. The
+/// others are accepted in rule sets (validated, stored, served) but no
+/// route may run a set holding one: the change is refused naming the step
+/// (docs/rules.md, "What the data plane applies").
+pub const APPLIED_KINDS: &[&str] = &[];
+
 /// The most steps a rule set may have.
 pub const MAX_STEPS: usize = 64;
 /// The most entries of a list inside a step (networks, users, origins, ...).
@@ -556,6 +562,39 @@ fn body<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T, Inval
 }
 
 impl Step {
+    /// The step's `kind`, as written in the configuration.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Step::StripPrefix(_) => "strip_prefix",
+            Step::RewritePath(_) => "rewrite_path",
+            Step::SetRequestHeader(_) => "set_request_header",
+            Step::AddRequestHeader(_) => "add_request_header",
+            Step::RemoveRequestHeader(_) => "remove_request_header",
+            Step::SetResponseHeader(_) => "set_response_header",
+            Step::AddResponseHeader(_) => "add_response_header",
+            Step::RemoveResponseHeader(_) => "remove_response_header",
+            Step::Redirect(_) => "redirect",
+            Step::Deny(_) => "deny",
+            Step::IpAllow(_) => "ip_allow",
+            Step::IpDeny(_) => "ip_deny",
+            Step::BasicAuth(_) => "basic_auth",
+            Step::ForwardAuth(_) => "forward_auth",
+            Step::RateLimit(_) => "rate_limit",
+            Step::ConcurrencyLimit(_) => "concurrency_limit",
+            Step::MaxBodyBytes(_) => "max_body_bytes",
+            Step::Cors(_) => "cors",
+            Step::Compress(_) => "compress",
+        }
+    }
+
+    /// Whether this version's data plane applies the step to traffic.
+    /// A route may run a rule set only when every step of it is applied
+    /// ([`APPLIED_KINDS`]): a step stored but not applied would look like
+    /// protection (an allow list, a password) that is not there.
+    pub fn applied(&self) -> bool {
+        APPLIED_KINDS.contains(&self.kind())
+    }
+
     /// Decodes one step from its JSON form.
     pub fn from_json(v: serde_json::Value) -> Result<Step, Invalid> {
         let serde_json::Value::Object(mut map) = v else {

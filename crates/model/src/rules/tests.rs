@@ -99,8 +99,11 @@ fn hashes_are_redacted_and_kept() {
 fn a_document_carries_rules_before_the_routes_that_run_them() {
     let doc: crate::Document = serde_json::from_value(serde_json::json!({
         "services": {"web": {}},
-        "rules": {"api": {"steps": [{"kind": "basic_auth", "realm": "r", "users": [{"name": "u", "hash": REDACTED}]}]}},
-        "routes": {"r": {"service": "web", "rules": ["api"]}},
+        "rules": {
+            "api": {"steps": [{"kind": "basic_auth", "realm": "r", "users": [{"name": "u", "hash": REDACTED}]}]},
+            "open": {"steps": []},
+        },
+        "routes": {"r": {"service": "web", "rules": ["open"]}},
     }))
     .unwrap();
     doc.check().unwrap();

@@ -20,14 +20,18 @@ use tidegate_h1::{ChunkedDecoder, HeadLimits, ResponseBody, CHUNKED_END};
 use tidegate_snapshot::ServiceRuntime;
 use tokio::time::Instant;
 
-use super::exchange::{early_answer, open, read_response, NativeAnswer, Upstream};
 use super::relay::{write_all, write_piece};
 use super::rewrite::{announced_length, field, forwards_response_field, framing_fields, Framing};
 use crate::attempts::Exchange;
-use crate::body::{ClientBody, ProxyBody};
 use crate::error::ErrorKind;
 use crate::pick::Slot;
-use crate::pool::{Conn, ConnSettings, UpstreamPool};
+use crate::upbody::ClientBody;
+use crate::upstreams::{open_native as open, read_native as read_response};
+use tidegate_upstream::h1::{early_answer, NativeAnswer, Upstream};
+use tidegate_upstream::pool::{Conn, UpstreamPool};
+
+/// The error of a response body read from a native connection.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The body of a bridged request.
 pub(crate) enum Payload {
@@ -67,8 +71,8 @@ impl Exchange for BridgeExchange<'_> {
         fresh: bool,
         deadline: Instant,
     ) -> Result<NativeAnswer, ErrorKind> {
-        let cs = ConnSettings::of(service);
-        let mut conn = open(self.pool, backend, &service.upstream, cs, fresh).await?;
+        let cs = crate::upstreams::conn_settings(service);
+        let mut conn = open(self.pool, &backend.addr, &service.upstream, cs, fresh).await?;
         let sending = self.write(&mut conn, backend);
         let written = tokio::time::timeout_at(deadline, sending).await.unwrap_or(Err(ErrorKind::ResponseTimeout));
         let limits = HeadLimits { max_bytes: 64 * 1024, max_headers: tidegate_h1::MAX_HEADERS };
@@ -76,7 +80,7 @@ impl Exchange for BridgeExchange<'_> {
         match written {
             Err(ErrorKind::StaleConnection) => {
                 // Closed while idle, nothing of the request sent: a new one.
-                conn = open(self.pool, backend, &service.upstream, cs, true).await?;
+                conn = open(self.pool, &backend.addr, &service.upstream, cs, true).await?;
                 let sending = self.write(&mut conn, backend);
                 tokio::time::timeout_at(deadline, sending).await.unwrap_or(Err(ErrorKind::ResponseTimeout))?;
             }
@@ -101,7 +105,7 @@ impl Exchange for BridgeExchange<'_> {
     }
 
     fn orca(answer: &NativeAnswer) -> Option<&[u8]> {
-        answer.orca()
+        answer.field(tidegate_balance::orca::ORCA_HEADER)
     }
 
     fn body_sent(&self) -> Option<Instant> {
@@ -180,7 +184,7 @@ fn request_head(parts: &Parts, path_and_query: &str, backend: &Backend, length: 
 
 /// The backend's answer as a hyper response whose body is read from the
 /// upstream connection as hyper polls it.
-pub(crate) fn response(answer: NativeAnswer, slot: Slot) -> Result<http::Response<ProxyBody>, ErrorKind> {
+pub(crate) fn response(answer: NativeAnswer, slot: Slot) -> Result<http::Response<NativeBody>, ErrorKind> {
     let NativeAnswer { mut conn } = answer;
     let head = std::mem::take(&mut conn.conn.head);
     if head.code == 101 {
@@ -216,7 +220,7 @@ pub(crate) fn response(answer: NativeAnswer, slot: Slot) -> Result<http::Respons
     if matches!(body.state, State::Done) {
         body.finish();
     }
-    let mut resp = http::Response::new(ProxyBody::Native(body));
+    let mut resp = http::Response::new(body);
     *resp.status_mut() = status;
     *resp.headers_mut() = headers;
     Ok(resp)
@@ -254,7 +258,7 @@ impl NativeBody {
         self.slot.take(); // after the release, so a woken queued request can reuse it
     }
 
-    fn broken(&mut self, why: &str) -> Poll<Option<Result<Frame<Bytes>, crate::body::BoxError>>> {
+    fn broken(&mut self, why: &str) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         self.conn.take();
         self.slot.take();
         Poll::Ready(Some(Err(std::io::Error::other(why.to_string()).into())))
@@ -263,7 +267,7 @@ impl NativeBody {
 
 impl http_body::Body for NativeBody {
     type Data = Bytes;
-    type Error = crate::body::BoxError;
+    type Error = BoxError;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;

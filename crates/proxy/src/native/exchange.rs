@@ -4,72 +4,24 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use tidegate_balance::{orca, Backend};
-use tidegate_h1::{parse_response, HeadLimits, HeaderKind, RequestBody, ResponseHead};
-use tidegate_model::UpstreamProtocol;
+use bytes::Bytes;
+use tidegate_balance::Backend;
+use tidegate_h1::{HeadLimits, RequestBody};
 use tidegate_snapshot::ServiceRuntime;
 use tidegate_upstream::Stream;
 use tokio::time::Instant;
 
-use super::relay::{self, fill, write_all, RelayError, Source};
+use super::relay::{self, write_all, RelayError, Source};
 use super::rewrite::{request_head, Forwarding, Framing};
 use super::{ClientIo, ClientSide};
 use crate::admission::{BufferBudget, MinRate, Pace, Reserved};
 use crate::attempts::Exchange;
+use crate::conn::REPLAY_LIMIT;
 use crate::error::ErrorKind;
-use crate::forward::REPLAY_LIMIT;
 use crate::limits::Limits;
-use crate::pool::{connect, Conn, ConnSettings, Reusable, UpstreamPool};
-
-/// An upstream connection of the native path: the socket and what was
-/// read from it but not used yet. Pooled boxed ([`Upstream`]): a request
-/// moves its connection from the pool to the attempt, the response relay
-/// and back, and a pointer moves for less than these 136 bytes.
-pub(crate) struct NativeConn {
-    pub stream: Stream,
-    pub inbox: BytesMut,
-    /// The last response head read on it (its header list is reused).
-    pub head: ResponseHead,
-}
-
-/// A native connection as the pool holds it.
-pub(crate) type Upstream = Box<NativeConn>;
-
-impl NativeConn {
-    fn new(stream: Stream) -> Upstream {
-        Box::new(NativeConn { stream, inbox: BytesMut::new(), head: ResponseHead::default() })
-    }
-}
-
-impl Reusable for NativeConn {
-    /// A keep-alive connection has nothing to say while idle: anything
-    /// readable (bytes, the end of the stream, an error) means the backend
-    /// closed it or broke the protocol.
-    fn is_closed(&mut self) -> bool {
-        !self.inbox.is_empty() || self.stream.closed_while_idle()
-    }
-}
-
-impl NativeConn {
-    /// Gives the read buffer of an idle connection back to the worker (it
-    /// holds nothing), after a body relayed by the native engine: every
-    /// chunk split off it has been written and dropped.
-    pub(crate) fn park(&mut self) {
-        if self.inbox.is_empty() {
-            super::buffers::give_back(std::mem::take(&mut self.inbox));
-        }
-    }
-
-    /// Frees the read buffer of an idle connection whose body chunks were
-    /// handed to hyper (HTTP/2 and `--http1 hyper` clients): some may still
-    /// be queued there, so its memory is not reused.
-    pub(crate) fn park_and_free(&mut self) {
-        if self.inbox.is_empty() {
-            self.inbox = BytesMut::new();
-        }
-    }
-}
+use crate::upstreams::{open_native as open, read_native as read_response};
+use tidegate_upstream::h1::{early_answer, NativeAnswer, Upstream};
+use tidegate_upstream::pool::{Conn, UpstreamPool};
 
 /// The request body, as attempts can send it.
 pub(crate) enum Body {
@@ -79,32 +31,6 @@ pub(crate) enum Body {
     Streaming(RequestBody),
     /// Streamed to a backend by an earlier attempt: gone.
     Sent,
-}
-
-/// A backend's answer: the connection its body arrives on, with the
-/// response head parsed into `conn.head` (its bytes are the first
-/// `head.len` of the inbox).
-pub(crate) struct NativeAnswer {
-    pub conn: Conn<Upstream>,
-}
-
-impl NativeAnswer {
-    /// The response's status code.
-    pub(crate) fn status(&self) -> u16 {
-        self.conn.conn.head.code
-    }
-
-    /// The response's ORCA load report, if it carries one.
-    pub(crate) fn orca(&self) -> Option<&[u8]> {
-        let c = &self.conn.conn;
-        c.head
-            .headers
-            .iter()
-            .find(|h| {
-                h.kind == HeaderKind::Other && h.name.of(&c.inbox).eq_ignore_ascii_case(orca::ORCA_HEADER.as_bytes())
-            })
-            .map(|h| h.value.of(&c.inbox))
-    }
 }
 
 /// A request as the native path sends it.
@@ -147,15 +73,15 @@ impl<S: ClientIo> Exchange for NativeExchange<'_, S> {
         fresh: bool,
         deadline: Instant,
     ) -> Result<NativeAnswer, ErrorKind> {
-        let cs = ConnSettings::of(service);
+        let cs = crate::upstreams::conn_settings(service);
         let fresh = fresh || self.forwarding.upgrade.is_some();
-        let mut conn = open(self.pool, backend, &service.upstream, cs, fresh).await?;
+        let mut conn = open(self.pool, &backend.addr, &service.upstream, cs, fresh).await?;
         let host = (!self.forwarding.named_host).then_some(backend.authority.as_str());
         match self.write_head(&mut conn, host, deadline).await {
             // The backend closed the pooled connection while it was idle
             // and none of the request reached it: send it on a new one.
             Err(ErrorKind::StaleConnection) if self.sendable() => {
-                conn = open(self.pool, backend, &service.upstream, cs, true).await?;
+                conn = open(self.pool, &backend.addr, &service.upstream, cs, true).await?;
                 self.write_head(&mut conn, host, deadline).await?;
             }
             // The backend stopped reading the request: it may have
@@ -188,20 +114,12 @@ impl<S: ClientIo> Exchange for NativeExchange<'_, S> {
     }
 
     fn orca(answer: &NativeAnswer) -> Option<&[u8]> {
-        answer.orca()
+        answer.field(tidegate_balance::orca::ORCA_HEADER)
     }
 
     fn body_sent(&self) -> Option<Instant> {
         self.body_sent
     }
-}
-
-/// A connection whose backend answered before it read the whole request:
-/// never reused (whatever it says, part of the request may still be in
-/// flight towards it).
-pub(crate) fn early_answer(mut conn: Conn<Upstream>) -> Conn<Upstream> {
-    conn.conn.head.close = true;
-    conn
 }
 
 impl<S: ClientIo> NativeExchange<'_, S> {
@@ -276,64 +194,6 @@ impl<S: ClientIo> NativeExchange<'_, S> {
             RelayError::Eof | RelayError::Read(_) | RelayError::Malformed => ErrorKind::ClientBody,
             RelayError::Write(_) => ErrorKind::UpstreamClosed,
         })
-    }
-}
-
-/// A connection to `backend`: the most recently used idle one, unless
-/// `fresh`, else a new one.
-pub(crate) async fn open(
-    pool: &UpstreamPool<Upstream>,
-    backend: &Backend,
-    profile: &tidegate_upstream::Profile,
-    cs: ConnSettings,
-    fresh: bool,
-) -> Result<Conn<Upstream>, ErrorKind> {
-    match if fresh { None } else { pool.checkout(&backend.addr, cs) } {
-        Some(c) => Ok(c),
-        None => {
-            // Native connections speak HTTP/1.1, whatever the service does
-            // (an upgrade on an HTTP/2 service comes here).
-            let stream = connect(&backend.addr, profile, cs, UpstreamProtocol::Http1).await?;
-            Ok(pool.fresh(NativeConn::new(stream), &backend.addr, cs))
-        }
-    }
-}
-
-/// Reads the response head from `conn`, skipping interim (1xx) answers.
-pub(crate) async fn read_response(
-    conn: &mut Conn<Upstream>,
-    to_head: bool,
-    limits: HeadLimits,
-) -> Result<(), ErrorKind> {
-    let reused = conn.reused;
-    let c = &mut conn.conn;
-    let mut got_any = false;
-    loop {
-        if !c.inbox.is_empty() {
-            match parse_response(&c.inbox, limits, to_head, &mut c.head) {
-                Ok(Some(())) if c.head.is_interim() => {
-                    bytes::Buf::advance(&mut c.inbox, c.head.len);
-                    continue;
-                }
-                Ok(Some(())) => return Ok(()),
-                Ok(None) => {}
-                Err(_) => return Err(ErrorKind::InvalidResponse),
-            }
-        }
-        // No read buffer until the answer is there: the requests waiting
-        // for their backends hold none, and the one reading an answer gets
-        // the buffer the last answer was read into, still in the caches.
-        let read = async {
-            if c.inbox.capacity() == 0 {
-                c.stream.readable().await?;
-            }
-            fill(&mut c.stream, &mut c.inbox).await
-        };
-        match read.await {
-            Ok(0) | Err(_) if reused && !got_any => return Err(ErrorKind::StaleConnection),
-            Ok(0) | Err(_) => return Err(ErrorKind::UpstreamClosed),
-            Ok(_) => got_any = true,
-        }
     }
 }
 
@@ -426,6 +286,8 @@ mod tests {
     use super::*;
     use std::future::Future;
     use tidegate_model::BackendAddr;
+    use tidegate_upstream::h1::NativeConn;
+    use tidegate_upstream::pool::ConnSettings;
     use tokio::io::AsyncWriteExt;
 
     /// A connection waiting for its answer holds no read buffer; it takes
@@ -436,7 +298,7 @@ mod tests {
         let addr = BackendAddr::new(&l.local_addr().unwrap().to_string()).unwrap();
         let (tcp, accepted) = tokio::join!(tokio::net::TcpStream::connect(l.local_addr().unwrap()), l.accept());
         let (mut backend, _) = accepted.unwrap();
-        let pool = UpstreamPool::<Upstream>::new(Arc::default());
+        let pool = UpstreamPool::<Upstream>::new(Arc::<crate::metrics::Counters>::default());
         let settings =
             ConnSettings { connect: Duration::from_secs(1), idle: Duration::from_secs(60), max_idle: 8, profile: 0 };
         let mut conn = pool.fresh(NativeConn::new(Stream::Plain(tcp.unwrap())), &addr, settings);

@@ -28,11 +28,14 @@ use super::exchange::Body;
 use super::relay::{self, RelayError, Source};
 use super::{ClientIo, ClientSide, Ctx, Routed};
 use crate::attempts::{is_idempotent, Trace};
-use crate::body::{Hold, ProxyBody, UpBody};
-use crate::error::{ClientBodyError, ErrorKind};
-use crate::forward::{Prepared, Replay};
+use crate::body::{Hold, ProxyBody};
+use crate::error::ErrorKind;
 use crate::headers;
-use crate::upstream_h2::{wants_trailers, ChannelBody};
+use crate::prepared::{Prepared, Replay};
+use crate::upbody::ChannelBody;
+use crate::upbody::UpBody;
+use crate::upstream_error::ClientBodyError;
+use crate::upstream_h2::wants_trailers;
 
 /// Sends a routed request to an HTTP/2 backend of `service` and writes its
 /// answer; `Ok(keep)` once a response was sent.
@@ -61,7 +64,7 @@ pub(super) async fn forward<S: ClientIo>(
     let picking = RequestCtx::new(Some(ctx.peer.addr), req.path_and_query, req.view);
     let upstreams = ctx.proxy.upstreams();
     let mut trace = Trace::default();
-    let sending = upstreams.send_h2(service, &prepared, replay, &picking, first, &mut trace);
+    let sending = crate::prepared::send_h2(&upstreams.h2, service, &prepared, replay, &picking, first, &mut trace);
     let answered = match feed {
         None => sending.await,
         Some((tx, framing)) => {

@@ -17,7 +17,6 @@
 //! bytes already read.
 
 pub(crate) mod bridge;
-mod buffers;
 mod exchange;
 mod h2;
 mod relay;
@@ -32,8 +31,8 @@ use http::{Method, Response, StatusCode};
 use http_body_util::BodyExt;
 use tidegate_balance::{Headers, RequestCtx};
 use tidegate_h1::{parse_request, HeadError, HeadLimits, Header, HeaderKind, RequestBody, RequestHead};
-use tidegate_model::{PolicySpec, RouteAction, UpstreamProtocol};
-use tidegate_snapshot::{RequestView, ServiceRuntime};
+use tidegate_model::{PolicySpec, UpstreamProtocol};
+use tidegate_snapshot::ServiceRuntime;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -42,20 +41,22 @@ use tokio::time::Instant;
 use crate::access_log::Line;
 use crate::attempts::{self, is_idempotent, Answered, Trace};
 use crate::body::ProxyBody;
+use crate::conn::Peer;
 use crate::error::{ErrorKind, Source as FailureSource};
-use crate::forward::{Asked, Peer};
 use crate::handler::Proxy;
 use crate::hygiene;
 use crate::limits::{Limits, TimedIo};
 use crate::normalize::normalize;
 use crate::observe::Seen;
 use crate::pick::Slot;
-use crate::static_files;
+use crate::pipeline::{self, Action, Facts, Local};
+use crate::reply::local_response;
+use crate::upstreams::Asked;
 
-use exchange::{read_ahead, upstream_framing, NativeAnswer, NativeExchange};
-pub(crate) use exchange::{NativeConn, Upstream};
+use exchange::{read_ahead, upstream_framing, NativeExchange};
 use relay::{fill, write_all, RelayError, Source};
 use rewrite::{local_head, response_head, Forwarding, Framing};
+use tidegate_upstream::h1::{NativeAnswer, NativeConn};
 use timer::Timer;
 
 /// The HTTP/2 connection preface (RFC 9113, section 3.4).
@@ -150,7 +151,7 @@ pub(crate) async fn serve<S: ClientIo>(
     proxy: Arc<Proxy>,
     stop: watch::Receiver<bool>,
     limits: Limits,
-    hyper: crate::server::HyperServer,
+    hyper: crate::hyper_server::HyperServer,
 ) {
     let accepted = Instant::now();
     let mut client = ClientSide {
@@ -185,7 +186,7 @@ pub(crate) async fn serve<S: ClientIo>(
             Next::Closed => return,
             Next::Http2 => {
                 let read = client.inbox.split().freeze();
-                let io = crate::server::Prefixed::new(read, client.io);
+                let io = crate::hyper_server::Prefixed::new(read, client.io);
                 // Boxed: rare, and large; not part of every connection's task.
                 in_box(|| hyper.serve(io, peer, proxy, stop, limits)).await;
                 return;
@@ -205,7 +206,7 @@ pub(crate) async fn serve<S: ClientIo>(
         }
         served += 1;
         client.seen = Seen::new(Instant::now());
-        let buf = buffers::take_head(&mut client.inbox, head.len);
+        let buf = tidegate_upstream::buffers::take_head(&mut client.inbox, head.len);
         let stopping = *stop.borrow();
         // Boxed: the state of a request in progress (a few KiB) lives only
         // while the request does, not in every idle connection's task.
@@ -227,7 +228,7 @@ pub(crate) async fn serve<S: ClientIo>(
             return;
         }
         if client.inbox.is_empty() {
-            buffers::give_back(std::mem::take(&mut client.inbox));
+            tidegate_upstream::buffers::give_back(std::mem::take(&mut client.inbox));
         }
         if client.scratch.capacity() > 4 * 1024 {
             client.scratch = Vec::new();
@@ -333,14 +334,14 @@ async fn refuse<S: ClientIo>(client: &mut ClientSide<S>, e: HeadError, proxy: &P
     let resp = match e {
         HeadError::Framing(cause) => error_response(ErrorKind::InvalidFraming(cause), proxy),
         HeadError::DuplicateHost => error_response(ErrorKind::InvalidHost, proxy),
-        HeadError::TooLarge | HeadError::TooManyHeaders => crate::error::head_too_large(),
+        HeadError::TooLarge | HeadError::TooManyHeaders => crate::reply::head_too_large(),
         HeadError::UnsupportedCoding => {
-            crate::error::plain(StatusCode::NOT_IMPLEMENTED, "501 only the chunked transfer coding is supported\n")
+            crate::reply::plain(StatusCode::NOT_IMPLEMENTED, "501 only the chunked transfer coding is supported\n")
         }
         HeadError::Version => {
-            crate::error::plain(StatusCode::HTTP_VERSION_NOT_SUPPORTED, "505 only HTTP/1.0 and HTTP/1.1 here\n")
+            crate::reply::plain(StatusCode::HTTP_VERSION_NOT_SUPPORTED, "505 only HTTP/1.0 and HTTP/1.1 here\n")
         }
-        HeadError::Syntax(_) => crate::error::plain(StatusCode::BAD_REQUEST, "400 the request is malformed\n"),
+        HeadError::Syntax(_) => crate::reply::plain(StatusCode::BAD_REQUEST, "400 the request is malformed\n"),
     };
     client.answered(resp.status(), proxy);
     write_local(client, resp, true, false, 1).await;
@@ -386,7 +387,7 @@ async fn end<S: ClientIo>(client: &mut ClientSide<S>, unread: bool) {
 /// The proxy's answer for `kind`, counted.
 fn error_response(kind: ErrorKind, proxy: &Proxy) -> Response<ProxyBody> {
     proxy.metrics().error(kind);
-    kind.response()
+    crate::reply::error(kind)
 }
 
 /// What serving one request reads, besides its client connection.
@@ -502,45 +503,69 @@ impl Headers for HeadView<'_> {
     }
 }
 
-/// Routes a request and serves it; `Ok(keep)` once a response was sent.
-async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Result<bool, ErrorKind> {
-    let (head, buf, proxy) = (ctx.head, ctx.buf, ctx.proxy);
-    let method = Method::from_bytes(head.method.of(buf)).map_err(|_| ErrorKind::BadRequest)?;
-    if method == Method::CONNECT {
-        return Ok(ctx.answer(client, hygiene::refuse_connect(), true).await);
-    }
+/// What this engine reads of a request's target and `Host`.
+struct Parsed<'a> {
+    /// The host the request names ([`hygiene::effective_host`]).
+    host: Option<&'a str>,
+    /// The normalized path.
+    path: Cow<'a, str>,
+    /// What the backend receives: the normalized path and the query.
+    path_and_query: Cow<'a, str>,
+}
+
+/// Reads a request's target and host, and checks them.
+fn parse_target<'a>(head: &RequestHead, buf: &'a [u8]) -> Result<Parsed<'a>, ErrorKind> {
     let raw_target = std::str::from_utf8(head.target.of(buf)).map_err(|_| ErrorKind::BadRequest)?;
     let target = split_target(raw_target)?;
     let host = hygiene::effective_host(target.authority, head.host.map(|h| h.of(buf)), head.minor == 1)?;
     let path = normalize(target.path).map_err(|_| ErrorKind::InvalidPath)?;
-    // What the backend receives: the normalized path and the query.
     let path_and_query: Cow<'_, str> = match (&path, target.query) {
         (Cow::Borrowed(_), None) => Cow::Borrowed(target.path),
         (Cow::Borrowed(_), Some(_)) if target.authority.is_none() => Cow::Borrowed(raw_target),
         (p, Some(q)) => Cow::Owned(format!("{p}?{q}")),
         (p, None) => Cow::Owned(p.to_string()),
     };
-    if let Some(resp) = proxy.health_answer(&method, &path, ctx.stopping) {
-        return Ok(ctx.answer(client, resp, ctx.closes(client)).await);
-    }
-    let routing = hygiene::routing_host(host.unwrap_or(""));
+    Ok(Parsed { host, path, path_and_query })
+}
+
+/// Decides what to do with a request ([`crate::pipeline`]) and does it;
+/// `Ok(keep)` once a response was sent.
+async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Result<bool, ErrorKind> {
+    let (head, buf, proxy) = (ctx.head, ctx.buf, ctx.proxy);
+    let method = Method::from_bytes(head.method.of(buf)).map_err(|_| ErrorKind::BadRequest)?;
+    // Refused or not, the pipeline decides (it refuses `CONNECT` before
+    // reading the target, which names no path then).
+    let parsed = parse_target(head, buf);
     let view = HeadView { buf, headers: &head.headers };
+    let facts = parsed.as_ref().map_err(|kind| Local::Error(*kind)).map(|p| Facts {
+        host: hygiene::routing_host(p.host.unwrap_or("")),
+        path: &p.path,
+        path_and_query: &p.path_and_query,
+        headers: &view,
+        tls: ctx.peer.https,
+        stopping: ctx.stopping,
+    });
     let snapshot = proxy.snapshot();
-    let request = RequestView { host: &routing, path: &path, method: &method, headers: &view };
-    let route = snapshot.route(&request).ok_or(ErrorKind::NoRoute)?;
-    client.seen.routed(route, proxy.access_log().is_some());
-    if route.spec.redirect_https && !ctx.peer.https {
-        let resp = hygiene::https_redirect(&routing, proxy.https_port(), &path_and_query)?;
-        return Ok(ctx.answer(client, resp, ctx.closes(client)).await);
+    let decision = pipeline::decide(&method, facts.as_ref().map_err(Clone::clone), proxy.settings(), &snapshot);
+    if let Some(route) = decision.route {
+        client.seen.routed(route, proxy.access_log().is_some());
     }
-    match &route.spec.action {
-        RouteAction::Static(dir) => {
-            let req = static_request(&method, &path_and_query, &view)?;
-            let resp = static_files::serve(dir, &route.spec.matches.path, &req).await;
+    match decision.action {
+        Action::Local(answer) => {
+            let close = answer == Local::ConnectRefused || ctx.closes(client);
+            let resp = local_response(answer)?;
+            Ok(ctx.answer(client, resp, close).await)
+        }
+        Action::Static { dir, prefix } => {
+            // (The pipeline serves and forwards only requests with facts.)
+            let parsed = parsed.as_ref().map_err(|kind| *kind)?;
+            let req = static_request(&method, &parsed.path_and_query, &view)?;
+            let resp = tidegate_static::serve(dir, prefix, &req).await.map(ProxyBody::Static);
             Ok(ctx.answer(client, resp, ctx.closes(client)).await)
         }
-        RouteAction::Service(name) => {
-            let service = snapshot.service(name.as_str()).ok_or(ErrorKind::NoBackend)?.clone();
+        Action::Forward(service) => {
+            let parsed = parsed.as_ref().map_err(|kind| *kind)?;
+            drop(facts);
             drop(snapshot);
             // One id for the backend and the access log.
             let generated;
@@ -552,7 +577,8 @@ async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Res
                     &generated[..]
                 }
             };
-            let req = Routed { view: &view, method: &method, host, path_and_query: &path_and_query, request_id };
+            let path_and_query = &parsed.path_and_query;
+            let req = Routed { view: &view, method: &method, host: parsed.host, path_and_query, request_id };
             forward(client, ctx, req, &service).await
         }
     }
@@ -710,7 +736,7 @@ async fn respond<S: ClientIo>(client: &mut ClientSide<S>, answer: NativeAnswer, 
         // it did not offer): the backend broke the exchange. Nothing was
         // sent to the client yet.
         tracing::debug!("backend switched protocols without a matching upgrade request");
-        let resp = ErrorKind::InvalidResponse.response();
+        let resp = crate::reply::error(ErrorKind::InvalidResponse);
         client.seen.status = resp.status().as_u16();
         client.seen.error = Some(ErrorKind::InvalidResponse);
         write_local(client, resp, true, false, minor).await;
@@ -871,7 +897,7 @@ mod sizes {
         let proxy = Arc::new(Proxy::new(snaps, &crate::ProxyMetrics::default(), Arc::new(Limits::default()), None));
         let (_tx, rx) = watch::channel(false);
         let peer = Peer::new("127.0.0.1:1".parse().unwrap());
-        let f = serve(s, peer, proxy, rx, Limits::default(), crate::server::HyperServer::for_tests());
+        let f = serve(s, peer, proxy, rx, Limits::default(), crate::hyper_server::HyperServer::for_tests());
         assert!(size(&f) <= 3 * 1024, "the connection future grew to {} bytes", size(&f));
     }
 

@@ -8,15 +8,13 @@ use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use tidegate_h1::{chunk_size_line, ChunkedDecoder, CHUNKED_END};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
 use super::timer::Timer;
 use crate::admission::Pace;
 
-/// How much a read asks for at least: a request head, or a response head
-/// and a small body, fit in one read.
-pub(crate) const READ_CHUNK: usize = 8 * 1024;
+pub(crate) use tidegate_upstream::buffers::{fill, READ_CHUNK};
 
 /// Why a relay stopped early.
 #[derive(Debug)]
@@ -46,17 +44,6 @@ impl std::fmt::Display for RelayError {
             RelayError::Write(e) => write!(f, "writing the body: {e}"),
         }
     }
-}
-
-/// Reads at least one byte from `stream` into `inbox`; `Ok(0)` is the end
-/// of the stream.
-pub(crate) async fn fill<R: AsyncRead + Unpin>(stream: &mut R, inbox: &mut BytesMut) -> io::Result<usize> {
-    if inbox.capacity() == 0 {
-        *inbox = super::buffers::take();
-    } else if inbox.capacity() - inbox.len() < READ_CHUNK / 4 {
-        inbox.reserve(READ_CHUNK.max(inbox.len()));
-    }
-    stream.read_buf(inbox).await
 }
 
 /// Writes every slice, in order, with as few writes as the socket allows.

@@ -8,7 +8,7 @@
 
 use tidegate_h1::{connection_has, Header, HeaderKind, RequestHead, ResponseHead};
 
-use crate::forward::Peer;
+use crate::conn::Peer;
 
 /// How a body is framed on the connection a head is written to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

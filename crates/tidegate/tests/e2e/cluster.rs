@@ -989,27 +989,33 @@ async fn rule_sets_reach_every_instance_through_etcd() {
     ] });
     let (s, v) = a.api("PUT", "/v1/rules/api", Some(rules)).await;
     assert_eq!(s, 200, "{v}");
+    // A route runs only steps the data plane applies (none yet): it runs
+    // an empty set.
+    let (s, v) = a.api("PUT", "/v1/rules/open", Some(json!({ "steps": [] }))).await;
+    assert_eq!(s, 200, "{v}");
     let (s, v) = a
         .api(
             "POST",
             "/v1/changes",
             Some(json!({ "ops": [
             { "op": "put_service", "name": "web", "spec": {} },
-            { "op": "put_route", "name": "r", "spec": { "service": "web", "rules": ["api"] } },
+            { "op": "put_route", "name": "r", "spec": { "service": "web", "rules": ["open"] } },
         ] })),
         )
         .await;
     assert_eq!(s, 200, "{v}");
     let revision = v["revision"].as_u64().expect("revision");
     converged(&b, revision).await;
-    let (s, v) = b.api("GET", "/v1/rules/api", None).await;
+    let (s, v) = b.api("GET", "/v1/rules/open", None).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["used_by"], json!(["r"]));
+    let (s, v) = b.api("GET", "/v1/rules/api", None).await;
+    assert_eq!(s, 200, "{v}");
     assert!(!v.to_string().contains(HASH), "{v}");
     // B holds the real hash: the placeholder written through B keeps it.
     let (s, w) = b.api("PUT", "/v1/rules/api", Some(v["spec"].clone())).await;
     assert_eq!(s, 200, "{w}");
-    let (s, w) = b.api("DELETE", "/v1/rules/api", None).await;
+    let (s, w) = b.api("DELETE", "/v1/rules/open", None).await;
     assert_eq!(s, 409, "{w}");
     // An instance started now loads them from etcd.
     let (c, _dc) = instance(&store, &["--instance-name", "c"]);

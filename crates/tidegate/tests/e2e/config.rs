@@ -375,8 +375,12 @@ async fn a_configuration_file_others_may_write_is_refused() {
         (served_by(&get(&tg.url("/")).await) == "b").then_some(())
     })
     .await;
-    let (_, status) = tg.api("GET", "/v1/status", None).await;
-    assert_eq!(status["config_file"]["ok"], true, "{status}");
+    // The report follows the apply (the data plane may show it first).
+    wait_for("the status reports the file applied", Duration::from_secs(10), async || {
+        let (_, status) = tg.api("GET", "/v1/status", None).await;
+        (status["config_file"]["ok"] == true).then_some(())
+    })
+    .await;
 }
 
 /// With `--config-mode sync`, a file that says nothing (empty, comments

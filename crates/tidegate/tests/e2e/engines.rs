@@ -1,7 +1,8 @@
 //! Both HTTP/1.1 engines (`--http1 native`, the default, and `--http1
 //! hyper`) against the same cases: request bodies framed by length,
 //! chunked, and large enough to stream; responses chunked, large,
-//! delimited by the close, to HTTP/1.0 clients and to HEAD.
+//! delimited by the close, to HTTP/1.0 clients and to HEAD; and
+//! `Expect: 100-continue`, met by the proxy and not forwarded.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -111,4 +112,67 @@ async fn the_native_engine_carries_every_framing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hyper_engine_carries_every_framing() {
     carries_every_framing("hyper").await;
+}
+
+/// Sends a `POST` of `body` with `Expect: 100-continue` to the echo route,
+/// and the body only after the proxy's interim answer. Returns that answer's
+/// head, the final answer's status line and what the echo backend saw (its
+/// request's headers and body length).
+fn post_expecting_continue(proxy: SocketAddr, body: &[u8]) -> (String, String, serde_json::Value) {
+    let mut s = TcpStream::connect(proxy).expect("connect");
+    // Bounds every wait below: a proxy that never answers fails the test.
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("a read timeout");
+    let head = format!(
+        "POST /e/echo HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).expect("the head is written");
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let interim = String::from_utf8_lossy(&got).into_owned();
+    s.write_all(body).expect("the body is written");
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    let reply = String::from_utf8_lossy(&rest).into_owned();
+    let status = reply.lines().next().unwrap_or_default().to_string();
+    let echoed = reply.split_once("\r\n\r\n").and_then(|(_, b)| serde_json::from_str(b).ok()).unwrap_or_default();
+    (interim, status, echoed)
+}
+
+/// The proxy answers `Expect: 100-continue` itself, so it must not forward
+/// the expectation (RFC 9110, section 10.1.1): the backend sees none, for a
+/// body read ahead whole and for one larger than the read-ahead (streamed).
+async fn meets_the_expectation(engine: &str) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let tg = Tidegate::start_with(dir.path(), &["--http1", engine, "--request-buffer-bytes", "4096"]);
+    let emu = Backend::start("echo", &[]);
+    let spec = json!({ "backends": [{ "id": "b0", "addr": emu.addr.to_string() }] });
+    assert_eq!(tg.api("PUT", "/v1/services/e", Some(spec)).await.0, 200);
+    let route = json!({ "match": { "path_prefix": "/e" }, "service": "e" });
+    assert_eq!(tg.api("PUT", "/v1/routes/e", Some(route)).await.0, 200);
+    for size in [5, 256 * 1024] {
+        let body = vec![b'b'; size];
+        let (interim, status, echoed) = post_expecting_continue(tg.proxy, &body);
+        assert!(interim.starts_with("HTTP/1.1 100 "), "{engine}, {size} bytes: {interim:?}");
+        assert!(status.starts_with("HTTP/1.1 200 "), "{engine}, {size} bytes: {status:?}");
+        assert_eq!(echoed["body_bytes"], json!(size), "{engine}, {size} bytes: {echoed}");
+        assert!(echoed["headers"].is_object(), "{engine}, {size} bytes: {echoed}");
+        assert_eq!(echoed["headers"].get("expect"), None, "{engine}, {size} bytes: the backend got {echoed}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_native_engine_meets_the_expectation() {
+    meets_the_expectation("native").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hyper_engine_meets_the_expectation() {
+    meets_the_expectation("hyper").await;
 }

@@ -2,7 +2,10 @@
 //! `delete_rules`, a route's `rules`, the file's `rules:` section, `ctl
 //! rules`): validated with the field named, refused while a route runs
 //! them, password hashes never read back, durable across a restart.
-//! (What the rules do to requests is the proxy's, wired separately.)
+//! The data plane does not apply rule steps yet
+//! (`tidegate_model::rules::APPLIED_KINDS` is empty): a route may run only
+//! sets whose every step is applied, so the routes here run an empty set
+//! (`open`), and a route running `api` is refused, naming the step.
 
 use serde_json::{json, Value};
 
@@ -52,22 +55,36 @@ async fn rule_sets_are_written_read_refused_and_redacted() {
 
     let (s, v) = tg.api("PUT", "/v1/rules/api", Some(api_rules())).await;
     assert_eq!(s, 200, "{v}");
+    // Steps the data plane does not apply yet: no route may run them.
     let (s, v) = tg.api("PUT", "/v1/routes/r", Some(route)).await;
+    assert_eq!(s, 409, "{v}");
+    assert_eq!(v["error"]["field"], "ops[0].spec.rules[0]", "{v}");
+    assert!(v.to_string().contains("steps[0] (strip_prefix)"), "names the step: {v}");
+    let (s, v) = tg.api("PUT", "/v1/rules/open", Some(json!({ "steps": [] }))).await;
     assert_eq!(s, 200, "{v}");
+    let open = json!({ "match": { "path_prefix": "/api" }, "service": "web", "rules": ["open"] });
+    let (s, v) = tg.api("PUT", "/v1/routes/r", Some(open)).await;
+    assert_eq!(s, 200, "{v}");
+    // Nor may a set a route runs gain such a step.
+    let (s, v) = tg.api("PUT", "/v1/rules/open", Some(api_rules())).await;
+    assert_eq!(s, 409, "{v}");
+    assert_eq!(v["error"]["field"], "ops[0].spec.steps[0]", "{v}");
 
-    // Read back: the steps, the route that runs it, never the hash.
+    // Read back: the steps, the route that runs a set, never the hash.
     let (s, v) = tg.api("GET", "/v1/rules/api", None).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["spec"]["steps"].as_array().map(Vec::len), Some(6), "{v}");
-    assert_eq!(v["used_by"], json!(["r"]));
+    assert_eq!(v["used_by"], json!([]));
     assert_eq!(v["spec"]["steps"][5]["users"][0]["hash"], "(redacted)");
+    let (_, v) = tg.api("GET", "/v1/rules/open", None).await;
+    assert_eq!(v["used_by"], json!(["r"]));
     for path in ["/v1/rules", "/v1/rules/api", "/v1/config"] {
         let (_, v) = tg.api("GET", path, None).await;
         assert!(!v.to_string().contains(HASH), "{path} shows no hash: {v}");
         assert!(v.to_string().contains("strip_prefix"), "{path} shows the rules: {v}");
     }
     let (_, v) = tg.api("GET", "/v1/routes/r", None).await;
-    assert_eq!(v["spec"]["rules"], json!(["api"]));
+    assert_eq!(v["spec"]["rules"], json!(["open"]));
 
     // The placeholder given back keeps the hash (an export applied back).
     let (_, exported) = tg.api("GET", "/v1/rules/api", None).await;
@@ -75,7 +92,7 @@ async fn rule_sets_are_written_read_refused_and_redacted() {
     assert_eq!(s, 200, "{v}");
 
     // Deleting a rule set a route runs is refused, naming the route.
-    let (s, v) = tg.api("DELETE", "/v1/rules/api", None).await;
+    let (s, v) = tg.api("DELETE", "/v1/rules/open", None).await;
     assert_eq!(s, 409, "{v}");
     assert!(v["error"]["message"].as_str().unwrap_or_default().contains("(r)"), "names the route: {v}");
 
@@ -86,7 +103,7 @@ async fn rule_sets_are_written_read_refused_and_redacted() {
     assert!(shown.contains("RULES") && shown.contains("api") && shown.contains("strip_prefix,"), "{shown}");
     assert!(!shown.contains(HASH));
     let out = tg.ctl(&["-o", "table", "route", "list"]);
-    assert!(text(&out).contains("RULES") && text(&out).contains("api"), "{}", text(&out));
+    assert!(text(&out).contains("RULES") && text(&out).contains("open"), "{}", text(&out));
 
     // In one change set, the route stops running it and it goes.
     let (s, v) = tg
@@ -95,13 +112,16 @@ async fn rule_sets_are_written_read_refused_and_redacted() {
             "/v1/changes",
             Some(json!({ "ops": [
                 { "op": "put_route", "name": "r", "spec": { "match": { "path_prefix": "/api" }, "service": "web" } },
+                { "op": "delete_rules", "name": "open" },
                 { "op": "delete_rules", "name": "api" },
             ] })),
         )
         .await;
     assert_eq!(s, 200, "{v}");
-    let (s, _) = tg.api("GET", "/v1/rules/api", None).await;
-    assert_eq!(s, 404);
+    for set in ["api", "open"] {
+        let (s, _) = tg.api("GET", &format!("/v1/rules/{set}"), None).await;
+        assert_eq!(s, 404);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -112,7 +132,9 @@ async fn rule_sets_survive_a_restart_with_their_hashes_and_reach_watchers_redact
     assert_eq!(s, 200, "{v}");
     let (_, v) = tg.api("PUT", "/v1/services/web", Some(json!({}))).await;
     let revision = v["revision"].as_u64().unwrap_or_default();
-    let route = json!({ "service": "web", "rules": ["api"] });
+    let (s, v) = tg.api("PUT", "/v1/rules/open", Some(json!({ "steps": [] }))).await;
+    assert_eq!(s, 200, "{v}");
+    let route = json!({ "service": "web", "rules": ["open"] });
     let (s, v) = tg.api("PUT", "/v1/routes/r", Some(route)).await;
     assert_eq!(s, 200, "{v}");
 
@@ -133,13 +155,15 @@ async fn rule_sets_survive_a_restart_with_their_hashes_and_reach_watchers_redact
 
     tg.kill9();
     let tg = Tidegate::start(dir.path());
-    let (s, v) = tg.api("GET", "/v1/rules/api", None).await;
+    let (s, v) = tg.api("GET", "/v1/rules/open", None).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["used_by"], json!(["r"]));
+    let (s, v) = tg.api("GET", "/v1/rules/api", None).await;
+    assert_eq!(s, 200, "{v}");
     // The hash survived: the placeholder still finds it to keep.
     let (s, v) = tg.api("PUT", "/v1/rules/api", Some(v["spec"].clone())).await;
     assert_eq!(s, 200, "{v}");
-    let (s, v) = tg.api("DELETE", "/v1/rules/api", None).await;
+    let (s, v) = tg.api("DELETE", "/v1/rules/open", None).await;
     assert_eq!(s, 409, "{v}");
 }
 
@@ -152,13 +176,13 @@ async fn the_files_rules_section_is_checked_and_applied() {
     let file = dir.path().join("tidegate.yaml");
     let good = format!(
         "services:\n  web: {{}}\nrules:\n  api:\n    steps:\n      - {{kind: strip_prefix, prefix: /api}}\n      \
-         - {{kind: basic_auth, realm: r, users: [{{name: u, hash: '{HASH}'}}]}}\n\
-         routes:\n  r: {{service: web, rules: [api]}}\n"
+         - {{kind: basic_auth, realm: r, users: [{{name: u, hash: '{HASH}'}}]}}\n  open:\n    steps: []\n\
+         routes:\n  r: {{service: web, rules: [open]}}\n"
     );
     std::fs::write(&file, &good).unwrap();
     let out = validate(&file);
     assert!(out.status.success(), "{}", text(&out));
-    assert!(text(&out).contains("1 rule set(s)"), "{}", text(&out));
+    assert!(text(&out).contains("2 rule set(s)"), "{}", text(&out));
 
     let bad = dir.path().join("bad.yaml");
     std::fs::write(
@@ -172,7 +196,7 @@ async fn the_files_rules_section_is_checked_and_applied() {
 
     let f = file.to_str().unwrap().to_string();
     let tg = Tidegate::start_with(&dir.path().join("data"), &["--config", &f, "--config-mode", "sync"]);
-    let (s, v) = tg.api("GET", "/v1/rules/api", None).await;
+    let (s, v) = tg.api("GET", "/v1/rules/open", None).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["used_by"], json!(["r"]));
     let (_, config) = tg.api("GET", "/v1/config", None).await;

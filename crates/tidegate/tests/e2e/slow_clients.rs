@@ -305,3 +305,84 @@ async fn a_backends_early_answer_to_an_upload_reaches_the_client() {
     let backend: &Value = &status["services"]["web"]["backends"][0];
     assert_eq!(backend["ejections"], 0, "{backend}");
 }
+
+/// One request from `ip` to `proxy` on a connection of its own: the
+/// answer's status, `None` when there was no answer within 10 s.
+async fn request_from(ip: &str, proxy: SocketAddr, path: &str) -> Option<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let sock = tokio::net::TcpSocket::new_v4().ok()?;
+        sock.bind(format!("{ip}:0").parse().ok()?).ok()?;
+        let mut s = sock.connect(proxy).await.ok()?;
+        s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes()).await.ok()?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.ok()?;
+        String::from_utf8_lossy(&out).split(' ').nth(1)?.parse().ok()
+    };
+    tokio::time::timeout(Duration::from_secs(10), exchange).await.ok().flatten()
+}
+
+/// One address floods a service whose backend takes one request at a
+/// time and whose queue holds 4, keeping the queue full. Another
+/// address's requests each take the flood's newest place and get the next
+/// turn: all of them are served. (A first-come, first-served queue
+/// answered them 503 queue full.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_from_one_address_does_not_keep_another_out_of_the_queue() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start(dir.path());
+    let b = Backend::start("one", &[]);
+    let spec = json!({
+        "policy": { "kind": "round_robin" },
+        "concurrency": { "learn": false },
+        "queue": { "max": 4, "timeout_ms": 10000 },
+        "backends": [{ "id": "b0", "addr": b.addr.to_string(), "max_conns": 1 }],
+    });
+    let (s, v) = tg.api("PUT", "/v1/services/web", Some(spec)).await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) =
+        tg.api("PUT", "/v1/routes/web", Some(json!({ "match": { "path_prefix": "/" }, "service": "web" }))).await;
+    assert_eq!(s, 200, "{v}");
+    // Twelve flooders from 127.0.0.2, each sending its next request as
+    // soon as the last is answered (at most 60 s).
+    let stop = Arc::new(AtomicBool::new(false));
+    let (flood_ok, flood_503) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let proxy = tg.proxy;
+    let flooders: Vec<_> = (0..12)
+        .map(|_| {
+            let (stop, ok, shed) = (stop.clone(), flood_ok.clone(), flood_503.clone());
+            tokio::spawn(async move {
+                let deadline = std::time::Instant::now() + Duration::from_secs(60);
+                while !stop.load(Relaxed) && std::time::Instant::now() < deadline {
+                    match request_from("127.0.0.2", proxy, "/flood?delay_ms=20").await {
+                        Some(200) => ok.fetch_add(1, Relaxed),
+                        Some(503) => shed.fetch_add(1, Relaxed),
+                        _ => 0,
+                    };
+                }
+            })
+        })
+        .collect();
+    web_status_until(&tg, "the flood fills the queue", |web| web["queued"] == 4).await;
+    let mut polite = Vec::new();
+    for _ in 0..10 {
+        polite.push(request_from("127.0.0.1", proxy, "/polite?delay_ms=20").await);
+    }
+    let (_, status) = tg.api("GET", "/v1/status", None).await;
+    stop.store(true, Relaxed);
+    for f in flooders {
+        f.await.expect("flooder");
+    }
+    assert_eq!(polite, [Some(200); 10], "the polite client was refused or starved");
+    let web = &status["services"]["web"];
+    assert!(web["queue_displaced"].as_u64() >= Some(1), "no flood request was displaced: {web}");
+    let metrics = send("GET", &tg.admin_url("/metrics"), Some(TOKEN), Vec::new(), &[]).await.text();
+    let displaced = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"tidegate_service_queue_displaced_total{service="web"} "#))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    assert!(displaced >= Some(1.0), "{metrics}");
+    assert!(flood_ok.load(Relaxed) > 0 && flood_503.load(Relaxed) > 0, "the flood was served and refused");
+}

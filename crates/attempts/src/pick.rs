@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tidegate_balance::{clock, Backend, InFlight, Outcome, RequestCtx};
 use tidegate_metrics::LazyHistogram;
-use tidegate_snapshot::{ServiceLive, ServiceRuntime, WaitQueue, Waiter};
+use tidegate_snapshot::{Joined, ServiceLive, ServiceRuntime, WaitQueue, Waiter};
 
 use crate::error::ErrorKind;
 
@@ -90,11 +90,7 @@ pub(crate) struct Waiting<'a> {
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        let place = self.queue.remove(&self.waiter);
-        self.queue.settle(&self.waiter);
-        if self.took_room || place.is_none_or(|i| i == 0) {
-            self.queue.wake_one();
-        }
+        self.queue.leave(&self.waiter, self.took_room);
         self.waits.observe(self.since.elapsed());
     }
 }
@@ -108,10 +104,12 @@ const RECHECK: Duration = Duration::from_millis(50);
 /// Picks a backend, waiting in the service's bounded queue while every
 /// available backend is at its limit (HAProxy's maxconn queue).
 ///
-/// The queue is first come, first served: while requests wait, a new one
-/// queues behind them instead of taking the room a release just made for
-/// the longest-waiting one, and a woken request that finds no room after
-/// all keeps its turn at the front. Letting newcomers barge in made the
+/// The queue is fair between client addresses (they take turns; a full
+/// queue gives a greedy client's newest place to a newcomer of a client
+/// holding fewer) and first come, first served within one: while requests
+/// wait, a new one queues instead of taking the room a release just made
+/// for the one whose turn it is, and a woken request that finds no room
+/// after all keeps its turn at the front. Letting newcomers barge in made the
 /// tail of a saturated service's latency several times longer than its
 /// median. A picked request keeps its place (`queue.waiting`) until the
 /// caller has taken the backend's slot.
@@ -142,12 +140,16 @@ pub(crate) async fn pick_or_wait<'a>(
         }
         match &queue.waiting {
             None => {
-                let waiter = Arc::new(Waiter::default());
+                let client = ctx.client.map_or(Waiter::UNKNOWN_CLIENT, |a| tidegate_snapshot::client_key(a.ip()));
+                let waiter = Arc::new(Waiter::new(client));
                 let max = service.settings.queue.max as usize;
-                let Some(place) = waiters.push_back(&waiter, max) else { return Err(ErrorKind::QueueFull) };
+                let joined = waiters.push_back(&waiter, max);
+                if joined == Joined::Full {
+                    return Err(ErrorKind::QueueFull);
+                }
                 let (waits, since) = (&service.live.queue_wait, std::time::Instant::now());
                 queue.waiting = Some(Waiting { queue: waiters, waiter, took_room: false, waits, since });
-                if place == 1 {
+                if joined == Joined::First {
                     // First in line: room freed between the pick and
                     // joining the queue woke nobody; look once more.
                     continue;
@@ -166,7 +168,13 @@ pub(crate) async fn pick_or_wait<'a>(
         let deadline = *queue.deadline.get_or_insert_with(|| tokio::time::Instant::now() + queue.timeout);
         let first = waiters.is_front(&w.waiter);
         let until = if first { deadline.min(tokio::time::Instant::now() + RECHECK) } else { deadline };
-        match tokio::time::timeout_at(until, w.waiter.woken()).await {
+        let woken = tokio::time::timeout_at(until, w.waiter.woken()).await;
+        if w.waiter.displaced() {
+            // Its place went to another client's request: answered as if
+            // the queue had been full when it came.
+            return Err(ErrorKind::QueueFull);
+        }
+        match woken {
             Ok(()) => out = true,
             Err(_) if until < deadline => {
                 // Look again, out of the queue meanwhile (a release wakes

@@ -1,5 +1,8 @@
-//! Static directories served by the proxy itself: safe paths, content types,
-//! conditional requests (ETag, Last-Modified) and single byte ranges.
+//! Static directories served by Tidegate's proxy itself: safe paths,
+//! content types, conditional requests (ETag, Last-Modified) and single
+//! byte ranges. [`serve`] answers an `http::Request` with a
+//! [`StaticBody`]; it knows nothing of the proxy's engines, which wrap the
+//! body in their own.
 
 use std::io::SeekFrom;
 use std::path::{Component, Path, PathBuf};
@@ -11,12 +14,57 @@ use bytes::Bytes;
 use futures_util::Stream;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
 use tidegate_model::{PathPattern, StaticDir};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio_util::io::ReaderStream;
 
-use crate::body::{BoxError, ProxyBody};
-use crate::error::plain;
+/// The error of a file read.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A static route's response body: a short text (an error, a redirect), or
+/// a file.
+#[derive(Debug)]
+pub enum StaticBody {
+    /// A short body from memory.
+    Text(Full<Bytes>),
+    /// A file (or a range of it).
+    File(FileBody),
+}
+
+impl Body for StaticBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            StaticBody::Text(t) => Pin::new(t).poll_frame(cx).map_err(|never| match never {}),
+            StaticBody::File(f) => Pin::new(f).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            StaticBody::Text(t) => t.is_end_stream(),
+            StaticBody::File(f) => f.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            StaticBody::Text(t) => t.size_hint(),
+            StaticBody::File(f) => f.size_hint(),
+        }
+    }
+}
+
+/// A plain-text response.
+fn plain(status: StatusCode, text: &'static str) -> Response<StaticBody> {
+    let mut resp = Response::new(StaticBody::Text(Full::new(Bytes::from_static(text.as_bytes()))));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    resp
+}
 
 /// A file's bytes (a range of them), streamed.
 #[derive(Debug)]
@@ -58,7 +106,7 @@ impl Body for FileBody {
 
 /// Serves `req` from `dir`; the route's path prefix is removed from the
 /// request path first (`/static/a.css` under prefix `/static` is `a.css`).
-pub(crate) async fn serve<B>(dir: &StaticDir, pattern: &PathPattern, req: &Request<B>) -> Response<ProxyBody> {
+pub async fn serve<B>(dir: &StaticDir, pattern: &PathPattern, req: &Request<B>) -> Response<StaticBody> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         let mut resp = plain(StatusCode::METHOD_NOT_ALLOWED, "405 only GET and HEAD are allowed here\n");
         resp.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
@@ -269,14 +317,14 @@ fn parse_range(value: &str, len: u64) -> RangeAnswer {
     }
 }
 
-async fn send_file(path: &Path, headers: &HeaderMap, head: bool) -> std::io::Result<Response<ProxyBody>> {
+async fn send_file(path: &Path, headers: &HeaderMap, head: bool) -> std::io::Result<Response<StaticBody>> {
     let mut file = tokio::fs::File::open(path).await?;
     let meta = file.metadata().await?;
     let len = meta.len();
     let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
     let tag = etag(len, modified);
 
-    let mut resp = Response::new(ProxyBody::empty());
+    let mut resp = Response::new(StaticBody::Text(Full::new(Bytes::new())));
     let h = resp.headers_mut();
     let mime = mime_guess::from_path(path).first_or_octet_stream();
     if let Ok(v) = HeaderValue::from_str(mime.essence_str()) {
@@ -319,7 +367,7 @@ async fn send_file(path: &Path, headers: &HeaderMap, head: bool) -> std::io::Res
     resp.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(count));
     if !head && count > 0 {
         file.seek(SeekFrom::Start(start)).await?;
-        *resp.body_mut() = ProxyBody::File(FileBody {
+        *resp.body_mut() = StaticBody::File(FileBody {
             stream: Some(ReaderStream::with_capacity(file.take(count), 64 * 1024)),
             remaining: count,
         });

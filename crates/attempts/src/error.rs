@@ -4,14 +4,12 @@
 //! failure came from ([`Source`]: the client, a backend, or the proxy
 //! itself), whether a backend is to blame (passive health reads that),
 //! whether and where the request may be tried again ([`Retry`], read by
-//! [`crate::retry::decide`]), and what the client is answered. Metrics, the
+//! `retry::decide`), and what the client is answered. Metrics, the
 //! client's answer, passive health and retries all read this one value, so
 //! they cannot disagree.
 
-use http::{header, Response, StatusCode};
+use http::StatusCode;
 pub use tidegate_h1::FramingError;
-
-use crate::body::ProxyBody;
 
 /// Where a failure came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,7 +54,7 @@ pub enum ErrorKind {
     BadRequest,
     /// Two `Host` headers, none on HTTP/1.1, or one that is not a host.
     InvalidHost,
-    /// A path that cannot be normalized safely (see [`crate::normalize`]).
+    /// A path that cannot be normalized safely (see `tidegate_model::normalize`).
     InvalidPath,
     /// The request's framing fields (`Content-Length`,
     /// `Transfer-Encoding`) conflict or are invalid: the cause says how.
@@ -177,12 +175,14 @@ impl ErrorKind {
 
     /// The position of this kind in [`ErrorKind::ALL`] (whatever its
     /// cause).
-    pub(crate) fn index(self) -> usize {
+    pub fn index(self) -> usize {
         let this = std::mem::discriminant(&self);
         ErrorKind::ALL.iter().position(|k| std::mem::discriminant(k) == this).unwrap_or(0)
     }
 
-    fn parts(self) -> (StatusCode, &'static str) {
+    /// The status and the text the client is answered
+    /// ([`ErrorKind::status`], and the body).
+    pub fn answer(self) -> (StatusCode, &'static str) {
         use ErrorKind::*;
         match self {
             NoRoute => (StatusCode::NOT_FOUND, "404 no route matches this request\n"),
@@ -209,23 +209,13 @@ impl ErrorKind {
 
     /// The status the client gets.
     pub fn status(self) -> StatusCode {
-        self.parts().0
-    }
-
-    /// The response the client gets.
-    pub fn response(self) -> Response<ProxyBody> {
-        let (status, text) = self.parts();
-        let mut resp = plain(status, text);
-        if self == ErrorKind::ClientLimit {
-            resp.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
-        }
-        resp
+        self.answer().0
     }
 }
 
 impl std::fmt::Display for ErrorKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.parts().1.trim_end())
+        f.write_str(self.answer().1.trim_end())
     }
 }
 
@@ -243,93 +233,6 @@ fn framing_text(cause: FramingError) -> &'static str {
         ChunkedNotLast => "400 the request's Transfer-Encoding does not end with chunked\n",
         EmptyCoding => "400 the request's Transfer-Encoding is empty\n",
     }
-}
-
-/// The answer to a request head over `--max-header-bytes` or
-/// `--max-headers`, on either engine.
-pub(crate) fn head_too_large() -> Response<ProxyBody> {
-    plain(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "431 the request head is too large\n")
-}
-
-/// A plain-text response.
-pub fn plain(status: StatusCode, text: &'static str) -> Response<ProxyBody> {
-    let mut resp = Response::new(ProxyBody::text(text));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain; charset=utf-8"));
-    resp
-}
-
-/// The error a client's request body yields while it is read. Its own
-/// type lets the attempt tell, from hyper's error chain, that the client
-/// broke the exchange, not the backend.
-#[derive(Debug)]
-pub enum ClientBodyError {
-    /// The body broke off or was malformed.
-    Read(hyper::Error),
-    /// The body broke off or was malformed (read by the native path).
-    Broken,
-    /// The client sent too slowly (see [`crate::Limits`]' body timeouts).
-    TimedOut,
-}
-
-impl ClientBodyError {
-    /// The kind of failure it causes.
-    pub fn kind(&self) -> ErrorKind {
-        match self {
-            ClientBodyError::Read(_) | ClientBodyError::Broken => ErrorKind::ClientBody,
-            ClientBodyError::TimedOut => ErrorKind::ClientTimeout,
-        }
-    }
-}
-
-impl std::fmt::Display for ClientBodyError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ClientBodyError::Read(e) => write!(f, "client request body: {e}"),
-            ClientBodyError::Broken => f.write_str("client request body: broken off or malformed"),
-            ClientBodyError::TimedOut => f.write_str("client request body: too slow"),
-        }
-    }
-}
-
-impl std::error::Error for ClientBodyError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            ClientBodyError::Read(e) => Some(e),
-            ClientBodyError::TimedOut | ClientBodyError::Broken => None,
-        }
-    }
-}
-
-/// Classifies a failed exchange on an upstream HTTP/1 connection.
-/// `reused`: the connection had served a request before.
-pub(crate) fn classify_upstream(err: &hyper::Error, reused: bool) -> ErrorKind {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(err);
-    while let Some(e) = source {
-        if let Some(client) = e.downcast_ref::<ClientBodyError>() {
-            return client.kind();
-        }
-        source = e.source();
-    }
-    if err.is_parse() {
-        ErrorKind::InvalidResponse
-    } else if reused && (err.is_incomplete_message() || err.is_canceled() || is_reset(err)) {
-        ErrorKind::StaleConnection
-    } else {
-        ErrorKind::UpstreamClosed
-    }
-}
-
-/// Whether the error is a connection reset or broken pipe.
-fn is_reset(err: &hyper::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(err);
-    while let Some(e) = source {
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            return matches!(io.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe);
-        }
-        source = e.source();
-    }
-    false
 }
 
 #[cfg(test)]

@@ -8,6 +8,16 @@
 //! another backend may improve on) and the retry budget are handled here,
 //! once.
 
+//!
+//! The crate does no IO: an [`Exchange`] carries each attempt on the wire
+//! (the proxy's engines implement it), and the loop only picks, waits,
+//! times and decides, so the unit tests drive every retry and shedding
+//! path with a scripted exchange.
+
+pub mod error;
+pub mod pick;
+pub mod retry;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,12 +27,12 @@ use tidegate_model::PolicySpec;
 use tidegate_snapshot::{ServiceLive, ServiceRuntime};
 use tokio::time::Instant;
 
-use crate::error::ErrorKind;
+pub use crate::error::{ErrorKind, FramingError, Retry, Source};
 use crate::pick::{pick_or_wait, Queue, Slot};
 use crate::retry::{decide, Decision, Failure, Progress};
 
 /// One request as its carrier sends it to backends.
-pub(crate) trait Exchange {
+pub trait Exchange {
     /// A backend's answer: the response head, and what its body arrives on.
     type Answer;
 
@@ -60,14 +70,16 @@ pub(crate) trait Exchange {
 
 /// A backend's answer with the slot it holds (in flight until the
 /// exchange ends).
-pub(crate) struct Answered<A> {
+pub struct Answered<A> {
+    /// What the exchange got back.
     pub answer: A,
+    /// The backend's slot, released when the exchange ends.
     pub slot: Slot,
 }
 
 /// What the attempts of one request did, for its access-log line.
 #[derive(Debug, Default)]
-pub(crate) struct Trace {
+pub struct Trace {
     /// Attempts sent (retries included: those beyond the first are
     /// counted in `tidegate_retries_total` when the request is finished).
     pub attempts: u32,
@@ -95,7 +107,7 @@ fn outcome_of(result: &Result<u16, ErrorKind>) -> Option<Outcome> {
 /// chosen before the policy (an external distributor's answer). Returns the
 /// first answer that is not a shed 503; if every attempt fails, the last
 /// shed 503, else the last error.
-pub(crate) async fn run<E: Exchange>(
+pub async fn run<E: Exchange>(
     service: &ServiceRuntime,
     ex: &mut E,
     ctx: &RequestCtx<'_>,
@@ -244,7 +256,7 @@ impl Drop for RetryToken<'_> {
 
 /// Whether a request with this method may be sent twice (RFC 9110,
 /// section 9.2.2).
-pub(crate) fn is_idempotent(method: &[u8]) -> bool {
+pub fn is_idempotent(method: &[u8]) -> bool {
     matches!(method, b"GET" | b"HEAD" | b"OPTIONS" | b"TRACE" | b"PUT" | b"DELETE")
 }
 

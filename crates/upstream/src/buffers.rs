@@ -1,4 +1,5 @@
-//! Read buffers, recycled within a worker.
+//! Read buffers, recycled within a worker, for client and upstream
+//! connections alike.
 //!
 //! A connection holds a read buffer only while it has something to read:
 //! an idle keep-alive connection, client or upstream, gives its buffer
@@ -15,8 +16,11 @@
 use std::cell::RefCell;
 
 use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncReadExt};
 
-use super::relay::READ_CHUNK;
+/// How much a read asks for at least: a request head, or a response head
+/// and a small body, fit in one read.
+pub const READ_CHUNK: usize = 8 * 1024;
 
 /// The most buffers one worker thread keeps for reuse (256 KiB).
 const KEPT: usize = 32;
@@ -26,7 +30,7 @@ thread_local! {
 }
 
 /// An empty buffer with room for at least [`READ_CHUNK`] bytes.
-pub(crate) fn take() -> BytesMut {
+pub fn take() -> BytesMut {
     FREE.try_with(|free| free.borrow_mut().pop()).ok().flatten().unwrap_or_else(|| BytesMut::with_capacity(READ_CHUNK))
 }
 
@@ -37,7 +41,7 @@ pub(crate) fn take() -> BytesMut {
 ///
 /// Only give back a buffer whose split-off chunks were all taken off its
 /// front (`split_to`), as connections use their inbox.
-pub(crate) fn give_back(mut buf: BytesMut) {
+pub fn give_back(mut buf: BytesMut) {
     debug_assert!(buf.is_empty(), "a buffer given back holds no unread bytes");
     if buf.capacity() == 0 {
         return;
@@ -68,7 +72,7 @@ pub(crate) fn give_back(mut buf: BytesMut) {
 /// head's few hundred bytes, not a read buffer, and the next read gets the
 /// buffer while it is still in the caches. Otherwise the head is split
 /// off, sharing the buffer with what follows it.
-pub(crate) fn take_head(inbox: &mut BytesMut, len: usize) -> BytesMut {
+pub fn take_head(inbox: &mut BytesMut, len: usize) -> BytesMut {
     if inbox.len() != len {
         return inbox.split_to(len);
     }
@@ -76,6 +80,17 @@ pub(crate) fn take_head(inbox: &mut BytesMut, len: usize) -> BytesMut {
     inbox.clear();
     give_back(std::mem::take(inbox));
     head
+}
+
+/// Reads at least one byte from `stream` into `inbox`; `Ok(0)` is the end
+/// of the stream.
+pub async fn fill<R: AsyncRead + Unpin>(stream: &mut R, inbox: &mut BytesMut) -> std::io::Result<usize> {
+    if inbox.capacity() == 0 {
+        *inbox = take();
+    } else if inbox.capacity() - inbox.len() < READ_CHUNK / 4 {
+        inbox.reserve(READ_CHUNK.max(inbox.len()));
+    }
+    stream.read_buf(inbox).await
 }
 
 #[cfg(test)]

@@ -1,0 +1,83 @@
+//! What the proxy knows of a client connection, shared by both engines
+//! and the forwarders: the client's address and listener ([`Peer`]), what
+//! the connection holds while it lives ([`ConnHold`]), and the largest
+//! request body kept for a replay.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::header::HeaderValue;
+
+/// What a client connection holds while anything of it lives, a tunnel
+/// that outlives its request included: its place under
+/// `--max-connections`, and its worker's count of live connections, which
+/// a stopping worker waits on (at most the drain timeout).
+#[derive(Debug)]
+pub struct ConnHold {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    _alive: tokio::sync::mpsc::Sender<()>,
+}
+
+impl ConnHold {
+    /// Holds `permit` and one sender of the worker's `alive` channel.
+    pub fn new(permit: tokio::sync::OwnedSemaphorePermit, alive: tokio::sync::mpsc::Sender<()>) -> ConnHold {
+        ConnHold { _permit: permit, _alive: alive }
+    }
+}
+
+/// The client end of a connection, prepared once per connection.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    /// The client's address.
+    pub addr: SocketAddr,
+    /// Its IP as a header value, for `X-Forwarded-For`.
+    pub ip_header: HeaderValue,
+    /// Whether it is a trusted proxy, whose forwarding headers are kept.
+    pub trusted: bool,
+    /// The connection's place under `--max-connections` and in its
+    /// worker's count of live connections, shared with an upgraded tunnel
+    /// so that the tunnel keeps both.
+    pub conn_slot: Option<Arc<ConnHold>>,
+    /// Whether the client connected over TLS (`X-Forwarded-Proto: https`).
+    pub https: bool,
+    /// The port the client connected to, as a header value
+    /// (`X-Forwarded-Port`).
+    pub port_header: HeaderValue,
+}
+
+impl Peer {
+    /// Describes a plain-HTTP client connection (untrusted).
+    pub fn new(addr: SocketAddr) -> Peer {
+        let ip_header =
+            HeaderValue::from_str(&addr.ip().to_string()).unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+        Peer {
+            addr,
+            ip_header,
+            trusted: false,
+            conn_slot: None,
+            https: false,
+            port_header: HeaderValue::from_static("0"),
+        }
+    }
+
+    /// Records the listener the client came through: its port, and whether
+    /// it terminates TLS.
+    pub fn set_listener(&mut self, port: u16, tls: bool) {
+        self.https = tls;
+        self.port_header = HeaderValue::from(port);
+    }
+
+    /// `https` or `http`.
+    pub fn scheme(&self) -> &'static str {
+        if self.https {
+            "https"
+        } else {
+            "http"
+        }
+    }
+}
+
+/// Request bodies up to this size are buffered so a failed attempt can be
+/// replayed on another backend; larger ones stream and are retried only
+/// when no byte of them was sent.
+pub(crate) const REPLAY_LIMIT: u64 = 64 * 1024;
