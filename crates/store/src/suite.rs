@@ -142,18 +142,22 @@ pub(crate) fn rule_sets_survive_reopening<S: Store>(open: impl Fn(&Path) -> Resu
     {
         let store = open(&path).expect("opens");
         commit(&store, &[applied(1, &rules(HASH))]).expect("commits");
+        // A route runs only steps the data plane applies (none yet, see
+        // `tidegate_model::rules::APPLIED_KINDS`): it runs an empty set.
         let route = r#"{"ops":[{"op":"put_service","name":"web","spec":{}},
-            {"op":"put_route","name":"r","spec":{"service":"web","rules":["api"]}}]}"#;
+            {"op":"put_rules","name":"open","spec":{"steps":[]}},
+            {"op":"put_route","name":"r","spec":{"service":"web","rules":["open"]}}]}"#;
         commit(&store, &[applied(2, route), applied(3, &rules(tidegate_model::REDACTED))]).expect("commits");
     }
     let loaded = open(&path).expect("reopens").load().expect("loads");
     let spec = loaded.state.rule_set("api").expect("the rule set");
     assert!(serde_json::to_string(&**spec).expect("json").contains(HASH));
     assert_eq!(loaded.state.route("r").map(|r| r.rules.len()), Some(1));
-    assert_eq!(loaded.state.rule_set_users("api").map(|u| u.len()), Some(1));
+    assert_eq!(loaded.state.rule_set_users("open").map(|u| u.len()), Some(1));
     {
         let store = open(&path).expect("reopens");
-        let gone = r#"{"ops":[{"op":"delete_route","name":"r"},{"op":"delete_rules","name":"api"}]}"#;
+        let gone = r#"{"ops":[{"op":"delete_route","name":"r"},{"op":"delete_rules","name":"api"},
+            {"op":"delete_rules","name":"open"}]}"#;
         commit(&store, &[applied(4, gone)]).expect("commits");
     }
     assert!(open(&path).expect("reopens").load().expect("loads").state.rules().is_empty());
