@@ -234,29 +234,33 @@ impl ParseError {
 
     /// Builds an error from a JSON parse failure, keeping the path serde saw.
     pub fn from_path(err: serde_path_to_error::Error<serde_json::Error>) -> Self {
-        let mut field = match err.path().to_string() {
+        let field = match err.path().to_string() {
             p if p == "?" => ".".to_string(),
             p => p,
         };
-        let mut message = err.inner().to_string();
-        // Validation messages may name a sub-field ("backends[1].id: ..."):
-        // fold it into the path so the field is complete.
-        while let Some((sub, rest)) = message.split_once(": ") {
-            if sub.is_empty() || !sub.chars().all(|c| c.is_ascii_alphanumeric() || "_.[]".contains(c)) {
-                break;
-            }
-            {
-                field = match (field.as_str(), sub.starts_with('[')) {
-                    (".", _) => sub.to_string(),
-                    (_, true) => format!("{field}{sub}"),
-                    (_, false) => format!("{field}.{sub}"),
-                };
-                message = rest.to_string();
-            }
-        }
+        let (field, message) = fold_field(field, err.inner().to_string());
         // serde_json appends " at line L column C": useful to people, keep it.
         ParseError { op: op_index(&field), field, message }
     }
+}
+
+/// Folds the sub-field a validation message starts with
+/// (`"backends[1].id: ..."`) into `field` (the path where the value was
+/// read; `.` for the whole document), and returns the completed field and
+/// the rest of the message.
+pub fn fold_field(mut field: String, mut message: String) -> (String, String) {
+    while let Some((sub, rest)) = message.split_once(": ") {
+        if sub.is_empty() || !sub.chars().all(|c| c.is_ascii_alphanumeric() || "_.[]".contains(c)) {
+            break;
+        }
+        field = match (field.as_str(), sub.starts_with('[')) {
+            (".", _) => sub.to_string(),
+            (_, true) => format!("{field}{sub}"),
+            (_, false) => format!("{field}.{sub}"),
+        };
+        message = rest.to_string();
+    }
+    (field, message)
 }
 
 fn op_index(field: &str) -> Option<usize> {

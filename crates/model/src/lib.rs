@@ -28,7 +28,7 @@ mod state;
 pub mod static_root;
 
 pub use certificate::{unix_now, CertificateInfo, CertificateInput, CertificateSpec, KeptKey};
-pub use change::{check_change_set, parse_change_set, parse_json, ChangeSet, Op, ParseError};
+pub use change::{check_change_set, fold_field, parse_change_set, parse_json, ChangeSet, Op, ParseError};
 pub use desired::{document_paths, in_document, plan, Action, Change, Document, Kind};
 pub use headers::Headers;
 pub use invalid::{Invalid, Reason};

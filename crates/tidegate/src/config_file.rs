@@ -229,24 +229,13 @@ fn parse<T: DeserializeOwned>(path: &Path, text: &str) -> Result<T, FileError> {
             Some((m, _)) if at.is_some() => m.to_string(),
             _ => message,
         };
-        let mut message = match message.split_once(": ") {
+        let message = match message.split_once(": ") {
             Some((path, rest)) if !path.is_empty() && !path.contains(' ') => rest.to_string(),
             _ => message,
         };
         // A value's own check may name a field inside it (a rule set's
         // `steps[1].location: ...`): folded into the field.
-        let mut field = field;
-        while let Some((sub, rest)) = message.split_once(": ") {
-            if sub.is_empty() || !sub.chars().all(|c| c.is_ascii_alphanumeric() || "_.[]".contains(c)) {
-                break;
-            }
-            field = match (field.as_str(), sub.starts_with('[')) {
-                (".", _) => sub.to_string(),
-                (_, true) => format!("{field}{sub}"),
-                (_, false) => format!("{field}.{sub}"),
-            };
-            message = rest.to_string();
-        }
+        let (field, message) = tidegate_model::fold_field(field, message);
         FileError { path: path.to_path_buf(), at, field, message }
     })
 }

@@ -11,9 +11,8 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// Each workspace crate's normal dependencies among the workspace crates
-/// (short names: `tidegate-model` is `model`).
-fn from_metadata() -> BTreeMap<String, BTreeSet<String>> {
+/// `cargo metadata` of the workspace (without its dependencies' packages).
+fn metadata() -> serde_json::Value {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = std::process::Command::new(cargo)
         .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
@@ -22,6 +21,13 @@ fn from_metadata() -> BTreeMap<String, BTreeSet<String>> {
         .expect("cargo metadata runs");
     assert!(out.status.success(), "cargo metadata: {}", String::from_utf8_lossy(&out.stderr));
     let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("cargo metadata's JSON");
+    meta
+}
+
+/// Each workspace crate's normal dependencies among the workspace crates
+/// (short names: `tidegate-model` is `model`).
+fn from_metadata() -> BTreeMap<String, BTreeSet<String>> {
+    let meta = metadata();
     let short = |name: &str| name.strip_prefix("tidegate-").unwrap_or(name).to_string();
     let mut crates = BTreeMap::new();
     for p in meta["packages"].as_array().expect("packages") {
@@ -89,14 +95,7 @@ fn the_data_plane_never_depends_on_the_control_plane() {
 /// Each workspace crate's normal dependencies (any crate), with the
 /// features each declares.
 fn all_dependencies() -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = std::process::Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
-        .current_dir(root())
-        .output()
-        .expect("cargo metadata runs");
-    assert!(out.status.success(), "cargo metadata: {}", String::from_utf8_lossy(&out.stderr));
-    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("cargo metadata's JSON");
+    let meta = metadata();
     let mut crates = BTreeMap::new();
     for p in meta["packages"].as_array().expect("packages") {
         let name = p["name"].as_str().expect("a name").to_string();
