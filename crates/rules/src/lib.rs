@@ -26,6 +26,7 @@ pub mod path;
 pub mod response;
 
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -174,6 +175,28 @@ enum Compiled {
 struct Slot {
     rule: RuleRef,
     step: Compiled,
+    /// Requests this step answered, and requests it changed.
+    answered: AtomicU64,
+    changed: AtomicU64,
+}
+
+impl Slot {
+    fn changed(&self, fwd: &mut Forward) {
+        self.changed.fetch_add(1, Relaxed);
+        fwd.changed_by.push(self.rule.clone());
+    }
+}
+
+/// What a step of a chain did, since the chain was compiled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepCounts<'a> {
+    /// The step.
+    pub rule: &'a RuleRef,
+    /// Requests it answered (a redirect, a refusal, a challenge, a
+    /// rate limit's 429, a CORS preflight, an auth service's answer).
+    pub answered: u64,
+    /// Requests it changed (their path or request headers).
+    pub changed: u64,
 }
 
 /// The compiled rule sets of one route, in order.
@@ -260,7 +283,8 @@ impl Chain {
         for (name, spec) in sets {
             for (i, step) in spec.steps.iter().enumerate() {
                 let rule = RuleRef { set: name.clone(), step: i, kind: step.kind() };
-                steps.push(Slot { rule, step: compile_step(step) });
+                let (answered, changed) = (AtomicU64::new(0), AtomicU64::new(0));
+                steps.push(Slot { rule, step: compile_step(step), answered, changed });
             }
         }
         Chain { route: Arc::from(route), steps, instances: std::sync::atomic::AtomicU32::new(1) }
@@ -276,6 +300,16 @@ impl Chain {
     /// The route it was compiled for.
     pub fn route(&self) -> &str {
         &self.route
+    }
+
+    /// What each step did since the chain was compiled, in order (for
+    /// metrics: a chain compiled again counts from zero).
+    pub fn counts(&self) -> impl Iterator<Item = StepCounts<'_>> {
+        self.steps.iter().map(|s| StepCounts {
+            rule: &s.rule,
+            answered: s.answered.load(Relaxed),
+            changed: s.changed.load(Relaxed),
+        })
     }
 
     /// Whether it has no step (the proxy may skip it).
@@ -307,6 +341,7 @@ impl Chain {
                             answer.headers.get_all(*n).iter().map(|v| (HeaderName::from_static(n), v.clone()))
                         })
                         .collect();
+                    slot.answered.fetch_add(1, Relaxed);
                     return Outcome::Answer(Answer {
                         status: answer.status,
                         headers,
@@ -323,7 +358,7 @@ impl Chain {
                         None => forward.request_headers.push(HeaderEdit::Remove(name.0.clone())),
                     }
                 }
-                forward.changed_by.push(slot.rule.clone());
+                slot.changed(&mut forward);
             }
             _ => return Outcome::Answer(self.answer(slot, 503, Vec::new())),
         }
@@ -333,10 +368,14 @@ impl Chain {
     /// The answer when the auth service of the pending step did not answer
     /// (down, refused, timed out): 503, never let through.
     pub fn auth_failed(&self, resume: Resume) -> Answer {
+        if let Some(slot) = self.steps.get(resume.at) {
+            slot.answered.fetch_add(1, Relaxed);
+        }
         Answer { status: 503, headers: Vec::new(), body: text(503), relay_auth_body: false, rule: resume.rule }
     }
 
     fn answer(&self, slot: &Slot, status: u16, headers: Vec<(HeaderName, HeaderValue)>) -> Answer {
+        slot.answered.fetch_add(1, Relaxed);
         Answer { status, headers, body: text(status), relay_auth_body: false, rule: slot.rule.clone() }
     }
 
@@ -351,7 +390,7 @@ impl Chain {
                 Compiled::StripPrefix(p) => {
                     if let Some(rest) = path::strip_prefix(path, p.as_str()) {
                         fwd.path = Some(rest.to_string());
-                        fwd.changed_by.push(slot.rule.clone());
+                        slot.changed(&mut fwd);
                     }
                 }
                 Compiled::Rewrite(r) => {
@@ -360,7 +399,7 @@ impl Chain {
                         match path::checked(path::expand(&r.replacement, &parts, Some(&caps))) {
                             Ok(p) => {
                                 fwd.path = Some(p);
-                                fwd.changed_by.push(slot.rule.clone());
+                                slot.changed(&mut fwd);
                             }
                             Err(_) => return Outcome::Answer(self.answer(slot, 400, Vec::new())),
                         }
@@ -368,7 +407,7 @@ impl Chain {
                 }
                 Compiled::ReqHeader(e) => {
                     fwd.request_headers.push(e.clone());
-                    fwd.changed_by.push(slot.rule.clone());
+                    slot.changed(&mut fwd);
                 }
                 Compiled::RespHeader(e) => fwd.response.headers.push(e.clone()),
                 Compiled::Redirect(r) => {

@@ -272,5 +272,11 @@ async fn rules_apply_to_traffic_on_both_engines_and_a_change_is_live_for_the_nex
         assert!(lines.contains("\"rule\":\"api[0] strip_prefix,api[1] set_request_header\""), "{lines}");
         assert!(lines.contains("\"status\":451") && lines.contains("\"rule\":\"api[0] deny\""), "{lines}");
         assert!(!lines.contains(QUICK_HASH) && !lines.contains("dTpzM2NyZXQ"), "{lines}");
+        // Metrics count what each step did, since the chain was compiled
+        // (the deny's change compiled it again).
+        let metrics = send("GET", &tg.admin_url("/metrics"), Some(TOKEN), Vec::new(), &[]).await.text();
+        let denied =
+            r#"tidegate_rule_steps_total{route="api",rule_set="api",step="0",kind="deny",outcome="answered"} 1"#;
+        assert!(metrics.contains(denied), "{engine}: {metrics}");
     }
 }
