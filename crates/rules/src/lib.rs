@@ -26,7 +26,7 @@ pub mod path;
 pub mod response;
 
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -203,7 +203,8 @@ pub struct StepCounts<'a> {
 pub struct Chain {
     route: Arc<str>,
     steps: Vec<Slot>,
-    /// Live instances sharing `per_instance_share` rates (1 until told).
+    /// Live instances sharing `per_instance_share` rates, when set for
+    /// this chain alone (0: the process's count, [`set_live_instances`]).
     instances: std::sync::atomic::AtomicU32,
 }
 
@@ -244,6 +245,17 @@ fn compile_step(step: &Step) -> Compiled {
         Step::Cors(c) => Compiled::Cors(c.clone()),
         Step::Compress(c) => Compiled::Compress(Arc::new(c.clone())),
     }
+}
+
+/// Live instances of the cluster this process belongs to (1 outside
+/// cluster mode).
+static LIVE_INSTANCES: AtomicU32 = AtomicU32::new(1);
+
+/// Tells every chain of the process how many instances are live (cluster
+/// mode, from the instance records in etcd): a `rate_limit` with
+/// `per_instance_share` admits its rate divided by it. At least 1.
+pub fn set_live_instances(n: u32) {
+    LIVE_INSTANCES.store(n.max(1), Relaxed);
 }
 
 /// What a limit counts a request by (hashed by the tables, never kept).
@@ -287,14 +299,21 @@ impl Chain {
                 steps.push(Slot { rule, step: compile_step(step), answered, changed });
             }
         }
-        Chain { route: Arc::from(route), steps, instances: std::sync::atomic::AtomicU32::new(1) }
+        Chain { route: Arc::from(route), steps, instances: std::sync::atomic::AtomicU32::new(0) }
     }
 
-    /// Tells the chain how many instances are live (cluster mode): a
-    /// `rate_limit` with `per_instance_share` admits its rate divided by
-    /// it. At least 1.
+    /// Sets how many instances this chain's shared rates are divided
+    /// among, in place of the process's count ([`set_live_instances`]).
+    /// At least 1.
     pub fn set_live_instances(&self, n: u32) {
         self.instances.store(n.max(1), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn live_instances(&self) -> u32 {
+        match self.instances.load(Relaxed) {
+            0 => LIVE_INSTANCES.load(Relaxed).max(1),
+            n => n,
+        }
     }
 
     /// The route it was compiled for.
@@ -453,7 +472,7 @@ impl Chain {
                     });
                 }
                 Compiled::Rate(key, buckets, shared) => {
-                    let share = if *shared { self.instances.load(std::sync::atomic::Ordering::Relaxed) } else { 1 };
+                    let share = if *shared { self.live_instances() } else { 1 };
                     if let bucket::Admit::No(wait) = buckets.take_share(limit_key(key, req), now, share) {
                         let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
                         let headers = vec![(http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)))];
