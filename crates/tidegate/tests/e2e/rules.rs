@@ -278,5 +278,13 @@ async fn rules_apply_to_traffic_on_both_engines_and_a_change_is_live_for_the_nex
         let denied =
             r#"tidegate_rule_steps_total{route="api",rule_set="api",step="0",kind="deny",outcome="answered"} 1"#;
         assert!(metrics.contains(denied), "{engine}: {metrics}");
+        // So does /v1/status, and `ctl status` shows them.
+        let (_, status) = tg.api("GET", "/v1/status", None).await;
+        assert_eq!(status["rules"]["api"][0]["kind"], "deny", "{status}");
+        assert_eq!(status["rules"]["api"][0]["answered"], 1, "{status}");
+        assert_eq!(status["rules"]["api"].as_array().map(Vec::len), Some(7), "{status}");
+        let out = tg.ctl(&["-o", "table", "status"]);
+        let shown = text(&out);
+        assert!(shown.contains("ANSWERED") && shown.contains("api[6]") && shown.contains("basic_auth"), "{shown}");
     }
 }
