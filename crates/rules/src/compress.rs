@@ -427,6 +427,13 @@ mod tests {
     }
 
     #[test]
+    fn a_compressor_moves_between_threads() {
+        // The engines hold one per response in tasks that may move.
+        fn send<T: Send + 'static>(_: &T) {}
+        send(&Compressor::new(Algorithm::Zstd).expect("an encoder"));
+    }
+
+    #[test]
     fn levels_are_brought_into_range() {
         let input = sample(10_000);
         for a in ALL {
