@@ -26,8 +26,6 @@ mod admission;
 mod body;
 mod conn;
 mod forward;
-// Called by the request pipeline's forward-auth step (being wired in).
-#[allow(dead_code)]
 mod forward_auth;
 mod handler;
 mod headers;

@@ -23,6 +23,12 @@ pub(crate) async fn run(work: Work) -> Option<WorkResult> {
             let verdict = tokio::task::spawn_blocking(move || check.verify()).await.ok()?;
             Some(WorkResult::Password(verdict))
         }
-        Work::ForwardAuth(_) => None,
+        Work::ForwardAuth(call) => match crate::forward_auth::ask(&call).await {
+            Ok(answer) => Some(WorkResult::ForwardAuth(answer)),
+            Err(e) => {
+                tracing::debug!(error = %e, "forward auth: no answer; the request is refused");
+                None
+            }
+        },
     }
 }

@@ -41,6 +41,7 @@ pub const APPLIED_KINDS: &[&str] = &[
     "ip_allow",
     "ip_deny",
     "basic_auth",
+    "forward_auth",
     "rate_limit",
     "concurrency_limit",
     "cors",
