@@ -163,14 +163,13 @@ impl Proxy {
             return crate::reply::local_response(answer);
         }
         // (A request the pipeline serves passed the engine's checks.)
-        let mut rules =
-            match pipeline::settle(decision.rules, &facts, req.method(), &self.settings, rules_work::run).await {
-                Ok(edits) => edits,
-                Err(answer) => {
-                    seen.rule_answered(&answer, logging);
-                    return crate::reply::local_response(answer);
-                }
-            };
+        let mut rules = match rules_work::settle(decision.rules, &facts, req.method(), &self.settings).await {
+            Ok(edits) => edits,
+            Err(answer) => {
+                seen.rule_answered(&answer, logging);
+                return crate::reply::local_response(answer);
+            }
+        };
         if let Some(edits) = rules.as_deref_mut() {
             seen.rules_changed(edits, logging);
         }

@@ -560,7 +560,7 @@ async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Res
     let rules = match (&decision.action, facts.as_ref()) {
         (Action::Local(_), _) | (_, Err(_)) => None,
         (_, Ok(facts)) => {
-            let settled = pipeline::settle(decision.rules, facts, &method, proxy.settings(), rules_work::run).await;
+            let settled = rules_work::settle(decision.rules, facts, &method, proxy.settings()).await;
             match settled {
                 Ok(mut edits) => {
                     if let Some(edits) = edits.as_deref_mut() {
