@@ -173,6 +173,12 @@ impl Proxy {
         if let Some(edits) = rules.as_deref_mut() {
             seen.rules_changed(edits, logging);
         }
+        // What a `compress` step reads of the request.
+        let accept_encoding = rules
+            .as_deref()
+            .filter(|e| e.response.compress.is_some())
+            .and_then(|_| req.headers().get(http::header::ACCEPT_ENCODING).cloned());
+        let to_head = req.method() == http::Method::HEAD;
         let target = rules
             .as_deref()
             .and_then(|e| e.path.as_ref())
@@ -198,6 +204,8 @@ impl Proxy {
         if let Some(edits) = &rules {
             if resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
                 edits.response.apply_headers(resp.headers_mut());
+                let accept = accept_encoding.as_ref().map(http::HeaderValue::as_bytes);
+                resp = crate::compress::response(resp, &edits.response, accept, to_head);
             }
         }
         Ok(resp)

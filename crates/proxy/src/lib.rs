@@ -24,6 +24,7 @@ use tidegate_attempts::pick;
 pub use tidegate_attempts::{error, retry};
 mod admission;
 mod body;
+mod compress;
 mod conn;
 mod forward;
 mod forward_auth;

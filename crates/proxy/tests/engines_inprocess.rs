@@ -1266,6 +1266,58 @@ async fn rules_forward_auth(e: Engine) -> Observed {
     )
 }
 
+/// Decodes `body` as `coding` says, and tells whether it is `sent`.
+fn decoded(coding: &str, body: &[u8], sent: &[u8]) -> String {
+    use std::io::Read;
+    let mut out = Vec::new();
+    let read = match coding {
+        "gzip" => flate2::read::GzDecoder::new(body).read_to_end(&mut out).map(|_| ()),
+        "br" => brotli::Decompressor::new(body, 4096).read_to_end(&mut out).map(|_| ()),
+        "zstd" => zstd::stream::read::Decoder::new(body).and_then(|mut d| d.read_to_end(&mut out)).map(|_| ()),
+        "-" => {
+            out = body.to_vec();
+            Ok(())
+        }
+        other => return format!("unknown coding {other}"),
+    };
+    match read {
+        Ok(()) => intact(&out, sent),
+        Err(e) => format!("undecodable: {e}"),
+    }
+}
+
+/// Compression: each coding the client prefers, decoded byte-exact; none
+/// accepted, the body as it is, with `Vary`; a type not listed, untouched.
+async fn rules_compress(e: Engine) -> Observed {
+    let steps = json!([{ "kind": "compress", "algorithms": ["zstd", "br", "gzip"] }]);
+    let (_b, p) = rules_rig(e, "zip", steps).await;
+    let sent: Vec<u8> = (0..20 * 1024)
+        .map(|i| b"{\"id\": 12345, \"name\": \"tidegate\", \"tags\": [\"a\", \"b\"]},\n"[i % 52])
+        .collect();
+    let mut fields = Vec::new();
+    for accept in ["gzip", "br;q=0.9, gzip;q=0.5", "zstd, br, gzip", "identity"] {
+        let req = Req::new("POST", "/zip/x")
+            .header("x-content-type", "application/json")
+            .header("accept-encoding", accept)
+            .body(sent.clone());
+        let r = e.send(&p, &req).await;
+        let coding = r.header("content-encoding");
+        let shape = format!(
+            "{} {coding} vary={} length={} {}",
+            r.status,
+            r.header("vary"),
+            if r.header("content-length") == "-" { "-" } else { "set" },
+            decoded(&coding, &r.body, &sent)
+        );
+        fields.push((accept, shape));
+    }
+    let png = Req::new("POST", "/zip/x").header("x-content-type", "image/png").header("accept-encoding", "gzip");
+    let r = e.send(&p, &png.body(sent.clone())).await;
+    p.stop().await;
+    fields.push(("image/png", format!("{} {} vary={}", r.status, r.header("content-encoding"), r.header("vary"))));
+    Observed { status: 200, fields, body: String::new() }
+}
+
 fn cases() -> Vec<Case> {
     macro_rules! case {
         ($name:ident, $on:expr, $expect:expr) => {
@@ -1764,6 +1816,21 @@ fn cases() -> Vec<Case> {
                 ],
                 "hello"
             )
+        ),
+        case!(
+            rules_compress,
+            ALL,
+            Expect {
+                status: 200,
+                fields: &[
+                    ("gzip", "200 gzip vary=Accept-Encoding length=- <20480 bytes, intact>"),
+                    ("br;q=0.9, gzip;q=0.5", "200 br vary=Accept-Encoding length=- <20480 bytes, intact>"),
+                    ("zstd, br, gzip", "200 zstd vary=Accept-Encoding length=- <20480 bytes, intact>"),
+                    ("identity", "200 - vary=Accept-Encoding length=set <20480 bytes, intact>"),
+                    ("image/png", "200 - vary=-")
+                ],
+                body: ""
+            }
         ),
         case!(rules_static, ALL, ok(&[("cache-control", "max-age=60"), ("closed", "403")], "static hello\n")),
         case!(

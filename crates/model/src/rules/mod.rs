@@ -45,6 +45,7 @@ pub const APPLIED_KINDS: &[&str] = &[
     "rate_limit",
     "concurrency_limit",
     "cors",
+    "compress",
 ];
 
 /// The most steps a rule set may have.
