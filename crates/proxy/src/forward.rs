@@ -40,7 +40,7 @@ impl Upstreams {
     ) -> Result<Response<ProxyBody>, ErrorKind> {
         // Read before a backend is chosen: a slow client holds no backend.
         let (mut req, body, _buffered, mut upgrade) =
-            Prepared::new(req, peer, &self.limits, &admission.buffers).await?;
+            Prepared::new(req, peer, &self.limits, &admission.buffers, edits.and_then(|e| e.max_body)).await?;
         if let Some(edits) = edits {
             // The route's rules: the path sent upstream, and header edits
             // after the proxy's own forwarding fields.

@@ -676,7 +676,8 @@ async fn forward<S: ClientIo>(
     // Read before a backend is chosen: a slow client holds no backend.
     let streaming = || crate::admission::is_streaming_protocol(req.view.first("content-type"));
     let budget = &proxy.admission().buffers;
-    let (body, buffered) = read_ahead(client, head.body, streaming, limits, budget, body_until).await?;
+    let max_body = req.edits.and_then(|e| e.max_body);
+    let (body, buffered) = read_ahead(client, head.body, streaming, limits, budget, body_until, max_body).await?;
     // At most the client's cap of requests waiting for a backend or being
     // answered, until the answer's head (reading a body takes no backend).
     let per_client = proxy.admission().request(peer.addr.ip()).map_err(|_| ErrorKind::ClientLimit)?;
@@ -718,6 +719,7 @@ async fn forward<S: ClientIo>(
         body_until,
         min_rate: crate::admission::MinRate::of(limits),
         body_sent: None,
+        max_body,
     };
     let mut trace = Trace::default();
     let answered = attempts::run(service, &mut ex, &picking, first, &mut trace).await;
@@ -867,7 +869,7 @@ async fn relay_body<S: ClientIo>(
         };
         match body {
             B::Length(n) => relay::relay_length(&mut src, &mut w, n).await?,
-            B::Chunked => relay::relay_chunked(&mut src, &mut w, false).await?,
+            B::Chunked => relay::relay_chunked(&mut src, &mut w, false, None).await?,
             B::UntilClose => relay::relay_until_close(&mut src, &mut w, false).await?,
             B::None => {}
         }
@@ -889,7 +891,7 @@ async fn relay_body<S: ClientIo>(
         Source { stream: &mut up.stream, inbox: &mut up.inbox, timer: &mut client.timer, gap, until: None, pace: None };
     match body {
         B::Length(n) => relay::relay_length(&mut src, dst, n).await,
-        B::Chunked => relay::relay_chunked(&mut src, dst, framing == Framing::Chunked).await,
+        B::Chunked => relay::relay_chunked(&mut src, dst, framing == Framing::Chunked, None).await,
         B::UntilClose => relay::relay_until_close(&mut src, dst, framing == Framing::Chunked).await,
         B::None => Ok(()),
     }
