@@ -1365,6 +1365,21 @@ async fn rules_max_body_chunked(e: Engine) -> Observed {
     Observed { status: 200, fields, body: String::new() }
 }
 
+/// A concurrency limit of one per route: a request answered on a
+/// keep-alive connection that stays open holds no place, so a request on
+/// another connection goes through.
+async fn rules_concurrency_limit(e: Engine) -> Observed {
+    let steps = json!([{ "kind": "concurrency_limit", "key": "route", "max": 1 }]);
+    let (b, p) = rules_rig(e, "one", steps).await;
+    let mut idle = connect(p.addr).await;
+    idle.write_all(b"GET /one/a HTTP/1.1\r\nhost: app.test\r\n\r\n").await.expect("written");
+    let first = read_reply(&mut idle, &mut Vec::new(), false).await;
+    let other = e.send(&p, &Req::new("GET", "/one/b")).await;
+    p.stop().await;
+    drop(idle);
+    observed(&other, vec![("first", first.status.to_string()), ("backend got", requests(&b))])
+}
+
 fn cases() -> Vec<Case> {
     macro_rules! case {
         ($name:ident, $on:expr, $expect:expr) => {
@@ -1899,6 +1914,11 @@ fn cases() -> Vec<Case> {
                 ],
                 body: ""
             }
+        ),
+        case!(
+            rules_concurrency_limit,
+            ALL,
+            ok(&[("first", "200"), ("backend got", "GET /one/a; GET /one/b")], "hello")
         ),
         case!(rules_static, ALL, ok(&[("cache-control", "max-age=60"), ("closed", "403")], "static hello\n")),
         case!(

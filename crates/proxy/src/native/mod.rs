@@ -223,6 +223,9 @@ pub(crate) async fn serve<S: ClientIo>(
         proxy.finish(&client.seen, ended, |seen, ended| {
             log_line(seen, ended, &head, &buf, &peer, (bytes_in, bytes_out))
         });
+        // The response is written: a concurrency limit's places go now,
+        // not when the connection's next request comes.
+        client.seen.held.clear();
         drop(buf);
         if !keep {
             let unread = !client.body_done;
