@@ -31,7 +31,7 @@ use http::{Method, Response, StatusCode};
 use http_body_util::BodyExt;
 use tidegate_balance::{Headers, RequestCtx};
 use tidegate_h1::{parse_request, HeadError, HeadLimits, Header, HeaderKind, RequestBody, RequestHead};
-use tidegate_model::{PolicySpec, UpstreamProtocol};
+use tidegate_model::UpstreamProtocol;
 use tidegate_snapshot::ServiceRuntime;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -684,13 +684,8 @@ async fn forward<S: ClientIo>(
     // At most the client's cap of requests waiting for a backend or being
     // answered, until the answer's head (reading a body takes no backend).
     let per_client = proxy.admission().request(peer.addr.ip()).map_err(|_| ErrorKind::ClientLimit)?;
-    let first = match &service.settings.policy {
-        PolicySpec::External(spec) => {
-            let asked = Asked { method: req.method.as_str(), path: req.path_and_query, host: req.host };
-            proxy.upstreams().ask_distributor(spec, service, asked, req.view, peer).await
-        }
-        _ => None,
-    };
+    let asked = Asked { method: req.method.as_str(), path: req.path_and_query, host: req.host };
+    let first = proxy.upstreams().first_pick(service, asked, req.view, peer).await;
     if upgrade.is_none() && service.upstream.protocol() == UpstreamProtocol::Http2 {
         // Boxed: its state (hyper's client, the body channel) is large, and
         // inline it would make every request's state as large.
