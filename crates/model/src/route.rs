@@ -54,6 +54,19 @@ pub struct HeaderRegex {
     pub regex: crate::rules::PathRegex,
 }
 
+/// A query parameter a request must carry: with exactly this value (after
+/// form decoding: `%XX` escapes and `+` as a space), or any value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueryMatch {
+    /// The parameter's name, as decoded.
+    pub name: String,
+    /// The value it must have, as decoded; `None`: present with any value.
+    pub value: Option<String>,
+}
+
+/// The longest query parameter name or value a route may match on, bytes.
+pub const MAX_QUERY_MATCH: usize = 1024;
+
 /// The conditions of a route. All given conditions must hold.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteMatch {
@@ -69,13 +82,20 @@ pub struct RouteMatch {
     pub header_present: Vec<HeaderName>,
     /// Headers that must have a value the regex matches.
     pub header_regex: Vec<HeaderRegex>,
+    /// Query parameters that must be there (`query`: with a value;
+    /// `query_present`: with any).
+    pub query: Vec<QueryMatch>,
 }
 
 impl RouteMatch {
-    /// How many method and header conditions it has (more is more
+    /// How many method, header and query conditions it has (more is more
     /// specific).
     pub fn conditions(&self) -> usize {
-        usize::from(!self.methods.is_empty()) + self.headers.len() + self.header_present.len() + self.header_regex.len()
+        usize::from(!self.methods.is_empty())
+            + self.headers.len()
+            + self.header_present.len()
+            + self.header_regex.len()
+            + self.query.len()
     }
 }
 
@@ -183,6 +203,13 @@ struct MatchWire {
     /// (`regex` crate syntax, unanchored) matches.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     header_regex: BTreeMap<String, String>,
+    /// `{"name": "value"}`: each query parameter must be there with this
+    /// value (compared after form decoding: `%XX` and `+`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    query: BTreeMap<String, String>,
+    /// Query parameters that must be there, whatever their value.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    query_present: Vec<String>,
 }
 
 fn parse_host(h: &str) -> Result<HostPattern, Invalid> {
@@ -289,6 +316,32 @@ impl TryFrom<RouteWire> for RouteSpec {
                 .map_err(|e| e.under(&format!("match.header_regex.{name}")))?;
             header_regex.push(HeaderRegex { name: hn, regex });
         }
+        let mut query = Vec::new();
+        let checked = |field: String, text: &str| {
+            if text.is_empty() || text.len() > MAX_QUERY_MATCH {
+                return Err(Invalid::malformed(field, format!("{text:?}"), "must be 1 to 1024 bytes"));
+            }
+            Ok(text.to_string())
+        };
+        for (name, value) in &m.query {
+            let name = checked("match.query".to_string(), name)?;
+            let value = if value.len() > MAX_QUERY_MATCH {
+                return Err(Invalid::malformed(
+                    format!("match.query.{name}"),
+                    "(too long)",
+                    "must be at most 1024 bytes",
+                ));
+            } else {
+                value.clone()
+            };
+            query.push(QueryMatch { name, value: Some(value) });
+        }
+        for (i, name) in m.query_present.iter().enumerate() {
+            let name = checked(format!("match.query_present[{i}]"), name)?;
+            if !query.iter().any(|q| q.name == name && q.value.is_none()) {
+                query.push(QueryMatch { name, value: None });
+            }
+        }
         let action = match (w.service, w.static_dir) {
             (Some(s), None) => RouteAction::Service(s),
             (None, Some(d)) => {
@@ -318,7 +371,7 @@ impl TryFrom<RouteWire> for RouteSpec {
             }
         }
         Ok(RouteSpec {
-            matches: RouteMatch { host, path, methods, headers, header_present, header_regex },
+            matches: RouteMatch { host, path, methods, headers, header_present, header_regex, query },
             action,
             priority: w.priority,
             redirect_https: w.redirect_https,
@@ -364,6 +417,8 @@ impl From<RouteSpec> for RouteWire {
                     .iter()
                     .map(|h| (h.name.to_string(), h.regex.0.as_str().to_string()))
                     .collect(),
+                query: m.query.iter().filter_map(|q| Some((q.name.clone(), q.value.clone()?))).collect(),
+                query_present: m.query.iter().filter(|q| q.value.is_none()).map(|q| q.name.clone()).collect(),
             },
             service,
             static_dir,
@@ -381,6 +436,17 @@ mod tests {
 
     fn parse(s: &str) -> Result<RouteSpec, serde_json::Error> {
         serde_json::from_str(s)
+    }
+
+    #[test]
+    fn query_conditions_decode_and_read_back() {
+        let r = parse(r#"{"match":{"query":{"v":"2"},"query_present":["debug","debug"]},"service":"w"}"#).unwrap();
+        assert_eq!(r.matches.conditions(), 2);
+        let back = serde_json::to_value(&r).unwrap();
+        assert_eq!(back["match"]["query"], serde_json::json!({"v": "2"}));
+        assert_eq!(back["match"]["query_present"], serde_json::json!(["debug"]));
+        let e = parse(r#"{"match":{"query_present":[""]},"service":"w"}"#).unwrap_err().to_string();
+        assert!(e.contains("match.query_present[0]"), "{e}");
     }
 
     #[test]

@@ -242,7 +242,8 @@ pub(crate) fn decide<'s>(
     if settings.health_path.as_deref() == Some(facts.path) && matches!(*method, Method::GET | Method::HEAD) {
         return Decision::local(Local::Health { draining: facts.stopping });
     }
-    let view = RequestView { host: &facts.host, path: facts.path, method, headers: facts.headers };
+    let query = facts.path_and_query.split_once('?').map(|(_, q)| q);
+    let view = RequestView { host: &facts.host, path: facts.path, method, headers: facts.headers, query };
     let Some(route) = snapshot.route(&view) else {
         return Decision::local(Local::Error(ErrorKind::NoRoute));
     };

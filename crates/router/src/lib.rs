@@ -68,6 +68,8 @@ pub struct RequestView<'a> {
     pub method: &'a Method,
     /// The headers.
     pub headers: &'a dyn Headers,
+    /// The query, without `?` (`None` when the target has none).
+    pub query: Option<&'a str>,
 }
 
 /// An immutable, persistent route table.
@@ -191,6 +193,41 @@ fn conditions_hold(spec: &RouteSpec, req: &RequestView<'_>) -> bool {
         && m.header_regex.iter().all(|h| {
             req.headers.any(h.name.as_str(), &mut |v| std::str::from_utf8(v).is_ok_and(|v| h.regex.0.is_match(v)))
         })
+        && m.query.iter().all(|q| query_has(req.query, &q.name, q.value.as_deref()))
+}
+
+/// Whether `query` has a parameter `name` (with `value`, when given),
+/// both compared after form decoding (`%XX` escapes, `+` as a space).
+fn query_has(query: Option<&str>, name: &str, value: Option<&str>) -> bool {
+    let Some(query) = query else { return false };
+    query.split('&').any(|pair| {
+        let (n, v) = pair.split_once('=').unwrap_or((pair, ""));
+        form_decoded_is(n, name) && value.is_none_or(|want| form_decoded_is(v, want))
+    })
+}
+
+/// Whether `raw`, form-decoded, is `want` (compared as bytes; a `%` not
+/// followed by two hex digits stands for itself).
+fn form_decoded_is(raw: &str, want: &str) -> bool {
+    let (raw, want) = (raw.as_bytes(), want.as_bytes());
+    let (mut i, mut j) = (0, 0);
+    while i < raw.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        let (byte, used) = match raw[i] {
+            b'+' => (b' ', 1),
+            b'%' => match (raw.get(i + 1).copied().and_then(hex), raw.get(i + 2).copied().and_then(hex)) {
+                (Some(h), Some(l)) => ((h * 16 + l) as u8, 3),
+                _ => (b'%', 1),
+            },
+            b => (b, 1),
+        };
+        if want.get(j) != Some(&byte) {
+            return false;
+        }
+        i += used;
+        j += 1;
+    }
+    j == want.len()
 }
 
 /// Orders a bucket: best first, ties broken by name for determinism.

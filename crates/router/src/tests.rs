@@ -16,7 +16,7 @@ fn find<'r>(r: &'r Router, host: &str, path: &str) -> Option<&'r str> {
 }
 
 fn find_with<'r>(r: &'r Router, host: &str, path: &str, method: &Method, headers: &HeaderMap) -> Option<&'r str> {
-    let view = RequestView { host, path, method, headers };
+    let view = RequestView { host, path, method, headers, query: None };
     r.lookup(&view).map(|e| e.name.as_str())
 }
 
@@ -150,4 +150,34 @@ proptest! {
         let _ = find(&r, &host, &path);
         let _ = find(&r, &host.to_ascii_lowercase(), &format!("/{path}"));
     }
+}
+
+#[test]
+fn query_conditions_match_decoded_parameters() {
+    let mut r = Router::new();
+    r.insert(name("plain"), route(r#"{"match":{"path_prefix":"/x"},"service":"s"}"#));
+    r.insert(name("v2"), route(r#"{"match":{"path_prefix":"/x","query":{"version":"2 beta"}},"service":"s"}"#));
+    r.insert(name("debug"), route(r#"{"match":{"path_prefix":"/x","query_present":["debug"]},"service":"s"}"#));
+    let find_q = |query: Option<&str>| {
+        let headers = HeaderMap::new();
+        let view = RequestView { host: "", path: "/x", method: &Method::GET, headers: &headers, query };
+        r.lookup(&view).map(|e| e.name.to_string())
+    };
+    assert_eq!(find_q(None).as_deref(), Some("plain"));
+    assert_eq!(find_q(Some("version=2+beta")).as_deref(), Some("v2"));
+    assert_eq!(find_q(Some("a=1&version=2%20beta")).as_deref(), Some("v2"));
+    assert_eq!(find_q(Some("version=2")).as_deref(), Some("plain"), "another value");
+    assert_eq!(find_q(Some("versionx=2+beta")).as_deref(), Some("plain"), "another name");
+    assert_eq!(find_q(Some("debug")).as_deref(), Some("debug"));
+    assert_eq!(find_q(Some("x=1&debug=")).as_deref(), Some("debug"));
+    assert_eq!(find_q(Some("%64ebug=1")).as_deref(), Some("debug"), "names are decoded too");
+}
+
+#[test]
+fn form_decoding_compares_bytes() {
+    assert!(form_decoded_is("a%2Bb+c", "a+b c"));
+    assert!(form_decoded_is("100%", "100%"), "a lone % stands for itself");
+    assert!(form_decoded_is("%zz", "%zz"));
+    assert!(!form_decoded_is("ab", "abc") && !form_decoded_is("abc", "ab"));
+    assert!(form_decoded_is("", ""));
 }

@@ -446,7 +446,7 @@ mod tests {
         let full = Snapshot::from_state(&s2, 2);
         assert_eq!(full.services().count(), snap2.services().count());
         let headers = HeaderMap::new();
-        let view = RequestView { host: "", path: "/a/1", method: &Method::GET, headers: &headers };
+        let view = RequestView { host: "", path: "/a/1", method: &Method::GET, headers: &headers, query: None };
         assert_eq!(snap2.route(&view).unwrap().name.as_str(), "r");
         assert!(full.route(&view).is_some());
     }

@@ -325,3 +325,32 @@ async fn compressed_responses_round_trip_through_curl_and_python_on_both_engines
         assert!(decoded == plain.body, "{engine}: Python's gzip decodes to the backend's bytes");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_select_by_query_parameters_on_both_engines() {
+    let (v1, v2) = (Backend::start("v1", &[]), Backend::start("v2", &[]));
+    for engine in ["native", "hyper"] {
+        let dir = tempfile::tempdir().unwrap();
+        let tg = Tidegate::start_with(&dir.path().join("data"), &["--http1", engine]);
+        for (name, b) in [("v1", &v1), ("v2", &v2)] {
+            let spec = json!({ "backends": [{ "id": "b0", "addr": b.addr.to_string() }] });
+            let (s, v) = tg.api("PUT", &format!("/v1/services/{name}"), Some(spec)).await;
+            assert_eq!(s, 200, "{v}");
+        }
+        let (s, v) = tg.api("PUT", "/v1/routes/v1", Some(json!({ "service": "v1" }))).await;
+        assert_eq!(s, 200, "{v}");
+        let v2_route = json!({ "match": { "query": { "version": "2 beta" } }, "service": "v2" });
+        let (s, v) = tg.api("PUT", "/v1/routes/v2", Some(v2_route)).await;
+        assert_eq!(s, 200, "{v}");
+        for (query, backend) in
+            [("", "v1"), ("?version=2+beta", "v2"), ("?a=1&version=2%20beta", "v2"), ("?version=2", "v1")]
+        {
+            let r = get(&format!("http://{}/x{query}", tg.proxy)).await;
+            assert_eq!(r.headers["x-backend"], backend, "{engine} {query:?}");
+        }
+        let bad = json!({ "match": { "query_present": [""] }, "service": "v2" });
+        let (s, v) = tg.api("PUT", "/v1/routes/bad", Some(bad)).await;
+        assert_eq!(s, 400, "{v}");
+        assert_eq!(v["error"]["field"], "spec.match.query_present[0]", "{v}");
+    }
+}
