@@ -164,20 +164,80 @@ fn edited(edit: &HeaderEdit) -> &http::HeaderName {
 }
 
 /// Makes a rule's header `edits`, in order, to the complete head written
-/// in `out` (its start line, its fields, the empty line): the fields the
-/// edits name move to the end of the head with the values the edits leave
-/// them; the others stay as they are. Framing fields are never named (the
-/// model refuses them in a rule).
+/// in `out` (its start line, its fields, the empty line), in one pass and
+/// without a header map: a field an edit names keeps its lines where they
+/// are unless a `Set` or `Remove` replaced them, and the values the edits
+/// add are written at the end of the head. Framing fields are never named
+/// (the model refuses them in a rule).
 pub(crate) fn edit_head(out: &mut Vec<u8>, edits: &[HeaderEdit]) {
     if edits.is_empty() {
         return;
     }
-    let named = |name: &[u8]| edits.iter().any(|e| edited(e).as_str().as_bytes().eq_ignore_ascii_case(name));
-    edit_fields(out, named, |fields| {
-        for edit in edits {
-            edit.apply(fields);
+    let same = |n: &http::HeaderName, line_name: &[u8]| n.as_str().as_bytes().eq_ignore_ascii_case(line_name);
+    let head = std::mem::take(out);
+    let fields = || {
+        head.split(|b| *b == b'\n')
+            .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+            .skip(1)
+            .take_while(|l| !l.is_empty())
+            .filter_map(|l| l.iter().position(|b| *b == b':').map(|c| (&l[..c], l)))
+    };
+    // Per field the edits name: whether the head's lines stay, and the
+    // values the edits add after them.
+    struct Named<'e> {
+        name: &'e http::HeaderName,
+        keep: bool,
+        has: bool,
+        added: Vec<&'e http::HeaderValue>,
+    }
+    let mut named: Vec<Named<'_>> = Vec::with_capacity(edits.len());
+    for edit in edits {
+        let name = edited(edit);
+        let at = match named.iter().position(|n| n.name == name) {
+            Some(at) => at,
+            None => {
+                let has = fields().any(|(n, _)| same(name, n));
+                named.push(Named { name, keep: true, has, added: Vec::new() });
+                named.len() - 1
+            }
+        };
+        let n = &mut named[at];
+        match edit {
+            HeaderEdit::Set(_, v) => {
+                (n.keep, n.has) = (false, true);
+                n.added.clear();
+                n.added.push(v);
+            }
+            HeaderEdit::Add(_, v) => {
+                n.has = true;
+                n.added.push(v);
+            }
+            HeaderEdit::SetIfAbsent(_, v) if !n.has => {
+                n.has = true;
+                n.added.push(v);
+            }
+            HeaderEdit::SetIfAbsent(..) => {}
+            HeaderEdit::Remove(_) => {
+                (n.keep, n.has) = (false, false);
+                n.added.clear();
+            }
         }
-    });
+    }
+    out.reserve(head.len() + 64 * named.len());
+    let start = head.iter().position(|b| *b == b'\n').map_or(head.len(), |i| i + 1);
+    out.extend_from_slice(&head[..start]);
+    for (name, line) in fields() {
+        if named.iter().all(|n| n.keep || !same(n.name, name)) {
+            out.extend_from_slice(line);
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+    for n in &named {
+        for v in &n.added {
+            field(out, n.name.as_str().as_bytes(), v.as_bytes());
+        }
+    }
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Edits the fields of the head written in `out` that `named` selects:
@@ -415,9 +475,21 @@ mod tests {
         edit_head(&mut out, &edits);
         assert_eq!(
             String::from_utf8(out).unwrap(),
-            "GET /p HTTP/1.1\r\ncontent-length: 0\r\nhost: backend.internal\r\nx-a: 1\r\nx-a: 3\r\nx-a: 4\r\n\
-             x-keep: k\r\nx-new: yes\r\n\r\n"
+            "GET /p HTTP/1.1\r\nx-a: 1\r\nx-a: 3\r\nx-keep: k\r\ncontent-length: 0\r\nx-a: 4\r\n\
+             host: backend.internal\r\nx-new: yes\r\n\r\n"
         );
+        // Set after Add, Remove then Add, SetIfAbsent after Remove.
+        let mut out = b"HTTP/1.1 200 OK\r\nx: 1\r\ny: 2\r\nz: 3\r\n\r\n".to_vec();
+        let edits = [
+            HeaderEdit::Add(n("x"), v("a")),
+            HeaderEdit::Set(n("x"), v("b")),
+            HeaderEdit::Remove(n("y")),
+            HeaderEdit::Add(n("y"), v("c")),
+            HeaderEdit::Remove(n("z")),
+            HeaderEdit::SetIfAbsent(n("z"), v("d")),
+        ];
+        edit_head(&mut out, &edits);
+        assert_eq!(String::from_utf8(out).unwrap(), "HTTP/1.1 200 OK\r\nx: b\r\ny: c\r\nz: d\r\n\r\n");
         let mut same = b"HTTP/1.1 200 OK\r\nx: 1\r\n\r\n".to_vec();
         edit_head(&mut same, &[]);
         assert_eq!(same, b"HTTP/1.1 200 OK\r\nx: 1\r\n\r\n");
