@@ -447,6 +447,11 @@ impl Listening {
         let own = rustix::process::getuid().as_raw();
         let mut channel = Channel::new(stream, timeouts);
         if peer.uid.as_raw() != own {
+            // Its hello is read first (bounded by the step's timeout): a
+            // socket closed with unread data would reset the connection,
+            // and the peer would not learn why.
+            let after = channel.timeouts.step;
+            let _ = channel.receive(Step::Hello, after);
             channel.refuse(Step::Hello, "the hand-over is only for processes of the same user");
             return Err(TakeoverError::ForeignPeer {
                 uid: peer.uid.as_raw(),

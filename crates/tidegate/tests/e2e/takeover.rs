@@ -329,3 +329,40 @@ async fn changes_racing_a_takeover_are_each_applied_once() {
     let (_, service) = new.api("GET", "/v1/services/churn", None).await;
     assert_eq!(service["spec"]["backends"].as_array().map(Vec::len), Some(n as usize), "{service}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_by_another_user_is_refused() {
+    // Switching users needs root (as CI runs); elsewhere there is no other
+    // user to be.
+    let root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    if !root || Command::new("setpriv").arg("--version").output().is_err() {
+        eprintln!("skipped: needs root and setpriv to run a process as another user");
+        return;
+    }
+    let backend = Backend::start("b", &[]);
+    let data = tempfile::tempdir().expect("tempdir");
+    let old = Tidegate::start(data.path());
+    route_to(&old, "web", &[&backend], "round_robin").await;
+    // Let another user reach the socket at all: its mode (0600) is the
+    // first barrier, the peer's uid the second, tested here.
+    use std::os::unix::fs::PermissionsExt;
+    let socket = data.path().join("takeover.sock");
+    assert_eq!(std::fs::metadata(&socket).expect("takeover.sock").permissions().mode() & 0o777, 0o600);
+    std::fs::set_permissions(data.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let out = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_tidegate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--takeover", "--data-dir"])
+        .arg(data.path())
+        .env("TIDEGATE_ADMIN_TOKEN", TOKEN)
+        .output()
+        .expect("run setpriv");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("only for processes of the same user"), "{stderr}");
+    let r = get(&old.url("/")).await;
+    assert_eq!((r.status, served_by(&r)), (200, "b".to_string()), "the old process still serves");
+    let (s, v) = old.api("PUT", "/v1/services/other", Some(json!({}))).await;
+    assert_eq!(s, 200, "and still writes: {v}");
+}
