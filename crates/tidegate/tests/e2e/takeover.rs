@@ -157,9 +157,20 @@ async fn answers_grow(counts: &Counts, n: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_takeover_under_load_drops_nothing_and_keeps_the_configuration() {
+    under_load(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_under_load_drops_nothing_with_the_hyper_engine() {
+    under_load(&["--http1", "hyper"]).await;
+}
+
+/// A hand-over while clients keep sending, on the old and new processes
+/// started with `flags`.
+async fn under_load(flags: &[&str]) {
     let backend = Backend::start("b", &[]);
     let dir = tempfile::tempdir().expect("tempdir");
-    let old = Tidegate::start(dir.path());
+    let old = Tidegate::start_with(dir.path(), flags);
     route_to(&old, "web", &[&backend], "round_robin").await;
     let (_, before) = old.api("GET", "/v1/config", None).await;
 
@@ -171,7 +182,7 @@ async fn a_takeover_under_load_drops_nothing_and_keeps_the_configuration() {
         .collect();
     answers_grow(&counts, 50).await;
 
-    let new = Tidegate::start_with(dir.path(), &["--takeover"]);
+    let new = Tidegate::start_with(dir.path(), &[flags, &["--takeover"]].concat());
     assert_eq!(new.proxy, old.proxy, "the same socket, not a new one");
     assert_eq!(new.admin, old.admin);
     let status = exits(old, Duration::from_secs(30)).await;
@@ -184,7 +195,7 @@ async fn a_takeover_under_load_drops_nothing_and_keeps_the_configuration() {
     }
     let failures = counts.failures();
     eprintln!(
-        "takeover under load: {} answers, {} requests resent after an idle keep-alive close, {} failed",
+        "takeover under load {flags:?}: {} answers, {} requests resent after an idle keep-alive close, {} failed",
         counts.ok.load(Relaxed),
         counts.resent.load(Relaxed),
         failures.len()
@@ -234,7 +245,7 @@ async fn a_failed_takeover_leaves_the_old_process_serving_and_writing() {
 
     let backend = Backend::start("b", &[]);
     let data = tempfile::tempdir().expect("tempdir");
-    let mut old = Tidegate::start(data.path());
+    let old = Tidegate::start(data.path());
     route_to(&old, "web", &[&backend], "round_robin").await;
     let dir = data.path().to_str().expect("utf-8");
     // A flag the binary does not know: refused before anything is asked.
@@ -248,6 +259,7 @@ async fn a_failed_takeover_leaves_the_old_process_serving_and_writing() {
     assert!(!out.status.success());
     assert!(stderr.contains("proxy listener") && stderr.contains("keeps serving"), "{stderr}");
 
+    let mut old = old;
     assert!(old.wait_exit(Duration::ZERO).is_none(), "the old process still runs");
     let r = get(&old.url("/")).await;
     assert_eq!((r.status, served_by(&r)), (200, "b".to_string()));
@@ -256,6 +268,8 @@ async fn a_failed_takeover_leaves_the_old_process_serving_and_writing() {
     // And a later hand-over still works.
     let new = Tidegate::start_with(data.path(), &["--takeover"]);
     assert_eq!(new.proxy, old.proxy);
+    // Gone first, so the admin address answers from the new process alone.
+    assert!(exits(old, Duration::from_secs(30)).await.success());
     let (_, services) = new.api("GET", "/v1/services", None).await;
     assert!(services.to_string().contains("other"), "{services}");
 }
