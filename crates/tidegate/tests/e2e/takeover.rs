@@ -380,3 +380,35 @@ async fn a_takeover_by_another_user_is_refused() {
     let (s, v) = old.api("PUT", "/v1/services/other", Some(json!({}))).await;
     assert_eq!(s, 200, "and still writes: {v}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_listener_moves_tls_and_metrics_included() {
+    let flags = ["--listen-tls", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"];
+    let dir = tempfile::tempdir().expect("tempdir");
+    let old = Tidegate::start_with(dir.path(), &flags);
+    let new = Tidegate::start_with(dir.path(), &[&flags[..], &["--takeover"]].concat());
+    assert_eq!((new.proxy, new.proxy_tls, new.admin), (old.proxy, old.proxy_tls, old.admin));
+    assert!(exits(old, Duration::from_secs(30)).await.success());
+    // The TLS socket still takes connections, from the new process.
+    let tls = new.proxy_tls.expect("a TLS listener");
+    tokio::net::TcpStream::connect(tls).await.expect("the TLS socket accepts");
+    // Without --metrics-listen, the new process is refused: the running
+    // one has a listener it would not serve.
+    let newer = tidegate(&[
+        "serve",
+        "--data-dir",
+        dir.path().to_str().expect("utf-8"),
+        "--listen",
+        "127.0.0.1:0",
+        "--listen-tls",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--takeover",
+    ]);
+    let stderr = String::from_utf8_lossy(&newer.stderr);
+    assert!(!newer.status.success());
+    assert!(stderr.contains("metrics listener"), "{stderr}");
+    let (s, _) = new.api("PUT", "/v1/services/after", Some(json!({}))).await;
+    assert_eq!(s, 200, "the running process took its store back");
+}
