@@ -42,42 +42,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating data directory {}", args.data_dir.display()))?;
     tidegate_proxy::never_serve(&[&args.data_dir]);
-    // With --takeover, the running instance's sockets first: it closes the
-    // embedded store before handing them over.
-    let mut taking = match args.takeover {
-        true => Some(crate::takeover::take_over(&args)?),
-        false => None,
-    };
-    let opened = (|| {
-        // The store locks the data directory; only then may the token be written.
-        let store: Arc<dyn Store> = match &args.store {
-            None => Arc::new(open_store(&args.data_dir)?),
-            Some(url) => {
-                let store = EtcdStore::open(url.clone(), etcd_access(&args.etcd)?)
-                    .with_context(|| format!("connecting to the configuration store {}", url))?;
-                Arc::new(store)
-            }
-        };
-        let token = admin_token(&args.data_dir)?;
-        let control = Control::start(store).context("not starting: loading the configuration from the store")?;
-        anyhow::Ok((token, control))
-    })();
-    let (token, control) = match (opened, taking.take()) {
-        (Ok(opened), None) => opened,
-        (Ok(opened), Some(mut t)) => {
-            // The running instance goes on accepting until this one serves.
-            t.ready()?;
-            taking = Some(t);
-            opened
-        }
-        (Err(e), Some(t)) => {
-            t.refuse(&format!("{e:#}"));
-            return Err(e.context("--takeover: the running instance keeps serving"));
-        }
-        (Err(e), None) => return Err(e),
-    };
-    let mut received = taking.as_mut().map(|t| std::mem::take(&mut t.received));
-    let sockets = crate::takeover::Sockets::default();
 
     // Every client connection and every backend connection is a
     // descriptor: take all the system allows (the soft limit is often 1024).
@@ -113,6 +77,43 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             Some(Arc::new(log))
         }
     };
+    // With --takeover, the running instance's sockets first: it closes the
+    // embedded store before handing them over. Everything that may fail
+    // on its own (flags, the access log) was checked before asking.
+    let mut taking = match args.takeover {
+        true => Some(crate::takeover::take_over(&args)?),
+        false => None,
+    };
+    let opened = (|| {
+        // The store locks the data directory; only then may the token be written.
+        let store: Arc<dyn Store> = match &args.store {
+            None => Arc::new(open_store(&args.data_dir)?),
+            Some(url) => {
+                let store = EtcdStore::open(url.clone(), etcd_access(&args.etcd)?)
+                    .with_context(|| format!("connecting to the configuration store {}", url))?;
+                Arc::new(store)
+            }
+        };
+        let token = admin_token(&args.data_dir)?;
+        let control = Control::start(store).context("not starting: loading the configuration from the store")?;
+        anyhow::Ok((token, control))
+    })();
+    let (token, control) = match (opened, taking.take()) {
+        (Ok(opened), None) => opened,
+        (Ok(opened), Some(mut t)) => {
+            // The running instance goes on accepting until this one serves.
+            t.ready()?;
+            taking = Some(t);
+            opened
+        }
+        (Err(e), Some(t)) => {
+            t.refuse(&format!("{e:#}"));
+            return Err(e.context("--takeover: the running instance keeps serving"));
+        }
+        (Err(e), None) => return Err(e),
+    };
+    let mut received = taking.as_mut().map(|t| std::mem::take(&mut t.received));
+    let sockets = crate::takeover::Sockets::default();
     let options = ServerOptions {
         listen: match (args.listen, args.listen_tls) {
             (None, None) => Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
@@ -248,13 +249,17 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         // process took over from stops accepting.
         let (handed_tx, mut handed_over) = tokio::sync::watch::channel(false);
         let handed_over_end = handed_over.clone();
-        let _offering = crate::takeover::Offering::start(
-            &args.data_dir,
-            control.clone(),
-            sockets.clone(),
-            args.store.is_none(),
-            handed_tx,
-        )?;
+        // Not fatal: in cluster mode two instances may share a data
+        // directory (only the first can be taken over then).
+        let embedded = args.store.is_none();
+        let _offering =
+            match crate::takeover::Offering::start(&args.data_dir, control.clone(), sockets.clone(), embedded, handed_tx) {
+                Ok(offering) => Some(offering),
+                Err(e) => {
+                    tracing::warn!(error = %format!("{e:#}"), "this instance cannot be taken over (`serve --takeover`)");
+                    None
+                }
+            };
         if let Some(t) = taking.take() {
             t.serving()?;
             tracing::info!("took over: the previous instance drains and exits");
