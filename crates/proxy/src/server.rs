@@ -447,3 +447,53 @@ impl AcceptErrors {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    /// Sockets handed over by a per-core instance with more workers than
+    /// this one: every socket of the `SO_REUSEPORT` group is served (the
+    /// kernel spreads connections over all of them, so one left without an
+    /// accept loop would leave its connections waiting), and all are
+    /// offered again to the next process.
+    #[test]
+    fn serve_on_serves_every_socket_of_a_group_larger_than_its_workers() {
+        let first = bind(SocketAddr::from(([127, 0, 0, 1], 0)), true).expect("bind");
+        let addr = first.local_addr().expect("addr");
+        let mut plain = vec![first];
+        for _ in 0..2 {
+            plain.push(bind(addr, true).expect("bind the group"));
+        }
+        let snapshots = Arc::new(ArcSwap::from_pointee(Snapshot::from_state(&Default::default(), 0)));
+        let opts = ServerOptions {
+            listen: None,
+            listen_tls: None,
+            workers: 2,
+            mode: RuntimeMode::PerCore,
+            http1: Http1Engine::Native,
+            limits: Limits::default(),
+            drain_timeout: Duration::from_secs(1),
+            health_path: Some("/healthz".into()),
+            access_log: None,
+        };
+        let handle = serve_on(opts, Listeners { plain, tls: Vec::new() }, snapshots, Arc::new(ProxyMetrics::default()))
+            .expect("serves");
+        assert_eq!(handle.local_addr(), Some(addr));
+        let offered = handle.sockets();
+        assert_eq!(offered.len(), 3);
+        assert!(offered.iter().all(|s| s.addr == addr && !s.tls));
+        // Spread over three sockets, 60 connections miss one of them with
+        // a probability of (2/3)^60: each must be answered.
+        for i in 0..60 {
+            let mut c = std::net::TcpStream::connect(addr).expect("connect");
+            c.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+            c.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").expect("write");
+            let mut answer = String::new();
+            let _ = c.read_to_string(&mut answer);
+            assert!(answer.starts_with("HTTP/1.1 200"), "connection {i}: {answer:?}");
+        }
+        handle.shutdown();
+    }
+}
