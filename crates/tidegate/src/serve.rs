@@ -155,7 +155,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 
     let events = Arc::new(tidegate_autoscale::Events::default());
     let scaling = tidegate_autoscale::StatusBoard::default();
-    let _background = Background::start(&control, events.clone(), args.data_dir.join("instances"), scaling.clone())?;
+    let background = Background::start(&control, events.clone(), args.data_dir.join("instances"), scaling.clone())?;
 
     // The admin API and the writer's submitters share one small runtime,
     // apart from the data plane, so configuration stays responsive under load.
@@ -295,6 +295,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         // successor announced itself under the same name: leave that be.
         control.retire();
     }
+    // Probes, load sources and the autoscaler stop before the drain: after
+    // a hand-over, the successor's act on the same backends and instances.
+    drop(background);
     // The sockets close as the workers stop accepting, unless a successor
     // holds them.
     sockets.clear();
