@@ -228,8 +228,14 @@ impl Side {
             let Some(listening) = &self.listening else { continue };
             let peer = match listening.accept(Timeouts::default()) {
                 Ok(peer) => peer,
-                Err(e) => {
+                Err(e @ TakeoverError::ForeignPeer { .. }) => {
                     tracing::warn!(error = %e, "hand-over refused");
+                    continue;
+                }
+                Err(e) => {
+                    // Out of descriptors and the like: not in a tight loop.
+                    tracing::warn!(error = %e, "accepting a successor failed");
+                    std::thread::sleep(Duration::from_millis(100));
                     continue;
                 }
             };
