@@ -17,6 +17,9 @@ pub struct ApiError {
     op: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     field: Option<String>,
+    /// Seconds after which the request may be sent again (`Retry-After`).
+    #[serde(skip)]
+    retry_after: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -27,7 +30,7 @@ struct Envelope<'a> {
 
 impl ApiError {
     fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
-        ApiError { status, message: message.into(), op: None, field: None }
+        ApiError { status, message: message.into(), op: None, field: None, retry_after: None }
     }
 
     /// 500: a bug (an answer that did not serialize).
@@ -83,7 +86,13 @@ impl ApiError {
             Some(p) => format!("{p}.{}", e.field),
             None => e.field,
         };
-        ApiError { status: StatusCode::BAD_REQUEST, message: e.message, op: e.op, field: Some(field) }
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: e.message,
+            op: e.op,
+            field: Some(field),
+            retry_after: None,
+        }
     }
 
     /// 413, 400 or 415 for a body that could not be read.
@@ -103,9 +112,15 @@ impl From<SubmitError> for ApiError {
                 message: c.message,
                 op: c.op,
                 field: c.field,
+                retry_after: None,
             },
             SubmitError::Store(m) | SubmitError::Unavailable(m) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, m),
             SubmitError::TooLarge(m) => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, m),
+            SubmitError::HandedOver => {
+                let mut e = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, SubmitError::HandedOver.to_string());
+                e.retry_after = Some(1);
+                e
+            }
             SubmitError::Closed => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the configuration writer stopped before answering (shutting down, or it failed: see the logs)",
@@ -117,6 +132,10 @@ impl From<SubmitError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = Json(Envelope { error: &self, status: self.status.as_u16() });
-        (self.status, body).into_response()
+        let mut response = (self.status, body).into_response();
+        if let Some(secs) = self.retry_after {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(secs));
+        }
+        response
     }
 }

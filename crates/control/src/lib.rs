@@ -71,6 +71,11 @@ pub enum SubmitError {
     /// The writer is shutting down.
     #[error("the configuration writer has stopped")]
     Closed,
+    /// The store was handed over to a new process of this data directory
+    /// (`tidegate serve --takeover`): nothing was applied here; the same
+    /// change sent again reaches the new process.
+    #[error("the configuration store is being handed over to a new Tidegate process (serve --takeover); nothing was applied: send the change again in a moment")]
+    HandedOver,
 }
 
 /// Counters of the writer, for `/metrics`.
@@ -139,6 +144,11 @@ enum Work {
     CatchUp,
     /// The store has housekeeping due (after commits made by submitters).
     Maintain,
+    /// Commit what was queued before, then close the store for a new
+    /// process ([`Control::hand_over`]).
+    Release(oneshot::Sender<Result<bool, StoreError>>),
+    /// Open the store again ([`Control::take_back`]).
+    Reacquire(oneshot::Sender<Result<(), StoreError>>),
 }
 
 /// Shared by the writer thread and the handles.
@@ -161,6 +171,9 @@ struct Shared {
     /// Submissions handed to the writer thread that have not returned to
     /// their submitters yet.
     handed: AtomicUsize,
+    /// The store is being handed over, or was: new submissions are refused
+    /// with [`SubmitError::HandedOver`].
+    sealed: AtomicBool,
 }
 
 /// A handle on the configuration: submit changes, read, watch. Cheap to clone.
@@ -229,6 +242,7 @@ impl Control {
             candidate: AtomicBool::new(false),
             last_commit_nanos: AtomicU64::new(0),
             handed: AtomicUsize::new(0),
+            sealed: AtomicBool::new(false),
         });
         let wake = queue.clone();
         let applied = shared.clone();
@@ -267,6 +281,9 @@ impl Control {
     /// was slow (a stalled disk) gets no such commit until one is fast
     /// again, so a runtime is never held long.
     pub async fn submit(&self, change: ChangeSet) -> Result<u64, SubmitError> {
+        if self.shared.sealed.load(Acquire) {
+            return Err(SubmitError::HandedOver);
+        }
         let (reply, answer) = oneshot::channel();
         let pending = Pending { change, reply };
         let pending = match self.commit_here(pending).await {
@@ -300,6 +317,12 @@ impl Control {
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return Some(pending),
         };
+        // Sealed before the writer took the turn to close the store: the
+        // store may be closed already.
+        if shared.sealed.load(Acquire) {
+            let _ = pending.reply.send(Err(SubmitError::HandedOver));
+            return None;
+        }
         shared.commit_alone(pending);
         if shared.store.maintenance_due() {
             let _ = self.queue.try_send(Work::Maintain);
@@ -312,6 +335,45 @@ impl Control {
     /// commit here would hold that answer back on this thread).
     fn alone(&self) -> bool {
         self.shared.handed.load(Acquire) == 0
+    }
+
+    /// Stops taking change sets and closes the store for a new process of
+    /// the same data directory (`serve --takeover`). Every change set
+    /// submitted before is committed and answered first; every one after
+    /// is refused with [`SubmitError::HandedOver`] (retryable: nothing of
+    /// it was applied). Returns whether the store was closed: false for a
+    /// store shared by several instances (etcd), which needs no hand-over
+    /// (submissions are then taken again).
+    ///
+    /// Blocking: call it from a thread that is not a runtime's.
+    pub fn hand_over(&self) -> Result<bool, SubmitError> {
+        self.shared.sealed.store(true, Release);
+        let (reply, answer) = oneshot::channel();
+        let outcome = match self.queue.blocking_send(Work::Release(reply)) {
+            Ok(()) => answer
+                .blocking_recv()
+                .map_err(|_| SubmitError::Closed)
+                .and_then(|r| r.map_err(|e| SubmitError::Store(format!("closing the store for the new process: {e}")))),
+            Err(_) => Err(SubmitError::Closed),
+        };
+        if !matches!(outcome, Ok(true)) {
+            self.shared.sealed.store(false, Release);
+        }
+        outcome
+    }
+
+    /// Opens the store again after [`Control::hand_over`] (the new process
+    /// failed and is gone), reloads what it holds, and takes change sets
+    /// again. Blocking, as `hand_over`.
+    pub fn take_back(&self) -> Result<(), SubmitError> {
+        let (reply, answer) = oneshot::channel();
+        self.queue.blocking_send(Work::Reacquire(reply)).map_err(|_| SubmitError::Closed)?;
+        answer
+            .blocking_recv()
+            .map_err(|_| SubmitError::Closed)?
+            .map_err(|e| SubmitError::Store(format!("opening the store again: {e}")))?;
+        self.shared.sealed.store(false, Release);
+        Ok(())
     }
 
     /// The current configuration.

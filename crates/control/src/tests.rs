@@ -440,3 +440,59 @@ async fn followers_of_snapshots_wake_for_each_publication_and_not_otherwise() {
     let quiet = tokio::time::timeout(std::time::Duration::from_millis(50), changes.next()).await;
     assert!(quiet.is_err(), "a refused change set woke a follower: {quiet:?}");
 }
+
+/// The hand-over of the embedded store (`serve --takeover`): change sets
+/// queued before it are committed and answered, later ones are refused as
+/// retryable, the store is free for another opener meanwhile, and taking
+/// it back reloads what that opener committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_commits_what_is_queued_refuses_the_rest_and_can_be_taken_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.sqlite");
+    let control = Control::start(Arc::new(tidegate_store::SqliteStore::open(&path).unwrap())).unwrap();
+    control.submit(cs(r#"{"ops":[{"op":"put_service","name":"web","spec":{}}]}"#)).await.unwrap();
+    // Submissions racing the hand-over: each is applied once or refused.
+    let racing: Vec<_> = (0..50)
+        .map(|i| {
+            let c = control.clone();
+            tokio::spawn(async move { c.submit(put_backend(i)).await })
+        })
+        .collect();
+    let c = control.clone();
+    let released = tokio::task::spawn_blocking(move || c.hand_over()).await.unwrap().unwrap();
+    assert!(released, "an embedded store is handed over");
+    let mut applied = 0;
+    for t in racing {
+        match t.await.unwrap() {
+            Ok(_) => applied += 1,
+            Err(SubmitError::HandedOver) => {}
+            Err(e) => panic!("neither applied nor refused as handed over: {e}"),
+        }
+    }
+    assert_eq!(control.config().revision, 1 + applied);
+    assert!(matches!(control.submit(put_backend(99)).await, Err(SubmitError::HandedOver)));
+    // Another process may open the store now, and sees every answered change.
+    {
+        let other = tidegate_store::SqliteStore::open(&path).unwrap();
+        let loaded = other.load().unwrap();
+        assert_eq!(loaded.revision, 1 + applied);
+        let next = Control::start(Arc::new(other)).unwrap();
+        next.submit(put_backend(100)).await.unwrap();
+    }
+    // The other writer's thread lets go of the store when it sees its
+    // last handle gone: retry until the lock is free (bounded).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let c = control.clone();
+        match tokio::task::spawn_blocking(move || c.take_back()).await.unwrap() {
+            Ok(()) => break,
+            Err(e) if Instant::now() < deadline => {
+                assert!(e.to_string().contains("another Tidegate"), "{e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => panic!("the store was not taken back: {e}"),
+        }
+    }
+    assert_eq!(control.config().revision, 2 + applied, "what the other process committed is reloaded");
+    assert_eq!(control.submit(put_backend(101)).await.unwrap(), 3 + applied);
+}

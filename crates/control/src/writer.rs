@@ -27,11 +27,14 @@ const CATCH_UP_PAGE: usize = 1_000;
 pub(crate) struct Writer {
     shared: Arc<Shared>,
     rx: mpsc::Receiver<Work>,
+    /// The store is closed for a new process ([`Work::Release`]): change
+    /// sets are refused until it is opened again.
+    released: bool,
 }
 
 impl Writer {
     pub(crate) fn new(shared: Arc<Shared>, rx: mpsc::Receiver<Work>) -> Writer {
-        Writer { shared, rx }
+        Writer { shared, rx, released: false }
     }
 
     /// Runs until every handle is dropped. A panic while a group is
@@ -53,9 +56,19 @@ impl Writer {
         let mut group = Vec::new();
         while let Some(first) = self.rx.blocking_recv() {
             let mut next = Some(first);
+            // A hand-over's step, taken after the change sets queued before it.
+            let mut step = None;
             while let Some(work) = next.take() {
-                if let Work::Submit(p) = work {
-                    group.push(p);
+                match work {
+                    Work::Submit(p) if self.released => {
+                        let _ = p.reply.send(Err(SubmitError::HandedOver));
+                    }
+                    Work::Submit(p) => group.push(p),
+                    Work::Release(_) | Work::Reacquire(_) => {
+                        step = Some(work);
+                        break;
+                    }
+                    Work::CatchUp | Work::Maintain => {}
                 }
                 if group.len() >= MAX_GROUP {
                     break;
@@ -65,9 +78,31 @@ impl Writer {
             // A submitter committing its lone change set here holds the
             // turn for that one commit.
             let _turn = self.shared.turn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            self.shared.catch_up();
+            if !self.released {
+                self.shared.catch_up();
+            }
             if !group.is_empty() {
                 let _ = self.shared.commit_group(std::mem::take(&mut group));
+            }
+            match step {
+                Some(Work::Release(reply)) => {
+                    let outcome = self.shared.store.release();
+                    self.released = matches!(outcome, Ok(true));
+                    let _ = reply.send(outcome);
+                    continue;
+                }
+                Some(Work::Reacquire(reply)) => {
+                    let outcome = self.shared.store.reacquire().and_then(|()| self.shared.reload());
+                    if outcome.is_ok() {
+                        self.released = false;
+                    }
+                    let _ = reply.send(outcome);
+                    continue;
+                }
+                _ => {}
+            }
+            if self.released {
+                continue;
             }
             // Housekeeping only between groups, so it delays no answer
             // (unless a change set arrives during it).

@@ -35,6 +35,9 @@ struct Activity {
     cancelled: AtomicU64,
     /// Woken when cancellations cross [`CANCEL_LIMIT`].
     abusive: tokio::sync::Notify,
+    /// Woken when a request starts (for a connection told to stop before
+    /// its first one).
+    started: tokio::sync::Notify,
     /// Response bodies of HTTP/2 streams still in progress, which the
     /// client's flow control may stall.
     streams: std::sync::Mutex<Vec<std::sync::Weak<Watched>>>,
@@ -75,6 +78,7 @@ impl Activity {
         // is not idle, and its end stamps the time.
         self.in_progress.fetch_add(1, Relaxed);
         self.requests.fetch_add(1, Relaxed);
+        self.started.notify_one();
         InProgress { activity: self.clone(), answered: false }
     }
 
@@ -325,6 +329,7 @@ async fn serve_connection<I>(
 {
     let activity = Arc::new(Activity::default());
     let accepted_ms = clock::now_ms();
+    let accepted = tokio::time::Instant::now();
     let addr = client.addr;
     let client = Arc::new(client);
     let tracked = activity.clone();
@@ -390,6 +395,18 @@ async fn serve_connection<I>(
             _ = stop.changed() => break Duration::MAX,
         }
     };
+    if grace == Duration::MAX && activity.requests.load(Relaxed) == 0 {
+        // Stopped before its first request: accepted just before the stop,
+        // its request on the way (a hand-over to a new process stops this
+        // one while clients keep connecting). Shut down now, hyper would
+        // close it unanswered; it waits for that request instead, bounded
+        // by the first request's timeout.
+        let left = limits.first_request_timeout.saturating_sub(accepted.elapsed());
+        tokio::select! {
+            _ = conn.as_mut() => return,
+            _ = tokio::time::timeout(left, activity.started.notified()) => {}
+        }
+    }
     conn.as_mut().graceful_shutdown();
     let _ = tokio::time::timeout(grace, conn).await;
 }

@@ -65,12 +65,38 @@ pub struct ServerOptions {
     pub access_log: Option<Arc<crate::AccessLog>>,
 }
 
+/// Listening sockets made elsewhere for the data plane to serve on: the
+/// ones a running instance handed over (`tidegate serve --takeover`).
+/// Several sockets of one kind are the `SO_REUSEPORT` group of a per-core
+/// instance; every one is served (each has its own accept queue).
+#[derive(Debug, Default)]
+pub struct Listeners {
+    /// Plain HTTP listeners, all bound to one address.
+    pub plain: Vec<std::net::TcpListener>,
+    /// TLS listeners, all bound to one address.
+    pub tls: Vec<std::net::TcpListener>,
+}
+
+/// One listening socket of the data plane, for handing it over.
+#[derive(Debug, Clone, Copy)]
+pub struct ListeningSocket<'a> {
+    /// It terminates TLS.
+    pub tls: bool,
+    /// The address it is bound to.
+    pub addr: SocketAddr,
+    /// Its descriptor.
+    pub fd: std::os::fd::BorrowedFd<'a>,
+}
+
 /// The running data plane.
 pub struct ServerHandle {
     local_addr: Option<SocketAddr>,
     tls_addr: Option<SocketAddr>,
     stop: watch::Sender<bool>,
     threads: Vec<std::thread::JoinHandle<()>>,
+    /// A duplicate of every listening socket (the workers own the others),
+    /// to hand them over; `(tls, socket)`.
+    sockets: Vec<(bool, std::net::TcpListener)>,
 }
 
 impl ServerHandle {
@@ -84,9 +110,26 @@ impl ServerHandle {
         self.tls_addr
     }
 
+    /// Every listening socket (all of a per-core group), for handing them
+    /// over to a new process.
+    pub fn sockets(&self) -> Vec<ListeningSocket<'_>> {
+        use std::os::fd::AsFd;
+        self.sockets
+            .iter()
+            .filter_map(|(tls, l)| {
+                let addr = l.local_addr().ok()?;
+                Some(ListeningSocket { tls: *tls, addr, fd: l.as_fd() })
+            })
+            .collect()
+    }
+
     /// Stops accepting, lets open connections finish (bounded by the drain
-    /// timeout), and waits for the workers. Blocking.
-    pub fn shutdown(self) {
+    /// timeout), and waits for the workers. Blocking. The listening sockets
+    /// close as the workers stop accepting, unless another process holds
+    /// them too (after a hand-over), which then goes on accepting from the
+    /// same queues.
+    pub fn shutdown(mut self) {
+        self.sockets.clear();
         let _ = self.stop.send(true);
         for t in self.threads {
             let _ = t.join();
@@ -150,6 +193,30 @@ pub fn serve(
     snapshots: Arc<ArcSwap<Snapshot>>,
     metrics: Arc<ProxyMetrics>,
 ) -> std::io::Result<ServerHandle> {
+    let per_core = opts.mode == RuntimeMode::PerCore;
+    let workers = opts.workers.max(1);
+    let plain = match opts.listen {
+        Some(addr) => bind_all(addr, per_core, workers)?.0,
+        None => Vec::new(),
+    };
+    let tls = match opts.listen_tls {
+        Some(addr) => bind_all(addr, per_core, workers)?.0,
+        None => Vec::new(),
+    };
+    serve_on(opts, Listeners { plain, tls }, snapshots, metrics)
+}
+
+/// Starts the data plane on listening sockets made elsewhere (handed over
+/// by a running instance); `opts.listen` and `opts.listen_tls` are not
+/// bound. In per-core mode the sockets are shared out among the workers
+/// (a worker may serve several; with fewer sockets than workers, only as
+/// many workers run as there are sockets of the larger kind).
+pub fn serve_on(
+    opts: ServerOptions,
+    listeners: Listeners,
+    snapshots: Arc<ArcSwap<Snapshot>>,
+    metrics: Arc<ProxyMetrics>,
+) -> std::io::Result<ServerHandle> {
     let workers = opts.workers.max(1);
     if let Some(log) = &opts.access_log {
         metrics.set_access_log(log.clone());
@@ -164,15 +231,16 @@ pub fn serve(
     let (stop, stop_rx) = watch::channel(false);
     let mut threads = Vec::new();
     let per_core = opts.mode == RuntimeMode::PerCore;
-    let mut plain = match opts.listen {
-        Some(addr) => Some(bind_all(addr, per_core, workers)?),
-        None => None,
-    };
-    let mut tls = match opts.listen_tls {
-        Some(addr) => Some(bind_all(addr, per_core, workers)?),
-        None => None,
-    };
-    let (local_addr, tls_addr) = (plain.as_ref().map(|p| p.1), tls.as_ref().map(|t| t.1));
+    let Listeners { plain, tls } = listeners;
+    let mut sockets = Vec::new();
+    for (is_tls, set) in [(false, &plain), (true, &tls)] {
+        for l in set {
+            l.set_nonblocking(true)?;
+            sockets.push((is_tls, l.try_clone()?));
+        }
+    }
+    let address = |set: &[std::net::TcpListener]| set.first().map(|l| l.local_addr()).transpose();
+    let (local_addr, tls_addr) = (address(&plain)?, address(&tls)?);
     if local_addr.is_none() && tls_addr.is_none() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
@@ -184,7 +252,19 @@ pub fn serve(
         None => None,
     };
     let https_port = tls_addr.map(|a| a.port());
-    let runs = if per_core { workers } else { 1 };
+    let runs = if per_core { workers.min(plain.len().max(tls.len())) } else { 1 };
+    if per_core && runs < workers {
+        tracing::info!(workers, sockets = runs, "fewer listening sockets than workers: one worker per socket");
+    }
+    // Worker i serves sockets i, i + runs, i + 2 runs, ...
+    let share = |set: Vec<std::net::TcpListener>| {
+        let mut shares: Vec<Vec<std::net::TcpListener>> = (0..runs).map(|_| Vec::new()).collect();
+        for (i, l) in set.into_iter().enumerate() {
+            shares[i % runs].push(l);
+        }
+        shares
+    };
+    let (mut plain, mut tls) = (share(plain).into_iter(), share(tls).into_iter());
     for i in 0..runs {
         // Sockets and timers only: no signal or child-process driver to
         // poll each time a worker parks.
@@ -207,29 +287,31 @@ pub fn serve(
         proxy.share_admission(admission.clone());
         proxy.set_access_log(opts.access_log.clone());
         let proxy = Arc::new(proxy);
-        let mine = |set: &mut Option<(Vec<std::net::TcpListener>, SocketAddr)>| set.as_mut().and_then(|s| s.0.pop());
-        let (plain_listener, tls_listener) = (mine(&mut plain), mine(&mut tls));
+        let (plain_listeners, tls_listeners) = (plain.next().unwrap_or_default(), tls.next().unwrap_or_default());
         let (slots, stop_rx, opts, acceptor) = (slots.clone(), stop_rx.clone(), opts.clone(), acceptor.clone());
         let thread = std::thread::Builder::new().name(format!("tidegate-worker-{i}")).spawn(move || {
             runtime.block_on(async move {
                 let hyper = HyperServer::new(&opts.limits);
-                let run = |listener: Option<std::net::TcpListener>, tls: Option<tokio_rustls::TlsAcceptor>| {
+                let run = |listener: std::net::TcpListener, tls: Option<tokio_rustls::TlsAcceptor>| {
                     let (proxy, stop_rx, slots, hyper) = (proxy.clone(), stop_rx.clone(), slots.clone(), hyper.clone());
                     let opts = &opts;
                     async move {
-                        let Some(listener) = listener else { return };
                         match TcpListener::from_std(listener) {
                             Ok(l) => accept_loop(l, tls, proxy, stop_rx, opts, slots, hyper).await,
                             Err(e) => tracing::error!(error = %e, "cannot register the listener"),
                         }
                     }
                 };
-                tokio::join!(run(plain_listener, None), run(tls_listener, acceptor));
+                let loops = plain_listeners
+                    .into_iter()
+                    .map(|l| run(l, None))
+                    .chain(tls_listeners.into_iter().map(|l| run(l, acceptor.clone())));
+                futures_util::future::join_all(loops).await;
             });
         })?;
         threads.push(thread);
     }
-    Ok(ServerHandle { local_addr, tls_addr, stop, threads })
+    Ok(ServerHandle { local_addr, tls_addr, stop, threads, sockets })
 }
 
 /// One worker's accept loop: takes a connection slot, accepts, and spawns
@@ -363,5 +445,55 @@ impl AcceptErrors {
             self.since_log = 0;
             self.last_log = Some(std::time::Instant::now());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    /// Sockets handed over by a per-core instance with more workers than
+    /// this one: every socket of the `SO_REUSEPORT` group is served (the
+    /// kernel spreads connections over all of them, so one left without an
+    /// accept loop would leave its connections waiting), and all are
+    /// offered again to the next process.
+    #[test]
+    fn serve_on_serves_every_socket_of_a_group_larger_than_its_workers() {
+        let first = bind(SocketAddr::from(([127, 0, 0, 1], 0)), true).expect("bind");
+        let addr = first.local_addr().expect("addr");
+        let mut plain = vec![first];
+        for _ in 0..2 {
+            plain.push(bind(addr, true).expect("bind the group"));
+        }
+        let snapshots = Arc::new(ArcSwap::from_pointee(Snapshot::from_state(&Default::default(), 0)));
+        let opts = ServerOptions {
+            listen: None,
+            listen_tls: None,
+            workers: 2,
+            mode: RuntimeMode::PerCore,
+            http1: Http1Engine::Native,
+            limits: Limits::default(),
+            drain_timeout: Duration::from_secs(1),
+            health_path: Some("/healthz".into()),
+            access_log: None,
+        };
+        let handle = serve_on(opts, Listeners { plain, tls: Vec::new() }, snapshots, Arc::new(ProxyMetrics::default()))
+            .expect("serves");
+        assert_eq!(handle.local_addr(), Some(addr));
+        let offered = handle.sockets();
+        assert_eq!(offered.len(), 3);
+        assert!(offered.iter().all(|s| s.addr == addr && !s.tls));
+        // Spread over three sockets, 60 connections miss one of them with
+        // a probability of (2/3)^60: each must be answered.
+        for i in 0..60 {
+            let mut c = std::net::TcpStream::connect(addr).expect("connect");
+            c.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+            c.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").expect("write");
+            let mut answer = String::new();
+            let _ = c.read_to_string(&mut answer);
+            assert!(answer.starts_with("HTTP/1.1 200"), "connection {i}: {answer:?}");
+        }
+        handle.shutdown();
     }
 }

@@ -68,6 +68,13 @@ pub enum StoreError {
         /// What the database said.
         detail: String,
     },
+    /// The embedded store was closed to hand it over to a new process
+    /// (`tidegate serve --takeover`); that process writes it now.
+    #[error("storage error: {path} was handed over to a new Tidegate process, which writes it now; try again")]
+    Released {
+        /// The database file.
+        path: String,
+    },
     /// The store does not keep this kind of object (the redb store and
     /// certificates).
     #[error("storage error: {0}")]
@@ -526,6 +533,22 @@ pub trait Store: Send + Sync + 'static {
     /// Ends this instance's membership now (at shutdown): its record and
     /// its roles go at once rather than when the lease lapses.
     fn retire(&self) {}
+
+    /// Closes the store for a new process of this data directory to open
+    /// (`serve --takeover`), releasing its lock. Returns whether there was
+    /// anything to hand over: false for a store shared by several
+    /// instances (etcd), which every process opens on its own. Until
+    /// [`Store::reacquire`], every read or commit fails with
+    /// [`StoreError::Released`].
+    fn release(&self) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    /// Opens a released store again (the hand-over failed and the new
+    /// process is gone). Nothing to do for a store that was not released.
+    fn reacquire(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// Decodes the stored object `key` through the model's one validated

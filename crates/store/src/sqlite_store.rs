@@ -64,10 +64,29 @@ const TRIM_EVERY: u64 = 64;
 /// The embedded default store: one SQLite database in the data directory,
 /// opened by one process at a time.
 pub struct SqliteStore {
-    conn: Mutex<Connection>,
+    /// None while the store is handed over to another process
+    /// ([`Store::release`]).
+    conn: Mutex<Option<Connection>>,
     path: std::path::PathBuf,
     /// Pages in the write-ahead log since the last checkpoint.
     wal_pages: Arc<AtomicI32>,
+}
+
+/// The open connection, locked (see [`SqliteStore::lock`]).
+struct ConnGuard<'a>(std::sync::MutexGuard<'a, Option<Connection>>);
+
+impl std::ops::Deref for ConnGuard<'_> {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        // `lock` hands out a guard only over an open connection.
+        self.0.as_ref().unwrap_or_else(|| unreachable!("a guard over a released store"))
+    }
+}
+
+impl std::ops::DerefMut for ConnGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Connection {
+        self.0.as_mut().unwrap_or_else(|| unreachable!("a guard over a released store"))
+    }
 }
 
 fn err<E: std::fmt::Display>(e: E) -> StoreError {
@@ -93,55 +112,9 @@ impl SqliteStore {
     /// [`StoreError::NoSchema`] rather than served as an empty
     /// configuration whose revisions start again at 1.
     pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
-        match std::fs::symlink_metadata(path) {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => create(path)?,
-            Err(e) => return Err(StoreError::Backend(format!("{}: {e}", path.display()))),
-        }
-        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let opening = |e: rusqlite::Error| {
-            let busy = matches!(
-                e.sqlite_error_code(),
-                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
-            );
-            match busy {
-                true => StoreError::Locked { path: path.display().to_string(), detail: e.to_string() },
-                false => StoreError::Backend(format!("{}: {e}", path.display())),
-            }
-        };
-        let mut conn = Connection::open_with_flags(path, flags).map_err(opening)?;
-        // Exclusive locking keeps the lock from the first write on; the
-        // empty immediate transaction below takes it now. In this mode the
-        // WAL index lives in heap memory, not a shared-memory file.
-        conn.pragma_update(None, "locking_mode", "EXCLUSIVE").map_err(opening)?;
-        // Before anything is written to it (setting WAL mode writes a header).
-        let tables = conn
-            .prepare("SELECT name FROM sqlite_master WHERE type = 'table'")
-            .and_then(|mut stmt| {
-                stmt.query_map([], |r| r.get::<_, String>(0))?.collect::<Result<BTreeSet<String>, _>>()
-            })
-            .map_err(opening)?;
-        check_schema(&tables, path)?;
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(opening)?;
-        conn.pragma_update(None, "synchronous", "FULL").map_err(opening)?;
-        conn.execute_batch("BEGIN IMMEDIATE; COMMIT;").map_err(opening)?;
-        conn.execute_batch(SCHEMA).map_err(opening)?;
-        add_sums(&mut conn).map_err(opening)?;
-        // This hook replaces SQLite's automatic checkpoint (which runs
-        // inside the commit that crosses 1,000 pages) with ours.
         let wal_pages = Arc::new(AtomicI32::new(0));
-        let pages = wal_pages.clone();
-        conn.wal_hook(Some(move |wal: &mut rusqlite::hooks::Wal, n: i32| {
-            if n >= BACKSTOP_PAGES {
-                // The commit has happened: an error here must not fail it.
-                checkpointed(&pages, n, wal.checkpoint_v2(CheckpointMode::PASSIVE));
-            } else {
-                pages.store(n, Relaxed);
-            }
-            Ok(())
-        }))
-        .map_err(opening)?;
-        Ok(SqliteStore { conn: Mutex::new(conn), path: path.to_path_buf(), wal_pages })
+        let conn = connect(path, wal_pages.clone())?;
+        Ok(SqliteStore { conn: Mutex::new(Some(conn)), path: path.to_path_buf(), wal_pages })
     }
 
     /// Pages in the write-ahead log since the last checkpoint.
@@ -149,8 +122,15 @@ impl SqliteStore {
         self.wal_pages.load(Relaxed)
     }
 
-    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Connection>, StoreError> {
-        self.conn.lock().map_err(|_| StoreError::Backend("the store's connection was poisoned by a panic".into()))
+    fn lock(&self) -> Result<ConnGuard<'_>, StoreError> {
+        let guard = self
+            .conn
+            .lock()
+            .map_err(|_| StoreError::Backend("the store's connection was poisoned by a panic".into()))?;
+        match guard.is_some() {
+            true => Ok(ConnGuard(guard)),
+            false => Err(StoreError::Released { path: self.path.display().to_string() }),
+        }
     }
 
     /// Replaces everything with `state` at `revision`, with an empty change
@@ -396,7 +376,84 @@ fn write_op(txn: &Transaction<'_>, op: &Op, commit: &Commit<'_>) -> Result<(), S
     Ok(())
 }
 
+/// Opens the database `path` and takes its lock (see [`SqliteStore::open`]);
+/// the checkpoint hook counts the log's pages in `wal_pages`.
+fn connect(path: &Path, wal_pages: Arc<AtomicI32>) -> Result<Connection, StoreError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => create(path)?,
+        Err(e) => return Err(StoreError::Backend(format!("{}: {e}", path.display()))),
+    }
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let opening = |e: rusqlite::Error| {
+        let busy = matches!(
+            e.sqlite_error_code(),
+            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+        );
+        match busy {
+            true => StoreError::Locked { path: path.display().to_string(), detail: e.to_string() },
+            false => StoreError::Backend(format!("{}: {e}", path.display())),
+        }
+    };
+    let mut conn = Connection::open_with_flags(path, flags).map_err(opening)?;
+    // Exclusive locking keeps the lock from the first write on; the
+    // empty immediate transaction below takes it now. In this mode the
+    // WAL index lives in heap memory, not a shared-memory file.
+    conn.pragma_update(None, "locking_mode", "EXCLUSIVE").map_err(opening)?;
+    // Before anything is written to it (setting WAL mode writes a header).
+    let tables = conn
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'table'")
+        .and_then(|mut stmt| stmt.query_map([], |r| r.get::<_, String>(0))?.collect::<Result<BTreeSet<String>, _>>())
+        .map_err(opening)?;
+    check_schema(&tables, path)?;
+    conn.pragma_update(None, "journal_mode", "WAL").map_err(opening)?;
+    conn.pragma_update(None, "synchronous", "FULL").map_err(opening)?;
+    conn.execute_batch("BEGIN IMMEDIATE; COMMIT;").map_err(opening)?;
+    conn.execute_batch(SCHEMA).map_err(opening)?;
+    add_sums(&mut conn).map_err(opening)?;
+    // This hook replaces SQLite's automatic checkpoint (which runs
+    // inside the commit that crosses 1,000 pages) with ours.
+    let pages = wal_pages;
+    conn.wal_hook(Some(move |wal: &mut rusqlite::hooks::Wal, n: i32| {
+        if n >= BACKSTOP_PAGES {
+            // The commit has happened: an error here must not fail it.
+            checkpointed(&pages, n, wal.checkpoint_v2(CheckpointMode::PASSIVE));
+        } else {
+            pages.store(n, Relaxed);
+        }
+        Ok(())
+    }))
+    .map_err(opening)?;
+    Ok(conn)
+}
+
 impl Store for SqliteStore {
+    fn release(&self) -> Result<bool, StoreError> {
+        let mut guard = self
+            .conn
+            .lock()
+            .map_err(|_| StoreError::Backend("the store's connection was poisoned by a panic".into()))?;
+        if let Some(conn) = guard.take() {
+            // Closing checkpoints the write-ahead log and drops the lock.
+            if let Err((conn, e)) = conn.close() {
+                *guard = Some(conn);
+                return Err(StoreError::Backend(format!("{}: closing it: {e}", self.path.display())));
+            }
+        }
+        Ok(true)
+    }
+
+    fn reacquire(&self) -> Result<(), StoreError> {
+        let mut guard = self
+            .conn
+            .lock()
+            .map_err(|_| StoreError::Backend("the store's connection was poisoned by a panic".into()))?;
+        if guard.is_none() {
+            *guard = Some(connect(&self.path, self.wal_pages.clone())?);
+        }
+        Ok(())
+    }
+
     fn load(&self) -> Result<Loaded, StoreError> {
         let conn = self.lock()?;
         let revision = revision(&conn)?;
@@ -812,6 +869,24 @@ mod tests {
         let second = SqliteStore::open(&path);
         assert!(matches!(&second, Err(StoreError::Locked { .. })), "{:?}", second.err());
         assert!(second.err().is_some_and(|e| e.to_string().contains("another Tidegate")));
+    }
+
+    #[test]
+    fn a_released_store_lets_another_process_in_and_can_be_taken_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sqlite");
+        let (first, _, _) = with_service(&path);
+        assert!(first.release().unwrap(), "an embedded store has something to hand over");
+        assert!(matches!(first.load(), Err(StoreError::Released { .. })));
+        assert!(first.load().unwrap_err().to_string().contains("handed over"));
+        // The lock is free: another opener gets it, and sees the data.
+        let second = SqliteStore::open(&path).unwrap();
+        assert_eq!(second.load().unwrap().revision, 1);
+        assert!(matches!(first.reacquire(), Err(StoreError::Locked { .. })));
+        drop(second);
+        first.reacquire().unwrap();
+        assert_eq!(first.load().unwrap().revision, 1);
+        assert!(matches!(SqliteStore::open(&path), Err(StoreError::Locked { .. })), "locked again");
     }
 
     #[test]

@@ -285,6 +285,17 @@ pub struct ServeArgs {
     /// Seconds open connections may take to finish at shutdown.
     #[arg(long, env = "TIDEGATE_DRAIN_TIMEOUT_S", default_value_t = 10, value_parser = seconds())]
     pub drain_timeout_s: u64,
+    /// Take over from the instance serving the same --data-dir (an
+    /// upgrade with no connection dropped): receive its listening sockets
+    /// (proxy, TLS, admin, metrics; every per-core one) over
+    /// `DATA_DIR/takeover.sock`, open the embedded store once its writer has
+    /// committed and closed it, serve, and let it drain and exit. Give the
+    /// same flags as the running instance. Fails (non-zero, naming the step)
+    /// when there is no such instance or it refuses; the running one then
+    /// keeps serving. See docs/operations.md, "Upgrading without dropping
+    /// connections".
+    #[arg(long)]
+    pub takeover: bool,
     /// A path the proxy answers itself on its listeners, before routing,
     /// for load balancers' health checks: `GET`/`HEAD` get 200 `ok`, and
     /// 503 `draining` on keep-alive connections once shutdown has begun.

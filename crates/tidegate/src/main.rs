@@ -10,6 +10,7 @@ mod demo;
 mod layers;
 mod output;
 mod serve;
+mod takeover;
 
 use clap::Parser;
 

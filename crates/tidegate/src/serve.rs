@@ -42,17 +42,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating data directory {}", args.data_dir.display()))?;
     tidegate_proxy::never_serve(&[&args.data_dir]);
-    // The store locks the data directory; only then may the token be written.
-    let store: Arc<dyn Store> = match &args.store {
-        None => Arc::new(open_store(&args.data_dir)?),
-        Some(url) => {
-            let store = EtcdStore::open(url.clone(), etcd_access(&args.etcd)?)
-                .with_context(|| format!("connecting to the configuration store {}", url))?;
-            Arc::new(store)
-        }
-    };
-    let token = admin_token(&args.data_dir)?;
-    let control = Control::start(store).context("not starting: loading the configuration from the store")?;
 
     // Every client connection and every backend connection is a
     // descriptor: take all the system allows (the soft limit is often 1024).
@@ -88,45 +77,90 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             Some(Arc::new(log))
         }
     };
-    let proxy = tidegate_proxy::serve(
-        ServerOptions {
-            listen: match (args.listen, args.listen_tls) {
-                (None, None) => Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
-                (plain, _) => plain,
-            },
-            listen_tls: args.listen_tls,
-            workers,
-            mode: match args.runtime {
-                RuntimeArg::PerCore => RuntimeMode::PerCore,
-                RuntimeArg::MultiThread => RuntimeMode::MultiThread,
-            },
-            http1: match args.http1 {
-                Http1Arg::Native => Http1Engine::Native,
-                Http1Arg::Hyper => Http1Engine::Hyper,
-            },
-            limits: limits(&args, fd_cap),
-            drain_timeout: Duration::from_secs(args.drain_timeout_s),
-            health_path: args.health_path.clone(),
-            access_log: access_log.clone(),
+    // With --takeover, the running instance's sockets first: it closes the
+    // embedded store before handing them over. Everything that may fail
+    // on its own (flags, the access log) was checked before asking.
+    let mut taking = match args.takeover {
+        true => Some(crate::takeover::take_over(&args)?),
+        false => None,
+    };
+    let opened = (|| {
+        // The store locks the data directory; only then may the token be written.
+        let store: Arc<dyn Store> = match &args.store {
+            None => Arc::new(open_store(&args.data_dir)?),
+            Some(url) => {
+                let store = EtcdStore::open(url.clone(), etcd_access(&args.etcd)?)
+                    .with_context(|| format!("connecting to the configuration store {}", url))?;
+                Arc::new(store)
+            }
+        };
+        let token = admin_token(&args.data_dir)?;
+        let control = Control::start(store).context("not starting: loading the configuration from the store")?;
+        anyhow::Ok((token, control))
+    })();
+    let (token, control) = match (opened, taking.take()) {
+        (Ok(opened), None) => opened,
+        (Ok(opened), Some(mut t)) => {
+            // The running instance goes on accepting until this one serves.
+            t.ready()?;
+            taking = Some(t);
+            opened
+        }
+        (Err(e), Some(t)) => {
+            t.refuse(&format!("{e:#}"));
+            return Err(e.context("--takeover: the running instance keeps serving"));
+        }
+        (Err(e), None) => return Err(e),
+    };
+    let mut received = taking.as_mut().map(|t| std::mem::take(&mut t.received));
+    let sockets = crate::takeover::Sockets::default();
+    let options = ServerOptions {
+        listen: match (args.listen, args.listen_tls) {
+            (None, None) => Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
+            (plain, _) => plain,
         },
-        control.snapshots(),
-        metrics.clone(),
-    )
+        listen_tls: args.listen_tls,
+        workers,
+        mode: match args.runtime {
+            RuntimeArg::PerCore => RuntimeMode::PerCore,
+            RuntimeArg::MultiThread => RuntimeMode::MultiThread,
+        },
+        http1: match args.http1 {
+            Http1Arg::Native => Http1Engine::Native,
+            Http1Arg::Hyper => Http1Engine::Hyper,
+        },
+        limits: limits(&args, fd_cap),
+        drain_timeout: Duration::from_secs(args.drain_timeout_s),
+        health_path: args.health_path.clone(),
+        access_log: access_log.clone(),
+    };
+    let proxy = match received.as_mut() {
+        Some(r) => {
+            let listeners =
+                tidegate_proxy::Listeners { plain: std::mem::take(&mut r.plain), tls: std::mem::take(&mut r.tls) };
+            tidegate_proxy::serve_on(options, listeners, control.snapshots(), metrics.clone())
+        }
+        None => tidegate_proxy::serve(options, control.snapshots(), metrics.clone()),
+    }
     .with_context(|| match (args.listen, args.listen_tls) {
         (Some(a), Some(t)) => format!("listening on {a} and {t}"),
         (None, Some(t)) => format!("listening on {t}"),
         (Some(a), None) => format!("listening on {a}"),
         (None, None) => "listening on 127.0.0.1:8080".to_string(),
     })?;
+    for l in proxy.sockets() {
+        let kind = if l.tls { tidegate_takeover::Kind::ProxyTls } else { tidegate_takeover::Kind::Proxy };
+        sockets.add(kind, l.addr, l.fd)?;
+    }
 
     let events = Arc::new(tidegate_autoscale::Events::default());
     let scaling = tidegate_autoscale::StatusBoard::default();
-    let _background = Background::start(&control, events.clone(), args.data_dir.join("instances"), scaling.clone())?;
+    let background = Background::start(&control, events.clone(), args.data_dir.join("instances"), scaling.clone())?;
 
     // The admin API and the writer's submitters share one small runtime,
     // apart from the data plane, so configuration stays responsive under load.
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(async {
+    let result = runtime.block_on(async {
         let report = args.config.as_ref().map(|path| {
             let mode = match args.config_mode {
                 ConfigMode::Seed => "seed",
@@ -161,10 +195,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let _hangups = tokio::spawn(on_hangup(hup, control.clone(), sync));
         let usr1 = signal(SignalKind::user_defined1()).context("SIGUSR1 handler")?;
         let _reopens = tokio::spawn(on_usr1(usr1, access_log.clone()));
-        let listener = tokio::net::TcpListener::bind(args.admin)
-            .await
-            .with_context(|| format!("admin API on {}", args.admin))?;
+        let listener = match received.as_mut().and_then(|r| r.admin.take()) {
+            Some(l) => inherited(l).context("the admin API's socket")?,
+            None => tokio::net::TcpListener::bind(args.admin)
+                .await
+                .with_context(|| format!("admin API on {}", args.admin))?,
+        };
         let admin_addr = listener.local_addr()?;
+        sockets.add(tidegate_takeover::Kind::Admin, admin_addr, std::os::fd::AsFd::as_fd(&listener))?;
         if args.store.is_some() {
             let name = args.instance_name.clone().unwrap_or_else(|| format!("{}:{}", hostname(), admin_addr.port()));
             control.announce(name, admin_addr.to_string());
@@ -193,21 +231,48 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
         let _metrics = match args.metrics_listen {
             Some(addr) => {
-                let l = tokio::net::TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("--metrics-listen on {addr}"))?;
-                listeners.push_str(&format!("metrics={} ", l.local_addr()?));
+                let l = match received.as_mut().and_then(|r| r.metrics.take()) {
+                    Some(l) => inherited(l).context("the metrics listener's socket")?,
+                    None => tokio::net::TcpListener::bind(addr)
+                        .await
+                        .with_context(|| format!("--metrics-listen on {addr}"))?,
+                };
+                let bound = l.local_addr()?;
+                sockets.add(tidegate_takeover::Kind::Metrics, bound, std::os::fd::AsFd::as_fd(&l))?;
+                listeners.push_str(&format!("metrics={bound} "));
                 let app = tidegate_admin::metrics_router(state.clone());
                 Some(tokio::spawn(async move { axum::serve(l, app).await }))
             }
             None => None,
         };
+        // A successor of this process finds it from now on; the one this
+        // process took over from stops accepting.
+        let (handed_tx, mut handed_over) = tokio::sync::watch::channel(false);
+        let handed_over_end = handed_over.clone();
+        // Not fatal: in cluster mode two instances may share a data
+        // directory (only the first can be taken over then).
+        let embedded = args.store.is_none();
+        let _offering =
+            match crate::takeover::Offering::start(&args.data_dir, control.clone(), sockets.clone(), embedded, handed_tx) {
+                Ok(offering) => Some(offering),
+                Err(e) => {
+                    tracing::warn!(error = %format!("{e:#}"), "this instance cannot be taken over (`serve --takeover`)");
+                    None
+                }
+            };
+        if let Some(t) = taking.take() {
+            t.serving()?;
+            tracing::info!("took over: the previous instance drains and exits");
+        }
         tracing::info!(listeners = %listeners.trim_end(), admin = %admin_addr, revision = control.config().revision, workers, "tidegate ready");
         println!("tidegate ready {listeners}admin={} revision={}", admin_addr, control.config().revision);
         let _ = std::io::stdout().flush();
         let (stopping_tx, stopping) = tokio::sync::watch::channel(false);
         let server = axum::serve(listener, tidegate_admin::router(state)).with_graceful_shutdown(async move {
-            shutdown_signal(term, int).await;
+            tokio::select! {
+                _ = shutdown_signal(term, int) => {}
+                _ = handed_over.wait_for(|h| *h) => {}
+            }
             let _ = stopping_tx.send(true);
         });
         // Watch streams never end by themselves: give open admin requests a
@@ -220,11 +285,22 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 tokio::time::sleep(Duration::from_secs(2)).await;
             } => {}
         }
-        anyhow::Ok(())
-    })?;
-    // In cluster mode, leave at once: this instance's record and roles go
-    // now, not when its lease lapses.
-    control.retire();
+        let handed_over = *handed_over_end.borrow();
+        anyhow::Ok(handed_over)
+    });
+    let handed_over = result?;
+    if !handed_over {
+        // In cluster mode, leave at once: this instance's record and roles
+        // go now, not when its lease lapses. After a hand-over the
+        // successor announced itself under the same name: leave that be.
+        control.retire();
+    }
+    // Probes, load sources and the autoscaler stop before the drain: after
+    // a hand-over, the successor's act on the same backends and instances.
+    drop(background);
+    // The sockets close as the workers stop accepting, unless a successor
+    // holds them.
+    sockets.clear();
     tracing::info!("shutting down: draining client connections");
     proxy.shutdown();
     Ok(ExitCode::SUCCESS)
@@ -413,6 +489,13 @@ async fn on_usr1(mut usr1: tokio::signal::unix::Signal, log: Option<Arc<AccessLo
             None => tracing::info!("SIGUSR1 ignored: no --access-log"),
         }
     }
+}
+
+/// A listening socket received from the instance this one took over from,
+/// for tokio.
+fn inherited(socket: std::net::TcpListener) -> std::io::Result<tokio::net::TcpListener> {
+    socket.set_nonblocking(true)?;
+    tokio::net::TcpListener::from_std(socket)
 }
 
 /// Resolves on SIGTERM or SIGINT.

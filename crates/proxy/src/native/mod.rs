@@ -289,7 +289,12 @@ async fn next_head<S: ClientIo>(
                     }
                     fill(io, inbox).await
                 } => Some(r),
-                () = stopped.as_mut() => None,
+                // A connection that has not sent its first request yet
+                // was accepted just before the stop, its request on the
+                // way (a hand-over to a new process stops this one while
+                // clients keep connecting): it is served, bounded by the
+                // first request's timeout, rather than reset.
+                () = stopped.as_mut(), if !first => None,
             }
         };
         match client.timer.run(deadline, read).await {

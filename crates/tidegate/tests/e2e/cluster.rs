@@ -1044,3 +1044,27 @@ async fn rule_sets_reach_every_instance_through_etcd() {
     })
     .await;
 }
+
+/// `serve --takeover` in cluster mode: no store to hand over (etcd is
+/// shared); the sockets move, the new process joins the cluster as any
+/// instance does, and the old one drains and exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_in_cluster_mode_moves_the_sockets_and_joins() {
+    let etcd = Etcd::start(1);
+    let store = etcd.url(&[0], "tg");
+    let backend = Backend::start("b", &[]);
+    let (mut old, dir) = instance(&store, &[]);
+    let revision = service_with_route(&old, &backend).await;
+    let new = Tidegate::start_with(dir.path(), &["--store", &store, "--takeover"]);
+    assert_eq!((new.proxy, new.admin), (old.proxy, old.admin));
+    let status = tokio::task::spawn_blocking(move || old.wait_exit(Duration::from_secs(30)))
+        .await
+        .expect("join")
+        .expect("the old process exits by itself");
+    assert!(status.success(), "{status}");
+    converged(&new, revision).await;
+    assert_eq!(get(&new.url("/")).await.status, 200);
+    let (s, v) = new.api("PUT", "/v1/services/later", Some(json!({}))).await;
+    assert_eq!(s, 200, "the new instance writes to etcd: {v}");
+    assert_eq!(v["revision"].as_u64(), Some(revision + 1));
+}

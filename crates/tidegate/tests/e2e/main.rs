@@ -21,6 +21,7 @@ mod proxying;
 mod rules;
 mod slow_clients;
 mod sources;
+mod takeover;
 mod tls;
 mod upstream;
 mod upstream_tls;

@@ -1,0 +1,414 @@
+//! `tidegate serve --takeover`: a new process takes a running one's
+//! listening sockets and embedded store over; the old one drains and exits.
+//! Clients checking every answer see no failure, the configuration carries
+//! over, a failed hand-over leaves the old process serving, and changes
+//! racing the hand-over are applied exactly once.
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use serde_json::{json, Value};
+use tokio::sync::watch;
+
+use crate::support::*;
+
+/// Most requests one client task sends, so the load stays bounded.
+const MAX_REQUESTS: u64 = 50_000;
+
+/// What the clients saw.
+#[derive(Default)]
+struct Counts {
+    ok: AtomicU64,
+    /// Requests sent again on a new connection because the server had
+    /// closed their kept-alive one between requests (a draining server
+    /// does) as they were sent, with no byte of an answer (HTTP/1.1 lets a
+    /// client repeat an idempotent request then, RFC 9112 9.3.1, as
+    /// browsers do).
+    resent: AtomicU64,
+    failures: Mutex<Vec<String>>,
+}
+
+impl Counts {
+    fn fail(&self, what: String) {
+        self.failures.lock().expect("lock").push(what);
+    }
+
+    fn failures(&self) -> Vec<String> {
+        self.failures.lock().expect("lock").clone()
+    }
+}
+
+/// One answer checked: 200 from the backend emulator `b`, whole body.
+async fn check(resp: http::Response<hyper::body::Incoming>) -> Result<(), String> {
+    let status = resp.status().as_u16();
+    let backend = resp.headers().get("x-backend").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let body = resp.into_body().collect().await.map_err(|e| format!("reading the body: {e}"))?;
+    if status != 200 || backend != "b" {
+        return Err(format!("status {status} from {backend:?}: {:?}", String::from_utf8_lossy(&body.to_bytes())));
+    }
+    Ok(())
+}
+
+fn request(addr: SocketAddr, path: &str, close: bool) -> http::Request<Empty<Bytes>> {
+    let mut req = http::Request::get(format!("http://{addr}{path}")).header("host", addr.to_string());
+    if close {
+        req = req.header("connection", "close");
+    }
+    req.body(Empty::new()).expect("request")
+}
+
+async fn connect(addr: SocketAddr) -> Result<hyper::client::conn::http1::SendRequest<Empty<Bytes>>, String> {
+    let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    tokio::spawn(conn);
+    Ok(sender)
+}
+
+/// Sends requests one after the other on a kept-alive connection until
+/// `stop`, opening a new one when the server closes it.
+async fn keep_alive_client(addr: SocketAddr, stop: watch::Receiver<bool>, counts: Arc<Counts>) {
+    let mut sender = None;
+    let mut sent = 0;
+    while !*stop.borrow() && sent < MAX_REQUESTS {
+        let (s, reused) = match sender.take() {
+            Some(s) => (s, true),
+            None => match connect(addr).await {
+                Ok(s) => (s, false),
+                Err(e) => {
+                    counts.fail(e);
+                    continue;
+                }
+            },
+        };
+        let mut s = s;
+        if s.ready().await.is_err() {
+            // Closed by the server between requests: not a failure.
+            continue;
+        }
+        sent += 1;
+        match s.send_request(request(addr, "/keep-alive", false)).await {
+            Ok(resp) => match check(resp).await {
+                Ok(()) => {
+                    counts.ok.fetch_add(1, Relaxed);
+                    sender = Some(s);
+                }
+                Err(e) => counts.fail(format!("keep-alive: {e}")),
+            },
+            Err(e) if reused && unanswered(&e) => {
+                counts.resent.fetch_add(1, Relaxed);
+            }
+            Err(e) => counts.fail(format!("keep-alive request: {e:?}")),
+        }
+    }
+}
+
+/// The kept-alive connection was closed (or reset, when the request
+/// reached a socket already closed) before any byte of an answer.
+fn unanswered(e: &hyper::Error) -> bool {
+    let reset = std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<std::io::Error>())
+        .is_some_and(|io| matches!(io.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe));
+    e.is_incomplete_message() || e.is_canceled() || reset
+}
+
+/// Sends each request on a new connection until `stop`.
+async fn new_connection_client(addr: SocketAddr, stop: watch::Receiver<bool>, counts: Arc<Counts>) {
+    let mut sent = 0;
+    while !*stop.borrow() && sent < MAX_REQUESTS {
+        sent += 1;
+        let outcome = async {
+            let mut s = connect(addr).await?;
+            let resp = s.send_request(request(addr, "/new", true)).await.map_err(|e| format!("request: {e:?}"))?;
+            check(resp).await
+        }
+        .await;
+        match outcome {
+            Ok(()) => {
+                counts.ok.fetch_add(1, Relaxed);
+            }
+            Err(e) => counts.fail(format!("new connection: {e}")),
+        }
+    }
+}
+
+/// Waits, off the runtime, for `tg` to exit by itself.
+async fn exits(mut tg: Tidegate, within: Duration) -> std::process::ExitStatus {
+    tokio::task::spawn_blocking(move || tg.wait_exit(within))
+        .await
+        .expect("join")
+        .unwrap_or_else(|| panic!("the old process did not exit within {within:?}"))
+}
+
+/// Waits until the clients have `n` more answers than `from`.
+async fn answers_grow(counts: &Counts, n: u64) {
+    let from = counts.ok.load(Relaxed);
+    wait_for(&format!("{n} more answers"), Duration::from_secs(20), async || {
+        (counts.ok.load(Relaxed) >= from + n).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_under_load_drops_nothing_and_keeps_the_configuration() {
+    under_load(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_under_load_drops_nothing_with_the_hyper_engine() {
+    under_load(&["--http1", "hyper"]).await;
+}
+
+/// A hand-over while clients keep sending, on the old and new processes
+/// started with `flags`.
+async fn under_load(flags: &[&str]) {
+    let backend = Backend::start("b", &[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let old = Tidegate::start_with(dir.path(), flags);
+    route_to(&old, "web", &[&backend], "round_robin").await;
+    let (_, before) = old.api("GET", "/v1/config", None).await;
+
+    let counts = Arc::new(Counts::default());
+    let (stop_tx, stop) = watch::channel(false);
+    let clients: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(keep_alive_client(old.proxy, stop.clone(), counts.clone())))
+        .chain(std::iter::once(tokio::spawn(new_connection_client(old.proxy, stop.clone(), counts.clone()))))
+        .collect();
+    answers_grow(&counts, 50).await;
+
+    let new = Tidegate::start_with(dir.path(), &[flags, &["--takeover"]].concat());
+    assert_eq!(new.proxy, old.proxy, "the same socket, not a new one");
+    assert_eq!(new.admin, old.admin);
+    let status = exits(old, Duration::from_secs(30)).await;
+    assert!(status.success(), "the old process exits by itself, cleanly: {status}");
+    // Served by the new process alone now.
+    answers_grow(&counts, 50).await;
+    let _ = stop_tx.send(true);
+    for c in clients {
+        c.await.expect("client");
+    }
+    let failures = counts.failures();
+    eprintln!(
+        "takeover under load {flags:?}: {} answers, {} requests resent after an idle keep-alive close, {} failed",
+        counts.ok.load(Relaxed),
+        counts.resent.load(Relaxed),
+        failures.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} failed of {} (resent after an idle close: {}): {:?}",
+        failures.len(),
+        counts.ok.load(Relaxed) + failures.len() as u64,
+        counts.resent.load(Relaxed),
+        &failures[..failures.len().min(10)]
+    );
+
+    // The configuration carried over whole, and changes are live.
+    let (s, after) = new.api("GET", "/v1/config", None).await;
+    assert_eq!(s, 200);
+    assert_eq!(after, before, "the configuration is the same after the hand-over");
+    let (s, v) = new
+        .api("PUT", "/v1/routes/later", Some(json!({ "match": { "path_prefix": "/later" }, "service": "web" })))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let r = get(&new.url("/later/x")).await;
+    assert_eq!((r.status, served_by(&r)), (200, "b".to_string()));
+    let (_, status) = new.api("GET", "/v1/status", None).await;
+    assert_eq!(status["routes"], 2, "{status}");
+}
+
+fn tidegate(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_tidegate"))
+        .args(args)
+        .env("TIDEGATE_ADMIN_TOKEN", TOKEN)
+        .env("TIDEGATE_LOG", "warn")
+        .output()
+        .expect("run tidegate")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_takeover_leaves_the_old_process_serving_and_writing() {
+    // No instance to take over.
+    let empty = tempfile::tempdir().expect("tempdir");
+    let dir = empty.path().to_str().expect("utf-8");
+    let out =
+        tidegate(&["serve", "--data-dir", dir, "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--takeover"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("no running instance to take over"), "{stderr}");
+
+    let backend = Backend::start("b", &[]);
+    let data = tempfile::tempdir().expect("tempdir");
+    let old = Tidegate::start(data.path());
+    route_to(&old, "web", &[&backend], "round_robin").await;
+    let dir = data.path().to_str().expect("utf-8");
+    // A flag the binary does not know: refused before anything is asked.
+    let out = tidegate(&["serve", "--data-dir", dir, "--takeover", "--no-such-flag"]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    // Flags that do not match the running instance: it has closed its
+    // store for the hand-over by then, and must take it back.
+    let out =
+        tidegate(&["serve", "--data-dir", dir, "--listen-tls", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--takeover"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("proxy listener") && stderr.contains("keeps serving"), "{stderr}");
+
+    let mut old = old;
+    assert!(old.wait_exit(Duration::ZERO).is_none(), "the old process still runs");
+    let r = get(&old.url("/")).await;
+    assert_eq!((r.status, served_by(&r)), (200, "b".to_string()));
+    let (s, v) = old.api("PUT", "/v1/services/other", Some(json!({}))).await;
+    assert_eq!(s, 200, "the old process writes its store again: {v}");
+    // And a later hand-over still works.
+    let new = Tidegate::start_with(data.path(), &["--takeover"]);
+    assert_eq!(new.proxy, old.proxy);
+    // Gone first, so the admin address answers from the new process alone.
+    assert!(exits(old, Duration::from_secs(30)).await.success());
+    let (_, services) = new.api("GET", "/v1/services", None).await;
+    assert!(services.to_string().contains("other"), "{services}");
+}
+
+/// One change sent on a new connection (so it reaches whichever process
+/// accepts it), again after a 503 with `Retry-After`; its revision.
+async fn put_backend_until_answered(admin: SocketAddr, i: u32, refused: &AtomicU64) -> u64 {
+    let url = format!("http://{admin}/v1/services/churn/backends/b{i}");
+    let body = json!({ "addr": format!("127.0.0.1:{}", 20_000 + i) }).to_string().into_bytes();
+    for _ in 0..200 {
+        let r = send("PUT", &url, Some(TOKEN), body.clone(), &[("connection", "close")]).await;
+        match r.status {
+            200 => {
+                let v: Value = serde_json::from_slice(&r.body).expect("json");
+                return v["revision"].as_u64().expect("revision");
+            }
+            503 => {
+                assert!(r.headers.contains_key("retry-after"), "a 503 says when to retry: {}", r.text());
+                refused.fetch_add(1, Relaxed);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            s => panic!("change {i}: {s} {}", r.text()),
+        }
+    }
+    panic!("change {i} was refused 200 times")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_racing_a_takeover_are_each_applied_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let old = Tidegate::start(dir.path());
+    let (s, v) = old.api("PUT", "/v1/services/churn", Some(json!({}))).await;
+    assert_eq!(s, 200, "{v}");
+    let base = v["revision"].as_u64().expect("revision");
+    let admin = old.admin;
+    let refused = Arc::new(AtomicU64::new(0));
+    let sent = Arc::new(AtomicU64::new(0));
+    let (stop_tx, stop) = watch::channel(false);
+    let writer = {
+        let (refused, sent) = (refused.clone(), sent.clone());
+        tokio::spawn(async move {
+            let mut revisions = Vec::new();
+            let mut i = 0;
+            while !*stop.borrow() && i < 2_000 {
+                revisions.push(put_backend_until_answered(admin, i, &refused).await);
+                sent.fetch_add(1, Relaxed);
+                i += 1;
+            }
+            revisions
+        })
+    };
+    wait_for("a first changes applied", Duration::from_secs(10), async || (sent.load(Relaxed) >= 20).then_some(()))
+        .await;
+    let new = Tidegate::start_with(dir.path(), &["--takeover"]);
+    let status = exits(old, Duration::from_secs(30)).await;
+    assert!(status.success(), "{status}");
+    let from = sent.load(Relaxed);
+    wait_for("changes applied by the new process", Duration::from_secs(10), async || {
+        (sent.load(Relaxed) >= from + 20).then_some(())
+    })
+    .await;
+    let _ = stop_tx.send(true);
+    let revisions = writer.await.expect("writer");
+    let n = revisions.len() as u64;
+    // Each answered change has its own revision, in order, with no gap:
+    // none applied twice, none lost.
+    let expected: Vec<u64> = (base + 1..=base + n).collect();
+    assert_eq!(revisions, expected, "refused and retried: {}", refused.load(Relaxed));
+    let (_, status) = new.api("GET", "/v1/status", None).await;
+    assert_eq!(status["revision"].as_u64(), Some(base + n), "{status}");
+    let (_, service) = new.api("GET", "/v1/services/churn", None).await;
+    assert_eq!(service["spec"]["backends"].as_array().map(Vec::len), Some(n as usize), "{service}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_by_another_user_is_refused() {
+    // Switching users needs root (as CI runs); elsewhere there is no other
+    // user to be.
+    let root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    if !root || Command::new("setpriv").arg("--version").output().is_err() {
+        eprintln!("skipped: needs root and setpriv to run a process as another user");
+        return;
+    }
+    let backend = Backend::start("b", &[]);
+    let data = tempfile::tempdir().expect("tempdir");
+    let old = Tidegate::start(data.path());
+    route_to(&old, "web", &[&backend], "round_robin").await;
+    // Let another user reach the socket at all: its mode (0600) is the
+    // first barrier, the peer's uid the second, tested here.
+    use std::os::unix::fs::PermissionsExt;
+    let socket = data.path().join("takeover.sock");
+    assert_eq!(std::fs::metadata(&socket).expect("takeover.sock").permissions().mode() & 0o777, 0o600);
+    std::fs::set_permissions(data.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let out = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_tidegate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--takeover", "--data-dir"])
+        .arg(data.path())
+        .env("TIDEGATE_ADMIN_TOKEN", TOKEN)
+        .output()
+        .expect("run setpriv");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("only for processes of the same user"), "{stderr}");
+    let r = get(&old.url("/")).await;
+    assert_eq!((r.status, served_by(&r)), (200, "b".to_string()), "the old process still serves");
+    let (s, v) = old.api("PUT", "/v1/services/other", Some(json!({}))).await;
+    assert_eq!(s, 200, "and still writes: {v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_listener_moves_tls_and_metrics_included() {
+    let flags = ["--listen-tls", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"];
+    let dir = tempfile::tempdir().expect("tempdir");
+    let old = Tidegate::start_with(dir.path(), &flags);
+    let new = Tidegate::start_with(dir.path(), &[&flags[..], &["--takeover"]].concat());
+    assert_eq!((new.proxy, new.proxy_tls, new.admin), (old.proxy, old.proxy_tls, old.admin));
+    assert!(exits(old, Duration::from_secs(30)).await.success());
+    // The TLS socket still takes connections, from the new process.
+    let tls = new.proxy_tls.expect("a TLS listener");
+    tokio::net::TcpStream::connect(tls).await.expect("the TLS socket accepts");
+    // Without --metrics-listen, the new process is refused: the running
+    // one has a listener it would not serve.
+    let newer = tidegate(&[
+        "serve",
+        "--data-dir",
+        dir.path().to_str().expect("utf-8"),
+        "--listen",
+        "127.0.0.1:0",
+        "--listen-tls",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--takeover",
+    ]);
+    let stderr = String::from_utf8_lossy(&newer.stderr);
+    assert!(!newer.status.success());
+    assert!(stderr.contains("metrics listener"), "{stderr}");
+    let (s, _) = new.api("PUT", "/v1/services/after", Some(json!({}))).await;
+    assert_eq!(s, 200, "the running process took its store back");
+}
