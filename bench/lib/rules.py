@@ -57,7 +57,7 @@ import signal
 import subprocess
 import time
 
-from harness import Ctx, free_port, log, median, start_nginx, start_tidegate, stop_tidegate, wait_http, which
+from harness import TOKEN, Ctx, free_port, log, median, start_nginx, start_tidegate, stop_tidegate, wait_http, which
 from hostile import rss_kib, tree_rss_kib
 
 HSTS = "max-age=63072000"
@@ -229,6 +229,23 @@ def fetch(addr: str, path: str, headers: dict | None = None) -> tuple[int, dict,
         conn.close()
 
 
+def post_json(addr: str, path: str, body: dict) -> tuple[int, dict]:
+    """One admin API POST: (status, the answer's JSON)."""
+    host, port = addr.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request("POST", path, body=json.dumps(body),
+                     headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+        r = conn.getresponse()
+        text = r.read()
+    finally:
+        conn.close()
+    try:
+        return r.status, json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError:
+        return r.status, {"error": {"message": text[:300].decode(errors="replace")}}
+
+
 def decode(encoding: str | None, body: bytes) -> bytes | None:
     """The body decoded, or None when no decoder is at hand (br and zstd:
     Python's `brotli` / `zstandard` modules, else the `brotli` / `zstd`
@@ -325,14 +342,14 @@ http {{ access_log off; keepalive_requests 1000000;
                                           "burst": burst}]),
                 ("keys", "/keys", [{"kind": "rate_limit", "key": "header:X-Key", "rate_per_s": 100,
                                     "burst": 10}])):
-            try:
-                a.call("POST", "/v1/changes", {"ops": [
-                    {"op": "put_rules", "name": name, "spec": {"steps": steps}},
-                    {"op": "put_route", "name": name,
-                     "spec": {"match": {"path_prefix": prefix}, "service": "app", "rules": [name]}}]})
-            except RuntimeError as e:
-                self.refused[name] = str(e)[:400]
-                log(f"  rules: Tidegate refused the rule set {name!r}: {str(e)[:200]}")
+            status, answer = post_json(self.tg.admin_addr, "/v1/changes", {"ops": [
+                {"op": "put_rules", "name": name, "spec": {"steps": steps}},
+                {"op": "put_route", "name": name,
+                 "spec": {"match": {"path_prefix": prefix}, "service": "app", "rules": [name]}}]})
+            if status != 200:
+                why = f"HTTP {status}: " + str((answer.get("error") or {}).get("message") or answer)[:300]
+                self.refused[name] = why
+                log(f"  rules: Tidegate refused the rule set {name!r}: {why}")
 
     def stop(self) -> None:
         stop_tidegate(self.ctx, self.tg)
