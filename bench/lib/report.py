@@ -760,7 +760,7 @@ def md_rules(r):
     for key, v in r["compression"].items():
         proxy, enc = key.split("_", 1)
         rows.append([proxy, enc, v["rps"], v["p99_ms"], v["cpu_us_per_req"], v["errors"], v["bytes"],
-                     v.get("content_encoding") or "—", v.get("vary") or "—",
+                     v.get("content_encoding") or ("—" if enc == "identity" else "**none**"), v.get("vary") or "—",
                      {True: "yes", False: "**no**", None: "no decoder"}[v.get("round_trip")],
                      v.get("vs_nginx") or v.get("vs_nginx_gzip")])
     s.append(f"\n**2. Compression**, {p['compress_conns']} connections (`vs nginx`: the same encoding on nginx; for "

@@ -595,7 +595,10 @@ def run(ctx: Ctx, p: dict) -> dict:
                                  and all(c["ok"] for c in check.values())) if ratios else None
     g = compression.get("tidegate_gzip", {}).get("vs_nginx")
     goal["gzip_vs_nginx"] = g
-    goal["compression_met"] = (g >= 1 and bool(compression["tidegate_gzip"].get("round_trip"))) if g else None
+    tg_gzip = compression.get("tidegate_gzip", {})
+    # Met only by gzip answers that decode to the document.
+    goal["compression_met"] = (g >= 1 and bool(tg_gzip.get("as_asked")) and bool(tg_gzip.get("round_trip"))
+                               if g else None)
     one = limits["one_key"].get("tidegate")
     goal["rate_limit_error_pct"] = one["error_pct"] if one else None
     goal["rate_limit_met"] = abs(one["error_pct"]) <= 5 if one else None
