@@ -243,6 +243,8 @@ impl Control {
                 let shared = shared.clone();
                 Box::new(move || autoscaled_in_flight(&shared))
             },
+            // Rate limits with `per_instance_share` divide their rate by it.
+            instances: Box::new(|n| tidegate_rules::set_live_instances(u32::try_from(n).unwrap_or(u32::MAX))),
         });
         let writer = writer::Writer::new(shared.clone(), rx);
         std::thread::Builder::new()

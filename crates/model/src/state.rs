@@ -401,16 +401,19 @@ mod tests {
         let e = s.apply(&missing, 1).unwrap_err();
         assert_eq!((e.kind, e.field.as_deref()), (ChangeErrorKind::NotFound, Some("ops[0].spec.rules[0]")));
         // A step the data plane does not apply yet: no route may run it.
-        let unapplied = cs(r#"{"ops":[{"op":"put_rules","name":"hsts","spec":{"steps":[{"kind":"deny"}]}},
+        let unapplied =
+            cs(r#"{"ops":[{"op":"put_rules","name":"hsts","spec":{"steps":[{"kind":"max_body_bytes","bytes":1024}]}},
             {"op":"put_route","name":"r","spec":{"service":"web","rules":["hsts"]}}]}"#);
         let e = s.apply(&unapplied, 1).unwrap_err();
         assert_eq!((e.kind, e.field.as_deref()), (ChangeErrorKind::Conflict, Some("ops[1].spec.rules[0]")));
-        assert!(e.message.contains("steps[0] (deny)"), "{}", e.message);
+        assert!(e.message.contains("steps[0] (max_body_bytes)"), "{}", e.message);
         let put = cs(r#"{"ops":[{"op":"put_rules","name":"hsts","spec":{"steps":[]}},
             {"op":"put_route","name":"r","spec":{"service":"web","rules":["hsts"]}}]}"#);
         let (s, delta) = s.apply(&put, 1).unwrap();
         // Nor may a set a route runs gain one.
-        let gain = cs(r#"{"ops":[{"op":"put_rules","name":"hsts","spec":{"steps":[{"kind":"deny"}]}}]}"#);
+        let gain = cs(
+            r#"{"ops":[{"op":"put_rules","name":"hsts","spec":{"steps":[{"kind":"max_body_bytes","bytes":1024}]}}]}"#,
+        );
         let e = s.apply(&gain, 2).unwrap_err();
         assert_eq!((e.kind, e.field.as_deref()), (ChangeErrorKind::Conflict, Some("ops[0].spec.steps[0]")));
         assert!(e.message.contains("\"r\""), "names the route: {}", e.message);

@@ -92,6 +92,10 @@ pub struct Line {
     /// Why the proxy answered itself, if it did
     /// ([`ErrorKind::name`](crate::ErrorKind::name)).
     pub error: Option<&'static str>,
+    /// The rule step that answered the request (`set[step] kind`: a
+    /// redirect, a refusal, a challenge, a rate limit), or the steps that
+    /// changed it, comma-separated.
+    pub rule: Option<String>,
     /// The request's `X-Request-Id` (the client's, or the generated one).
     pub request_id: Option<String>,
     /// `User-Agent`, if sent.
@@ -302,6 +306,7 @@ fn json_line(out: &mut String, l: &Line) {
     opt(out, "backend_addr", l.backend.as_ref().map(|b| b.1.as_str()));
     let _ = write!(out, ",\"attempts\":{}", l.attempts);
     opt(out, "error", l.error);
+    opt(out, "rule", l.rule.as_deref());
     opt(out, "request_id", l.request_id.as_deref());
     opt(out, "user_agent", l.user_agent.as_deref());
     opt(out, "referer", l.referer.as_deref());
@@ -459,6 +464,7 @@ mod tests {
             backend: Some((BackendId::new("a").unwrap(), BackendAddr::new("127.0.0.1:9001").unwrap())),
             attempts: 1,
             error: None,
+            rule: None,
             request_id: Some("abc".into()),
             user_agent: Some("curl/8.0\n".into()),
             referer: None,
@@ -472,7 +478,7 @@ mod tests {
         assert!(out.ends_with("}\n") && out.lines().count() == 1, "{out}");
         assert_eq!(
             out.trim_end(),
-            r#"{"time":"2026-11-25T13:40:00.248Z","client":"127.0.0.1:40000","method":"GET","host":"shop.example","path":"/cart?id=\"7\"","protocol":"HTTP/1.1","status":200,"bytes_in":78,"bytes_out":140,"duration_ms":1.500,"route":"shop","service":"web","backend":"a","backend_addr":"127.0.0.1:9001","attempts":1,"error":null,"request_id":"abc","user_agent":"curl/8.0\n","referer":null}"#
+            r#"{"time":"2026-11-25T13:40:00.248Z","client":"127.0.0.1:40000","method":"GET","host":"shop.example","path":"/cart?id=\"7\"","protocol":"HTTP/1.1","status":200,"bytes_in":78,"bytes_out":140,"duration_ms":1.500,"route":"shop","service":"web","backend":"a","backend_addr":"127.0.0.1:9001","attempts":1,"error":null,"rule":null,"request_id":"abc","user_agent":"curl/8.0\n","referer":null}"#
         );
     }
 

@@ -36,9 +36,22 @@ impl Upstreams {
         peer: &Peer,
         admission: &Admission,
         trace: &mut Trace,
+        edits: Option<&tidegate_rules::Forward>,
     ) -> Result<Response<ProxyBody>, ErrorKind> {
         // Read before a backend is chosen: a slow client holds no backend.
-        let (req, body, _buffered, mut upgrade) = Prepared::new(req, peer, &self.limits, &admission.buffers).await?;
+        let (mut req, body, _buffered, mut upgrade) =
+            Prepared::new(req, peer, &self.limits, &admission.buffers).await?;
+        if let Some(edits) = edits {
+            // The route's rules: the path sent upstream, and header edits
+            // after the proxy's own forwarding fields.
+            if edits.path.is_some() {
+                let target = crate::pipeline::upstream_target(Some(edits), req.path_and_query.as_str());
+                req.path_and_query = PathAndQuery::try_from(target.as_ref()).map_err(|_| ErrorKind::InvalidPath)?;
+            }
+            for edit in &edits.request_headers {
+                edit.apply(&mut req.parts.headers);
+            }
+        }
         // At most the client's cap of requests waiting for a backend or
         // being answered, until the answer's head (reading a body takes no
         // backend).

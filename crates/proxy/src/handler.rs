@@ -19,6 +19,7 @@ use crate::limits::Limits;
 use crate::metrics::{Counters, ProxyMetrics};
 use crate::observe::{describe, Finish, Seen};
 use crate::pipeline::{self, Action, Facts, Local, Settings};
+use crate::rules_work;
 use crate::upstreams::Upstreams;
 
 /// The request handler. One per worker (or one shared, in the multi-thread
@@ -47,12 +48,13 @@ impl Proxy {
     ) -> Proxy {
         let metrics = metrics.worker();
         let admission = Arc::new(Admission::new(&limits));
+        let trusted_proxies = limits.trusted_proxies.clone();
         Proxy {
             snapshots,
             admission,
             upstreams: Upstreams::new(limits, &metrics),
             metrics,
-            settings: Settings { health_path: None, https_port },
+            settings: Settings { health_path: None, https_port, trusted_proxies },
             access_log: None,
         }
     }
@@ -147,26 +149,59 @@ impl Proxy {
             headers: req.headers(),
             tls: client.https,
             stopping: false,
+            peer: client.addr.ip(),
+            content_length: req.headers().get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok()),
         };
         let snapshot = self.snapshots.load_full();
         let decision = pipeline::decide(req.method(), checked.map(|()| &facts), &self.settings, &snapshot);
         if let Some(route) = decision.route {
             seen.routed(route, self.access_log.is_some());
         }
-        match decision.action {
-            Action::Local(answer) => crate::reply::local_response(answer),
+        let logging = self.access_log.is_some();
+        if let Action::Local(answer) = decision.action {
+            seen.rule_answered(&answer, logging);
+            return crate::reply::local_response(answer);
+        }
+        // (A request the pipeline serves passed the engine's checks.)
+        let mut rules =
+            match pipeline::settle(decision.rules, &facts, req.method(), &self.settings, rules_work::run).await {
+                Ok(edits) => edits,
+                Err(answer) => {
+                    seen.rule_answered(&answer, logging);
+                    return crate::reply::local_response(answer);
+                }
+            };
+        if let Some(edits) = rules.as_deref_mut() {
+            seen.rules_changed(edits, logging);
+        }
+        let target = rules
+            .as_deref()
+            .and_then(|e| e.path.as_ref())
+            .map(|_| pipeline::upstream_target(rules.as_deref(), facts.path_and_query).into_owned());
+        drop(facts);
+        let mut resp = match decision.action {
+            Action::Local(answer) => return crate::reply::local_response(answer),
             Action::Static { dir, prefix } => {
-                Ok(tidegate_static::serve(dir, prefix, &req).await.map(ProxyBody::Static))
+                if let Some(target) = &target {
+                    *req.uri_mut() = http::Uri::try_from(target.as_str()).map_err(|_| ErrorKind::InvalidPath)?;
+                }
+                tidegate_static::serve(dir, prefix, &req).await.map(ProxyBody::Static)
             }
             Action::Forward(service) => {
-                drop(facts);
                 drop(snapshot);
                 let mut trace = Trace::default();
-                let forwarded = self.upstreams.forward(&service, req, client, &self.admission, &mut trace).await;
+                let edits = rules.as_deref();
+                let forwarded = self.upstreams.forward(&service, req, client, &self.admission, &mut trace, edits).await;
                 seen.traced(trace);
-                forwarded
+                forwarded?
+            }
+        };
+        if let Some(edits) = &rules {
+            if resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+                edits.response.apply_headers(resp.headers_mut());
             }
         }
+        Ok(resp)
     }
 }
 

@@ -39,6 +39,7 @@ mod observe;
 mod pipeline;
 mod prepared;
 mod reply;
+mod rules_work;
 mod server;
 mod tls;
 mod tunnel;

@@ -175,6 +175,7 @@ impl Collector for DataPlaneCollector {
             gauge(&mut enc, "tidegate_request_buffer_bytes", help, [([], b.used() as u64)])?;
         }
         self.request_durations(&mut enc, &unrouted)?;
+        self.rule_steps(&mut enc)?;
         if let Some(log) = m.access_log.get() {
             let lines = [([("result", "written")], log.written()), ([("result", "dropped")], log.dropped())];
             let help = "Access log lines, by result (dropped: the writer was behind and the line was not kept).";
@@ -187,6 +188,41 @@ impl Collector for DataPlaneCollector {
 }
 
 impl DataPlaneCollector {
+    /// `tidegate_rule_steps_total{route, rule_set, step, kind, outcome}`:
+    /// what each step of each route's rules did (`answered`: it gave the
+    /// answer; `changed`: it edited the request), since the route's chain
+    /// was compiled (a change to the route or its rule sets starts it
+    /// again from zero, as a restart would).
+    fn rule_steps(&self, enc: &mut DescriptorEncoder<'_>) -> fmt::Result {
+        let snapshot = self.snapshots.load_full();
+        let mut rows = Vec::new();
+        for route in snapshot.routes() {
+            let Some(chain) = snapshot.rules(route.name.as_str()) else { continue };
+            for c in chain.counts() {
+                let (set, step) = (c.rule.set.as_str().to_string(), c.rule.step.to_string());
+                for (outcome, n) in [("answered", c.answered), ("changed", c.changed)] {
+                    rows.push((route.name.as_str().to_string(), set.clone(), step.clone(), c.rule.kind, outcome, n));
+                }
+            }
+        }
+        rows.sort();
+        let samples = rows.iter().map(|(route, set, step, kind, outcome, n)| {
+            (
+                [
+                    ("route", route.as_str()),
+                    ("rule_set", set.as_str()),
+                    ("step", step.as_str()),
+                    ("kind", *kind),
+                    ("outcome", *outcome),
+                ],
+                *n,
+            )
+        });
+        let help = "Requests each step of a route's rules answered or changed, since the route's chain was \
+                    compiled (by route, rule set, step index, kind and outcome).";
+        counter(enc, "tidegate_rule_steps", help, samples)
+    }
+
     /// `tidegate_request_duration_seconds{service, route, class}`: every
     /// route that saw requests, and `route=""` for requests that matched
     /// none.

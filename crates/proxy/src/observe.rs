@@ -38,12 +38,29 @@ pub(crate) struct Seen {
     /// The id generated for it, if the client sent no acceptable one
     /// ([`crate::headers::client_request_id`]).
     pub request_id: Option<[u8; 32]>,
+    /// The rule step that answered it, or the steps that changed it
+    /// (`set[step] kind`, comma-separated), for the access log.
+    pub rule: Option<String>,
+    /// What the route's rules hold while it is served (a
+    /// `concurrency_limit`'s places), until its response ends.
+    pub held: Vec<tidegate_rules::Permit>,
 }
 
 impl Seen {
     /// A request whose head was read at `start`.
     pub(crate) fn new(start: Instant) -> Seen {
-        Seen { start, route: None, names: None, status: 0, error: None, backend: None, attempts: 0, request_id: None }
+        Seen {
+            start,
+            route: None,
+            names: None,
+            status: 0,
+            error: None,
+            backend: None,
+            attempts: 0,
+            request_id: None,
+            rule: None,
+            held: Vec::new(),
+        }
     }
 
     /// The request matched `route`; its names are kept only if `logging`.
@@ -51,6 +68,23 @@ impl Seen {
         self.route = Some(route.stats.clone());
         if logging {
             self.names = Some((route.name.clone(), route.spec.service().cloned()));
+        }
+    }
+
+    /// Takes what the route's rules hold while the request is served, and
+    /// when `logging`, the steps that changed it.
+    pub(crate) fn rules_changed(&mut self, edits: &mut tidegate_rules::Forward, logging: bool) {
+        self.held = std::mem::take(&mut edits.permits);
+        if logging && !edits.changed_by.is_empty() {
+            let steps: Vec<String> = edits.changed_by.iter().map(describe_rule).collect();
+            self.rule = Some(steps.join(","));
+        }
+    }
+
+    /// Notes the rule step that gave `answer`, if one did, when `logging`.
+    pub(crate) fn rule_answered(&mut self, answer: &crate::pipeline::Local, logging: bool) {
+        if let (true, crate::pipeline::Local::Rule(a)) = (logging, answer) {
+            self.rule = Some(describe_rule(&a.0.rule));
         }
     }
 
@@ -90,10 +124,16 @@ impl Seen {
         line.backend = self.backend.as_ref().map(|b| (b.id.clone(), b.addr.clone()));
         line.attempts = self.attempts;
         line.error = self.error.map(ErrorKind::name);
+        line.rule.clone_from(&self.rule);
         if line.request_id.is_none() {
             line.request_id = self.generated_id();
         }
     }
+}
+
+/// A rule step as the access log names it: `set[step] kind`.
+fn describe_rule(rule: &tidegate_rules::RuleRef) -> String {
+    format!("{}[{}] {}", rule.set, rule.step, rule.kind)
 }
 
 /// A line with only the client and protocol known.
@@ -114,6 +154,7 @@ fn blank(client: SocketAddr, protocol: &'static str) -> Line {
         backend: None,
         attempts: 0,
         error: None,
+        rule: None,
         request_id: None,
         user_agent: None,
         referer: None,

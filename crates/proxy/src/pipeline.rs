@@ -19,25 +19,32 @@
 //!    none: a malformed host, path or framing, too many headers);
 //! 3. the health path, answered before routing;
 //! 4. the route, from the snapshot;
-//! 5. the route's request rules: today `redirect_https`; issue 37's rules
-//!    (redirects, rewrites, header edits, access control, rate limits,
-//!    auth) are further steps here, each either answering locally or
-//!    editing what is forwarded;
+//! 5. `redirect_https`, then the route's rule sets ([`tidegate_rules`]):
+//!    each step either answers (a redirect, a refusal, a challenge, a
+//!    rate limit's 429) or edits what is forwarded (the path, request
+//!    headers) and what is answered (response headers); a step that needs
+//!    work off the request path (a password check, a forward-auth
+//!    sub-request) leaves the rules [`Ruled::Pending`], and the engine
+//!    settles them ([`crate::rules_work::settle`]) before it goes on;
 //! 6. the route's action: a static directory, or a service of the
 //!    snapshot.
 //!
-//! Response rules apply to the answer afterwards, in the engines' common
-//! reply path.
+//! The response plan the rules leave ([`tidegate_rules::ResponsePlan`])
+//! is applied by the engines to the answer's head.
 
 use std::borrow::Cow;
+use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use http::header::HeaderValue;
 use http::Method;
 use tidegate_model::{Headers, PathPattern, RouteAction, StaticDir};
+use tidegate_rules::{Chain, Outcome};
 use tidegate_snapshot::{Entry, RequestView, ServiceRuntime, Snapshot};
 
 use crate::error::ErrorKind;
+use crate::limits::TrustedProxies;
 
 /// What the engine knows of a request, read its own way (the method is
 /// read apart: it is known even of a head the engine refuses).
@@ -55,6 +62,54 @@ pub(crate) struct Facts<'a> {
     pub tls: bool,
     /// The worker is stopping (health checks answer `draining`).
     pub stopping: bool,
+    /// The address of the connection's peer (the client, or a proxy in
+    /// front of it: see [`Facts::client`]).
+    pub peer: IpAddr,
+    /// The body's declared length (`Content-Length`), if any.
+    pub content_length: Option<u64>,
+}
+
+impl Facts<'_> {
+    /// The client's address as rules see it: the peer's, or behind peers
+    /// of `--trusted-proxies`, the last address of `X-Forwarded-For` that
+    /// is not itself a trusted proxy (read right to left: the entries to
+    /// its left were written by whoever sent them, and are not believed).
+    pub(crate) fn client(&self, trusted: &TrustedProxies) -> IpAddr {
+        if trusted.is_empty() || !trusted.contains(self.peer) {
+            return self.peer;
+        }
+        let mut client = self.peer;
+        let mut fields: Vec<Vec<u8>> = Vec::new();
+        self.headers.any("x-forwarded-for", &mut |v| {
+            fields.push(v.to_vec());
+            false
+        });
+        for hop in fields.iter().rev().flat_map(|v| v.rsplit(|b| *b == b',')) {
+            let Some(ip) = std::str::from_utf8(hop).ok().and_then(|t| t.trim().parse::<IpAddr>().ok()) else {
+                // Unreadable: stop at the last address believed.
+                break;
+            };
+            client = ip;
+            if !trusted.contains(ip) {
+                break;
+            }
+        }
+        client
+    }
+
+    /// The request as the rule engine reads it.
+    fn rules_view<'a>(&'a self, method: &'a Method, settings: &Settings) -> tidegate_rules::RequestView<'a> {
+        tidegate_rules::RequestView {
+            method,
+            host: &self.host,
+            path: self.path,
+            query: self.path_and_query.split_once('?').map(|(_, q)| q),
+            headers: self.headers,
+            client: self.client(&settings.trusted_proxies),
+            tls: self.tls,
+            content_length: self.content_length,
+        }
+    }
 }
 
 /// The worker's settings the pipeline reads.
@@ -64,6 +119,8 @@ pub(crate) struct Settings {
     pub health_path: Option<Box<str>>,
     /// The TLS listener's port, where `redirect_https` routes send clients.
     pub https_port: Option<u16>,
+    /// The peers whose `X-Forwarded-For` names the client rules see.
+    pub trusted_proxies: TrustedProxies,
 }
 
 /// An answer the proxy gives itself.
@@ -84,6 +141,42 @@ pub(crate) enum Local {
     /// A refusal counted as an error (metrics, access log): the request is
     /// invalid, no route matches it, or its service is gone.
     Error(ErrorKind),
+    /// The answer of a rule step (a redirect, a refusal, a challenge, a
+    /// rate limit, a CORS preflight).
+    Rule(RuleAnswer),
+}
+
+/// A rule step's answer ([`tidegate_rules::Answer`]); two are equal when
+/// the same step gave the same status.
+#[derive(Debug, Clone)]
+pub(crate) struct RuleAnswer(pub Box<tidegate_rules::Answer>);
+
+impl PartialEq for RuleAnswer {
+    fn eq(&self, other: &RuleAnswer) -> bool {
+        self.0.status == other.0.status && self.0.rule == other.0.rule
+    }
+}
+
+impl Eq for RuleAnswer {}
+
+impl From<tidegate_rules::Answer> for Local {
+    fn from(answer: tidegate_rules::Answer) -> Local {
+        Local::Rule(RuleAnswer(Box::new(answer)))
+    }
+}
+
+/// What the route's rules left to do for a request that goes on.
+#[derive(Debug, Default)]
+pub(crate) enum Ruled {
+    /// The route runs no rules.
+    #[default]
+    None,
+    /// Edits to make: the path and request headers sent upstream, and the
+    /// response plan.
+    Forward(Box<tidegate_rules::Forward>),
+    /// Work to do first ([`crate::rules_work::settle`]), then the chain
+    /// goes on.
+    Pending(Arc<Chain>, Box<tidegate_rules::Pending>),
 }
 
 impl From<ErrorKind> for Local {
@@ -104,23 +197,28 @@ pub(crate) enum Action<'s> {
 }
 
 /// The pipeline's decision: the route that matched (for the access log and
-/// the route's statistics), if one did, and the action.
+/// the route's statistics), if one did, the action, and for a request
+/// that is served (forwarded or from a static directory) what its route's
+/// rules left to do.
 #[derive(Debug)]
 pub(crate) struct Decision<'s> {
     /// The matched route.
     pub route: Option<&'s Entry>,
     /// What to do.
     pub action: Action<'s>,
+    /// The rules' edits, or their pending work.
+    pub rules: Ruled,
 }
 
 impl Decision<'_> {
     fn local(answer: Local) -> Decision<'static> {
-        Decision { route: None, action: Action::Local(answer) }
+        Decision { route: None, action: Action::Local(answer), rules: Ruled::None }
     }
 }
 
 /// Decides what to do with a request of `method` whose facts are `facts`
-/// (or the reason the engine refused its head). Pure: no IO, no clock.
+/// (or the reason the engine refused its head). No IO; the clock is read
+/// only for a route that runs rules (rate limits count time).
 pub(crate) fn decide<'s>(
     method: &Method,
     facts: Result<&Facts<'_>, Local>,
@@ -141,19 +239,77 @@ pub(crate) fn decide<'s>(
     let Some(route) = snapshot.route(&view) else {
         return Decision::local(Local::Error(ErrorKind::NoRoute));
     };
-    let decided = |action| Decision { route: Some(route), action };
-    // The route's request rules (issue 37's rules go here, in order).
+    let decided = |action| Decision { route: Some(route), action, rules: Ruled::None };
     if route.spec.redirect_https && !facts.tls {
         let to = https_location(&facts.host, settings.https_port, facts.path_and_query);
         return decided(Action::Local(to.map_or_else(Local::Error, Local::HttpsRedirect)));
     }
-    decided(match &route.spec.action {
+    // The route's rule sets, in order (a route without any pays one test).
+    let rules = match (route.spec.rules.is_empty(), snapshot.rules(route.name.as_str())) {
+        (false, Some(chain)) => match chain.request(&facts.rules_view(method, settings), Instant::now()) {
+            Outcome::Forward(edits) => Ruled::Forward(Box::new(edits)),
+            Outcome::Answer(answer) => return decided(Action::Local(answer.into())),
+            Outcome::Pending(work) => Ruled::Pending(chain.clone(), Box::new(work)),
+        },
+        _ => Ruled::None,
+    };
+    let action = match &route.spec.action {
         RouteAction::Static(dir) => Action::Static { dir, prefix: &route.spec.matches.path },
         RouteAction::Service(name) => match snapshot.service(name.as_str()) {
             Some(service) => Action::Forward(service.clone()),
             None => Action::Local(Local::Error(ErrorKind::NoBackend)),
         },
-    })
+    };
+    Decision { route: Some(route), action, rules }
+}
+
+/// Settles the rules' pending work, if any: the rules' edits for a
+/// request that goes on (`None`: the route runs no rules), or the answer a
+/// step gave. The work itself ([`tidegate_rules::Work`]) is `work`'s: the
+/// engines pass [`crate::rules_work::run`]; tests pass their own.
+pub(crate) async fn settle<F, W>(
+    ruled: Ruled,
+    facts: &Facts<'_>,
+    method: &Method,
+    settings: &Settings,
+    mut work: W,
+) -> Result<Option<Box<tidegate_rules::Forward>>, Local>
+where
+    W: FnMut(tidegate_rules::Work) -> F,
+    F: std::future::Future<Output = Option<tidegate_rules::WorkResult>>,
+{
+    let (chain, mut pending) = match ruled {
+        Ruled::None => return Ok(None),
+        Ruled::Forward(edits) => return Ok(Some(edits)),
+        Ruled::Pending(chain, pending) => (chain, *pending),
+    };
+    let view = facts.rules_view(method, settings);
+    loop {
+        let tidegate_rules::Pending { work: todo, resume } = pending;
+        let Some(result) = work(todo).await else {
+            // The work could not be done (the auth service did not answer):
+            // refused, never let through.
+            return Err(chain.auth_failed(resume).into());
+        };
+        match chain.resume(&view, Instant::now(), resume, result) {
+            Outcome::Forward(edits) => return Ok(Some(Box::new(edits))),
+            Outcome::Answer(answer) => return Err(answer.into()),
+            Outcome::Pending(next) => pending = next,
+        }
+    }
+}
+
+/// What the backend (or the static file server) is asked for: the path
+/// the rules left (`edits`), with the request's query, or the request's
+/// own path and query.
+pub(crate) fn upstream_target<'a>(edits: Option<&tidegate_rules::Forward>, path_and_query: &'a str) -> Cow<'a, str> {
+    match edits.and_then(|e| e.path.as_deref()) {
+        None => Cow::Borrowed(path_and_query),
+        Some(path) => match path_and_query.split_once('?') {
+            Some((_, query)) => Cow::Owned(format!("{path}?{query}")),
+            None => Cow::Owned(path.to_string()),
+        },
+    }
 }
 
 /// Where a `redirect_https` route sends a request that came over plain
@@ -189,6 +345,7 @@ mod tests {
         {"op":"put_route","name":"secure","spec":{"match":{"host":"secure.example"},"service":"web","redirect_https":true}}"#;
 
     struct Req {
+        peer: IpAddr,
         method: Method,
         host: &'static str,
         path: &'static str,
@@ -199,7 +356,16 @@ mod tests {
     }
 
     fn req(method: Method, host: &'static str, path: &'static str) -> Req {
-        Req { method, host, path, pq: path, headers: HeaderMap::new(), tls: false, stopping: false }
+        Req {
+            peer: [127, 0, 0, 1].into(),
+            method,
+            host,
+            path,
+            pq: path,
+            headers: HeaderMap::new(),
+            tls: false,
+            stopping: false,
+        }
     }
 
     impl Req {
@@ -211,6 +377,8 @@ mod tests {
                 headers: &self.headers,
                 tls: self.tls,
                 stopping: self.stopping,
+                peer: self.peer,
+                content_length: None,
             }
         }
 
@@ -256,7 +424,7 @@ mod tests {
     fn the_health_path_answers_reads_before_routing() {
         // No route at all: the health path still answers.
         let snap = Snapshot::empty();
-        let settings = Settings { health_path: Some("/healthz".into()), https_port: None };
+        let settings = Settings { health_path: Some("/healthz".into()), ..Settings::default() };
         let d = req(Method::GET, "", "/healthz").decide(&settings, &snap);
         assert_eq!(local(&d), Some(&Local::Health { draining: false }));
         let mut stopping = req(Method::HEAD, "a", "/healthz");
@@ -309,7 +477,7 @@ mod tests {
         let snap = snapshot(WEB);
         let mut r = req(Method::POST, "secure.example", "/a");
         r.pq = "/a?q=1";
-        let on = |port| Settings { health_path: None, https_port: port };
+        let on = |port| Settings { https_port: port, ..Settings::default() };
         let d = r.decide(&on(Some(8443)), &snap);
         assert_eq!(route_name(&d).as_deref(), Some("secure"));
         let location = |d: &Decision<'_>| match local(d) {
@@ -377,5 +545,90 @@ mod tests {
         assert_eq!(local(&r.decide(&Settings::default(), &snap)), Some(&Local::Error(ErrorKind::NoRoute)));
         r.headers.insert("x-beta", HeaderValue::from_static("1"));
         assert_eq!(route_name(&r.decide(&Settings::default(), &snap)).as_deref(), Some("beta"));
+    }
+
+    const RULED: &str = r#"{"op":"put_service","name":"web","spec":{}},
+        {"op":"put_rules","name":"api","spec":{"steps":[
+            {"kind":"strip_prefix","prefix":"/api"},
+            {"kind":"set_request_header","name":"x-a","value":"1"},
+            {"kind":"ip_deny","cidrs":["192.0.2.0/24"]}]}},
+        {"op":"put_rules","name":"auth","spec":{"steps":[{"kind":"basic_auth","realm":"r",
+            "users":[{"name":"u","hash":"$2b$04$/uaF/uaF/uaF/uaF/uaF/uK7.eFDTHWTk03S8wqeyk9ZLEdfjGgEC"}]}]}},
+        {"op":"put_route","name":"api","spec":{"match":{"path_prefix":"/api"},"service":"web","rules":["api"]}},
+        {"op":"put_route","name":"admin","spec":{"match":{"path_prefix":"/admin"},"service":"web","rules":["auth"]}}"#;
+
+    #[test]
+    fn a_route_s_rules_edit_what_is_forwarded() {
+        let snap = snapshot(RULED);
+        let mut r = req(Method::GET, "a.example", "/api/x");
+        r.pq = "/api/x?q=1";
+        let d = r.decide(&Settings::default(), &snap);
+        assert!(matches!(d.action, Action::Forward(_)));
+        let Ruled::Forward(edits) = d.rules else { panic!("edits, not {:?}", d.rules) };
+        assert_eq!(edits.path.as_deref(), Some("/x"));
+        assert_eq!(edits.request_headers.len(), 1);
+        assert_eq!(upstream_target(Some(&edits), r.pq), "/x?q=1");
+        assert_eq!(upstream_target(None, r.pq), "/api/x?q=1");
+        // A route without rules leaves nothing to do.
+        let plain = snapshot(WEB);
+        assert!(matches!(req(Method::GET, "a", "/api").decide(&Settings::default(), &plain).rules, Ruled::None));
+    }
+
+    #[test]
+    fn a_rule_s_answer_is_the_route_s_local_answer() {
+        let snap = snapshot(RULED);
+        let mut r = req(Method::GET, "a.example", "/api/x");
+        r.peer = [192, 0, 2, 7].into();
+        let d = r.decide(&Settings::default(), &snap);
+        assert_eq!(route_name(&d).as_deref(), Some("api"));
+        match local(&d) {
+            Some(Local::Rule(a)) => assert_eq!((a.0.status, a.0.rule.kind), (403, "ip_deny")),
+            other => panic!("a rule's answer, not {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_client_behind_trusted_proxies_is_the_last_untrusted_hop() {
+        let trusted: TrustedProxies = "10.0.0.0/8".parse().unwrap();
+        let mut r = req(Method::GET, "a", "/");
+        r.peer = [10, 0, 0, 1].into();
+        r.headers.append("x-forwarded-for", HeaderValue::from_static("6.6.6.6, 198.51.100.7"));
+        r.headers.append("x-forwarded-for", HeaderValue::from_static("10.0.0.9"));
+        assert_eq!(r.facts().client(&trusted), IpAddr::from([198, 51, 100, 7]));
+        // Without trust, or from an untrusted peer, the peer is the client.
+        assert_eq!(r.facts().client(&TrustedProxies::default()), IpAddr::from([10, 0, 0, 1]));
+        r.peer = [203, 0, 113, 1].into();
+        assert_eq!(r.facts().client(&trusted), IpAddr::from([203, 0, 113, 1]));
+        // An unreadable hop stops the walk at the last address believed.
+        r.peer = [10, 0, 0, 1].into();
+        r.headers.insert("x-forwarded-for", HeaderValue::from_static("6.6.6.6, junk, 10.0.0.2"));
+        assert_eq!(r.facts().client(&trusted), IpAddr::from([10, 0, 0, 2]));
+    }
+
+    #[tokio::test]
+    async fn pending_work_is_settled_and_a_failure_refuses() {
+        let snap = snapshot(RULED);
+        let settings = Settings::default();
+        let mut r = req(Method::GET, "a.example", "/admin");
+        // "u:s3cret"
+        r.headers.insert("authorization", HeaderValue::from_static("Basic dTpzM2NyZXQ="));
+        let facts = r.facts();
+        let pending = || decide(&Method::GET, Ok(&facts), &settings, &snap).rules;
+        assert!(matches!(pending(), Ruled::Pending(..)));
+        let run = |work| async move { crate::rules_work::run(work).await };
+        let settled = settle(pending(), &facts, &Method::GET, &settings, run).await;
+        assert!(matches!(settled, Ok(Some(_))), "the right password goes through");
+        let failed = settle(pending(), &facts, &Method::GET, &settings, |_| async { None }).await;
+        match failed {
+            Err(Local::Rule(a)) => assert_eq!(a.0.status, 503),
+            other => panic!("refused, not {other:?}"),
+        }
+        r.headers.insert("authorization", HeaderValue::from_static("Basic dTp3cm9uZw=="));
+        let facts = r.facts();
+        let wrong = decide(&Method::GET, Ok(&facts), &settings, &snap).rules;
+        match settle(wrong, &facts, &Method::GET, &settings, run).await {
+            Err(Local::Rule(a)) => assert_eq!(a.0.status, 401),
+            other => panic!("a challenge, not {other:?}"),
+        }
     }
 }

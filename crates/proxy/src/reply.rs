@@ -60,8 +60,26 @@ pub(crate) fn local_response(answer: Local) -> Result<Response<ProxyBody>, Error
         Local::ConnectRefused => refuse_connect(),
         Local::HeadTooLarge => head_too_large(),
         Local::HttpsRedirect(location) => https_redirect(location),
+        Local::Rule(answer) => rule_answer(&answer.0),
         Local::Error(kind) => return Err(kind),
     })
+}
+
+/// The answer of a rule step: its status, its fields (`Location`,
+/// `WWW-Authenticate`, `Retry-After`, CORS's) and a short text.
+fn rule_answer(answer: &tidegate_rules::Answer) -> Response<ProxyBody> {
+    let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut resp = if answer.body.is_empty() || status == StatusCode::NO_CONTENT {
+        let mut resp = Response::new(ProxyBody::empty());
+        *resp.status_mut() = status;
+        resp
+    } else {
+        plain(status, answer.body)
+    };
+    for (name, value) in &answer.headers {
+        resp.headers_mut().append(name.clone(), value.clone());
+    }
+    resp
 }
 
 #[cfg(test)]

@@ -995,6 +995,201 @@ const fn ok(fields: &'static [(&'static str, &'static str)], body: &'static str)
     Expect { status: 200, fields, body }
 }
 
+// ---------------------------------------------------------------------------
+// Traffic rules (docs/rules.md), on every engine.
+
+/// A bcrypt hash (cost 4) of `s3cret`.
+const HASH: &str = "$2b$04$/uaF/uaF/uaF/uaF/uaF/uK7.eFDTHWTk03S8wqeyk9ZLEdfjGgEC";
+
+/// The operations that put rule set `set` of `steps` and a route
+/// `/{set}` to service `e` that runs it.
+fn ruled(set: &str, steps: serde_json::Value) -> Vec<serde_json::Value> {
+    vec![
+        json!({ "op": "put_rules", "name": set, "spec": { "steps": steps } }),
+        json!({ "op": "put_route", "name": set, "spec": {
+            "match": { "path_prefix": format!("/{set}") }, "service": "e", "rules": [set] } }),
+    ]
+}
+
+/// An echo backend behind service `e`, and a proxy whose route `/{set}`
+/// runs `steps`.
+async fn rules_rig(e: Engine, set: &str, steps: serde_json::Value) -> (HyperBackend, Proxy) {
+    let b = HyperBackend::start("b0", Behaviour::Echo).await;
+    let p = e.start(Limits::default(), config(&[("e", &[b.addr])], ruled(set, steps)));
+    (b, p)
+}
+
+/// A path prefix stripped, request headers set, added and removed (the
+/// Host sent upstream among them), response headers set, added, removed.
+async fn rules_edit(e: Engine) -> Observed {
+    let steps = json!([
+        { "kind": "strip_prefix", "prefix": "/api" },
+        { "kind": "set_request_header", "name": "X-A", "value": "1" },
+        { "kind": "remove_request_header", "name": "X-B" },
+        { "kind": "add_request_header", "name": "X-C", "value": "2" },
+        { "kind": "set_request_header", "name": "Host", "value": "backend.internal" },
+        { "kind": "set_response_header", "name": "Strict-Transport-Security", "value": "max-age=63072000" },
+        { "kind": "remove_response_header", "name": "X-Backend" },
+        { "kind": "add_response_header", "name": "X-D", "value": "4" },
+    ]);
+    let (b, p) = rules_rig(e, "api", steps).await;
+    let req = Req::new("GET", "/api/hello?x=1").header("x-a", "0").header("x-b", "gone").header("x-c", "1");
+    let r = e.send(&p, &req).await;
+    p.stop().await;
+    let seen = one(&b);
+    let mut fields = vec![("backend got", format!("{} {}", seen.method, seen.uri))];
+    fields.extend(["x-a", "x-b", "x-c", "host", "x-forwarded-host"].into_iter().map(|n| (n, seen.header(n))));
+    fields.extend(["strict-transport-security", "x-backend", "x-d"].into_iter().map(|n| (n, r.header(n))));
+    observed(&r, fields)
+}
+
+/// A regular-expression rewrite with a capture; a rewrite that would
+/// climb out with `..` is refused.
+async fn rules_rewrite(e: Engine) -> Observed {
+    let steps = json!([{ "kind": "rewrite_path", "regex": "^/old/(.*)$", "replacement": "/new/$1" }]);
+    let (b, p) = rules_rig(e, "old", steps).await;
+    let r = e.send(&p, &Req::new("GET", "/old/a/b?q=1")).await;
+    p.stop().await;
+    observed(&r, vec![("backend got", requests(&b))])
+}
+
+/// A redirect built from the request's parts; the backend is not asked.
+async fn rules_redirect(e: Engine) -> Observed {
+    let steps = json!([{ "kind": "redirect", "status": 301, "location": "https://example.com{uri}" }]);
+    let (b, p) = rules_rig(e, "moved", steps).await;
+    let r = e.send(&p, &Req::new("GET", "/moved/x?y=1")).await;
+    p.stop().await;
+    observed(&r, vec![("location", r.header("location")), ("backend got", requests(&b))])
+}
+
+/// `deny`, and the client's address against allow and deny lists.
+async fn rules_access(e: Engine) -> Observed {
+    let b = HyperBackend::start("b0", Behaviour::Echo).await;
+    let mut ops = ruled("denied", json!([{ "kind": "deny", "status": 404 }]));
+    ops.extend(ruled("outside", json!([{ "kind": "ip_allow", "cidrs": ["10.0.0.0/8"] }])));
+    ops.extend(ruled("inside", json!([{ "kind": "ip_allow", "cidrs": ["127.0.0.0/8"] }])));
+    ops.extend(ruled("blocked", json!([{ "kind": "ip_deny", "cidrs": ["127.0.0.1"] }])));
+    let p = e.start(Limits::default(), config(&[("e", &[b.addr])], ops));
+    let mut fields = Vec::new();
+    for path in ["/denied", "/outside", "/inside", "/blocked"] {
+        let r = e.send(&p, &Req::new("GET", path)).await;
+        fields.push((path.trim_start_matches('/').to_string(), format!("{} {}", r.status, text(&r.body).trim_end())));
+    }
+    p.stop().await;
+    let fields = fields.into_iter().map(|(n, v)| (&*n.leak(), v)).chain([("backend got", requests(&b))]).collect();
+    Observed { status: 200, fields, body: String::new() }
+}
+
+/// Basic auth: no credentials, a wrong password and an unknown user get
+/// the challenge; the right ones go through, without `Authorization`.
+async fn rules_basic_auth(e: Engine) -> Observed {
+    let steps = json!([{ "kind": "basic_auth", "realm": "admin", "users": [{ "name": "ops", "hash": HASH }] }]);
+    let (b, p) = rules_rig(e, "admin", steps).await;
+    let basic = |cred: &str| format!("Basic {}", base64(cred));
+    let none = e.send(&p, &Req::new("GET", "/admin/x")).await;
+    let wrong = e.send(&p, &Req::new("GET", "/admin/x").header("authorization", &basic("ops:wrong"))).await;
+    let unknown = e.send(&p, &Req::new("GET", "/admin/x").header("authorization", &basic("eve:s3cret"))).await;
+    let right = e.send(&p, &Req::new("GET", "/admin/x").header("authorization", &basic("ops:s3cret"))).await;
+    p.stop().await;
+    let seen = one(&b);
+    observed(
+        &right,
+        vec![
+            ("none", format!("{} {}", none.status, none.header("www-authenticate"))),
+            ("wrong", wrong.status.to_string()),
+            ("unknown", unknown.status.to_string()),
+            ("backend got", format!("{} {}", seen.method, seen.uri)),
+            ("backend authorization", seen.header("authorization")),
+        ],
+    )
+}
+
+/// Standard base64 of `s` (for `Authorization: Basic`).
+fn base64(s: &str) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in s.as_bytes().chunks(3) {
+        let n = chunk.iter().enumerate().fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            out.push(if i <= chunk.len() { A[(n >> (18 - 6 * i) & 63) as usize] as char } else { '=' });
+        }
+    }
+    out
+}
+
+/// A rate limit of one request per 1,000 s with a burst of 2: two go
+/// through, the third gets 429 with `Retry-After`.
+async fn rules_rate_limit(e: Engine) -> Observed {
+    let steps = json!([{ "kind": "rate_limit", "key": "client_ip", "rate_per_s": 0.001, "burst": 2 }]);
+    let (b, p) = rules_rig(e, "limited", steps).await;
+    let mut statuses = Vec::new();
+    let mut last = None;
+    for _ in 0..3 {
+        let r = e.send(&p, &Req::new("GET", "/limited/x")).await;
+        statuses.push(r.status.to_string());
+        last = Some(r);
+    }
+    p.stop().await;
+    let last = last.expect("three requests");
+    let retry = last.header("retry-after").parse::<u64>().map_or("-".into(), |s| (s > 900).to_string());
+    observed(
+        &last,
+        vec![
+            ("statuses", statuses.join(" ")),
+            ("retry-after over 900 s", retry),
+            ("backend got", b.seen().len().to_string()),
+        ],
+    )
+}
+
+/// CORS: a preflight from an allowed origin is answered by the proxy; a
+/// request from it gets `Access-Control-Allow-Origin`; another origin gets
+/// no CORS header.
+async fn rules_cors(e: Engine) -> Observed {
+    let steps = json!([{ "kind": "cors", "allow_origins": ["https://app.example"], "max_age_s": 60 }]);
+    let (b, p) = rules_rig(e, "cors", steps).await;
+    let preflight = Req::new("OPTIONS", "/cors/x")
+        .header("origin", "https://app.example")
+        .header("access-control-request-method", "POST");
+    let pre = e.send(&p, &preflight).await;
+    let simple = e.send(&p, &Req::new("GET", "/cors/x").header("origin", "https://app.example")).await;
+    let other = e.send(&p, &Req::new("GET", "/cors/x").header("origin", "https://evil.example")).await;
+    p.stop().await;
+    observed(
+        &pre,
+        vec![
+            ("allow-origin", pre.header("access-control-allow-origin")),
+            ("allow-methods", pre.header("access-control-allow-methods")),
+            ("max-age", pre.header("access-control-max-age")),
+            ("simple", format!("{} {}", simple.status, simple.header("access-control-allow-origin"))),
+            ("other", format!("{} {}", other.status, other.header("access-control-allow-origin"))),
+            ("backend got", requests(&b)),
+        ],
+    )
+}
+
+/// A static route runs its rules too: response headers on its files, and
+/// a refusal before any file is read.
+async fn rules_static(e: Engine) -> Observed {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    std::fs::write(dir.path().join("a.txt"), "static hello\n").expect("a file");
+    let ops = vec![
+        json!({ "op": "put_rules", "name": "files", "spec": { "steps": [
+            { "kind": "set_response_header", "name": "Cache-Control", "value": "max-age=60" },
+            { "kind": "ip_deny", "cidrs": ["10.0.0.0/8"] }] } }),
+        json!({ "op": "put_rules", "name": "closed", "spec": { "steps": [{ "kind": "deny" }] } }),
+        json!({ "op": "put_route", "name": "files", "spec": {
+            "match": { "path_prefix": "/files" }, "static": { "root": dir.path() }, "rules": ["files"] } }),
+        json!({ "op": "put_route", "name": "closed", "spec": {
+            "match": { "path_prefix": "/closed" }, "static": { "root": dir.path() }, "rules": ["closed"] } }),
+    ];
+    let p = e.start(Limits::default(), config(&[], ops));
+    let r = e.send(&p, &Req::new("GET", "/files/a.txt")).await;
+    let closed = e.send(&p, &Req::new("GET", "/closed/a.txt")).await;
+    p.stop().await;
+    observed(&r, vec![("cache-control", r.header("cache-control")), ("closed", closed.status.to_string())])
+}
+
 fn cases() -> Vec<Case> {
     macro_rules! case {
         ($name:ident, $on:expr, $expect:expr) => {
@@ -1397,6 +1592,89 @@ fn cases() -> Vec<Case> {
                 body: "400 the request needs exactly one valid host\n"
             }
         ),
+        case!(
+            rules_edit,
+            ALL,
+            ok(
+                &[
+                    ("backend got", "GET /hello?x=1"),
+                    ("x-a", "1"),
+                    ("x-b", "-"),
+                    ("x-c", "1, 2"),
+                    ("host", "backend.internal"),
+                    ("x-forwarded-host", "app.test"),
+                    ("strict-transport-security", "max-age=63072000"),
+                    ("x-backend", "-"),
+                    ("x-d", "4"),
+                ],
+                "hello"
+            )
+        ),
+        case!(rules_rewrite, ALL, ok(&[("backend got", "GET /new/a/b?q=1")], "hello")),
+        case!(
+            rules_redirect,
+            ALL,
+            Expect {
+                status: 301,
+                fields: &[("location", "https://example.com/moved/x?y=1"), ("backend got", "(none)")],
+                body: ""
+            }
+        ),
+        case!(
+            rules_access,
+            ALL,
+            Expect {
+                status: 200,
+                fields: &[
+                    ("denied", "404 refused"),
+                    ("outside", "403 forbidden"),
+                    ("inside", "200 hello"),
+                    ("blocked", "403 forbidden"),
+                    ("backend got", "GET /inside")
+                ],
+                body: ""
+            }
+        ),
+        case!(
+            rules_basic_auth,
+            ALL,
+            ok(
+                &[
+                    ("none", "401 Basic realm=\"admin\", charset=\"UTF-8\""),
+                    ("wrong", "401"),
+                    ("unknown", "401"),
+                    ("backend got", "GET /admin/x"),
+                    ("backend authorization", "-")
+                ],
+                "hello"
+            )
+        ),
+        case!(
+            rules_rate_limit,
+            ALL,
+            Expect {
+                status: 429,
+                fields: &[("statuses", "200 200 429"), ("retry-after over 900 s", "true"), ("backend got", "2")],
+                body: "too many requests\n"
+            }
+        ),
+        case!(
+            rules_cors,
+            ALL,
+            Expect {
+                status: 204,
+                fields: &[
+                    ("allow-origin", "https://app.example"),
+                    ("allow-methods", "GET, HEAD, POST"),
+                    ("max-age", "60"),
+                    ("simple", "200 https://app.example"),
+                    ("other", "200 -"),
+                    ("backend got", "GET /cors/x; GET /cors/x")
+                ],
+                body: ""
+            }
+        ),
+        case!(rules_static, ALL, ok(&[("cache-control", "max-age=60"), ("closed", "403")], "static hello\n")),
         case!(
             expect_continue_streamed,
             H1,

@@ -26,6 +26,7 @@ pub mod path;
 pub mod response;
 
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -174,13 +175,36 @@ enum Compiled {
 struct Slot {
     rule: RuleRef,
     step: Compiled,
+    /// Requests this step answered, and requests it changed.
+    answered: AtomicU64,
+    changed: AtomicU64,
+}
+
+impl Slot {
+    fn changed(&self, fwd: &mut Forward) {
+        self.changed.fetch_add(1, Relaxed);
+        fwd.changed_by.push(self.rule.clone());
+    }
+}
+
+/// What a step of a chain did, since the chain was compiled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepCounts<'a> {
+    /// The step.
+    pub rule: &'a RuleRef,
+    /// Requests it answered (a redirect, a refusal, a challenge, a
+    /// rate limit's 429, a CORS preflight, an auth service's answer).
+    pub answered: u64,
+    /// Requests it changed (their path or request headers).
+    pub changed: u64,
 }
 
 /// The compiled rule sets of one route, in order.
 pub struct Chain {
     route: Arc<str>,
     steps: Vec<Slot>,
-    /// Live instances sharing `per_instance_share` rates (1 until told).
+    /// Live instances sharing `per_instance_share` rates, when set for
+    /// this chain alone (0: the process's count, [`set_live_instances`]).
     instances: std::sync::atomic::AtomicU32,
 }
 
@@ -223,6 +247,17 @@ fn compile_step(step: &Step) -> Compiled {
     }
 }
 
+/// Live instances of the cluster this process belongs to (1 outside
+/// cluster mode).
+static LIVE_INSTANCES: AtomicU32 = AtomicU32::new(1);
+
+/// Tells every chain of the process how many instances are live (cluster
+/// mode, from the instance records in etcd): a `rate_limit` with
+/// `per_instance_share` admits its rate divided by it. At least 1.
+pub fn set_live_instances(n: u32) {
+    LIVE_INSTANCES.store(n.max(1), Relaxed);
+}
+
 /// What a limit counts a request by (hashed by the tables, never kept).
 #[derive(Hash)]
 enum KeyRef<'a> {
@@ -246,7 +281,8 @@ fn text(status: u16) -> &'static str {
         413 => "request body too large\n",
         429 => "too many requests\n",
         503 => "the authentication service did not answer\n",
-        s if (300..400).contains(&s) => "",
+        // A CORS preflight's 204 has no body, nor has a redirect here.
+        s if s == 204 || (300..400).contains(&s) => "",
         _ => "refused\n",
     }
 }
@@ -259,22 +295,40 @@ impl Chain {
         for (name, spec) in sets {
             for (i, step) in spec.steps.iter().enumerate() {
                 let rule = RuleRef { set: name.clone(), step: i, kind: step.kind() };
-                steps.push(Slot { rule, step: compile_step(step) });
+                let (answered, changed) = (AtomicU64::new(0), AtomicU64::new(0));
+                steps.push(Slot { rule, step: compile_step(step), answered, changed });
             }
         }
-        Chain { route: Arc::from(route), steps, instances: std::sync::atomic::AtomicU32::new(1) }
+        Chain { route: Arc::from(route), steps, instances: std::sync::atomic::AtomicU32::new(0) }
     }
 
-    /// Tells the chain how many instances are live (cluster mode): a
-    /// `rate_limit` with `per_instance_share` admits its rate divided by
-    /// it. At least 1.
+    /// Sets how many instances this chain's shared rates are divided
+    /// among, in place of the process's count ([`set_live_instances`]).
+    /// At least 1.
     pub fn set_live_instances(&self, n: u32) {
         self.instances.store(n.max(1), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn live_instances(&self) -> u32 {
+        match self.instances.load(Relaxed) {
+            0 => LIVE_INSTANCES.load(Relaxed).max(1),
+            n => n,
+        }
     }
 
     /// The route it was compiled for.
     pub fn route(&self) -> &str {
         &self.route
+    }
+
+    /// What each step did since the chain was compiled, in order (for
+    /// metrics: a chain compiled again counts from zero).
+    pub fn counts(&self) -> impl Iterator<Item = StepCounts<'_>> {
+        self.steps.iter().map(|s| StepCounts {
+            rule: &s.rule,
+            answered: s.answered.load(Relaxed),
+            changed: s.changed.load(Relaxed),
+        })
     }
 
     /// Whether it has no step (the proxy may skip it).
@@ -306,6 +360,7 @@ impl Chain {
                             answer.headers.get_all(*n).iter().map(|v| (HeaderName::from_static(n), v.clone()))
                         })
                         .collect();
+                    slot.answered.fetch_add(1, Relaxed);
                     return Outcome::Answer(Answer {
                         status: answer.status,
                         headers,
@@ -322,7 +377,7 @@ impl Chain {
                         None => forward.request_headers.push(HeaderEdit::Remove(name.0.clone())),
                     }
                 }
-                forward.changed_by.push(slot.rule.clone());
+                slot.changed(&mut forward);
             }
             _ => return Outcome::Answer(self.answer(slot, 503, Vec::new())),
         }
@@ -332,10 +387,14 @@ impl Chain {
     /// The answer when the auth service of the pending step did not answer
     /// (down, refused, timed out): 503, never let through.
     pub fn auth_failed(&self, resume: Resume) -> Answer {
+        if let Some(slot) = self.steps.get(resume.at) {
+            slot.answered.fetch_add(1, Relaxed);
+        }
         Answer { status: 503, headers: Vec::new(), body: text(503), relay_auth_body: false, rule: resume.rule }
     }
 
     fn answer(&self, slot: &Slot, status: u16, headers: Vec<(HeaderName, HeaderValue)>) -> Answer {
+        slot.answered.fetch_add(1, Relaxed);
         Answer { status, headers, body: text(status), relay_auth_body: false, rule: slot.rule.clone() }
     }
 
@@ -350,7 +409,7 @@ impl Chain {
                 Compiled::StripPrefix(p) => {
                     if let Some(rest) = path::strip_prefix(path, p.as_str()) {
                         fwd.path = Some(rest.to_string());
-                        fwd.changed_by.push(slot.rule.clone());
+                        slot.changed(&mut fwd);
                     }
                 }
                 Compiled::Rewrite(r) => {
@@ -359,7 +418,7 @@ impl Chain {
                         match path::checked(path::expand(&r.replacement, &parts, Some(&caps))) {
                             Ok(p) => {
                                 fwd.path = Some(p);
-                                fwd.changed_by.push(slot.rule.clone());
+                                slot.changed(&mut fwd);
                             }
                             Err(_) => return Outcome::Answer(self.answer(slot, 400, Vec::new())),
                         }
@@ -367,7 +426,7 @@ impl Chain {
                 }
                 Compiled::ReqHeader(e) => {
                     fwd.request_headers.push(e.clone());
-                    fwd.changed_by.push(slot.rule.clone());
+                    slot.changed(&mut fwd);
                 }
                 Compiled::RespHeader(e) => fwd.response.headers.push(e.clone()),
                 Compiled::Redirect(r) => {
@@ -413,7 +472,7 @@ impl Chain {
                     });
                 }
                 Compiled::Rate(key, buckets, shared) => {
-                    let share = if *shared { self.instances.load(std::sync::atomic::Ordering::Relaxed) } else { 1 };
+                    let share = if *shared { self.live_instances() } else { 1 };
                     if let bucket::Admit::No(wait) = buckets.take_share(limit_key(key, req), now, share) {
                         let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
                         let headers = vec![(http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)))];

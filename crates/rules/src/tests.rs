@@ -232,3 +232,17 @@ fn cors_answers_preflights_and_marks_responses() {
     let f = forward(c.request(&view("/", &h, "10.0.0.1"), Instant::now()));
     assert!(f.response.headers.is_empty(), "an origin not allowed gets nothing");
 }
+
+#[test]
+fn each_step_counts_what_it_answered_and_changed() {
+    let c = chain(serde_json::json!([
+        {"kind": "strip_prefix", "prefix": "/api"},
+        {"kind": "ip_deny", "cidrs": ["192.0.2.0/24"]},
+    ]));
+    let h = http::HeaderMap::new();
+    forward(c.request(&view("/api/x", &h, "10.0.0.1"), Instant::now()));
+    forward(c.request(&view("/other", &h, "10.0.0.1"), Instant::now()));
+    answer(c.request(&view("/api/x", &h, "192.0.2.1"), Instant::now()));
+    let counts: Vec<_> = c.counts().map(|s| (s.rule.kind, s.answered, s.changed)).collect();
+    assert_eq!(counts, vec![("strip_prefix", 0, 2), ("ip_deny", 1, 0)]);
+}

@@ -1254,7 +1254,9 @@ async fn heartbeat(client: Client, prefix: Vec<u8>, leaders: Vec<u8>, live: Arc<
             campaign(&client, &leaders, &name, lease, &live).await;
         }
         if let Ok(range) = client.range(&prefix, Some(&prefix_end(&prefix))).await {
-            let records = range.kvs.iter().filter_map(|kv| serde_json::from_slice(&kv.value).ok()).collect();
+            let records: Vec<InstanceRecord> =
+                range.kvs.iter().filter_map(|kv| serde_json::from_slice(&kv.value).ok()).collect();
+            (hooks.instances)(records.len());
             if let Ok(mut instances) = live.instances.lock() {
                 *instances = records;
             }

@@ -434,6 +434,9 @@ pub struct Follow {
     pub applied: Box<dyn Fn() -> u64 + Send + Sync>,
     /// Requests in flight here per autoscaled service, for its instance record.
     pub in_flight: Box<dyn Fn() -> std::collections::BTreeMap<String, u64> + Send + Sync>,
+    /// Told how many instances are live (their records), each time the
+    /// store reads them.
+    pub instances: Box<dyn Fn(usize) + Send + Sync>,
 }
 
 /// Durable storage of the configuration and its recent history.

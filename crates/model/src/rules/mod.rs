@@ -27,7 +27,24 @@ pub use types::{
 /// others are accepted in rule sets (validated, stored, served) but no
 /// route may run a set holding one: the change is refused naming the step
 /// (docs/rules.md, "What the data plane applies").
-pub const APPLIED_KINDS: &[&str] = &[];
+pub const APPLIED_KINDS: &[&str] = &[
+    "strip_prefix",
+    "rewrite_path",
+    "set_request_header",
+    "add_request_header",
+    "remove_request_header",
+    "set_response_header",
+    "add_response_header",
+    "remove_response_header",
+    "redirect",
+    "deny",
+    "ip_allow",
+    "ip_deny",
+    "basic_auth",
+    "rate_limit",
+    "concurrency_limit",
+    "cors",
+];
 
 /// The most steps a rule set may have.
 pub const MAX_STEPS: usize = 64;

@@ -96,6 +96,9 @@ pub(super) async fn forward<S: ClientIo>(
     client.seen.traced(trace);
     let (mut response, slot) = answered?;
     headers::response_headers(response.headers_mut());
+    if let Some(edits) = req.edits {
+        edits.response.apply_headers(response.headers_mut());
+    }
     let resp = response.map(|b| ProxyBody::upstream(b, Hold { slot, conn: None }));
     let close = ctx.closes(client);
     Ok(ctx.answer(client, resp, close).await)
@@ -122,6 +125,11 @@ fn prepare(ctx: &Ctx<'_>, req: &Routed<'_>) -> Result<Prepared, ErrorKind> {
     let te_trailers = req.view.any("te", &mut |v| wants_trailers(v));
     let (mut parts, ()) = builder.body(()).map_err(|_| ErrorKind::BadRequest)?.into_parts();
     headers::request_headers(&mut parts, ctx.peer, false);
+    if let Some(edits) = req.edits {
+        for edit in &edits.request_headers {
+            edit.apply(&mut parts.headers);
+        }
+    }
     let idempotent = is_idempotent(req.method.as_str().as_bytes());
     Ok(Prepared { parts, path_and_query, idempotent, te_trailers })
 }

@@ -51,6 +51,7 @@ use crate::observe::Seen;
 use crate::pick::Slot;
 use crate::pipeline::{self, Action, Facts, Local};
 use crate::reply::local_response;
+use crate::rules_work;
 use crate::upstreams::Asked;
 
 use exchange::{read_ahead, upstream_framing, NativeExchange};
@@ -544,23 +545,44 @@ async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Res
         headers: &view,
         tls: ctx.peer.https,
         stopping: ctx.stopping,
+        peer: ctx.peer.addr.ip(),
+        content_length: match head.body {
+            RequestBody::Length(n) => Some(n),
+            _ => None,
+        },
     });
     let snapshot = proxy.snapshot();
     let decision = pipeline::decide(&method, facts.as_ref().map_err(Clone::clone), proxy.settings(), &snapshot);
     if let Some(route) = decision.route {
         client.seen.routed(route, proxy.access_log().is_some());
     }
-    match decision.action {
-        Action::Local(answer) => {
-            let close = answer == Local::ConnectRefused || ctx.closes(client);
-            let resp = local_response(answer)?;
-            Ok(ctx.answer(client, resp, close).await)
+    let logging = proxy.access_log().is_some();
+    let rules = match (&decision.action, facts.as_ref()) {
+        (Action::Local(_), _) | (_, Err(_)) => None,
+        (_, Ok(facts)) => {
+            let settled = pipeline::settle(decision.rules, facts, &method, proxy.settings(), rules_work::run).await;
+            match settled {
+                Ok(mut edits) => {
+                    if let Some(edits) = edits.as_deref_mut() {
+                        client.seen.rules_changed(edits, logging);
+                    }
+                    edits
+                }
+                Err(answer) => return answer_locally(client, ctx, answer).await,
+            }
         }
+    };
+    match decision.action {
+        Action::Local(answer) => answer_locally(client, ctx, answer).await,
         Action::Static { dir, prefix } => {
             // (The pipeline serves and forwards only requests with facts.)
             let parsed = parsed.as_ref().map_err(|kind| *kind)?;
-            let req = static_request(&method, &parsed.path_and_query, &view)?;
-            let resp = tidegate_static::serve(dir, prefix, &req).await.map(ProxyBody::Static);
+            let target = pipeline::upstream_target(rules.as_deref(), &parsed.path_and_query);
+            let req = static_request(&method, &target, &view)?;
+            let mut resp = tidegate_static::serve(dir, prefix, &req).await.map(ProxyBody::Static);
+            if let Some(edits) = &rules {
+                edits.response.apply_headers(resp.headers_mut());
+            }
             Ok(ctx.answer(client, resp, ctx.closes(client)).await)
         }
         Action::Forward(service) => {
@@ -577,11 +599,24 @@ async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Res
                     &generated[..]
                 }
             };
-            let path_and_query = &parsed.path_and_query;
-            let req = Routed { view: &view, method: &method, host: parsed.host, path_and_query, request_id };
+            let path_and_query = &pipeline::upstream_target(rules.as_deref(), &parsed.path_and_query);
+            let edits = rules.as_deref();
+            let req = Routed { view: &view, method: &method, host: parsed.host, path_and_query, request_id, edits };
             forward(client, ctx, req, &service).await
         }
     }
+}
+
+/// Writes the pipeline's (or a rule's) own answer.
+async fn answer_locally<S: ClientIo>(
+    client: &mut ClientSide<S>,
+    ctx: &Ctx<'_>,
+    answer: Local,
+) -> Result<bool, ErrorKind> {
+    client.seen.rule_answered(&answer, ctx.proxy.access_log().is_some());
+    let close = answer == Local::ConnectRefused || ctx.closes(client);
+    let resp = local_response(answer)?;
+    Ok(ctx.answer(client, resp, close).await)
 }
 
 /// What forwarding needs of a routed request.
@@ -592,6 +627,9 @@ struct Routed<'a> {
     path_and_query: &'a str,
     /// The `X-Request-Id` the backend gets (and the access log records).
     request_id: &'a [u8],
+    /// What the route's rules change (the path is already in
+    /// `path_and_query`).
+    edits: Option<&'a tidegate_rules::Forward>,
 }
 
 /// An `http::Request` for the static file server.
@@ -658,6 +696,7 @@ async fn forward<S: ClientIo>(
         peer,
         upgrade,
         body: upstream_framing(&body, head.body),
+        edits: req.edits.map_or(&[], |e| &e.request_headers[..]),
     };
     let picking = RequestCtx::new(Some(peer.addr), req.path_and_query, req.view);
     let to_head = *req.method == Method::HEAD;
@@ -684,7 +723,8 @@ async fn forward<S: ClientIo>(
     let Answered { answer, slot } = answered?;
     client.seen.status = answer.conn.conn.head.code;
     let gap = std::time::Duration::from_millis(service.settings.timeouts.response_ms);
-    let reply = Reply { head, upgrade, gap, tunnel_idle: limits.tunnel_idle_timeout, stopping };
+    let plan = req.edits.map(|e| &e.response);
+    let reply = Reply { head, upgrade, gap, tunnel_idle: limits.tunnel_idle_timeout, stopping, plan };
     let keep = respond(client, answer, slot, reply).await;
     // What the client got (`respond` answers a broken exchange itself).
     if let Some(kind) = client.seen.error {
@@ -704,6 +744,8 @@ struct Reply<'a> {
     gap: std::time::Duration,
     tunnel_idle: std::time::Duration,
     stopping: bool,
+    /// The route's rules' response phase.
+    plan: Option<&'a tidegate_rules::ResponsePlan>,
 }
 
 /// Writes a backend's response to the client and relays its body; returns
@@ -751,6 +793,9 @@ async fn respond<S: ClientIo>(client: &mut ClientSide<S>, answer: NativeAnswer, 
     let close = r.head.close || r.stopping || framing == Framing::UntilClose;
     let mut out = std::mem::take(&mut client.scratch);
     response_head(&mut out, &conn.conn.inbox, &resp, framing, close, minor == 0 && !close);
+    if let Some(plan) = r.plan {
+        rewrite::edit_head(&mut out, &plan.headers);
+    }
     conn.conn.inbox.advance(resp.len);
     let relayed = relay_body(client, &mut conn.conn, &out, resp.body, framing, r.gap).await;
     client.scratch = out;

@@ -7,6 +7,7 @@
 //! written from the framing the proxy actually uses.
 
 use tidegate_h1::{connection_has, Header, HeaderKind, RequestHead, ResponseHead};
+use tidegate_rules::HeaderEdit;
 
 use crate::conn::Peer;
 
@@ -40,6 +41,9 @@ pub(crate) struct Forwarding<'a> {
     /// ([`crate::headers::client_request_id`]), else a new one. The
     /// client's own fields are never copied.
     pub request_id: &'a [u8],
+    /// The route's rules' request header edits, made last (after the
+    /// proxy's own fields: a rule may set `Host` or `X-Forwarded-For`).
+    pub edits: &'a [HeaderEdit],
 }
 
 /// Whether `h` is dropped when a message is forwarded: hop-by-hop, or
@@ -149,6 +153,50 @@ pub(crate) fn request_head(out: &mut Vec<u8>, buf: &[u8], head: &RequestHead, ta
         out.extend_from_slice(b"connection: upgrade\r\n");
     }
     out.extend_from_slice(b"\r\n");
+    edit_head(out, f.edits);
+}
+
+/// The field an edit is about.
+fn edited(edit: &HeaderEdit) -> &http::HeaderName {
+    match edit {
+        HeaderEdit::Set(n, _) | HeaderEdit::SetIfAbsent(n, _) | HeaderEdit::Add(n, _) | HeaderEdit::Remove(n) => n,
+    }
+}
+
+/// Makes a rule's header `edits`, in order, to the complete head written
+/// in `out` (its start line, its fields, the empty line): the fields the
+/// edits name move to the end of the head with the values the edits leave
+/// them; the others stay as they are. Framing fields are never named (the
+/// model refuses them in a rule).
+pub(crate) fn edit_head(out: &mut Vec<u8>, edits: &[HeaderEdit]) {
+    if edits.is_empty() {
+        return;
+    }
+    let named = |name: &[u8]| edits.iter().any(|e| edited(e).as_str().as_bytes().eq_ignore_ascii_case(name));
+    let head = std::mem::take(out);
+    let mut lines = head.split(|b| *b == b'\n').map(|l| l.strip_suffix(b"\r").unwrap_or(l));
+    let mut fields = http::HeaderMap::new();
+    if let Some(start) = lines.next() {
+        out.extend_from_slice(start);
+        out.extend_from_slice(b"\r\n");
+    }
+    for line in lines.take_while(|l| !l.is_empty()) {
+        let Some(colon) = line.iter().position(|b| *b == b':') else { continue };
+        let (name, value) = (&line[..colon], line[colon + 1..].trim_ascii());
+        if !named(name) {
+            out.extend_from_slice(line);
+            out.extend_from_slice(b"\r\n");
+        } else if let (Ok(n), Ok(v)) = (http::HeaderName::from_bytes(name), http::HeaderValue::from_bytes(value)) {
+            fields.append(n, v);
+        }
+    }
+    for edit in edits {
+        edit.apply(&mut fields);
+    }
+    for (name, value) in &fields {
+        field(out, name.as_str().as_bytes(), value.as_bytes());
+    }
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Writes the response head for the client into `out` (cleared first).
@@ -246,7 +294,15 @@ mod tests {
         let mut peer = Peer::new("192.0.2.9:5000".parse().unwrap());
         peer.trusted = trusted;
         peer.set_listener(8080, false);
-        let f = Forwarding { host: "h.example", named_host: true, peer: &peer, upgrade: None, body, request_id };
+        let f = Forwarding {
+            host: "h.example",
+            named_host: true,
+            peer: &peer,
+            upgrade: None,
+            body,
+            request_id,
+            edits: &[],
+        };
         let mut out = Vec::new();
         request_head(&mut out, raw.as_bytes(), &head, "/p?q", &f);
         String::from_utf8(out).unwrap()
@@ -330,5 +386,31 @@ mod tests {
             respond(upgrade, Framing::None, false),
             "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nconnection: upgrade\r\n\r\n"
         );
+    }
+
+    #[test]
+    fn edits_apply_in_order_to_a_written_head() {
+        use http::{HeaderName, HeaderValue};
+        let n = |s: &'static str| HeaderName::from_static(s);
+        let v = |s: &'static str| HeaderValue::from_static(s);
+        let mut out =
+            b"GET /p HTTP/1.1\r\nhost: a\r\nx-a: 1\r\nX-B: 2\r\nx-a: 3\r\nx-keep: k\r\ncontent-length: 0\r\n\r\n"
+                .to_vec();
+        let edits = [
+            HeaderEdit::Add(n("x-a"), v("4")),
+            HeaderEdit::Remove(n("x-b")),
+            HeaderEdit::Set(n("host"), v("backend.internal")),
+            HeaderEdit::SetIfAbsent(n("x-keep"), v("no")),
+            HeaderEdit::SetIfAbsent(n("x-new"), v("yes")),
+        ];
+        edit_head(&mut out, &edits);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "GET /p HTTP/1.1\r\ncontent-length: 0\r\nhost: backend.internal\r\nx-a: 1\r\nx-a: 3\r\nx-a: 4\r\n\
+             x-keep: k\r\nx-new: yes\r\n\r\n"
+        );
+        let mut same = b"HTTP/1.1 200 OK\r\nx: 1\r\n\r\n".to_vec();
+        edit_head(&mut same, &[]);
+        assert_eq!(same, b"HTTP/1.1 200 OK\r\nx: 1\r\n\r\n");
     }
 }

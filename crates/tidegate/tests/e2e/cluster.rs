@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::support::{get, send, try_send, Backend, Tidegate, TOKEN};
+use crate::support::{get, send, try_send, wait_for, Backend, Tidegate, TOKEN};
 
 /// A port nobody listens on right now.
 fn free_port() -> u16 {
@@ -989,8 +989,7 @@ async fn rule_sets_reach_every_instance_through_etcd() {
     ] });
     let (s, v) = a.api("PUT", "/v1/rules/api", Some(rules)).await;
     assert_eq!(s, 200, "{v}");
-    // A route runs only steps the data plane applies (none yet): it runs
-    // an empty set.
+    // A route may run an empty set.
     let (s, v) = a.api("PUT", "/v1/rules/open", Some(json!({ "steps": [] }))).await;
     assert_eq!(s, 200, "{v}");
     let (s, v) = a
@@ -1023,4 +1022,25 @@ async fn rule_sets_reach_every_instance_through_etcd() {
     assert_eq!(s, 200, "{v}");
     let (s, w) = c.api("PUT", "/v1/rules/api", Some(v["spec"].clone())).await;
     assert_eq!(s, 200, "the hash came through etcd: {w}");
+
+    // A rate shared among the live instances: one request per 500 s for
+    // the cluster is one per 1,000 s or more for each of the (2 or 3)
+    // instances, so B's wait for its next token is over 600 s once it
+    // counts the others' records.
+    let shared = json!({ "steps": [
+        { "kind": "rate_limit", "key": "route", "rate_per_s": 0.002, "burst": 1, "per_instance_share": true },
+    ] });
+    let (s, v) = a.api("PUT", "/v1/rules/shared", Some(shared)).await;
+    assert_eq!(s, 200, "{v}");
+    let route = json!({ "match": { "path_prefix": "/shared" }, "service": "web", "rules": ["shared"] });
+    let (s, v) = a.api("PUT", "/v1/routes/shared", Some(route)).await;
+    assert_eq!(s, 200, "{v}");
+    converged(&b, v["revision"].as_u64().expect("revision")).await;
+    let url = format!("http://{}/shared/x", b.proxy);
+    wait_for("B divides the rate among the live instances", Duration::from_secs(15), async || {
+        let r = get(&url).await;
+        let wait: u64 = r.headers.get("retry-after")?.to_str().ok()?.parse().ok()?;
+        (r.status == 429 && wait > 600).then_some(())
+    })
+    .await;
 }

@@ -1,11 +1,12 @@
-//! Traffic rule sets as configuration (`/v1/rules`, `put_rules` /
-//! `delete_rules`, a route's `rules`, the file's `rules:` section, `ctl
-//! rules`): validated with the field named, refused while a route runs
-//! them, password hashes never read back, durable across a restart.
-//! The data plane does not apply rule steps yet
-//! (`tidegate_model::rules::APPLIED_KINDS` is empty): a route may run only
-//! sets whose every step is applied, so the routes here run an empty set
-//! (`open`), and a route running `api` is refused, naming the step.
+//! Traffic rule sets (`/v1/rules`, `put_rules` / `delete_rules`, a
+//! route's `rules`, the file's `rules:` section, `ctl rules`): validated
+//! with the field named, refused while a route runs them, password hashes
+//! never read back, durable across a restart; and applied to traffic by
+//! the real binary on both HTTP/1.1 engines, a change live for the next
+//! request, the access log naming the step. A route may run only sets
+//! whose every step the data plane applies
+//! (`tidegate_model::rules::APPLIED_KINDS`): `max_body_bytes` stands for a
+//! step not applied yet.
 
 use serde_json::{json, Value};
 
@@ -55,26 +56,32 @@ async fn rule_sets_are_written_read_refused_and_redacted() {
 
     let (s, v) = tg.api("PUT", "/v1/rules/api", Some(api_rules())).await;
     assert_eq!(s, 200, "{v}");
-    // Steps the data plane does not apply yet: no route may run them.
-    let (s, v) = tg.api("PUT", "/v1/routes/r", Some(route)).await;
+    // A step the data plane does not apply yet: no route may run it.
+    let later = json!({ "steps": [{ "kind": "deny" }, { "kind": "max_body_bytes", "bytes": 10 }] });
+    let (s, v) = tg.api("PUT", "/v1/rules/later", Some(later.clone())).await;
+    assert_eq!(s, 200, "{v}");
+    let runs_later = json!({ "match": { "path_prefix": "/api" }, "service": "web", "rules": ["later"] });
+    let (s, v) = tg.api("PUT", "/v1/routes/r", Some(runs_later)).await;
     assert_eq!(s, 409, "{v}");
     assert_eq!(v["error"]["field"], "ops[0].spec.rules[0]", "{v}");
-    assert!(v.to_string().contains("steps[0] (strip_prefix)"), "names the step: {v}");
+    assert!(v.to_string().contains("steps[1] (max_body_bytes)"), "names the step: {v}");
     let (s, v) = tg.api("PUT", "/v1/rules/open", Some(json!({ "steps": [] }))).await;
     assert_eq!(s, 200, "{v}");
-    let open = json!({ "match": { "path_prefix": "/api" }, "service": "web", "rules": ["open"] });
+    let open = json!({ "match": { "path_prefix": "/api" }, "service": "web", "rules": ["open", "api"] });
     let (s, v) = tg.api("PUT", "/v1/routes/r", Some(open)).await;
     assert_eq!(s, 200, "{v}");
     // Nor may a set a route runs gain such a step.
-    let (s, v) = tg.api("PUT", "/v1/rules/open", Some(api_rules())).await;
+    let (s, v) = tg.api("PUT", "/v1/rules/open", Some(later)).await;
     assert_eq!(s, 409, "{v}");
-    assert_eq!(v["error"]["field"], "ops[0].spec.steps[0]", "{v}");
+    assert_eq!(v["error"]["field"], "ops[0].spec.steps[1]", "{v}");
+    let (s, v) = tg.api("DELETE", "/v1/rules/later", None).await;
+    assert_eq!(s, 200, "{v}");
 
     // Read back: the steps, the route that runs a set, never the hash.
     let (s, v) = tg.api("GET", "/v1/rules/api", None).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["spec"]["steps"].as_array().map(Vec::len), Some(6), "{v}");
-    assert_eq!(v["used_by"], json!([]));
+    assert_eq!(v["used_by"], json!(["r"]));
     assert_eq!(v["spec"]["steps"][5]["users"][0]["hash"], "(redacted)");
     let (_, v) = tg.api("GET", "/v1/rules/open", None).await;
     assert_eq!(v["used_by"], json!(["r"]));
@@ -84,7 +91,7 @@ async fn rule_sets_are_written_read_refused_and_redacted() {
         assert!(v.to_string().contains("strip_prefix"), "{path} shows the rules: {v}");
     }
     let (_, v) = tg.api("GET", "/v1/routes/r", None).await;
-    assert_eq!(v["spec"]["rules"], json!(["open"]));
+    assert_eq!(v["spec"]["rules"], json!(["open", "api"]));
 
     // The placeholder given back keeps the hash (an export applied back).
     let (_, exported) = tg.api("GET", "/v1/rules/api", None).await;
@@ -202,4 +209,74 @@ async fn the_files_rules_section_is_checked_and_applied() {
     let (_, config) = tg.api("GET", "/v1/config", None).await;
     assert!(!config.to_string().contains(HASH), "{config}");
     assert_eq!(config["rules"]["api"]["steps"][0]["prefix"], "/api");
+}
+
+/// A bcrypt hash (cost 4, quick to check in a debug build) of `s3cret`.
+const QUICK_HASH: &str = "$2b$04$/uaF/uaF/uaF/uaF/uaF/uK7.eFDTHWTk03S8wqeyk9ZLEdfjGgEC";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_apply_to_traffic_on_both_engines_and_a_change_is_live_for_the_next_request() {
+    let backend = Backend::start("web", &[]);
+    for engine in ["native", "hyper"] {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("access.log");
+        let args = ["--http1", engine, "--access-log", log.to_str().unwrap()];
+        let tg = Tidegate::start_with(&dir.path().join("data"), &args);
+        let spec = json!({ "backends": [{ "id": "b0", "addr": backend.addr.to_string() }] });
+        let (s, v) = tg.api("PUT", "/v1/services/web", Some(spec)).await;
+        assert_eq!(s, 200, "{v}");
+        let steps = json!({ "steps": [
+            { "kind": "strip_prefix", "prefix": "/api" },
+            { "kind": "set_request_header", "name": "X-A", "value": "1" },
+            { "kind": "set_response_header", "name": "Strict-Transport-Security", "value": "max-age=63072000" },
+            { "kind": "ip_allow", "cidrs": ["127.0.0.0/8"] },
+            { "kind": "rate_limit", "key": "client_ip", "rate_per_s": 10000, "burst": 10000 },
+            { "kind": "basic_auth", "realm": "api", "users": [{ "name": "u", "hash": QUICK_HASH }] },
+        ] });
+        let (s, v) = tg.api("PUT", "/v1/rules/api", Some(steps.clone())).await;
+        assert_eq!(s, 200, "{v}");
+        let route = json!({ "match": { "path_prefix": "/api" }, "service": "web", "rules": ["api"] });
+        let (s, v) = tg.api("PUT", "/v1/routes/api", Some(route)).await;
+        assert_eq!(s, 200, "{v}");
+        let url = format!("http://{}/api/echo?x=1", tg.proxy);
+
+        let challenged = get(&url).await;
+        assert_eq!(challenged.status, 401, "{engine}: {}", challenged.text());
+        assert_eq!(challenged.headers["www-authenticate"], "Basic realm=\"api\", charset=\"UTF-8\"", "{engine}");
+        // "u:s3cret"
+        let auth = [("authorization", "Basic dTpzM2NyZXQ=")];
+        let through = send("GET", &url, None, Vec::new(), &auth).await;
+        assert_eq!(through.status, 200, "{engine}: {}", through.text());
+        assert_eq!(through.headers["strict-transport-security"], "max-age=63072000", "{engine}");
+        let echo: Value = serde_json::from_slice(&through.body).expect("the backend's echo");
+        assert_eq!(echo["path"], "/echo?x=1", "{engine}: the prefix is stripped, the query kept");
+        assert_eq!(echo["headers"]["x-a"], "1", "{engine}");
+        assert!(echo["headers"].get("authorization").is_none(), "{engine}: credentials stay at the proxy: {echo}");
+
+        // A change that adds a step is live for the next request.
+        let mut denied = steps.clone();
+        denied["steps"].as_array_mut().unwrap().insert(0, json!({ "kind": "deny", "status": 451 }));
+        let (s, v) = tg.api("PUT", "/v1/rules/api", Some(denied)).await;
+        assert_eq!(s, 200, "{v}");
+        let refused = send("GET", &url, None, Vec::new(), &auth).await;
+        assert_eq!(refused.status, 451, "{engine}: {}", refused.text());
+
+        // The access log names the step that answered, and never a hash
+        // or the credentials.
+        let lines = wait_for("three rule lines in the access log", std::time::Duration::from_secs(10), async || {
+            let text = std::fs::read_to_string(&log).ok()?;
+            (text.lines().filter(|l| l.contains("/api/echo")).count() >= 3).then_some(text)
+        })
+        .await;
+        assert!(lines.contains("\"status\":401") && lines.contains("\"rule\":\"api[5] basic_auth\""), "{lines}");
+        assert!(lines.contains("\"rule\":\"api[0] strip_prefix,api[1] set_request_header\""), "{lines}");
+        assert!(lines.contains("\"status\":451") && lines.contains("\"rule\":\"api[0] deny\""), "{lines}");
+        assert!(!lines.contains(QUICK_HASH) && !lines.contains("dTpzM2NyZXQ"), "{lines}");
+        // Metrics count what each step did, since the chain was compiled
+        // (the deny's change compiled it again).
+        let metrics = send("GET", &tg.admin_url("/metrics"), Some(TOKEN), Vec::new(), &[]).await.text();
+        let denied =
+            r#"tidegate_rule_steps_total{route="api",rule_set="api",step="0",kind="deny",outcome="answered"} 1"#;
+        assert!(metrics.contains(denied), "{engine}: {metrics}");
+    }
 }
