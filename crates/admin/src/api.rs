@@ -231,8 +231,27 @@ pub struct Status {
     pub services: BTreeMap<String, ServiceState>,
     /// Certificates that expire within 14 days (or have expired), soonest first.
     pub certificates_expiring: Vec<Expiring>,
+    /// The rule steps each route runs (routes without rules are left
+    /// out), in order, with what each did since the route's chain was
+    /// compiled.
+    pub rules: BTreeMap<String, Vec<RuleStepState>>,
     /// The configuration file (`serve --config`), when there is one.
     pub config_file: Option<ConfigFileState>,
+}
+
+/// One step of a route's rules, as `/v1/status` shows it.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct RuleStepState {
+    /// The rule set.
+    pub rule_set: String,
+    /// The step's index in the set.
+    pub step: usize,
+    /// The step's kind.
+    pub kind: String,
+    /// Requests it answered (redirect, refusal, challenge, 429, preflight).
+    pub answered: u64,
+    /// Requests it changed (path, request headers).
+    pub changed: u64,
 }
 
 /// The configuration store, as `/v1/status` shows it.

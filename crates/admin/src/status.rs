@@ -7,7 +7,8 @@ use tidegate_balance::{clock, ActiveState};
 use tidegate_snapshot::ServiceRuntime;
 
 use crate::api::{
-    BackendState, Expiring, InstanceState, LoadState, ServiceState, Sorted, Status, StoreFaultState, StoreState,
+    BackendState, Expiring, InstanceState, LoadState, RuleStepState, ServiceState, Sorted, Status, StoreFaultState,
+    StoreState,
 };
 use crate::AdminState;
 
@@ -125,8 +126,30 @@ pub(crate) async fn get_status(State(state): State<AdminState>) -> Sorted<Status
         routes: snapshot.route_count(),
         services,
         certificates_expiring: expiring(&snapshot, tidegate_model::unix_now()),
+        rules: rule_steps(&snapshot),
         config_file: state.config_file.as_ref().map(|f| f.state()),
     })
+}
+
+/// Each route's rule steps and what they did.
+fn rule_steps(snapshot: &tidegate_snapshot::Snapshot) -> std::collections::BTreeMap<String, Vec<RuleStepState>> {
+    snapshot
+        .routes()
+        .filter_map(|route| {
+            let chain = snapshot.rules(route.name.as_str())?;
+            let steps = chain
+                .counts()
+                .map(|c| RuleStepState {
+                    rule_set: c.rule.set.as_str().to_string(),
+                    step: c.rule.step,
+                    kind: c.rule.kind.to_string(),
+                    answered: c.answered,
+                    changed: c.changed,
+                })
+                .collect();
+            Some((route.name.as_str().to_string(), steps))
+        })
+        .collect()
 }
 
 /// Within this many seconds of its end, a certificate is listed in

@@ -26,7 +26,7 @@ mod fields;
 mod request;
 mod response;
 
-pub use chunked::{chunk_size_line, ChunkedDecoder, Decoded, CHUNKED_END};
+pub use chunked::{chunk_size_line, ChunkedDecoder, ChunkedError, Decoded, CHUNKED_END};
 pub use fields::{connection_has, tokens, ConnectionOptions, HeaderKind};
 pub use request::{parse_request, RequestBody, RequestHead};
 pub use response::{parse_response, ResponseBody, ResponseHead};

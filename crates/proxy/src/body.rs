@@ -56,6 +56,8 @@ pub enum ProxyBody {
     Native(crate::native::bridge::NativeBody),
     /// A body whose end finishes its request's record (the hyper path).
     Observed(Box<Observed>),
+    /// A body compressed as it streams (a route's `compress` step).
+    Compressed(Box<crate::compress::CompressedBody>),
 }
 
 /// A response body that counts its bytes and, when it ends or is dropped,
@@ -132,6 +134,7 @@ impl Body for ProxyBody {
             ProxyBody::Full(b) => Pin::new(b).poll_frame(cx).map_err(|never| match never {}),
             ProxyBody::Static(f) => Pin::new(f).poll_frame(cx),
             ProxyBody::Native(n) => Pin::new(n).poll_frame(cx),
+            ProxyBody::Compressed(c) => Pin::new(&mut **c).poll_frame(cx),
             ProxyBody::Observed(o) => {
                 let polled = Pin::new(&mut o.body).poll_frame(cx);
                 match &polled {
@@ -155,6 +158,7 @@ impl Body for ProxyBody {
             ProxyBody::Full(b) => b.is_end_stream(),
             ProxyBody::Static(f) => f.is_end_stream(),
             ProxyBody::Native(n) => n.is_end_stream(),
+            ProxyBody::Compressed(c) => c.is_end_stream(),
             ProxyBody::Observed(o) => o.body.is_end_stream(),
         }
     }
@@ -165,6 +169,7 @@ impl Body for ProxyBody {
             ProxyBody::Full(b) => b.size_hint(),
             ProxyBody::Static(f) => f.size_hint(),
             ProxyBody::Native(n) => n.size_hint(),
+            ProxyBody::Compressed(c) => c.size_hint(),
             ProxyBody::Observed(o) => o.body.size_hint(),
         }
     }

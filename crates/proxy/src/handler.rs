@@ -163,17 +163,22 @@ impl Proxy {
             return crate::reply::local_response(answer);
         }
         // (A request the pipeline serves passed the engine's checks.)
-        let mut rules =
-            match pipeline::settle(decision.rules, &facts, req.method(), &self.settings, rules_work::run).await {
-                Ok(edits) => edits,
-                Err(answer) => {
-                    seen.rule_answered(&answer, logging);
-                    return crate::reply::local_response(answer);
-                }
-            };
+        let mut rules = match rules_work::settle(decision.rules, &facts, req.method(), &self.settings).await {
+            Ok(edits) => edits,
+            Err(answer) => {
+                seen.rule_answered(&answer, logging);
+                return crate::reply::local_response(answer);
+            }
+        };
         if let Some(edits) = rules.as_deref_mut() {
             seen.rules_changed(edits, logging);
         }
+        // What a `compress` step reads of the request.
+        let accept_encoding = rules
+            .as_deref()
+            .filter(|e| e.response.compress.is_some())
+            .and_then(|_| req.headers().get(http::header::ACCEPT_ENCODING).cloned());
+        let to_head = req.method() == http::Method::HEAD;
         let target = rules
             .as_deref()
             .and_then(|e| e.path.as_ref())
@@ -199,6 +204,8 @@ impl Proxy {
         if let Some(edits) = &rules {
             if resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
                 edits.response.apply_headers(resp.headers_mut());
+                let accept = accept_encoding.as_ref().map(http::HeaderValue::as_bytes);
+                resp = crate::compress::response(resp, &edits.response, accept, to_head);
             }
         }
         Ok(resp)

@@ -84,7 +84,7 @@ impl Seen {
     /// Notes the rule step that gave `answer`, if one did, when `logging`.
     pub(crate) fn rule_answered(&mut self, answer: &crate::pipeline::Local, logging: bool) {
         if let (true, crate::pipeline::Local::Rule(a)) = (logging, answer) {
-            self.rule = Some(describe_rule(&a.0.rule));
+            self.rule = Some(describe_rule(&a.answer.rule));
         }
     }
 

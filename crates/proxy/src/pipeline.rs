@@ -37,6 +37,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
 use http::header::HeaderValue;
 use http::Method;
 use tidegate_model::{Headers, PathPattern, RouteAction, StaticDir};
@@ -149,11 +150,17 @@ pub(crate) enum Local {
 /// A rule step's answer ([`tidegate_rules::Answer`]); two are equal when
 /// the same step gave the same status.
 #[derive(Debug, Clone)]
-pub(crate) struct RuleAnswer(pub Box<tidegate_rules::Answer>);
+pub(crate) struct RuleAnswer {
+    /// The answer.
+    pub answer: Box<tidegate_rules::Answer>,
+    /// The body of an auth service's refusal, sent on as the answer's
+    /// ([`tidegate_rules::Answer::relay_auth_body`]).
+    pub body: Option<Bytes>,
+}
 
 impl PartialEq for RuleAnswer {
     fn eq(&self, other: &RuleAnswer) -> bool {
-        self.0.status == other.0.status && self.0.rule == other.0.rule
+        self.answer.status == other.answer.status && self.answer.rule == other.answer.rule
     }
 }
 
@@ -161,7 +168,7 @@ impl Eq for RuleAnswer {}
 
 impl From<tidegate_rules::Answer> for Local {
     fn from(answer: tidegate_rules::Answer) -> Local {
-        Local::Rule(RuleAnswer(Box::new(answer)))
+        Local::Rule(RuleAnswer { answer: Box::new(answer), body: None })
     }
 }
 
@@ -291,9 +298,17 @@ where
             // refused, never let through.
             return Err(chain.auth_failed(resume).into());
         };
+        // An auth service's refusal is given to the client with its body.
+        let auth_body = match &result {
+            tidegate_rules::WorkResult::ForwardAuth(a) => Some(a.body.clone()),
+            tidegate_rules::WorkResult::Password(_) => None,
+        };
         match chain.resume(&view, Instant::now(), resume, result) {
             Outcome::Forward(edits) => return Ok(Some(Box::new(edits))),
-            Outcome::Answer(answer) => return Err(answer.into()),
+            Outcome::Answer(answer) => {
+                let body = auth_body.filter(|_| answer.relay_auth_body);
+                return Err(Local::Rule(RuleAnswer { answer: Box::new(answer), body }));
+            }
             Outcome::Pending(next) => pending = next,
         }
     }
@@ -582,7 +597,7 @@ mod tests {
         let d = r.decide(&Settings::default(), &snap);
         assert_eq!(route_name(&d).as_deref(), Some("api"));
         match local(&d) {
-            Some(Local::Rule(a)) => assert_eq!((a.0.status, a.0.rule.kind), (403, "ip_deny")),
+            Some(Local::Rule(a)) => assert_eq!((a.answer.status, a.answer.rule.kind), (403, "ip_deny")),
             other => panic!("a rule's answer, not {other:?}"),
         }
     }
@@ -620,14 +635,14 @@ mod tests {
         assert!(matches!(settled, Ok(Some(_))), "the right password goes through");
         let failed = settle(pending(), &facts, &Method::GET, &settings, |_| async { None }).await;
         match failed {
-            Err(Local::Rule(a)) => assert_eq!(a.0.status, 503),
+            Err(Local::Rule(a)) => assert_eq!(a.answer.status, 503),
             other => panic!("refused, not {other:?}"),
         }
         r.headers.insert("authorization", HeaderValue::from_static("Basic dTp3cm9uZw=="));
         let facts = r.facts();
         let wrong = decide(&Method::GET, Ok(&facts), &settings, &snap).rules;
         match settle(wrong, &facts, &Method::GET, &settings, run).await {
-            Err(Local::Rule(a)) => assert_eq!(a.0.status, 401),
+            Err(Local::Rule(a)) => assert_eq!(a.answer.status, 401),
             other => panic!("a challenge, not {other:?}"),
         }
     }

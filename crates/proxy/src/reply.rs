@@ -60,16 +60,22 @@ pub(crate) fn local_response(answer: Local) -> Result<Response<ProxyBody>, Error
         Local::ConnectRefused => refuse_connect(),
         Local::HeadTooLarge => head_too_large(),
         Local::HttpsRedirect(location) => https_redirect(location),
-        Local::Rule(answer) => rule_answer(&answer.0),
+        Local::Rule(answer) => rule_answer(&answer.answer, answer.body),
         Local::Error(kind) => return Err(kind),
     })
 }
 
 /// The answer of a rule step: its status, its fields (`Location`,
-/// `WWW-Authenticate`, `Retry-After`, CORS's) and a short text.
-fn rule_answer(answer: &tidegate_rules::Answer) -> Response<ProxyBody> {
+/// `WWW-Authenticate`, `Retry-After`, CORS's) and a short text, or the
+/// body an auth service refused with (`relayed`, with its own fields).
+fn rule_answer(answer: &tidegate_rules::Answer, relayed: Option<bytes::Bytes>) -> Response<ProxyBody> {
     let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut resp = if answer.body.is_empty() || status == StatusCode::NO_CONTENT {
+    let bodiless = status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED;
+    let mut resp = if let Some(body) = relayed.filter(|_| !bodiless) {
+        let mut resp = Response::new(ProxyBody::text(body));
+        *resp.status_mut() = status;
+        resp
+    } else if answer.body.is_empty() || bodiless {
         let mut resp = Response::new(ProxyBody::empty());
         *resp.status_mut() = status;
         resp

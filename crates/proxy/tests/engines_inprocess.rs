@@ -1190,6 +1190,134 @@ async fn rules_static(e: Engine) -> Observed {
     observed(&r, vec![("cache-control", r.header("cache-control")), ("closed", closed.status.to_string())])
 }
 
+/// An auth service on 127.0.0.1: `Authorization: good` gets 200 with
+/// `X-User: alice`; anything else 401 with `WWW-Authenticate: Bearer` and
+/// a body. It keeps the `X-Forwarded-Uri` of each request it got.
+async fn auth_service() -> (std::net::SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("an address");
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let record = record.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+                let field = |name: &str| {
+                    head.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim().to_string()).unwrap_or_default()
+                };
+                record.lock().expect("not poisoned").push(field("x-forwarded-uri:"));
+                let answer: &[u8] = if field("authorization:") == "good" {
+                    b"HTTP/1.1 200 OK\r\nx-user: alice\r\ncontent-length: 0\r\n\r\n"
+                } else {
+                    b"HTTP/1.1 401 Unauthorized\r\nwww-authenticate: Bearer\r\ncontent-type: text/plain\r\n\
+                      content-length: 7\r\n\r\ngo away"
+                };
+                let _ = stream.write_all(answer).await;
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// Forward auth: the service's refusal reaches the client with its body;
+/// its 2xx lets the request through with the header it named (a client's
+/// own value of it never reaches the backend); a service that is down
+/// refuses the request (503), never lets it through.
+async fn rules_forward_auth(e: Engine) -> Observed {
+    let b = HyperBackend::start("b0", Behaviour::Echo).await;
+    let (auth, asked) = auth_service().await;
+    let down = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("an address")
+    };
+    let mut ops = ruled(
+        "fa",
+        json!([{ "kind": "forward_auth", "url": format!("http://{auth}/check"), "copy_headers": ["X-User"] }]),
+    );
+    ops.extend(ruled("fadown", json!([{ "kind": "forward_auth", "url": format!("http://{down}/check") }])));
+    let p = e.start(Limits::default(), config(&[("e", &[b.addr])], ops));
+    let refused = e.send(&p, &Req::new("GET", "/fa/x")).await;
+    let allowed =
+        e.send(&p, &Req::new("GET", "/fa/x?q=1").header("authorization", "good").header("x-user", "mallory")).await;
+    let spoofed = e.send(&p, &Req::new("GET", "/fa/y").header("x-user", "mallory")).await;
+    let unreachable = e.send(&p, &Req::new("GET", "/fadown/x").header("authorization", "good")).await;
+    p.stop().await;
+    let seen = one(&b);
+    let asked = asked.lock().expect("not poisoned").join(" ");
+    observed(
+        &allowed,
+        vec![
+            ("refused", format!("{} {} {}", refused.status, refused.header("www-authenticate"), text(&refused.body))),
+            ("spoofed", spoofed.status.to_string()),
+            ("down", format!("{} {}", unreachable.status, text(&unreachable.body).trim_end())),
+            ("backend got", format!("{} {}", seen.method, seen.uri)),
+            ("backend x-user", seen.header("x-user")),
+            ("auth service asked for", asked),
+        ],
+    )
+}
+
+/// Decodes `body` as `coding` says, and tells whether it is `sent`.
+fn decoded(coding: &str, body: &[u8], sent: &[u8]) -> String {
+    use std::io::Read;
+    let mut out = Vec::new();
+    let read = match coding {
+        "gzip" => flate2::read::GzDecoder::new(body).read_to_end(&mut out).map(|_| ()),
+        "br" => brotli::Decompressor::new(body, 4096).read_to_end(&mut out).map(|_| ()),
+        "zstd" => zstd::stream::read::Decoder::new(body).and_then(|mut d| d.read_to_end(&mut out)).map(|_| ()),
+        "-" => {
+            out = body.to_vec();
+            Ok(())
+        }
+        other => return format!("unknown coding {other}"),
+    };
+    match read {
+        Ok(()) => intact(&out, sent),
+        Err(e) => format!("undecodable: {e}"),
+    }
+}
+
+/// Compression: each coding the client prefers, decoded byte-exact; none
+/// accepted, the body as it is, with `Vary`; a type not listed, untouched.
+async fn rules_compress(e: Engine) -> Observed {
+    let steps = json!([{ "kind": "compress", "algorithms": ["zstd", "br", "gzip"] }]);
+    let (_b, p) = rules_rig(e, "zip", steps).await;
+    let sent: Vec<u8> = (0..20 * 1024)
+        .map(|i| b"{\"id\": 12345, \"name\": \"tidegate\", \"tags\": [\"a\", \"b\"]},\n"[i % 52])
+        .collect();
+    let mut fields = Vec::new();
+    for accept in ["gzip", "br;q=0.9, gzip;q=0.5", "zstd, br, gzip", "identity"] {
+        let req = Req::new("POST", "/zip/x")
+            .header("x-content-type", "application/json")
+            .header("accept-encoding", accept)
+            .body(sent.clone());
+        let r = e.send(&p, &req).await;
+        let coding = r.header("content-encoding");
+        let shape = format!(
+            "{} {coding} vary={} length={} {}",
+            r.status,
+            r.header("vary"),
+            if r.header("content-length") == "-" { "-" } else { "set" },
+            decoded(&coding, &r.body, &sent)
+        );
+        fields.push((accept, shape));
+    }
+    let png = Req::new("POST", "/zip/x").header("x-content-type", "image/png").header("accept-encoding", "gzip");
+    let r = e.send(&p, &png.body(sent.clone())).await;
+    p.stop().await;
+    fields.push(("image/png", format!("{} {} vary={}", r.status, r.header("content-encoding"), r.header("vary"))));
+    Observed { status: 200, fields, body: String::new() }
+}
+
 fn cases() -> Vec<Case> {
     macro_rules! case {
         ($name:ident, $on:expr, $expect:expr) => {
@@ -1670,6 +1798,36 @@ fn cases() -> Vec<Case> {
                     ("simple", "200 https://app.example"),
                     ("other", "200 -"),
                     ("backend got", "GET /cors/x; GET /cors/x")
+                ],
+                body: ""
+            }
+        ),
+        case!(
+            rules_forward_auth,
+            ALL,
+            ok(
+                &[
+                    ("refused", "401 Bearer go away"),
+                    ("spoofed", "401"),
+                    ("down", "503 the authentication service did not answer"),
+                    ("backend got", "GET /fa/x?q=1"),
+                    ("backend x-user", "alice"),
+                    ("auth service asked for", "/fa/x /fa/x?q=1 /fa/y")
+                ],
+                "hello"
+            )
+        ),
+        case!(
+            rules_compress,
+            ALL,
+            Expect {
+                status: 200,
+                fields: &[
+                    ("gzip", "200 gzip vary=Accept-Encoding length=- <20480 bytes, intact>"),
+                    ("br;q=0.9, gzip;q=0.5", "200 br vary=Accept-Encoding length=- <20480 bytes, intact>"),
+                    ("zstd, br, gzip", "200 zstd vary=Accept-Encoding length=- <20480 bytes, intact>"),
+                    ("identity", "200 - vary=Accept-Encoding length=set <20480 bytes, intact>"),
+                    ("image/png", "200 - vary=-")
                 ],
                 body: ""
             }

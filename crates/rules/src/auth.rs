@@ -99,8 +99,11 @@ pub struct AuthRequest {
 pub struct AuthAnswer {
     /// Its status.
     pub status: u16,
-    /// Its header fields.
+    /// Its header fields (those of its connection and framing left out).
     pub headers: http::HeaderMap,
+    /// Its body, for a refusal (empty for a 2xx, which is not read): the
+    /// answer's body when [`crate::Answer::relay_auth_body`] says so.
+    pub body: bytes::Bytes,
 }
 
 /// Answer headers given to the client when the auth service refuses.

@@ -14,6 +14,11 @@
 //! off the request path ([`Pending`]: a password check on a blocking
 //! thread, a forward-auth sub-request) and then [`Chain::resume`].
 //!
+//! After the response's head, [`ResponsePlan::compression`] chooses the
+//! coding and [`response::compression_head`] edits the head; a
+//! [`Compressor`] (gzip, brotli, zstd) encodes the body pushed through it
+//! (see [`compress`]).
+//!
 //! Limiter state (token buckets, in-flight counts) lives in the compiled
 //! chain: each route that runs a rule set counts on its own, and a chain
 //! compiled again (its route or one of its rule sets changed) starts with
@@ -22,6 +27,7 @@
 pub mod auth;
 pub mod bucket;
 pub mod cidr;
+pub mod compress;
 pub mod path;
 pub mod response;
 
@@ -36,6 +42,7 @@ use tidegate_model::{Headers, RuleSetName, RuleSetSpec};
 
 pub use auth::{AuthAnswer, AuthRequest, PasswordCheck};
 pub use bucket::Permit;
+pub use compress::{CompressError, Compressor};
 pub use response::{HeaderEdit, ResponsePlan};
 
 /// A request as the rules see it, whatever engine holds it.

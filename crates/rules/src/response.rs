@@ -61,8 +61,8 @@ impl ResponsePlan {
     /// `accept_encoding`; the response's `status`, `content_type`,
     /// `content_length` (`None`: unknown, streamed), whether it is already
     /// encoded (`Content-Encoding`) or a range (206 / `Content-Range`).
-    /// The proxy then sets `Content-Encoding`, drops `Content-Length`, and
-    /// adds `Vary: Accept-Encoding`.
+    /// The proxy then edits the head with [`compression_head`] and
+    /// encodes the body with a [`Compressor`](crate::Compressor).
     pub fn compression(
         &self,
         accept_encoding: Option<&[u8]>,
@@ -71,7 +71,32 @@ impl ResponsePlan {
         content_length: Option<u64>,
         encoded_or_ranged: bool,
     ) -> Option<Algorithm> {
-        let c = self.compress.as_ref()?;
+        let c = self.compressible_by(status, content_type, content_length, encoded_or_ranged)?;
+        negotiate(&c.algorithms, accept_encoding?)
+    }
+
+    /// Whether the response would be compressed for a client that accepts
+    /// a configured coding (the same facts as [`ResponsePlan::compression`]
+    /// but the request's): such a response varies by `Accept-Encoding`,
+    /// compressed or not, and [`compression_head`] says so.
+    pub fn compressible(
+        &self,
+        status: u16,
+        content_type: Option<&[u8]>,
+        content_length: Option<u64>,
+        encoded_or_ranged: bool,
+    ) -> bool {
+        self.compressible_by(status, content_type, content_length, encoded_or_ranged).is_some()
+    }
+
+    fn compressible_by(
+        &self,
+        status: u16,
+        content_type: Option<&[u8]>,
+        content_length: Option<u64>,
+        encoded_or_ranged: bool,
+    ) -> Option<&Compress> {
+        let c = self.compress.as_deref()?;
         if encoded_or_ranged || status == 206 || status == 204 || status == 304 || status < 200 {
             return None;
         }
@@ -79,10 +104,53 @@ impl ResponsePlan {
             return None;
         }
         let ct = content_type?;
-        if !c.types.iter().any(|t| t.matches(ct)) {
-            return None;
+        c.types.iter().any(|t| t.matches(ct)).then_some(c)
+    }
+}
+
+/// Edits the head of a [compressible](ResponsePlan::compressible)
+/// response: `Vary` gains `Accept-Encoding` (merged into one field with
+/// the values there, unless it lists it or `*`) whether it is compressed
+/// or not; compressed with `coding`, it also gets `Content-Encoding`,
+/// loses `Content-Length` (the body streams) and `Accept-Ranges` (ranges
+/// of the compressed body are not served), and a strong `ETag` becomes
+/// weak (the bytes differ from the backend's; as nginx does).
+pub fn compression_head(headers: &mut http::HeaderMap, coding: Option<Algorithm>) {
+    use http::header;
+    let listed = headers
+        .get_all(header::VARY)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(|t| t.trim_ascii())
+        .any(|t| t == b"*" || t.eq_ignore_ascii_case(b"accept-encoding"));
+    if !listed {
+        let mut merged = Vec::new();
+        for v in headers.get_all(header::VARY) {
+            let v = v.as_bytes().trim_ascii();
+            if !v.is_empty() {
+                merged.extend_from_slice(v);
+                merged.extend_from_slice(b", ");
+            }
         }
-        negotiate(&c.algorithms, accept_encoding?)
+        merged.extend_from_slice(b"Accept-Encoding");
+        // The values came from a HeaderValue, and a comma and a token are
+        // added: always valid.
+        if let Ok(v) = HeaderValue::from_bytes(&merged) {
+            headers.insert(header::VARY, v);
+        }
+    }
+    let Some(coding) = coding else { return };
+    headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static(coding.token()));
+    headers.remove(header::CONTENT_LENGTH);
+    headers.remove(header::ACCEPT_RANGES);
+    if let Some(etag) = headers.get(header::ETAG) {
+        if etag.as_bytes().starts_with(b"\"") {
+            let mut weak = b"W/".to_vec();
+            weak.extend_from_slice(etag.as_bytes());
+            if let Ok(v) = HeaderValue::from_bytes(&weak) {
+                headers.insert(header::ETAG, v);
+            }
+        }
     }
 }
 
@@ -215,5 +283,58 @@ mod tests {
         assert_eq!(plan.compression(Some(b"gzip"), 200, Some(b"image/png"), Some(1000), false), None);
         assert_eq!(plan.compression(None, 200, json, Some(1000), false), None);
         assert_eq!(plan.compression(Some(b"gzip"), 200, Some(b"text/html"), Some(1000), false), Some(Algorithm::Gzip));
+        assert!(plan.compressible(200, json, Some(1000), false), "whatever the client accepts");
+        assert!(!plan.compressible(200, json, Some(10), false));
+        assert!(!plan.compressible(304, json, None, false));
+        assert!(!ResponsePlan::default().compressible(200, json, Some(1000), false), "no compress step");
+    }
+
+    fn head(fields: &[(&'static str, &'static str)]) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        for (n, v) in fields {
+            h.append(*n, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    fn all(h: &http::HeaderMap, name: &str) -> Vec<String> {
+        h.get_all(name).iter().map(|v| v.to_str().unwrap().to_string()).collect()
+    }
+
+    #[test]
+    fn a_compressed_head_is_marked_and_loses_its_length() {
+        let mut h = head(&[
+            ("content-length", "5000"),
+            ("content-type", "application/json"),
+            ("etag", "\"v1\""),
+            ("accept-ranges", "bytes"),
+            ("vary", "Origin"),
+            ("vary", "Cookie, X-A"),
+        ]);
+        compression_head(&mut h, Some(Algorithm::Br));
+        assert_eq!(all(&h, "content-encoding"), ["br"]);
+        assert!(h.get("content-length").is_none() && h.get("accept-ranges").is_none());
+        assert_eq!(all(&h, "etag"), ["W/\"v1\""]);
+        assert_eq!(all(&h, "vary"), ["Origin, Cookie, X-A, Accept-Encoding"]);
+        assert_eq!(all(&h, "content-type"), ["application/json"]);
+
+        let mut h = head(&[("etag", "W/\"v1\""), ("vary", "accept-encoding")]);
+        compression_head(&mut h, Some(Algorithm::Gzip));
+        assert_eq!(all(&h, "etag"), ["W/\"v1\""], "a weak ETag stays");
+        assert_eq!(all(&h, "vary"), ["accept-encoding"], "listed already");
+        let mut h = head(&[("vary", "*")]);
+        compression_head(&mut h, Some(Algorithm::Zstd));
+        assert_eq!(all(&h, "vary"), ["*"]);
+        assert_eq!(all(&h, "content-encoding"), ["zstd"]);
+    }
+
+    #[test]
+    fn an_uncompressed_compressible_head_only_varies() {
+        let mut h = head(&[("content-length", "5000"), ("etag", "\"v1\""), ("accept-ranges", "bytes")]);
+        compression_head(&mut h, None);
+        assert_eq!(all(&h, "vary"), ["Accept-Encoding"]);
+        assert_eq!(all(&h, "content-length"), ["5000"]);
+        assert_eq!(all(&h, "etag"), ["\"v1\""]);
+        assert!(h.get("content-encoding").is_none() && h.get("accept-ranges").is_some());
     }
 }

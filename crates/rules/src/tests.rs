@@ -1,4 +1,5 @@
 use super::*;
+use bytes::Bytes;
 use std::time::Duration;
 
 fn chain(steps: serde_json::Value) -> Chain {
@@ -188,8 +189,12 @@ fn forward_auth_is_a_described_sub_request_that_fails_closed() {
     assert!(call.headers.iter().any(|(n, v)| n == "x-forwarded-uri" && v == "/p?a=1"));
     let mut ok = http::HeaderMap::new();
     ok.insert("x-user", HeaderValue::from_static("alice"));
-    let f =
-        forward(c.resume(&v, Instant::now(), resume, WorkResult::ForwardAuth(AuthAnswer { status: 200, headers: ok })));
+    let f = forward(c.resume(
+        &v,
+        Instant::now(),
+        resume,
+        WorkResult::ForwardAuth(AuthAnswer { status: 200, headers: ok, body: Bytes::new() }),
+    ));
     assert_eq!(
         f.request_headers,
         vec![HeaderEdit::Set(HeaderName::from_static("x-user"), HeaderValue::from_static("alice"))]
@@ -202,7 +207,7 @@ fn forward_auth_is_a_described_sub_request_that_fails_closed() {
         &v,
         Instant::now(),
         p.resume,
-        WorkResult::ForwardAuth(AuthAnswer { status: 401, headers: no }),
+        WorkResult::ForwardAuth(AuthAnswer { status: 401, headers: no, body: Bytes::from_static(b"who?") }),
     ));
     assert!(a.status == 401 && a.relay_auth_body && a.headers.len() == 1);
     let Outcome::Pending(p) = c.request(&v, Instant::now()) else { panic!() };

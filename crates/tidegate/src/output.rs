@@ -135,6 +135,22 @@ fn table(value: &Value, view: View) -> Option<String> {
                 "LATENCY MS",
             ];
             let mut out = format!("{revision}, {} route(s)\n{}", cell(&value["routes"]), columns(&header, &rows));
+            let mut rules = Vec::new();
+            for (route, steps) in entries(value, "rules") {
+                for st in steps.as_array().into_iter().flatten() {
+                    rules.push(vec![
+                        route.clone(),
+                        format!("{}[{}]", cell(&st["rule_set"]), cell(&st["step"])),
+                        cell(&st["kind"]),
+                        cell(&st["answered"]),
+                        cell(&st["changed"]),
+                    ]);
+                }
+            }
+            if !rules.is_empty() {
+                out.push_str("\n\n");
+                out.push_str(&columns(&["ROUTE", "RULE", "KIND", "ANSWERED", "CHANGED"], &rules));
+            }
             for c in value["certificates_expiring"].as_array().into_iter().flatten() {
                 out.push_str(&format!(
                     "\ncertificate {} expires at {} (Unix time)",
@@ -269,6 +285,15 @@ mod tests {
         let web: Vec<&str> = lines.iter().find(|l| l.starts_with("web")).unwrap().split_whitespace().collect();
         assert_eq!(web, ["web", "round_robin", "a", "127.0.0.1:8001", "up", "1", "0", "12", "0", "1.25"], "{t}");
         assert!(t.contains("(no backends)"), "{t}");
+        assert!(!t.contains("ANSWERED"), "no rules, no rules table: {t}");
+        let mut ruled = status.clone();
+        ruled["rules"] = json!({ "api": [
+            { "rule_set": "api", "step": 0, "kind": "strip_prefix", "answered": 0, "changed": 12 },
+            { "rule_set": "api", "step": 1, "kind": "rate_limit", "answered": 3, "changed": 0 },
+        ] });
+        let t = render(&ruled, View::Status, Output::Table);
+        let row: Vec<&str> = t.lines().find(|l| l.contains("rate_limit")).unwrap().split_whitespace().collect();
+        assert_eq!(row, ["api", "api[1]", "rate_limit", "3", "0"], "{t}");
         let header = lines[1];
         assert_eq!(header.find("ADDR"), lines[2].find("(no backends)"), "columns line up: {t}");
     }

@@ -166,11 +166,17 @@ function renderRoutes() {
   const rows = Object.entries(config.routes).map(([name, r]) => {
     const m = r.match || {};
     const path = (m.path ? "= " + m.path : (m.path_prefix || "/") + "*") + (m.methods ? " " + m.methods.join(",") : "");
+    // Each rule set the route runs, in order, with its steps' kinds.
+    const rules = (r.rules || []).map((set) => {
+      const steps = ((config.rules || {})[set] || {}).steps || [];
+      return set + " (" + (steps.map((st) => st.kind).join(", ") || "no steps") + ")";
+    }).join("; ");
     return el("tr", { "data-route": name }, el("td", {}, name), el("td", {}, m.host || "*"), el("td", {}, path),
       el("td", {}, r.service || (r.static ? "static files in " + r.static.root : "–")),
+      el("td", { class: "rules" }, rules || "–"),
       el("td", { class: "num" }, r.priority || 0));
   });
-  if (rows.length === 0) rows.push(el("tr", {}, el("td", { class: "muted", colspan: "5" }, "No routes yet.")));
+  if (rows.length === 0) rows.push(el("tr", {}, el("td", { class: "muted", colspan: "6" }, "No routes yet.")));
   $("routes").tBodies[0].replaceChildren(...rows);
 }
 

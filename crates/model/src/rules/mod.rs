@@ -41,9 +41,11 @@ pub const APPLIED_KINDS: &[&str] = &[
     "ip_allow",
     "ip_deny",
     "basic_auth",
+    "forward_auth",
     "rate_limit",
     "concurrency_limit",
     "cors",
+    "compress",
 ];
 
 /// The most steps a rule set may have.

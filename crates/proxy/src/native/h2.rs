@@ -99,7 +99,11 @@ pub(super) async fn forward<S: ClientIo>(
     if let Some(edits) = req.edits {
         edits.response.apply_headers(response.headers_mut());
     }
-    let resp = response.map(|b| ProxyBody::upstream(b, Hold { slot, conn: None }));
+    let mut resp = response.map(|b| ProxyBody::upstream(b, Hold { slot, conn: None }));
+    if let Some(edits) = req.edits {
+        let to_head = *req.method == http::Method::HEAD;
+        resp = crate::compress::response(resp, &edits.response, req.view.first("accept-encoding"), to_head);
+    }
     let close = ctx.closes(client);
     Ok(ctx.answer(client, resp, close).await)
 }

@@ -41,6 +41,7 @@ use tokio::time::Instant;
 use crate::access_log::Line;
 use crate::attempts::{self, is_idempotent, Answered, Trace};
 use crate::body::ProxyBody;
+use crate::compress;
 use crate::conn::Peer;
 use crate::error::{ErrorKind, Source as FailureSource};
 use crate::handler::Proxy;
@@ -560,7 +561,7 @@ async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Res
     let rules = match (&decision.action, facts.as_ref()) {
         (Action::Local(_), _) | (_, Err(_)) => None,
         (_, Ok(facts)) => {
-            let settled = pipeline::settle(decision.rules, facts, &method, proxy.settings(), rules_work::run).await;
+            let settled = rules_work::settle(decision.rules, facts, &method, proxy.settings()).await;
             match settled {
                 Ok(mut edits) => {
                     if let Some(edits) = edits.as_deref_mut() {
@@ -582,6 +583,8 @@ async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Res
             let mut resp = tidegate_static::serve(dir, prefix, &req).await.map(ProxyBody::Static);
             if let Some(edits) = &rules {
                 edits.response.apply_headers(resp.headers_mut());
+                let to_head = method == Method::HEAD;
+                resp = compress::response(resp, &edits.response, view.first("accept-encoding"), to_head);
             }
             Ok(ctx.answer(client, resp, ctx.closes(client)).await)
         }
@@ -724,7 +727,8 @@ async fn forward<S: ClientIo>(
     client.seen.status = answer.conn.conn.head.code;
     let gap = std::time::Duration::from_millis(service.settings.timeouts.response_ms);
     let plan = req.edits.map(|e| &e.response);
-    let reply = Reply { head, upgrade, gap, tunnel_idle: limits.tunnel_idle_timeout, stopping, plan };
+    let accept_encoding = req.view.first("accept-encoding");
+    let reply = Reply { head, upgrade, gap, tunnel_idle: limits.tunnel_idle_timeout, stopping, plan, accept_encoding };
     let keep = respond(client, answer, slot, reply).await;
     // What the client got (`respond` answers a broken exchange itself).
     if let Some(kind) = client.seen.error {
@@ -746,6 +750,8 @@ struct Reply<'a> {
     stopping: bool,
     /// The route's rules' response phase.
     plan: Option<&'a tidegate_rules::ResponsePlan>,
+    /// The request's `Accept-Encoding` (for a `compress` step).
+    accept_encoding: Option<&'a [u8]>,
 }
 
 /// Writes a backend's response to the client and relays its body; returns
@@ -784,9 +790,24 @@ async fn respond<S: ClientIo>(client: &mut ClientSide<S>, answer: NativeAnswer, 
         write_local(client, resp, true, false, minor).await;
         return false;
     }
+    // A `compress` step: decided from the head; a compressed body streams.
+    let choice = r.plan.filter(|p| p.compress.is_some()).map(|plan| {
+        let fields = response_fields(&resp, &conn.conn.inbox);
+        let length = match resp.body {
+            tidegate_h1::ResponseBody::Length(n) => Some(n),
+            _ => None,
+        };
+        compress::choose(plan, r.accept_encoding, resp.code, &fields, length)
+    });
+    let encoder = match choice {
+        Some(compress::Choice::Compressible(Some(coding))) if resp.body != tidegate_h1::ResponseBody::None => {
+            tidegate_rules::Compressor::new(coding).ok()
+        }
+        _ => None,
+    };
     let framing = match resp.body {
         tidegate_h1::ResponseBody::None => Framing::None,
-        tidegate_h1::ResponseBody::Length(n) => Framing::Length(n),
+        tidegate_h1::ResponseBody::Length(n) if encoder.is_none() => Framing::Length(n),
         _ if minor == 1 => Framing::Chunked,
         _ => Framing::UntilClose,
     };
@@ -796,8 +817,12 @@ async fn respond<S: ClientIo>(client: &mut ClientSide<S>, answer: NativeAnswer, 
     if let Some(plan) = r.plan {
         rewrite::edit_head(&mut out, &plan.headers);
     }
+    if let Some(compress::Choice::Compressible(coding)) = choice {
+        let named = |n: &[u8]| compress::HEAD_FIELDS.iter().any(|f| f.as_bytes().eq_ignore_ascii_case(n));
+        rewrite::edit_fields(&mut out, named, |fields| tidegate_rules::response::compression_head(fields, coding));
+    }
     conn.conn.inbox.advance(resp.len);
-    let relayed = relay_body(client, &mut conn.conn, &out, resp.body, framing, r.gap).await;
+    let relayed = relay_body(client, &mut conn.conn, &out, resp.body, framing, r.gap, encoder).await;
     client.scratch = out;
     if let Err(e) = &relayed {
         tracing::debug!(error = %e, status = resp.code, "response relay ended early");
@@ -824,9 +849,30 @@ async fn relay_body<S: ClientIo>(
     body: tidegate_h1::ResponseBody,
     framing: Framing,
     gap: std::time::Duration,
+    encoder: Option<tidegate_rules::Compressor>,
 ) -> Result<(), RelayError> {
     use tidegate_h1::ResponseBody as B;
     let dst = &mut client.io;
+    if let Some(encoder) = encoder {
+        // Compressed as it is relayed, chunked (or until the close).
+        write_all(dst, &mut [out]).await.map_err(RelayError::Write)?;
+        let mut w = compress::Compressing::new(dst, encoder, framing == Framing::Chunked);
+        let mut src = Source {
+            stream: &mut up.stream,
+            inbox: &mut up.inbox,
+            timer: &mut client.timer,
+            gap,
+            until: None,
+            pace: None,
+        };
+        match body {
+            B::Length(n) => relay::relay_length(&mut src, &mut w, n).await?,
+            B::Chunked => relay::relay_chunked(&mut src, &mut w, false).await?,
+            B::UntilClose => relay::relay_until_close(&mut src, &mut w, false).await?,
+            B::None => {}
+        }
+        return w.finish().await.map_err(RelayError::Write);
+    }
     let have = up.inbox.len() as u64;
     match body {
         B::None => return write_all(dst, &mut [out]).await.map_err(RelayError::Write),
@@ -847,6 +893,20 @@ async fn relay_body<S: ClientIo>(
         B::UntilClose => relay::relay_until_close(&mut src, dst, framing == Framing::Chunked).await,
         B::None => Ok(()),
     }
+}
+
+/// The fields of a backend's response head, as a map (read for a
+/// `compress` step's choice).
+fn response_fields(resp: &tidegate_h1::ResponseHead, buf: &[u8]) -> http::HeaderMap {
+    let mut fields = http::HeaderMap::new();
+    for h in &resp.headers {
+        if let (Ok(n), Ok(v)) =
+            (http::HeaderName::from_bytes(h.name.of(buf)), http::HeaderValue::from_bytes(h.value.of(buf)))
+        {
+            fields.append(n, v);
+        }
+    }
+    fields
 }
 
 /// Writes a response the proxy made (an error, a static file); returns

@@ -173,6 +173,17 @@ pub(crate) fn edit_head(out: &mut Vec<u8>, edits: &[HeaderEdit]) {
         return;
     }
     let named = |name: &[u8]| edits.iter().any(|e| edited(e).as_str().as_bytes().eq_ignore_ascii_case(name));
+    edit_fields(out, named, |fields| {
+        for edit in edits {
+            edit.apply(fields);
+        }
+    });
+}
+
+/// Edits the fields of the head written in `out` that `named` selects:
+/// they are taken out into a map, `edit` changes it, and what it leaves
+/// is written at the end of the head.
+pub(crate) fn edit_fields(out: &mut Vec<u8>, named: impl Fn(&[u8]) -> bool, edit: impl FnOnce(&mut http::HeaderMap)) {
     let head = std::mem::take(out);
     let mut lines = head.split(|b| *b == b'\n').map(|l| l.strip_suffix(b"\r").unwrap_or(l));
     let mut fields = http::HeaderMap::new();
@@ -190,9 +201,7 @@ pub(crate) fn edit_head(out: &mut Vec<u8>, edits: &[HeaderEdit]) {
             fields.append(n, v);
         }
     }
-    for edit in edits {
-        edit.apply(&mut fields);
-    }
+    edit(&mut fields);
     for (name, value) in &fields {
         field(out, name.as_str().as_bytes(), value.as_bytes());
     }

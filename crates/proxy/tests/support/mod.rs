@@ -183,8 +183,9 @@ impl Seen {
 /// How a [`HyperBackend`] answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Behaviour {
-    /// `200`: the request body echoed, or `hello` when it had none; an
-    /// upgrade request (`Upgrade` header) gets `101` and its bytes echoed.
+    /// `200`: the request body echoed, or `hello` when it had none, with
+    /// the `Content-Type` the request's `X-Content-Type` names; an upgrade
+    /// request (`Upgrade` header) gets `101` and its bytes echoed.
     Echo,
     /// `503 busy` to everything (a backend shedding load).
     Shed,
@@ -280,6 +281,10 @@ async fn answer(
         (Behaviour::Echo, None) => Response::new(Full::new(body)),
     };
     resp.headers_mut().insert("x-backend", http::HeaderValue::from_static(name));
+    // A test's knob: the answer's `Content-Type`.
+    if let Some(ct) = parts.headers.get("x-content-type") {
+        resp.headers_mut().insert(http::header::CONTENT_TYPE, ct.clone());
+    }
     Ok(resp)
 }
 

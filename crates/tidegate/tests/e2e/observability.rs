@@ -352,6 +352,15 @@ async fn the_dashboard_shows_backends_live_in_a_browser() {
     });
     let (s, v) = tg.api("PUT", "/v1/services/web", Some(spec)).await;
     assert_eq!(s, 200, "{v}");
+    // The route runs a rule set: the routes table names it and its steps.
+    let hsts = serde_json::json!({ "steps": [
+        { "kind": "set_response_header", "name": "Strict-Transport-Security", "value": "max-age=600" },
+    ] });
+    let (s, v) = tg.api("PUT", "/v1/rules/hsts", Some(hsts)).await;
+    assert_eq!(s, 200, "{v}");
+    let route = serde_json::json!({ "match": { "path_prefix": "/" }, "service": "web", "rules": ["hsts"] });
+    let (s, v) = tg.api("PUT", "/v1/routes/web", Some(route)).await;
+    assert_eq!(s, 200, "{v}");
     let traffic = tokio::spawn({
         let tg = tg.clone();
         async move {
@@ -371,6 +380,7 @@ async fn the_dashboard_shows_backends_live_in_a_browser() {
         health: [...document.querySelectorAll('.health')].map(e => e.textContent),
         points: Math.max(0, ...[...document.querySelectorAll('svg.chart')].map(s => +s.dataset.points)),
         routes: document.querySelectorAll('tr[data-route]').length,
+        rules: [...document.querySelectorAll('tr[data-route] td.rules')].map(e => e.textContent),
         changes: document.querySelectorAll('#changes li').length,
         hash: location.hash,
     };"#;
@@ -387,6 +397,7 @@ async fn the_dashboard_shows_backends_live_in_a_browser() {
     assert_eq!(seen["health"], serde_json::json!(["up", "up", "down"]), "{seen}");
     assert!(seen["points"].as_u64().unwrap_or(0) >= 3, "the charts update live: {seen}");
     assert_eq!(seen["routes"], 1, "{seen}");
+    assert_eq!(seen["rules"], serde_json::json!(["hsts (set_response_header)"]), "{seen}");
     assert!(seen["changes"].as_u64().unwrap_or(0) >= 3, "the service and route change sets: {seen}");
     assert_eq!(seen["hash"], "", "the token leaves the address bar: {seen}");
     assert!(seen["text"].as_str().unwrap_or("").contains("least_time"), "{seen}");

@@ -278,5 +278,68 @@ async fn rules_apply_to_traffic_on_both_engines_and_a_change_is_live_for_the_nex
         let denied =
             r#"tidegate_rule_steps_total{route="api",rule_set="api",step="0",kind="deny",outcome="answered"} 1"#;
         assert!(metrics.contains(denied), "{engine}: {metrics}");
+        // So does /v1/status, and `ctl status` shows them.
+        let (_, status) = tg.api("GET", "/v1/status", None).await;
+        assert_eq!(status["rules"]["api"][0]["kind"], "deny", "{status}");
+        assert_eq!(status["rules"]["api"][0]["answered"], 1, "{status}");
+        assert_eq!(status["rules"]["api"].as_array().map(Vec::len), Some(7), "{status}");
+        let out = tg.ctl(&["-o", "table", "status"]);
+        let shown = text(&out);
+        assert!(shown.contains("ANSWERED") && shown.contains("api[6]") && shown.contains("basic_auth"), "{shown}");
+    }
+}
+
+/// Runs `program` with `args` and returns its standard output (it must
+/// succeed).
+fn output_of(program: &str, args: &[&str]) -> Vec<u8> {
+    let out = std::process::Command::new(program).args(args).output().unwrap_or_else(|e| panic!("{program}: {e}"));
+    assert!(out.status.success(), "{program} {args:?}: {}", text(&out));
+    out.stdout
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compressed_responses_round_trip_through_curl_and_python_on_both_engines() {
+    let backend = Backend::start("web", &["--body-size", "20480"]);
+    // Python's gzip module decodes what urllib fetched.
+    const PYTHON: &str = "import gzip, sys, urllib.request\n\
+        r = urllib.request.urlopen(urllib.request.Request(sys.argv[1], headers={'Accept-Encoding': 'gzip'}))\n\
+        assert r.headers['Content-Encoding'] == 'gzip', r.headers\n\
+        sys.stdout.buffer.write(gzip.decompress(r.read()))";
+    for engine in ["native", "hyper"] {
+        let dir = tempfile::tempdir().unwrap();
+        let tg = Tidegate::start_with(&dir.path().join("data"), &["--http1", engine]);
+        let spec = json!({ "backends": [{ "id": "b0", "addr": backend.addr.to_string() }] });
+        let (s, v) = tg.api("PUT", "/v1/services/web", Some(spec)).await;
+        assert_eq!(s, 200, "{v}");
+        let steps = json!({ "steps": [{ "kind": "compress", "algorithms": ["zstd", "br", "gzip"] }] });
+        let (s, v) = tg.api("PUT", "/v1/rules/zip", Some(steps)).await;
+        assert_eq!(s, 200, "{v}");
+        let route = json!({ "match": { "path_prefix": "/" }, "service": "web", "rules": ["zip"] });
+        let (s, v) = tg.api("PUT", "/v1/routes/web", Some(route)).await;
+        assert_eq!(s, 200, "{v}");
+        let url = format!("http://{}/data", tg.proxy);
+
+        // A client that asks for no coding gets the backend's bytes.
+        let plain = get(&url).await;
+        assert_eq!(plain.status, 200, "{engine}");
+        assert!(plain.headers.get("content-encoding").is_none(), "{engine}");
+        assert_eq!(plain.headers["vary"], "Accept-Encoding", "{engine}");
+        assert_eq!(plain.body.len(), 20480, "{engine}");
+
+        for (coding, http2) in [("gzip", false), ("br", false), ("zstd", false), ("gzip", true)] {
+            let accept = format!("Accept-Encoding: {coding}");
+            let mut args = vec!["-sS", "--compressed", "-H", &accept, "-D", "/dev/stderr", &url];
+            if http2 {
+                args.insert(0, "--http2-prior-knowledge");
+            }
+            let out = std::process::Command::new("curl").args(&args).output().expect("curl");
+            assert!(out.status.success(), "{engine} {coding}: {}", text(&out));
+            let head = String::from_utf8_lossy(&out.stderr).to_ascii_lowercase();
+            assert!(head.contains(&format!("content-encoding: {coding}")), "{engine} {coding}: {head}");
+            assert!(!head.contains("content-length"), "{engine} {coding}: a compressed body streams: {head}");
+            assert!(out.stdout == plain.body, "{engine} {coding} (HTTP/2: {http2}): decodes to the backend's bytes");
+        }
+        let decoded = output_of("python3", &["-c", PYTHON, &url]);
+        assert!(decoded == plain.body, "{engine}: Python's gzip decodes to the backend's bytes");
     }
 }
