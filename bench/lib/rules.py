@@ -454,6 +454,15 @@ def throughput_part(s: Setup, p: dict) -> tuple[list[dict], dict]:
         row["nginx_fraction"], row["nginx_fraction_paired"] = nf, np_
         row["fraction_ratio"] = round(tf / nf, 4) if tf and nf else None
         row["fraction_ratio_paired"] = round(tp / np_, 4) if tp and np_ else None
+        # The same from CPU time per request (plain's over rules': the
+        # share of its rule-less throughput a CPU-bound proxy keeps), which
+        # a shared machine's noise moves less than requests/s.
+        for proxy in ("tidegate", "nginx"):
+            a, b = row.get(f"{proxy}_rules"), row.get(f"{proxy}_plain")
+            row[f"{proxy}_cpu_fraction"] = (round(b["cpu_us_per_req"] / a["cpu_us_per_req"], 4)
+                                            if a and b and a["cpu_us_per_req"] else None)
+        tc, nc = row["tidegate_cpu_fraction"], row["nginx_cpu_fraction"]
+        row["cpu_fraction_ratio"] = round(tc / nc, 4) if tc and nc else None
         plain_t, plain_n = row.get("tidegate_plain"), row.get("nginx_plain")
         row["plain_vs_nginx"] = round(plain_t["rps"] / plain_n["rps"], 4) if plain_t and plain_n else None
         summary[str(conns)] = row

@@ -68,8 +68,9 @@ PARAMS = {
     },
     # rules (issue 37): conns: part 1's wrk connections; compress_conns:
     # part 2's; gzip_level: nginx's gzip_comp_level, the level Tidegate's
-    # gzip uses (gzip_level_field: the compress step's field for it, when
-    # the step has one: then both are set to it); limit_rate / limit_burst:
+    # gzip uses (tidegate_rules::compress::GZIP_LEVEL; gzip_level_field:
+    # the compress step's field for it, should the step gain one: then both
+    # are set to it); limit_rate / limit_burst:
     # the one key's rate limit (both proxies), offered by limit_conns
     # closed-loop connections for limit_duration s; keys: distinct X-Key
     # values sent (by keys_conns connections, at most keys_max_s seconds).
@@ -77,7 +78,7 @@ PARAMS = {
         "smoke": {"reps": 1, "duration": 2, "conns": "16", "compress_conns": 16, "workers": 2, "gzip_level": 6,
                   "gzip_level_field": None, "limit_rate": 500, "limit_burst": 10, "limit_duration": 2,
                   "limit_conns": 16, "keys": 2000, "keys_conns": 16, "keys_max_s": 60},
-        "full": {"reps": 3, "duration": 8, "conns": "64 256", "compress_conns": 64, "workers": 2, "gzip_level": 6,
+        "full": {"reps": 5, "duration": 8, "conns": "64 256", "compress_conns": 64, "workers": 2, "gzip_level": 6,
                  "gzip_level_field": None, "limit_rate": 2000, "limit_burst": 20, "limit_duration": 10,
                  "limit_conns": 64, "keys": 100000, "keys_conns": 64, "keys_max_s": 300},
     },
