@@ -69,6 +69,10 @@ pub enum ErrorKind {
     /// The client address has `--max-requests-per-client` requests in
     /// progress already.
     ClientLimit,
+    /// The request body carried more than its route's `max_body_bytes`
+    /// rule takes (a body without `Content-Length`, counted as it came; a
+    /// declared one over the limit is answered by the rule itself).
+    BodyTooLarge,
     /// The TCP connection to the backend was refused or failed.
     ConnectFailed,
     /// The TCP connection to the backend was not open within `connect_ms`.
@@ -93,9 +97,8 @@ impl ErrorKind {
     pub fn source(self) -> Source {
         use ErrorKind::*;
         match self {
-            BadRequest | InvalidHost | InvalidPath | InvalidFraming(_) | ClientBody | ClientTimeout | ClientLimit => {
-                Source::Client
-            }
+            BadRequest | InvalidHost | InvalidPath | InvalidFraming(_) | ClientBody | ClientTimeout | ClientLimit
+            | BodyTooLarge => Source::Client,
             NoRoute | NoBackend | QueueFull | QueueTimeout => Source::Local,
             ConnectFailed | ConnectTimeout | UpstreamTls | StaleConnection | UpstreamClosed | InvalidResponse
             | ResponseTimeout => Source::Upstream,
@@ -121,7 +124,7 @@ impl ErrorKind {
             // and retrying multiplies the load on a struggling service.
             ResponseTimeout => Retry::Never,
             NoRoute | NoBackend | QueueFull | QueueTimeout | BadRequest | InvalidHost | InvalidPath
-            | InvalidFraming(_) | ClientBody | ClientTimeout | ClientLimit => Retry::Never,
+            | InvalidFraming(_) | ClientBody | ClientTimeout | ClientLimit | BodyTooLarge => Retry::Never,
         }
     }
 
@@ -140,6 +143,7 @@ impl ErrorKind {
             ClientBody => "client_body",
             ClientTimeout => "client_timeout",
             ClientLimit => "client_limit",
+            BodyTooLarge => "body_too_large",
             ConnectFailed => "connect_failed",
             ConnectTimeout => "connect_timeout",
             UpstreamTls => "upstream_tls",
@@ -152,7 +156,7 @@ impl ErrorKind {
 
     /// Every kind, in a fixed order (for metrics; one `InvalidFraming`
     /// stands for all its causes).
-    pub const ALL: [ErrorKind; 18] = [
+    pub const ALL: [ErrorKind; 19] = [
         ErrorKind::NoRoute,
         ErrorKind::NoBackend,
         ErrorKind::QueueFull,
@@ -164,6 +168,7 @@ impl ErrorKind {
         ErrorKind::ClientBody,
         ErrorKind::ClientTimeout,
         ErrorKind::ClientLimit,
+        ErrorKind::BodyTooLarge,
         ErrorKind::ConnectFailed,
         ErrorKind::ConnectTimeout,
         ErrorKind::UpstreamTls,
@@ -199,6 +204,7 @@ impl ErrorKind {
             ClientBody => (StatusCode::BAD_REQUEST, "400 the request body is malformed or incomplete\n"),
             ClientTimeout => (StatusCode::REQUEST_TIMEOUT, "408 the request body arrived too slowly\n"),
             ClientLimit => (StatusCode::TOO_MANY_REQUESTS, "429 this client has too many requests in progress\n"),
+            BodyTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "413 the request body is larger than this route takes\n"),
             ConnectFailed | ConnectTimeout => (StatusCode::BAD_GATEWAY, "502 could not connect to a backend\n"),
             UpstreamTls => (StatusCode::BAD_GATEWAY, "502 the TLS handshake with the backend failed\n"),
             StaleConnection | UpstreamClosed => (StatusCode::BAD_GATEWAY, "502 the backend closed the connection\n"),

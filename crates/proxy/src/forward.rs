@@ -10,7 +10,7 @@ use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
 use tidegate_balance::{orca, Backend, RequestCtx};
-use tidegate_model::{PolicySpec, UpstreamProtocol};
+use tidegate_model::UpstreamProtocol;
 use tidegate_snapshot::ServiceRuntime;
 
 use crate::admission::Admission;
@@ -40,7 +40,7 @@ impl Upstreams {
     ) -> Result<Response<ProxyBody>, ErrorKind> {
         // Read before a backend is chosen: a slow client holds no backend.
         let (mut req, body, _buffered, mut upgrade) =
-            Prepared::new(req, peer, &self.limits, &admission.buffers).await?;
+            Prepared::new(req, peer, &self.limits, &admission.buffers, edits.and_then(|e| e.max_body)).await?;
         if let Some(edits) = edits {
             // The route's rules: the path sent upstream, and header edits
             // after the proxy's own forwarding fields.
@@ -56,14 +56,9 @@ impl Upstreams {
         // being answered, until the answer's head (reading a body takes no
         // backend).
         let _per_client = admission.request(peer.addr.ip()).map_err(|_| ErrorKind::ClientLimit)?;
-        let first = match &service.settings.policy {
-            PolicySpec::External(spec) => {
-                let host = req.parts.uri.authority().map(|a| a.as_str());
-                let asked = Asked { method: req.parts.method.as_str(), path: req.path_and_query.as_str(), host };
-                self.ask_distributor(spec, service, asked, &req.parts.headers, peer).await
-            }
-            _ => None,
-        };
+        let host = req.parts.uri.authority().map(|a| a.as_str());
+        let asked = Asked { method: req.parts.method.as_str(), path: req.path_and_query.as_str(), host };
+        let first = self.first_pick(service, asked, &req.parts.headers, peer).await;
         let ctx = RequestCtx::new(Some(peer.addr), req.path_and_query.as_str(), &req.parts.headers);
         if upgrade.is_none() && service.upstream.protocol() == UpstreamProtocol::Http2 {
             let (mut response, slot) =

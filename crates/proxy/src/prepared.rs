@@ -41,16 +41,18 @@ impl Prepared {
     /// Reads what the attempts need from the client's request: forwarding
     /// headers, the body (buffered when it is small and complete), and the
     /// client's side of an upgrade (WebSocket), if it asked for one.
+    /// `max_body`: the most body bytes the route's rules take.
     pub(crate) async fn new(
         mut req: Request<Incoming>,
         peer: &Peer,
         limits: &Limits,
         budget: &Arc<BufferBudget>,
+        max_body: Option<u64>,
     ) -> Result<(Prepared, Replay, Option<Reserved>, Option<hyper::upgrade::OnUpgrade>), ErrorKind> {
         let upgrade = wants_upgrade(&req).then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
         let streaming = || is_streaming_protocol(parts.headers.get(header::CONTENT_TYPE).map(HeaderValue::as_bytes));
-        let (body, reserved) = Replay::new(body, limits, budget, streaming).await?;
+        let (body, reserved) = Replay::new(body, limits, budget, streaming, max_body).await?;
         let te_trailers = parts.headers.get(header::TE).is_some_and(|v| upstream_h2::wants_trailers(v.as_bytes()));
         headers::request_headers(&mut parts, peer, upgrade.is_some());
         let path_and_query = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
@@ -147,11 +149,12 @@ impl Replay {
         limits: &Limits,
         budget: &Arc<BufferBudget>,
         streaming: impl FnOnce() -> bool,
+        max_body: Option<u64>,
     ) -> Result<(Replay, Option<Reserved>), ErrorKind> {
         if body.is_end_stream() {
             return Ok((Replay::Buffered(Bytes::new()), None));
         }
-        let mut body = ClientBody::new(body, limits.body_read_timeout, limits.body_total_timeout);
+        let mut body = ClientBody::new(body, limits.body_read_timeout, limits.body_total_timeout).limited(max_body);
         let exact = body.size_hint().exact();
         if let Some(n) = exact.filter(|n| *n <= REPLAY_LIMIT) {
             // Small bodies are always read whole, outside the budget.

@@ -34,6 +34,9 @@ pub struct ClientBody {
     deadline: tokio::time::Instant,
     timer: Pin<Box<tokio::time::Sleep>>,
     pace: Option<Pace>,
+    /// The bytes the route's rules still take (`max_body_bytes`), if they
+    /// limit the body.
+    left: Option<u64>,
 }
 
 impl ClientBody {
@@ -51,7 +54,15 @@ impl ClientBody {
             deadline,
             timer: Box::pin(tokio::time::sleep_until(gap_at)),
             pace: None,
+            left: None,
         }
+    }
+
+    /// Refuses (with [`ClientBodyError::TooLarge`]) a body that carries
+    /// more than `max` bytes, if a limit is given.
+    pub(crate) fn limited(mut self, max: Option<u64>) -> ClientBody {
+        self.left = max;
+        self
     }
 
     /// The body streams to a backend from now on: `read` (read ahead)
@@ -92,6 +103,12 @@ impl Body for ClientBody {
         loop {
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
+                    if let (Some(left), Some(d)) = (&mut this.left, frame.data_ref()) {
+                        match left.checked_sub(d.len() as u64) {
+                            Some(rest) => *left = rest,
+                            None => return Poll::Ready(Some(Err(ClientBodyError::TooLarge))),
+                        }
+                    }
                     let now = tokio::time::Instant::now();
                     if let (Some(p), Some(d)) = (&mut this.pace, frame.data_ref()) {
                         if p.arrived(d.len(), now).is_err() {

@@ -37,6 +37,8 @@ pub enum ClientBodyError {
     Broken,
     /// The client sent too slowly (see [`crate::Limits`]' body timeouts).
     TimedOut,
+    /// The body carried more than its route's `max_body_bytes` rule takes.
+    TooLarge,
 }
 
 impl ClientBodyError {
@@ -45,6 +47,7 @@ impl ClientBodyError {
         match self {
             ClientBodyError::Read(_) | ClientBodyError::Broken => ErrorKind::ClientBody,
             ClientBodyError::TimedOut => ErrorKind::ClientTimeout,
+            ClientBodyError::TooLarge => ErrorKind::BodyTooLarge,
         }
     }
 }
@@ -55,6 +58,7 @@ impl std::fmt::Display for ClientBodyError {
             ClientBodyError::Read(e) => write!(f, "client request body: {e}"),
             ClientBodyError::Broken => f.write_str("client request body: broken off or malformed"),
             ClientBodyError::TimedOut => f.write_str("client request body: too slow"),
+            ClientBodyError::TooLarge => f.write_str("client request body: larger than the route takes"),
         }
     }
 }
@@ -63,7 +67,7 @@ impl std::error::Error for ClientBodyError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             ClientBodyError::Read(e) => Some(e),
-            ClientBodyError::TimedOut | ClientBodyError::Broken => None,
+            ClientBodyError::TimedOut | ClientBodyError::Broken | ClientBodyError::TooLarge => None,
         }
     }
 }

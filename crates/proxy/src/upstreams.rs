@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tidegate_balance::{clock, Backend, Headers};
 use tidegate_distributor_protocol::{DistributorClient, Query};
-use tidegate_model::ExternalSpec;
+use tidegate_model::{ExternalSpec, PolicySpec};
 use tidegate_snapshot::ServiceRuntime;
 
 use crate::conn::Peer;
@@ -86,11 +86,30 @@ pub(crate) struct Asked<'a> {
 }
 
 impl Upstreams {
+    /// The first pick of backend selection, before the service's local
+    /// policy: a service whose policy is an external distributor asks it
+    /// ([`Upstreams::ask_distributor`]); for every other policy, `None`
+    /// (the attempt loop's pick decides). Both engines call it the same
+    /// way, so the distributor is a hook of selection, not a special case
+    /// of either engine.
+    pub(crate) async fn first_pick(
+        &self,
+        service: &ServiceRuntime,
+        asked: Asked<'_>,
+        headers: &dyn Headers,
+        peer: &Peer,
+    ) -> Option<Arc<Backend>> {
+        match &service.settings.policy {
+            PolicySpec::External(spec) => self.ask_distributor(spec, service, asked, headers, peer).await,
+            _ => None,
+        }
+    }
+
     /// The backend an external distributor names for this request, if it
     /// answers with one of the service's available backends with room; on no
     /// answer, a backup backend (the paper's fallback), else `None` (the
     /// local policy decides).
-    pub(crate) async fn ask_distributor(
+    async fn ask_distributor(
         &self,
         spec: &ExternalSpec,
         service: &ServiceRuntime,

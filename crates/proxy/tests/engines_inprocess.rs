@@ -1318,6 +1318,68 @@ async fn rules_compress(e: Engine) -> Observed {
     Observed { status: 200, fields, body: String::new() }
 }
 
+/// `max_body_bytes`: a declared length over the limit is refused before
+/// anything is read; one within goes through.
+async fn rules_max_body(e: Engine) -> Observed {
+    let (b, p) = rules_rig(e, "small", json!([{ "kind": "max_body_bytes", "bytes": 1000 }])).await;
+    let over = e.send(&p, &Req::new("POST", "/small/x").body(vec![b'a'; 2000])).await;
+    let within = e.send(&p, &Req::new("POST", "/small/x").body(vec![b'a'; 1000])).await;
+    p.stop().await;
+    observed(
+        &over,
+        vec![
+            ("within", format!("{} {}", within.status, text(&within.body))),
+            ("backend got", b.seen().len().to_string()),
+        ],
+    )
+}
+
+/// `max_body_bytes` on a chunked body, counted as it comes: read ahead
+/// whole, or streamed to the backend (no read-ahead): refused with 413
+/// either way, and the connection closed.
+async fn rules_max_body_chunked(e: Engine) -> Observed {
+    let chunked = |n: usize| {
+        let mut raw = b"POST /small/x HTTP/1.1\r\nhost: app.test\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+        for _ in 0..n {
+            raw.extend_from_slice(b"64\r\n");
+            raw.extend_from_slice(&[b'a'; 100]);
+            raw.extend_from_slice(b"\r\n");
+        }
+        raw.extend_from_slice(b"0\r\n\r\n");
+        raw
+    };
+    let mut fields = Vec::new();
+    for (read_ahead, buffer) in [("read ahead", 64 * 1024), ("streamed", 0)] {
+        let b = HyperBackend::start("b0", Behaviour::Echo).await;
+        let limits = Limits { request_buffer_bytes: buffer, ..Limits::default() };
+        let ops = ruled("small", json!([{ "kind": "max_body_bytes", "bytes": 1000 }]));
+        let p = e.start(limits, config(&[("e", &[b.addr])], ops));
+        let within = h1_raw(p.addr, &chunked(10), false).await;
+        let over = h1_raw(p.addr, &chunked(11), false).await;
+        p.stop().await;
+        fields.push((
+            read_ahead,
+            format!("{} {} then {} {}", within.status, text(&within.body), over.status, text(&over.body).trim_end()),
+        ));
+    }
+    Observed { status: 200, fields, body: String::new() }
+}
+
+/// A concurrency limit of one per route: a request answered on a
+/// keep-alive connection that stays open holds no place, so a request on
+/// another connection goes through.
+async fn rules_concurrency_limit(e: Engine) -> Observed {
+    let steps = json!([{ "kind": "concurrency_limit", "key": "route", "max": 1 }]);
+    let (b, p) = rules_rig(e, "one", steps).await;
+    let mut idle = connect(p.addr).await;
+    idle.write_all(b"GET /one/a HTTP/1.1\r\nhost: app.test\r\n\r\n").await.expect("written");
+    let first = read_reply(&mut idle, &mut Vec::new(), false).await;
+    let other = e.send(&p, &Req::new("GET", "/one/b")).await;
+    p.stop().await;
+    drop(idle);
+    observed(&other, vec![("first", first.status.to_string()), ("backend got", requests(&b))])
+}
+
 fn cases() -> Vec<Case> {
     macro_rules! case {
         ($name:ident, $on:expr, $expect:expr) => {
@@ -1832,6 +1894,32 @@ fn cases() -> Vec<Case> {
                 body: ""
             }
         ),
+        case!(
+            rules_max_body,
+            ALL,
+            Expect {
+                status: 413,
+                fields: &[("within", "200 <1000 bytes>"), ("backend got", "1")],
+                body: "request body too large\n"
+            }
+        ),
+        case!(
+            rules_max_body_chunked,
+            H1,
+            Expect {
+                status: 200,
+                fields: &[
+                    ("read ahead", "200 <1000 bytes> then 413 413 the request body is larger than this route takes"),
+                    ("streamed", "200 <1000 bytes> then 413 413 the request body is larger than this route takes")
+                ],
+                body: ""
+            }
+        ),
+        case!(
+            rules_concurrency_limit,
+            ALL,
+            ok(&[("first", "200"), ("backend got", "GET /one/a; GET /one/b")], "hello")
+        ),
         case!(rules_static, ALL, ok(&[("cache-control", "max-age=60"), ("closed", "403")], "static hello\n")),
         case!(
             expect_continue_streamed,
@@ -1884,5 +1972,7 @@ async fn every_case_on_every_engine() {
         }
     }
     mismatches.sort();
+    assert!(count > 0, "no case matches TIDEGATE_CASE={only:?}");
+    eprintln!("{count} runs");
     assert!(mismatches.is_empty(), "{} of {count} runs differ:\n{}", mismatches.len(), mismatches.join("\n"));
 }

@@ -399,8 +399,6 @@ mod tests {
         let chain1 = snap1.rules("r").expect("the route's chain").clone();
         assert!(snap1.rules("plain").is_none());
         // A change of the rule set alone rebuilds the chain of its route.
-        // (Empty sets: a route may run only steps the data plane applies,
-        // `tidegate_model::rules::APPLIED_KINDS`.)
         let (s2, d2) = apply(&s1, 1, r#"{"ops":[{"op":"put_rules","name":"strip","spec":{"steps":[]}}]}"#);
         let snap2 = snap1.next(&s2, &d2, 2);
         assert!(!Arc::ptr_eq(&chain1, snap2.rules("r").unwrap()));

@@ -1365,8 +1365,7 @@ mod tests {
     #[test]
     fn rule_sets_load_before_the_routes_that_run_them_and_are_checked() {
         let mut kvs = committed();
-        // An empty set: a route runs only steps the data plane applies
-        // (none yet, `tidegate_model::rules::APPLIED_KINDS`).
+        // An empty set (a route may run one).
         kvs.push(kv("tg/rules/api", r#"{"steps":[]}"#, 10));
         kvs.retain(|kv| kv.key != b"tg/routes/r");
         kvs.push(kv("tg/routes/r", r#"{"match":{"path_prefix":"/"},"service":"s","rules":["api"]}"#, 10));

@@ -142,8 +142,7 @@ pub(crate) fn rule_sets_survive_reopening<S: Store>(open: impl Fn(&Path) -> Resu
     {
         let store = open(&path).expect("opens");
         commit(&store, &[applied(1, &rules(HASH))]).expect("commits");
-        // A route runs only steps the data plane applies (none yet, see
-        // `tidegate_model::rules::APPLIED_KINDS`): it runs an empty set.
+        // A route may run an empty set.
         let route = r#"{"ops":[{"op":"put_service","name":"web","spec":{}},
             {"op":"put_rules","name":"open","spec":{"steps":[]}},
             {"op":"put_route","name":"r","spec":{"service":"web","rules":["open"]}}]}"#;

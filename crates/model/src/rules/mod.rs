@@ -23,31 +23,6 @@ pub use types::{
     MinBytes, PasswordHash, PathPrefix, PathRegex, Rate, RedirectStatus,
 };
 
-/// The step kinds the data plane applies to traffic in this version. The
-/// others are accepted in rule sets (validated, stored, served) but no
-/// route may run a set holding one: the change is refused naming the step
-/// (docs/rules.md, "What the data plane applies").
-pub const APPLIED_KINDS: &[&str] = &[
-    "strip_prefix",
-    "rewrite_path",
-    "set_request_header",
-    "add_request_header",
-    "remove_request_header",
-    "set_response_header",
-    "add_response_header",
-    "remove_response_header",
-    "redirect",
-    "deny",
-    "ip_allow",
-    "ip_deny",
-    "basic_auth",
-    "forward_auth",
-    "rate_limit",
-    "concurrency_limit",
-    "cors",
-    "compress",
-];
-
 /// The most steps a rule set may have.
 pub const MAX_STEPS: usize = 64;
 /// The most entries of a list inside a step (networks, users, origins, ...).
@@ -604,14 +579,6 @@ impl Step {
             Step::Cors(_) => "cors",
             Step::Compress(_) => "compress",
         }
-    }
-
-    /// Whether this version's data plane applies the step to traffic.
-    /// A route may run a rule set only when every step of it is applied
-    /// ([`APPLIED_KINDS`]): a step stored but not applied would look like
-    /// protection (an allow list, a password) that is not there.
-    pub fn applied(&self) -> bool {
-        APPLIED_KINDS.contains(&self.kind())
     }
 
     /// Decodes one step from its JSON form.

@@ -53,6 +53,8 @@ pub(crate) struct NativeExchange<'a, S> {
     pub min_rate: Option<MinRate>,
     /// When the last attempt finished sending a streamed body.
     pub body_sent: Option<Instant>,
+    /// The most body bytes the route's rules take (`max_body_bytes`).
+    pub max_body: Option<u64>,
 }
 
 impl<S: ClientIo> Exchange for NativeExchange<'_, S> {
@@ -183,7 +185,7 @@ impl<S: ClientIo> NativeExchange<'_, S> {
         let relayed = match framing {
             RequestBody::Empty => Ok(()),
             RequestBody::Length(n) => relay::relay_length(&mut src, up, n).await,
-            RequestBody::Chunked => relay::relay_chunked(&mut src, up, true).await,
+            RequestBody::Chunked => relay::relay_chunked(&mut src, up, true, self.max_body).await,
         };
         client.body_done = relayed.is_ok();
         if relayed.is_ok() {
@@ -192,6 +194,7 @@ impl<S: ClientIo> NativeExchange<'_, S> {
         relayed.map_err(|e| match e {
             RelayError::Timeout | RelayError::TooSlow(_) => ErrorKind::ClientTimeout,
             RelayError::Eof | RelayError::Read(_) | RelayError::Malformed => ErrorKind::ClientBody,
+            RelayError::TooLarge => ErrorKind::BodyTooLarge,
             RelayError::Write(_) => ErrorKind::UpstreamClosed,
         })
     }
@@ -209,6 +212,7 @@ pub(crate) async fn read_ahead<S: ClientIo>(
     limits: &Limits,
     budget: &Arc<BufferBudget>,
     until: Instant,
+    max_body: Option<u64>,
 ) -> Result<(Body, Option<Reserved>), ErrorKind> {
     let bound = limits.request_buffer_bytes;
     let mut src = Source {
@@ -221,6 +225,7 @@ pub(crate) async fn read_ahead<S: ClientIo>(
     };
     let failed = |e: RelayError| match e {
         RelayError::Timeout | RelayError::TooSlow(_) => ErrorKind::ClientTimeout,
+        RelayError::TooLarge => ErrorKind::BodyTooLarge,
         _ => ErrorKind::ClientBody,
     };
     let (body, reserved) = match declared {
@@ -246,7 +251,7 @@ pub(crate) async fn read_ahead<S: ClientIo>(
                 if src.read_ahead_chunked(bound).await.map_err(failed)? {
                     // Complete: decoded into memory, sent with its length.
                     let mut whole = Vec::new();
-                    relay::relay_chunked(&mut src, &mut whole, false).await.map_err(failed)?;
+                    relay::relay_chunked(&mut src, &mut whole, false, max_body).await.map_err(failed)?;
                     (Body::Buffered(whole.into()), Some(r))
                 } else {
                     (Body::Streaming(declared), Some(r))

@@ -71,7 +71,8 @@ pub(super) async fn forward<S: ClientIo>(
             let gap = ctx.limits.body_read_timeout;
             let (answered, done) = {
                 let pace = crate::admission::MinRate::of(ctx.limits).map(crate::admission::Pace::new);
-                let pumping = pump(client, tx, framing, gap, body_until, pace);
+                let max_body = req.edits.and_then(|e| e.max_body);
+                let pumping = pump(client, tx, framing, gap, body_until, pace, max_body);
                 tokio::pin!(sending, pumping);
                 let mut pumped = None;
                 let answered = loop {
@@ -148,6 +149,7 @@ async fn pump<S: ClientIo>(
     gap: std::time::Duration,
     until: Instant,
     pace: Option<crate::admission::Pace>,
+    max_body: Option<u64>,
 ) -> bool {
     let (stream, inbox, timer) = (&mut client.io, &mut client.inbox, &mut client.timer);
     let mut src = Source { stream, inbox, timer, gap, until: Some(until), pace };
@@ -155,7 +157,7 @@ async fn pump<S: ClientIo>(
     let relayed = match framing {
         RequestBody::Empty => Ok(()),
         RequestBody::Length(n) => relay::relay_length(&mut src, &mut sink, n).await,
-        RequestBody::Chunked => relay::relay_chunked(&mut src, &mut sink, false).await,
+        RequestBody::Chunked => relay::relay_chunked(&mut src, &mut sink, false, max_body).await,
     };
     match relayed {
         Ok(()) => true,
@@ -163,6 +165,7 @@ async fn pump<S: ClientIo>(
             let error = match e {
                 RelayError::Timeout | RelayError::TooSlow(_) => Some(ClientBodyError::TimedOut),
                 RelayError::Eof | RelayError::Read(_) | RelayError::Malformed => Some(ClientBodyError::Broken),
+                RelayError::TooLarge => Some(ClientBodyError::TooLarge),
                 // The backend stopped reading: nothing to tell it.
                 RelayError::Write(_) => None,
             };

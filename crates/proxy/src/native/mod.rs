@@ -31,7 +31,7 @@ use http::{Method, Response, StatusCode};
 use http_body_util::BodyExt;
 use tidegate_balance::{Headers, RequestCtx};
 use tidegate_h1::{parse_request, HeadError, HeadLimits, Header, HeaderKind, RequestBody, RequestHead};
-use tidegate_model::{PolicySpec, UpstreamProtocol};
+use tidegate_model::UpstreamProtocol;
 use tidegate_snapshot::ServiceRuntime;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -223,6 +223,9 @@ pub(crate) async fn serve<S: ClientIo>(
         proxy.finish(&client.seen, ended, |seen, ended| {
             log_line(seen, ended, &head, &buf, &peer, (bytes_in, bytes_out))
         });
+        // The response is written: a concurrency limit's places go now,
+        // not when the connection's next request comes.
+        client.seen.held.clear();
         drop(buf);
         if !keep {
             let unread = !client.body_done;
@@ -676,17 +679,13 @@ async fn forward<S: ClientIo>(
     // Read before a backend is chosen: a slow client holds no backend.
     let streaming = || crate::admission::is_streaming_protocol(req.view.first("content-type"));
     let budget = &proxy.admission().buffers;
-    let (body, buffered) = read_ahead(client, head.body, streaming, limits, budget, body_until).await?;
+    let max_body = req.edits.and_then(|e| e.max_body);
+    let (body, buffered) = read_ahead(client, head.body, streaming, limits, budget, body_until, max_body).await?;
     // At most the client's cap of requests waiting for a backend or being
     // answered, until the answer's head (reading a body takes no backend).
     let per_client = proxy.admission().request(peer.addr.ip()).map_err(|_| ErrorKind::ClientLimit)?;
-    let first = match &service.settings.policy {
-        PolicySpec::External(spec) => {
-            let asked = Asked { method: req.method.as_str(), path: req.path_and_query, host: req.host };
-            proxy.upstreams().ask_distributor(spec, service, asked, req.view, peer).await
-        }
-        _ => None,
-    };
+    let asked = Asked { method: req.method.as_str(), path: req.path_and_query, host: req.host };
+    let first = proxy.upstreams().first_pick(service, asked, req.view, peer).await;
     if upgrade.is_none() && service.upstream.protocol() == UpstreamProtocol::Http2 {
         // Boxed: its state (hyper's client, the body channel) is large, and
         // inline it would make every request's state as large.
@@ -718,6 +717,7 @@ async fn forward<S: ClientIo>(
         body_until,
         min_rate: crate::admission::MinRate::of(limits),
         body_sent: None,
+        max_body,
     };
     let mut trace = Trace::default();
     let answered = attempts::run(service, &mut ex, &picking, first, &mut trace).await;
@@ -867,7 +867,7 @@ async fn relay_body<S: ClientIo>(
         };
         match body {
             B::Length(n) => relay::relay_length(&mut src, &mut w, n).await?,
-            B::Chunked => relay::relay_chunked(&mut src, &mut w, false).await?,
+            B::Chunked => relay::relay_chunked(&mut src, &mut w, false, None).await?,
             B::UntilClose => relay::relay_until_close(&mut src, &mut w, false).await?,
             B::None => {}
         }
@@ -889,7 +889,7 @@ async fn relay_body<S: ClientIo>(
         Source { stream: &mut up.stream, inbox: &mut up.inbox, timer: &mut client.timer, gap, until: None, pace: None };
     match body {
         B::Length(n) => relay::relay_length(&mut src, dst, n).await,
-        B::Chunked => relay::relay_chunked(&mut src, dst, framing == Framing::Chunked).await,
+        B::Chunked => relay::relay_chunked(&mut src, dst, framing == Framing::Chunked, None).await,
         B::UntilClose => relay::relay_until_close(&mut src, dst, framing == Framing::Chunked).await,
         B::None => Ok(()),
     }

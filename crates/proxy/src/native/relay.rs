@@ -29,6 +29,8 @@ pub(crate) enum RelayError {
     TooSlow(crate::admission::TooSlow),
     /// The body's framing is malformed.
     Malformed,
+    /// The body carried more than the route's `max_body_bytes` takes.
+    TooLarge,
     /// The receiving side failed.
     Write(io::Error),
 }
@@ -41,6 +43,7 @@ impl std::fmt::Display for RelayError {
             RelayError::Timeout => f.write_str("the sender was too slow"),
             RelayError::TooSlow(e) => e.fmt(f),
             RelayError::Malformed => f.write_str("malformed chunked body"),
+            RelayError::TooLarge => f.write_str("a body larger than the route takes"),
             RelayError::Write(e) => write!(f, "writing the body: {e}"),
         }
     }
@@ -206,16 +209,22 @@ pub(crate) async fn write_piece<W: AsyncWrite + Unpin>(
     written.map_err(RelayError::Write)
 }
 
-/// Relays a chunked body: chunked again (`rechunk`) or as plain bytes.
+/// Relays a chunked body: chunked again (`rechunk`) or as plain bytes;
+/// one that carries more than `limit` bytes of data (a request body under
+/// a `max_body_bytes` rule) fails with [`RelayError::TooLarge`] before the
+/// piece that goes past it is written.
 pub(crate) async fn relay_chunked<W: AsyncWrite + Unpin>(
     src: &mut Source<'_, impl AsyncRead + Unpin>,
     dst: &mut W,
     rechunk: bool,
+    limit: Option<u64>,
 ) -> Result<(), RelayError> {
     let mut decoder = ChunkedDecoder::default();
+    let mut left = limit.unwrap_or(u64::MAX);
     loop {
         let step = decoder.decode(src.inbox).map_err(|_| RelayError::Malformed)?;
         if let Some(range) = step.data.clone() {
+            left = left.checked_sub(range.len() as u64).ok_or(RelayError::TooLarge)?;
             write_piece(dst, &src.inbox[range], rechunk).await?;
         }
         src.inbox.advance(step.consumed);
@@ -289,7 +298,7 @@ mod tests {
             pace: None,
         };
         let mut out = Vec::new();
-        relay_chunked(&mut src, &mut out, true).await.unwrap();
+        relay_chunked(&mut src, &mut out, true, None).await.unwrap();
         assert_eq!(out, b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n");
         let mut plain = Vec::new();
         tx.write_all(b"XYZ").await.unwrap();
@@ -311,7 +320,7 @@ mod tests {
         tx.write_all(b"0\r\n\r\nNEXT").await.unwrap();
         assert!(src.read_ahead_chunked(1024).await.unwrap(), "complete");
         let mut plain = Vec::new();
-        relay_chunked(&mut src, &mut plain, false).await.unwrap();
+        relay_chunked(&mut src, &mut plain, false, None).await.unwrap();
         assert_eq!(plain, b"abc");
         assert_eq!(&src.inbox[..], b"NEXT", "what follows the body stays");
         src.inbox.clear();
