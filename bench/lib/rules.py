@@ -38,9 +38,9 @@ a repetition in a rotating order, medians over repetitions:
    rate; then `keys` requests each with its own `X-Key` value, the proxy's
    resident memory before, during (peak) and after.
 
-A Tidegate part whose rule set the admin API refuses (a route may run only
-the step kinds the data plane applies, `APPLIED_KINDS`) is recorded as not
-run with the refusal, and nginx's side still runs. Everything on
+A Tidegate part whose rule set the admin API refuses (a build from before
+the data plane ran every step kind refused routes naming such steps with
+409) is recorded as not run with the refusal, and nginx's side still runs. Everything on
 127.0.0.1; every process is stopped by its pid.
 """
 
