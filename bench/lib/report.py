@@ -94,7 +94,7 @@ def plots(out: Path, results: dict) -> list[str]:
     made = []
     for name, fn in (("churn", plot_churn), ("throughput", plot_throughput), ("heterogeneous", plot_heterogeneous),
                      ("peak", plot_peak), ("overhead", plot_overhead), ("tls", plot_tls),
-                     ("hostile", plot_hostile), ("cluster", plot_cluster)):
+                     ("hostile", plot_hostile), ("cluster", plot_cluster), ("rules", plot_rules)):
         r = results.get(name)
         if not r or "error" in r:
             continue
@@ -263,7 +263,8 @@ def markdown(out: Path, results: dict, meta: dict, pngs: list[str]) -> str:
                             ("overhead", "5. Overhead (paper S4)", md_overhead),
                             ("hostile", "6. Hostile load (issues 9 and 35)", md_hostile),
                             ("tls", "7. TLS at the front door and to backends (issue 10)", md_tls),
-                            ("cluster", "8. Cluster mode through etcd (issue 11)", md_cluster)):
+                            ("cluster", "8. Cluster mode through etcd (issue 11)", md_cluster),
+                            ("rules", "9. Traffic rules (issue 37)", md_rules)):
         if name not in results:
             continue
         md.append(f"\n## {title}\n")
@@ -718,3 +719,118 @@ def md_hostile(r):
         if bulk is not None and k == "hostile":
             s.append(f"- most requests in flight to the zero-window readers' backend: {bulk}\n")
     return "".join(s)
+
+
+def md_rules(r):
+    p = r["params"]
+    steps = ", ".join(x["kind"] + (f" {x.get('prefix') or x.get('name') or ''}".rstrip()) for x in r["steps"])
+    s = [f"One backend process (nginx, three ports) behind Tidegate and nginx ({p['workers']} workers each), the same "
+         f"routes on both: `/` without rules, `/api/` with the typical chain ({steps}; nginx: `allow`/`deny`, "
+         "`limit_req` far above the load, `proxy_pass http://app/`, `proxy_set_header` twice, `add_header "
+         "Strict-Transport-Security ... always`), `/json/` compressing a "
+         f"{r.get('json_bytes', 20480):,}-byte JSON document (nginx `gzip_comp_level {p['gzip_level']}`, the level "
+         "of Tidegate's gzip), `/limited/` and `/keys/` rate limited by `X-Key`. wrk `-t2` closed loop, "
+         f"{p['duration']} s per run, {p['reps']} repetition(s), the variants in a rotating order, medians. CPU "
+         "µs/req: the proxy's CPU time over the requests it served.\n"]
+    not_run = {k: v for k, v in (r.get("not_run") or {}).items() if k != "none"}
+    if not_run:
+        s.append("\n**Not run on Tidegate** (its admin API refused the rule set: the data plane does not apply "
+                 "the step yet): " + "; ".join(f"`{k}`: {v}" for k, v in not_run.items()) + "\n")
+    checks = r.get("checks") or {}
+    bad = [k for k, v in checks.items() if not v.get("ok")]
+    s.append("\nChecks before the load (the backend saw the stripped path and both headers, the client got HSTS, "
+             "the plain route added nothing): " + ("all passed" if not bad else "**failed: " + ", ".join(
+                 f"{k} {checks[k]}" for k in bad) + "**") + f" ({', '.join(checks)}).\n")
+    rows = []
+    for conns, row in sorted(r["summary"].items(), key=lambda x: int(x[0])):
+        for key in ("tidegate_plain", "tidegate_rules", "nginx_plain", "nginx_rules"):
+            v = row.get(key)
+            if v:
+                proxy, route = key.split("_")
+                rows.append([conns, proxy, route, v["rps"], v["p99_ms"], v["cpu_us_per_req"], v["rss_mib"],
+                             v["errors"]])
+    s.append("\n**1. The typical chain**\n" + table(["conns", "proxy", "route", "req/s", "p99 ms", "CPU µs/req",
+                                                       "RSS MiB", "errors"], rows))
+    rows = [[c, row.get("tidegate_fraction"), row.get("nginx_fraction"), row.get("fraction_ratio"),
+             row.get("tidegate_fraction_paired"), row.get("nginx_fraction_paired"), row.get("fraction_ratio_paired"),
+             row.get("tidegate_cpu_fraction"), row.get("nginx_cpu_fraction"), row.get("cpu_fraction_ratio"),
+             row.get("plain_vs_nginx")] for c, row in sorted(r["summary"].items(), key=lambda x: int(x[0]))]
+    s.append("\nFractions: rules/plain requests/s (of the medians; then the median of each repetition's own), and "
+             "the same from CPU time per request (plain µs/rules µs)\n"
+             + table(["conns", "Tidegate rules/plain", "nginx rules/plain", "ratio (goal ≥ 1)",
+                      "Tidegate, per rep", "nginx, per rep", "ratio, per rep", "Tidegate CPU", "nginx CPU",
+                      "CPU ratio", "plain: Tidegate/nginx"], rows))
+    rows = []
+    for key, v in r["compression"].items():
+        proxy, enc = key.split("_", 1)
+        rows.append([proxy, enc, v["rps"], v["p99_ms"], v["cpu_us_per_req"], v["errors"], v["bytes"],
+                     v.get("content_encoding") or ("—" if enc == "identity" else "**none**"), v.get("vary") or "—",
+                     {True: "yes", False: "**no**", None: "no decoder"}[v.get("round_trip")],
+                     v.get("vs_nginx") or v.get("vs_nginx_gzip")])
+    s.append(f"\n**2. Compression**, {p['compress_conns']} connections (`vs nginx`: the same encoding on nginx; for "
+             "br and zstd, nginx's gzip)\n" + table(["proxy", "encoding", "req/s", "p99 ms", "CPU µs/req", "errors",
+                                                     "bytes", "Content-Encoding", "Vary", "round trip",
+                                                     "vs nginx"], rows))
+    one = r["rate_limit"]["one_key"]
+    rows = [[proxy, v["rate_per_s"], v["burst"], v["elapsed_s"], v["offered_per_s"], v["admitted"],
+             v["admitted_per_s"], v["ideal_per_s"], f"{v['error_pct']:+.2f} %",
+             ", ".join(f"{k}: {n:,}" for k, n in sorted(v["statuses"].items()))] for proxy, v in one.items()]
+    s.append(f"\n**3. Rate limits.** One key (`X-Key: one`), {p['limit_conns']} connections closed loop for "
+             f"{p['limit_duration']} s. Error: admitted/s against the rate (ideal: the burst, then the rate)\n"
+             + table(["proxy", "rate/s", "burst", "s", "offered/s", "admitted", "admitted/s", "ideal/s", "error",
+                      "answers"], rows))
+    many = r["rate_limit"]["many_keys"]
+    rows = [[proxy, v["keys"], v["elapsed_s"], round(v["rss_before_kib"] / 1024, 1),
+             round(v["rss_peak_kib"] / 1024, 1), round(v["rss_after_kib"] / 1024, 1),
+             round(v["rss_growth_kib"] / 1024, 1),
+             ", ".join(f"{k}: {n:,}" for k, n in sorted(v["statuses"].items()))] for proxy, v in many.items()]
+    s.append("\nDistinct keys: each request with its own `X-Key` value; the proxy's resident memory (all its "
+             "processes) before, at the peak and 0.5 s after\n"
+             + table(["proxy", "keys", "s", "RSS before MiB", "peak MiB", "after MiB", "growth MiB", "answers"], rows))
+    g = r["goal"]
+
+    def verdict(v):
+        return "not run" if v is None else ("met" if v else "**not met**")
+    ratios = [f"c={k[len('fraction_ratio_c'):]}: {fmt(v, 3)}" for k, v in g.items()
+              if k.startswith("fraction_ratio_c") and v is not None]
+    err = g.get("rate_limit_error_pct")
+    s.append("\nGoals: the typical chain keeps at least nginx's fraction"
+             + (f" ({', '.join(ratios)})" if ratios else "") + f": {verdict(g.get('typical_chain_met'))}; "
+             "gzip at least nginx's req/s" + (f" ({fmt(g['gzip_vs_nginx'], 3)}x)" if g.get("gzip_vs_nginx") else "")
+             + f": {verdict(g.get('compression_met'))}; one key within 5 %"
+             + (f" ({err:+.2f} %)" if err is not None else "") + f": {verdict(g.get('rate_limit_met'))}; "
+             "RSS growth over the distinct keys: "
+             + (f"{g['many_keys_rss_growth_kib'] / 1024:.1f} MiB" if g.get("many_keys_rss_growth_kib") is not None
+                else "not run") + ".\n")
+    return "".join(s)
+
+
+def plot_rules(plt, r):
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(12, 3.6))
+    conns = sorted(r["summary"], key=int)
+    keys = ("tidegate_plain", "tidegate_rules", "nginx_plain", "nginx_rules")
+    for i, key in enumerate(keys):
+        ys = [(r["summary"][cn].get(key) or {}).get("rps") or 0 for cn in conns]
+        a.bar([x + (i - 1.5) * 0.2 for x in range(len(conns))], ys, 0.2, label=key.replace("_", " "))
+    a.set_xticks(range(len(conns)), [f"{cn} conns" for cn in conns])
+    a.set_ylabel("requests/s")
+    a.set_title("typical chain vs no rules", fontsize=9)
+    a.legend(fontsize=6)
+    comp = r["compression"]
+    names = list(comp)
+    b.bar(range(len(names)), [comp[n]["rps"] or 0 for n in names],
+          color=["C0" if n.startswith("tidegate") else "C2" for n in names])
+    b.set_xticks(range(len(names)), [n.replace("_", "\n") for n in names], fontsize=6)
+    b.set_ylabel("requests/s")
+    b.set_title(f"20 KiB JSON, {r['params']['compress_conns']} conns", fontsize=9)
+    many = r["rate_limit"]["many_keys"]
+    proxies = list(many)
+    for i, (k, label) in enumerate((("rss_before_kib", "before"), ("rss_peak_kib", "peak"),
+                                    ("rss_after_kib", "after"))):
+        c.bar([x + (i - 1) * 0.27 for x in range(len(proxies))], [many[p][k] / 1024 for p in proxies], 0.27,
+              label=label)
+    c.set_xticks(range(len(proxies)), proxies)
+    c.set_ylabel("RSS (MiB)")
+    c.set_title(f"{max([many[p]['keys'] or 0 for p in proxies], default=0):,} distinct rate-limit keys", fontsize=9)
+    c.legend(fontsize=6)
+    return fig

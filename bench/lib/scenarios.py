@@ -1,7 +1,7 @@
 """The scenarios, each a function `(ctx) -> dict` whose result is
 written to `<results>/<scenario>.json`. Throughput, churn (Tidegate alone)
 and heterogeneous run the shell scripts beside this directory; churn versus
-peers, peak and overhead are Python modules here.
+peers, peak, overhead, hostile and rules are Python modules here.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import churn_peers
 import hostile
 import overhead
 import peak
+import rules
 from harness import ROOT, Ctx, free_port_block, log, median
 
 # Per profile: the options each scenario runs with.
@@ -65,6 +66,22 @@ PARAMS = {
                  "zero_window_tries": 2, "flood_workers": 64, "slow_flood_delay_ms": 20, "per_client_cap": 32,
                  "per_client_conns": 64, "normal_sources": 64, "max_conns": 48, "bulk_body_bytes": 32 << 20},
     },
+    # rules (issue 37): conns: part 1's wrk connections; compress_conns:
+    # part 2's; gzip_level: nginx's gzip_comp_level, the level Tidegate's
+    # gzip uses (tidegate_rules::compress::GZIP_LEVEL; gzip_level_field:
+    # the compress step's field for it, should the step gain one: then both
+    # are set to it); limit_rate / limit_burst:
+    # the one key's rate limit (both proxies), offered by limit_conns
+    # closed-loop connections for limit_duration s; keys: distinct X-Key
+    # values sent (by keys_conns connections, at most keys_max_s seconds).
+    "rules": {
+        "smoke": {"reps": 1, "duration": 2, "conns": "16", "compress_conns": 16, "workers": 2, "gzip_level": 6,
+                  "gzip_level_field": None, "limit_rate": 500, "limit_burst": 10, "limit_duration": 2,
+                  "limit_conns": 16, "keys": 2000, "keys_conns": 16, "keys_max_s": 60},
+        "full": {"reps": 5, "duration": 8, "conns": "64 256", "compress_conns": 64, "workers": 2, "gzip_level": 6,
+                 "gzip_level_field": None, "limit_rate": 2000, "limit_burst": 20, "limit_duration": 10,
+                 "limit_conns": 64, "keys": 100000, "keys_conns": 64, "keys_max_s": 300},
+    },
     "cluster": {
         "smoke": {"duration": 1, "rate": 100, "members": "1", "preload": 200, "clients": 4},
         "full": {"duration": 10, "rate": 600, "members": "1 3", "preload": 10000, "clients": 32},
@@ -81,6 +98,7 @@ EXPECTED = {
     "hostile": ["runs", "summary", "goal"],
     "tls": ["runs", "summary"],
     "cluster": ["runs", "summary"],
+    "rules": ["checks", "runs", "summary", "compression", "rate_limit", "goal"],
 }
 
 
@@ -254,6 +272,10 @@ def hostile_scenario(ctx: Ctx) -> dict:
     return hostile.run(ctx, PARAMS["hostile"][ctx.profile])
 
 
+def rules_scenario(ctx: Ctx) -> dict:
+    return rules.run(ctx, PARAMS["rules"][ctx.profile])
+
+
 SCENARIOS = {
     "churn": churn,
     "throughput": throughput,
@@ -263,4 +285,5 @@ SCENARIOS = {
     "hostile": hostile_scenario,
     "tls": tls,
     "cluster": cluster,
+    "rules": rules_scenario,
 }
