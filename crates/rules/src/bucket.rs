@@ -63,9 +63,24 @@ impl Buckets {
     }
 
     fn refill(&self, b: Bucket, now: Instant, rate: u64) -> u64 {
+        self.refilled(b, now, rate).milli
+    }
+
+    /// `b` refilled at `rate` until `now`. Its clock moves only by the time
+    /// the thousandths added stand for (the rest of a thousandth's time is
+    /// kept for the next refill, so requests that come faster than a
+    /// thousandth of a token still refill at the rate), or to `now` when
+    /// it is full.
+    fn refilled(&self, b: Bucket, now: Instant, rate: u64) -> Bucket {
         let elapsed = now.saturating_duration_since(b.at).as_nanos();
         let added = elapsed.saturating_mul(u128::from(rate)) / 1_000_000_000;
-        (u128::from(b.milli) + added).min(u128::from(self.capacity)) as u64
+        let level = u128::from(b.milli) + added;
+        if level >= u128::from(self.capacity) {
+            return Bucket { milli: self.capacity, at: now.max(b.at) };
+        }
+        let spent = added.saturating_mul(1_000_000_000) / u128::from(rate);
+        let at = b.at + Duration::from_nanos(u64::try_from(spent).unwrap_or(u64::MAX));
+        Bucket { milli: level as u64, at }
     }
 
     /// Takes a token for `key` at `now`, or says how long until one.
@@ -90,8 +105,9 @@ impl Buckets {
             }
         }
         let bucket = map.entry(h).or_insert(Bucket { milli: self.capacity, at: now });
-        let level = self.refill(*bucket, now, rate);
-        bucket.at = now.max(bucket.at);
+        let refilled = self.refilled(*bucket, now, rate);
+        let level = refilled.milli;
+        bucket.at = refilled.at;
         if level >= 1000 {
             bucket.milli = level - 1000;
             Admit::Yes
@@ -211,6 +227,18 @@ mod tests {
         let admitted = (0..=10_000u64).filter(|i| b.take("k", t0 + Duration::from_millis(*i)) == Admit::Yes).count();
         // 10 s at 100/s, plus the burst it starts with.
         assert!((1000..=1010).contains(&admitted), "{admitted}");
+    }
+
+    #[test]
+    fn requests_faster_than_a_thousandth_of_a_token_still_refill_at_the_rate() {
+        // 5/s: a thousandth of a token every 200 µs; a request every 50 µs
+        // for 5 s. Refills that round down must not lose the time they
+        // did not count (they did: only the burst of 5 went through).
+        let b = Buckets::new(5_000, 5, 16);
+        let t0 = Instant::now();
+        let admitted =
+            (0..=100_000u64).filter(|i| b.take("k", t0 + Duration::from_micros(i * 50)) == Admit::Yes).count();
+        assert!((29..=31).contains(&admitted), "the burst and 5 s at 5/s: {admitted}");
     }
 
     #[test]
