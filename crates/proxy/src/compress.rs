@@ -177,7 +177,8 @@ impl<'a, W: AsyncWrite + Unpin> Compressing<'a, W> {
             return;
         }
         if self.chunked {
-            self.pending.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+            let mut line = [0u8; 18];
+            self.pending.extend_from_slice(tidegate_h1::chunk_size_line(data.len(), &mut line));
             self.pending.extend_from_slice(data);
             self.pending.extend_from_slice(b"\r\n");
         } else {
@@ -207,7 +208,7 @@ impl<'a, W: AsyncWrite + Unpin> Compressing<'a, W> {
         }
         self.frame(&out);
         if self.chunked {
-            self.pending.extend_from_slice(b"0\r\n\r\n");
+            self.pending.extend_from_slice(tidegate_h1::CHUNKED_END);
         }
         std::future::poll_fn(|cx| self.poll_drain(cx)).await?;
         self.inner.flush().await
