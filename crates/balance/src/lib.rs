@@ -16,6 +16,7 @@ mod hashing;
 mod health;
 mod latency;
 pub mod limit;
+mod memory;
 pub mod orca;
 mod policies;
 mod prequal;
@@ -33,6 +34,7 @@ pub use feedback::{capacities, feedback_weight, feedback_weights, orca_weight, D
 pub use hashing::{hash_bytes, ConsistentHash, HashKey};
 pub use health::record_outcome;
 pub use latency::{LeastTime, P2cEwma};
+pub use memory::{Active, BackendMemory, LimitMemory, MemoryError};
 pub use policies::{policy_for, LeastConn, RandomPolicy, RoundRobin};
 pub use prequal::{hot_cold, Prequal, Probed};
 pub use stats::{ActiveState, AtomicF64, BackendStats, InFlight, LoadReport, Outcome, ProbeState, StatsView};

@@ -133,22 +133,22 @@ struct Window {
 #[derive(Debug, Clone)]
 pub struct LimitEstimator {
     params: LimitParams,
-    limit: f64,
+    pub(crate) limit: f64,
     /// No-load latency, ns (0 until the first window).
-    baseline_ns: f64,
+    pub(crate) baseline_ns: f64,
     window: Window,
     /// Congestion signals are ignored until then (ns).
     hold_until_ns: u64,
     /// The lowest limit level found queued, while remembered, and since when (ns).
-    ceiling: Option<f64>,
-    ceiling_since_ns: u64,
+    pub(crate) ceiling: Option<f64>,
+    pub(crate) ceiling_since_ns: u64,
     calm_below_ceiling: u32,
     /// Since the latency was last within the tolerance: the limit before
     /// the first cut, and that window's mean latency.
     cuts_from: Option<(f64, f64)>,
     /// Until the first window that is not calm: the limit doubles per
     /// (short) window, and the baseline is the mean of every answer so far.
-    slow_start: Option<(f64, u32)>,
+    pub(crate) slow_start: Option<(f64, u32)>,
 }
 
 /// What the estimator decided about a closed window (for tests and logs).

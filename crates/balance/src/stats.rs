@@ -121,10 +121,10 @@ pub struct BackendStats {
     requests: AtomicU64,
     failures: AtomicU64,
     /// Latency EWMA in nanoseconds (0 = no sample yet).
-    latency_ewma: AtomicF64,
+    pub(crate) latency_ewma: AtomicF64,
     /// Peak-EWMA latency (ns) and when it was last updated (ns on [`clock`]).
-    peak_ewma: AtomicF64,
-    peak_stamp_ns: AtomicU64,
+    pub(crate) peak_ewma: AtomicF64,
+    pub(crate) peak_stamp_ns: AtomicU64,
     pub(crate) active: AtomicU8,
     pub(crate) probe_passes: AtomicU32,
     pub(crate) probe_fails: AtomicU32,
@@ -226,6 +226,16 @@ impl BackendStats {
         self.learning.store(learner.is_some(), Relaxed);
     }
 
+    /// The estimator, locked.
+    pub(crate) fn learner(&self) -> std::sync::MutexGuard<'_, Option<LimitEstimator>> {
+        self.learner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Publishes a new learned limit to the request path.
+    pub(crate) fn set_limit(&self, limit: u64) {
+        self.limit.store(limit, Relaxed);
+    }
+
     /// The learned limit on requests in flight (`u64::MAX` when not learned).
     pub fn learned_limit(&self) -> u64 {
         self.limit.load(Relaxed)
@@ -305,7 +315,7 @@ impl BackendStats {
 
     /// Takes one finished attempt; `now_ns` is when it finished (on
     /// [`clock`]), read once by the caller.
-    fn record(&self, outcome: Outcome, latency: Duration, concurrency: u64, now_ns: u64) {
+    pub(crate) fn record(&self, outcome: Outcome, latency: Duration, concurrency: u64, now_ns: u64) {
         if self.learns_limit() {
             self.learn(outcome, latency, concurrency, now_ns);
         }

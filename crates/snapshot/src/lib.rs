@@ -27,9 +27,11 @@ use tidegate_router::Router;
 type HashMap<K, V> = imbl::GenericHashMap<K, V, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;
 pub use tidegate_router::{Entry, RequestView, RouteStats};
 
+mod memory;
 mod published;
 mod queue;
 mod tls;
+pub use memory::{Memory, Recalled, RememberedBackend, ServiceMemory};
 pub use published::{Changes, Publications};
 pub use queue::{client_key, Joined, WaitQueue, Waiter};
 pub use tls::Certificates;

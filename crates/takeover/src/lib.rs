@@ -11,19 +11,31 @@
 //!
 //! ```text
 //! successor                          running instance
-//!   Hello {version, pid, store} ──►
+//!   Hello {version, pid, store, memory} ──►
 //!                                    (its writer commits what is queued
 //!                                     and closes the embedded store)
 //!                               ◄──  Offer {version, listeners, store_released}
 //!                                     + one descriptor per listener (SCM_RIGHTS)
 //!   (opens the store)
 //!   Ready ──────────────────────►
+//!                               ◄──  Learned {state}   (if the hello asked for it:
+//!                                     what it learned about its backends)
 //!                               ◄──  Go          (the running one will not resume)
 //!   (serves on the sockets)
 //!   Serving ────────────────────►    (stops accepting, drains, exits)
 //! ```
 //!
 //! Either side may send `Refuse {reason}` instead of its next message.
+//!
+//! A client that only asks (`tidegate upgrade`, before it starts the new
+//! process) sends `Describe` instead of a hello and receives `Described`:
+//! the running instance's process id, executable, working directory,
+//! arguments and `TIDEGATE_*` and `NOTIFY_SOCKET` environment; nothing is
+//! handed over.
+//!
+//! Fields added since version 1 of the protocol are optional (a missing
+//! one reads as its default, an unknown one is ignored), so binaries of
+//! either side of a change can hand over to each other.
 //! Every read and write has a timeout ([`Timeouts`]): a step that does not
 //! happen in time fails with [`TakeoverError::Timeout`] naming it.
 //!
@@ -53,8 +65,12 @@ pub const SOCKET_NAME: &str = "takeover.sock";
 /// `SCM_RIGHTS` message is 253).
 pub const MAX_LISTENERS: usize = 253;
 
-/// The longest frame accepted, in bytes.
+/// The longest frame accepted, in bytes, but for a `Learned`.
 const MAX_FRAME: usize = 64 * 1024;
+
+/// The longest `Learned` frame accepted, in bytes (about 400 per backend:
+/// a million backends).
+const MAX_LEARNED_FRAME: usize = 512 * 1024 * 1024;
 
 /// Where the instance serving `data_dir` listens for a successor.
 pub fn socket_path(data_dir: &Path) -> PathBuf {
@@ -95,6 +111,24 @@ pub struct ListenerInfo {
     pub addr: SocketAddr,
 }
 
+/// How the running instance was started, for `tidegate upgrade` to
+/// start its successor the same way.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Description {
+    /// Its process id.
+    pub pid: u32,
+    /// The executable it was started from (as read when it started).
+    pub exe: Option<PathBuf>,
+    /// Its working directory (relative paths in its arguments are
+    /// relative to it).
+    pub cwd: Option<PathBuf>,
+    /// Its arguments after the program name.
+    pub args: Vec<String>,
+    /// The environment a successor needs to run as it does: the
+    /// `TIDEGATE_*` variables and systemd's `NOTIFY_SOCKET`.
+    pub env: Vec<(String, String)>,
+}
+
 /// The messages of the hand-over.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -108,6 +142,10 @@ pub enum Message {
         /// The successor uses the embedded store of the same data
         /// directory, so the running instance must close it first.
         store: bool,
+        /// The successor takes what the running instance learned about
+        /// its backends (a `Learned` before the go).
+        #[serde(default)]
+        memory: bool,
     },
     /// Running → successor: the sockets, one descriptor per entry of
     /// `listeners`, in that order, attached to this frame.
@@ -122,9 +160,20 @@ pub enum Message {
     /// Successor → running: it holds the sockets and the store, and will
     /// serve once told to go.
     Ready,
+    /// Running → successor, between the successor's ready and the go,
+    /// if its hello asked: what the running instance learned (opaque
+    /// here; `serve` puts its backends' statistics in it).
+    Learned {
+        /// The state.
+        state: serde_json::Value,
+    },
     /// Running → successor: go; the running instance will not take the
     /// store back.
     Go,
+    /// Client → running: who are you and how were you started?
+    Describe,
+    /// Running → client: the answer to `Describe`.
+    Described(Description),
     /// Successor → running: it serves; the running instance stops
     /// accepting, drains and exits.
     Serving,
@@ -141,7 +190,10 @@ impl Message {
             Message::Hello { .. } => "hello",
             Message::Offer { .. } => "offer",
             Message::Ready => "ready",
+            Message::Learned { .. } => "learned",
             Message::Go => "go",
+            Message::Describe => "describe",
+            Message::Described(_) => "described",
             Message::Serving => "serving",
             Message::Refuse { .. } => "refuse",
         }
@@ -164,6 +216,8 @@ pub enum Step {
     Go,
     /// Waiting for the successor to serve.
     Serving,
+    /// Asking the running instance how it was started.
+    Describe,
 }
 
 impl std::fmt::Display for Step {
@@ -175,6 +229,7 @@ impl std::fmt::Display for Step {
             Step::Ready => "waiting for the successor to be ready",
             Step::Go => "waiting for the running instance's go",
             Step::Serving => "waiting for the successor to serve",
+            Step::Describe => "asking the running instance how it was started",
         })
     }
 }
@@ -303,9 +358,10 @@ impl Channel {
         let after = self.timeouts.step;
         let body = serde_json::to_vec(message)
             .map_err(|e| TakeoverError::Protocol { step, detail: format!("cannot encode {}: {e}", message.name()) })?;
+        let max = if matches!(message, Message::Learned { .. }) { MAX_LEARNED_FRAME } else { MAX_FRAME };
         let len = u32::try_from(body.len())
             .ok()
-            .filter(|&n| n as usize <= MAX_FRAME)
+            .filter(|&n| n as usize <= max)
             .ok_or_else(|| TakeoverError::Protocol { step, detail: format!("{} is too large", message.name()) })?;
         let mut frame = len.to_be_bytes().to_vec();
         frame.extend_from_slice(&body);
@@ -337,6 +393,16 @@ impl Channel {
     /// Receives one message and the descriptors attached to it, waiting at
     /// most `after`.
     fn receive(&mut self, step: Step, after: Duration) -> Result<(Message, Vec<OwnedFd>), TakeoverError> {
+        self.receive_up_to(step, after, MAX_FRAME)
+    }
+
+    /// [`Channel::receive`] of a frame of at most `max` bytes.
+    fn receive_up_to(
+        &mut self,
+        step: Step,
+        after: Duration,
+        max: usize,
+    ) -> Result<(Message, Vec<OwnedFd>), TakeoverError> {
         self.stream.set_read_timeout(Some(after)).map_err(|e| io_error(step, after, e))?;
         let mut head = [0u8; 4];
         let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_LISTENERS))];
@@ -362,11 +428,8 @@ impl Channel {
         }
         self.stream.read_exact(&mut head[got.bytes..]).map_err(|e| io_error(step, after, e))?;
         let len = u32::from_be_bytes(head) as usize;
-        if len > MAX_FRAME {
-            return Err(TakeoverError::Protocol {
-                step,
-                detail: format!("a frame of {len} bytes; at most {MAX_FRAME}"),
-            });
+        if len > max {
+            return Err(TakeoverError::Protocol { step, detail: format!("a frame of {len} bytes; at most {max}") });
         }
         let mut body = vec![0u8; len];
         self.stream.read_exact(&mut body).map_err(|e| io_error(step, after, e))?;
@@ -476,6 +539,17 @@ pub struct Hello {
     pub pid: u32,
     /// It uses the embedded store of this data directory.
     pub store: bool,
+    /// It takes what this instance learned (send it with [`Predecessor::go`]).
+    pub memory: bool,
+}
+
+/// What a peer of the running instance asks for first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    /// A successor: the hand-over begins.
+    HandOver(Hello),
+    /// How this instance was started ([`Predecessor::describe`]).
+    Describe,
 }
 
 /// The running instance's side of one hand-over.
@@ -485,11 +559,22 @@ pub struct Predecessor {
 }
 
 impl Predecessor {
-    /// Reads the successor's hello; refuses another protocol version.
-    pub fn hello(&mut self) -> Result<Hello, TakeoverError> {
+    /// Reads the peer's first message: a successor's hello (another
+    /// protocol version is refused) or a question.
+    pub fn hello(&mut self) -> Result<Request, TakeoverError> {
         let after = self.channel.timeouts.step;
-        match self.channel.expect(Step::Hello, after, "hello")? {
-            Message::Hello { version, pid, store } if version == PROTOCOL_VERSION => Ok(Hello { pid, store }),
+        let (message, fds) = self.channel.receive(Step::Hello, after)?;
+        if !fds.is_empty() {
+            return Err(TakeoverError::Protocol {
+                step: Step::Hello,
+                detail: format!("{} descriptors attached to {}", fds.len(), message.name()),
+            });
+        }
+        match message {
+            Message::Describe => Ok(Request::Describe),
+            Message::Hello { version, pid, store, memory } if version == PROTOCOL_VERSION => {
+                Ok(Request::HandOver(Hello { pid, store, memory }))
+            }
             Message::Hello { version, .. } => {
                 self.channel.refuse(
                     Step::Hello,
@@ -530,9 +615,18 @@ impl Predecessor {
         self.channel.expect(Step::Ready, after, "ready").map(drop)
     }
 
-    /// Tells the successor to serve. From here the running instance does
-    /// not take the store back unless the successor is gone.
-    pub fn go(&mut self) -> Result<(), TakeoverError> {
+    /// Answers a [`Request::Describe`].
+    pub fn describe(mut self, description: Description) -> Result<(), TakeoverError> {
+        self.channel.send(Step::Describe, &Message::Described(description), &[])
+    }
+
+    /// Tells the successor to serve, after what this instance learned if
+    /// given (only when the hello asked for it). From here the running
+    /// instance does not take the store back unless the successor is gone.
+    pub fn go(&mut self, learned: Option<serde_json::Value>) -> Result<(), TakeoverError> {
+        if let Some(state) = learned {
+            self.channel.send(Step::Go, &Message::Learned { state }, &[])?;
+        }
         self.channel.send(Step::Go, &Message::Go, &[])
     }
 
@@ -540,6 +634,19 @@ impl Predecessor {
     pub fn serving(&mut self) -> Result<(), TakeoverError> {
         let after = self.channel.timeouts.ready;
         self.channel.expect(Step::Serving, after, "serving").map(drop)
+    }
+}
+
+/// Asks the instance listening on `path` how it was started (its
+/// process id, executable, arguments): nothing is handed over.
+pub fn describe(path: &Path, timeouts: Timeouts) -> Result<Description, TakeoverError> {
+    let stream =
+        UnixStream::connect(path).map_err(|error| TakeoverError::NoInstance { path: path.to_path_buf(), error })?;
+    let mut channel = Channel::new(stream, timeouts);
+    channel.send(Step::Describe, &Message::Describe, &[])?;
+    match channel.expect(Step::Describe, timeouts.step, "described")? {
+        Message::Described(d) => Ok(d),
+        other => Err(TakeoverError::Protocol { step: Step::Describe, detail: other.name().into() }),
     }
 }
 
@@ -567,9 +674,10 @@ impl Successor {
     }
 
     /// Says hello and receives the sockets. `store`: this process uses the
-    /// embedded store of the same data directory.
-    pub fn request(&mut self, store: bool) -> Result<Offer, TakeoverError> {
-        let hello = Message::Hello { version: PROTOCOL_VERSION, pid: std::process::id(), store };
+    /// embedded store of the same data directory; `memory`: it takes what
+    /// the running instance learned (with the go: [`Successor::ready`]).
+    pub fn request(&mut self, store: bool, memory: bool) -> Result<Offer, TakeoverError> {
+        let hello = Message::Hello { version: PROTOCOL_VERSION, pid: std::process::id(), store, memory };
         self.channel.send(Step::Hello, &hello, &[])?;
         let after = self.channel.timeouts.offer;
         let (message, fds) = self.channel.receive(Step::Offer, after)?;
@@ -597,11 +705,24 @@ impl Successor {
         self.channel.refuse(Step::Ready, reason);
     }
 
-    /// Says it holds the sockets and the store, and waits for the go.
-    pub fn ready(&mut self) -> Result<(), TakeoverError> {
+    /// Says it holds the sockets and the store, and waits for the go;
+    /// returns what the running instance learned, if it sent it.
+    pub fn ready(&mut self) -> Result<Option<serde_json::Value>, TakeoverError> {
         self.channel.send(Step::Ready, &Message::Ready, &[])?;
         let after = self.channel.timeouts.step;
-        self.channel.expect(Step::Go, after, "go").map(drop)
+        let (message, fds) = self.channel.receive_up_to(Step::Go, after, MAX_LEARNED_FRAME)?;
+        let learned = match message {
+            Message::Learned { state } if fds.is_empty() => Some(state),
+            Message::Go if fds.is_empty() => return Ok(None),
+            other => {
+                return Err(TakeoverError::Protocol {
+                    step: Step::Go,
+                    detail: format!("{} where learned or go was expected", other.name()),
+                })
+            }
+        };
+        self.channel.expect(Step::Go, after, "go")?;
+        Ok(learned)
     }
 
     /// Says it serves: the running instance stops accepting and drains.

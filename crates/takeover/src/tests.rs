@@ -21,19 +21,23 @@ fn a_whole_hand_over_moves_working_sockets() {
     let admin = TcpListener::bind("127.0.0.1:0").expect("bind");
     let (proxy_addr, admin_addr) = (proxy.local_addr().expect("addr"), admin.local_addr().expect("addr"));
     let successor = std::thread::spawn(move || {
-        let offer = new.request(true).expect("offer");
-        new.ready().expect("go");
+        let offer = new.request(true, true).expect("offer");
+        let learned = new.ready().expect("go");
+        assert_eq!(learned, Some(serde_json::json!({"limits": [1, 2]})));
         new.serving().expect("serving");
         offer
     });
-    assert_eq!(old.hello().expect("hello"), Hello { pid: std::process::id(), store: true });
+    assert_eq!(
+        old.hello().expect("hello"),
+        Request::HandOver(Hello { pid: std::process::id(), store: true, memory: true })
+    );
     let listeners = [
         (ListenerInfo { kind: Kind::Proxy, addr: proxy_addr }, proxy.as_fd()),
         (ListenerInfo { kind: Kind::Admin, addr: admin_addr }, admin.as_fd()),
     ];
     old.offer(&listeners, true).expect("offer sent");
     old.ready().expect("ready");
-    old.go().expect("go sent");
+    old.go(Some(serde_json::json!({"limits": [1, 2]}))).expect("go sent");
     old.serving().expect("serving");
     let offer = successor.join().expect("successor");
     assert!(offer.store_released);
@@ -56,7 +60,9 @@ fn a_whole_hand_over_moves_working_sockets() {
 #[test]
 fn another_version_is_refused_with_a_reason() {
     let (mut old, mut new) = pair(quick());
-    new.channel.send(Step::Hello, &Message::Hello { version: 99, pid: 1, store: false }, &[]).expect("send");
+    new.channel
+        .send(Step::Hello, &Message::Hello { version: 99, pid: 1, store: false, memory: false }, &[])
+        .expect("send");
     let err = old.hello().expect_err("refused");
     assert!(matches!(err, TakeoverError::Version { theirs: 99, ours: PROTOCOL_VERSION }), "{err}");
     let err = new.channel.receive(Step::Offer, Duration::from_secs(1)).expect_err("refusal");
@@ -75,7 +81,7 @@ fn a_silent_peer_times_out_naming_the_step() {
 fn a_peer_that_leaves_is_a_closed_step() {
     let (mut old, mut new) = pair(quick());
     let t = std::thread::spawn(move || {
-        let _ = new.request(true);
+        let _ = new.request(true, false);
         drop(new);
     });
     old.hello().expect("hello");
@@ -88,7 +94,7 @@ fn a_peer_that_leaves_is_a_closed_step() {
 #[test]
 fn a_refusal_reaches_the_successor() {
     let (mut old, mut new) = pair(quick());
-    let t = std::thread::spawn(move || new.request(false));
+    let t = std::thread::spawn(move || new.request(false, false));
     old.hello().expect("hello");
     old.refuse("the running instance uses etcd");
     let err = t.join().expect("thread").expect_err("refused");
@@ -119,10 +125,10 @@ fn the_socket_file_is_owner_only_replaces_a_stale_one_and_goes_away() {
     assert_eq!(std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777, 0o600);
     let t = std::thread::spawn({
         let path = path.clone();
-        move || Successor::connect(&path, quick()).and_then(|mut s| s.request(false))
+        move || Successor::connect(&path, quick()).and_then(|mut s| s.request(false, false))
     });
     let mut old = listening.accept(quick()).expect("same user is accepted");
-    assert!(!old.hello().expect("hello").store);
+    assert!(matches!(old.hello().expect("hello"), Request::HandOver(Hello { store: false, .. })));
     old.refuse("test");
     assert!(t.join().expect("thread").is_err());
     let err = Listening::bind(&path).expect_err("a live one is kept");
@@ -131,4 +137,50 @@ fn the_socket_file_is_owner_only_replaces_a_stale_one_and_goes_away() {
     assert!(!path.exists());
     let err = Successor::connect(&path, quick()).expect_err("nobody");
     assert!(matches!(err, TakeoverError::NoInstance { .. }), "{err}");
+}
+
+#[test]
+fn a_hello_of_the_first_version_without_memory_reads_as_not_asking() {
+    let (mut old, new) = pair(quick());
+    let mut raw = new.channel.stream;
+    let body = br#"{"type":"hello","version":1,"pid":7,"store":true}"#;
+    raw.write_all(&(body.len() as u32).to_be_bytes()).expect("write");
+    raw.write_all(body).expect("write");
+    assert_eq!(old.hello().expect("hello"), Request::HandOver(Hello { pid: 7, store: true, memory: false }));
+}
+
+#[test]
+fn a_successor_that_gets_no_learned_state_starts_blank() {
+    let (mut old, mut new) = pair(quick());
+    let t = std::thread::spawn(move || {
+        new.request(true, true).expect("offer");
+        new.ready()
+    });
+    old.hello().expect("hello");
+    old.offer(&[], true).expect("offer");
+    old.ready().expect("ready");
+    old.go(None).expect("go");
+    assert_eq!(t.join().expect("thread").expect("went"), None);
+}
+
+#[test]
+fn a_question_is_answered_with_how_the_instance_was_started() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = socket_path(dir.path());
+    let listening = Listening::bind(&path).expect("bind");
+    let description = Description {
+        pid: 42,
+        exe: Some("/usr/bin/tidegate".into()),
+        cwd: Some("/".into()),
+        args: vec!["serve".into(), "--data-dir".into(), "/var/lib/tidegate".into()],
+        env: vec![("TIDEGATE_LOG".into(), "info".into())],
+    };
+    let t = std::thread::spawn({
+        let path = path.clone();
+        move || describe(&path, quick())
+    });
+    let mut old = listening.accept(quick()).expect("accepted");
+    assert_eq!(old.hello().expect("question"), Request::Describe);
+    old.describe(description.clone()).expect("answered");
+    assert_eq!(t.join().expect("thread").expect("described"), description);
 }

@@ -33,6 +33,9 @@ pub fn init_logs(json: bool) {
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    // First: the executable's path must be read before a package upgrade
+    // can replace the file.
+    let description = crate::takeover::this_process();
     init_logs(args.log_format == LogFormat::Json);
     if let Some(p) = &args.health_path {
         if !p.starts_with('/') || p.contains(['?', '#', ' ']) {
@@ -102,7 +105,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         (Ok(opened), None) => opened,
         (Ok(opened), Some(mut t)) => {
             // The running instance goes on accepting until this one serves.
-            t.ready()?;
+            let learned = t.ready()?;
+            if let Some(memory) = learned {
+                recall(&opened.1, &memory);
+            }
             taking = Some(t);
             opened
         }
@@ -252,8 +258,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         // Not fatal: in cluster mode two instances may share a data
         // directory (only the first can be taken over then).
         let embedded = args.store.is_none();
-        let _offering =
-            match crate::takeover::Offering::start(&args.data_dir, control.clone(), sockets.clone(), embedded, handed_tx) {
+        let _offering = match crate::takeover::Offering::start(
+            &args.data_dir,
+            control.clone(),
+            sockets.clone(),
+            embedded,
+            description.clone(),
+            handed_tx,
+        ) {
                 Ok(offering) => Some(offering),
                 Err(e) => {
                     tracing::warn!(error = %format!("{e:#}"), "this instance cannot be taken over (`serve --takeover`)");
@@ -304,6 +316,21 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     tracing::info!("shutting down: draining client connections");
     proxy.shutdown();
     Ok(ExitCode::SUCCESS)
+}
+
+/// Gives the first snapshot's backends what the instance taken over had
+/// learned about them (the statistics are shared with later snapshots).
+fn recall(control: &Control, memory: &tidegate_snapshot::Memory) {
+    let recalled = control.snapshots().load().recall(memory);
+    for (service, backend, e) in &recalled.refused {
+        tracing::warn!(service, backend, error = %e, "the learned state of a backend does not make sense; it learns from scratch");
+    }
+    tracing::info!(
+        backends = recalled.backends,
+        unknown = recalled.unknown,
+        refused = recalled.refused.len(),
+        "took over what the previous instance learned about its backends"
+    );
 }
 
 /// The background work that follows the configuration: active health

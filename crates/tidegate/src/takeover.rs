@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use tidegate_control::Control;
-use tidegate_takeover::{Kind, ListenerInfo, Listening, Predecessor, Successor, TakeoverError, Timeouts};
+use tidegate_takeover::{
+    Description, Hello, Kind, ListenerInfo, Listening, Predecessor, Request, Successor, TakeoverError, Timeouts,
+};
 
 use crate::cli::ServeArgs;
 
@@ -51,7 +53,7 @@ pub struct Taking {
 pub fn take_over(args: &ServeArgs) -> anyhow::Result<Taking> {
     let path = tidegate_takeover::socket_path(&args.data_dir);
     let mut successor = Successor::connect(&path, Timeouts::default()).context("--takeover")?;
-    let offer = successor.request(args.store.is_none()).context("--takeover")?;
+    let offer = successor.request(args.store.is_none(), true).context("--takeover")?;
     if args.store.is_none() && !offer.store_released {
         successor.refuse("the new process uses the embedded store, but it was not released");
         bail!("--takeover: the running instance uses another store (etcd?) than this one (the embedded store in {}): give the same --store", args.data_dir.display());
@@ -112,9 +114,19 @@ impl Taking {
         self.successor.refuse(reason);
     }
 
-    /// Says it holds the sockets and the store; returns once told to go.
-    pub fn ready(&mut self) -> anyhow::Result<()> {
-        self.successor.ready().context("--takeover")
+    /// Says it holds the sockets and the store; returns once told to go,
+    /// with what the running instance learned about its backends (`None`
+    /// from an instance that does not send it, or sent something this
+    /// binary cannot read: it then learns from scratch).
+    pub fn ready(&mut self) -> anyhow::Result<Option<tidegate_snapshot::Memory>> {
+        let learned = self.successor.ready().context("--takeover")?;
+        Ok(learned.and_then(|state| match serde_json::from_value(state) {
+            Ok(memory) => Some(memory),
+            Err(e) => {
+                tracing::warn!(error = %e, "the running instance's learned state does not read; learning from scratch");
+                None
+            }
+        }))
     }
 
     /// Says it serves: the running instance stops accepting and drains.
@@ -141,6 +153,26 @@ impl Sockets {
     /// wait in a queue nobody takes from).
     pub fn clear(&self) {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+}
+
+/// How this process was started: its executable (read now: call this
+/// before a package could replace the file), working directory, arguments
+/// and the environment a successor needs.
+pub fn this_process() -> Description {
+    let env = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .filter(|(k, _)| k.starts_with("TIDEGATE_") || k == "NOTIFY_SOCKET")
+        .collect();
+    // Arguments that are not UTF-8 cannot be described: `tidegate
+    // upgrade` then refuses (the description has none).
+    let args = std::env::args_os().skip(1).map(|a| a.into_string()).collect::<Result<Vec<_>, _>>().unwrap_or_default();
+    Description {
+        pid: std::process::id(),
+        exe: std::env::current_exe().ok(),
+        cwd: std::env::current_dir().ok(),
+        args,
+        env,
     }
 }
 
@@ -171,6 +203,7 @@ impl Offering {
         control: Control,
         sockets: Sockets,
         embedded: bool,
+        description: Description,
         handed_over: tokio::sync::watch::Sender<bool>,
     ) -> anyhow::Result<Offering> {
         let path = tidegate_takeover::socket_path(data_dir);
@@ -182,6 +215,7 @@ impl Offering {
             control,
             sockets,
             embedded,
+            description,
             gave_path: gave_path.clone(),
         };
         let thread = std::thread::Builder::new()
@@ -206,6 +240,8 @@ struct Side {
     control: Control,
     sockets: Sockets,
     embedded: bool,
+    /// How this process was started, for `tidegate upgrade`.
+    description: Description,
     /// Set when a successor is told to go (see [`Offering`]'s drop).
     gave_path: Arc<AtomicBool>,
 }
@@ -239,7 +275,21 @@ impl Side {
                     continue;
                 }
             };
-            match self.hand_over(peer) {
+            let mut peer = peer;
+            let hello = match peer.hello() {
+                Ok(Request::HandOver(hello)) => hello,
+                Ok(Request::Describe) => {
+                    if let Err(e) = peer.describe(self.description.clone()) {
+                        tracing::warn!(error = %e, "answering `tidegate upgrade` failed");
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "hand-over failed; this process keeps serving");
+                    continue;
+                }
+            };
+            match self.hand_over(peer, hello) {
                 Ok(()) => {
                     tracing::info!("the new process serves: stopping accepting, draining, and exiting");
                     return true;
@@ -250,8 +300,7 @@ impl Side {
     }
 
     /// One hand-over; on failure this process serves and writes as before.
-    fn hand_over(&mut self, mut peer: Predecessor) -> anyhow::Result<()> {
-        let hello = peer.hello()?;
+    fn hand_over(&mut self, mut peer: Predecessor, hello: Hello) -> anyhow::Result<()> {
         tracing::info!(pid = hello.pid, "a new process asks to take over");
         if hello.store != self.embedded {
             let reason = match self.embedded {
@@ -272,7 +321,7 @@ impl Side {
             false => false,
         };
         let mut went = false;
-        let outcome = self.exchange(&mut peer, released, &mut went);
+        let outcome = self.exchange(&mut peer, released, hello.memory, &mut went);
         let Err(e) = outcome else { return Ok(()) };
         if released {
             match self.take_back() {
@@ -290,8 +339,15 @@ impl Side {
         Err(e.into())
     }
 
-    /// The offer, the successor's ready, the go and its serving.
-    fn exchange(&mut self, peer: &mut Predecessor, released: bool, went: &mut bool) -> Result<(), TakeoverError> {
+    /// The offer, the successor's ready, what this process learned (if
+    /// asked for), the go and its serving.
+    fn exchange(
+        &mut self,
+        peer: &mut Predecessor,
+        released: bool,
+        memory: bool,
+        went: &mut bool,
+    ) -> Result<(), TakeoverError> {
         {
             let sockets = self.sockets.0.lock().unwrap_or_else(|p| p.into_inner());
             let offered: Vec<(ListenerInfo, BorrowedFd<'_>)> = sockets.iter().map(|(i, fd)| (*i, fd.as_fd())).collect();
@@ -301,7 +357,26 @@ impl Side {
         // The successor listens at the path from its go on.
         self.gave_path.store(true, Ordering::Release);
         self.listening = None;
-        peer.go()?;
+        // Read as late as possible: this process goes on learning until
+        // the successor serves.
+        let learned = match memory {
+            true => {
+                let memory = self.control.snapshots().load().memory();
+                let backends: usize = memory.services.iter().map(|s| s.backends.len()).sum();
+                match serde_json::to_value(memory) {
+                    Ok(state) => {
+                        tracing::info!(backends, "handing over what was learned about the backends");
+                        Some(state)
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the learned state does not encode; the successor learns from scratch");
+                        None
+                    }
+                }
+            }
+            false => None,
+        };
+        peer.go(learned)?;
         *went = true;
         peer.serving()
     }

@@ -412,3 +412,105 @@ async fn every_listener_moves_tls_and_metrics_included() {
     let (s, _) = new.api("PUT", "/v1/services/after", Some(json!({}))).await;
     assert_eq!(s, 200, "the running process took its store back");
 }
+
+/// Every service's backends as `/v1/status` shows them, by
+/// `service/id`: what the proxy learned about each (health, ejections,
+/// learned limit, no-load latency).
+async fn learned(tg: &Tidegate) -> Vec<(String, Value)> {
+    let (_, status) = tg.api("GET", "/v1/status", None).await;
+    let mut seen = Vec::new();
+    for (service, state) in status["services"].as_object().cloned().unwrap_or_default() {
+        for b in state["backends"].as_array().cloned().unwrap_or_default() {
+            let id = format!("{service}/{}", b["id"].as_str().unwrap_or(""));
+            let learned = json!({
+                "health": b["health"], "ejections": b["ejections"], "concurrency_limit": b["concurrency_limit"],
+                "no_load_latency_ms": b["no_load_latency_ms"], "latency_ewma_ms": b["latency_ewma_ms"],
+            });
+            seen.push((id, learned));
+        }
+    }
+    seen.sort_by(|a, b| a.0.cmp(&b.0));
+    seen
+}
+
+/// What the old process learned about its backends reads the same in the
+/// new one: a learned concurrency limit and latency, an ejection (ten
+/// minutes long) and a backend the active check found down. A new process
+/// that started blank would show the limit at 1, nothing ejected and
+/// every backend unchecked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_was_learned_about_the_backends_carries_over() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let old = Arc::new(Tidegate::start(data.path()));
+    let fast = Backend::start("fast", &["--service-time", "fixed:10ms"]);
+    let flaky = Backend::start("flaky", &[]);
+    let dead = Backend::start("dead", &[]);
+    // web: passive checks only, so that flaky is ejected by a request
+    // (an active check would find it down first).
+    let web = json!({
+        "policy": {"kind": "least_conn"},
+        "concurrency": {"learn": true},
+        "backends": [{"id": "fast", "addr": fast.addr.to_string()}, {"id": "flaky", "addr": flaky.addr.to_string()}],
+        "health": {"passive": {"consecutive_failures": 1, "base_ejection_ms": 600_000, "max_ejection_ms": 600_000,
+                               "max_ejected_percent": 100}},
+    });
+    let probed = json!({
+        "backends": [{"id": "dead", "addr": dead.addr.to_string()}],
+        "health": {"active": {"path": "/health", "interval_ms": 200, "timeout_ms": 200, "rise": 1, "fall": 1}},
+    });
+    for (path, body) in
+        [("/v1/services/web", web), ("/v1/services/probed", probed), ("/v1/routes/web", json!({"service": "web"}))]
+    {
+        let (s, v) = old.api("PUT", path, Some(body)).await;
+        assert_eq!(s, 200, "{path}: {v}");
+    }
+    let health_is = |tg: Arc<Tidegate>, id: &'static str, want: &'static str| async move {
+        let now = learned(&tg).await;
+        now.iter().any(|(i, v)| i == id && v["health"] == want).then_some(())
+    };
+    dead.kill();
+    wait_for("probed/dead is down", Duration::from_secs(20), async || {
+        health_is(old.clone(), "probed/dead", "down").await
+    })
+    .await;
+    // The passive check ejects flaky at its first failed request.
+    flaky.kill();
+    wait_for("web/flaky is ejected", Duration::from_secs(20), async || {
+        let _ = get(&old.url("/")).await;
+        health_is(old.clone(), "web/flaky", "ejected").await
+    })
+    .await;
+    // Eight clients keep fast busy until its learned limit has grown.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            let (old, stop) = (old.clone(), stop.clone());
+            tokio::spawn(async move {
+                for _ in 0..MAX_REQUESTS {
+                    if stop.load(Relaxed) {
+                        break;
+                    }
+                    let _ = try_send("GET", &old.url("/"), None, vec![], &[]).await;
+                }
+            })
+        })
+        .collect();
+    wait_for("web/fast's learned limit grows past 2", Duration::from_secs(30), async || {
+        let now = learned(&old).await;
+        now.iter().any(|(i, v)| i == "web/fast" && v["concurrency_limit"].as_u64().unwrap_or(0) > 2).then_some(())
+    })
+    .await;
+    stop.store(true, Relaxed);
+    for c in clients {
+        c.await.expect("client");
+    }
+    let before = learned(&old).await;
+    let fast = &before.iter().find(|(i, _)| i == "web/fast").expect("fast").1;
+    assert!(fast["no_load_latency_ms"].as_f64().is_some(), "{fast}");
+
+    let new = Tidegate::start_with(data.path(), &["--takeover"]);
+    let old = Arc::into_inner(old).expect("the clients are done");
+    assert!(exits(old, Duration::from_secs(30)).await.success());
+    let after = learned(&new).await;
+    assert_eq!(after, before, "what the new process knows of the backends");
+}
