@@ -17,6 +17,12 @@ pub struct Cli {
 pub enum Command {
     /// Run the proxy and its admin API.
     Serve(Box<ServeArgs>),
+    /// Replace the running instance of a data directory with a new binary,
+    /// dropping nothing: starts `BINARY serve <the running instance's
+    /// arguments> --takeover`, which takes its listening sockets, store and
+    /// learned state over, and returns once it serves (the old one drains
+    /// and exits). With systemd: `ExecReload=` (see docs/operations.md).
+    Upgrade(UpgradeArgs),
     /// Talk to a running Tidegate through its admin API.
     Ctl(CtlArgs),
     /// Check a configuration file (YAML or JSON) without a server: exit
@@ -52,6 +58,22 @@ pub enum Command {
     /// Run the reference external distributor (paper S4): answers proxies'
     /// UDP queries with a backend.
     Distributor(tidegate_distributor::ServeOptions),
+}
+
+/// `tidegate upgrade`.
+#[derive(Debug, clap::Args)]
+pub struct UpgradeArgs {
+    /// The running instance's data directory (its `serve --data-dir`).
+    #[arg(long, env = "TIDEGATE_DATA_DIR", default_value = "./tidegate-data")]
+    pub data_dir: PathBuf,
+    /// The new binary (default: this one, the binary running `tidegate
+    /// upgrade`).
+    #[arg(long)]
+    pub binary: Option<PathBuf>,
+    /// How long the new process may take to serve before it is stopped
+    /// (the running instance then keeps serving).
+    #[arg(long, default_value_t = 120, value_parser = seconds())]
+    pub timeout_s: u64,
 }
 
 /// `tidegate demo`.

@@ -10,7 +10,9 @@ mod demo;
 mod layers;
 mod output;
 mod serve;
+mod systemd;
 mod takeover;
+mod upgrade;
 
 use clap::Parser;
 
@@ -25,6 +27,7 @@ fn main() -> std::process::ExitCode {
     let args = cli::Cli::parse();
     let result = match args.command {
         cli::Command::Serve(opts) => serve::run(*opts),
+        cli::Command::Upgrade(opts) => upgrade::run(opts),
         cli::Command::Ctl(opts) => ctl::run(opts),
         cli::Command::Validate { file } => validate(&file),
         cli::Command::Completions { shell } => {

@@ -63,6 +63,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         tracing::info!(fd_limit, max_connections = fd_cap, "--max-connections lowered to fit the descriptor limit");
     }
     let workers = args.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    // Sockets from the service manager (socket activation): read before
+    // any thread starts (it removes the variables that name them).
+    let activated = crate::systemd::activated(&args, workers)?;
     let metrics = Arc::new(ProxyMetrics::default());
     let access_log = match &args.access_log {
         None => None,
@@ -118,7 +121,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
         (Err(e), None) => return Err(e),
     };
-    let mut received = taking.as_mut().map(|t| std::mem::take(&mut t.received));
+    let mut received = match (taking.as_mut(), activated) {
+        (Some(t), activated) => {
+            if activated.is_some() {
+                tracing::warn!("--takeover: the service manager's sockets are not used, the running instance's are");
+            }
+            Some(std::mem::take(&mut t.received))
+        }
+        (None, activated) => activated,
+    };
     let sockets = crate::takeover::Sockets::default();
     let options = ServerOptions {
         listen: match (args.listen, args.listen_tls) {
@@ -140,7 +151,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         health_path: args.health_path.clone(),
         access_log: access_log.clone(),
     };
-    let proxy = match received.as_mut() {
+    let proxy = match received.as_mut().filter(|r| !r.plain.is_empty() || !r.tls.is_empty()) {
         Some(r) => {
             let listeners =
                 tidegate_proxy::Listeners { plain: std::mem::take(&mut r.plain), tls: std::mem::take(&mut r.tls) };
@@ -279,6 +290,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         tracing::info!(listeners = %listeners.trim_end(), admin = %admin_addr, revision = control.config().revision, workers, "tidegate ready");
         println!("tidegate ready {listeners}admin={} revision={}", admin_addr, control.config().revision);
         let _ = std::io::stdout().flush();
+        // After a hand-over, this process is the service's main process.
+        crate::systemd::notify(&format!("READY=1\nMAINPID={}\nSTATUS=serving", std::process::id()));
         let (stopping_tx, stopping) = tokio::sync::watch::channel(false);
         let server = axum::serve(listener, tidegate_admin::router(state)).with_graceful_shutdown(async move {
             tokio::select! {
@@ -302,6 +315,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     });
     let handed_over = result?;
     if !handed_over {
+        // (After a hand-over the successor is the main process: nothing
+        // to say.)
+        crate::systemd::notify("STOPPING=1\nSTATUS=draining");
         // In cluster mode, leave at once: this instance's record and roles
         // go now, not when its lease lapses. After a hand-over the
         // successor announced itself under the same name: leave that be.

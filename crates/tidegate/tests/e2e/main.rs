@@ -23,5 +23,6 @@ mod slow_clients;
 mod sources;
 mod takeover;
 mod tls;
+mod upgrade;
 mod upstream;
 mod upstream_tls;

@@ -55,6 +55,11 @@ impl Tidegate {
     /// Starts Tidegate through `wrapper` (a program that execs its
     /// arguments, such as `prlimit --nofile=1024:`), if any.
     pub fn start_wrapped(data_dir: &Path, wrapper: &[&str], extra: &[&str]) -> Tidegate {
+        Self::start_with_env(data_dir, wrapper, extra, &[])
+    }
+
+    /// [`Tidegate::start_wrapped`] with more environment variables.
+    pub fn start_with_env(data_dir: &Path, wrapper: &[&str], extra: &[&str], env: &[(&str, &str)]) -> Tidegate {
         let mut cmd = match wrapper.split_first() {
             Some((program, args)) => {
                 let mut c = Command::new(program);
@@ -68,7 +73,8 @@ impl Tidegate {
             .arg(data_dir)
             .args(extra)
             .env("TIDEGATE_ADMIN_TOKEN", TOKEN)
-            .env("TIDEGATE_LOG", "warn");
+            .env("TIDEGATE_LOG", "warn")
+            .envs(env.iter().copied());
         let (child, line) = spawn_reading_first_line(cmd);
         // "tidegate ready proxy=ADDR admin=ADDR revision=N"
         let field = |name: &str| -> SocketAddr {
