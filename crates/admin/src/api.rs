@@ -237,6 +237,29 @@ pub struct Status {
     pub rules: BTreeMap<String, Vec<RuleStepState>>,
     /// The configuration file (`serve --config`), when there is one.
     pub config_file: Option<ConfigFileState>,
+    /// The instance this one took over (`serve --takeover`, `tidegate
+    /// upgrade`), while it drains and after.
+    pub predecessor: Option<PredecessorState>,
+}
+
+/// The instance this one took over, as `/v1/status` shows it.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct PredecessorState {
+    /// Its process id (0 if it did not say: a binary of the first
+    /// hand-over protocol).
+    pub pid: u32,
+    /// `draining` (it finishes its connections), `exited` (it said it is
+    /// done), or `gone` (it stopped reporting without saying so: a binary
+    /// of the first hand-over protocol, or it died).
+    pub state: String,
+    /// Client connections it still has open (while draining; what it
+    /// last reported otherwise).
+    pub connections: u64,
+    /// Connections its drain timeout closed (once exited).
+    pub cut: Option<u64>,
+    /// Milliseconds from this instance serving to the predecessor's last
+    /// report.
+    pub drain_ms: u64,
 }
 
 /// One step of a route's rules, as `/v1/status` shows it.

@@ -55,6 +55,8 @@ pub struct AdminStateInner {
     private_dirs: Arc<[PathBuf]>,
     /// What became of the configuration file, if there is one.
     config_file: Option<Arc<ConfigFileReport>>,
+    /// The instance this process took over, if it did.
+    predecessor: Option<Arc<PredecessorReport>>,
     /// Everything `/metrics` shows.
     registry: Arc<tidegate_metrics::Registry>,
 }
@@ -98,6 +100,55 @@ impl ConfigFileReport {
     }
 }
 
+/// The instance this process took over (`serve --takeover`), as it drains:
+/// the binary feeds the reports it receives on the hand-over's channel,
+/// `/v1/status` (`predecessor`) and `/metrics` show them, so both
+/// processes' states are visible during the overlap.
+#[derive(Debug)]
+pub struct PredecessorReport {
+    since: std::time::Instant,
+    state: std::sync::Mutex<api::PredecessorState>,
+}
+
+impl PredecessorReport {
+    /// The instance with process id `pid` was taken over now.
+    pub fn new(pid: u32) -> PredecessorReport {
+        let state = api::PredecessorState { pid, state: "draining".into(), connections: 0, cut: None, drain_ms: 0 };
+        PredecessorReport { since: std::time::Instant::now(), state: std::sync::Mutex::new(state) }
+    }
+
+    fn update(&self, f: impl FnOnce(&mut api::PredecessorState)) {
+        if let Ok(mut s) = self.state.lock() {
+            f(&mut s);
+            s.drain_ms = self.since.elapsed().as_millis() as u64;
+        }
+    }
+
+    /// It still has `connections` open.
+    pub fn draining(&self, connections: u64) {
+        self.update(|s| s.connections = connections);
+    }
+
+    /// It is done; `cut` connections were closed by its drain timeout.
+    pub fn exited(&self, cut: u64) {
+        self.update(|s| {
+            s.state = "exited".into();
+            s.connections = 0;
+            s.cut = Some(cut);
+        });
+    }
+
+    /// It stopped reporting without saying it was done.
+    pub fn gone(&self) {
+        self.update(|s| s.state = "gone".into());
+    }
+
+    /// As `/v1/status` shows it.
+    pub fn state(&self) -> Option<api::PredecessorState> {
+        self.state.lock().ok().map(|s| s.clone())
+    }
+}
+
 impl std::ops::Deref for AdminState {
     type Target = AdminStateInner;
 
@@ -120,6 +171,7 @@ struct Parts {
     watchers: Watchers,
     private_dirs: Arc<[PathBuf]>,
     config_file: Option<Arc<ConfigFileReport>>,
+    predecessor: Option<Arc<PredecessorReport>>,
 }
 
 impl AdminState {
@@ -135,6 +187,7 @@ impl AdminState {
             watchers: Watchers::default(),
             private_dirs: Arc::from([]),
             config_file: None,
+            predecessor: None,
         })
     }
 
@@ -161,6 +214,11 @@ impl AdminState {
         AdminState::build(Parts { config_file: Some(report), ..self.parts() })
     }
 
+    /// Shows the drain of the instance this process took over.
+    pub fn with_predecessor(self, report: Arc<PredecessorReport>) -> AdminState {
+        AdminState::build(Parts { predecessor: Some(report), ..self.parts() })
+    }
+
     fn parts(&self) -> Parts {
         let s = &*self.0;
         Parts {
@@ -172,12 +230,16 @@ impl AdminState {
             watchers: s.watchers.clone(),
             private_dirs: s.private_dirs.clone(),
             config_file: s.config_file.clone(),
+            predecessor: s.predecessor.clone(),
         }
     }
 
     fn build(p: Parts) -> AdminState {
-        let registry =
-            Arc::new(metrics::registry(&p.control, &p.events, &p.data_plane, &p.watchers, p.config_file.clone()));
+        let mut registry = metrics::registry(&p.control, &p.events, &p.data_plane, &p.watchers, p.config_file.clone());
+        if let Some(report) = &p.predecessor {
+            registry.register_collector(Box::new(metrics::PredecessorCollector(report.clone())));
+        }
+        let registry = Arc::new(registry);
         AdminState(Arc::new(AdminStateInner {
             control: p.control,
             token: p.token,
@@ -187,6 +249,7 @@ impl AdminState {
             watchers: p.watchers,
             private_dirs: p.private_dirs,
             config_file: p.config_file,
+            predecessor: p.predecessor,
             registry,
         }))
     }

@@ -98,6 +98,26 @@ impl Collector for WatchCollector {
     }
 }
 
+/// The instance this process took over, while it drains and after.
+pub(crate) struct PredecessorCollector(pub(crate) Arc<crate::PredecessorReport>);
+
+impl fmt::Debug for PredecessorCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PredecessorCollector")
+    }
+}
+
+impl Collector for PredecessorCollector {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> fmt::Result {
+        let Some(state) = self.0.state() else { return Ok(()) };
+        let help = "1 while the instance this one took over (serve --takeover) drains its connections, 0 once it exited or went silent.";
+        gauge(&mut enc, "tidegate_predecessor_draining", help, [([], u64::from(state.state == "draining"))])?;
+        let help = "Client connections the instance this one took over still has open.";
+        gauge(&mut enc, "tidegate_predecessor_connections", help, [([], state.connections)])?;
+        Ok(())
+    }
+}
+
 /// The writer and the store.
 struct ConfigCollector(Control, Option<Arc<crate::ConfigFileReport>>);
 

@@ -128,6 +128,7 @@ pub(crate) async fn get_status(State(state): State<AdminState>) -> Sorted<Status
         certificates_expiring: expiring(&snapshot, tidegate_model::unix_now()),
         rules: rule_steps(&snapshot),
         config_file: state.config_file.as_ref().map(|f| f.state()),
+        predecessor: state.predecessor.as_ref().and_then(|p| p.state()),
     })
 }
 

@@ -57,7 +57,9 @@ pub use error::{ErrorKind, Source};
 pub use handler::Proxy;
 pub use limits::{Limits, TrustedProxies};
 pub use metrics::{DataPlaneCollector, ProxyMetrics};
-pub use server::{serve, serve_on, Http1Engine, Listeners, ListeningSocket, RuntimeMode, ServerHandle, ServerOptions};
+pub use server::{
+    serve, serve_on, Http1Engine, Listeners, ListeningSocket, OpenConnections, RuntimeMode, ServerHandle, ServerOptions,
+};
 /// Request-path normalization (in the model, where route paths are checked
 /// against the same rules).
 pub use tidegate_model::normalize;

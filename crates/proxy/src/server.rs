@@ -97,6 +97,26 @@ pub struct ServerHandle {
     /// A duplicate of every listening socket (the workers own the others),
     /// to hand them over; `(tls, socket)`.
     sockets: Vec<(bool, std::net::TcpListener)>,
+    /// Counts the client connections open.
+    open: OpenConnections,
+    /// Connections still open when the drain timeout ended the drain (the
+    /// most any worker saw).
+    cut: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// Counts the client connections open (of all workers), for reports on a
+/// drain.
+#[derive(Clone)]
+pub struct OpenConnections {
+    slots: Arc<Semaphore>,
+    max: usize,
+}
+
+impl OpenConnections {
+    /// Client connections open now.
+    pub fn count(&self) -> u64 {
+        self.max.saturating_sub(self.slots.available_permits()) as u64
+    }
 }
 
 impl ServerHandle {
@@ -123,17 +143,23 @@ impl ServerHandle {
             .collect()
     }
 
+    /// Counts the client connections open, during a drain too.
+    pub fn open_connections(&self) -> OpenConnections {
+        self.open.clone()
+    }
+
     /// Stops accepting, lets open connections finish (bounded by the drain
     /// timeout), and waits for the workers. Blocking. The listening sockets
     /// close as the workers stop accepting, unless another process holds
     /// them too (after a hand-over), which then goes on accepting from the
-    /// same queues.
-    pub fn shutdown(mut self) {
+    /// same queues. Returns the connections the drain timeout cut.
+    pub fn shutdown(mut self) -> u64 {
         self.sockets.clear();
         let _ = self.stop.send(true);
         for t in self.threads {
             let _ = t.join();
         }
+        self.cut.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -227,7 +253,10 @@ pub fn serve_on(
     let admission = Arc::new(crate::admission::Admission::new(&opts.limits));
     metrics.set_buffers(admission.buffers.clone());
     // One connection budget for the listeners, shared by their workers.
-    let slots = Arc::new(Semaphore::new(opts.limits.max_connections.clamp(1, Semaphore::MAX_PERMITS)));
+    let max_slots = opts.limits.max_connections.clamp(1, Semaphore::MAX_PERMITS);
+    let slots = Arc::new(Semaphore::new(max_slots));
+    let open = OpenConnections { slots: slots.clone(), max: max_slots };
+    let cut = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let (stop, stop_rx) = watch::channel(false);
     let mut threads = Vec::new();
     let per_core = opts.mode == RuntimeMode::PerCore;
@@ -288,13 +317,14 @@ pub fn serve_on(
         proxy.set_access_log(opts.access_log.clone());
         let proxy = Arc::new(proxy);
         let (plain_listeners, tls_listeners) = (plain.next().unwrap_or_default(), tls.next().unwrap_or_default());
-        let (slots, stop_rx, opts, acceptor) = (slots.clone(), stop_rx.clone(), opts.clone(), acceptor.clone());
+        let (stop_rx, opts, acceptor) = (stop_rx.clone(), opts.clone(), acceptor.clone());
+        let (open, cut) = (open.clone(), cut.clone());
         let thread = std::thread::Builder::new().name(format!("tidegate-worker-{i}")).spawn(move || {
             runtime.block_on(async move {
                 let hyper = HyperServer::new(&opts.limits);
                 let run = |listener: std::net::TcpListener, tls: Option<tokio_rustls::TlsAcceptor>| {
-                    let (proxy, stop_rx, slots, hyper) = (proxy.clone(), stop_rx.clone(), slots.clone(), hyper.clone());
-                    let opts = &opts;
+                    let (proxy, stop_rx, hyper) = (proxy.clone(), stop_rx.clone(), hyper.clone());
+                    let (opts, slots) = (&opts, Slots { open: open.clone(), cut: cut.clone() });
                     async move {
                         match TcpListener::from_std(listener) {
                             Ok(l) => accept_loop(l, tls, proxy, stop_rx, opts, slots, hyper).await,
@@ -311,7 +341,15 @@ pub fn serve_on(
         })?;
         threads.push(thread);
     }
-    Ok(ServerHandle { local_addr, tls_addr, stop, threads, sockets })
+    Ok(ServerHandle { local_addr, tls_addr, stop, threads, sockets, open, cut })
+}
+
+/// The listeners' connection slots (shared by the workers), and what an
+/// accept loop reports of its drain.
+struct Slots {
+    open: OpenConnections,
+    /// The connections open when the drain timed out (the most seen).
+    cut: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// One worker's accept loop: takes a connection slot, accepts, and spawns
@@ -324,7 +362,7 @@ async fn accept_loop(
     proxy: Arc<Proxy>,
     mut stop: watch::Receiver<bool>,
     opts: &ServerOptions,
-    slots: Arc<Semaphore>,
+    slots: Slots,
     hyper: HyperServer,
 ) {
     let limits = &opts.limits;
@@ -335,7 +373,7 @@ async fn accept_loop(
     let mut accept_errors = AcceptErrors::default();
     loop {
         let permit = tokio::select! {
-            p = slots.clone().acquire_owned() => match p {
+            p = slots.open.slots.clone().acquire_owned() => match p {
                 Ok(p) => p,
                 Err(_) => break,
             },
@@ -405,7 +443,11 @@ async fn accept_loop(
     }
     drop(listener);
     drop(alive_tx);
-    let _ = tokio::time::timeout(opts.drain_timeout, alive_rx.recv()).await;
+    if tokio::time::timeout(opts.drain_timeout, alive_rx.recv()).await.is_err() {
+        let open = slots.open.count();
+        tracing::info!(open, "the drain timeout closes the connections still open");
+        slots.cut.fetch_max(open, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Serves one connection (plain or decrypted) with `engine`.

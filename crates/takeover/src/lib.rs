@@ -22,7 +22,9 @@
 //!                                     what it learned about its backends)
 //!                               ◄──  Go          (the running one will not resume)
 //!   (serves on the sockets)
-//!   Serving ────────────────────►    (stops accepting, drains, exits)
+//!   Serving ────────────────────►    (stops accepting, drains)
+//!                               ◄──  Draining {connections}   (every quarter second)
+//!                               ◄──  Drained     (then it exits)
 //! ```
 //!
 //! Either side may send `Refuse {reason}` instead of its next message.
@@ -156,6 +158,9 @@ pub enum Message {
         listeners: Vec<ListenerInfo>,
         /// The embedded store was closed and may be opened now.
         store_released: bool,
+        /// The running instance's process id.
+        #[serde(default)]
+        pid: u32,
     },
     /// Successor → running: it holds the sockets and the store, and will
     /// serve once told to go.
@@ -177,6 +182,18 @@ pub enum Message {
     /// Successor → running: it serves; the running instance stops
     /// accepting, drains and exits.
     Serving,
+    /// Running → successor, after its serving: the connections it still
+    /// has open while it drains.
+    Draining {
+        /// Client connections still open.
+        connections: u64,
+    },
+    /// Running → successor: every connection is closed (or was cut at
+    /// the drain timeout); it exits now.
+    Drained {
+        /// Connections that were still open when the drain timeout cut them.
+        cut: u64,
+    },
     /// Either side: the hand-over stops here, for this reason.
     Refuse {
         /// Why.
@@ -193,6 +210,8 @@ impl Message {
             Message::Learned { .. } => "learned",
             Message::Go => "go",
             Message::Describe => "describe",
+            Message::Draining { .. } => "draining",
+            Message::Drained { .. } => "drained",
             Message::Described(_) => "described",
             Message::Serving => "serving",
             Message::Refuse { .. } => "refuse",
@@ -218,6 +237,8 @@ pub enum Step {
     Serving,
     /// Asking the running instance how it was started.
     Describe,
+    /// The instance taken over reporting its drain.
+    Drain,
 }
 
 impl std::fmt::Display for Step {
@@ -230,6 +251,7 @@ impl std::fmt::Display for Step {
             Step::Go => "waiting for the running instance's go",
             Step::Serving => "waiting for the successor to serve",
             Step::Describe => "asking the running instance how it was started",
+            Step::Drain => "following the drain of the instance taken over",
         })
     }
 }
@@ -589,7 +611,7 @@ impl Predecessor {
     }
 
     /// Refuses the hand-over, telling the successor why.
-    pub fn refuse(mut self, reason: &str) {
+    pub fn refuse(&mut self, reason: &str) {
         self.channel.refuse(Step::Offer, reason);
     }
 
@@ -602,6 +624,7 @@ impl Predecessor {
     ) -> Result<(), TakeoverError> {
         let message = Message::Offer {
             version: PROTOCOL_VERSION,
+            pid: std::process::id(),
             listeners: listeners.iter().map(|(info, _)| *info).collect(),
             store_released,
         };
@@ -635,6 +658,53 @@ impl Predecessor {
         let after = self.channel.timeouts.ready;
         self.channel.expect(Step::Serving, after, "serving").map(drop)
     }
+
+    /// Tells the successor how many connections are still open here.
+    pub fn draining(&mut self, connections: u64) -> Result<(), TakeoverError> {
+        self.channel.send(Step::Drain, &Message::Draining { connections }, &[])
+    }
+
+    /// Tells the successor this process is done (`cut`: connections the
+    /// drain timeout closed).
+    pub fn drained(mut self, cut: u64) -> Result<(), TakeoverError> {
+        self.channel.send(Step::Drain, &Message::Drained { cut }, &[])
+    }
+}
+
+/// What the instance taken over says while it drains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drain {
+    /// This many client connections are still open.
+    Draining(u64),
+    /// It is done and exits; `cut` connections were closed by the drain
+    /// timeout.
+    Drained {
+        /// Connections the drain timeout closed.
+        cut: u64,
+    },
+}
+
+/// The successor's end of the channel after it serves: the instance taken
+/// over reports its drain here.
+#[derive(Debug)]
+pub struct Watching {
+    channel: Channel,
+}
+
+impl Watching {
+    /// The next report, waiting at most `after`. The channel closing
+    /// without a `Drained` (a predecessor of the first protocol version,
+    /// or one that died) is [`TakeoverError::Closed`].
+    pub fn next(&mut self, after: Duration) -> Result<Drain, TakeoverError> {
+        match self.channel.receive(Step::Drain, after)? {
+            (Message::Draining { connections }, fds) if fds.is_empty() => Ok(Drain::Draining(connections)),
+            (Message::Drained { cut }, fds) if fds.is_empty() => Ok(Drain::Drained { cut }),
+            (other, _) => Err(TakeoverError::Protocol {
+                step: Step::Drain,
+                detail: format!("{} where draining or drained was expected", other.name()),
+            }),
+        }
+    }
 }
 
 /// Asks the instance listening on `path` how it was started (its
@@ -657,6 +727,9 @@ pub struct Offer {
     pub listeners: Vec<(ListenerInfo, OwnedFd)>,
     /// The embedded store was closed and may be opened now.
     pub store_released: bool,
+    /// The running instance's process id (0 from one of the first
+    /// protocol version).
+    pub pid: u32,
 }
 
 /// The successor's side of one hand-over.
@@ -681,7 +754,7 @@ impl Successor {
         self.channel.send(Step::Hello, &hello, &[])?;
         let after = self.channel.timeouts.offer;
         let (message, fds) = self.channel.receive(Step::Offer, after)?;
-        let Message::Offer { version, listeners, store_released } = message else {
+        let Message::Offer { version, listeners, store_released, pid } = message else {
             return Err(TakeoverError::Protocol {
                 step: Step::Offer,
                 detail: format!("{} where offer was expected", message.name()),
@@ -696,7 +769,7 @@ impl Successor {
                 detail: format!("{} descriptors for {} listeners", fds.len(), listeners.len()),
             });
         }
-        Ok(Offer { listeners: listeners.into_iter().zip(fds).collect(), store_released })
+        Ok(Offer { listeners: listeners.into_iter().zip(fds).collect(), store_released, pid })
     }
 
     /// Refuses to go on, telling the running instance why (it keeps
@@ -725,9 +798,11 @@ impl Successor {
         Ok(learned)
     }
 
-    /// Says it serves: the running instance stops accepting and drains.
-    pub fn serving(mut self) -> Result<(), TakeoverError> {
-        self.channel.send(Step::Serving, &Message::Serving, &[])
+    /// Says it serves: the running instance stops accepting and drains,
+    /// and reports its drain on the channel returned.
+    pub fn serving(mut self) -> Result<Watching, TakeoverError> {
+        self.channel.send(Step::Serving, &Message::Serving, &[])?;
+        Ok(Watching { channel: self.channel })
     }
 }
 

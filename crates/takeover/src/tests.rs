@@ -24,8 +24,9 @@ fn a_whole_hand_over_moves_working_sockets() {
         let offer = new.request(true, true).expect("offer");
         let learned = new.ready().expect("go");
         assert_eq!(learned, Some(serde_json::json!({"limits": [1, 2]})));
-        new.serving().expect("serving");
-        offer
+        let mut watching = new.serving().expect("serving");
+        let reports = [watching.next(Duration::from_secs(5)), watching.next(Duration::from_secs(5))];
+        (offer, reports.map(|r| r.expect("a report")), watching.next(Duration::from_secs(5)))
     });
     assert_eq!(
         old.hello().expect("hello"),
@@ -39,7 +40,12 @@ fn a_whole_hand_over_moves_working_sockets() {
     old.ready().expect("ready");
     old.go(Some(serde_json::json!({"limits": [1, 2]}))).expect("go sent");
     old.serving().expect("serving");
-    let offer = successor.join().expect("successor");
+    old.draining(3).expect("draining sent");
+    old.drained(1).expect("drained sent");
+    let (offer, reports, after) = successor.join().expect("successor");
+    assert_eq!(reports, [Drain::Draining(3), Drain::Drained { cut: 1 }]);
+    assert!(matches!(after, Err(TakeoverError::Closed { step: Step::Drain })), "{after:?}");
+    assert_eq!(offer.pid, std::process::id());
     assert!(offer.store_released);
     let kinds: Vec<Kind> = offer.listeners.iter().map(|(i, _)| i.kind).collect();
     assert_eq!(kinds, [Kind::Proxy, Kind::Admin]);

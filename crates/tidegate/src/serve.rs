@@ -176,6 +176,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 
     // The admin API and the writer's submitters share one small runtime,
     // apart from the data plane, so configuration stays responsive under load.
+    // Once a successor serves: where this process reports its drain.
+    let link = crate::takeover::SuccessorLink::default();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let result = runtime.block_on(async {
         let report = args.config.as_ref().map(|path| {
@@ -237,6 +239,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         if let Some(report) = report {
             state = state.with_config_file(report);
         }
+        let predecessor = taking.as_ref().map(|t| Arc::new(tidegate_admin::PredecessorReport::new(t.pid)));
+        if let Some(report) = &predecessor {
+            state = state.with_predecessor(report.clone());
+        }
         // One machine-readable line for scripts and tests: `proxy=`,
         // `proxy_tls=` and `metrics=` for the listeners there are.
         let mut listeners = String::new();
@@ -275,6 +281,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             sockets.clone(),
             embedded,
             description.clone(),
+            link.clone(),
             handed_tx,
         ) {
                 Ok(offering) => Some(offering),
@@ -283,8 +290,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
                     None
                 }
             };
-        if let Some(t) = taking.take() {
-            t.serving()?;
+        if let (Some(t), Some(report)) = (taking.take(), predecessor) {
+            t.serving(report)?;
             tracing::info!("took over: the previous instance drains and exits");
         }
         tracing::info!(listeners = %listeners.trim_end(), admin = %admin_addr, revision = control.config().revision, workers, "tidegate ready");
@@ -330,7 +337,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // holds them.
     sockets.clear();
     tracing::info!("shutting down: draining client connections");
-    proxy.shutdown();
+    let open = proxy.open_connections();
+    link.report_while(open, || proxy.shutdown());
     Ok(ExitCode::SUCCESS)
 }
 

@@ -17,10 +17,17 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use tidegate_control::Control;
 use tidegate_takeover::{
-    Description, Hello, Kind, ListenerInfo, Listening, Predecessor, Request, Successor, TakeoverError, Timeouts,
+    Description, Drain, Hello, Kind, ListenerInfo, Listening, Predecessor, Request, Successor, TakeoverError, Timeouts,
 };
 
 use crate::cli::ServeArgs;
+
+/// How often a draining predecessor reports its open connections.
+pub const DRAIN_REPORTS: Duration = Duration::from_millis(250);
+
+/// A predecessor silent this long is waited for again (it reports every
+/// [`DRAIN_REPORTS`]; its channel closing is what ends the wait).
+const DRAIN_SILENCE: Duration = Duration::from_secs(5);
 
 /// How long a running instance whose successor failed keeps trying to
 /// open its store again (the successor's lock goes when it exits).
@@ -44,6 +51,8 @@ pub struct Taking {
     successor: Successor,
     /// The sockets.
     pub received: Received,
+    /// The running instance's process id (0 if it did not say).
+    pub pid: u32,
 }
 
 /// Connects to the instance serving `args.data_dir` and receives its
@@ -58,6 +67,7 @@ pub fn take_over(args: &ServeArgs) -> anyhow::Result<Taking> {
         successor.refuse("the new process uses the embedded store, but it was not released");
         bail!("--takeover: the running instance uses another store (etcd?) than this one (the embedded store in {}): give the same --store", args.data_dir.display());
     }
+    let pid = offer.pid;
     let mut received = Received::default();
     let mut addrs: Vec<ListenerInfo> = Vec::new();
     for (info, fd) in offer.listeners {
@@ -96,7 +106,7 @@ pub fn take_over(args: &ServeArgs) -> anyhow::Result<Taking> {
         successor.refuse(&reason);
         bail!("--takeover: {reason}; the running instance keeps serving");
     }
-    Ok(Taking { successor, received })
+    Ok(Taking { successor, received, pid })
 }
 
 /// A flag's address that differs from the socket's (a port 0 in the flag
@@ -129,9 +139,30 @@ impl Taking {
         }))
     }
 
-    /// Says it serves: the running instance stops accepting and drains.
-    pub fn serving(self) -> anyhow::Result<()> {
-        self.successor.serving().context("--takeover: telling the running instance to stop")
+    /// Says it serves: the running instance stops accepting and drains;
+    /// its reports on the drain go to `report` (from a thread of their own).
+    pub fn serving(self, report: Arc<tidegate_admin::PredecessorReport>) -> anyhow::Result<()> {
+        let mut watching = self.successor.serving().context("--takeover: telling the running instance to stop")?;
+        std::thread::Builder::new()
+            .name("tidegate-predecessor".into())
+            .spawn(move || loop {
+                match watching.next(DRAIN_SILENCE) {
+                    Ok(Drain::Draining(n)) => report.draining(n),
+                    Ok(Drain::Drained { cut }) => {
+                        report.exited(cut);
+                        tracing::info!(cut, "the previous instance finished draining");
+                        return;
+                    }
+                    Err(TakeoverError::Timeout { .. }) => continue,
+                    Err(e) => {
+                        tracing::info!(error = %e, "the previous instance stopped reporting its drain");
+                        report.gone();
+                        return;
+                    }
+                }
+            })
+            .context("starting the thread that follows the previous instance's drain")?;
+        Ok(())
     }
 }
 
@@ -176,6 +207,38 @@ pub fn this_process() -> Description {
     }
 }
 
+/// The successor this instance handed over to, once it serves: the drain
+/// is reported to it.
+#[derive(Clone, Default)]
+pub struct SuccessorLink(Arc<Mutex<Option<Predecessor>>>);
+
+impl SuccessorLink {
+    /// Reports the drain to the successor, if there is one, every
+    /// [`DRAIN_REPORTS`] while `drain` runs (it returns the connections
+    /// the drain timeout cut); then says it is done.
+    pub fn report_while(&self, open: tidegate_proxy::OpenConnections, drain: impl FnOnce() -> u64) {
+        let Some(mut successor) = self.0.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+            drain();
+            return;
+        };
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let reporter = std::thread::Builder::new().name("tidegate-drain-report".into()).spawn(move || loop {
+            if successor.draining(open.count()).is_err() {
+                return None;
+            }
+            match done_rx.recv_timeout(DRAIN_REPORTS) {
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
+                _ => return Some(successor),
+            }
+        });
+        let cut = drain();
+        drop(done_tx);
+        if let Some(successor) = reporter.ok().and_then(|t| t.join().ok()).flatten() {
+            let _ = successor.drained(cut);
+        }
+    }
+}
+
 /// The running instance's side: a thread listening for a successor.
 pub struct Offering {
     _thread: std::thread::JoinHandle<()>,
@@ -204,6 +267,7 @@ impl Offering {
         sockets: Sockets,
         embedded: bool,
         description: Description,
+        link: SuccessorLink,
         handed_over: tokio::sync::watch::Sender<bool>,
     ) -> anyhow::Result<Offering> {
         let path = tidegate_takeover::socket_path(data_dir);
@@ -222,7 +286,8 @@ impl Offering {
             .name("tidegate-takeover".into())
             .spawn(move || {
                 let mut side = side;
-                if side.serve() {
+                if let Some(successor) = side.serve() {
+                    *link.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(successor);
                     let _ = handed_over.send(true);
                 }
             })
@@ -247,9 +312,10 @@ struct Side {
 }
 
 impl Side {
-    /// Takes successors one at a time until one serves (true), or the
-    /// socket cannot be listened on any more (false).
-    fn serve(&mut self) -> bool {
+    /// Takes successors one at a time until one serves (its end of the
+    /// channel, for the drain's reports), or the socket cannot be listened
+    /// on any more (`None`).
+    fn serve(&mut self) -> Option<Predecessor> {
         loop {
             if self.listening.is_none() {
                 self.gave_path.store(false, Ordering::Release);
@@ -257,7 +323,7 @@ impl Side {
                     Ok(l) => self.listening = Some(l),
                     Err(e) => {
                         tracing::error!(error = %e, "cannot listen for a successor any more; `serve --takeover` will fail");
-                        return false;
+                        return None;
                     }
                 }
             }
@@ -289,10 +355,10 @@ impl Side {
                     continue;
                 }
             };
-            match self.hand_over(peer, hello) {
+            match self.hand_over(&mut peer, hello) {
                 Ok(()) => {
                     tracing::info!("the new process serves: stopping accepting, draining, and exiting");
-                    return true;
+                    return Some(peer);
                 }
                 Err(e) => tracing::error!(error = %format!("{e:#}"), "hand-over failed; this process keeps serving"),
             }
@@ -300,7 +366,7 @@ impl Side {
     }
 
     /// One hand-over; on failure this process serves and writes as before.
-    fn hand_over(&mut self, mut peer: Predecessor, hello: Hello) -> anyhow::Result<()> {
+    fn hand_over(&mut self, peer: &mut Predecessor, hello: Hello) -> anyhow::Result<()> {
         tracing::info!(pid = hello.pid, "a new process asks to take over");
         if hello.store != self.embedded {
             let reason = match self.embedded {
@@ -321,7 +387,7 @@ impl Side {
             false => false,
         };
         let mut went = false;
-        let outcome = self.exchange(&mut peer, released, hello.memory, &mut went);
+        let outcome = self.exchange(peer, released, hello.memory, &mut went);
         let Err(e) = outcome else { return Ok(()) };
         if released {
             match self.take_back() {

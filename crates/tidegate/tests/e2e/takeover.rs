@@ -263,8 +263,18 @@ async fn a_failed_takeover_leaves_the_old_process_serving_and_writing() {
     assert!(old.wait_exit(Duration::ZERO).is_none(), "the old process still runs");
     let r = get(&old.url("/")).await;
     assert_eq!((r.status, served_by(&r)), (200, "b".to_string()));
-    let (s, v) = old.api("PUT", "/v1/services/other", Some(json!({}))).await;
-    assert_eq!(s, 200, "the old process writes its store again: {v}");
+    // It takes the store back once it read the refusal, which may come
+    // after the new process exited: a change meanwhile gets 503 with
+    // Retry-After, and goes through again.
+    wait_for("the old process writes its store again", Duration::from_secs(20), async || {
+        let (s, v) = old.api("PUT", "/v1/services/other", Some(json!({}))).await;
+        match s {
+            200 => Some(()),
+            503 => None,
+            _ => panic!("{s} {v}"),
+        }
+    })
+    .await;
     // And a later hand-over still works.
     let new = Tidegate::start_with(data.path(), &["--takeover"]);
     assert_eq!(new.proxy, old.proxy);
@@ -513,4 +523,60 @@ async fn what_was_learned_about_the_backends_carries_over() {
     assert!(exits(old, Duration::from_secs(30)).await.success());
     let after = learned(&new).await;
     assert_eq!(after, before, "what the new process knows of the backends");
+}
+
+/// During the overlap the new process shows the old one's drain: in
+/// `/v1/status` (`predecessor`: its pid, `draining`, the connections it
+/// still has open) and in `/metrics`; once the old one finished its last
+/// request (held by a backend until the test lets it answer), `exited`
+/// with no connection cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_new_process_shows_the_old_ones_drain() {
+    use std::io::{Read, Write};
+    // A backend that answers its one request when told to.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let held_addr = held.local_addr().expect("addr");
+    let (answer_tx, answer_rx) = std::sync::mpsc::channel::<()>();
+    let backend = std::thread::spawn(move || {
+        let (mut conn, _) = held.accept().expect("accept");
+        let mut buf = [0u8; 4096];
+        let _ = conn.read(&mut buf).expect("read the request");
+        answer_rx.recv().expect("told to answer");
+        conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nConnection: close\r\n\r\nheld").expect("answer");
+    });
+    let data = tempfile::tempdir().expect("tempdir");
+    let old = Tidegate::start(data.path());
+    let spec = json!({"backends": [{"id": "held", "addr": held_addr.to_string()}], "retries": 0,
+                      "concurrency": {"learn": false}});
+    let (s, v) = old.api("PUT", "/v1/services/web", Some(spec)).await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = old.api("PUT", "/v1/routes/web", Some(json!({"service": "web"}))).await;
+    assert_eq!(s, 200, "{v}");
+    let url = old.url("/slow");
+    let request = tokio::spawn(async move { get(&url).await });
+    in_flight_reaches(&old, 1, "the held request").await;
+
+    let new = Tidegate::start_with(data.path(), &["--takeover"]);
+    let status = wait_for("the old process reports its open connection", Duration::from_secs(20), async || {
+        let (_, status) = new.api("GET", "/v1/status", None).await;
+        let p = &status["predecessor"];
+        (p["state"] == "draining" && p["connections"].as_u64() >= Some(1)).then(|| p.clone())
+    })
+    .await;
+    assert_eq!(status["pid"].as_u64(), Some(u64::from(old.pid())), "{status}");
+    let metrics = send("GET", &new.admin_url("/metrics"), Some(TOKEN), vec![], &[]).await.text();
+    assert!(metrics.contains("tidegate_predecessor_draining 1"), "{metrics}");
+
+    answer_tx.send(()).expect("answer");
+    let r = request.await.expect("join");
+    assert_eq!((r.status, r.text()), (200, "held".to_string()));
+    backend.join().expect("backend");
+    assert!(exits(old, Duration::from_secs(30)).await.success());
+    let (_, status) = new.api("GET", "/v1/status", None).await;
+    let p = &status["predecessor"];
+    assert_eq!(
+        (p["state"].as_str(), p["connections"].as_u64(), p["cut"].as_u64()),
+        (Some("exited"), Some(0), Some(0)),
+        "{p}"
+    );
 }
