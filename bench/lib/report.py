@@ -880,4 +880,21 @@ def md_upgrade(r):
     s.append("\n" + table(["peer", "keep-alive req", "new-conn req", "h2 req", "h2 conns", "h2 GOAWAYs",
                            "h2 closed without GOAWAY", f"failures in the {p['window_s']} s after each upgrade",
                            "old process gone after (s)", "configuration changes"], rows))
+    het = r.get("heterogeneous")
+    if het and "error" in het:
+        s.append(f"\n**Heterogeneous backends**: failed: `{het['error'][:300]}`\n")
+    elif het:
+        h = het["params"]
+        rows = []
+        for mode, x in het["runs"].items():
+            wins = "; ".join(", ".join(f"{k} {v}" for k, v in w.items()) or "0" for w in x["windows"])
+            rows.append([f"{mode} upgrades", len(x["upgrades"]), x["requests"], x["failed"],
+                         het["after_upgrades_503_timeouts"][mode], wins])
+        s.append(f"\n**Heterogeneous backends** (Tidegate): capacities 1:2:4 (emulator slots, service "
+                 f"{h['service']}, queues of 20; {het['capacity_per_s']} req/s in all), one service learning their "
+                 f"limits (least_conn), {h['conns']} keep-alive connections at {h['rate']} req/s each; "
+                 f"{h['upgrades']} upgrades every {h['interval_s']} s after {h['warmup_s']} s, against the same run "
+                 f"without upgrades, failures in the {p['window_s']} s after each (the same instants in both)\n"
+                 + table(["run", "upgrades", "requests", "failed", "503s + timeouts after the upgrades",
+                          "failures per window"], rows))
     return "".join(s)

@@ -91,7 +91,11 @@ PARAMS = {
     # TLS connections at h2_rate requests/s each, h2_streams at most in
     # flight;
     # change_rate configuration changes/s (Tidegate); window_s: the window
-    # after each upgrade whose failures are counted apart.
+    # after each upgrade whose failures are counted apart. hetero (full
+    # only): backends of 1, 2 and 4 slots (service: the emulator's service
+    # time) behind a service learning their limits, conns connections at
+    # rate requests/s each (32 x 8.4 = 0.77 of the 350/s capacity), a run
+    # without and one with `upgrades` upgrades, compared over window_s.
     "upgrade": {
         "smoke": {"peers": "tidegate nginx haproxy", "upgrades": 2, "warmup_s": 0.5, "interval_s": 1.3, "tail_s": 0.3,
                   "grace_s": 1, "workers": 1, "ka_conns": 8, "ka_rate": 20, "new_rate": 40, "h2_conns": 1,
@@ -100,7 +104,9 @@ PARAMS = {
         "full": {"peers": "tidegate nginx haproxy", "upgrades": 10, "warmup_s": 3, "interval_s": 8, "tail_s": 3,
                  "grace_s": 5, "workers": 2, "ka_conns": 64, "ka_rate": 25, "new_rate": 200, "h2_conns": 4,
                  "h2_streams": 4, "h2_rate": 50, "ws_interval_s": 0.05, "change_rate": 100, "timeout_s": 5,
-                 "window_s": 5},
+                 "window_s": 5,
+                 "hetero": {"upgrades": 3, "warmup_s": 10, "interval_s": 8, "tail_s": 5, "conns": 32, "rate": 8.4,
+                            "service": "exp:20ms"}},
     },
     "cluster": {
         "smoke": {"duration": 1, "rate": 100, "members": "1", "preload": 200, "clients": 4},

@@ -106,8 +106,63 @@ def run(ctx: Ctx, p: dict) -> dict:
             peers[name] = {"error": str(e)[:2000]}
         finally:
             peer.stop()
-    return {"params": p, "builds": {k: v for k, v in builds.items() if k != "dirs"}, "peers": peers,
-            "summary": summarize(peers)}
+    out = {"params": p, "builds": {k: v for k, v in builds.items() if k != "dirs"}, "peers": peers,
+           "summary": summarize(peers)}
+    if p.get("hetero"):
+        log("  upgrade: heterogeneous backends (1:2:4, learned limits), with and without upgrades")
+        try:
+            out["heterogeneous"] = heterogeneous(ctx, p, backends, builds)
+        except Exception as e:
+            log(f"  upgrade: heterogeneous part failed: {e}")
+            out["heterogeneous"] = {"error": str(e)[:2000]}
+    return out
+
+
+def heterogeneous(ctx: Ctx, p: dict, backends: dict, builds: dict) -> dict:
+    """Paper S3's backends (1, 2 and 4 slots, exponential 20 ms jobs,
+    queues of 20) behind a Tidegate service that learns their limits
+    (least_conn): the same open load twice, without upgrades and with
+    `hetero["upgrades"]` of them, and the 503s and timeouts in the
+    `window_s` after each upgrade (the same instants in the run without)."""
+    h = p["hetero"]
+    addrs, bodies, procs = [], [], []
+    for name, slots in (("c1", 1), ("c2", 2), ("c4", 4)):
+        out = ctx.work / f"upgrade-hetero-{name}.out"
+        proc = ctx.procs.start([ctx.bin("tidegate-emulator"), "--listen", "127.0.0.1:0", "--name", name, "--threads",
+                                "1", "--slots", str(slots), "--queue", "20", "--service-time", h["service"]], out=out)
+        procs.append(proc)
+        addrs.append((name, wait_for_line(out, r"listening on (\S+)", 10, proc).group(1)))
+        bodies.append(f"{name}\n")
+    service = {"policy": {"kind": "least_conn"}, "concurrency": {"learn": True},
+               "queue": {"max": 10000, "timeout_ms": int(p["timeout_s"] * 1000)},
+               "backends": [{"id": n, "addr": a} for n, a in addrs]}
+    hb = {**backends, "service": service, "bodies": bodies}
+    runs = {}
+    for mode, n in (("without", 0), ("with", h["upgrades"])):
+        q = {**p, "upgrades": n, "schedule_n": h["upgrades"], "warmup_s": h["warmup_s"],
+             "interval_s": h["interval_s"], "tail_s": h["tail_s"], "ka_conns": h["conns"], "ka_rate": h["rate"],
+             "new_rate": 0, "h2_conns": 0, "change_rate": 0, "websocket": False}
+        peer = TidegatePeer(ctx, q, hb, builds, tag=f"-hetero-{mode}")
+        try:
+            r = run_peer(ctx, q, peer, hb)
+        finally:
+            peer.stop()
+        runs[mode] = {"requests": r["totals"]["requests"], "failed": r["totals"]["failed"],
+                      "by_kind": r["totals"]["by_kind"], "windows": r["schedule_windows"],
+                      "upgrades": r["upgrades"]}
+    for proc in procs:
+        ctx.procs.stop(proc)
+
+    def burst(w):
+        return sum(x.get("bad_status", 0) + x.get("timeout", 0) for x in w)
+    return {"params": h, "capacity_per_s": round(7 / parse_ms(h["service"]) * 1000, 1), "runs": runs,
+            "after_upgrades_503_timeouts": {m: burst(r["windows"]) for m, r in runs.items()}}
+
+
+def parse_ms(spec: str) -> float:
+    """The mean of an emulator service time `exp:20ms` / `fixed:5ms`, ms."""
+    v = spec.split(":")[1]
+    return float(v[:-2]) if v.endswith("ms") else float(v[:-2]) / 1000 if v.endswith("us") else float(v[:-1]) * 1000
 
 
 def tidegate_builds(ctx: Ctx) -> dict:
@@ -134,18 +189,29 @@ def certs(ctx: Ctx) -> None:
 
 def run_peer(ctx: Ctx, p: dict, peer, backends: dict) -> dict:
     peer.start()
-    wait_serving(peer.proxy, backends["body"])
+    wait_serving(peer.proxy, backends.get("bodies") or [backends["body"]])
     n, interval = p["upgrades"], p["interval_s"]
-    duration = p["warmup_s"] + n * interval + p["tail_s"]
+    duration = p["warmup_s"] + p.get("schedule_n", n) * interval + p["tail_s"]
     load_cfg = {"proxy": peer.proxy, "body": backends["body"], "duration": duration, "timeout_s": p["timeout_s"],
-                "ka_conns": p["ka_conns"], "ka_rate": p["ka_rate"], "new_rate": p["new_rate"], "ws_path": "/ws",
+                "bodies": backends.get("bodies"),
+                "ka_conns": p["ka_conns"], "ka_rate": p["ka_rate"], "new_rate": p["new_rate"],
+                "ws_path": "/ws" if p.get("websocket", True) else None,
                 "ws_interval_s": p["ws_interval_s"], "tls": peer.tls, "ca": str(ctx.work / "cert.pem"),
                 "h2_conns": p["h2_conns"], "h2_rate": p["h2_rate"], "h2_streams": p["h2_streams"]}
     if peer.name == "tidegate":
         load_cfg.update(change_rate=p["change_rate"], admin=peer.admin_addr, token=TOKEN)
         rev_start = peer.admin().call("GET", "/v1/routes")["revision"]
-    load_out = ctx.work / f"upgrade-load-{peer.name}.out"
-    load = ctx.procs.start([sys.executable, str(LOAD), "load", "--config", json.dumps(load_cfg)], out=load_out)
+    # Two client processes (Python runs one core each): the HTTP/1.1 load
+    # in one, HTTP/2, the WebSocket and the changes in the other.
+    shards = [{**load_cfg, "h2_conns": 0, "ws_path": None, "change_rate": 0},
+              {**load_cfg, "ka_conns": 0, "new_rate": 0}]
+    loads = []
+    for i, cfg in enumerate(shards):
+        out_path = ctx.work / f"upgrade-load-{peer.name}-{i}.out"
+        loads.append((ctx.procs.start([sys.executable, str(LOAD), "load", "--config", json.dumps(cfg)],
+                                      out=out_path), out_path))
+    for proc, path in loads:
+        wait_for_line(path, r"load started", 30, proc)
     t0 = time.monotonic()
     upgrades = []
     for k in range(n):
@@ -163,17 +229,19 @@ def run_peer(ctx: Ctx, p: dict, peer, backends: dict) -> dict:
             break
     # The loads end by themselves after `duration`.
     deadline = time.monotonic() + duration + 60
-    try:
-        load.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        ctx.procs.stop(load)
-    res = read_json_output(load_out)
+    for proc, _ in loads:
+        try:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            ctx.procs.stop(proc)
+    res = merge([read_json_output(path) for _, path in loads])
     out = {"upgrades": upgrades, "completed": sum(1 for u in upgrades if "serving_s" in u),
            "load": {**res["counts"], "h2_connections": res["h2_connections"], "h2_goaways": res["h2_goaways"],
                     "h2_closed_without_goaway": res["h2_closed_without_goaway"], "h2_ends": res["h2_ends"]},
            "failures": [{**f, "t": round(f["t"] - t0, 3)} for f in res["failures"][:200]],
            "websocket": websocket_outcome(res["ws_sessions"], upgrades, t0, p["grace_s"]),
-           "window_failures": windows(res["failures"], upgrades, p["window_s"])}
+           "window_failures": windows(res["failures"], upgrades, p["window_s"]),
+           "schedule_windows": schedule_windows(res["failures"], t0, p)}
     serving = [u["serving_s"] for u in upgrades if "serving_s" in u]
     out["upgrade_time_s"] = {"p50": percentile(serving, 50) if serving else None, "max": max(serving, default=None)}
     if peer.name == "tidegate":
@@ -182,12 +250,31 @@ def run_peer(ctx: Ctx, p: dict, peer, backends: dict) -> dict:
     return out
 
 
-def wait_serving(proxy: str, body: str, timeout: float = 30) -> None:
+def merge(results: list[dict]) -> dict:
+    """One result from the client processes' results."""
+    out = dict(results[0])
+    out["counts"] = {part: {k: sum(r["counts"][part][k] for r in results) for k in results[0]["counts"][part]}
+                     for part in results[0]["counts"]}
+    out["failures"] = sorted((f for r in results for f in r["failures"]), key=lambda f: f["t"])
+    for key in ("ws_sessions",):
+        out[key] = [x for r in results for x in r[key]]
+    out["changes"] = {k: v for r in results for k, v in r["changes"].items()}
+    for key in ("h2_connections", "h2_goaways", "h2_closed_without_goaway", "inflight_skipped"):
+        out[key] = sum(r[key] for r in results)
+    out["h2_ends"] = {}
+    for r in results:
+        for k, v in r["h2_ends"].items():
+            out["h2_ends"][k] = out["h2_ends"].get(k, 0) + v
+    out["change_counts"] = next((r["change_counts"] for r in results if r["changes"]), results[0]["change_counts"])
+    return out
+
+
+def wait_serving(proxy: str, bodies: list[str], timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
         last = http_get(proxy, "/warm", timeout=2)
-        if last[0] == 200 and last[2].decode(errors="replace") == body:
+        if last[0] == 200 and last[2].decode(errors="replace") in bodies:
             return
         time.sleep(0.05)
     raise RuntimeError(f"{proxy} does not serve the backend's answer: {last}")
@@ -220,6 +307,20 @@ def websocket_outcome(sessions: list[dict], upgrades: list[dict], t0: float, gra
 def windows(failures: list[dict], upgrades: list[dict], window: float) -> list[int]:
     """Failures in the `window` s after each upgrade's start."""
     return [sum(1 for f in failures if u["t"] <= f["t"] < u["t"] + window) for u in upgrades]
+
+
+def schedule_windows(failures: list[dict], t0: float, p: dict) -> list[dict]:
+    """Failures by kind in the `window_s` after each planned upgrade time
+    (`schedule_n` of them: the same instants in a run without upgrades)."""
+    out = []
+    for k in range(p.get("schedule_n", p["upgrades"])):
+        start = t0 + p["warmup_s"] + k * p["interval_s"]
+        counts: dict[str, int] = {}
+        for f in failures:
+            if start <= f["t"] < start + p["window_s"]:
+                counts[f["kind"]] = counts.get(f["kind"], 0) + 1
+        out.append(counts)
+    return out
 
 
 def check_changes(peer, res: dict, rev_start: int) -> dict:
@@ -315,13 +416,13 @@ def poll_new_answer(proxy: str, is_new, started: float, timeout: float = 30) -> 
 class TidegatePeer:
     name = "tidegate"
 
-    def __init__(self, ctx: Ctx, p: dict, backends: dict, builds: dict) -> None:
-        self.ctx, self.p, self.backends = ctx, p, backends
+    def __init__(self, ctx: Ctx, p: dict, backends: dict, builds: dict, tag: str = "") -> None:
+        self.ctx, self.p, self.backends, self.tag = ctx, p, backends, tag
         self.bins = {"a": builds["a"], "b": builds["b"]}
         self.proxy = f"127.0.0.1:{free_port()}"
         self.tls = f"127.0.0.1:{free_port()}"
         self.admin_addr = f"127.0.0.1:{free_port()}"
-        self.data = ctx.work / "upgrade-tg"
+        self.data = ctx.work / f"upgrade-tg{tag}"
         self.current = None
 
     def argv(self, build: str) -> list[str]:
@@ -330,7 +431,7 @@ class TidegatePeer:
                 "--drain-timeout-s", str(self.p["grace_s"])]
 
     def spawn(self, argv: list[str], k: int):
-        out = self.ctx.work / f"upgrade-tg-{k}.out"
+        out = self.ctx.work / f"upgrade-tg{self.tag}-{k}.out"
         env = {"TIDEGATE_ADMIN_TOKEN": TOKEN, "TIDEGATE_LOG": "warn"}
         return self.ctx.procs.start(argv, out=out, env=env), out
 
@@ -341,7 +442,8 @@ class TidegatePeer:
         self.current, out = self.spawn(self.argv("a"), 0)
         wait_for_line(out, r"tidegate ready", 60, self.current)
         cert, key = (self.ctx.work / "cert.pem").read_text(), (self.ctx.work / "key.pem").read_text()
-        ops = [{"op": "put_service", "name": "app", "spec": {"backends": [{"id": "e", "addr": self.backends["app"]}]}},
+        app = self.backends.get("service") or {"backends": [{"id": "e", "addr": self.backends["app"]}]}
+        ops = [{"op": "put_service", "name": "app", "spec": app},
                {"op": "put_route", "name": "app", "spec": {"match": {"path_prefix": "/"}, "service": "app"}},
                {"op": "put_service", "name": "ws", "spec": {"backends": [{"id": "w", "addr": self.backends["ws"]}]}},
                {"op": "put_route", "name": "ws", "spec": {"match": {"path_prefix": "/ws"}, "service": "ws"}},

@@ -16,7 +16,7 @@ The load (each part off when its count or rate is 0):
 
 - `ka_conns` keep-alive HTTP/1.1 connections, each sending `ka_rate` GETs
   per second (0: one after the other, closed loop), each answer checked:
-  status 200 and the whole body equal to `body`;
+  status 200 and the whole body equal to `body` (or one of `bodies`);
 - new connections at `new_rate` per second (open loop), one GET each with
   `Connection: close`, checked the same way;
 - one WebSocket at `ws_path` sending a numbered text message every
@@ -220,7 +220,7 @@ class Load:
         self.cfg = cfg
         self.host, port = cfg["proxy"].rsplit(":", 1)
         self.port = int(port)
-        self.body = cfg["body"].encode()
+        self.bodies = {b.encode() for b in cfg.get("bodies") or [cfg["body"]]}
         self.timeout = cfg.get("timeout_s", 5.0)
         self.t0 = time.monotonic()
         self.deadline = self.t0 + cfg["duration"]
@@ -231,7 +231,7 @@ class Load:
         self.h2_goaways = 0
         self.h2_closed_without_goaway = 0
         self.h2_ends: dict[str, int] = {}
-        self.failures: list[dict] = []  # {"t", "part", "kind", "detail"}, the first 2000
+        self.failures: list[dict] = []  # {"t", "part", "kind", "detail"}, the first 20,000
         self.ws_sessions: list[dict] = []
         self.changes: dict[str, dict] = {}
         self.change_counts = {"sent": 0, "acked": 0, "refused_503": 0, "refused_conn": 0, "ambiguous": 0,
@@ -243,13 +243,13 @@ class Load:
 
     def fail(self, part: str, kind: str, detail: str = "") -> None:
         self.counts[part][kind] += 1
-        if len(self.failures) < 2000:
+        if len(self.failures) < 20000:
             self.failures.append({"t": time.monotonic(), "part": part, "kind": kind, "detail": detail[:200]})
 
     def check(self, part: str, status: int, body: bytes) -> None:
         if status != 200:
             self.fail(part, "bad_status", f"{status}")
-        elif body != self.body:
+        elif body not in self.bodies:
             self.fail(part, "bad_body", repr(body[:60]))
         else:
             self.counts[part]["ok"] += 1
@@ -670,6 +670,7 @@ class Load:
             counter = iter(range(1, 1 << 40))
             tasks.append(asyncio.ensure_future(
                 self.open_loop(c["change_rate"], lambda: self.change_one(next(counter)), cap=2000)))
+        print("load started", flush=True)
         await asyncio.gather(*tasks)
         return self.result()
 
