@@ -870,15 +870,19 @@ def md_upgrade(r):
         if "error" in x:
             continue
         ch = x.get("changes")
+        lat = x.get("latency_ms") or {}
         rows.append([name, x["load"]["keep_alive"]["requests"], x["load"]["new_conn"]["requests"],
                      x["load"]["h2"]["requests"], x["load"]["h2_connections"], x["load"]["h2_goaways"],
                      x["load"]["h2_closed_without_goaway"], " ".join(str(w) for w in x["window_failures"]),
+                     fmt((lat.get("all") or {}).get("p99"), 1),
+                     f"{fmt(lat.get('windows_p99_max'), 1)} / {fmt(lat.get('windows_max'), 1)}",
                      " ".join(fmt(u.get("old_exit_s"), 1) for u in x["upgrades"]),
                      (f"{ch['acked']}/{ch['sent']} acked, {ch['counts']['refused_503']} 503, "
                       f"{ch['ambiguous']} ambiguous, {ch['revisions_taken']} revisions for {ch['present']} present"
                       if ch else "N/A")])
     s.append("\n" + table(["peer", "keep-alive req", "new-conn req", "h2 req", "h2 conns", "h2 GOAWAYs",
                            "h2 closed without GOAWAY", f"failures in the {p['window_s']} s after each upgrade",
+                           "p99 ms, whole run", f"worst p99 / max ms in the {p['window_s']} s after an upgrade",
                            "old process gone after (s)", "configuration changes"], rows))
     het = r.get("heterogeneous")
     if het and "error" in het:
@@ -888,13 +892,15 @@ def md_upgrade(r):
         rows = []
         for mode, x in het["runs"].items():
             wins = "; ".join(", ".join(f"{k} {v}" for k, v in w.items()) or "0" for w in x["windows"])
+            lat = x.get("latency_ms") or {}
             rows.append([f"{mode} upgrades", len(x["upgrades"]), x["requests"], x["failed"],
-                         het["after_upgrades_503_timeouts"][mode], wins])
+                         het["after_upgrades_503_timeouts"][mode], wins, fmt((lat.get("all") or {}).get("p99"), 1),
+                         f"{fmt(lat.get('windows_p99_max'), 1)} / {fmt(lat.get('windows_max'), 1)}"])
         s.append(f"\n**Heterogeneous backends** (Tidegate): capacities 1:2:4 (emulator slots, service "
                  f"{h['service']}, queues of 20; {het['capacity_per_s']} req/s in all), one service learning their "
                  f"limits (least_conn), {h['conns']} keep-alive connections at {h['rate']} req/s each; "
                  f"{h['upgrades']} upgrades every {h['interval_s']} s after {h['warmup_s']} s, against the same run "
                  f"without upgrades, failures in the {p['window_s']} s after each (the same instants in both)\n"
                  + table(["run", "upgrades", "requests", "failed", "503s + timeouts after the upgrades",
-                          "failures per window"], rows))
+                          "failures per window", "p99 ms, whole run", "worst window p99 / max ms"], rows))
     return "".join(s)

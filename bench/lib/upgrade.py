@@ -149,6 +149,8 @@ def heterogeneous(ctx: Ctx, p: dict, backends: dict, builds: dict) -> dict:
             peer.stop()
         runs[mode] = {"requests": r["totals"]["requests"], "failed": r["totals"]["failed"],
                       "by_kind": r["totals"]["by_kind"], "windows": r["schedule_windows"],
+                      "latency_ms": {k: r["latency_ms"][k] for k in ("all", "windows", "windows_p99_max",
+                                                                      "windows_max")},
                       "upgrades": r["upgrades"]}
     for proc in procs:
         ctx.procs.stop(proc)
@@ -241,7 +243,8 @@ def run_peer(ctx: Ctx, p: dict, peer, backends: dict) -> dict:
            "failures": [{**f, "t": round(f["t"] - t0, 3)} for f in res["failures"][:200]],
            "websocket": websocket_outcome(res["ws_sessions"], upgrades, t0, p["grace_s"]),
            "window_failures": windows(res["failures"], upgrades, p["window_s"]),
-           "schedule_windows": schedule_windows(res["failures"], t0, p)}
+           "schedule_windows": schedule_windows(res["failures"], t0, p),
+           "latency_ms": latency_summary(res["latency"], upgrades, t0, p)}
     serving = [u["serving_s"] for u in upgrades if "serving_s" in u]
     out["upgrade_time_s"] = {"p50": percentile(serving, 50) if serving else None, "max": max(serving, default=None)}
     if peer.name == "tidegate":
@@ -261,11 +264,38 @@ def merge(results: list[dict]) -> dict:
     out["changes"] = {k: v for r in results for k, v in r["changes"].items()}
     for key in ("h2_connections", "h2_goaways", "h2_closed_without_goaway", "inflight_skipped"):
         out[key] = sum(r[key] for r in results)
+    out["latency"] = {part: [tuple(x) for r in results for x in shift(r["latency"][part], r["t0"])]
+                      for part in results[0]["latency"]}
     out["h2_ends"] = {}
     for r in results:
         for k, v in r["h2_ends"].items():
             out["h2_ends"][k] = out["h2_ends"].get(k, 0) + v
     out["change_counts"] = next((r["change_counts"] for r in results if r["changes"]), results[0]["change_counts"])
+    return out
+
+
+def shift(samples: list, t0: float) -> list[tuple[float, float]]:
+    """(ms since a load's t0, µs) to (monotonic s, ms)."""
+    return [(t0 + t / 1000, us / 1000) for t, us in samples]
+
+
+def latency_summary(latency: dict, upgrades: list[dict], t0: float, p: dict) -> dict:
+    """Latency of the answers (200) per load, and of every load together
+    in the `window_s` after each planned upgrade instant, ms."""
+    def stats(xs):
+        return {"n": len(xs), "p50": percentile(xs, 50), "p99": percentile(xs, 99), "max": max(xs)} if xs else None
+    out = {"overall": {part: stats([ms for _, ms in v]) for part, v in latency.items()}}
+    every = [x for v in latency.values() for x in v]
+    out["all"] = stats([ms for _, ms in every])
+    wins = []
+    for k in range(p.get("schedule_n", p["upgrades"])):
+        start = t0 + p["warmup_s"] + k * p["interval_s"]
+        if k < len(upgrades):
+            start = upgrades[k]["t"]
+        wins.append(stats([ms for t, ms in every if start <= t < start + p["window_s"]]))
+    out["windows"] = wins
+    out["windows_p99_max"] = max((w["p99"] for w in wins if w), default=None)
+    out["windows_max"] = max((w["max"] for w in wins if w), default=None)
     return out
 
 
@@ -286,12 +316,19 @@ def websocket_outcome(sessions: list[dict], upgrades: list[dict], t0: float, gra
     rows = [{"start": round(s["start"] - t0, 3), "end": round(s["end"] - t0, 3) if s["end"] else None,
              "how": s["how"], "echoed": s["echoed"], "detail": s.get("detail", "")} for s in sessions]
     per = []
+    used: set[int] = set()
     for u in upgrades:
-        open_then = [s for s in sessions if s["start"] <= u["t"] and (s["end"] is None or s["end"] > u["t"])]
+        # The session the old process held: open when the upgrade began, or
+        # opened before the new process served; not one already counted for
+        # the upgrade before (whose grace may end just as this one begins).
+        served = u["t"] + (u.get("serving_s") or 0)
+        open_then = [i for i, s in enumerate(sessions) if i not in used and s["start"] <= served
+                     and (s["end"] is None or s["end"] > u["t"])]
         if not open_then:
             per.append({"k": u["k"], "session": None})
             continue
-        s = open_then[-1]
+        used.add(open_then[0])
+        s = sessions[open_then[0]]
         per.append({"k": u["k"], "ended_after_s": round(s["end"] - u["t"], 3) if s["end"] else None,
                     "how": s["how"], "echoed": s["echoed"]})
     ended = [x["ended_after_s"] for x in per if x.get("ended_after_s") is not None and x["how"] != "open_at_end"]
@@ -371,7 +408,10 @@ def summarize(peers: dict) -> dict:
                      "h2_closed_without_goaway": r["load"]["h2_closed_without_goaway"], "websocket": ws["summary"],
                      "changes_lost": r["changes"]["lost"] if "changes" in r else None,
                      "changes_applied_twice": r["changes"]["applied_twice_beyond_ambiguous"] if "changes" in r else None,
-                     "upgrade_p50_s": r["upgrade_time_s"]["p50"], "upgrade_max_s": r["upgrade_time_s"]["max"]}
+                     "upgrade_p50_s": r["upgrade_time_s"]["p50"], "upgrade_max_s": r["upgrade_time_s"]["max"],
+                     "latency_p99_ms": (r["latency_ms"]["all"] or {}).get("p99"),
+                     "after_upgrade_p99_ms": r["latency_ms"]["windows_p99_max"],
+                     "after_upgrade_max_ms": r["latency_ms"]["windows_max"]}
     return out
 
 

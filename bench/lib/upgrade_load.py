@@ -237,6 +237,7 @@ class Load:
         self.change_counts = {"sent": 0, "acked": 0, "refused_503": 0, "refused_conn": 0, "ambiguous": 0,
                               "other_status": 0, "gave_up": 0, "attempts": 0}
         self.inflight_skipped = 0
+        self.latency: dict[str, list[tuple[int, int]]] = {part: [] for part in self.counts}
 
     def done(self) -> bool:
         return self.stopping.is_set() or time.monotonic() >= self.deadline
@@ -246,7 +247,12 @@ class Load:
         if len(self.failures) < 20000:
             self.failures.append({"t": time.monotonic(), "part": part, "kind": kind, "detail": detail[:200]})
 
-    def check(self, part: str, status: int, body: bytes) -> None:
+    def check(self, part: str, status: int, body: bytes, sent: float) -> None:
+        if status == 200:
+            # Latency from the request's first send (a resend included),
+            # for requests answered 200, as (ms since t0, µs).
+            now = time.monotonic()
+            self.latency[part].append((int((sent - self.t0) * 1000), int((now - sent) * 1e6)))
         if status != 200:
             self.fail(part, "bad_status", f"{status}")
         elif body not in self.bodies:
@@ -269,6 +275,7 @@ class Load:
                 if self.done():
                     break
             self.counts["keep_alive"]["requests"] += 1
+            sent = time.monotonic()
             while True:  # once, or again after an unanswered kept-alive close
                 if writer is not None and (reader.at_eof() or reader.exception() is not None):
                     # Closed by the server while idle, seen before sending.
@@ -314,7 +321,7 @@ class Load:
                     writer = None
                     self.fail("keep_alive", f.kind, f.detail)
                     break
-                self.check("keep_alive", status, body)
+                self.check("keep_alive", status, body, sent)
                 reused = True
                 if close:
                     writer.close()
@@ -325,6 +332,7 @@ class Load:
 
     async def new_conn_one(self) -> None:
         self.counts["new_conn"]["requests"] += 1
+        sent = time.monotonic()
         writer = None
         try:
             async def once():
@@ -341,7 +349,7 @@ class Load:
                 except (ConnectionResetError, BrokenPipeError) as e:
                     raise Failure("reset", repr(e))
             status, _, body = await asyncio.wait_for(once(), self.timeout)
-            self.check("new_conn", status, body)
+            self.check("new_conn", status, body, sent)
         except asyncio.TimeoutError:
             self.fail("new_conn", "timeout")
         except Failure as f:
@@ -476,7 +484,7 @@ class Load:
                 if st is None:
                     return
                 if kind is None:
-                    self.check("h2", st["status"], st["body"])
+                    self.check("h2", st["status"], st["body"], st["t"])
                 else:
                     self.fail("h2", kind, detail)
 
@@ -624,13 +632,17 @@ class Load:
                 self.change_counts["refused_conn"] += 1
                 await asyncio.sleep(0.05)
                 continue
-            except (OSError, asyncio.TimeoutError, Unanswered, Failure):
+            except (OSError, asyncio.TimeoutError, Unanswered, Failure) as e:
                 # The change may or may not have been applied: sent again
                 # (a second revision for the same route then, which the
                 # caller's count allows for).
                 if sent:
                     rec["ambiguous"] = True
                     self.change_counts["ambiguous"] += 1
+                    why = ("timeout" if isinstance(e, asyncio.TimeoutError) else "closed unanswered"
+                           if isinstance(e, Unanswered) else type(e).__name__)
+                    key = f"ambiguous_{why}"
+                    self.change_counts[key] = self.change_counts.get(key, 0) + 1
                 await asyncio.sleep(0.05)
                 continue
             finally:
@@ -679,7 +691,8 @@ class Load:
                 "ws_sessions": self.ws_sessions, "changes": self.changes, "change_counts": self.change_counts,
                 "inflight_skipped": self.inflight_skipped,
                 "h2_connections": self.h2_connections, "h2_goaways": self.h2_goaways,
-                "h2_closed_without_goaway": self.h2_closed_without_goaway, "h2_ends": self.h2_ends}
+                "h2_closed_without_goaway": self.h2_closed_without_goaway, "h2_ends": self.h2_ends,
+                "latency": self.latency}
 
 
 def main() -> int:
