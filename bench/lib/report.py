@@ -860,6 +860,11 @@ def md_upgrade(r):
                      fmt(x["upgrade_p50_s"], 3), fmt(x["upgrade_max_s"], 3)])
     s.append(table(["peer", "upgrades", "requests", "failed", "failed by kind", "resets", "refused",
                     "resent / idle closed", "WebSocket", "changes", "upgrade p50 s", "upgrade max s"], rows))
+    for name, x in r["peers"].items():
+        for u in x.get("upgrades", []):
+            if "error" in u:
+                s.append(f"\n**{name}, upgrade {u['k']} failed** (the next ones not tried): "
+                         f"`{u['error'][:300].strip()}`\n")
     s.append("\n*Resent*: a kept-alive HTTP/1.1 request that crossed the server's close of the idle connection "
              "(no byte of an answer), or an HTTP/2 request above a GOAWAY's last stream, sent again on a new "
              "connection as RFC 9112 9.3.1 / RFC 9113 6.8 allow; *idle closed*: a kept-alive connection found "

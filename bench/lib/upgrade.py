@@ -55,8 +55,13 @@ upgrade's time from its start to the new process serving (p50 and max),
 when the old process exited, each WebSocket session's end (when, how),
 and for Tidegate the configuration changes: every acknowledged one
 present after the run (none lost), and the revisions taken against the
-changes present (none applied twice). Everything on 127.0.0.1; every
-process started is stopped by its pid, nginx's daemonized masters too.
+changes present (none applied twice), and the answers' latency over the
+run and in the `window_s` after each upgrade. With `hetero` (the full
+profile), Tidegate alone before backends of capacities 1:2:4 that a
+service learns the limits of: 503s, timeouts and latency after each
+upgrade against the same instants of a run without upgrades. Everything
+on 127.0.0.1; every process started is stopped by its pid, nginx's
+daemonized masters too.
 """
 
 from __future__ import annotations
@@ -121,7 +126,7 @@ def run(ctx: Ctx, p: dict) -> dict:
 def heterogeneous(ctx: Ctx, p: dict, backends: dict, builds: dict) -> dict:
     """Paper S3's backends (1, 2 and 4 slots, exponential 20 ms jobs,
     queues of 20) behind a Tidegate service that learns their limits
-    (least_conn): the same open load twice, without upgrades and with
+    (least_conn): the same paced keep-alive load twice, without upgrades and with
     `hetero["upgrades"]` of them, and the 503s and timeouts in the
     `window_s` after each upgrade (the same instants in the run without)."""
     h = p["hetero"]
@@ -399,15 +404,15 @@ def summarize(peers: dict) -> dict:
         if "error" in r:
             out[name] = {"error": r["error"][:300]}
             continue
-        ws = r["websocket"]
+        ws, ch = r["websocket"], r.get("changes")
         out[name] = {"upgrades": r["completed"], "requests": r["totals"]["requests"], "failed": r["totals"]["failed"],
                      "by_kind": r["totals"]["by_kind"],
                      "resets": r["totals"]["resets"], "refused": r["totals"]["refused"],
                      "resent": r["totals"]["resent"], "idle_closed": r["totals"]["idle_closed"],
                      "h2_goaways": r["load"]["h2_goaways"],
                      "h2_closed_without_goaway": r["load"]["h2_closed_without_goaway"], "websocket": ws["summary"],
-                     "changes_lost": r["changes"]["lost"] if "changes" in r else None,
-                     "changes_applied_twice": r["changes"]["applied_twice_beyond_ambiguous"] if "changes" in r else None,
+                     "changes_lost": ch["lost"] if ch else None,
+                     "changes_applied_twice": ch["applied_twice_beyond_ambiguous"] if ch else None,
                      "upgrade_p50_s": r["upgrade_time_s"]["p50"], "upgrade_max_s": r["upgrade_time_s"]["max"],
                      "latency_p99_ms": (r["latency_ms"]["all"] or {}).get("p99"),
                      "after_upgrade_p99_ms": r["latency_ms"]["windows_p99_max"],
