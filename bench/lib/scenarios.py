@@ -97,7 +97,7 @@ PARAMS = {
     # rate requests/s each (32 x 8.4 = 0.77 of the 350/s capacity), a run
     # without and one with `upgrades` upgrades, compared over window_s.
     "upgrade": {
-        "smoke": {"peers": "tidegate nginx haproxy", "upgrades": 2, "warmup_s": 0.3, "interval_s": 1.2, "tail_s": 0.1,
+        "smoke": {"peers": "tidegate nginx haproxy", "upgrades": 2, "warmup_s": 0.3, "interval_s": 1.2, "tail_s": 0.4,
                   "grace_s": 1, "workers": 1, "ka_conns": 8, "ka_rate": 20, "new_rate": 40, "h2_conns": 1,
                   "h2_streams": 2, "h2_rate": 20, "ws_interval_s": 0.05, "change_rate": 20, "timeout_s": 5,
                   "window_s": 1},
