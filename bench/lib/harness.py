@@ -42,6 +42,9 @@ class Ctx:
     work: Path  # a temporary directory, removed at the end
     procs: "Procs"
     notes: list[str] = field(default_factory=list)
+    # A second build of tidegate (a directory holding it) for the upgrade
+    # scenario's alternation; None: a copy of the first.
+    alt_bin_dir: Path | None = None
 
     @property
     def smoke(self) -> bool:

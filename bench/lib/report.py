@@ -264,7 +264,8 @@ def markdown(out: Path, results: dict, meta: dict, pngs: list[str]) -> str:
                             ("hostile", "6. Hostile load (issues 9 and 35)", md_hostile),
                             ("tls", "7. TLS at the front door and to backends (issue 10)", md_tls),
                             ("cluster", "8. Cluster mode through etcd (issue 11)", md_cluster),
-                            ("rules", "9. Traffic rules (issue 37)", md_rules)):
+                            ("rules", "9. Traffic rules (issue 37)", md_rules),
+                            ("upgrade", "10. Binary upgrades under load (issue 38)", md_upgrade)):
         if name not in results:
             continue
         md.append(f"\n## {title}\n")
@@ -834,3 +835,77 @@ def plot_rules(plt, r):
     c.set_title(f"{max([many[p]['keys'] or 0 for p in proxies], default=0):,} distinct rate-limit keys", fontsize=9)
     c.legend(fontsize=6)
     return fig
+
+
+def md_upgrade(r):
+    p, b = r["params"], r["builds"]
+    s = [f"{p['upgrades']} upgrades in a row, one every {p['interval_s']} s after {p['warmup_s']} s, alternating "
+         f"two builds (Tidegate: `{b['a']}` and {b['b_is']}; nginx and HAProxy: two copies of the installed binary), "
+         f"old process's grace {p['grace_s']} s. Load on each peer for the whole run: keep-alive HTTP/1.1 on "
+         f"{p['ka_conns']} connections at {p['ka_rate']} req/s each, new connections at {p['new_rate']}/s, HTTP/2 "
+         f"over TLS on {p['h2_conns']} connections at {p['h2_rate']} req/s each, one WebSocket sending every "
+         f"{p['ws_interval_s']} s, and for Tidegate {p['change_rate']} configuration changes/s; every answer's "
+         "status and body checked. Upgrade time: from the upgrade's start to the new process serving "
+         "(Tidegate: its ready line; nginx, HAProxy: a new connection answered by the new process).\n"]
+    rows = []
+    for name, x in r["summary"].items():
+        if "error" in x:
+            rows.append([name, "**failed**: " + x["error"][:200].replace("|", "/")] + [""] * 10)
+            continue
+        kinds = ", ".join(f"{k} {v}" for k, v in x["by_kind"].items() if v) or "none"
+        changes = ("N/A" if x["changes_lost"] is None
+                   else f"{x['changes_lost']} lost, {x['changes_applied_twice']} twice")
+        rows.append([name, f"{x['upgrades']}/{p['upgrades']}", x["requests"], x["failed"], kinds, x["resets"],
+                     x["refused"], f"{x['resent']} / {x['idle_closed']}", x["websocket"], changes,
+                     fmt(x["upgrade_p50_s"], 3), fmt(x["upgrade_max_s"], 3)])
+    s.append(table(["peer", "upgrades", "requests", "failed", "failed by kind", "resets", "refused",
+                    "resent / idle closed", "WebSocket", "changes", "upgrade p50 s", "upgrade max s"], rows))
+    for name, x in r["peers"].items():
+        for u in x.get("upgrades", []):
+            if "error" in u:
+                s.append(f"\n**{name}, upgrade {u['k']} failed** (the next ones not tried): "
+                         f"`{u['error'][:300].strip()}`\n")
+    s.append("\n*Resent*: a kept-alive HTTP/1.1 request that crossed the server's close of the idle connection "
+             "(no byte of an answer), or an HTTP/2 request above a GOAWAY's last stream, sent again on a new "
+             "connection as RFC 9112 9.3.1 / RFC 9113 6.8 allow; *idle closed*: a kept-alive connection found "
+             "closed before the next request. Neither is a failure. WebSocket: the session open at each upgrade, "
+             "how long after the upgrade it ended and how (`eof`: the connection closed with no close frame).\n")
+    rows = []
+    for name, x in r["peers"].items():
+        if "error" in x:
+            continue
+        ch = x.get("changes")
+        lat = x.get("latency_ms") or {}
+        rows.append([name, x["load"]["keep_alive"]["requests"], x["load"]["new_conn"]["requests"],
+                     x["load"]["h2"]["requests"], x["load"]["h2_connections"], x["load"]["h2_goaways"],
+                     x["load"]["h2_closed_without_goaway"], " ".join(str(w) for w in x["window_failures"]),
+                     fmt((lat.get("all") or {}).get("p99"), 1),
+                     f"{fmt(lat.get('windows_p99_max'), 1)} / {fmt(lat.get('windows_max'), 1)}",
+                     " ".join(fmt(u.get("old_exit_s"), 1) for u in x["upgrades"]),
+                     (f"{ch['acked']}/{ch['sent']} acked, {ch['counts']['refused_503']} 503, "
+                      f"{ch['ambiguous']} ambiguous, {ch['revisions_taken']} revisions for {ch['present']} present"
+                      if ch else "N/A")])
+    s.append("\n" + table(["peer", "keep-alive req", "new-conn req", "h2 req", "h2 conns", "h2 GOAWAYs",
+                           "h2 closed without GOAWAY", f"failures in the {p['window_s']} s after each upgrade",
+                           "p99 ms, whole run", f"worst p99 / max ms in the {p['window_s']} s after an upgrade",
+                           "old process gone after (s)", "configuration changes"], rows))
+    het = r.get("heterogeneous")
+    if het and "error" in het:
+        s.append(f"\n**Heterogeneous backends**: failed: `{het['error'][:300]}`\n")
+    elif het:
+        h = het["params"]
+        rows = []
+        for mode, x in het["runs"].items():
+            wins = "; ".join(", ".join(f"{k} {v}" for k, v in w.items()) or "0" for w in x["windows"])
+            lat = x.get("latency_ms") or {}
+            rows.append([f"{mode} upgrades", len(x["upgrades"]), x["requests"], x["failed"],
+                         het["after_upgrades_503_timeouts"][mode], wins, fmt((lat.get("all") or {}).get("p99"), 1),
+                         f"{fmt(lat.get('windows_p99_max'), 1)} / {fmt(lat.get('windows_max'), 1)}"])
+        s.append(f"\n**Heterogeneous backends** (Tidegate): capacities 1:2:4 (emulator slots, service "
+                 f"{h['service']}, queues of 20; {het['capacity_per_s']} req/s in all), one service learning their "
+                 f"limits (least_conn), {h['conns']} keep-alive connections at {h['rate']} req/s each; "
+                 f"{h['upgrades']} upgrades every {h['interval_s']} s after {h['warmup_s']} s, against the same run "
+                 f"without upgrades, failures in the {p['window_s']} s after each (the same instants in both)\n"
+                 + table(["run", "upgrades", "requests", "failed", "503s + timeouts after the upgrades",
+                          "failures per window", "p99 ms, whole run", "worst window p99 / max ms"], rows))
+    return "".join(s)

@@ -15,6 +15,7 @@ import hostile
 import overhead
 import peak
 import rules
+import upgrade
 from harness import ROOT, Ctx, free_port_block, log, median
 
 # Per profile: the options each scenario runs with.
@@ -82,6 +83,31 @@ PARAMS = {
                  "gzip_level_field": None, "limit_rate": 2000, "limit_burst": 20, "limit_duration": 10,
                  "limit_conns": 64, "keys": 100000, "keys_conns": 64, "keys_max_s": 300},
     },
+    # upgrade (issue 38): upgrades in a row every interval_s after
+    # warmup_s, tail_s more of load; grace_s: the old process's grace
+    # (Tidegate --drain-timeout-s, nginx worker_shutdown_timeout, HAProxy
+    # hard-stop-after); ka_conns keep-alive connections at ka_rate
+    # requests/s each; new_rate new connections/s; h2: h2_conns
+    # TLS connections at h2_rate requests/s each, h2_streams at most in
+    # flight;
+    # change_rate configuration changes/s (Tidegate); window_s: the window
+    # after each upgrade whose failures are counted apart. hetero (full
+    # only): backends of 1, 2 and 4 slots (service: the emulator's service
+    # time) behind a service learning their limits, conns connections at
+    # rate requests/s each (32 x 8.4 = 0.77 of the 350/s capacity), a run
+    # without and one with `upgrades` upgrades, compared over window_s.
+    "upgrade": {
+        "smoke": {"peers": "tidegate nginx haproxy", "upgrades": 2, "warmup_s": 0.3, "interval_s": 1.2, "tail_s": 0.4,
+                  "grace_s": 1, "workers": 1, "ka_conns": 8, "ka_rate": 20, "new_rate": 40, "h2_conns": 1,
+                  "h2_streams": 2, "h2_rate": 20, "ws_interval_s": 0.05, "change_rate": 20, "timeout_s": 5,
+                  "window_s": 1},
+        "full": {"peers": "tidegate nginx haproxy", "upgrades": 10, "warmup_s": 3, "interval_s": 8, "tail_s": 3,
+                 "grace_s": 5, "workers": 2, "ka_conns": 64, "ka_rate": 25, "new_rate": 200, "h2_conns": 4,
+                 "h2_streams": 4, "h2_rate": 50, "ws_interval_s": 0.05, "change_rate": 100, "timeout_s": 5,
+                 "window_s": 5,
+                 "hetero": {"upgrades": 3, "warmup_s": 10, "interval_s": 8, "tail_s": 5, "conns": 32, "rate": 8.4,
+                            "service": "exp:20ms"}},
+    },
     "cluster": {
         "smoke": {"duration": 1, "rate": 100, "members": "1", "preload": 200, "clients": 4},
         "full": {"duration": 10, "rate": 600, "members": "1 3", "preload": 10000, "clients": 32},
@@ -99,6 +125,7 @@ EXPECTED = {
     "tls": ["runs", "summary"],
     "cluster": ["runs", "summary"],
     "rules": ["checks", "runs", "summary", "compression", "rate_limit", "goal"],
+    "upgrade": ["builds", "peers", "summary"],
 }
 
 
@@ -276,6 +303,10 @@ def rules_scenario(ctx: Ctx) -> dict:
     return rules.run(ctx, PARAMS["rules"][ctx.profile])
 
 
+def upgrade_scenario(ctx: Ctx) -> dict:
+    return upgrade.run(ctx, PARAMS["upgrade"][ctx.profile])
+
+
 SCENARIOS = {
     "churn": churn,
     "throughput": throughput,
@@ -286,4 +317,5 @@ SCENARIOS = {
     "tls": tls,
     "cluster": cluster,
     "rules": rules_scenario,
+    "upgrade": upgrade_scenario,
 }
