@@ -143,8 +143,8 @@ fn first_line(child: &mut Child, limit: Duration) -> String {
     rx.recv_timeout(limit).unwrap_or_else(|_| panic!("no ready line within {limit:?}")).trim().to_string()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_package_installs_runs_as_its_user_and_purges() {
+/// Fails unless this runs as root with dpkg.
+fn check_root_and_dpkg() {
     assert!(
         nix::unistd::geteuid().is_root(),
         "the packaging test installs a Debian package with dpkg: it must run as root (CI does; \
@@ -156,8 +156,11 @@ async fn the_package_installs_runs_as_its_user_and_purges() {
             "the packaging test needs {tool} (a Debian system; scripts/test installs what is missing)"
         );
     }
-    let _lock = lock_dpkg_work();
-    // Never touch an operator's install: the purge below would remove it.
+}
+
+/// Fails unless the machine has no `tidegate` package, user, group or
+/// directory: the test's purge would remove an operator's.
+fn check_nothing_installed() {
     if let Some(status) = package_status() {
         panic!("the package {PACKAGE} is already on this machine ({status}); the test would remove it: not run");
     }
@@ -166,44 +169,39 @@ async fn the_package_installs_runs_as_its_user_and_purges() {
     }
     assert!(getent("passwd", USER).is_none(), "a user {USER} exists: the test's purge would remove it; not run");
     assert!(getent("group", USER).is_none(), "a group {USER} exists: the test's purge would remove it; not run");
-    let before = system_state();
-    let started = Instant::now();
+}
 
-    let out_dir = tempfile::tempdir().unwrap();
-    let script = workspace().join("scripts/package");
-    let built = Command::new(&script)
+/// `scripts/package --fast` of the binary the tests use, into `out`; the
+/// package's path.
+fn build_package(out: &Path) -> String {
+    let built = Command::new(workspace().join("scripts/package"))
         .args(["--binary", env!("CARGO_BIN_EXE_tidegate"), "--fast", "--out"])
-        .arg(out_dir.path())
+        .arg(out)
         .env("PATH", format!("{PATH}:{}", std::env::var("PATH").unwrap_or_default()))
         .output()
         .expect("run scripts/package");
     assert!(built.status.success(), "scripts/package: {}", String::from_utf8_lossy(&built.stderr));
     let deb = String::from_utf8_lossy(&built.stdout).lines().last().unwrap_or_default().to_string();
     assert!(deb.ends_with(".deb") && Path::new(&deb).is_file(), "no package: {deb:?}");
+    deb
+}
 
-    let mut installed = Installed { server: None, purged: false };
-    run_ok("dpkg", &["-i", &deb]);
-    // Again, over itself: the maintainer scripts are idempotent.
-    run_ok("dpkg", &["-i", &deb]);
+/// What postinst and the package put in place; the user's uid and gid.
+fn check_installed() -> (u32, u32) {
     assert_eq!(package_status().as_deref(), Some("install ok installed"));
     assert_eq!(run_ok("dpkg", &["--verify", PACKAGE]), "", "the installed files match the md5sums");
-    if Path::new("/run/systemd/system").is_dir() {
-        // postinst started the service; the test runs its own instance.
-        let _ = run("systemctl", &["stop", "tidegate.service"]);
-    }
-
     let user = getent("passwd", USER).expect("postinst created the user");
     let group = getent("group", USER).expect("postinst created the group");
-    let (uid, gid): (u32, u32) = (user[2].parse().unwrap(), group[2].parse().unwrap());
+    let (uid, gid): (u32, u32) = (user[2].parse().expect("a uid"), group[2].parse().expect("a gid"));
     assert!(uid < 1000, "a system user: {user:?}");
     assert_eq!(user[3], group[2], "the user's group is {USER}");
     assert_eq!(user[5], DATA, "home");
     assert_eq!(user[6], "/usr/sbin/nologin", "no login shell");
-    let data = std::fs::metadata(DATA).unwrap();
+    let data = std::fs::metadata(DATA).expect("the data directory");
     assert_eq!((data.uid(), data.gid(), data.mode() & 0o7777), (uid, gid, 0o700), "{DATA}");
-    let conf = std::fs::metadata(CONF).unwrap();
+    let conf = std::fs::metadata(CONF).expect("the configuration directory");
     assert_eq!((conf.uid(), conf.gid(), conf.mode() & 0o7777), (0, gid, 0o750), "{CONF}");
-    let binary = std::fs::metadata("/usr/bin/tidegate").unwrap();
+    let binary = std::fs::metadata("/usr/bin/tidegate").expect("the binary");
     assert_eq!(binary.mode() & 0o7777, 0o755);
     for file in [
         "/usr/share/man/man1/tidegate.1.gz",
@@ -217,9 +215,13 @@ async fn the_package_installs_runs_as_its_user_and_purges() {
     let conffiles = run_ok("dpkg-query", &["-W", "-f=${Conffiles}", PACKAGE]);
     assert!(conffiles.contains("/etc/tidegate/tidegate.yaml"), "{conffiles}");
     run_ok("/usr/bin/tidegate", &["validate", "/etc/tidegate/tidegate.yaml"]);
+    (uid, gid)
+}
 
-    // The service's command, as the packaged user, on free loopback ports
-    // (with the packaged configuration file: readable by the user).
+/// Starts the service's command as the packaged user, on free loopback
+/// ports and with the packaged configuration file (which the user must be
+/// able to read); its admin address and the tidegate process's id.
+fn start_as_the_user(installed: &mut Installed) -> (String, u32) {
     let mut server = Command::new("runuser")
         .args(["-u", USER, "--", "/usr/bin/tidegate", "serve", "--data-dir", DATA])
         .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--workers", "2"])
@@ -238,17 +240,23 @@ async fn the_package_installs_runs_as_its_user_and_purges() {
         .find_map(|w| w.strip_prefix("admin="))
         .unwrap_or_else(|| panic!("no admin address in {line:?}"))
         .to_string();
-    let pid = server_pid(installed.server.as_ref().unwrap()).expect("runuser's child, tidegate");
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let pid = server_pid(installed.server.as_ref().expect("started")).expect("runuser's child, tidegate");
+    (admin, pid)
+}
+
+/// The process runs as the user, answers with the token it generated, and
+/// has the packaged configuration.
+async fn check_running(admin: &str, pid: u32, uid: u32, gid: u32) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the process status");
     let ids = |key: &str| -> Vec<u32> {
         let line = status.lines().find(|l| l.starts_with(key)).unwrap_or_else(|| panic!("{key} in {status}"));
-        line.split_whitespace().skip(1).map(|n| n.parse().unwrap()).collect()
+        line.split_whitespace().skip(1).map(|n| n.parse().expect("an id")).collect()
     };
     assert_eq!(ids("Uid:"), vec![uid; 4], "tidegate runs as {USER}");
     assert_eq!(ids("Gid:"), vec![gid; 4], "tidegate runs in the group {USER}");
 
     let token = std::fs::read_to_string(format!("{DATA}/admin-token")).expect("the generated admin token");
-    let token_file = std::fs::metadata(format!("{DATA}/admin-token")).unwrap();
+    let token_file = std::fs::metadata(format!("{DATA}/admin-token")).expect("the token file");
     assert_eq!((token_file.uid(), token_file.mode() & 0o777), (uid, 0o600), "the token is the user's alone");
     let r = send("GET", &format!("http://{admin}/v1/status"), Some(token.trim()), Vec::new(), &[]).await;
     assert_eq!(r.status, 200, "{}", r.text());
@@ -257,12 +265,15 @@ async fn the_package_installs_runs_as_its_user_and_purges() {
     assert!(doc["services"]["web"].is_object(), "the packaged configuration is loaded: {doc}");
     let r = send("GET", &format!("http://{admin}/v1/status"), None, Vec::new(), &[]).await;
     assert_eq!(r.status, 401, "the admin API wants the token");
+}
 
+/// SIGTERM to the tidegate process; it drains and exits, and runuser with it.
+fn stop(installed: &mut Installed, pid: u32) {
     let status = Command::new("kill").args(["-TERM", &pid.to_string()]).status().expect("run kill");
     assert!(status.success(), "kill -TERM {pid}");
     let deadline = Instant::now() + Duration::from_secs(20);
     let exit = loop {
-        if let Some(exit) = installed.server.as_mut().unwrap().try_wait().expect("try_wait") {
+        if let Some(exit) = installed.server.as_mut().expect("started").try_wait().expect("try_wait") {
             installed.server = None;
             break exit;
         }
@@ -270,9 +281,10 @@ async fn the_package_installs_runs_as_its_user_and_purges() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(exit.success(), "tidegate drained and exited: {exit}");
+}
 
-    run_ok("dpkg", &["--purge", PACKAGE]);
-    installed.purged = true;
+/// Nothing of the package is left, and the machine is as `before`.
+fn check_purged(before: &str) {
     assert_eq!(package_status(), None, "purged");
     for gone in ["/usr/bin/tidegate", "/usr/share/man/man1/tidegate-serve.1.gz", DATA, CONF, ENABLED[0], ENABLED[1]] {
         assert!(!Path::new(gone).exists(), "{gone} is left after the purge");
@@ -280,6 +292,35 @@ async fn the_package_installs_runs_as_its_user_and_purges() {
     assert!(getent("passwd", USER).is_none(), "the user is removed");
     assert!(getent("group", USER).is_none(), "the group is removed");
     assert_eq!(system_state(), before, "users, groups and systemd links are as before the install");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_package_installs_runs_as_its_user_and_purges() {
+    check_root_and_dpkg();
+    let _lock = lock_dpkg_work();
+    check_nothing_installed();
+    let before = system_state();
+    let started = Instant::now();
+    let out = tempfile::tempdir().unwrap();
+    let deb = build_package(out.path());
+
+    let mut installed = Installed { server: None, purged: false };
+    run_ok("dpkg", &["-i", &deb]);
+    // Again, over itself: the maintainer scripts are idempotent.
+    run_ok("dpkg", &["-i", &deb]);
+    if Path::new("/run/systemd/system").is_dir() {
+        // postinst started the service; the test runs its own instance.
+        let _ = run("systemctl", &["stop", "tidegate.service"]);
+    }
+    let (uid, gid) = check_installed();
+
+    let (admin, pid) = start_as_the_user(&mut installed);
+    check_running(&admin, pid, uid, gid).await;
+    stop(&mut installed, pid);
+
+    run_ok("dpkg", &["--purge", PACKAGE]);
+    installed.purged = true;
+    check_purged(&before);
     eprintln!("packaging: built, installed twice, ran and purged in {:?}", started.elapsed());
 }
 
