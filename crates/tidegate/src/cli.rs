@@ -38,8 +38,9 @@ pub enum Command {
         /// The shell.
         shell: clap_complete::Shell,
     },
-    /// Print the manual page (roff; `tidegate man | man -l -`).
-    Man,
+    /// Print the manual pages (roff; `tidegate man | man -l -`), or write
+    /// one file per command with `--out DIR`.
+    Man(crate::man::ManArgs),
     /// Run a demo on loopback: backends of different capacities, an
     /// autoscaled service and gentle traffic, to watch in the dashboard.
     #[cfg(feature = "demo")]

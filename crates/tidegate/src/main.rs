@@ -8,6 +8,7 @@ mod ctl;
 mod demo;
 #[cfg(test)]
 mod layers;
+mod man;
 mod output;
 mod serve;
 mod systemd;
@@ -36,7 +37,7 @@ fn main() -> std::process::ExitCode {
             clap_complete::generate(shell, &mut cmd, "tidegate", &mut script);
             write_stdout(&script)
         }
-        cli::Command::Man => man(),
+        cli::Command::Man(opts) => man::run(&opts),
         #[cfg(feature = "demo")]
         cli::Command::Demo(opts) => demo::run(opts),
         #[cfg(feature = "demo")]
@@ -59,22 +60,9 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// `tidegate man`: the manual page of `tidegate` and its commands, in roff.
-fn man() -> anyhow::Result<std::process::ExitCode> {
-    let cmd = <cli::Cli as clap::CommandFactory>::command();
-    let mut out = Vec::new();
-    clap_mangen::Man::new(cmd.clone()).render(&mut out)?;
-    for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
-        let name = format!("tidegate-{}", sub.get_name());
-        let page = sub.clone().display_name(name.clone()).bin_name(name.clone());
-        clap_mangen::Man::new(page).title(name).render(&mut out)?;
-    }
-    write_stdout(&out)
-}
-
 /// Writes to standard output; a reader that went away (`| head`) ends the
 /// output quietly.
-fn write_stdout(bytes: &[u8]) -> anyhow::Result<std::process::ExitCode> {
+pub(crate) fn write_stdout(bytes: &[u8]) -> anyhow::Result<std::process::ExitCode> {
     match std::io::Write::write_all(&mut std::io::stdout().lock(), bytes) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
         _ => Ok(std::process::ExitCode::SUCCESS),

@@ -17,6 +17,7 @@ mod hostile;
 mod hygiene;
 mod observability;
 mod operator;
+mod packaging;
 mod proxying;
 mod rules;
 mod slow_clients;
