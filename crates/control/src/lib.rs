@@ -439,6 +439,17 @@ impl Control {
         self.shared.store.retire();
     }
 
+    /// This instance's lease in a shared store, for a successor to adopt
+    /// (see [`Store::lease`]).
+    pub fn lease(&self) -> Option<i64> {
+        self.shared.store.lease()
+    }
+
+    /// Goes on with a predecessor's lease (see [`Store::adopt_lease`]).
+    pub fn adopt_lease(&self, id: i64) {
+        self.shared.store.adopt_lease(id);
+    }
+
     /// The writer's counters.
     pub fn metrics(&self) -> &WriterMetrics {
         &self.shared.metrics

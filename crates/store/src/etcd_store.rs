@@ -912,6 +912,18 @@ impl Store for EtcdStore {
         }
     }
 
+    fn lease(&self) -> Option<i64> {
+        self.live.valid_lease()
+    }
+
+    fn adopt_lease(&self, id: i64) {
+        // Not valid until this process renewed it (the heartbeat's first
+        // keep-alive, within a second): until then it leads nothing.
+        if let Ok(mut l) = self.live.lease.lock() {
+            *l = Some((id, Instant::now()));
+        }
+    }
+
     fn retire(&self) {
         let lease = self.live.lease.lock().ok().and_then(|mut l| l.take());
         if let Some((id, _)) = lease {

@@ -534,6 +534,19 @@ pub trait Store: Send + Sync + 'static {
     /// its roles go at once rather than when the lease lapses.
     fn retire(&self) {}
 
+    /// The lease this instance's record and roles live under in a shared
+    /// store, while it is surely alive: a successor process adopts it
+    /// (`serve --takeover`).
+    fn lease(&self) -> Option<i64> {
+        None
+    }
+
+    /// Goes on with a predecessor's lease (see [`Store::lease`]): its
+    /// record and the roles it leads stay with no gap, renewed by this
+    /// process from now on. A lease that lapsed meanwhile is replaced by a
+    /// new one, as at a start.
+    fn adopt_lease(&self, _id: i64) {}
+
     /// Closes the store for a new process of this data directory to open
     /// (`serve --takeover`), releasing its lock. Returns whether there was
     /// anything to hand over: false for a store shared by several

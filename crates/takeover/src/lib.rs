@@ -161,6 +161,10 @@ pub enum Message {
         /// The running instance's process id.
         #[serde(default)]
         pid: u32,
+        /// With a shared store (etcd): the lease its instance record and
+        /// roles live under, for the successor to go on with.
+        #[serde(default)]
+        lease: Option<i64>,
     },
     /// Successor → running: it holds the sockets and the store, and will
     /// serve once told to go.
@@ -616,15 +620,18 @@ impl Predecessor {
     }
 
     /// Sends the sockets (duplicates of the descriptors: this process
-    /// keeps its own until it drops them) and whether the store was closed.
+    /// keeps its own until it drops them), whether the store was closed,
+    /// and the lease of a shared store's membership.
     pub fn offer(
         &mut self,
         listeners: &[(ListenerInfo, BorrowedFd<'_>)],
         store_released: bool,
+        lease: Option<i64>,
     ) -> Result<(), TakeoverError> {
         let message = Message::Offer {
             version: PROTOCOL_VERSION,
             pid: std::process::id(),
+            lease,
             listeners: listeners.iter().map(|(info, _)| *info).collect(),
             store_released,
         };
@@ -730,6 +737,8 @@ pub struct Offer {
     /// The running instance's process id (0 from one of the first
     /// protocol version).
     pub pid: u32,
+    /// The lease of its membership of a shared store, to go on with.
+    pub lease: Option<i64>,
 }
 
 /// The successor's side of one hand-over.
@@ -754,7 +763,7 @@ impl Successor {
         self.channel.send(Step::Hello, &hello, &[])?;
         let after = self.channel.timeouts.offer;
         let (message, fds) = self.channel.receive(Step::Offer, after)?;
-        let Message::Offer { version, listeners, store_released, pid } = message else {
+        let Message::Offer { version, listeners, store_released, pid, lease } = message else {
             return Err(TakeoverError::Protocol {
                 step: Step::Offer,
                 detail: format!("{} where offer was expected", message.name()),
@@ -769,7 +778,7 @@ impl Successor {
                 detail: format!("{} descriptors for {} listeners", fds.len(), listeners.len()),
             });
         }
-        Ok(Offer { listeners: listeners.into_iter().zip(fds).collect(), store_released, pid })
+        Ok(Offer { listeners: listeners.into_iter().zip(fds).collect(), store_released, pid, lease })
     }
 
     /// Refuses to go on, telling the running instance why (it keeps

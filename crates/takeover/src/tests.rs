@@ -36,7 +36,7 @@ fn a_whole_hand_over_moves_working_sockets() {
         (ListenerInfo { kind: Kind::Proxy, addr: proxy_addr }, proxy.as_fd()),
         (ListenerInfo { kind: Kind::Admin, addr: admin_addr }, admin.as_fd()),
     ];
-    old.offer(&listeners, true).expect("offer sent");
+    old.offer(&listeners, true, Some(7)).expect("offer sent");
     old.ready().expect("ready");
     old.go(Some(serde_json::json!({"limits": [1, 2]}))).expect("go sent");
     old.serving().expect("serving");
@@ -45,7 +45,7 @@ fn a_whole_hand_over_moves_working_sockets() {
     let (offer, reports, after) = successor.join().expect("successor");
     assert_eq!(reports, [Drain::Draining(3), Drain::Drained { cut: 1 }]);
     assert!(matches!(after, Err(TakeoverError::Closed { step: Step::Drain })), "{after:?}");
-    assert_eq!(offer.pid, std::process::id());
+    assert_eq!((offer.pid, offer.lease), (std::process::id(), Some(7)));
     assert!(offer.store_released);
     let kinds: Vec<Kind> = offer.listeners.iter().map(|(i, _)| i.kind).collect();
     assert_eq!(kinds, [Kind::Proxy, Kind::Admin]);
@@ -91,7 +91,7 @@ fn a_peer_that_leaves_is_a_closed_step() {
         drop(new);
     });
     old.hello().expect("hello");
-    old.offer(&[], false).expect("offer");
+    old.offer(&[], false, None).expect("offer");
     t.join().expect("thread");
     let err = old.ready().expect_err("closed");
     assert!(matches!(err, TakeoverError::Closed { step: Step::Ready }), "{err}");
@@ -163,7 +163,7 @@ fn a_successor_that_gets_no_learned_state_starts_blank() {
         new.ready()
     });
     old.hello().expect("hello");
-    old.offer(&[], true).expect("offer");
+    old.offer(&[], true, None).expect("offer");
     old.ready().expect("ready");
     old.go(None).expect("go");
     assert_eq!(t.join().expect("thread").expect("went"), None);

@@ -112,6 +112,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             if let Some(memory) = learned {
                 recall(&opened.1, &memory);
             }
+            // Cluster mode: the same membership, so the roles it leads
+            // (autoscaling) stay with no election in between.
+            if let Some(lease) = t.lease {
+                opened.1.adopt_lease(lease);
+            }
             taking = Some(t);
             opened
         }

@@ -53,6 +53,8 @@ pub struct Taking {
     pub received: Received,
     /// The running instance's process id (0 if it did not say).
     pub pid: u32,
+    /// Its lease in a shared store (cluster mode), to go on with.
+    pub lease: Option<i64>,
 }
 
 /// Connects to the instance serving `args.data_dir` and receives its
@@ -67,7 +69,7 @@ pub fn take_over(args: &ServeArgs) -> anyhow::Result<Taking> {
         successor.refuse("the new process uses the embedded store, but it was not released");
         bail!("--takeover: the running instance uses another store (etcd?) than this one (the embedded store in {}): give the same --store", args.data_dir.display());
     }
-    let pid = offer.pid;
+    let (pid, offer_lease) = (offer.pid, offer.lease);
     let mut received = Received::default();
     let mut addrs: Vec<ListenerInfo> = Vec::new();
     for (info, fd) in offer.listeners {
@@ -106,7 +108,7 @@ pub fn take_over(args: &ServeArgs) -> anyhow::Result<Taking> {
         successor.refuse(&reason);
         bail!("--takeover: {reason}; the running instance keeps serving");
     }
-    Ok(Taking { successor, received, pid })
+    Ok(Taking { successor, received, pid, lease: offer_lease })
 }
 
 /// A flag's address that differs from the socket's (a port 0 in the flag
@@ -417,7 +419,7 @@ impl Side {
         {
             let sockets = self.sockets.0.lock().unwrap_or_else(|p| p.into_inner());
             let offered: Vec<(ListenerInfo, BorrowedFd<'_>)> = sockets.iter().map(|(i, fd)| (*i, fd.as_fd())).collect();
-            peer.offer(&offered, released)?;
+            peer.offer(&offered, released, self.control.lease())?;
         }
         peer.ready()?;
         // The successor listens at the path from its go on.

@@ -141,9 +141,18 @@ impl<S> ClientSide<S> {
 enum Next {
     Request,
     Closed,
+    /// The worker stops while the connection waits for its next request.
+    Stopped,
     Http2,
     Refused(HeadError),
 }
+
+/// How long a kept-alive connection waiting for its next request may
+/// still bring one once the worker stops (a drain, a hand-over): a
+/// request already on its way is answered (with `Connection: close`)
+/// instead of crossing the server's close, which a client may not resend
+/// (a `POST`). Bounded by the idle timeout.
+const STOP_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Serves one client connection until it closes, it stays idle too long,
 /// or the worker stops. Hands it to hyper if it speaks HTTP/2.
@@ -175,17 +184,24 @@ pub(crate) async fn serve<S: ClientIo>(
     let mut ended = accepted;
     // One wait for the worker's stop, registered once for the connection.
     let mut stop_wait = stop.clone();
-    let mut stopped = std::pin::pin!(async move {
+    // Fused: after it fired, the connection's last wait for a request
+    // (`STOP_LINGER`) polls it again, and it stays pending.
+    let mut stopped = std::pin::pin!(futures_util::FutureExt::fuse(async move {
         let _ = stop_wait.changed().await;
-    });
+    }));
     loop {
         let deadline = match served {
             0 => accepted + limits.first_request_timeout,
             _ => ended + limits.idle_timeout,
         };
-        match next_head(&mut client, &mut head, served == 0, deadline, head_limits, stopped.as_mut()).await {
+        let mut next = next_head(&mut client, &mut head, served == 0, deadline, head_limits, stopped.as_mut()).await;
+        if let Next::Stopped = next {
+            let linger = deadline.min(Instant::now() + STOP_LINGER);
+            next = next_head(&mut client, &mut head, false, linger, head_limits, stopped.as_mut()).await;
+        }
+        match next {
             Next::Request => {}
-            Next::Closed => return,
+            Next::Closed | Next::Stopped => return,
             Next::Http2 => {
                 let read = client.inbox.split().freeze();
                 let io = crate::hyper_server::Prefixed::new(read, client.io);
@@ -298,8 +314,9 @@ async fn next_head<S: ClientIo>(
             }
         };
         match client.timer.run(deadline, read).await {
+            Some(None) => return Next::Stopped,
             Some(Some(Ok(n))) if n > 0 => {}
-            // Timed out, stopping, closed or failed.
+            // Timed out, closed or failed.
             _ => return Next::Closed,
         }
     }

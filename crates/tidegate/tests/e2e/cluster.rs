@@ -1053,18 +1053,63 @@ async fn a_takeover_in_cluster_mode_moves_the_sockets_and_joins() {
     let etcd = Etcd::start(1);
     let store = etcd.url(&[0], "tg");
     let backend = Backend::start("b", &[]);
-    let (mut old, dir) = instance(&store, &[]);
+    let (mut old, dir) = instance(&store, &["--instance-name", "a"]);
     let revision = service_with_route(&old, &backend).await;
-    let new = Tidegate::start_with(dir.path(), &["--store", &store, "--takeover"]);
+    let record = |etcd: &Etcd| instance_record(&etcd.ctl(0, &["get", "--prefix", "", "-w", "fields"]), "instances/a");
+    let (lease, _) = wait_for_record(&etcd, record).await;
+    let new = Tidegate::start_with(dir.path(), &["--store", &store, "--instance-name", "a", "--takeover"]);
     assert_eq!((new.proxy, new.admin), (old.proxy, old.admin));
     let status = tokio::task::spawn_blocking(move || old.wait_exit(Duration::from_secs(30)))
         .await
         .expect("join")
         .expect("the old process exits by itself");
     assert!(status.success(), "{status}");
+    // The new process goes on with the old one's lease: the instance
+    // record (and any role it leads) never lapses, and is written again
+    // by the new process under the same lease.
+    let (_, written) = record(&etcd).expect("the record outlives the old process");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let now = record(&etcd).expect("the record stays");
+        if now.1 > written {
+            assert_eq!(now.0, lease, "the same lease");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the new process does not write its record");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     converged(&new, revision).await;
     assert_eq!(get(&new.url("/")).await.status, 200);
     let (s, v) = new.api("PUT", "/v1/services/later", Some(json!({}))).await;
     assert_eq!(s, 200, "the new instance writes to etcd: {v}");
     assert_eq!(v["revision"].as_u64(), Some(revision + 1));
+}
+
+/// The lease and modification revision of the key ending in `suffix`, in
+/// `etcdctl get -w fields` output.
+fn instance_record(fields: &str, suffix: &str) -> Option<(i64, i64)> {
+    // Each key's fields come in order: Key, ..., ModRevision, ..., Lease.
+    let (mut key, mut modified) = (String::new(), 0i64);
+    for line in fields.lines() {
+        let Some((name, value)) = line.split_once(" : ") else { continue };
+        let value = value.trim().trim_matches('"');
+        match name.trim().trim_matches('"') {
+            "Key" => key = value.to_string(),
+            "ModRevision" => modified = value.parse().unwrap_or(0),
+            "Lease" if key.ends_with(suffix) => return Some((value.parse().unwrap_or(0), modified)),
+            _ => {}
+        }
+    }
+    None
+}
+
+async fn wait_for_record(etcd: &Etcd, record: impl Fn(&Etcd) -> Option<(i64, i64)>) -> (i64, i64) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(r) = record(etcd).filter(|(lease, _)| *lease != 0) {
+            return r;
+        }
+        assert!(Instant::now() < deadline, "no instance record in etcd");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

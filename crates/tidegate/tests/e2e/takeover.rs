@@ -580,3 +580,66 @@ async fn the_new_process_shows_the_old_ones_drain() {
         "{p}"
     );
 }
+
+/// Sends `request` on `conn` and reads one whole answer (its head, and a
+/// body of its `Content-Length`); `None` if the connection ended first.
+fn exchange_on(conn: &mut std::net::TcpStream, request: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    conn.write_all(request.as_bytes()).ok()?;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if got.len() >= end + 4 + length {
+                return Some(String::from_utf8_lossy(&got[..end + 4 + length]).into_owned());
+            }
+        }
+        match conn.read(&mut buf) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// Once the proxy stops (a hand-over, SIGTERM), a kept-alive connection
+/// waiting for its next request is not closed under a request already on
+/// its way: that request is answered, with `Connection: close` (a client
+/// may not send a `POST` that crossed a close again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_on_an_idle_keep_alive_connection_is_answered_during_the_drain() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut tg = Tidegate::start_with(data.path(), &["--health-path", "/healthz"]);
+    let backend = Backend::start("b", &[]);
+    route_to(&tg, "web", &[&backend], "round_robin").await;
+    let request = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
+    let connect = || {
+        let c = std::net::TcpStream::connect(tg.proxy).expect("connect");
+        c.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+        c
+    };
+    let (mut idle, mut probe) = (connect(), connect());
+    let first = exchange_on(&mut idle, &request("/")).expect("an answer");
+    assert!(first.starts_with("HTTP/1.1 200") && !first.to_ascii_lowercase().contains("connection: close"), "{first}");
+    tg.terminate();
+    // The probe's connection says when the stop is in effect: its health
+    // check answers 503 (with Connection: close) from then on.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let answer = exchange_on(&mut probe, &request("/healthz")).expect("the probe is answered");
+        if answer.starts_with("HTTP/1.1 503") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the stop never showed: {answer}");
+    }
+    let answer = exchange_on(&mut idle, &request("/")).expect("the idle connection's next request is answered");
+    let lower = answer.to_ascii_lowercase();
+    assert!(answer.starts_with("HTTP/1.1 200") && lower.contains("connection: close"), "{answer}");
+    let exited = tokio::task::spawn_blocking(move || tg.wait_exit(Duration::from_secs(30))).await.expect("join");
+    assert!(exited.is_some_and(|s| s.success()), "{exited:?}");
+}
