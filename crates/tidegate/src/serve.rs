@@ -219,6 +219,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let _hangups = tokio::spawn(on_hangup(hup, control.clone(), sync));
         let usr1 = signal(SignalKind::user_defined1()).context("SIGUSR1 handler")?;
         let _reopens = tokio::spawn(on_usr1(usr1, access_log.clone()));
+        let usr2 = signal(SignalKind::user_defined2()).context("SIGUSR2 handler")?;
+        let _upgrades = tokio::spawn(on_usr2(usr2, args.data_dir.clone(), description.exe.clone()));
         let listener = match received.as_mut().and_then(|r| r.admin.take()) {
             Some(l) => inherited(l).context("the admin API's socket")?,
             None => tokio::net::TcpListener::bind(args.admin)
@@ -552,6 +554,33 @@ async fn on_usr1(mut usr1: tokio::signal::unix::Signal, log: Option<Arc<AccessLo
 fn inherited(socket: std::net::TcpListener) -> std::io::Result<tokio::net::TcpListener> {
     socket.set_nonblocking(true)?;
     tokio::net::TcpListener::from_std(socket)
+}
+
+/// On each SIGUSR2: the binary upgrade, as `tidegate upgrade` does it,
+/// with the executable this process was started from (a package upgrade
+/// put the new binary at that path): a new process takes this one over,
+/// and this one drains and exits. A failure is logged; this process
+/// keeps serving.
+async fn on_usr2(mut usr2: tokio::signal::unix::Signal, data_dir: std::path::PathBuf, exe: Option<std::path::PathBuf>) {
+    while usr2.recv().await.is_some() {
+        tracing::info!("SIGUSR2: upgrading to the binary at this process's path");
+        let (data_dir, exe) = (data_dir.clone(), exe.clone());
+        let outcome =
+            tokio::task::spawn_blocking(move || crate::upgrade::upgrade(&data_dir, exe, Duration::from_secs(120)))
+                .await;
+        match outcome {
+            Ok(Ok(u)) => tracing::info!(
+                new_pid = u.new_pid,
+                binary = %u.binary.display(),
+                took_ms = u.took.as_millis() as u64,
+                "SIGUSR2: the new process serves; this one drains and exits"
+            ),
+            Ok(Err(e)) => {
+                tracing::error!(error = %format!("{e:#}"), "SIGUSR2: the upgrade failed; this process keeps serving")
+            }
+            Err(e) => tracing::error!(error = %e, "SIGUSR2: the upgrade did not run"),
+        }
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT.

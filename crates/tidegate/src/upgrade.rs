@@ -9,9 +9,11 @@
 //! the new process answers on the socket: it serves then, and the old one
 //! drains and exits by itself. A new process that exits first, or does
 //! not serve in time (it is stopped), leaves the old one serving; the
-//! command then fails with the reason.
+//! command then fails with the reason. `SIGUSR2` to a running `tidegate
+//! serve` does the same from inside, with the executable it was started
+//! from (nginx's binary upgrade signal).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
@@ -23,16 +25,45 @@ use crate::cli::UpgradeArgs;
 /// How often the new process is looked at while it starts.
 const POLL: Duration = Duration::from_millis(20);
 
+/// A finished upgrade.
+#[derive(Debug)]
+pub struct Upgraded {
+    /// The process taken over.
+    pub old_pid: u32,
+    /// The process serving now.
+    pub new_pid: u32,
+    /// The binary it runs.
+    pub binary: PathBuf,
+    /// From the question to the new process serving.
+    pub took: Duration,
+}
+
 pub fn run(args: UpgradeArgs) -> anyhow::Result<ExitCode> {
-    let socket = tidegate_takeover::socket_path(&args.data_dir);
+    let u = upgrade(&args.data_dir, args.binary, Duration::from_secs(args.timeout_s))?;
+    println!(
+        "upgraded: pid {} -> {} ({}) in {} ms; pid {} drains and exits",
+        u.old_pid,
+        u.new_pid,
+        u.binary.display(),
+        u.took.as_millis(),
+        u.old_pid
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Replaces the instance serving `data_dir` with `binary` (default: this
+/// process's executable); returns once the new process serves, or fails
+/// leaving the old one serving.
+pub fn upgrade(data_dir: &Path, binary: Option<PathBuf>, timeout: Duration) -> anyhow::Result<Upgraded> {
+    let started = Instant::now();
+    let socket = tidegate_takeover::socket_path(data_dir);
     let running = tidegate_takeover::describe(&socket, Timeouts::default())
-        .with_context(|| format!("asking the instance serving {} how it was started", args.data_dir.display()))?;
+        .with_context(|| format!("asking the instance serving {} how it was started", data_dir.display()))?;
     let serve_args = successor_args(&running.args)?;
-    let binary = match args.binary {
+    let binary = match binary {
         Some(b) => b,
         None => std::env::current_exe().context("finding this binary (give --binary)")?,
     };
-    let started = Instant::now();
     let mut command = Command::new(&binary);
     command.args(&serve_args).envs(running.env.iter().map(|(k, v)| (k, v))).stdin(Stdio::null());
     if let Some(cwd) = &running.cwd {
@@ -40,7 +71,7 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<ExitCode> {
     }
     std::os::unix::process::CommandExt::process_group(&mut command, 0);
     let mut child = command.spawn().with_context(|| format!("starting {}", binary.display()))?;
-    let deadline = started + Duration::from_secs(args.timeout_s);
+    let deadline = started + timeout;
     loop {
         if let Some(status) = child.try_wait().context("waiting for the new process")? {
             bail!(
@@ -57,21 +88,13 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<ExitCode> {
             let _ = child.wait();
             bail!(
                 "the new process did not serve within {} s and was stopped; the running instance (pid {}) keeps serving",
-                args.timeout_s,
+                timeout.as_secs(),
                 running.pid
             );
         }
         std::thread::sleep(POLL);
     }
-    println!(
-        "upgraded: pid {} -> {} ({}) in {} ms; pid {} drains and exits",
-        running.pid,
-        child.id(),
-        binary.display(),
-        started.elapsed().as_millis(),
-        running.pid
-    );
-    Ok(ExitCode::SUCCESS)
+    Ok(Upgraded { old_pid: running.pid, new_pid: child.id(), binary, took: started.elapsed() })
 }
 
 /// Whether the process `pid` answers on the hand-over's socket: it listens

@@ -181,3 +181,41 @@ async fn a_socket_activated_instance_serves_the_connection_that_woke_it() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// The processes whose command line serves `data_dir`.
+fn serving(data_dir: &Path) -> Vec<u32> {
+    let dir = data_dir.to_string_lossy().into_owned();
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        if args.contains(&dir.as_bytes()) && args.contains(&&b"serve"[..]) && !gone(pid) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// `SIGUSR2` is the upgrade from inside (nginx's signal): the running
+/// process starts the binary it was started from with its own flags and
+/// `--takeover`, which serves the same sockets and configuration; the old
+/// one exits by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigusr2_replaces_the_process_with_the_binary_at_its_path() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut old = Tidegate::start(data.path());
+    let backend = Backend::start("b", &[]);
+    route_to(&old, "web", &[&backend], "round_robin").await;
+    let (old_pid, proxy) = (old.pid(), old.proxy);
+    let status = Command::new("kill").args(["-USR2", &old_pid.to_string()]).status().expect("kill");
+    assert!(status.success());
+    let exited = tokio::task::spawn_blocking(move || old.wait_exit(Duration::from_secs(30))).await.expect("join");
+    assert!(exited.is_some_and(|s| s.success()), "the old process exits by itself: {exited:?}");
+    let r = get(&format!("http://{proxy}/")).await;
+    assert_eq!((r.status, served_by(&r)), (200, "b".to_string()));
+    let pids = serving(data.path());
+    assert_eq!(pids.len(), 1, "one process serves the data directory: {pids:?}");
+    assert_ne!(pids[0], old_pid);
+    stop(pids[0]).await;
+}
