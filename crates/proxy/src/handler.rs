@@ -171,7 +171,8 @@ impl Proxy {
             }
         };
         if let Some(edits) = rules.as_deref_mut() {
-            seen.rules_changed(edits, logging);
+            let chain = decision.route.filter(|_| logging).and_then(|r| snapshot.rules(r.name.as_str()));
+            seen.rules_changed(edits, chain.map(|c| &**c));
         }
         // What a `compress` step reads of the request.
         let accept_encoding = rules

@@ -72,11 +72,12 @@ impl Seen {
     }
 
     /// Takes what the route's rules hold while the request is served, and
-    /// when `logging`, the steps that changed it.
-    pub(crate) fn rules_changed(&mut self, edits: &mut tidegate_rules::Forward, logging: bool) {
+    /// when logging (`chain`: the route's chain then), the steps that
+    /// changed it.
+    pub(crate) fn rules_changed(&mut self, edits: &mut tidegate_rules::Forward, chain: Option<&tidegate_rules::Chain>) {
         self.held = std::mem::take(&mut edits.permits);
-        if logging && !edits.changed_by.is_empty() {
-            let steps: Vec<String> = edits.changed_by.iter().map(describe_rule).collect();
+        if let Some(chain) = chain.filter(|_| !edits.changed.is_empty()) {
+            let steps: Vec<String> = chain.changed_rules(edits).map(describe_rule).collect();
             self.rule = Some(steps.join(","));
         }
     }

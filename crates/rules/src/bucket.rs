@@ -36,7 +36,44 @@ pub struct Buckets {
     capacity: u64,
     per_shard: usize,
     hasher: foldhash::fast::RandomState,
-    shards: Vec<Mutex<HashMap<u64, Bucket>>>,
+    shards: Vec<Mutex<HashMap<u64, Bucket, Hashed>>>,
+}
+
+/// The tables' keys are already 64-bit hashes (foldhash, seeded per
+/// process): the maps use them as they are instead of hashing them again.
+#[derive(Debug, Clone, Copy, Default)]
+struct Hashed;
+
+impl BuildHasher for Hashed {
+    type Hasher = HashedKey;
+    fn build_hasher(&self) -> HashedKey {
+        HashedKey(0)
+    }
+}
+
+/// The hasher of [`Hashed`]: the key itself.
+#[derive(Debug, Default)]
+struct HashedKey(u64);
+
+impl std::hash::Hasher for HashedKey {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used (the keys are `u64`); anything else
+        // folds in, byte by byte.
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// The shard of a hash: its top bits (the map inside uses the others).
+fn shard_of(h: u64) -> usize {
+    (h >> 60) as usize % SHARDS
 }
 
 /// What a bucket said.
@@ -58,7 +95,9 @@ impl Buckets {
             capacity: u64::from(burst.max(1)) * 1000,
             per_shard,
             hasher: foldhash::fast::RandomState::default(),
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::with_capacity(per_shard.min(1024)))).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(HashMap::with_capacity_and_hasher(per_shard.min(1024), Hashed)))
+                .collect(),
         }
     }
 
@@ -73,6 +112,12 @@ impl Buckets {
     /// it is full.
     fn refilled(&self, b: Bucket, now: Instant, rate: u64) -> Bucket {
         let elapsed = now.saturating_duration_since(b.at).as_nanos();
+        // Full again: the usual case of a generous limit, decided with a
+        // multiplication (the divisions below cost more on 128 bits).
+        let room = u128::from(self.capacity.saturating_sub(b.milli));
+        if elapsed.saturating_mul(u128::from(rate)) >= room.saturating_mul(1_000_000_000) {
+            return Bucket { milli: self.capacity, at: now.max(b.at) };
+        }
         let added = elapsed.saturating_mul(u128::from(rate)) / 1_000_000_000;
         let level = u128::from(b.milli) + added;
         if level >= u128::from(self.capacity) {
@@ -93,7 +138,7 @@ impl Buckets {
     pub fn take_share(&self, key: impl Hash, now: Instant, share: u32) -> Admit {
         let rate = (self.rate / u64::from(share.max(1))).max(1);
         let h = self.hasher.hash_one(key);
-        let shard = &self.shards[(h as usize) % SHARDS];
+        let shard = &self.shards[shard_of(h)];
         let mut map = match shard.lock() {
             Ok(m) => m,
             Err(poisoned) => poisoned.into_inner(),
@@ -140,14 +185,19 @@ pub struct InFlight {
     max: u32,
     keys: usize,
     hasher: foldhash::fast::RandomState,
-    counts: Mutex<HashMap<u64, u32>>,
+    counts: Mutex<HashMap<u64, u32, Hashed>>,
 }
 
 impl InFlight {
     /// At most `max` requests at once per key; at most `keys` keys with
     /// requests in flight (more are refused, as if at their limit).
     pub fn new(max: u32, keys: usize) -> InFlight {
-        InFlight { max, keys, hasher: foldhash::fast::RandomState::default(), counts: Mutex::new(HashMap::new()) }
+        InFlight {
+            max,
+            keys,
+            hasher: foldhash::fast::RandomState::default(),
+            counts: Mutex::new(HashMap::with_hasher(Hashed)),
+        }
     }
 
     /// Counts one more request of `key`, or `None` at the limit. The

@@ -32,11 +32,12 @@ pub mod path;
 pub mod response;
 
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
 use http::{HeaderName, HeaderValue, Method};
+use smallvec::SmallVec;
 use tidegate_model::rules::{self as model, LimitKey, Step};
 use tidegate_model::{Headers, RuleSetName, RuleSetSpec};
 
@@ -107,8 +108,10 @@ pub struct Forward {
     pub response: ResponsePlan,
     /// Held while the request is in flight (concurrency limits).
     pub permits: Vec<Permit>,
-    /// The steps that changed the request.
-    pub changed_by: Vec<RuleRef>,
+    /// The steps that changed the request, by their index in the chain
+    /// ([`Chain::changed_rules`] names them): indexes, not names, so that
+    /// the request path copies nothing shared between cores.
+    pub changed: SmallVec<[u16; 8]>,
 }
 
 /// Work to do off the request path before the chain goes on.
@@ -182,15 +185,41 @@ enum Compiled {
 struct Slot {
     rule: RuleRef,
     step: Compiled,
-    /// Requests this step answered, and requests it changed.
-    answered: AtomicU64,
-    changed: AtomicU64,
 }
 
-impl Slot {
-    fn changed(&self, fwd: &mut Forward) {
-        self.changed.fetch_add(1, Relaxed);
-        fwd.changed_by.push(self.rule.clone());
+/// Stripes of a chain's counters: each thread adds to its own stripe
+/// (threads past this many share), so that the cores serving one route do
+/// not pass its counters' cache lines back and forth on every request.
+const STRIPES: usize = 4;
+
+/// The stripe of the calling thread.
+fn stripe() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static STRIPE: usize = NEXT.fetch_add(1, Relaxed) % STRIPES;
+    }
+    STRIPE.with(|s| *s)
+}
+
+/// What each step of a chain did: per stripe, two counters per step
+/// (answered, changed), each stripe its own allocation.
+struct Counts {
+    stripes: [Box<[AtomicU64]>; STRIPES],
+}
+
+impl Counts {
+    fn new(steps: usize) -> Counts {
+        Counts { stripes: std::array::from_fn(|_| (0..2 * steps).map(|_| AtomicU64::new(0)).collect()) }
+    }
+
+    fn add(&self, at: usize, changed: bool) {
+        if let Some(c) = self.stripes[stripe()].get(2 * at + usize::from(changed)) {
+            c.fetch_add(1, Relaxed);
+        }
+    }
+
+    fn sum(&self, at: usize, changed: bool) -> u64 {
+        self.stripes.iter().filter_map(|s| s.get(2 * at + usize::from(changed))).map(|c| c.load(Relaxed)).sum()
     }
 }
 
@@ -210,6 +239,8 @@ pub struct StepCounts<'a> {
 pub struct Chain {
     route: Arc<str>,
     steps: Vec<Slot>,
+    /// What each step did.
+    counts: Counts,
     /// Live instances sharing `per_instance_share` rates, when set for
     /// this chain alone (0: the process's count, [`set_live_instances`]).
     instances: std::sync::atomic::AtomicU32,
@@ -302,11 +333,11 @@ impl Chain {
         for (name, spec) in sets {
             for (i, step) in spec.steps.iter().enumerate() {
                 let rule = RuleRef { set: name.clone(), step: i, kind: step.kind() };
-                let (answered, changed) = (AtomicU64::new(0), AtomicU64::new(0));
-                steps.push(Slot { rule, step: compile_step(step), answered, changed });
+                steps.push(Slot { rule, step: compile_step(step) });
             }
         }
-        Chain { route: Arc::from(route), steps, instances: std::sync::atomic::AtomicU32::new(0) }
+        let counts = Counts::new(steps.len());
+        Chain { route: Arc::from(route), steps, counts, instances: std::sync::atomic::AtomicU32::new(0) }
     }
 
     /// Sets how many instances this chain's shared rates are divided
@@ -331,11 +362,22 @@ impl Chain {
     /// What each step did since the chain was compiled, in order (for
     /// metrics: a chain compiled again counts from zero).
     pub fn counts(&self) -> impl Iterator<Item = StepCounts<'_>> {
-        self.steps.iter().map(|s| StepCounts {
+        self.steps.iter().enumerate().map(|(at, s)| StepCounts {
             rule: &s.rule,
-            answered: s.answered.load(Relaxed),
-            changed: s.changed.load(Relaxed),
+            answered: self.counts.sum(at, false),
+            changed: self.counts.sum(at, true),
         })
+    }
+
+    /// The steps that changed a request ([`Forward::changed`]), named.
+    pub fn changed_rules<'c>(&'c self, fwd: &'c Forward) -> impl Iterator<Item = &'c RuleRef> + 'c {
+        fwd.changed.iter().filter_map(|&at| self.steps.get(usize::from(at)).map(|s| &s.rule))
+    }
+
+    /// Counts that the step at `at` changed the request, and notes it.
+    fn changed(&self, at: usize, fwd: &mut Forward) {
+        self.counts.add(at, true);
+        fwd.changed.push(u16::try_from(at).unwrap_or(u16::MAX));
     }
 
     /// Whether it has no step (the proxy may skip it).
@@ -358,7 +400,7 @@ impl Chain {
                     forward.request_headers.push(HeaderEdit::Remove(http::header::AUTHORIZATION));
                 }
             }
-            (Compiled::Basic(b), _) => return Outcome::Answer(self.unauthorized(slot, &b.realm)),
+            (Compiled::Basic(b), _) => return Outcome::Answer(self.unauthorized(at, slot, &b.realm)),
             (Compiled::ForwardAuth(f), WorkResult::ForwardAuth(answer)) => {
                 if !(200..300).contains(&answer.status) {
                     let headers = auth::RELAYED
@@ -367,7 +409,7 @@ impl Chain {
                             answer.headers.get_all(*n).iter().map(|v| (HeaderName::from_static(n), v.clone()))
                         })
                         .collect();
-                    slot.answered.fetch_add(1, Relaxed);
+                    self.counts.add(at, false);
                     return Outcome::Answer(Answer {
                         status: answer.status,
                         headers,
@@ -384,9 +426,9 @@ impl Chain {
                         None => forward.request_headers.push(HeaderEdit::Remove(name.0.clone())),
                     }
                 }
-                slot.changed(&mut forward);
+                self.changed(at, &mut forward);
             }
-            _ => return Outcome::Answer(self.answer(slot, 503, Vec::new())),
+            _ => return Outcome::Answer(self.answer(at, slot, 503, Vec::new())),
         }
         self.run(req, now, next, forward)
     }
@@ -394,19 +436,19 @@ impl Chain {
     /// The answer when the auth service of the pending step did not answer
     /// (down, refused, timed out): 503, never let through.
     pub fn auth_failed(&self, resume: Resume) -> Answer {
-        if let Some(slot) = self.steps.get(resume.at) {
-            slot.answered.fetch_add(1, Relaxed);
+        if resume.at < self.steps.len() {
+            self.counts.add(resume.at, false);
         }
         Answer { status: 503, headers: Vec::new(), body: text(503), relay_auth_body: false, rule: resume.rule }
     }
 
-    fn answer(&self, slot: &Slot, status: u16, headers: Vec<(HeaderName, HeaderValue)>) -> Answer {
-        slot.answered.fetch_add(1, Relaxed);
+    fn answer(&self, at: usize, slot: &Slot, status: u16, headers: Vec<(HeaderName, HeaderValue)>) -> Answer {
+        self.counts.add(at, false);
         Answer { status, headers, body: text(status), relay_auth_body: false, rule: slot.rule.clone() }
     }
 
-    fn unauthorized(&self, slot: &Slot, realm: &str) -> Answer {
-        self.answer(slot, 401, vec![(http::header::WWW_AUTHENTICATE, auth::challenge(realm))])
+    fn unauthorized(&self, at: usize, slot: &Slot, realm: &str) -> Answer {
+        self.answer(at, slot, 401, vec![(http::header::WWW_AUTHENTICATE, auth::challenge(realm))])
     }
 
     fn run(&self, req: &RequestView<'_>, now: Instant, from: usize, mut fwd: Forward) -> Outcome {
@@ -416,7 +458,7 @@ impl Chain {
                 Compiled::StripPrefix(p) => {
                     if let Some(rest) = path::strip_prefix(path, p.as_str()) {
                         fwd.path = Some(rest.to_string());
-                        slot.changed(&mut fwd);
+                        self.changed(at, &mut fwd);
                     }
                 }
                 Compiled::Rewrite(r) => {
@@ -425,15 +467,15 @@ impl Chain {
                         match path::checked(path::expand(&r.replacement, &parts, Some(&caps))) {
                             Ok(p) => {
                                 fwd.path = Some(p);
-                                slot.changed(&mut fwd);
+                                self.changed(at, &mut fwd);
                             }
-                            Err(_) => return Outcome::Answer(self.answer(slot, 400, Vec::new())),
+                            Err(_) => return Outcome::Answer(self.answer(at, slot, 400, Vec::new())),
                         }
                     }
                 }
                 Compiled::ReqHeader(e) => {
                     fwd.request_headers.push(e.clone());
-                    slot.changed(&mut fwd);
+                    self.changed(at, &mut fwd);
                 }
                 Compiled::RespHeader(e) => fwd.response.headers.push(e.clone()),
                 Compiled::Redirect(r) => {
@@ -446,20 +488,21 @@ impl Chain {
                     };
                     let target = path::expand(&r.location, &self.parts(req, path), caps.as_ref());
                     let Ok(location) = HeaderValue::from_str(&target) else {
-                        return Outcome::Answer(self.answer(slot, 400, Vec::new()));
+                        return Outcome::Answer(self.answer(at, slot, 400, Vec::new()));
                     };
                     return Outcome::Answer(self.answer(
+                        at,
                         slot,
                         r.status.get(),
                         vec![(http::header::LOCATION, location)],
                     ));
                 }
-                Compiled::Deny(status) => return Outcome::Answer(self.answer(slot, *status, Vec::new())),
+                Compiled::Deny(status) => return Outcome::Answer(self.answer(at, slot, *status, Vec::new())),
                 Compiled::IpAllow(set) if !set.contains(req.client) => {
-                    return Outcome::Answer(self.answer(slot, 403, Vec::new()))
+                    return Outcome::Answer(self.answer(at, slot, 403, Vec::new()))
                 }
                 Compiled::IpDeny(set) if set.contains(req.client) => {
-                    return Outcome::Answer(self.answer(slot, 403, Vec::new()))
+                    return Outcome::Answer(self.answer(at, slot, 403, Vec::new()))
                 }
                 Compiled::IpAllow(_) | Compiled::IpDeny(_) => {}
                 Compiled::Basic(b) => {
@@ -468,7 +511,7 @@ impl Chain {
                             work: Work::Password(check),
                             resume: Resume { next: at + 1, at, rule: slot.rule.clone(), forward: fwd },
                         }),
-                        None => Outcome::Answer(self.unauthorized(slot, &b.realm)),
+                        None => Outcome::Answer(self.unauthorized(at, slot, &b.realm)),
                     };
                 }
                 Compiled::ForwardAuth(f) => {
@@ -483,19 +526,19 @@ impl Chain {
                     if let bucket::Admit::No(wait) = buckets.take_share(limit_key(key, req), now, share) {
                         let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
                         let headers = vec![(http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)))];
-                        return Outcome::Answer(self.answer(slot, 429, headers));
+                        return Outcome::Answer(self.answer(at, slot, 429, headers));
                     }
                 }
                 Compiled::Concurrency(key, table) => match table.enter(limit_key(key, req)) {
                     Some(permit) => fwd.permits.push(permit),
                     None => {
                         let headers = vec![(http::header::RETRY_AFTER, HeaderValue::from(1u32))];
-                        return Outcome::Answer(self.answer(slot, 429, headers));
+                        return Outcome::Answer(self.answer(at, slot, 429, headers));
                     }
                 },
                 Compiled::MaxBody(max) => {
                     if req.content_length.is_some_and(|n| n > *max) {
-                        return Outcome::Answer(self.answer(slot, 413, Vec::new()));
+                        return Outcome::Answer(self.answer(at, slot, 413, Vec::new()));
                     }
                     fwd.max_body = Some(fwd.max_body.map_or(*max, |m| m.min(*max)));
                 }
@@ -503,7 +546,7 @@ impl Chain {
                     let preflight = req.headers.first("access-control-request-method").is_some();
                     match response::cors(c, req.method, req.headers.first("origin"), preflight) {
                         response::CorsVerdict::Preflight(headers) => {
-                            return Outcome::Answer(self.answer(slot, 204, headers));
+                            return Outcome::Answer(self.answer(at, slot, 204, headers));
                         }
                         response::CorsVerdict::Simple(edits) => fwd.response.headers.extend(edits),
                         response::CorsVerdict::None => {}

@@ -47,7 +47,7 @@ fn paths_and_headers_are_edited_in_order() {
     let h = http::HeaderMap::new();
     let f = forward(c.request(&view("/api/v1/users", &h, "10.0.0.1"), Instant::now()));
     assert_eq!(f.path.as_deref(), Some("/v2/users"));
-    assert_eq!(f.changed_by.iter().map(|r| r.step).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+    assert_eq!(c.changed_rules(&f).map(|r| r.step).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
     let mut req = http::HeaderMap::new();
     req.insert("x-secret", HeaderValue::from_static("1"));
     for e in &f.request_headers {

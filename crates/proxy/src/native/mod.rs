@@ -579,7 +579,8 @@ async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Res
     });
     let snapshot = proxy.snapshot();
     let decision = pipeline::decide(&method, facts.as_ref().map_err(Clone::clone), proxy.settings(), &snapshot);
-    if let Some(route) = decision.route {
+    let route = decision.route;
+    if let Some(route) = route {
         client.seen.routed(route, proxy.access_log().is_some());
     }
     let logging = proxy.access_log().is_some();
@@ -590,7 +591,8 @@ async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Res
             match settled {
                 Ok(mut edits) => {
                     if let Some(edits) = edits.as_deref_mut() {
-                        client.seen.rules_changed(edits, logging);
+                        let chain = route.filter(|_| logging).and_then(|r| snapshot.rules(r.name.as_str()));
+                        client.seen.rules_changed(edits, chain.map(|c| &**c));
                     }
                     edits
                 }

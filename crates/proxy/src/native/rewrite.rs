@@ -6,6 +6,7 @@
 //! and appended to only from trusted proxies), and framing fields are
 //! written from the framing the proxy actually uses.
 
+use smallvec::SmallVec;
 use tidegate_h1::{connection_has, Header, HeaderKind, RequestHead, ResponseHead};
 use tidegate_rules::HeaderEdit;
 
@@ -174,30 +175,24 @@ pub(crate) fn edit_head(out: &mut Vec<u8>, edits: &[HeaderEdit]) {
         return;
     }
     let same = |n: &http::HeaderName, line_name: &[u8]| n.as_str().as_bytes().eq_ignore_ascii_case(line_name);
-    let head = std::mem::take(out);
-    let fields = || {
-        head.split(|b| *b == b'\n')
-            .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
-            .skip(1)
-            .take_while(|l| !l.is_empty())
-            .filter_map(|l| l.iter().position(|b| *b == b':').map(|c| (&l[..c], l)))
-    };
-    // Per field the edits name: whether the head's lines stay, and the
-    // values the edits add after them.
+    // Per field the edits name: whether the head has it, whether its
+    // lines stay, and the values the edits add after them. On the stack
+    // for the usual few edits.
     struct Named<'e> {
         name: &'e http::HeaderName,
+        in_head: bool,
         keep: bool,
         has: bool,
-        added: Vec<&'e http::HeaderValue>,
+        added: SmallVec<[&'e http::HeaderValue; 1]>,
     }
-    let mut named: Vec<Named<'_>> = Vec::with_capacity(edits.len());
+    let mut named: SmallVec<[Named<'_>; 4]> = SmallVec::new();
     for edit in edits {
         let name = edited(edit);
         let at = match named.iter().position(|n| n.name == name) {
             Some(at) => at,
             None => {
-                let has = fields().any(|(n, _)| same(name, n));
-                named.push(Named { name, keep: true, has, added: Vec::new() });
+                let in_head = head_fields(out).any(|(n, _)| same(name, n));
+                named.push(Named { name, in_head, keep: true, has: in_head, added: SmallVec::new() });
                 named.len() - 1
             }
         };
@@ -223,13 +218,21 @@ pub(crate) fn edit_head(out: &mut Vec<u8>, edits: &[HeaderEdit]) {
             }
         }
     }
-    out.reserve(head.len() + 64 * named.len());
-    let start = head.iter().position(|b| *b == b'\n').map_or(head.len(), |i| i + 1);
-    out.extend_from_slice(&head[..start]);
-    for (name, line) in fields() {
-        if named.iter().all(|n| n.keep || !same(n.name, name)) {
-            out.extend_from_slice(line);
-            out.extend_from_slice(b"\r\n");
+    if named.iter().all(|n| n.keep || !n.in_head) && out.ends_with(b"\r\n\r\n") {
+        // No line of the head goes (the usual case: fields the backend
+        // did not send): the values are appended in place, before the
+        // empty line, without copying the head.
+        out.truncate(out.len() - 2);
+    } else {
+        let head = std::mem::take(out);
+        out.reserve(head.len() + 64 * named.len());
+        let start = head.iter().position(|b| *b == b'\n').map_or(head.len(), |i| i + 1);
+        out.extend_from_slice(&head[..start]);
+        for (name, line) in head_fields(&head) {
+            if named.iter().all(|n| n.keep || !same(n.name, name)) {
+                out.extend_from_slice(line);
+                out.extend_from_slice(b"\r\n");
+            }
         }
     }
     for n in &named {
@@ -238,6 +241,16 @@ pub(crate) fn edit_head(out: &mut Vec<u8>, edits: &[HeaderEdit]) {
         }
     }
     out.extend_from_slice(b"\r\n");
+}
+
+/// The fields of a complete head (after its start line, before the empty
+/// line): each line's name and the whole line.
+fn head_fields(head: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
+    head.split(|b| *b == b'\n')
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .filter_map(|l| l.iter().position(|b| *b == b':').map(|c| (&l[..c], l)))
 }
 
 /// Edits the fields of the head written in `out` that `named` selects:
@@ -493,5 +506,21 @@ mod tests {
         let mut same = b"HTTP/1.1 200 OK\r\nx: 1\r\n\r\n".to_vec();
         edit_head(&mut same, &[]);
         assert_eq!(same, b"HTTP/1.1 200 OK\r\nx: 1\r\n\r\n");
+        // No line goes (new fields, an Add, a SetIfAbsent of a field the
+        // head has): appended in place, the head not copied.
+        let mut out = Vec::with_capacity(256);
+        out.extend_from_slice(b"HTTP/1.1 200 OK\r\nx: 1\r\n\r\n");
+        let at = out.as_ptr();
+        let edits = [
+            HeaderEdit::Add(n("x"), v("2")),
+            HeaderEdit::Set(n("strict-transport-security"), v("max-age=1")),
+            HeaderEdit::SetIfAbsent(n("x"), v("no")),
+        ];
+        edit_head(&mut out, &edits);
+        assert_eq!(
+            String::from_utf8(out.clone()).unwrap(),
+            "HTTP/1.1 200 OK\r\nx: 1\r\nx: 2\r\nstrict-transport-security: max-age=1\r\n\r\n"
+        );
+        assert_eq!(out.as_ptr(), at, "edited in place");
     }
 }
