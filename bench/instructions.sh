@@ -11,7 +11,19 @@
 # process, from after a warm-up to the last measured request.
 #
 #   bench/instructions.sh [TIDEGATE_BINARY...] [--requests 2000] [--cache]
-#                         [--path /rr] [--no-nginx] [--users N [--duration S]]
+#                         [--path /rr] [--no-nginx] [--users N [--duration S]] [--rules]
+#                         [--bin-dir DIR] [--keep DIR]
+#
+# --keep DIR: keeps each measured profile as DIR/callgrind.out.NAME, for
+# callgrind_annotate.
+#
+# --bin-dir DIR: the emulator (and, without a binary, tidegate) from DIR
+# instead of target/release (built when missing).
+#
+# --rules: Tidegate also gets issue 37's typical rule chain on `/api`
+# (`--path /api/x` measures it; nginx always has the same chain on /api/:
+# allow/deny, limit_req, proxy_pass with the prefix replaced, two
+# proxy_set_header, add_header).
 #
 # --users N: instead of sequential requests, N concurrent keep-alive
 # connections (`tidegate-bench users`, a closed loop) for S seconds (10);
@@ -28,24 +40,28 @@
 # install valgrind when missing) and nginx.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BINS=() REQUESTS=2000 CACHE="" PATHQ=/rr NGINX=1 USERS=0 DURATION=10
+BINS=() REQUESTS=2000 CACHE="" PATHQ=/rr NGINX=1 USERS=0 DURATION=10 RULES=
 while [ $# -gt 0 ]; do
   case "$1" in
     --requests) REQUESTS=$2; shift 2;;
     --cache) CACHE=--cache-sim=yes; shift;;
     --path) PATHQ=$2; shift 2;;
     --no-nginx) NGINX=""; shift;;
+    --rules) RULES=1; shift;;
+    --bin-dir) BIN_OVERRIDE=$2; shift 2;;
+    --keep) KEEP=$2; shift 2;;
     --users) USERS=$2; shift 2;;
     --duration) DURATION=$2; shift 2;;
     -*) echo "unknown option $1" >&2; exit 2;;
     *) BINS+=("$1"); shift;;
   esac
 done
-[ ${#BINS[@]} -gt 0 ] || BINS=(target/release/tidegate)
+[ ${#BINS[@]} -gt 0 ] || BINS=("${BIN_OVERRIDE:-target/release}/tidegate")
 export PATH=$PATH:/usr/sbin
 command -v valgrind >/dev/null && { [ -z "$NGINX" ] || command -v nginx >/dev/null; } || {
   apt-get update -qq && RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind nginx; }
 BIN=target/release BIN_DIR=""
+if [ -n "${BIN_OVERRIDE:-}" ]; then BIN=$BIN_OVERRIDE BIN_DIR=$BIN_OVERRIDE; fi
 source bench/lib/run.sh
 ensure_binaries
 make_work tidegate-instructions
@@ -81,6 +97,7 @@ measure() { # name pid addr
   fi
   callgrind_control -d "$2" >/dev/null 2>&1
   local dump; dump=$(ls -t "$WORK"/cg."$1".* | head -1)
+  [ -z "$KEEP" ] || cp "$dump" "$KEEP/callgrind.out.$1"
   python3 - "$1" "$dump" "$n" <<'PY'
 import sys
 name, dump, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -115,6 +132,18 @@ for b in "${BINS[@]}"; do
     -d "{\"policy\":{\"kind\":\"round_robin\"},\"backends\":[{\"id\":\"app\",\"addr\":\"$EMU\"}]}" >/dev/null
   curl -sf -XPUT -H "Authorization: Bearer $BENCH_TOKEN" "http://$admin/v1/routes/rr" \
     -d '{"match":{"path_prefix":"/"},"service":"rr"}' >/dev/null
+  if [ -n "$RULES" ]; then
+    # Issue 37's typical chain on /api/ (bench/lib/rules.py's TYPICAL_STEPS).
+    curl -sf -XPOST -H "Authorization: Bearer $BENCH_TOKEN" "http://$admin/v1/changes" -d '{"ops":[
+      {"op":"put_rules","name":"typical","spec":{"steps":[
+        {"kind":"ip_allow","cidrs":["127.0.0.0/8"]},
+        {"kind":"rate_limit","key":"client_ip","rate_per_s":1000000,"burst":1000000},
+        {"kind":"strip_prefix","prefix":"/api"},
+        {"kind":"set_request_header","name":"X-A","value":"1"},
+        {"kind":"set_request_header","name":"X-B","value":"2"},
+        {"kind":"set_response_header","name":"Strict-Transport-Security","value":"max-age=63072000; includeSubDomains"}]}},
+      {"op":"put_route","name":"api","spec":{"match":{"path_prefix":"/api"},"service":"rr","rules":["typical"]}}]}' >/dev/null
+  fi
   measure "$name" "$pid" "$proxy"
   kill "$pid"; wait "$pid" 2>/dev/null || true
 done
@@ -126,8 +155,14 @@ worker_processes 1; master_process off; daemon off; pid $WORK/nginx.pid; error_l
 events { worker_connections 4096; }
 http { access_log off; keepalive_requests 1000000;
   upstream app { server $EMU; keepalive 256; }
+  limit_req_zone \$binary_remote_addr zone=typical:10m rate=1000000r/s;
   server { listen 127.0.0.1:$port;
-    location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
+    location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; }
+    # The typical chain's equivalent (measured with --rules --path /api/x).
+    location /api/ { allow 127.0.0.0/8; deny all; limit_req zone=typical burst=1000000 nodelay;
+      proxy_pass http://app/; proxy_http_version 1.1; proxy_set_header Connection "";
+      proxy_set_header X-A 1; proxy_set_header X-B 2;
+      add_header Strict-Transport-Security "max-age=63072000; includeSubDomains" always; } } }
 CONF
   # shellcheck disable=SC2086
   valgrind --tool=callgrind $CACHE --callgrind-out-file="$WORK/cg.nginx.%p" nginx -c "$WORK/nginx.conf" \

@@ -185,17 +185,26 @@ pub(crate) fn edit_head(out: &mut Vec<u8>, edits: &[HeaderEdit]) {
         has: bool,
         added: SmallVec<[&'e http::HeaderValue; 1]>,
     }
+    // The fields the edits name, in order of first mention, and in one
+    // pass over the head's lines which of them it has.
     let mut named: SmallVec<[Named<'_>; 4]> = SmallVec::new();
     for edit in edits {
         let name = edited(edit);
-        let at = match named.iter().position(|n| n.name == name) {
-            Some(at) => at,
-            None => {
-                let in_head = head_fields(out).any(|(n, _)| same(name, n));
-                named.push(Named { name, in_head, keep: true, has: in_head, added: SmallVec::new() });
-                named.len() - 1
-            }
-        };
+        if !named.iter().any(|n| n.name == name) {
+            named.push(Named { name, in_head: false, keep: true, has: false, added: SmallVec::new() });
+        }
+    }
+    for (line_name, _) in head_fields(out) {
+        for n in named.iter_mut().filter(|n| !n.in_head) {
+            n.in_head = same(n.name, line_name);
+        }
+    }
+    for n in named.iter_mut() {
+        n.has = n.in_head;
+    }
+    for edit in edits {
+        let name = edited(edit);
+        let Some(at) = named.iter().position(|n| n.name == name) else { continue };
         let n = &mut named[at];
         match edit {
             HeaderEdit::Set(_, v) => {
@@ -244,13 +253,25 @@ pub(crate) fn edit_head(out: &mut Vec<u8>, edits: &[HeaderEdit]) {
 }
 
 /// The fields of a complete head (after its start line, before the empty
-/// line): each line's name and the whole line.
+/// line): each line's name and the whole line (without its CRLF). Lines
+/// are found with `memchr` (a head is scanned a few bytes at a time, not
+/// one).
 fn head_fields(head: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
-    head.split(|b| *b == b'\n')
-        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
-        .skip(1)
-        .take_while(|l| !l.is_empty())
-        .filter_map(|l| l.iter().position(|b| *b == b':').map(|c| (&l[..c], l)))
+    let mut at = memchr::memchr(b'\n', head).map_or(head.len(), |i| i + 1);
+    std::iter::from_fn(move || loop {
+        let rest = head.get(at..).filter(|r| !r.is_empty())?;
+        let end = memchr::memchr(b'\n', rest).unwrap_or(rest.len());
+        at += end + 1;
+        let line = &rest[..end];
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() {
+            at = head.len();
+            return None;
+        }
+        if let Some(colon) = memchr::memchr(b':', line) {
+            return Some((&line[..colon], line));
+        }
+    })
 }
 
 /// Edits the fields of the head written in `out` that `named` selects:
