@@ -40,7 +40,7 @@
 # install valgrind when missing) and nginx.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BINS=() REQUESTS=2000 CACHE="" PATHQ=/rr NGINX=1 USERS=0 DURATION=10 RULES=
+BINS=() REQUESTS=2000 CACHE="" PATHQ=/rr NGINX=1 USERS=0 DURATION=10 RULES="" KEEP=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --requests) REQUESTS=$2; shift 2;;
