@@ -458,6 +458,18 @@ def poll_new_answer(proxy: str, is_new, started: float, timeout: float = 30) -> 
     raise RuntimeError(f"no answer from the new process within {timeout} s")
 
 
+def old_gone(old: subprocess.Popen, serving: float, started: float, grace_s: float) -> dict:
+    """Waits for the old process of an upgrade to exit (its grace and 30 s
+    more); the upgrade's times: to the new process serving, to the old
+    one gone (None if it did not exit in time), and its exit code."""
+    try:
+        old.wait(timeout=grace_s + 30)
+    except subprocess.TimeoutExpired:
+        return {"serving_s": round(serving, 4), "old_exit_s": None}
+    return {"serving_s": round(serving, 4), "old_exit_s": round(time.monotonic() - started, 3),
+            "old_exit_code": old.returncode}
+
+
 class TidegatePeer:
     name = "tidegate"
 
@@ -513,12 +525,7 @@ class TidegatePeer:
                 raise RuntimeError(f"no ready line within 60 s: {text[-1000:]}")
             time.sleep(0.002)
         self.current = new
-        try:
-            old.wait(timeout=self.p["grace_s"] + 30)
-        except subprocess.TimeoutExpired:
-            return {"serving_s": round(serving, 4), "old_exit_s": None}
-        return {"serving_s": round(serving, 4), "old_exit_s": round(time.monotonic() - started, 3),
-                "old_exit_code": old.returncode}
+        return old_gone(old, serving, started, self.p["grace_s"])
 
     def stop(self) -> None:
         for proc in list(self.ctx.procs.started):
@@ -695,12 +702,7 @@ backend ws
         old = self.current
         self.current = self.spawn(to, k, ["-x", str(self.sock), "-sf", str(old.pid)])
         serving = poll_new_answer(self.proxy, lambda h: h.get("x-gen") == str(k), started)
-        try:
-            old.wait(timeout=self.p["grace_s"] + 30)
-        except subprocess.TimeoutExpired:
-            return {"serving_s": round(serving, 4), "old_exit_s": None}
-        return {"serving_s": round(serving, 4), "old_exit_s": round(time.monotonic() - started, 3),
-                "old_exit_code": old.returncode}
+        return old_gone(old, serving, started, self.p["grace_s"])
 
     def stop(self) -> None:
         for proc in list(self.ctx.procs.started):
