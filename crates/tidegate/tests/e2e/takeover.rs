@@ -425,8 +425,17 @@ async fn every_listener_moves_tls_and_metrics_included() {
     let stderr = String::from_utf8_lossy(&newer.stderr);
     assert!(!newer.status.success());
     assert!(stderr.contains("metrics listener"), "{stderr}");
-    let (s, _) = new.api("PUT", "/v1/services/after", Some(json!({}))).await;
-    assert_eq!(s, 200, "the running process took its store back");
+    // It takes its store back once it read the refusal (a change
+    // meanwhile gets 503 with Retry-After).
+    wait_for("the running process took its store back", Duration::from_secs(20), async || {
+        let (s, v) = new.api("PUT", "/v1/services/after", Some(json!({}))).await;
+        match s {
+            200 => Some(()),
+            503 => None,
+            _ => panic!("{s} {v}"),
+        }
+    })
+    .await;
 }
 
 /// Every service's backends as `/v1/status` shows them, by
