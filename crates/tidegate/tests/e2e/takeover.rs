@@ -263,18 +263,7 @@ async fn a_failed_takeover_leaves_the_old_process_serving_and_writing() {
     assert!(old.wait_exit(Duration::ZERO).is_none(), "the old process still runs");
     let r = get(&old.url("/")).await;
     assert_eq!((r.status, served_by(&r)), (200, "b".to_string()));
-    // It takes the store back once it read the refusal, which may come
-    // after the new process exited: a change meanwhile gets 503 with
-    // Retry-After, and goes through again.
-    wait_for("the old process writes its store again", Duration::from_secs(20), async || {
-        let (s, v) = old.api("PUT", "/v1/services/other", Some(json!({}))).await;
-        match s {
-            200 => Some(()),
-            503 => None,
-            _ => panic!("{s} {v}"),
-        }
-    })
-    .await;
+    written_again(&old, "/v1/services/other").await;
     // And a later hand-over still works.
     let new = Tidegate::start_with(data.path(), &["--takeover"]);
     assert_eq!(new.proxy, old.proxy);
@@ -425,10 +414,16 @@ async fn every_listener_moves_tls_and_metrics_included() {
     let stderr = String::from_utf8_lossy(&newer.stderr);
     assert!(!newer.status.success());
     assert!(stderr.contains("metrics listener"), "{stderr}");
-    // It takes its store back once it read the refusal (a change
-    // meanwhile gets 503 with Retry-After).
-    wait_for("the running process took its store back", Duration::from_secs(20), async || {
-        let (s, v) = new.api("PUT", "/v1/services/after", Some(json!({}))).await;
+    written_again(&new, "/v1/services/after").await;
+}
+
+/// Waits until `tg`, whose successor was refused, writes its store again:
+/// it takes the store back once it read the refusal, which may come after
+/// the refused process exited, and a change meanwhile gets 503 with
+/// Retry-After. Puts an empty service at `path`.
+async fn written_again(tg: &Tidegate, path: &str) {
+    wait_for("the running process writes its store again", Duration::from_secs(20), async || {
+        let (s, v) = tg.api("PUT", path, Some(json!({}))).await;
         match s {
             200 => Some(()),
             503 => None,
