@@ -10,7 +10,9 @@ use axum::Json;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tidegate_autoscale::{Event, ScalingStatus};
-use tidegate_model::{BackendSpec, CertificateInfo, CertificateSpec, Change, RouteSpec, RuleSetSpec, ServiceSpec};
+use tidegate_model::{
+    AcmeStatus, BackendSpec, CertificateInfo, CertificateSpec, Change, Managed, RouteSpec, RuleSetSpec, ServiceSpec,
+};
 
 /// An answer as JSON with its keys in alphabetical order at every level
 /// (as the examples in docs/api.md show them), whatever the order of the
@@ -125,11 +127,68 @@ pub struct RuleSetsRead<'a> {
 /// A certificate as the read APIs show it: never its key.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct CertificateView<'a> {
-    /// What the certificate says (names, subject, issuer, validity).
+    /// What the certificate served says (names, subject, issuer,
+    /// validity); absent while a managed certificate has none yet.
     #[serde(flatten)]
-    pub info: &'a CertificateInfo,
+    pub info: Option<&'a CertificateInfo>,
     /// Served to clients with no (or an unknown) SNI name.
     pub default: bool,
+    /// A managed certificate's ACME settings and where it stands.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acme: Option<AcmeView<'a>>,
+}
+
+/// A managed certificate as the read APIs show it: never the account's
+/// or the certificate's key.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct AcmeView<'a> {
+    /// The names it is for.
+    pub hosts: &'a [String],
+    /// The CA's directory URL.
+    pub directory: &'a str,
+    /// `http-01`, `tls-alpn-01` or `dns-01`.
+    pub challenge: &'static str,
+    /// `pending`, `ordering`, `valid`, `renewing` or `failing`.
+    pub status: AcmeStatus,
+    /// When the next renewal is due (Unix seconds), once one is issued.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub renew_at: Option<i64>,
+    /// When the certificate served was issued (Unix seconds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub issued_at: Option<i64>,
+    /// Orders placed with the CA.
+    pub orders: u64,
+    /// Failed orders in a row.
+    pub failures: u32,
+    /// Why the last order failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<&'a str>,
+    /// No new order before this time (Unix seconds), after a failure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_at: Option<i64>,
+    /// A renewal was asked for (`ctl cert renew`) and is not done yet.
+    pub renewal_requested: bool,
+}
+
+impl<'a> AcmeView<'a> {
+    /// The view of a managed certificate.
+    pub fn of(m: &'a Managed) -> AcmeView<'a> {
+        let s = &m.state;
+        let positive = |t: i64| (t > 0).then_some(t);
+        AcmeView {
+            hosts: m.acme.hosts(),
+            directory: m.acme.directory(),
+            challenge: m.acme.challenge().as_str(),
+            status: m.status(),
+            renew_at: positive(s.renew_at),
+            issued_at: positive(s.issued_at),
+            orders: s.orders,
+            failures: s.failures,
+            last_error: s.last_error.as_deref(),
+            retry_at: positive(s.retry_at).filter(|_| s.failures > 0),
+            renewal_requested: s.renew_requested > s.renewed,
+        }
+    }
 }
 
 /// One certificate, read back.

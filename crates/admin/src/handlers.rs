@@ -15,8 +15,9 @@ use tidegate_model::{
 };
 
 use crate::api::{
-    Alive, BackendRead, CertificateRead, CertificateView, CertificatesRead, ChangesApplied, ConfigApplied, ConfigRead,
-    Readiness, RouteRead, RoutesRead, RuleSetRead, RuleSetsRead, ServiceRead, ServicesRead, Sorted, Written,
+    AcmeView, Alive, BackendRead, CertificateRead, CertificateView, CertificatesRead, ChangesApplied, ConfigApplied,
+    ConfigRead, Readiness, RouteRead, RoutesRead, RuleSetRead, RuleSetsRead, ServiceRead, ServicesRead, Sorted,
+    Written,
 };
 use crate::{AdminState, ApiError};
 
@@ -298,9 +299,17 @@ pub(crate) async fn delete_certificate(State(state): State<AdminState>, Path(nam
     submit(&state, vec![Op::DeleteCertificate { name }]).await
 }
 
+/// `POST /v1/certificates/{name}/renew`: asks for a managed certificate
+/// to be renewed now (the instance that orders it starts within a second;
+/// the certificate served stays until the new one is issued).
+pub(crate) async fn renew_certificate(State(state): State<AdminState>, Path(name): Path<String>) -> Answer<Written> {
+    let name = cert_name(&name)?;
+    submit(&state, vec![Op::RenewCertificate { name }]).await
+}
+
 /// What the read APIs show of a certificate: never the key.
 fn certificate_view(spec: &CertificateSpec) -> CertificateView<'_> {
-    CertificateView { info: spec.info(), default: spec.is_default() }
+    CertificateView { info: spec.info(), default: spec.is_default(), acme: spec.managed().map(AcmeView::of) }
 }
 
 /// Every certificate as the read APIs show it.

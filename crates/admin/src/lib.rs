@@ -279,6 +279,7 @@ pub fn router(state: AdminState) -> Router {
             "/v1/certificates/{name}",
             put(handlers::put_certificate).get(handlers::get_certificate).delete(handlers::delete_certificate),
         )
+        .route("/v1/certificates/{name}/renew", post(handlers::renew_certificate))
         .route("/v1/services/{name}/autoscale", post(autoscale::post_override))
         .route("/v1/events", get(autoscale::get_events))
         .route("/v1/changes", post(handlers::post_changes))

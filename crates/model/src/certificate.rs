@@ -1,10 +1,12 @@
-//! TLS certificates as configuration: a chain and its private key, checked
-//! as they are decoded (the chain parses, the key parses and matches the
-//! first certificate), with the names it serves read once. Expiry is
-//! checked where changes come in ([`crate::parse_change_set`],
-//! [`CertificateSpec::check_incoming`]), not on every decode: a stored
-//! certificate that expires later still loads, so Tidegate still starts
-//! (and reports it) instead of refusing its own data directory.
+//! TLS certificates as configuration. A certificate object is either
+//! uploaded (a chain and its private key, checked as they are decoded: the
+//! chain parses, the key parses and matches the first certificate, with the
+//! names it serves read once) or managed (an `acme` block: Tidegate obtains
+//! and renews it, see [`crate::acme`]). Expiry is checked where changes
+//! come in ([`crate::parse_change_set`], [`CertificateSpec::check_incoming`]),
+//! not on every decode: a stored certificate that expires later still
+//! loads, so Tidegate still starts (and reports it) instead of refusing its
+//! own data directory.
 
 use std::fmt;
 use std::sync::Arc;
@@ -13,19 +15,112 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::{Deserialize, Serialize};
 
+use crate::acme::{AcmeSpec, AcmeState, AcmeStateWire};
 use crate::invalid::{Invalid, Reason};
 
-/// A certificate chain and its key (`PUT /v1/certificates/{name}`).
-/// Values of this type are always valid: the chain parses and the key
-/// matches its first certificate.
+/// A certificate chain and its private key, checked: the chain parses and
+/// the key matches its first certificate. An uploaded certificate is one;
+/// so is one ACME issued.
+#[derive(Clone)]
+pub struct KeyedChain {
+    cert_pem: String,
+    key_pem: String,
+    info: Arc<CertificateInfo>,
+    key: Arc<rustls::sign::CertifiedKey>,
+}
+
+impl KeyedChain {
+    /// Checks a PEM chain and its PEM key; errors name `cert_pem` or
+    /// `key_pem`.
+    pub fn new(cert_pem: String, key_pem: String) -> Result<KeyedChain, Invalid> {
+        let certified = key_pair(&cert_pem, &key_pem, ("cert_pem", "key_pem"))?;
+        let info = inspect(&certified.cert)?;
+        Ok(KeyedChain { cert_pem, key_pem, info: Arc::new(info), key: Arc::new(certified) })
+    }
+
+    /// An ACME TLS-ALPN-01 validation certificate and its key (RFC 8737):
+    /// checked as [`KeyedChain::new`] does, except that the key is not
+    /// matched through a certificate parser, which refuses the critical
+    /// `acmeIdentifier` extension such a certificate must carry; the key
+    /// and the certificate are made together by the ACME manager.
+    pub fn validation(cert_pem: String, key_pem: String) -> Result<KeyedChain, Invalid> {
+        let chain = chain(&cert_pem, "cert_pem")?;
+        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+            .map_err(|e| Invalid::unreadable("key_pem", format!("not a PEM private key ({e})")))?;
+        let signer = rustls::crypto::ring::default_provider()
+            .key_provider
+            .load_private_key(key)
+            .map_err(|e| Invalid::unreadable("key_pem", format!("unsupported or malformed key ({e})")))?;
+        let info = inspect(&chain)?;
+        let certified = rustls::sign::CertifiedKey::new(chain, signer);
+        Ok(KeyedChain { cert_pem, key_pem, info: Arc::new(info), key: Arc::new(certified) })
+    }
+
+    /// The chain and key, ready for a TLS handshake.
+    pub fn certified_key(&self) -> &Arc<rustls::sign::CertifiedKey> {
+        &self.key
+    }
+
+    /// What the certificate says of itself.
+    pub fn info(&self) -> &CertificateInfo {
+        &self.info
+    }
+
+    /// The chain, PEM.
+    pub fn cert_pem(&self) -> &str {
+        &self.cert_pem
+    }
+
+    /// The key, PEM (secret: never shown).
+    pub(crate) fn key_pem(&self) -> &str {
+        &self.key_pem
+    }
+}
+
+impl PartialEq for KeyedChain {
+    fn eq(&self, other: &Self) -> bool {
+        self.cert_pem == other.cert_pem && self.key_pem == other.key_pem
+    }
+}
+
+impl Eq for KeyedChain {}
+
+impl fmt::Debug for KeyedChain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedChain")
+            .field("names", &self.info.names)
+            .field("not_after", &self.info.not_after)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A TLS certificate object (`PUT /v1/certificates/{name}`): uploaded (a
+/// chain and key) or managed by ACME. Values of this type are always
+/// valid.
 #[derive(Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(try_from = "CertificateWire", into = "CertificateWire")]
 pub struct CertificateSpec {
-    wire: CertificateWire,
-    info: Arc<CertificateInfo>,
-    key: Arc<rustls::sign::CertifiedKey>,
-    /// Serialized with the key replaced by [`crate::REDACTED`] (read APIs).
+    source: Source,
+    default: bool,
+    /// Serialized with the secrets replaced by [`crate::REDACTED`] (read
+    /// APIs), and a managed certificate as its `acme` block alone.
     redacted: bool,
+}
+
+#[derive(Clone, PartialEq, Eq)]
+enum Source {
+    Uploaded(KeyedChain),
+    Managed(Arc<Managed>),
+}
+
+/// A managed certificate: what the user asked for, and what Tidegate
+/// learned while obtaining it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Managed {
+    /// The `acme` block.
+    pub acme: AcmeSpec,
+    /// The manager's state (account, issued certificate, challenges).
+    pub state: AcmeState,
 }
 
 /// What a certificate says of itself (the read APIs show this, never the key).
@@ -47,61 +142,106 @@ pub struct CertificateInfo {
     pub chain_length: usize,
 }
 
-/// The document as sent and stored.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+/// The document as sent and stored: `cert_pem` and `key_pem` (uploaded),
+/// or `acme` (managed; `acme_state` is written by Tidegate only).
+#[derive(Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct CertificateWire {
     /// The certificate chain, PEM: the server's certificate first, then
-    /// intermediates.
-    cert_pem: String,
+    /// intermediates. Not with `acme`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cert_pem: Option<String>,
     /// The private key of the first certificate, PEM (PKCS#8, PKCS#1 or
     /// SEC1). Read back as `"(redacted)"`; given as `"(redacted)"`, the
-    /// certificate keeps the key it has.
-    key_pem: String,
+    /// certificate keeps the key it has. Not with `acme`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    key_pem: Option<String>,
     /// Served to clients that send no SNI name, or one no certificate has.
     #[serde(default)]
     default: bool,
+    /// Obtain and renew the certificate through ACME instead (see
+    /// docs/tls.md, "Automatic certificates").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    acme: Option<AcmeSpec>,
+    /// What Tidegate's ACME manager keeps (stored form only; never given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    acme_state: Option<AcmeStateWire>,
 }
 
 impl CertificateSpec {
-    /// The chain and key, ready for a TLS handshake.
-    pub fn certified_key(&self) -> &Arc<rustls::sign::CertifiedKey> {
-        &self.key
+    /// An uploaded certificate.
+    pub fn uploaded(chain: KeyedChain, default: bool) -> CertificateSpec {
+        CertificateSpec { source: Source::Uploaded(chain), default, redacted: false }
     }
 
-    /// What the certificate says of itself.
-    pub fn info(&self) -> &CertificateInfo {
-        &self.info
+    /// The chain and key served now: the uploaded one, or the one ACME
+    /// issued last (`None` while a managed certificate has none yet).
+    pub fn served(&self) -> Option<&KeyedChain> {
+        match &self.source {
+            Source::Uploaded(c) => Some(c),
+            Source::Managed(m) => m.state.issued.as_ref(),
+        }
+    }
+
+    /// The chain and key, ready for a TLS handshake (see [`Self::served`]).
+    pub fn certified_key(&self) -> Option<&Arc<rustls::sign::CertifiedKey>> {
+        self.served().map(KeyedChain::certified_key)
+    }
+
+    /// What the certificate served says of itself.
+    pub fn info(&self) -> Option<&CertificateInfo> {
+        self.served().map(KeyedChain::info)
+    }
+
+    /// The ACME block and state of a managed certificate.
+    pub fn managed(&self) -> Option<&Managed> {
+        match &self.source {
+            Source::Managed(m) => Some(m),
+            Source::Uploaded(_) => None,
+        }
     }
 
     /// Whether it is served to clients with no (or an unknown) SNI name.
     pub fn is_default(&self) -> bool {
-        self.wire.default
+        self.default
     }
 
-    /// The chain, PEM.
-    pub fn cert_pem(&self) -> &str {
-        &self.wire.cert_pem
+    /// The chain served, PEM.
+    pub fn cert_pem(&self) -> Option<&str> {
+        self.served().map(KeyedChain::cert_pem)
     }
 
     /// What a certificate coming in must be besides well formed: not
     /// expired by `now` (Unix seconds), and reachable: one that names no
     /// DNS host can only be served as the default, since no SNI name
     /// selects it. A certificate not valid yet is taken (its issuer's clock
-    /// may run a little ahead of ours); `GET` shows its dates.
+    /// may run a little ahead of ours); `GET` shows its dates. A managed
+    /// certificate's hosts were checked as it was decoded.
     pub fn check_incoming(&self, now: i64) -> Result<(), Invalid> {
-        check_incoming(&self.info, self.wire.default, now)
+        match &self.source {
+            Source::Uploaded(c) => check_incoming(c.info(), self.default, now),
+            Source::Managed(_) => Ok(()),
+        }
     }
 
-    /// Whether both have the same private key (compared, never shown).
+    /// Whether both serve the same private key (compared, never shown).
     pub fn same_key(&self, other: &CertificateSpec) -> bool {
-        self.wire.key_pem == other.wire.key_pem
+        self.served().map(KeyedChain::key_pem) == other.served().map(KeyedChain::key_pem)
     }
 
-    /// The spec as read APIs show it: the key replaced by
-    /// [`crate::REDACTED`] when serialized.
+    /// The spec as read APIs show it: secrets replaced by
+    /// [`crate::REDACTED`] when serialized, and a managed certificate as
+    /// what a user gives (its `acme` block and default flag; its state is
+    /// in `GET /v1/certificates`).
     pub fn redacted(&self) -> CertificateSpec {
         CertificateSpec { redacted: true, ..self.clone() }
+    }
+
+    /// This managed certificate with `state` (the `acme_state` op).
+    pub(crate) fn with_state(&self, state: AcmeState) -> Option<CertificateSpec> {
+        let m = self.managed()?;
+        let managed = Managed { acme: m.acme.clone(), state };
+        Some(CertificateSpec { source: Source::Managed(Arc::new(managed)), default: self.default, redacted: false })
     }
 }
 
@@ -124,10 +264,10 @@ fn check_incoming(info: &CertificateInfo, default: bool, now: i64) -> Result<(),
 
 /// A certificate as a change (`put_certificate`, `PUT
 /// /v1/certificates/{name}`) or a declarative document gives it: a chain
-/// and its key, or a chain with `key_pem` given as `"(redacted)"`, the
+/// and its key; a chain with `key_pem` given as `"(redacted)"`, the
 /// placeholder read APIs show (an exported configuration applied back, or
 /// a renewed chain for the same key), which keeps the key the certificate
-/// of that name has.
+/// of that name has; or an `acme` block.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(try_from = "CertificateWire", into = "CertificateWire")]
 pub enum CertificateInput {
@@ -135,6 +275,15 @@ pub enum CertificateInput {
     Whole(CertificateSpec),
     /// A chain that keeps the current key.
     KeepKey(KeptKey),
+    /// A managed certificate: what ACME is to obtain. Put over a managed
+    /// certificate of the same name, it keeps that one's state (its
+    /// account and the certificate it serves until a new one is issued).
+    Managed {
+        /// The `acme` block.
+        acme: AcmeSpec,
+        /// Served to clients with no (or an unknown) SNI name.
+        default: bool,
+    },
 }
 
 /// A chain (parsed and read, not yet matched with a key) and its default
@@ -152,11 +301,12 @@ impl CertificateInput {
         matches!(self, CertificateInput::KeepKey(_))
     }
 
-    /// What the certificate says of itself.
-    pub fn info(&self) -> &CertificateInfo {
+    /// What the certificate says of itself (`None` for a managed one).
+    pub fn info(&self) -> Option<&CertificateInfo> {
         match self {
             CertificateInput::Whole(spec) => spec.info(),
-            CertificateInput::KeepKey(k) => &k.info,
+            CertificateInput::KeepKey(k) => Some(&k.info),
+            CertificateInput::Managed { .. } => None,
         }
     }
 
@@ -165,12 +315,16 @@ impl CertificateInput {
         match self {
             CertificateInput::Whole(spec) => spec.is_default(),
             CertificateInput::KeepKey(k) => k.default,
+            CertificateInput::Managed { default, .. } => *default,
         }
     }
 
     /// See [`CertificateSpec::check_incoming`].
     pub fn check_incoming(&self, now: i64) -> Result<(), Invalid> {
-        check_incoming(self.info(), self.is_default(), now)
+        match self.info() {
+            Some(info) => check_incoming(info, self.is_default(), now),
+            None => Ok(()),
+        }
     }
 
     /// The certificate this input makes, given the one of the same name
@@ -180,26 +334,32 @@ impl CertificateInput {
     pub fn resolve(&self, current: Option<&CertificateSpec>) -> Result<CertificateSpec, Invalid> {
         match self {
             CertificateInput::Whole(spec) => Ok(spec.clone()),
+            CertificateInput::Managed { acme, default } => {
+                let state = current.and_then(CertificateSpec::managed).map(|m| m.state.clone()).unwrap_or_default();
+                let managed = Managed { acme: acme.clone(), state };
+                Ok(CertificateSpec { source: Source::Managed(Arc::new(managed)), default: *default, redacted: false })
+            }
             CertificateInput::KeepKey(k) => {
-                let Some(current) = current else {
+                let Some(current) = current.and_then(|c| match &c.source {
+                    Source::Uploaded(chain) => Some(chain),
+                    Source::Managed(_) => None,
+                }) else {
                     return Err(Invalid::rule(
                         "key_pem",
                         format!(
-                            "{:?} is the placeholder read APIs show, and there is no certificate of this \
-                             name whose key it could keep; give the key",
+                            "{:?} is the placeholder read APIs show, and there is no uploaded certificate of \
+                             this name whose key it could keep; give the key",
                             crate::REDACTED
                         ),
                     ));
                 };
-                let wire = CertificateWire {
-                    cert_pem: k.cert_pem.clone(),
-                    key_pem: current.wire.key_pem.clone(),
-                    default: k.default,
-                };
-                CertificateSpec::try_from(wire).map_err(|e| match e.field.as_str() {
-                    "key_pem" => Invalid::new("key_pem", Reason::KeptKey(Box::new(e.reason))),
-                    _ => e,
-                })
+                let chain = KeyedChain::new(k.cert_pem.clone(), current.key_pem.clone()).map_err(|e| {
+                    match e.field.as_str() {
+                        "key_pem" => Invalid::new("key_pem", Reason::KeptKey(Box::new(e.reason))),
+                        _ => e,
+                    }
+                })?;
+                Ok(CertificateSpec::uploaded(chain, k.default))
             }
         }
     }
@@ -208,14 +368,17 @@ impl CertificateInput {
     pub fn redacted(&self) -> CertificateInput {
         match self {
             CertificateInput::Whole(spec) => CertificateInput::Whole(spec.redacted()),
-            CertificateInput::KeepKey(_) => self.clone(),
+            CertificateInput::KeepKey(_) | CertificateInput::Managed { .. } => self.clone(),
         }
     }
 }
 
 impl From<CertificateSpec> for CertificateInput {
     fn from(spec: CertificateSpec) -> Self {
-        CertificateInput::Whole(spec)
+        match &spec.source {
+            Source::Managed(m) => CertificateInput::Managed { acme: m.acme.clone(), default: spec.default },
+            Source::Uploaded(_) => CertificateInput::Whole(spec),
+        }
     }
 }
 
@@ -229,6 +392,11 @@ impl fmt::Debug for CertificateInput {
                 .field("not_after", &k.info.not_after)
                 .field("default", &k.default)
                 .finish(),
+            CertificateInput::Managed { acme, default } => f
+                .debug_struct("CertificateInput::Managed")
+                .field("hosts", &acme.hosts())
+                .field("default", default)
+                .finish(),
         }
     }
 }
@@ -237,8 +405,15 @@ impl From<CertificateInput> for CertificateWire {
     fn from(c: CertificateInput) -> Self {
         match c {
             CertificateInput::Whole(spec) => spec.into(),
-            CertificateInput::KeepKey(k) => {
-                CertificateWire { cert_pem: k.cert_pem, key_pem: crate::REDACTED.to_string(), default: k.default }
+            CertificateInput::KeepKey(k) => CertificateWire {
+                cert_pem: Some(k.cert_pem),
+                key_pem: Some(crate::REDACTED.to_string()),
+                default: k.default,
+                acme: None,
+                acme_state: None,
+            },
+            CertificateInput::Managed { acme, default } => {
+                CertificateWire { cert_pem: None, key_pem: None, default, acme: Some(acme), acme_state: None }
             }
         }
     }
@@ -248,17 +423,24 @@ impl TryFrom<CertificateWire> for CertificateInput {
     type Error = Invalid;
 
     fn try_from(wire: CertificateWire) -> Result<Self, Invalid> {
-        if wire.key_pem != crate::REDACTED {
-            return CertificateSpec::try_from(wire).map(CertificateInput::Whole);
+        if wire.acme_state.is_some() {
+            return Err(Invalid::rule(
+                "acme_state",
+                "is written by Tidegate's ACME manager, not given; put the acme block alone",
+            ));
         }
-        let info = inspect(&chain(&wire.cert_pem, "cert_pem")?)?;
-        Ok(CertificateInput::KeepKey(KeptKey { cert_pem: wire.cert_pem, default: wire.default, info: Arc::new(info) }))
+        if wire.key_pem.as_deref() != Some(crate::REDACTED) {
+            return CertificateSpec::try_from(wire).map(CertificateInput::from);
+        }
+        let cert_pem = wire.cert_pem.ok_or_else(|| Invalid::rule("cert_pem", "a key needs its chain"))?;
+        let info = inspect(&chain(&cert_pem, "cert_pem")?)?;
+        Ok(CertificateInput::KeepKey(KeptKey { cert_pem, default: wire.default, info: Arc::new(info) }))
     }
 }
 
 impl PartialEq for CertificateSpec {
     fn eq(&self, other: &Self) -> bool {
-        self.wire == other.wire
+        self.source == other.source && self.default == other.default
     }
 }
 
@@ -266,19 +448,33 @@ impl Eq for CertificateSpec {}
 
 impl fmt::Debug for CertificateSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CertificateSpec")
-            .field("names", &self.info.names)
-            .field("not_after", &self.info.not_after)
-            .field("default", &self.wire.default)
-            .finish_non_exhaustive()
+        let mut d = f.debug_struct("CertificateSpec");
+        match &self.source {
+            Source::Uploaded(c) => d.field("names", &c.info.names).field("not_after", &c.info.not_after),
+            Source::Managed(m) => d.field("acme_hosts", &m.acme.hosts()).field("issued", &m.state.issued.is_some()),
+        };
+        d.field("default", &self.default).finish_non_exhaustive()
     }
 }
 
 impl From<CertificateSpec> for CertificateWire {
     fn from(c: CertificateSpec) -> Self {
-        match c.redacted {
-            true => CertificateWire { key_pem: crate::REDACTED.to_string(), ..c.wire },
-            false => c.wire,
+        let secret = |s: &str| if c.redacted { crate::REDACTED.to_string() } else { s.to_string() };
+        match &c.source {
+            Source::Uploaded(chain) => CertificateWire {
+                cert_pem: Some(chain.cert_pem.clone()),
+                key_pem: Some(secret(&chain.key_pem)),
+                default: c.default,
+                acme: None,
+                acme_state: None,
+            },
+            Source::Managed(m) => CertificateWire {
+                cert_pem: None,
+                key_pem: None,
+                default: c.default,
+                acme: Some(m.acme.clone()),
+                acme_state: (!c.redacted).then(|| m.state.to_wire(false)),
+            },
         }
     }
 }
@@ -287,9 +483,31 @@ impl TryFrom<CertificateWire> for CertificateSpec {
     type Error = Invalid;
 
     fn try_from(wire: CertificateWire) -> Result<Self, Invalid> {
-        let certified = key_pair(&wire.cert_pem, &wire.key_pem, ("cert_pem", "key_pem"))?;
-        let info = inspect(&certified.cert)?;
-        Ok(CertificateSpec { wire, info: Arc::new(info), key: Arc::new(certified), redacted: false })
+        let source = match (wire.acme, wire.cert_pem, wire.key_pem) {
+            (Some(acme), None, None) => {
+                let state = match wire.acme_state {
+                    Some(s) => AcmeState::try_from(s)?,
+                    None => AcmeState::default(),
+                };
+                Source::Managed(Arc::new(Managed { acme, state }))
+            }
+            (Some(_), Some(_), _) => {
+                return Err(Invalid::conflict("cert_pem", "acme", "give a chain and key, or an acme block, not both"))
+            }
+            (Some(_), None, Some(_)) => {
+                return Err(Invalid::conflict("key_pem", "acme", "give a chain and key, or an acme block, not both"))
+            }
+            (None, cert, key) => {
+                if wire.acme_state.is_some() {
+                    return Err(Invalid::rule("acme_state", "only a managed certificate (with acme) has one"));
+                }
+                let cert =
+                    cert.ok_or_else(|| Invalid::rule("cert_pem", "missing: give cert_pem and key_pem, or acme"))?;
+                let key = key.ok_or_else(|| Invalid::rule("key_pem", "missing: give the chain's private key"))?;
+                Source::Uploaded(KeyedChain::new(cert, key)?)
+            }
+        };
+        Ok(CertificateSpec { source, default: wire.default, redacted: false })
     }
 }
 
@@ -381,16 +599,22 @@ mod tests {
     }
 
     fn wire(cert: &str, key: &str) -> CertificateWire {
-        CertificateWire { cert_pem: cert.into(), key_pem: key.into(), default: false }
+        CertificateWire {
+            cert_pem: Some(cert.into()),
+            key_pem: Some(key.into()),
+            default: false,
+            acme: None,
+            acme_state: None,
+        }
     }
 
     #[test]
     fn a_valid_pair_decodes_with_its_names() {
         let (cert, key) = pair(&["a.example", "*.B.example"]);
         let spec = parse(&cert, &key).unwrap();
-        assert_eq!(spec.info().names, vec!["*.b.example", "a.example"]);
+        assert_eq!(spec.info().unwrap().names, vec!["*.b.example", "a.example"]);
         assert!(spec.is_default());
-        assert!(spec.info().not_after > unix_now());
+        assert!(spec.info().unwrap().not_after > unix_now());
         let json = serde_json::to_string(&spec).unwrap();
         let again: CertificateSpec = serde_json::from_str(&json).unwrap();
         assert_eq!(again, spec, "round-trips");
@@ -422,7 +646,7 @@ mod tests {
         let old = parse(&old.pem(), &old_key.serialize_pem()).expect("an expired pair still decodes (stored data)");
         let err = old.check_incoming(unix_now()).unwrap_err();
         assert_eq!(err.field, "cert_pem");
-        assert_eq!(err.reason, Reason::Expired { not_after: old.info().not_after });
+        assert_eq!(err.reason, Reason::Expired { not_after: old.info().unwrap().not_after });
         assert!(err.to_string().starts_with("cert_pem: the certificate expired"), "{err}");
     }
 
@@ -456,7 +680,7 @@ mod tests {
             )
             .unwrap()
         };
-        assert!(spec(true).info().names.is_empty());
+        assert!(spec(true).info().unwrap().names.is_empty());
         assert_eq!(spec(true).check_incoming(unix_now()), Ok(()));
         let err = spec(false).check_incoming(unix_now()).unwrap_err();
         assert!(matches!(&err.reason, Reason::Conflict { with, .. } if with == "cert_pem"), "{err:?}");

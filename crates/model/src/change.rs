@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::acme::AcmeState;
 use crate::certificate::CertificateInput;
 use crate::names::{BackendId, CertName, RouteName, RuleSetName, ServiceName};
 use crate::route::RouteSpec;
@@ -65,6 +66,20 @@ pub enum Op {
         /// The certificate.
         name: CertName,
     },
+    /// Ask for a managed certificate to be renewed now (`ctl cert renew`).
+    RenewCertificate {
+        /// The managed certificate.
+        name: CertName,
+    },
+    /// What the ACME manager learned of a managed certificate (its
+    /// account, the certificate issued, challenge answers). Written by
+    /// Tidegate only: the admin API refuses it.
+    AcmeState {
+        /// The managed certificate.
+        name: CertName,
+        /// Its new state (`renew_requested` is kept from the current one).
+        state: Box<AcmeState>,
+    },
     /// Create or replace a rule set.
     PutRules {
         /// The rule set.
@@ -87,7 +102,7 @@ impl ChangeSet {
     pub fn redacted(&self) -> std::borrow::Cow<'_, ChangeSet> {
         let hides = |op: &Op| match op {
             Op::PutService { spec, .. } => spec.has_secrets(),
-            Op::PutCertificate { .. } => true,
+            Op::PutCertificate { .. } | Op::AcmeState { .. } => true,
             Op::PutRules { spec, .. } => spec.has_secrets(),
             _ => false,
         };
@@ -106,6 +121,9 @@ impl ChangeSet {
                 }
                 Op::PutRules { name, spec } => {
                     Op::PutRules { name: name.clone(), spec: Box::new(spec.redacted().into_owned()) }
+                }
+                Op::AcmeState { name, state } => {
+                    Op::AcmeState { name: name.clone(), state: Box::new(state.redacted()) }
                 }
                 other => other.clone(),
             })
@@ -139,6 +157,8 @@ impl<'de> Deserialize<'de> for Op {
             "put_certificate" => sub::<NameSpec<CertName, CertificateInput>>(body)
                 .map(|w| Op::PutCertificate { name: w.name, spec: Box::new(w.spec) }),
             "delete_certificate" => sub::<Named<CertName>>(body).map(|w| Op::DeleteCertificate { name: w.name }),
+            "renew_certificate" => sub::<Named<CertName>>(body).map(|w| Op::RenewCertificate { name: w.name }),
+            "acme_state" => sub::<NameState>(body).map(|w| Op::AcmeState { name: w.name, state: Box::new(w.state) }),
             "put_rules" => sub::<NameSpec<RuleSetName, RuleSetSpec>>(body)
                 .map(|w| Op::PutRules { name: w.name, spec: Box::new(w.spec) }),
             "delete_rules" => sub::<Named<RuleSetName>>(body).map(|w| Op::DeleteRules { name: w.name }),
@@ -146,7 +166,7 @@ impl<'de> Deserialize<'de> for Op {
                 return Err(D::Error::custom(format!(
                     "op: unknown op {other:?}; expected one of put_service, delete_service, \
                      put_backend, delete_backend, put_route, delete_route, put_certificate, delete_certificate, \
-                     put_rules, delete_rules"
+                     renew_certificate, put_rules, delete_rules"
                 )))
             }
         };
@@ -177,6 +197,13 @@ fn path_message(e: serde_path_to_error::Error<serde_json::Error>) -> String {
 struct NameSpec<N, S> {
     name: N,
     spec: S,
+}
+
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct NameState {
+    name: CertName,
+    state: AcmeState,
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -291,10 +318,20 @@ pub fn parse_change_set(bytes: &[u8]) -> Result<ChangeSet, ParseError> {
 
 /// The checks a change set gets where it comes in, beyond its types: a
 /// certificate that has already expired (`ops[N].spec.cert_pem`), or that
-/// names no host and is not the default (`ops[N].spec.default`), is refused.
+/// names no host and is not the default (`ops[N].spec.default`), is refused;
+/// so is an `acme_state` op, which only Tidegate's ACME manager writes.
 pub fn check_change_set(cs: &ChangeSet) -> Result<(), ParseError> {
     let now = crate::certificate::unix_now();
     for (i, op) in cs.ops.iter().enumerate() {
+        if let Op::AcmeState { .. } = op {
+            return Err(ParseError {
+                op: Some(i),
+                field: format!("ops[{i}].op"),
+                message: "acme_state is written by Tidegate's ACME manager, not given; put the certificate's \
+                          acme block, or renew it with renew_certificate"
+                    .into(),
+            });
+        }
         if let Op::PutCertificate { spec, .. } = op {
             spec.check_incoming(now).map_err(|e| ParseError::invalid(Some(i), &format!("ops[{i}].spec"), e))?;
         }

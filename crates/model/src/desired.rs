@@ -268,7 +268,7 @@ pub fn plan(current: &ConfigState, desired: &Document) -> (Vec<Op>, Vec<Change>)
             }
         }
         put(Kind::Certificate, name.as_str().to_string(), old.map(|o| json(&o.redacted())), shown);
-        let spec = resolved.map_or_else(|| input.clone(), CertificateInput::Whole);
+        let spec = resolved.map_or_else(|| input.clone(), CertificateInput::from);
         ops.push(Op::PutCertificate { name: name.clone(), spec: Box::new(spec) });
     }
     for (name, spec) in &desired.rules {
@@ -508,7 +508,7 @@ mod tests {
         assert_eq!(shown, ["~ certificate c: cert_pem, key_pem"]);
         let (after, _) = current.apply(&ChangeSet { if_revision: None, ops }, 2).expect("the plan applies");
         let cert = after.certificates().values().next().unwrap();
-        assert_eq!(cert.info().names, ["a.example", "b.example"]);
+        assert_eq!(cert.info().unwrap().names, ["a.example", "b.example"]);
         assert_eq!(after.service("w").unwrap().webhook_secret(), Some("s3cret"));
     }
 

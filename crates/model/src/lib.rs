@@ -11,6 +11,7 @@
 //! maps: applying a change set to it costs O(change), and a failed change set
 //! leaves it untouched.
 
+pub mod acme;
 mod certificate;
 mod change;
 mod desired;
@@ -27,7 +28,8 @@ mod service;
 mod state;
 pub mod static_root;
 
-pub use certificate::{unix_now, CertificateInfo, CertificateInput, CertificateSpec, KeptKey};
+pub use acme::{AcmeAccount, AcmeSpec, AcmeState, AcmeStatus, ChallengeAnswer, ChallengeKind, DnsHook};
+pub use certificate::{unix_now, CertificateInfo, CertificateInput, CertificateSpec, KeptKey, KeyedChain, Managed};
 pub use change::{check_change_set, fold_field, parse_change_set, parse_json, ChangeSet, Op, ParseError};
 pub use desired::{document_paths, in_document, plan, Action, Change, Document, Kind};
 pub use headers::Headers;

@@ -99,6 +99,23 @@ impl ConfigState {
         &self.certificates
     }
 
+    /// The managed certificate `name`, for op `i` (NotFound, or Conflict
+    /// when it is an uploaded one).
+    fn managed_certificate(&self, i: usize, name: &CertName) -> Result<Arc<CertificateSpec>, ChangeError> {
+        let Some(current) = self.certificates.get(name) else {
+            return Err(ChangeError::at(ChangeErrorKind::NotFound, i, "name", format!("no certificate {name:?}")));
+        };
+        if current.managed().is_none() {
+            return Err(ChangeError::at(
+                ChangeErrorKind::Conflict,
+                i,
+                "name",
+                format!("certificate {name:?} is uploaded, not managed by ACME: put a new chain to renew it"),
+            ));
+        }
+        Ok(current.clone())
+    }
+
     /// All rule sets, by name.
     pub fn rules(&self) -> &OrdMap<RuleSetName, Arc<RuleSetSpec>> {
         &self.rules
@@ -247,6 +264,24 @@ impl ConfigState {
                 if self.certificates.remove(name).is_none() {
                     return Err(ChangeError::at(NotFound, i, "name", format!("no certificate {name:?}")));
                 }
+                delta.certificates.insert(name.clone());
+            }
+            Op::RenewCertificate { name } => {
+                let current = self.managed_certificate(i, name)?;
+                let mut state = current.managed().map(|m| m.state.clone()).unwrap_or_default();
+                state.renew_requested += 1;
+                let next = current.with_state(state).unwrap_or_else(|| (*current).clone());
+                self.certificates.insert(name.clone(), Arc::new(next));
+                delta.certificates.insert(name.clone());
+            }
+            Op::AcmeState { name, state } => {
+                let current = self.managed_certificate(i, name)?;
+                let mut state = (**state).clone();
+                // Only users raise it (renew_certificate): a manager's
+                // write made before a request does not undo it.
+                state.renew_requested = current.managed().map_or(0, |m| m.state.renew_requested);
+                let next = current.with_state(state).unwrap_or_else(|| (*current).clone());
+                self.certificates.insert(name.clone(), Arc::new(next));
                 delta.certificates.insert(name.clone());
             }
             Op::PutRules { name, spec } => {

@@ -17,7 +17,8 @@
 //!    since its authority-form target names no path);
 //! 2. the engine's own checks of the head (its facts, or why there are
 //!    none: a malformed host, path or framing, too many headers);
-//! 3. the health path, answered before routing;
+//! 3. the health path and ACME HTTP-01 challenges, answered before
+//!    routing;
 //! 4. the route, from the snapshot;
 //! 5. `redirect_https`, then the route's rule sets ([`tidegate_rules`]):
 //!    each step either answers (a redirect, a refusal, a challenge, a
@@ -134,6 +135,9 @@ pub(crate) enum Local {
     },
     /// `405` to `CONNECT`: the proxy opens no tunnels.
     ConnectRefused,
+    /// `200` with this key authorization: the answer to an ACME HTTP-01
+    /// challenge of a managed certificate's order.
+    AcmeChallenge(Arc<str>),
     /// `431`: more header fields than `--max-headers`, or a head larger
     /// than `--max-header-bytes`.
     HeadTooLarge,
@@ -223,6 +227,9 @@ impl Decision<'_> {
     }
 }
 
+/// Where ACME HTTP-01 challenges are asked (RFC 8555, section 8.3).
+const ACME_CHALLENGE_PATH: &str = "/.well-known/acme-challenge/";
+
 /// Decides what to do with a request of `method` whose facts are `facts`
 /// (or the reason the engine refused its head). No IO; the clock is read
 /// only for a route that runs rules (rate limits count time).
@@ -241,6 +248,15 @@ pub(crate) fn decide<'s>(
     };
     if settings.health_path.as_deref() == Some(facts.path) && matches!(*method, Method::GET | Method::HEAD) {
         return Decision::local(Local::Health { draining: facts.stopping });
+    }
+    // An ACME HTTP-01 challenge of a managed certificate's order, before
+    // routing (the CA asks for any host's path, whatever the routes). A
+    // token no order waits for goes on to the routes: a backend may run
+    // its own ACME client.
+    if let Some(token) = facts.path.strip_prefix(ACME_CHALLENGE_PATH) {
+        if let Some(answer) = snapshot.certificates().http01(token).filter(|_| *method == Method::GET) {
+            return Decision::local(Local::AcmeChallenge(answer.clone()));
+        }
     }
     let query = facts.path_and_query.split_once('?').map(|(_, q)| q);
     let view = RequestView { host: &facts.host, path: facts.path, method, headers: facts.headers, query };

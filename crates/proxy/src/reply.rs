@@ -58,6 +58,11 @@ pub(crate) fn local_response(answer: Local) -> Result<Response<ProxyBody>, Error
         Local::Health { draining: false } => plain(StatusCode::OK, "ok\n"),
         Local::Health { draining: true } => plain(StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
         Local::ConnectRefused => refuse_connect(),
+        Local::AcmeChallenge(key_authorization) => {
+            let mut resp = Response::new(ProxyBody::text(bytes::Bytes::copy_from_slice(key_authorization.as_bytes())));
+            resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+            resp
+        }
         Local::HeadTooLarge => head_too_large(),
         Local::HttpsRedirect(location) => https_redirect(location),
         Local::Rule(answer) => rule_answer(&answer.answer, answer.body),

@@ -428,9 +428,12 @@ async fn accept_loop(
                             }
                         };
                         proxy.metrics().tls_handshake(true);
-                        // ALPN h2 goes to hyper's HTTP/2 whatever the engine.
+                        // ALPN h2 goes to hyper's HTTP/2 whatever the engine;
+                        // an ACME TLS-ALPN-01 validation ends with its
+                        // handshake (RFC 8737, section 3).
                         let engine = match stream.get_ref().1.alpn_protocol() {
                             Some(b"h2") => Http1Engine::Hyper,
+                            Some(crate::tls::ACME_TLS_ALPN) => return,
                             _ => engine,
                         };
                         serve_http(stream, engine, client, proxy, stop, limits, hyper).await;

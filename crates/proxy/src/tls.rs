@@ -22,13 +22,23 @@ struct SniResolver {
 
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let found = self.snapshots.load().certificates().resolve(hello.server_name());
+        let snapshot = self.snapshots.load();
+        // An ACME TLS-ALPN-01 validation offers `acme-tls/1` alone (RFC
+        // 8737): it gets the validation certificate of the order waiting
+        // for that name, or no handshake at all.
+        if hello.alpn().is_some_and(|mut offered| offered.any(|p| p == ACME_TLS_ALPN)) {
+            return snapshot.certificates().tls_alpn01(hello.server_name());
+        }
+        let found = snapshot.certificates().resolve(hello.server_name());
         if found.is_none() {
             tracing::debug!(sni = ?hello.server_name(), "no certificate for this name and no default");
         }
         found
     }
 }
+
+/// The ALPN protocol of ACME TLS-ALPN-01 validations (RFC 8737).
+pub(crate) const ACME_TLS_ALPN: &[u8] = b"acme-tls/1";
 
 /// Session tickets and cached sessions a worker keeps for resumption.
 const SESSION_CACHE: usize = 4096;
@@ -41,7 +51,7 @@ pub(crate) fn server_config(snapshots: Arc<ArcSwap<Snapshot>>) -> std::io::Resul
         .map_err(std::io::Error::other)?
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(SniResolver { snapshots }));
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec(), ACME_TLS_ALPN.to_vec()];
     config.session_storage = rustls::server::ServerSessionMemoryCache::new(SESSION_CACHE);
     config.ticketer = rustls::crypto::ring::Ticketer::new().map_err(std::io::Error::other)?;
     Ok(Arc::new(config))

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use rustls::sign::CertifiedKey;
-use tidegate_model::{CertName, CertificateInfo, ConfigState};
+use tidegate_model::{CertName, CertificateInfo, ChallengeAnswer, ConfigState};
 
 /// Certificates by the names they serve. Rebuilt whole when a certificate
 /// changes (a configuration has a handful to hundreds of them; routes and
@@ -16,8 +16,14 @@ pub struct Certificates {
     /// By the suffix a wildcard covers (`*.example.com` → `.example.com`).
     wildcard: HashMap<String, Arc<CertifiedKey>>,
     default: Option<Arc<CertifiedKey>>,
-    /// Every certificate, for status and metrics.
+    /// Every certificate served, for status and metrics.
     all: Vec<(CertName, Arc<CertificateInfo>)>,
+    /// ACME HTTP-01 answers by token.
+    http01: HashMap<String, Arc<str>>,
+    /// ACME TLS-ALPN-01 validation certificates by host.
+    tls_alpn01: HashMap<String, Arc<CertifiedKey>>,
+    /// Managed certificates, issued or not.
+    managed: usize,
 }
 
 impl Certificates {
@@ -28,10 +34,25 @@ impl Certificates {
         let mut c = Certificates::default();
         let mut best: HashMap<String, i64> = HashMap::new();
         for (name, spec) in state.certificates() {
-            let info = spec.info();
+            if let Some(managed) = spec.managed() {
+                c.managed += 1;
+                for answer in &managed.state.challenges {
+                    match answer {
+                        ChallengeAnswer::Http01 { token, key_authorization } => {
+                            c.http01.insert(token.clone(), Arc::from(key_authorization.as_str()));
+                        }
+                        ChallengeAnswer::TlsAlpn01 { host, certificate } => {
+                            c.tls_alpn01.insert(host.clone(), certificate.certified_key().clone());
+                        }
+                        ChallengeAnswer::Dns01 { .. } => {}
+                    }
+                }
+            }
+            let Some(served) = spec.served() else { continue };
+            let (info, key) = (served.info(), served.certified_key());
             c.all.push((name.clone(), Arc::new(info.clone())));
             if spec.is_default() {
-                c.default = Some(spec.certified_key().clone());
+                c.default = Some(key.clone());
             }
             for n in &info.names {
                 if best.get(n).is_some_and(|until| *until >= info.not_after) {
@@ -40,15 +61,35 @@ impl Certificates {
                 best.insert(n.clone(), info.not_after);
                 match n.strip_prefix('*') {
                     Some(suffix) if suffix.starts_with('.') => {
-                        c.wildcard.insert(suffix.to_string(), spec.certified_key().clone());
+                        c.wildcard.insert(suffix.to_string(), key.clone());
                     }
                     _ => {
-                        c.exact.insert(n.clone(), spec.certified_key().clone());
+                        c.exact.insert(n.clone(), key.clone());
                     }
                 }
             }
         }
         c
+    }
+
+    /// The answer to an ACME HTTP-01 challenge: the key authorization for
+    /// `token` (the last segment of `/.well-known/acme-challenge/TOKEN`),
+    /// while an order of a managed certificate waits for it.
+    pub fn http01(&self, token: &str) -> Option<&Arc<str>> {
+        self.http01.get(token)
+    }
+
+    /// The validation certificate of an ACME TLS-ALPN-01 challenge for
+    /// `sni` (a handshake that offers ALPN `acme-tls/1`), while an order
+    /// waits for it.
+    pub fn tls_alpn01(&self, sni: Option<&str>) -> Option<Arc<CertifiedKey>> {
+        let name = sni?.strip_suffix('.').unwrap_or(sni?);
+        self.tls_alpn01.get(&name.to_ascii_lowercase()).cloned()
+    }
+
+    /// How many certificates are managed by ACME (issued or not yet).
+    pub fn managed(&self) -> usize {
+        self.managed
     }
 
     /// The certificate for a client that asked for `sni` (or for none).
@@ -81,9 +122,9 @@ impl Certificates {
         &self.all
     }
 
-    /// Whether there is no certificate at all.
+    /// Whether there is no certificate at all (none served, none managed).
     pub fn is_empty(&self) -> bool {
-        self.all.is_empty()
+        self.all.is_empty() && self.managed == 0
     }
 }
 
@@ -109,7 +150,7 @@ mod tests {
         let cs = tidegate_model::parse_change_set(ops.to_string().as_bytes()).unwrap();
         let (state, _) = ConfigState::default().apply(&cs, 0).unwrap();
         let c = Certificates::build(&state);
-        let key_of = |n: &str| state.certificates().get(n).unwrap().certified_key().clone();
+        let key_of = |n: &str| state.certificates().get(n).unwrap().certified_key().unwrap().clone();
         let same = |a: Option<Arc<CertifiedKey>>, b: &str| a.is_some_and(|a| Arc::ptr_eq(&a, &key_of(b)));
         assert!(same(c.resolve(Some("a.example")), "a"));
         assert!(same(c.resolve(Some("A.Example")), "a"), "case-insensitive");

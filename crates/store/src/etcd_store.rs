@@ -44,8 +44,8 @@ use tidegate_etcd::{
     prefix_end, Client, ClientOptions, Compare, Credentials, EtcdError, Event, EventKind, KeyValue, TlsOptions, TxnOp,
 };
 use tidegate_model::{
-    BackendId, CertName, CertificateSpec, ChangeSet, ConfigState, Op, RouteName, RouteSpec, RuleSetName, RuleSetSpec,
-    ServiceName, ServiceSettings, ServiceSpec,
+    BackendId, CertName, CertificateInput, CertificateSpec, ChangeSet, ConfigState, Op, RouteName, RouteSpec,
+    RuleSetName, RuleSetSpec, ServiceName, ServiceSettings, ServiceSpec,
 };
 
 use crate::{
@@ -517,7 +517,10 @@ fn names_object<'a>(ops: impl IntoIterator<Item = &'a Op>, rest: &str) -> bool {
             rest == format!("backends/{service}/{id}")
         }
         Op::PutRoute { name, .. } | Op::DeleteRoute { name } => rest == format!("routes/{name}"),
-        Op::PutCertificate { name, .. } | Op::DeleteCertificate { name } => rest == format!("certificates/{name}"),
+        Op::PutCertificate { name, .. }
+        | Op::DeleteCertificate { name }
+        | Op::RenewCertificate { name }
+        | Op::AcmeState { name, .. } => rest == format!("certificates/{name}"),
         Op::PutRules { name, .. } | Op::DeleteRules { name } => rest == format!("rules/{name}"),
     })
 }
@@ -677,7 +680,10 @@ impl EtcdStore {
                     let spec = after.routes().get(name);
                     writes.insert(self.key(&format!("routes/{name}")), spec.map(|s| json(&**s)).transpose()?);
                 }
-                Op::PutCertificate { name, .. } | Op::DeleteCertificate { name } => {
+                Op::PutCertificate { name, .. }
+                | Op::DeleteCertificate { name }
+                | Op::RenewCertificate { name }
+                | Op::AcmeState { name, .. } => {
                     let spec = after.certificates().get(name);
                     writes.insert(self.key(&format!("certificates/{name}")), spec.map(|s| json(&**s)).transpose()?);
                 }
@@ -1152,7 +1158,7 @@ fn check_load(prefix: &[u8], kvs: &[KeyValue]) -> (Loaded, Vec<StoreFault>) {
                 // An expired certificate still loads (see the embedded store).
                 let op = tidegate_model::parse_json::<CertificateSpec>(&kv.value).map_err(invalid).and_then(|spec| {
                     let name = CertName::new(name).map_err(invalid)?;
-                    Ok(Op::PutCertificate { name, spec: Box::new(spec.into()) })
+                    Ok(Op::PutCertificate { name, spec: Box::new(CertificateInput::Whole(spec)) })
                 });
                 match op {
                     Ok(op) => {

@@ -133,7 +133,10 @@ impl RedbStore {
             }
             // Older data directories had no certificates; this store is
             // kept to read them once, not to take new kinds of objects.
-            Op::PutCertificate { .. } | Op::DeleteCertificate { .. } => {
+            Op::PutCertificate { .. }
+            | Op::DeleteCertificate { .. }
+            | Op::RenewCertificate { .. }
+            | Op::AcmeState { .. } => {
                 return Err(StoreError::Unsupported("the redb store does not hold certificates; use the SQLite store"));
             }
             Op::PutRules { .. } | Op::DeleteRules { .. } => {

@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex};
 use rusqlite::wal::CheckpointMode;
 use rusqlite::{params, Connection, OpenFlags, Transaction};
 use tidegate_model::{
-    BackendId, CertName, CertificateSpec, ConfigState, Op, RouteName, RouteSpec, RuleSetName, RuleSetSpec, ServiceName,
-    ServiceSettings, ServiceSpec,
+    BackendId, CertName, CertificateInput, CertificateSpec, ConfigState, Op, RouteName, RouteSpec, RuleSetName,
+    RuleSetSpec, ServiceName, ServiceSettings, ServiceSpec,
 };
 
 use crate::{
@@ -347,7 +347,7 @@ fn write_op(txn: &Transaction<'_>, op: &Op, commit: &Commit<'_>) -> Result<(), S
         Op::DeleteRoute { name } => {
             run("DELETE FROM routes WHERE name = ?1", &[&name.as_str()]).map_err(err)?;
         }
-        Op::PutCertificate { name, .. } => {
+        Op::PutCertificate { name, .. } | Op::RenewCertificate { name } | Op::AcmeState { name, .. } => {
             let Some(spec) = commit.certificate_after(name) else { return Ok(()) };
             let value = json(spec)?;
             let sum = row_sum("certificates", name.as_str(), &value);
@@ -525,7 +525,7 @@ impl Store for SqliteStore {
             // from starting (status and metrics report the expiry).
             let spec: CertificateSpec = decode_object(&key, &spec)?;
             let name = CertName::new(&name).map_err(|e| invalid_object(&key, e))?;
-            ops.push(Op::PutCertificate { name, spec: Box::new(spec.into()) });
+            ops.push(Op::PutCertificate { name, spec: Box::new(CertificateInput::Whole(spec)) });
             keys.push(key);
         }
         let state = rebuild(ops, &keys)?;

@@ -492,6 +492,40 @@ pub enum CertCommand {
         #[arg(long)]
         default: bool,
     },
+    /// Have a certificate obtained and renewed by ACME (Let's Encrypt or
+    /// another CA): a managed certificate for these hosts.
+    Acme {
+        name: String,
+        /// A DNS name to cover; repeat for more (`*.example.com` with
+        /// `--challenge dns-01` only).
+        #[arg(long = "host", required = true)]
+        hosts: Vec<String>,
+        /// The CA's ACME directory URL (default: Let's Encrypt's production
+        /// directory).
+        #[arg(long, default_value = "https://acme-v02.api.letsencrypt.org/directory")]
+        directory: String,
+        /// http-01 (port 80), tls-alpn-01 (port 443) or dns-01 (with
+        /// --dns-hook).
+        #[arg(long, default_value = "http-01")]
+        challenge: String,
+        /// The account's contact, such as mailto:ops@example.com.
+        #[arg(long)]
+        contact: Option<String>,
+        /// With dns-01: the command that sets and removes the TXT record
+        /// (called with `set|clear NAME VALUE` after its own arguments).
+        #[arg(long = "dns-hook", num_args = 1.., value_delimiter = ' ')]
+        dns_hook: Vec<String>,
+        /// A CA certificate file (PEM) to trust for the directory's HTTPS
+        /// (a private CA or a test server).
+        #[arg(long = "directory-ca")]
+        directory_ca: Option<PathBuf>,
+        /// Serve it to clients that send no SNI name or an unknown one.
+        #[arg(long)]
+        default: bool,
+    },
+    /// Renew a managed (ACME) certificate now; the one served stays until
+    /// the new one is issued.
+    Renew { name: String },
     /// Delete a certificate.
     Delete { name: String },
 }

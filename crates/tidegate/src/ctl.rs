@@ -164,6 +164,22 @@ impl Admin {
                 CertCommand::List => (M::GET, "/v1/certificates".into(), None),
                 CertCommand::Get { name } => (M::GET, format!("/v1/certificates/{name}"), None),
                 CertCommand::Delete { name } => (M::DELETE, format!("/v1/certificates/{name}"), None),
+                CertCommand::Renew { name } => (M::POST, format!("/v1/certificates/{name}/renew"), None),
+                CertCommand::Acme { name, hosts, directory, challenge, contact, dns_hook, directory_ca, default } => {
+                    let mut acme = json!({ "hosts": hosts, "directory": directory, "challenge": challenge });
+                    if let Some(contact) = contact {
+                        acme["contact"] = json!(contact);
+                    }
+                    if !dns_hook.is_empty() {
+                        acme["dns_hook"] = json!({ "command": dns_hook });
+                    }
+                    if let Some(path) = directory_ca {
+                        let pem =
+                            std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+                        acme["directory_ca_pem"] = json!(pem);
+                    }
+                    (M::PUT, format!("/v1/certificates/{name}"), Some(json!({ "acme": acme, "default": default })))
+                }
                 CertCommand::Put { name, cert, key, default } => {
                     let read = |p: &std::path::Path| {
                         std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))

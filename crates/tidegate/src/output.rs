@@ -211,10 +211,37 @@ fn table(value: &Value, view: View) -> Option<String> {
                 .into_iter()
                 .map(|(name, c)| {
                     let names: Vec<String> = c["names"].as_array().into_iter().flatten().map(cell).collect();
-                    vec![name.clone(), names.join(","), cell(&c["not_after"]), cell(&c["default"])]
+                    let acme = &c["acme"];
+                    let (status, renew, error) = match acme.is_object() {
+                        true => (cell(&acme["status"]), cell(&acme["renew_at"]), cell(&acme["last_error"])),
+                        false => ("uploaded".to_string(), "-".to_string(), "-".to_string()),
+                    };
+                    let issuer = c["issuer"].as_str().map_or_else(|| "-".to_string(), str::to_string);
+                    vec![
+                        name.clone(),
+                        names.join(","),
+                        issuer,
+                        cell(&c["not_after"]),
+                        cell(&c["default"]),
+                        status,
+                        renew,
+                        error,
+                    ]
                 })
                 .collect();
-            columns(&["CERTIFICATE", "NAMES", "NOT AFTER (UNIX)", "DEFAULT"], &rows)
+            columns(
+                &[
+                    "CERTIFICATE",
+                    "NAMES",
+                    "ISSUER",
+                    "NOT AFTER (UNIX)",
+                    "DEFAULT",
+                    "ACME",
+                    "RENEW AT (UNIX)",
+                    "LAST ERROR",
+                ],
+                &rows,
+            )
         }
         View::Events => {
             let rows: Vec<Vec<String>> = value["events"]

@@ -390,6 +390,7 @@ impl Background {
             tidegate_health::spawn(control.snapshots(), control.snapshot_changes());
             tidegate_sources::spawn(control.snapshots(), control.snapshot_changes());
             tidegate_autoscale::spawn(control.clone(), events, instances, scaling);
+            tidegate_acme::spawn(control.clone());
         }
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new()

@@ -4,6 +4,7 @@
 
 mod support;
 
+mod acme;
 mod admin;
 mod autoscale;
 mod balancing;

@@ -18,6 +18,7 @@ use crate::support::*;
 pub(crate) struct Ca {
     cert: rcgen::Certificate,
     key: rcgen::KeyPair,
+    params: rcgen::CertificateParams,
 }
 
 /// A leaf certificate: its PEM chain, key and DER.
@@ -34,10 +35,14 @@ impl Ca {
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
         params.distinguished_name.push(rcgen::DnType::CommonName, "Tidegate test CA");
         let cert = params.self_signed(&key).expect("the CA certificate");
-        Ca { cert, key }
+        Ca { cert, key, params }
     }
 
-    /// A certificate for `names` (DNS names or IP addresses) signed by the CA.
+    /// The CA as the signer of certificates.
+    fn issuer(&self) -> rcgen::Issuer<'_, &rcgen::KeyPair> {
+        rcgen::Issuer::from_params(&self.params, &self.key)
+    }
+
     /// The CA certificate, PEM.
     pub(crate) fn pem(&self) -> String {
         self.cert.pem()
@@ -47,7 +52,7 @@ impl Ca {
         let key = rcgen::KeyPair::generate().expect("a key");
         let params =
             rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).expect("params");
-        let cert = params.signed_by(&key, &self.cert, &self.key).expect("a signed certificate");
+        let cert = params.signed_by(&key, &self.issuer()).expect("a signed certificate");
         Leaf { cert_pem: cert.pem(), key_pem: key.serialize_pem(), der: cert.der().clone() }
     }
 
@@ -227,7 +232,7 @@ async fn bad_pairs_are_refused_keys_never_read_back_and_certificates_survive_a_r
         let key = rcgen::KeyPair::generate().expect("a key");
         let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).expect("params");
         params.distinguished_name = rcgen::DistinguishedName::new();
-        let cert = params.signed_by(&key, &ca.cert, &ca.key).expect("a signed certificate");
+        let cert = params.signed_by(&key, &ca.issuer()).expect("a signed certificate");
         Leaf { cert_pem: cert.pem(), key_pem: key.serialize_pem(), der: cert.der().clone() }
     };
     let (s, v) = put_cert(&tg, "a", &ip_only, false).await;

@@ -1,0 +1,176 @@
+//! When a managed certificate needs an order, and when the next one may
+//! follow a failure: pure decisions over its state and the clock (Unix
+//! seconds), no IO.
+
+use tidegate_model::Managed;
+
+/// Why an order is placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// None was ever issued.
+    First,
+    /// The certificate served does not name exactly the hosts asked for
+    /// (the `acme` block changed).
+    HostsChanged,
+    /// Its renewal time came.
+    RenewalDue,
+    /// A user asked (`ctl cert renew`).
+    Requested,
+}
+
+impl Why {
+    /// As the log and events say it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Why::First => "no certificate yet",
+            Why::HostsChanged => "the hosts changed",
+            Why::RenewalDue => "renewal is due",
+            Why::Requested => "a renewal was requested",
+        }
+    }
+}
+
+/// What to do about a managed certificate now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Due {
+    /// Place an order now.
+    Now(Why),
+    /// Nothing before this time (Unix seconds): its renewal, or the end of
+    /// a failure's back-off.
+    At(i64),
+}
+
+/// What to do about `m` at `now`. A failure's back-off holds every order
+/// but one a user asked for.
+pub fn due(m: &Managed, now: i64) -> Due {
+    let s = &m.state;
+    if s.renew_requested > s.renewed {
+        return Due::Now(Why::Requested);
+    }
+    if s.failures > 0 && now < s.retry_at {
+        return Due::At(s.retry_at);
+    }
+    if s.issued.is_none() {
+        return Due::Now(Why::First);
+    }
+    if !m.covers_hosts() {
+        return Due::Now(Why::HostsChanged);
+    }
+    if now >= s.renew_at {
+        return Due::Now(Why::RenewalDue);
+    }
+    Due::At(s.renew_at)
+}
+
+/// When a certificate valid from `not_before` to `not_after` is to be
+/// renewed: after `fraction` of its lifetime, brought earlier by `jitter`
+/// (0..1) times 2 % of the lifetime so the certificates of a fleet do not
+/// all renew in the same second, and never later than a day before it
+/// expires (nor before `now`).
+pub fn renew_at(not_before: i64, not_after: i64, fraction: f64, jitter: f64, now: i64) -> i64 {
+    let lifetime = (not_after - not_before).max(0) as f64;
+    let planned = not_before as f64 + lifetime * fraction - lifetime * 0.02 * jitter.clamp(0.0, 1.0);
+    let last = not_after - 86_400;
+    (planned as i64).min(last).max(now.min(last.max(not_before)))
+}
+
+/// Seconds to wait before the next order after `failures` failed in a row
+/// (at least 1): one minute, doubling, at most a day. Let's Encrypt allows
+/// 5 failed validations per host per hour, so the first few retries stay
+/// under it and a broken setup settles at one order a day. A CA's own
+/// `Retry-After` (`hint`), when longer, wins.
+pub fn retry_after(failures: u32, hint: Option<u64>) -> u64 {
+    let own = 60u64.saturating_mul(1 << failures.saturating_sub(1).min(11)).min(86_400);
+    own.max(hint.unwrap_or(0).min(7 * 86_400))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidegate_model::{CertificateInput, CertificateSpec, KeyedChain};
+
+    const DAY: i64 = 86_400;
+
+    fn managed(hosts: &[&str], issued_for: Option<&[&str]>) -> CertificateSpec {
+        let acme = serde_json::json!({"hosts": hosts, "directory": "https://ca.example/dir", "challenge": "http-01"});
+        let input: CertificateInput = serde_json::from_value(serde_json::json!({ "acme": acme })).unwrap();
+        let spec = input.resolve(None).unwrap();
+        match issued_for {
+            None => spec,
+            Some(names) => {
+                let key = rcgen::KeyPair::generate().unwrap();
+                let cert = rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                    .unwrap()
+                    .self_signed(&key)
+                    .unwrap();
+                let mut state = spec.managed().unwrap().state.clone();
+                state.issued = Some(KeyedChain::new(cert.pem(), key.serialize_pem()).unwrap());
+                state.renew_at = 1_000 * DAY;
+                with_state(&spec, state)
+            }
+        }
+    }
+
+    fn with_state(spec: &CertificateSpec, state: tidegate_model::AcmeState) -> CertificateSpec {
+        let mut cs = tidegate_model::ConfigState::default();
+        let name = tidegate_model::CertName::new("c").unwrap();
+        let put = tidegate_model::Op::PutCertificate {
+            name: name.clone(),
+            spec: Box::new(CertificateInput::Whole(spec.clone())),
+        };
+        let set = tidegate_model::Op::AcmeState { name: name.clone(), state: Box::new(state) };
+        (cs, _) = cs.apply(&tidegate_model::ChangeSet { if_revision: None, ops: vec![put, set] }, 1).unwrap();
+        (**cs.certificates().get("c").unwrap()).clone()
+    }
+
+    #[test]
+    fn an_order_is_due_for_each_reason() {
+        let first = managed(&["a.example"], None);
+        assert_eq!(due(first.managed().unwrap(), 0), Due::Now(Why::First));
+        let valid = managed(&["a.example", "b.example"], Some(&["b.example", "a.example"]));
+        assert_eq!(due(valid.managed().unwrap(), 10), Due::At(1_000 * DAY));
+        assert_eq!(due(valid.managed().unwrap(), 1_000 * DAY), Due::Now(Why::RenewalDue));
+        let moved = managed(&["a.example", "c.example"], Some(&["a.example"]));
+        assert_eq!(due(moved.managed().unwrap(), 10), Due::Now(Why::HostsChanged));
+        let mut state = valid.managed().unwrap().state.clone();
+        state.failures = 2;
+        state.retry_at = 500;
+        let failing = with_state(&valid, state.clone());
+        assert_eq!(due(failing.managed().unwrap(), 10), Due::At(500), "a failure's back-off holds");
+        state.renew_requested = 1;
+        let asked = with_state(&valid, state);
+        // The op keeps the current renew_requested (only users raise it).
+        assert_eq!(due(asked.managed().unwrap(), 10), Due::At(500));
+        let mut cs = tidegate_model::ConfigState::default();
+        let name = tidegate_model::CertName::new("c").unwrap();
+        let ops = vec![
+            tidegate_model::Op::PutCertificate { name: name.clone(), spec: Box::new(CertificateInput::Whole(failing)) },
+            tidegate_model::Op::RenewCertificate { name },
+        ];
+        (cs, _) = cs.apply(&tidegate_model::ChangeSet { if_revision: None, ops }, 1).unwrap();
+        let requested = cs.certificates().get("c").unwrap();
+        assert_eq!(due(requested.managed().unwrap(), 10), Due::Now(Why::Requested), "a request skips the back-off");
+    }
+
+    #[test]
+    fn renewal_comes_after_its_fraction_less_jitter_and_before_expiry() {
+        let (nb, na) = (0, 90 * DAY);
+        assert_eq!(renew_at(nb, na, 2.0 / 3.0, 0.0, 0), 60 * DAY);
+        let jittered = renew_at(nb, na, 2.0 / 3.0, 1.0, 0);
+        assert!((58 * DAY..60 * DAY).contains(&jittered), "{jittered}");
+        assert_eq!(renew_at(0, 10 * DAY, 0.95, 0.0, 0), 9 * DAY, "never later than a day before expiry");
+        assert_eq!(renew_at(nb, na, 0.5, 0.0, 80 * DAY), 80 * DAY, "past its time: now");
+        assert_eq!(renew_at(nb, na, 0.5, 0.0, 95 * DAY), na - DAY, "never after expiry's eve");
+        assert_eq!(renew_at(nb, na, 0.5, 0.0, 50 * DAY), 50 * DAY, "never in the past");
+    }
+
+    #[test]
+    fn back_off_doubles_to_a_day_and_honours_the_ca() {
+        assert_eq!(retry_after(1, None), 60);
+        assert_eq!(retry_after(2, None), 120);
+        assert_eq!(retry_after(5, None), 960);
+        assert_eq!(retry_after(40, None), 86_400);
+        assert_eq!(retry_after(1, Some(3_600)), 3_600);
+        assert_eq!(retry_after(1, Some(u64::MAX)), 7 * 86_400);
+    }
+}
