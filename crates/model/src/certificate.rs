@@ -13,6 +13,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::{Deserialize, Serialize};
 
+use crate::client_auth::ClientAuth;
 use crate::invalid::{Invalid, Reason};
 
 /// A certificate chain and its key (`PUT /v1/certificates/{name}`).
@@ -61,6 +62,12 @@ struct CertificateWire {
     /// Served to clients that send no SNI name, or one no certificate has.
     #[serde(default)]
     default: bool,
+    /// Client certificates the handshakes this certificate serves ask for
+    /// (mutual TLS): a CA bundle and a mode; none asked when absent. The
+    /// default certificate's applies to clients with no or an unknown SNI
+    /// name (docs/tls.md, "Client certificates").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    client_auth: Option<ClientAuth>,
 }
 
 impl CertificateSpec {
@@ -77,6 +84,11 @@ impl CertificateSpec {
     /// Whether it is served to clients with no (or an unknown) SNI name.
     pub fn is_default(&self) -> bool {
         self.wire.default
+    }
+
+    /// What its handshakes ask of clients' certificates, if anything.
+    pub fn client_auth(&self) -> Option<&ClientAuth> {
+        self.wire.client_auth.as_ref()
     }
 
     /// The chain, PEM.
@@ -143,6 +155,7 @@ pub enum CertificateInput {
 pub struct KeptKey {
     cert_pem: String,
     default: bool,
+    client_auth: Option<ClientAuth>,
     info: Arc<CertificateInfo>,
 }
 
@@ -195,6 +208,7 @@ impl CertificateInput {
                     cert_pem: k.cert_pem.clone(),
                     key_pem: current.wire.key_pem.clone(),
                     default: k.default,
+                    client_auth: k.client_auth.clone(),
                 };
                 CertificateSpec::try_from(wire).map_err(|e| match e.field.as_str() {
                     "key_pem" => Invalid::new("key_pem", Reason::KeptKey(Box::new(e.reason))),
@@ -237,9 +251,12 @@ impl From<CertificateInput> for CertificateWire {
     fn from(c: CertificateInput) -> Self {
         match c {
             CertificateInput::Whole(spec) => spec.into(),
-            CertificateInput::KeepKey(k) => {
-                CertificateWire { cert_pem: k.cert_pem, key_pem: crate::REDACTED.to_string(), default: k.default }
-            }
+            CertificateInput::KeepKey(k) => CertificateWire {
+                cert_pem: k.cert_pem,
+                key_pem: crate::REDACTED.to_string(),
+                default: k.default,
+                client_auth: k.client_auth,
+            },
         }
     }
 }
@@ -252,7 +269,12 @@ impl TryFrom<CertificateWire> for CertificateInput {
             return CertificateSpec::try_from(wire).map(CertificateInput::Whole);
         }
         let info = inspect(&chain(&wire.cert_pem, "cert_pem")?)?;
-        Ok(CertificateInput::KeepKey(KeptKey { cert_pem: wire.cert_pem, default: wire.default, info: Arc::new(info) }))
+        Ok(CertificateInput::KeepKey(KeptKey {
+            cert_pem: wire.cert_pem,
+            default: wire.default,
+            client_auth: wire.client_auth,
+            info: Arc::new(info),
+        }))
     }
 }
 
@@ -270,6 +292,7 @@ impl fmt::Debug for CertificateSpec {
             .field("names", &self.info.names)
             .field("not_after", &self.info.not_after)
             .field("default", &self.wire.default)
+            .field("client_auth", &self.wire.client_auth)
             .finish_non_exhaustive()
     }
 }
@@ -381,7 +404,7 @@ mod tests {
     }
 
     fn wire(cert: &str, key: &str) -> CertificateWire {
-        CertificateWire { cert_pem: cert.into(), key_pem: key.into(), default: false }
+        CertificateWire { cert_pem: cert.into(), key_pem: key.into(), default: false, client_auth: None }
     }
 
     #[test]
@@ -424,6 +447,38 @@ mod tests {
         assert_eq!(err.field, "cert_pem");
         assert_eq!(err.reason, Reason::Expired { not_after: old.info().not_after });
         assert!(err.to_string().starts_with("cert_pem: the certificate expired"), "{err}");
+    }
+
+    #[test]
+    fn client_auth_is_checked_kept_and_shown() {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = ca.self_signed(&ca_key).unwrap();
+        let (cert, key) = pair(&["a.example"]);
+        let doc = |key: &str, ca_pem: &str| {
+            serde_json::json!({ "cert_pem": cert, "key_pem": key, "client_auth": { "ca_pem": ca_pem, "mode": "optional" } })
+                .to_string()
+        };
+        let spec = crate::parse_json::<CertificateSpec>(doc(&key, &ca.pem()).as_bytes()).unwrap();
+        let auth = spec.client_auth().expect("client_auth kept");
+        assert_eq!(auth.mode(), crate::ClientAuthMode::Optional);
+        // Read APIs show the bundle (not a secret), never the key.
+        let shown = serde_json::to_value(spec.redacted()).unwrap();
+        assert_eq!(shown["client_auth"]["ca_pem"], ca.pem());
+        assert_eq!(shown["key_pem"], crate::REDACTED);
+        // Without it, nothing is asked and nothing is written.
+        let plain = parse(&cert, &key).unwrap();
+        assert!(plain.client_auth().is_none());
+        assert!(serde_json::to_value(&plain).unwrap().get("client_auth").is_none());
+        // A bad bundle is refused naming the field.
+        let err = crate::parse_json::<CertificateSpec>(doc(&key, "nope").as_bytes()).unwrap_err();
+        assert!(err.to_string().starts_with("client_auth.ca_pem: no CERTIFICATE block found"), "{err}");
+        // A chain that keeps the current key keeps the client_auth it gives.
+        let input: CertificateInput = serde_json::from_str(&doc(crate::REDACTED, &ca.pem())).unwrap();
+        let resolved = input.resolve(Some(&plain)).unwrap();
+        assert_eq!(resolved.client_auth(), Some(auth));
+        assert_eq!(serde_json::to_value(&input).unwrap()["client_auth"]["mode"], "optional");
     }
 
     #[test]
