@@ -53,9 +53,9 @@ pub enum ClientAuthMode {
 #[serde(try_from = "ClientAuthWire", into = "ClientAuthWire")]
 pub struct ClientAuth {
     wire: ClientAuthWire,
-    /// SHA-256 of the mode and the bundle's certificates (DER): two
-    /// settings with the same id verify alike.
-    id: [u8; 32],
+    /// SHA-256 of the bundle's certificates (DER, each after its length):
+    /// two bundles with the same id trust the same CAs.
+    ca_id: [u8; 32],
     verifier: Arc<dyn ClientCertVerifier>,
 }
 
@@ -83,10 +83,10 @@ impl ClientAuth {
         &self.wire.ca_pem
     }
 
-    /// What identifies this setting: equal for two settings that verify
-    /// alike (same mode, same CA certificates), whatever their PEM text.
-    pub fn id(&self) -> &[u8; 32] {
-        &self.id
+    /// What identifies the CAs trusted: equal for two bundles of the same
+    /// certificates in the same order, whatever their PEM text.
+    pub fn ca_id(&self) -> &[u8; 32] {
+        &self.ca_id
     }
 
     /// The rustls verifier of client certificates, built once.
@@ -105,7 +105,7 @@ impl Eq for ClientAuth {}
 
 impl fmt::Debug for ClientAuth {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ClientAuth").field("mode", &self.wire.mode).field("id", &hex(&self.id)).finish()
+        f.debug_struct("ClientAuth").field("mode", &self.wire.mode).field("ca_id", &hex(&self.ca_id)).finish()
     }
 }
 
@@ -127,8 +127,7 @@ impl TryFrom<ClientAuthWire> for ClientAuth {
             return Err(Invalid::unreadable(FIELD, "no CERTIFICATE block found"));
         }
         let mut roots = rustls::RootCertStore::empty();
-        let mut digest = Vec::with_capacity(1 + certs.iter().map(|c| c.len() + 4).sum::<usize>());
-        digest.push(wire.mode as u8);
+        let mut digest = Vec::with_capacity(certs.iter().map(|c| c.len() + 4).sum::<usize>());
         for (i, c) in certs.iter().enumerate() {
             let (_, parsed) = x509_parser::parse_x509_certificate(c.as_ref()).map_err(|e| {
                 Invalid::unreadable(FIELD, format!("certificate {i} is not an X.509 certificate ({e})"))
@@ -157,7 +156,7 @@ impl TryFrom<ClientAuthWire> for ClientAuth {
         };
         let verifier =
             builder.build().map_err(|e| Invalid::unreadable(FIELD, format!("no client verifier from it ({e})")))?;
-        Ok(ClientAuth { id: sha256(&digest), wire, verifier })
+        Ok(ClientAuth { ca_id: sha256(&digest), wire, verifier })
     }
 }
 
@@ -305,14 +304,16 @@ mod tests {
         assert_eq!(json, serde_json::json!({ "ca_pem": bundle, "mode": "optional" }));
         let again: ClientAuth = serde_json::from_value(json).unwrap();
         assert_eq!(again, auth);
-        assert_eq!(again.id(), auth.id());
+        assert_eq!(again.ca_id(), auth.ca_id());
         let required = parse(serde_json::json!({ "ca_pem": bundle })).unwrap();
         assert_eq!(required.mode(), ClientAuthMode::Required, "required is the default");
         assert!(required.verifier().client_auth_mandatory());
-        assert_ne!(required.id(), auth.id(), "the mode is part of the id");
-        // The same certificates in other PEM text verify alike.
+        assert_eq!(required.ca_id(), auth.ca_id(), "the same CAs, whatever the mode");
+        // The same certificates in other PEM text trust the same CAs.
         let reflowed = parse(serde_json::json!({ "ca_pem": format!("\n{}\n{}", a.pem(), b.pem()) })).unwrap();
-        assert_eq!(reflowed.id(), required.id());
+        assert_eq!(reflowed.ca_id(), required.ca_id());
+        let only_a = parse(serde_json::json!({ "ca_pem": a.pem() })).unwrap();
+        assert_ne!(only_a.ca_id(), required.ca_id());
     }
 
     #[test]

@@ -58,6 +58,9 @@ pub(crate) fn local_response(answer: Local) -> Result<Response<ProxyBody>, Error
         Local::Health { draining: false } => plain(StatusCode::OK, "ok\n"),
         Local::Health { draining: true } => plain(StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
         Local::ConnectRefused => refuse_connect(),
+        Local::ClientCertRequired => {
+            plain(StatusCode::FORBIDDEN, "403 this route requires a verified client certificate\n")
+        }
         Local::HeadTooLarge => head_too_large(),
         Local::HttpsRedirect(location) => https_redirect(location),
         Local::Rule(answer) => rule_answer(&answer.answer, answer.body),

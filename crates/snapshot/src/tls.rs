@@ -94,6 +94,16 @@ impl Certificates {
         self.default.as_ref()
     }
 
+    /// The `client_auth` of every certificate the index serves (repeated:
+    /// once per name that selects it).
+    pub fn client_auths(&self) -> impl Iterator<Item = &Arc<ClientAuth>> {
+        self.default
+            .iter()
+            .chain(self.exact.values())
+            .chain(self.wildcard.values())
+            .filter_map(|s| s.client_auth.as_ref())
+    }
+
     /// Every certificate: its name and what it says of itself.
     pub fn all(&self) -> &[(CertName, Arc<CertificateInfo>)] {
         &self.all

@@ -572,6 +572,7 @@ async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Res
         tls: ctx.peer.https,
         stopping: ctx.stopping,
         peer: ctx.peer.addr.ip(),
+        client_cert: ctx.peer.client_cert.as_deref(),
         content_length: match head.body {
             RequestBody::Length(n) => Some(n),
             _ => None,
