@@ -300,7 +300,7 @@ pub(crate) async fn delete_certificate(State(state): State<AdminState>, Path(nam
 
 /// What the read APIs show of a certificate: never the key.
 fn certificate_view(spec: &CertificateSpec) -> CertificateView<'_> {
-    CertificateView { info: spec.info(), default: spec.is_default() }
+    CertificateView { info: spec.info(), default: spec.is_default(), client_auth: spec.client_auth() }
 }
 
 /// Every certificate as the read APIs show it.

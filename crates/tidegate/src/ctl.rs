@@ -164,7 +164,7 @@ impl Admin {
                 CertCommand::List => (M::GET, "/v1/certificates".into(), None),
                 CertCommand::Get { name } => (M::GET, format!("/v1/certificates/{name}"), None),
                 CertCommand::Delete { name } => (M::DELETE, format!("/v1/certificates/{name}"), None),
-                CertCommand::Put { name, cert, key, default } => {
+                CertCommand::Put { name, cert, key, default, client_ca, client_auth } => {
                     let read = |p: &std::path::Path| {
                         std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
                     };
@@ -172,7 +172,14 @@ impl Admin {
                         Some(key) => read(&key)?,
                         None => tidegate_model::REDACTED.to_string(),
                     };
-                    let spec = json!({ "cert_pem": read(&cert)?, "key_pem": key_pem, "default": default });
+                    let mut spec = json!({ "cert_pem": read(&cert)?, "key_pem": key_pem, "default": default });
+                    if let Some(ca) = client_ca {
+                        let mode = match client_auth {
+                            crate::cli::ClientAuthArg::Required => "required",
+                            crate::cli::ClientAuthArg::Optional => "optional",
+                        };
+                        spec["client_auth"] = json!({ "ca_pem": read(&ca)?, "mode": mode });
+                    }
                     (M::PUT, format!("/v1/certificates/{name}"), Some(spec))
                 }
             },

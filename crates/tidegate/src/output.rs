@@ -211,10 +211,11 @@ fn table(value: &Value, view: View) -> Option<String> {
                 .into_iter()
                 .map(|(name, c)| {
                     let names: Vec<String> = c["names"].as_array().into_iter().flatten().map(cell).collect();
-                    vec![name.clone(), names.join(","), cell(&c["not_after"]), cell(&c["default"])]
+                    let client_auth = c["client_auth"]["mode"].as_str().unwrap_or("-").to_string();
+                    vec![name.clone(), names.join(","), cell(&c["not_after"]), cell(&c["default"]), client_auth]
                 })
                 .collect();
-            columns(&["CERTIFICATE", "NAMES", "NOT AFTER (UNIX)", "DEFAULT"], &rows)
+            columns(&["CERTIFICATE", "NAMES", "NOT AFTER (UNIX)", "DEFAULT", "CLIENT AUTH"], &rows)
         }
         View::Events => {
             let rows: Vec<Vec<String>> = value["events"]

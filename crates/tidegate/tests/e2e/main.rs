@@ -7,6 +7,7 @@ mod support;
 mod admin;
 mod autoscale;
 mod balancing;
+mod client_certs;
 mod cluster;
 mod config;
 mod contract;
