@@ -62,21 +62,10 @@ impl ClientId {
     }
 }
 
-/// Connects to the TLS listener with `sni`, verifying the server against
-/// `server_ca`, presenting `id` when given, offering `alpn`; then the
-/// request on HTTP/1.1 (or HTTP/2 when `h2`) with `headers`. `Err` when
-/// the handshake or the exchange fails: with TLS 1.3 the server refuses
-/// a client certificate after the client thinks the handshake is done, so
-/// a refusal may only show when the answer is read.
-async fn request(
-    server_ca: &Ca,
-    tls: SocketAddr,
-    sni: &str,
-    id: Option<&ClientId>,
-    h2: bool,
-    path: &str,
-    headers: &[(&str, &str)],
-) -> Result<(u16, Value), String> {
+/// A client's TLS settings: the server verified against `server_ca`,
+/// `id` presented when given, ALPN `h2` or `http/1.1`. Sessions are kept
+/// for resumption by the connections made with the same settings.
+fn client_config(server_ca: &Ca, id: Option<&ClientId>, h2: bool) -> Result<Arc<rustls::ClientConfig>, String> {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(root_of(server_ca)).map_err(|e| e.to_string())?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -91,11 +80,44 @@ async fn request(
         None => builder.with_no_client_auth(),
     };
     config.alpn_protocols = if h2 { vec![b"h2".to_vec()] } else { vec![b"http/1.1".to_vec()] };
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    Ok(Arc::new(config))
+}
+
+/// Connects to the TLS listener with `sni`, verifying the server against
+/// `server_ca`, presenting `id` when given; then the request on HTTP/1.1
+/// (or HTTP/2 when `h2`) with `headers`. `Err` when the handshake or the
+/// exchange fails: with TLS 1.3 the server refuses a client certificate
+/// after the client thinks the handshake is done, so a refusal may only
+/// show when the answer is read.
+async fn request(
+    server_ca: &Ca,
+    tls: SocketAddr,
+    sni: &str,
+    id: Option<&ClientId>,
+    h2: bool,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Result<(u16, Value), String> {
+    let config = client_config(server_ca, id, h2)?;
+    request_with(config, tls, sni, h2, path, headers).await.map(|(status, body, _)| (status, body))
+}
+
+/// [`request`] with these client settings; also says whether the
+/// handshake was a resumption.
+async fn request_with(
+    config: Arc<rustls::ClientConfig>,
+    tls: SocketAddr,
+    sni: &str,
+    h2: bool,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Result<(u16, Value, bool), String> {
+    let connector = tokio_rustls::TlsConnector::from(config);
     let tcp = TcpStream::connect(tls).await.map_err(|e| e.to_string())?;
     let name = ServerName::try_from(sni.to_string()).expect("a DNS name");
     let exchange = async move {
         let mut s = connector.connect(name, tcp).await.map_err(|e| format!("handshake: {e}"))?;
+        let resumed = s.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
         if h2 {
             let (mut sender, conn) = hyper::client::conn::http2::handshake(
                 hyper_util::rt::TokioExecutor::new(),
@@ -112,7 +134,7 @@ async fn request(
             let resp = sender.send_request(req).await.map_err(|e| format!("h2 request: {e}"))?;
             let status = resp.status().as_u16();
             let body = http_body_util::BodyExt::collect(resp.into_body()).await.map_err(|e| e.to_string())?;
-            return Ok((status, serde_json::from_slice(&body.to_bytes()).unwrap_or(Value::Null)));
+            return Ok((status, serde_json::from_slice(&body.to_bytes()).unwrap_or(Value::Null), resumed));
         }
         let mut req = format!("GET {path} HTTP/1.1\r\nhost: {sni}\r\nconnection: close\r\n");
         for (n, v) in headers {
@@ -125,7 +147,7 @@ async fn request(
         let text = String::from_utf8_lossy(&got).to_string();
         let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("no response: {text:?}"))?;
         let status = head.get(9..12).and_then(|s| s.parse().ok()).ok_or_else(|| format!("no status: {head:?}"))?;
-        Ok((status, serde_json::from_str(body).unwrap_or(Value::Null)))
+        Ok((status, serde_json::from_str(body).unwrap_or(Value::Null), resumed))
     };
     tokio::time::timeout(Duration::from_secs(5), exchange).await.map_err(|_| "timed out".to_string())?
 }
@@ -326,4 +348,40 @@ async fn optional_client_auth_leaves_the_choice_to_routes_native() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn optional_client_auth_leaves_the_choice_to_routes_hyper() {
     optional_client_auth_leaves_the_choice_to_routes(&["--http1", "hyper"]).await;
+}
+
+/// A resumed session keeps the client certificate it was made with (the
+/// route still takes it, its headers still reach the backend), and a
+/// session made before the setting changed is not resumed under the new
+/// one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resumed_sessions_keep_their_client_certificate_and_never_skip_a_new_setting() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (tg, _b, tls) = start(dir.path(), &[]).await;
+    let (server_ca, trusted) = (Ca::new(), ClientCa::new("Trusted clients"));
+    let leaf = server_ca.leaf(&["r.example"]);
+    let optional = json!({ "ca_pem": trusted.pem(), "mode": "optional" });
+    assert_eq!(put_cert(&tg, "r", &leaf, Some(optional)).await.0, 200);
+    let good = trusted.client("carol");
+    for h2 in [false, true] {
+        let config = client_config(&server_ca, Some(&good), h2).expect("client settings");
+        let (status, _, resumed) =
+            request_with(config.clone(), tls, "r.example", h2, "/strict/echo", &[]).await.expect("served");
+        assert_eq!((status, resumed), (200, false), "h2 {h2}");
+        let (status, echo, resumed) =
+            request_with(config.clone(), tls, "r.example", h2, "/strict/echo", &[]).await.expect("served");
+        assert!(resumed, "h2 {h2}: the second connection resumes");
+        assert_eq!(status, 200, "h2 {h2}: {echo}");
+        assert_eq!(echo["headers"]["x-client-cert-fingerprint"], good.fingerprint(), "h2 {h2}: {echo}");
+    }
+    // Sessions made without a certificate under `optional` do not resume
+    // once the certificate demands one.
+    let anonymous = client_config(&server_ca, None, false).expect("client settings");
+    let (status, _, _) =
+        request_with(anonymous.clone(), tls, "r.example", false, "/open/echo", &[]).await.expect("served");
+    assert_eq!(status, 200);
+    let required = json!({ "ca_pem": trusted.pem(), "mode": "required" });
+    assert_eq!(put_cert(&tg, "r", &leaf, Some(required)).await.0, 200);
+    let refused = request_with(anonymous, tls, "r.example", false, "/open/echo", &[]).await;
+    assert!(refused.is_err(), "no resumption around the new requirement: {refused:?}");
 }
