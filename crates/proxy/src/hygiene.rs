@@ -158,7 +158,8 @@ fn plain_host(host: &[u8]) -> bool {
 /// `client_cert.forward_headers`), whether or not the route asks for them.
 pub(crate) fn forwards_request_field(name: &[u8]) -> bool {
     let prefix = tidegate_model::CLIENT_CERT_HEADER_PREFIX.as_bytes();
-    !name.contains(&b'_') && !(name.len() >= prefix.len() && name[..prefix.len()].eq_ignore_ascii_case(prefix))
+    let proxy_set = name.get(..prefix.len()).is_some_and(|p| p.eq_ignore_ascii_case(prefix));
+    !name.contains(&b'_') && !proxy_set
 }
 
 /// Whether the protocols of an `Upgrade` request field (`value`) may be

@@ -69,8 +69,12 @@ pub(crate) struct TlsFront {
     /// The configurations that verify client certificates, by CA bundle
     /// and mode; built on first use, dropped once no certificate has that
     /// setting.
-    verifying: Mutex<HashMap<([u8; 32], ClientAuthMode), Arc<rustls::ServerConfig>>>,
+    verifying: Mutex<HashMap<Setting, Arc<rustls::ServerConfig>>>,
 }
+
+/// A client certificate setting as configurations are kept: the CAs
+/// ([`ClientAuth::ca_id`]) and the mode.
+type Setting = ([u8; 32], ClientAuthMode);
 
 impl TlsFront {
     /// The TLS front of the listener, on the live snapshot.
