@@ -157,9 +157,14 @@ fn plain_host(host: &[u8]) -> bool {
 /// proxy sets those, from a certificate it verified (a route's
 /// `client_cert.forward_headers`), whether or not the route asks for them.
 pub(crate) fn forwards_request_field(name: &[u8]) -> bool {
+    !name.contains(&b'_') && !client_cert_field(name)
+}
+
+/// Whether `name` is one of the `X-Client-Cert-*` fields, which only the
+/// proxy sets (any case).
+pub(crate) fn client_cert_field(name: &[u8]) -> bool {
     let prefix = tidegate_model::CLIENT_CERT_HEADER_PREFIX.as_bytes();
-    let proxy_set = name.get(..prefix.len()).is_some_and(|p| p.eq_ignore_ascii_case(prefix));
-    !name.contains(&b'_') && !proxy_set
+    name.get(..prefix.len()).is_some_and(|p| p.eq_ignore_ascii_case(prefix))
 }
 
 /// Whether the protocols of an `Upgrade` request field (`value`) may be
