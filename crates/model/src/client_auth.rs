@@ -13,7 +13,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::CertificateDer;
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer};
 use rustls::server::danger::ClientCertVerifier;
 use serde::{Deserialize, Serialize};
 
@@ -56,6 +56,9 @@ pub struct ClientAuth {
     /// SHA-256 of the bundle's certificates (DER, each after its length):
     /// two bundles with the same id trust the same CAs.
     ca_id: [u8; 32],
+    /// SHA-256 of everything that verifies: the mode, the CAs and the
+    /// revocation lists.
+    id: [u8; 32],
     verifier: Arc<dyn ClientCertVerifier>,
 }
 
@@ -70,6 +73,14 @@ struct ClientAuthWire {
     /// the bundle signed; `optional`: a client may send none.
     #[serde(default)]
     mode: ClientAuthMode,
+    /// Certificate revocation lists (PEM, one or more `X509 CRL` blocks)
+    /// of the CAs: a client certificate a list revokes is refused. With
+    /// lists given, each CA that signs client certificates needs its own
+    /// (a certificate whose issuer has none is refused); only the client's
+    /// own certificate is checked, and a list past its next update is
+    /// still used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    crl_pem: Option<String>,
 }
 
 impl ClientAuth {
@@ -83,10 +94,22 @@ impl ClientAuth {
         &self.wire.ca_pem
     }
 
+    /// The revocation lists, PEM, if any.
+    pub fn crl_pem(&self) -> Option<&str> {
+        self.wire.crl_pem.as_deref()
+    }
+
     /// What identifies the CAs trusted: equal for two bundles of the same
     /// certificates in the same order, whatever their PEM text.
     pub fn ca_id(&self) -> &[u8; 32] {
         &self.ca_id
+    }
+
+    /// What identifies how clients are verified: equal for two settings
+    /// of the same mode, CAs and revocation lists, whatever their PEM
+    /// text.
+    pub fn id(&self) -> &[u8; 32] {
+        &self.id
     }
 
     /// The rustls verifier of client certificates, built once.
@@ -148,16 +171,43 @@ impl TryFrom<ClientAuthWire> for ClientAuth {
             digest.extend_from_slice(&(c.len() as u32).to_be_bytes());
             digest.extend_from_slice(c.as_ref());
         }
+        let ca_id = sha256(&digest);
+        digest.push(wire.mode as u8);
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+        let mut builder = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+        if let Some(pem) = &wire.crl_pem {
+            let crls = revocation_lists(pem)?;
+            for crl in &crls {
+                digest.extend_from_slice(&(crl.len() as u32).to_be_bytes());
+                digest.extend_from_slice(crl.as_ref());
+            }
+            builder = builder.with_crls(crls).only_check_end_entity_revocation();
+        }
         let builder = match wire.mode {
             ClientAuthMode::Optional => builder.allow_unauthenticated(),
             ClientAuthMode::Required => builder,
         };
-        let verifier =
-            builder.build().map_err(|e| Invalid::unreadable(FIELD, format!("no client verifier from it ({e})")))?;
-        Ok(ClientAuth { ca_id: sha256(&digest), wire, verifier })
+        let verifier = builder.build().map_err(|e| match e {
+            rustls::server::VerifierBuilderError::InvalidCrl(e) => {
+                Invalid::unreadable("crl_pem", format!("not a usable revocation list ({e:?})"))
+            }
+            other => Invalid::unreadable(FIELD, format!("no client verifier from it ({other})")),
+        })?;
+        Ok(ClientAuth { ca_id, id: sha256(&digest), wire, verifier })
     }
+}
+
+/// The revocation lists of a PEM text, at least one; errors name
+/// `crl_pem`.
+fn revocation_lists(pem: &str) -> Result<Vec<CertificateRevocationListDer<'static>>, Invalid> {
+    const FIELD: &str = "crl_pem";
+    let crls: Vec<CertificateRevocationListDer<'static>> = CertificateRevocationListDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(|e| Invalid::unreadable(FIELD, format!("not PEM revocation lists ({e})")))?;
+    if crls.is_empty() {
+        return Err(Invalid::unreadable(FIELD, "no X509 CRL block found"));
+    }
+    Ok(crls)
 }
 
 /// What a route asks of a request's client certificate (`client_cert` on
@@ -309,6 +359,7 @@ mod tests {
         assert_eq!(required.mode(), ClientAuthMode::Required, "required is the default");
         assert!(required.verifier().client_auth_mandatory());
         assert_eq!(required.ca_id(), auth.ca_id(), "the same CAs, whatever the mode");
+        assert_ne!(required.id(), auth.id(), "verified otherwise");
         // The same certificates in other PEM text trust the same CAs.
         let reflowed = parse(serde_json::json!({ "ca_pem": format!("\n{}\n{}", a.pem(), b.pem()) })).unwrap();
         assert_eq!(reflowed.ca_id(), required.ca_id());
@@ -338,8 +389,42 @@ mod tests {
         assert!(err.to_string().contains("is not a CA certificate"), "{err}");
         let err = parse(serde_json::json!({ "ca_pem": a.pem(), "mode": "sometimes" })).unwrap_err();
         assert!(err.to_string().starts_with("mode: "), "{err}");
+        for (crl, says) in [
+            ("nothing".to_string(), "crl_pem: no X509 CRL block found"),
+            ("-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n".to_string(), "crl_pem: not a usable"),
+        ] {
+            let err = parse(serde_json::json!({ "ca_pem": a.pem(), "crl_pem": crl })).unwrap_err().to_string();
+            assert!(err.starts_with(says), "{err}");
+        }
         let err = parse(serde_json::json!({ "ca_pem": a.pem(), "crl": "x" })).unwrap_err();
         assert!(err.to_string().contains("unknown field"), "{err}");
+    }
+
+    #[test]
+    fn revocation_lists_decode_and_count_in_the_id() {
+        let (a, a_key) = ca("CA A");
+        let crl = rcgen::CertificateRevocationListParams {
+            this_update: rcgen::date_time_ymd(2024, 1, 1),
+            next_update: rcgen::date_time_ymd(2099, 1, 1),
+            crl_number: rcgen::SerialNumber::from(1u64),
+            issuing_distribution_point: None,
+            revoked_certs: vec![rcgen::RevokedCertParams {
+                serial_number: rcgen::SerialNumber::from(7u64),
+                revocation_time: rcgen::date_time_ymd(2024, 1, 1),
+                reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+                invalidity_date: None,
+            }],
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        }
+        .signed_by(&a, &a_key)
+        .unwrap();
+        let with = parse(serde_json::json!({ "ca_pem": a.pem(), "crl_pem": crl.pem().unwrap() })).unwrap();
+        let without = parse(serde_json::json!({ "ca_pem": a.pem() })).unwrap();
+        assert_eq!(with.crl_pem(), Some(crl.pem().unwrap().as_str()));
+        assert_eq!(with.ca_id(), without.ca_id());
+        assert_ne!(with.id(), without.id());
+        assert_eq!(serde_json::to_value(&with).unwrap()["crl_pem"], crl.pem().unwrap());
+        assert!(serde_json::to_value(&without).unwrap().get("crl_pem").is_none());
     }
 
     #[test]

@@ -8,10 +8,11 @@
 //! A handshake whose certificate has a `client_auth` gets a server
 //! configuration that asks for (`optional`) or demands (`required`) a
 //! client certificate signed by its CA bundle. Those configurations are
-//! built on first use and kept per CA bundle and mode, each with its own
-//! session cache and ticket keys: a session made under one setting never
-//! resumes under another (a resumed session skips the client's
-//! certificate, and would skip a new requirement with it).
+//! built on first use and kept per setting (mode, CA bundle, revocation
+//! lists), each with its own session cache and ticket keys: a session
+//! made under one setting never resumes under another (a resumed session
+//! skips the client's certificate, and would skip a new requirement with
+//! it).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use tidegate_model::{ClientAuth, ClientAuthMode, ClientCertificate};
+use tidegate_model::{ClientAuth, ClientCertificate};
 use tidegate_snapshot::Snapshot;
 
 /// Picks the certificate for a client hello from the live snapshot: by SNI
@@ -66,15 +67,15 @@ pub(crate) struct TlsFront {
     snapshots: Arc<ArcSwap<Snapshot>>,
     /// The configuration of handshakes that ask for no client certificate.
     plain: Arc<rustls::ServerConfig>,
-    /// The configurations that verify client certificates, by CA bundle
-    /// and mode; built on first use, dropped once no certificate has that
-    /// setting.
+    /// The configurations that verify client certificates, by setting
+    /// (mode, CA bundle, revocation lists); built on first use, dropped
+    /// once no certificate has that setting.
     verifying: Mutex<HashMap<Setting, Arc<rustls::ServerConfig>>>,
 }
 
-/// A client certificate setting as configurations are kept: the CAs
-/// ([`ClientAuth::ca_id`]) and the mode.
-type Setting = ([u8; 32], ClientAuthMode);
+/// A client certificate setting as configurations are kept: its mode,
+/// CAs and revocation lists ([`ClientAuth::id`]).
+type Setting = [u8; 32];
 
 impl TlsFront {
     /// The TLS front of the listener, on the live snapshot.
@@ -116,13 +117,13 @@ impl TlsFront {
         let Some(auth) = client_auth else {
             return Ok(Chosen { config: self.plain.clone(), client_auth: None });
         };
-        let key = (*auth.ca_id(), auth.mode());
+        let key = *auth.id();
         let mut verifying = self.verifying.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(config) = verifying.get(&key) {
             return Ok(Chosen { config: config.clone(), client_auth: Some(auth) });
         }
         // A new setting: forget those no certificate has any more.
-        let live: Vec<_> = snapshot.certificates().client_auths().map(|a| (*a.ca_id(), a.mode())).collect();
+        let live: Vec<_> = snapshot.certificates().client_auths().map(|a| *a.id()).collect();
         verifying.retain(|k, _| live.contains(k));
         let config = server_config(&self.snapshots, Some(&auth))?;
         verifying.insert(key, config.clone());

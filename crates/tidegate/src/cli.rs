@@ -509,6 +509,10 @@ pub enum CertCommand {
         /// none; routes with `client_cert.required` refuse it with 403).
         #[arg(long, value_enum, default_value = "required", requires = "client_ca")]
         client_auth: ClientAuthArg,
+        /// With --client-ca: revocation lists of those CAs (PEM), one for
+        /// each CA that signs client certificates.
+        #[arg(long, requires = "client_ca")]
+        client_crl: Option<PathBuf>,
     },
     /// Delete a certificate.
     Delete { name: String },

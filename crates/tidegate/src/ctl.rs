@@ -164,7 +164,7 @@ impl Admin {
                 CertCommand::List => (M::GET, "/v1/certificates".into(), None),
                 CertCommand::Get { name } => (M::GET, format!("/v1/certificates/{name}"), None),
                 CertCommand::Delete { name } => (M::DELETE, format!("/v1/certificates/{name}"), None),
-                CertCommand::Put { name, cert, key, default, client_ca, client_auth } => {
+                CertCommand::Put { name, cert, key, default, client_ca, client_auth, client_crl } => {
                     let read = |p: &std::path::Path| {
                         std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
                     };
@@ -179,6 +179,9 @@ impl Admin {
                             crate::cli::ClientAuthArg::Optional => "optional",
                         };
                         spec["client_auth"] = json!({ "ca_pem": read(&ca)?, "mode": mode });
+                        if let Some(crl) = client_crl {
+                            spec["client_auth"]["crl_pem"] = json!(read(&crl)?);
+                        }
                     }
                     (M::PUT, format!("/v1/certificates/{name}"), Some(spec))
                 }

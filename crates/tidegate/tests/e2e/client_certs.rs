@@ -45,12 +45,41 @@ impl ClientCa {
 
     /// A client certificate with this common name.
     fn client(&self, cn: &str) -> ClientId {
+        self.client_numbered(cn, None)
+    }
+
+    /// A client certificate with this common name and serial number.
+    fn client_numbered(&self, cn: &str, serial: Option<u64>) -> ClientId {
         let key = rcgen::KeyPair::generate().expect("a key");
         let mut params = rcgen::CertificateParams::new(Vec::new()).expect("params");
+        params.serial_number = serial.map(rcgen::SerialNumber::from);
         params.distinguished_name.push(rcgen::DnType::CommonName, cn);
         params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
         let cert = params.signed_by(&key, &self.cert, &self.key).expect("a signed certificate");
         ClientId { der: cert.der().clone(), key_der: key.serialize_der() }
+    }
+}
+
+impl ClientCa {
+    /// The CA's revocation list (PEM), revoking these serial numbers.
+    fn crl(&self, revoked: &[u64]) -> String {
+        let params = rcgen::CertificateRevocationListParams {
+            this_update: rcgen::date_time_ymd(2024, 1, 1),
+            next_update: rcgen::date_time_ymd(2099, 1, 1),
+            crl_number: rcgen::SerialNumber::from(1u64),
+            issuing_distribution_point: None,
+            revoked_certs: revoked
+                .iter()
+                .map(|n| rcgen::RevokedCertParams {
+                    serial_number: rcgen::SerialNumber::from(*n),
+                    revocation_time: rcgen::date_time_ymd(2024, 1, 1),
+                    reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+                    invalidity_date: None,
+                })
+                .collect(),
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        };
+        params.signed_by(&self.cert, &self.key).expect("a CRL").pem().expect("PEM")
     }
 }
 
@@ -257,7 +286,7 @@ async fn required_client_auth_takes_only_certificates_of_its_ca_and_changes_live
     let (s, v) = put_cert(&tg, "m", &leaf, Some(json!({ "ca_pem": "not a certificate" }))).await;
     assert_eq!((s, &v["error"]["field"]), (400, &json!("spec.client_auth.ca_pem")), "{v}");
 
-    // `ctl cert put --client-ca --client-auth`, and `ctl cert list` shows
+    // `ctl cert put --client-ca --client-auth --client-crl`, and `ctl cert list` shows
     // the mode; the setting survives an export applied back unchanged.
     let files = |name: &str, text: &str| {
         let path = dir.path().join(name);
@@ -266,8 +295,10 @@ async fn required_client_auth_takes_only_certificates_of_its_ca_and_changes_live
     };
     let (cert, key, ca) =
         (files("m.pem", &leaf.cert_pem), files("m.key", &leaf.key_pem), files("ca.pem", &trusted.pem()));
-    let out =
-        tg.ctl(&["cert", "put", "m", "--cert", &cert, "--key", &key, "--client-ca", &ca, "--client-auth", "optional"]);
+    let crl_text = trusted.crl(&[]);
+    let crl = files("ca.crl", &crl_text);
+    let put = ["cert", "put", "m", "--cert", &cert, "--key", &key, "--client-ca", &ca, "--client-auth", "optional"];
+    let out = tg.ctl(&[&put[..], &["--client-crl", &crl]].concat());
     assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     let out = tg.ctl(&["cert", "list", "-o", "table"]);
     let listed = String::from_utf8_lossy(&out.stdout).to_string();
@@ -279,6 +310,7 @@ async fn required_client_auth_takes_only_certificates_of_its_ca_and_changes_live
     assert_eq!(status, 200);
     let (_, config) = tg.api("GET", "/v1/config", None).await;
     assert_eq!(config["certificates"]["m"]["client_auth"]["mode"], "optional", "{config}");
+    assert_eq!(config["certificates"]["m"]["client_auth"]["crl_pem"], crl_text, "{config}");
     let (s, v) = tg.api("PUT", "/v1/config", Some(config)).await;
     assert_eq!((s, v["changes"].clone()), (200, json!([])), "{v}");
 }
@@ -383,4 +415,34 @@ async fn resumed_sessions_keep_their_client_certificate_and_never_skip_a_new_set
     assert_eq!(put_cert(&tg, "r", &leaf, Some(required)).await.0, 200);
     let refused = request_with(anonymous, tls, "r.example", false, "/open/echo", &[]).await;
     assert!(refused.is_err(), "no resumption around the new requirement: {refused:?}");
+}
+
+/// A revocation list added to a setting refuses the certificates it
+/// revokes from the next handshake (sessions made before it do not
+/// resume past it); others of the CA are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_client_certificate_is_refused_from_the_next_handshake() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (tg, _b, tls) = start(dir.path(), &[]).await;
+    let (server_ca, trusted) = (Ca::new(), ClientCa::new("Trusted clients"));
+    let leaf = server_ca.leaf(&["v.example"]);
+    let (revoked, kept) = (trusted.client_numbered("dave", Some(7)), trusted.client_numbered("erin", Some(8)));
+    assert_eq!(put_cert(&tg, "v", &leaf, Some(json!({ "ca_pem": trusted.pem() }))).await.0, 200);
+    let dave = client_config(&server_ca, Some(&revoked), false).expect("client settings");
+    let (status, _, _) = request_with(dave.clone(), tls, "v.example", false, "/open/echo", &[]).await.expect("served");
+    assert_eq!(status, 200, "not revoked yet");
+
+    let crl = trusted.crl(&[7]);
+    let auth = json!({ "ca_pem": trusted.pem(), "crl_pem": crl });
+    let (s, v) = put_cert(&tg, "v", &leaf, Some(auth)).await;
+    assert_eq!(s, 200, "{v}");
+    let refused = request_with(dave, tls, "v.example", false, "/open/echo", &[]).await;
+    assert!(refused.is_err(), "revoked, and its session does not resume: {refused:?}");
+    let (status, echo) =
+        request(&server_ca, tls, "v.example", Some(&kept), false, "/strict/echo", &[]).await.expect("served");
+    assert_eq!((status, &echo["headers"]["x-client-cert-subject"]), (200, &json!("CN=erin")), "{echo}");
+    let (_, shown) = tg.api("GET", "/v1/certificates/v", None).await;
+    assert_eq!(shown["certificate"]["client_auth"]["crl_pem"], crl, "{shown}");
+    let (s, v) = put_cert(&tg, "v", &leaf, Some(json!({ "ca_pem": trusted.pem(), "crl_pem": "nothing" }))).await;
+    assert_eq!((s, &v["error"]["field"]), (400, &json!("spec.client_auth.crl_pem")), "{v}");
 }
