@@ -41,6 +41,9 @@ impl ResolvesServerCert for SniResolver {
     }
 }
 
+/// The ALPN protocol of ACME TLS-ALPN-01 validations (RFC 8737).
+pub(crate) const ACME_TLS_ALPN: &[u8] = b"acme-tls/1";
+
 /// Session tickets and cached sessions a worker keeps for resumption.
 const SESSION_CACHE: usize = 4096;
 
@@ -110,8 +113,13 @@ impl TlsFront {
     /// certificate its SNI name selects (exact, wildcard, else the
     /// default: [`tidegate_snapshot::Certificates::select`]) decides
     /// whether a client certificate is asked for, and which CAs sign it.
-    /// The one place where a hello is read before the handshake goes on.
+    /// An ACME TLS-ALPN-01 validation (ALPN `acme-tls/1`) is never asked
+    /// for one: the CA's validator has none. The one place where a hello
+    /// is read before the handshake goes on.
     fn choose(&self, hello: &ClientHello<'_>) -> std::io::Result<Chosen> {
+        if hello.alpn().is_some_and(|mut offered| offered.any(|p| p == ACME_TLS_ALPN)) {
+            return Ok(Chosen { config: self.plain.clone(), client_auth: None });
+        }
         let snapshot = self.snapshots.load();
         let client_auth = snapshot.certificates().select(hello.server_name()).and_then(|s| s.client_auth.clone());
         let Some(auth) = client_auth else {
