@@ -159,3 +159,116 @@ fn server_config(
     config.ticketer = rustls::crypto::ring::Ticketer::new().map_err(std::io::Error::other)?;
     Ok(Arc::new(config))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    use tidegate_model::{parse_change_set, ConfigState};
+
+    /// A CA: its certificate and key.
+    fn ca(name: &str) -> (rcgen::Certificate, rcgen::KeyPair) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.distinguished_name.push(rcgen::DnType::CommonName, name);
+        (params.self_signed(&key).unwrap(), key)
+    }
+
+    /// The snapshot of one certificate for `m.example` signed by `server`,
+    /// asking for client certificates of `clients` when given.
+    fn snapshot(server: &(rcgen::Certificate, rcgen::KeyPair), clients: Option<&rcgen::Certificate>) -> Snapshot {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["m.example".to_string()])
+            .unwrap()
+            .signed_by(&key, &server.0, &server.1)
+            .unwrap();
+        let mut spec = serde_json::json!({ "cert_pem": cert.pem(), "key_pem": key.serialize_pem() });
+        if let Some(ca) = clients {
+            spec["client_auth"] = serde_json::json!({ "ca_pem": ca.pem() });
+        }
+        let ops = serde_json::json!({ "ops": [{ "op": "put_certificate", "name": "m", "spec": spec }] });
+        let (state, _) =
+            ConfigState::default().apply(&parse_change_set(ops.to_string().as_bytes()).unwrap(), 1).unwrap();
+        Snapshot::from_state(&state, 1)
+    }
+
+    /// One handshake over an in-memory pipe: what the server side made of
+    /// it.
+    async fn handshake(
+        front: &TlsFront,
+        server_ca: &rcgen::Certificate,
+        id: Option<(&rcgen::Certificate, &rcgen::KeyPair)>,
+    ) -> std::io::Result<Option<Arc<VerifiedClient>>> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(server_ca.der().clone()).unwrap();
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots);
+        let config = match id {
+            Some((cert, key)) => builder
+                .with_client_auth_cert(
+                    vec![CertificateDer::from(cert.der().to_vec())],
+                    PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+                )
+                .unwrap(),
+            None => builder.with_no_client_auth(),
+        };
+        let (client_io, server_io) = tokio::io::duplex(64 * 1024);
+        let client = async move {
+            let name = ServerName::try_from("m.example").unwrap();
+            let mut s = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, client_io).await?;
+            // TLS 1.3: the server reads the client's certificate after the
+            // client's handshake is done; wait for its verdict.
+            use tokio::io::AsyncReadExt;
+            let mut byte = [0u8; 1];
+            let _ = s.read(&mut byte).await;
+            Ok::<_, std::io::Error>(())
+        };
+        let server = async {
+            let accepted = front.accept(server_io).await;
+            accepted.map(|(stream, verified)| {
+                drop(stream);
+                verified
+            })
+        };
+        let (_, verified) = tokio::join!(client, server);
+        verified
+    }
+
+    #[tokio::test]
+    async fn client_certificates_are_verified_by_a_configuration_kept_per_setting() {
+        let (server, trusted, other) = (ca("Server CA"), ca("Clients A"), ca("Clients B"));
+        let snapshots = Arc::new(ArcSwap::from_pointee(snapshot(&server, Some(&trusted.0))));
+        let front = TlsFront::new(snapshots.clone()).unwrap();
+        let client_key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(rcgen::DnType::CommonName, "alice");
+        let alice = params.signed_by(&client_key, &trusted.0, &trusted.1).unwrap();
+
+        let verified = handshake(&front, &server.0, Some((&alice, &client_key))).await.expect("verified");
+        let verified = verified.expect("the facts of the certificate");
+        assert_eq!(verified.cert.subject, "CN=alice");
+        let setting = snapshots.load().certificates().select(Some("m.example")).unwrap().client_auth.clone().unwrap();
+        assert_eq!(&verified.ca_id, setting.ca_id());
+        assert!(handshake(&front, &server.0, None).await.is_err(), "required: none, no handshake");
+        let kept =
+            |front: &TlsFront| front.verifying.lock().unwrap().iter().map(|(k, c)| (*k, c.clone())).collect::<Vec<_>>();
+        let first = kept(&front);
+        assert_eq!(first.len(), 1);
+        handshake(&front, &server.0, Some((&alice, &client_key))).await.expect("again");
+        let again = kept(&front);
+        assert!(Arc::ptr_eq(&first[0].1, &again[0].1), "one configuration for the setting, not one per handshake");
+
+        // Another setting: the one no certificate has any more is dropped.
+        snapshots.store(Arc::new(snapshot(&server, Some(&other.0))));
+        assert!(handshake(&front, &server.0, Some((&alice, &client_key))).await.is_err(), "another CA");
+        let now = kept(&front);
+        assert_eq!(now.len(), 1);
+        assert_ne!(now[0].0, first[0].0);
+        // None asked: the plain configuration, no facts.
+        snapshots.store(Arc::new(snapshot(&server, None)));
+        assert_eq!(handshake(&front, &server.0, Some((&alice, &client_key))).await.expect("served"), None);
+    }
+}
