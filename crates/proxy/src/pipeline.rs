@@ -19,7 +19,10 @@
 //!    none: a malformed host, path or framing, too many headers);
 //! 3. the health path, answered before routing;
 //! 4. the route, from the snapshot;
-//! 5. `redirect_https`, then the route's rule sets ([`tidegate_rules`]):
+//! 5. `redirect_https`, then the route's `client_cert` (403 without a
+//!    client certificate its host's CAs verified, when required; the
+//!    certificate's subject and fingerprint as request header edits, when
+//!    forwarded), then the route's rule sets ([`tidegate_rules`]):
 //!    each step either answers (a redirect, a refusal, a challenge, a
 //!    rate limit's 429) or edits what is forwarded (the path, request
 //!    headers) and what is answered (response headers); a step that needs
