@@ -319,7 +319,9 @@ async fn required_client_auth_takes_only_certificates_of_its_ca_and_changes_live
 /// route that requires one answers 403, on every engine.
 async fn optional_client_auth_leaves_the_choice_to_routes(extra: &[&str]) {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let (tg, _b, tls) = start(dir.path(), extra).await;
+    let log = dir.path().join("access.log");
+    let args = [extra, &["--access-log", log.to_str().expect("a path")]].concat();
+    let (tg, _b, tls) = start(dir.path(), &args).await;
     let (server_ca, trusted, other) = (Ca::new(), ClientCa::new("Trusted clients"), ClientCa::new("Other clients"));
     let leaf = server_ca.leaf(&["o.example"]);
     let (s, v) = put_cert(&tg, "o", &leaf, Some(json!({ "ca_pem": trusted.pem(), "mode": "optional" }))).await;
@@ -348,6 +350,29 @@ async fn optional_client_auth_leaves_the_choice_to_routes(extra: &[&str]) {
     assert_eq!(put_cert(&tg, "p", &plain, None).await.0, 200);
     let cross = cross_host(&server_ca, tls, &good, "p.example").await;
     assert!(cross.starts_with("HTTP/1.1 403"), "{cross}");
+
+    // The access log names the verified subject, on both protocols.
+    let logged = wait_for("the access log has the requests", Duration::from_secs(5), async || {
+        let text = std::fs::read_to_string(&log).ok()?;
+        let lines: Vec<Value> = text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+        let strict: Vec<(String, u64, Value)> = lines
+            .iter()
+            .filter(|l| l["path"] == "/strict/echo" && l["host"] != "p.example")
+            .map(|l| {
+                (
+                    l["protocol"].as_str().unwrap_or("").to_string(),
+                    l["status"].as_u64().unwrap_or(0),
+                    l["client_cert"].clone(),
+                )
+            })
+            .collect();
+        (strict.len() >= 4).then_some(strict)
+    })
+    .await;
+    for protocol in ["HTTP/1.1", "HTTP/2.0"] {
+        assert!(logged.contains(&(protocol.to_string(), 200, json!("CN=bob"))), "{protocol}: {logged:?}");
+        assert!(logged.contains(&(protocol.to_string(), 403, Value::Null)), "{protocol}: {logged:?}");
+    }
 }
 
 /// Handshakes for `o.example` with `id`, then asks for `/strict/echo` of
