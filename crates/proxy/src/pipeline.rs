@@ -785,4 +785,50 @@ mod tests {
         r.client_cert = Some(verified(ca_id("m.example")));
         assert_eq!(local(&r.decide(&settings, &snap)), Some(&Local::ClientCertRequired));
     }
+
+    #[tokio::test]
+    async fn forwarded_client_certificate_headers_follow_the_rules_settled_work() {
+        let a = ca_pem("CA A");
+        let snap = snapshot(&format!(
+            r#"{}, {{"op":"put_service","name":"web","spec":{{}}}},
+            {{"op":"put_rules","name":"auth","spec":{{"steps":[{{"kind":"basic_auth","realm":"r",
+                "users":[{{"name":"u","hash":"$2b$04$/uaF/uaF/uaF/uaF/uaF/uK7.eFDTHWTk03S8wqeyk9ZLEdfjGgEC"}}]}},
+                {{"kind":"set_request_header","name":"x-a","value":"1"}}]}}}},
+            {{"op":"put_route","name":"m","spec":{{"match":{{"host":"m.example"}},"service":"web","rules":["auth"],
+                "client_cert":{{"required":true,"forward_headers":true}}}}}}"#,
+            cert_op("m", "m.example", Some(&a)),
+        ));
+        let ca_id =
+            *snap.certificates().select(Some("m.example")).and_then(|s| s.client_auth.as_ref()).unwrap().ca_id();
+        let mut r = req(Method::GET, "m.example", "/");
+        r.client_cert = Some(VerifiedClient {
+            cert: tidegate_model::ClientCertificate {
+                subject: HeaderValue::from_static("CN=client"),
+                fingerprint: HeaderValue::from_static("ab12"),
+            },
+            ca_id,
+        });
+        // "u:s3cret"
+        r.headers.insert("authorization", HeaderValue::from_static("Basic dTpzM2NyZXQ="));
+        let settings = Settings::default();
+        let facts = r.facts();
+        let ruled = decide(&Method::GET, Ok(&facts), &settings, &snap).rules;
+        assert!(matches!(ruled, Ruled::Pending(..)), "{ruled:?}");
+        let run = |work| async move { crate::rules_work::run(work).await };
+        let edits = settle(ruled, &facts, &Method::GET, &settings, run).await.expect("let through").expect("edits");
+        let names: Vec<String> = edits
+            .request_headers
+            .iter()
+            .map(|e| match e {
+                tidegate_rules::HeaderEdit::Set(n, _) => format!("set {n}"),
+                tidegate_rules::HeaderEdit::Remove(n) => format!("remove {n}"),
+                other => panic!("set or remove, not {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            names,
+            ["remove authorization", "set x-a", "set x-client-cert-subject", "set x-client-cert-fingerprint"],
+            "the proxy's last"
+        );
+    }
 }
