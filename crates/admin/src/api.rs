@@ -133,6 +133,10 @@ pub struct CertificateView<'a> {
     pub info: Option<&'a CertificateInfo>,
     /// Served to clients with no (or an unknown) SNI name.
     pub default: bool,
+    /// What its handshakes ask of clients' certificates (the CA bundle
+    /// and the mode), when it asks for them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_auth: Option<&'a tidegate_model::ClientAuth>,
     /// A managed certificate's ACME settings and where it stands.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub acme: Option<AcmeView<'a>>,

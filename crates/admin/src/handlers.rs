@@ -309,7 +309,12 @@ pub(crate) async fn renew_certificate(State(state): State<AdminState>, Path(name
 
 /// What the read APIs show of a certificate: never the key.
 fn certificate_view(spec: &CertificateSpec) -> CertificateView<'_> {
-    CertificateView { info: spec.info(), default: spec.is_default(), acme: spec.managed().map(AcmeView::of) }
+    CertificateView {
+        info: spec.info(),
+        default: spec.is_default(),
+        client_auth: spec.client_auth(),
+        acme: spec.managed().map(AcmeView::of),
+    }
 }
 
 /// Every certificate as the read APIs show it.

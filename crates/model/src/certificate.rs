@@ -16,6 +16,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::{Deserialize, Serialize};
 
 use crate::acme::{AcmeSpec, AcmeState, AcmeStateWire};
+use crate::client_auth::ClientAuth;
 use crate::invalid::{Invalid, Reason};
 
 /// A certificate chain and its private key, checked: the chain parses and
@@ -102,6 +103,7 @@ impl fmt::Debug for KeyedChain {
 pub struct CertificateSpec {
     source: Source,
     default: bool,
+    client_auth: Option<ClientAuth>,
     /// Serialized with the secrets replaced by [`crate::REDACTED`] (read
     /// APIs), and a managed certificate as its `acme` block alone.
     redacted: bool,
@@ -166,12 +168,23 @@ struct CertificateWire {
     /// What Tidegate's ACME manager keeps (stored form only; never given).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     acme_state: Option<AcmeStateWire>,
+    /// Client certificates the handshakes this certificate serves ask for
+    /// (mutual TLS): a CA bundle and a mode; none asked when absent. The
+    /// default certificate's applies to clients with no or an unknown SNI
+    /// name (docs/tls.md, "Client certificates").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    client_auth: Option<ClientAuth>,
 }
 
 impl CertificateSpec {
     /// An uploaded certificate.
-    pub fn uploaded(chain: KeyedChain, default: bool) -> CertificateSpec {
-        CertificateSpec { source: Source::Uploaded(chain), default, redacted: false }
+    pub fn uploaded(chain: KeyedChain, default: bool, client_auth: Option<ClientAuth>) -> CertificateSpec {
+        CertificateSpec { source: Source::Uploaded(chain), default, client_auth, redacted: false }
+    }
+
+    /// What its handshakes ask of clients' certificates, if anything.
+    pub fn client_auth(&self) -> Option<&ClientAuth> {
+        self.client_auth.as_ref()
     }
 
     /// The chain and key served now: the uploaded one, or the one ACME
@@ -241,7 +254,12 @@ impl CertificateSpec {
     pub(crate) fn with_state(&self, state: AcmeState) -> Option<CertificateSpec> {
         let m = self.managed()?;
         let managed = Managed { acme: m.acme.clone(), state };
-        Some(CertificateSpec { source: Source::Managed(Arc::new(managed)), default: self.default, redacted: false })
+        Some(CertificateSpec {
+            source: Source::Managed(Arc::new(managed)),
+            default: self.default,
+            client_auth: self.client_auth.clone(),
+            redacted: false,
+        })
     }
 }
 
@@ -283,6 +301,8 @@ pub enum CertificateInput {
         acme: AcmeSpec,
         /// Served to clients with no (or an unknown) SNI name.
         default: bool,
+        /// Client certificates its handshakes ask for.
+        client_auth: Option<ClientAuth>,
     },
 }
 
@@ -292,6 +312,7 @@ pub enum CertificateInput {
 pub struct KeptKey {
     cert_pem: String,
     default: bool,
+    client_auth: Option<ClientAuth>,
     info: Arc<CertificateInfo>,
 }
 
@@ -334,10 +355,15 @@ impl CertificateInput {
     pub fn resolve(&self, current: Option<&CertificateSpec>) -> Result<CertificateSpec, Invalid> {
         match self {
             CertificateInput::Whole(spec) => Ok(spec.clone()),
-            CertificateInput::Managed { acme, default } => {
+            CertificateInput::Managed { acme, default, client_auth } => {
                 let state = current.and_then(CertificateSpec::managed).map(|m| m.state.clone()).unwrap_or_default();
                 let managed = Managed { acme: acme.clone(), state };
-                Ok(CertificateSpec { source: Source::Managed(Arc::new(managed)), default: *default, redacted: false })
+                Ok(CertificateSpec {
+                    source: Source::Managed(Arc::new(managed)),
+                    default: *default,
+                    client_auth: client_auth.clone(),
+                    redacted: false,
+                })
             }
             CertificateInput::KeepKey(k) => {
                 let Some(current) = current.and_then(|c| match &c.source {
@@ -359,7 +385,7 @@ impl CertificateInput {
                         _ => e,
                     }
                 })?;
-                Ok(CertificateSpec::uploaded(chain, k.default))
+                Ok(CertificateSpec::uploaded(chain, k.default, k.client_auth.clone()))
             }
         }
     }
@@ -376,7 +402,11 @@ impl CertificateInput {
 impl From<CertificateSpec> for CertificateInput {
     fn from(spec: CertificateSpec) -> Self {
         match &spec.source {
-            Source::Managed(m) => CertificateInput::Managed { acme: m.acme.clone(), default: spec.default },
+            Source::Managed(m) => CertificateInput::Managed {
+                acme: m.acme.clone(),
+                default: spec.default,
+                client_auth: spec.client_auth.clone(),
+            },
             Source::Uploaded(_) => CertificateInput::Whole(spec),
         }
     }
@@ -392,7 +422,7 @@ impl fmt::Debug for CertificateInput {
                 .field("not_after", &k.info.not_after)
                 .field("default", &k.default)
                 .finish(),
-            CertificateInput::Managed { acme, default } => f
+            CertificateInput::Managed { acme, default, .. } => f
                 .debug_struct("CertificateInput::Managed")
                 .field("hosts", &acme.hosts())
                 .field("default", default)
@@ -411,10 +441,16 @@ impl From<CertificateInput> for CertificateWire {
                 default: k.default,
                 acme: None,
                 acme_state: None,
+                client_auth: k.client_auth,
             },
-            CertificateInput::Managed { acme, default } => {
-                CertificateWire { cert_pem: None, key_pem: None, default, acme: Some(acme), acme_state: None }
-            }
+            CertificateInput::Managed { acme, default, client_auth } => CertificateWire {
+                cert_pem: None,
+                key_pem: None,
+                default,
+                acme: Some(acme),
+                acme_state: None,
+                client_auth,
+            },
         }
     }
 }
@@ -434,13 +470,18 @@ impl TryFrom<CertificateWire> for CertificateInput {
         }
         let cert_pem = wire.cert_pem.ok_or_else(|| Invalid::rule("cert_pem", "a key needs its chain"))?;
         let info = inspect(&chain(&cert_pem, "cert_pem")?)?;
-        Ok(CertificateInput::KeepKey(KeptKey { cert_pem, default: wire.default, info: Arc::new(info) }))
+        Ok(CertificateInput::KeepKey(KeptKey {
+            cert_pem,
+            default: wire.default,
+            client_auth: wire.client_auth,
+            info: Arc::new(info),
+        }))
     }
 }
 
 impl PartialEq for CertificateSpec {
     fn eq(&self, other: &Self) -> bool {
-        self.source == other.source && self.default == other.default
+        self.source == other.source && self.default == other.default && self.client_auth == other.client_auth
     }
 }
 
@@ -453,7 +494,7 @@ impl fmt::Debug for CertificateSpec {
             Source::Uploaded(c) => d.field("names", &c.info.names).field("not_after", &c.info.not_after),
             Source::Managed(m) => d.field("acme_hosts", &m.acme.hosts()).field("issued", &m.state.issued.is_some()),
         };
-        d.field("default", &self.default).finish_non_exhaustive()
+        d.field("default", &self.default).field("client_auth", &self.client_auth).finish_non_exhaustive()
     }
 }
 
@@ -467,6 +508,7 @@ impl From<CertificateSpec> for CertificateWire {
                 default: c.default,
                 acme: None,
                 acme_state: None,
+                client_auth: c.client_auth.clone(),
             },
             Source::Managed(m) => CertificateWire {
                 cert_pem: None,
@@ -474,6 +516,7 @@ impl From<CertificateSpec> for CertificateWire {
                 default: c.default,
                 acme: Some(m.acme.clone()),
                 acme_state: (!c.redacted).then(|| m.state.to_wire(false)),
+                client_auth: c.client_auth.clone(),
             },
         }
     }
@@ -507,7 +550,7 @@ impl TryFrom<CertificateWire> for CertificateSpec {
                 Source::Uploaded(KeyedChain::new(cert, key)?)
             }
         };
-        Ok(CertificateSpec { source, default: wire.default, redacted: false })
+        Ok(CertificateSpec { source, default: wire.default, client_auth: wire.client_auth, redacted: false })
     }
 }
 
@@ -605,6 +648,7 @@ mod tests {
             default: false,
             acme: None,
             acme_state: None,
+            client_auth: None,
         }
     }
 
@@ -648,6 +692,38 @@ mod tests {
         assert_eq!(err.field, "cert_pem");
         assert_eq!(err.reason, Reason::Expired { not_after: old.info().unwrap().not_after });
         assert!(err.to_string().starts_with("cert_pem: the certificate expired"), "{err}");
+    }
+
+    #[test]
+    fn client_auth_is_checked_kept_and_shown() {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = ca.self_signed(&ca_key).unwrap();
+        let (cert, key) = pair(&["a.example"]);
+        let doc = |key: &str, ca_pem: &str| {
+            serde_json::json!({ "cert_pem": cert, "key_pem": key, "client_auth": { "ca_pem": ca_pem, "mode": "optional" } })
+                .to_string()
+        };
+        let spec = crate::parse_json::<CertificateSpec>(doc(&key, &ca.pem()).as_bytes()).unwrap();
+        let auth = spec.client_auth().expect("client_auth kept");
+        assert_eq!(auth.mode(), crate::ClientAuthMode::Optional);
+        // Read APIs show the bundle (not a secret), never the key.
+        let shown = serde_json::to_value(spec.redacted()).unwrap();
+        assert_eq!(shown["client_auth"]["ca_pem"], ca.pem());
+        assert_eq!(shown["key_pem"], crate::REDACTED);
+        // Without it, nothing is asked and nothing is written.
+        let plain = parse(&cert, &key).unwrap();
+        assert!(plain.client_auth().is_none());
+        assert!(serde_json::to_value(&plain).unwrap().get("client_auth").is_none());
+        // A bad bundle is refused naming the field.
+        let err = crate::parse_json::<CertificateSpec>(doc(&key, "nope").as_bytes()).unwrap_err();
+        assert!(err.to_string().starts_with("client_auth.ca_pem: no CERTIFICATE block found"), "{err}");
+        // A chain that keeps the current key keeps the client_auth it gives.
+        let input: CertificateInput = serde_json::from_str(&doc(crate::REDACTED, &ca.pem())).unwrap();
+        let resolved = input.resolve(Some(&plain)).unwrap();
+        assert_eq!(resolved.client_auth(), Some(auth));
+        assert_eq!(serde_json::to_value(&input).unwrap()["client_auth"]["mode"], "optional");
     }
 
     #[test]

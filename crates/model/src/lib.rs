@@ -14,6 +14,7 @@
 pub mod acme;
 mod certificate;
 mod change;
+mod client_auth;
 mod desired;
 mod headers;
 mod invalid;
@@ -31,6 +32,10 @@ pub mod static_root;
 pub use acme::{AcmeAccount, AcmeSpec, AcmeState, AcmeStatus, ChallengeAnswer, ChallengeKind, DnsHook};
 pub use certificate::{unix_now, CertificateInfo, CertificateInput, CertificateSpec, KeptKey, KeyedChain, Managed};
 pub use change::{check_change_set, fold_field, parse_change_set, parse_json, ChangeSet, Op, ParseError};
+pub use client_auth::{
+    ClientAuth, ClientAuthMode, ClientCertPolicy, ClientCertificate, CLIENT_CERT_FINGERPRINT_HEADER,
+    CLIENT_CERT_HEADER_PREFIX, CLIENT_CERT_SUBJECT_HEADER,
+};
 pub use desired::{document_paths, in_document, plan, Action, Change, Document, Kind};
 pub use headers::Headers;
 pub use invalid::{Invalid, Reason};

@@ -149,6 +149,9 @@ pub struct RouteSpec {
     /// The rule sets its requests run through, in order (`"rules":
     /// ["name", ...]`, at most 16, each once); each must exist.
     pub rules: Vec<RuleSetName>,
+    /// What it asks of the client's TLS certificate (`"client_cert":
+    /// {"required": true, "forward_headers": true}`); nothing by default.
+    pub client_cert: crate::ClientCertPolicy,
 }
 
 impl RouteSpec {
@@ -181,6 +184,11 @@ struct RouteWire {
     /// Rule sets run in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     rules: Vec<RuleSetName>,
+    /// What the route asks of the client's TLS certificate: `required`
+    /// (else 403), `forward_headers` (its subject and fingerprint to the
+    /// backend).
+    #[serde(default, skip_serializing_if = "crate::ClientCertPolicy::is_default")]
+    client_cert: crate::ClientCertPolicy,
 }
 
 #[derive(Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
@@ -210,6 +218,23 @@ struct MatchWire {
     /// Query parameters that must be there, whatever their value.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     query_present: Vec<String>,
+}
+
+/// Refuses a condition on a header only the proxy sets: the client
+/// certificate headers ([`crate::CLIENT_CERT_HEADER_PREFIX`]), which a
+/// client's request may carry (they are removed before it is forwarded,
+/// not before it is routed), so a route matching them would believe the
+/// client.
+fn proxy_set(field: &str, name: HeaderName) -> Result<HeaderName, Invalid> {
+    if name.as_str().starts_with(crate::CLIENT_CERT_HEADER_PREFIX) {
+        return Err(Invalid::malformed(
+            field,
+            format!("{:?}", name.as_str()),
+            "is a header only the proxy sets (client certificates); require a verified certificate with \
+             `client_cert.required` instead",
+        ));
+    }
+    Ok(name)
 }
 
 fn parse_host(h: &str) -> Result<HostPattern, Invalid> {
@@ -292,7 +317,8 @@ impl TryFrom<RouteWire> for RouteSpec {
         let mut headers = Vec::new();
         for (name, value) in &m.headers {
             let hn = HeaderName::from_bytes(name.as_bytes())
-                .map_err(|_| Invalid::malformed("match.headers", format!("{name:?}"), "is not a header name"))?;
+                .map_err(|_| Invalid::malformed("match.headers", format!("{name:?}"), "is not a header name"))
+                .and_then(|hn| proxy_set("match.headers", hn))?;
             let hv = HeaderValue::from_str(value).map_err(|_| {
                 Invalid::malformed(format!("match.headers.{name}"), format!("{value:?}"), "is not a header value")
             })?;
@@ -300,7 +326,8 @@ impl TryFrom<RouteWire> for RouteSpec {
         }
         let header_name = |field: String, name: &str| {
             HeaderName::from_bytes(name.as_bytes())
-                .map_err(|_| Invalid::malformed(field, format!("{name:?}"), "is not a header name"))
+                .map_err(|_| Invalid::malformed(field.clone(), format!("{name:?}"), "is not a header name"))
+                .and_then(|hn| proxy_set(&field, hn))
         };
         let mut header_present = Vec::new();
         for (i, name) in m.header_present.iter().enumerate() {
@@ -376,6 +403,7 @@ impl TryFrom<RouteWire> for RouteSpec {
             priority: w.priority,
             redirect_https: w.redirect_https,
             rules: w.rules,
+            client_cert: w.client_cert,
         })
     }
 }
@@ -425,6 +453,7 @@ impl From<RouteSpec> for RouteWire {
             priority: r.priority,
             redirect_https: r.redirect_https,
             rules: r.rules,
+            client_cert: r.client_cert,
         }
     }
 }
@@ -447,6 +476,25 @@ mod tests {
         assert_eq!(back["match"]["query_present"], serde_json::json!(["debug"]));
         let e = parse(r#"{"match":{"query_present":[""]},"service":"w"}"#).unwrap_err().to_string();
         assert!(e.contains("match.query_present[0]"), "{e}");
+    }
+
+    #[test]
+    fn client_cert_reads_back_and_its_headers_are_not_conditions() {
+        let r = parse(r#"{"service":"w","client_cert":{"required":true,"forward_headers":true}}"#).unwrap();
+        assert!(r.client_cert.required && r.client_cert.forward_headers);
+        let back = serde_json::to_value(&r).unwrap();
+        assert_eq!(back["client_cert"], serde_json::json!({"required": true, "forward_headers": true}));
+        let plain = serde_json::to_value(parse(r#"{"service":"w"}"#).unwrap()).unwrap();
+        assert!(plain.get("client_cert").is_none(), "{plain}");
+        for doc in [
+            r#"{"match":{"headers":{"X-Client-Cert-Subject":"CN=a"}},"service":"w"}"#,
+            r#"{"match":{"header_present":["x-client-cert-fingerprint"]},"service":"w"}"#,
+            r#"{"match":{"header_regex":{"x-client-cert-subject":"a"}},"service":"w"}"#,
+        ] {
+            let e = parse(doc).unwrap_err().to_string();
+            assert!(e.contains("is a header only the proxy sets"), "{doc}: {e}");
+        }
+        assert!(parse(r#"{"service":"w","client_cert":{"require":true}}"#).is_err());
     }
 
     #[test]

@@ -102,6 +102,9 @@ pub struct Line {
     pub user_agent: Option<String>,
     /// `Referer`, if sent.
     pub referer: Option<String>,
+    /// The subject of the client certificate the connection's TLS
+    /// handshake verified, if any (as `X-Client-Cert-Subject` carries it).
+    pub client_cert: Option<String>,
 }
 
 /// The access log's sending end, shared by every worker.
@@ -310,6 +313,7 @@ fn json_line(out: &mut String, l: &Line) {
     opt(out, "request_id", l.request_id.as_deref());
     opt(out, "user_agent", l.user_agent.as_deref());
     opt(out, "referer", l.referer.as_deref());
+    opt(out, "client_cert", l.client_cert.as_deref());
     out.push('}');
 }
 
@@ -468,6 +472,7 @@ mod tests {
             request_id: Some("abc".into()),
             user_agent: Some("curl/8.0\n".into()),
             referer: None,
+            client_cert: Some("CN=alice,O=Shop\\, Inc.".into()),
         }
     }
 
@@ -478,7 +483,7 @@ mod tests {
         assert!(out.ends_with("}\n") && out.lines().count() == 1, "{out}");
         assert_eq!(
             out.trim_end(),
-            r#"{"time":"2026-11-25T13:40:00.248Z","client":"127.0.0.1:40000","method":"GET","host":"shop.example","path":"/cart?id=\"7\"","protocol":"HTTP/1.1","status":200,"bytes_in":78,"bytes_out":140,"duration_ms":1.500,"route":"shop","service":"web","backend":"a","backend_addr":"127.0.0.1:9001","attempts":1,"error":null,"rule":null,"request_id":"abc","user_agent":"curl/8.0\n","referer":null}"#
+            r#"{"time":"2026-11-25T13:40:00.248Z","client":"127.0.0.1:40000","method":"GET","host":"shop.example","path":"/cart?id=\"7\"","protocol":"HTTP/1.1","status":200,"bytes_in":78,"bytes_out":140,"duration_ms":1.500,"route":"shop","service":"web","backend":"a","backend_addr":"127.0.0.1:9001","attempts":1,"error":null,"rule":null,"request_id":"abc","user_agent":"curl/8.0\n","referer":null,"client_cert":"CN=alice,O=Shop\\, Inc."}"#
         );
     }
 

@@ -43,6 +43,8 @@ pub struct Peer {
     /// The port the client connected to, as a header value
     /// (`X-Forwarded-Port`).
     pub port_header: HeaderValue,
+    /// The client certificate its TLS handshake verified, if any.
+    pub client_cert: Option<Arc<crate::tls::VerifiedClient>>,
 }
 
 impl Peer {
@@ -57,6 +59,7 @@ impl Peer {
             conn_slot: None,
             https: false,
             port_header: HeaderValue::from_static("0"),
+            client_cert: None,
         }
     }
 

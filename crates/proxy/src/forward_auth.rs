@@ -70,18 +70,21 @@ fn client() -> &'static HttpClient {
 }
 
 /// Whether a field of the request is left out of the sub-request: those
-/// that frame or manage its own connection, which the client writes.
+/// that frame or manage its own connection, which the client writes, and
+/// a client's `X-Client-Cert-*` fields, which only the proxy sets (an auth
+/// service must not believe them).
 fn left_out(name: &HeaderName) -> bool {
-    [
-        header::HOST,
-        header::CONTENT_LENGTH,
-        header::TRANSFER_ENCODING,
-        header::CONNECTION,
-        header::EXPECT,
-        header::TE,
-        header::UPGRADE,
-    ]
-    .contains(name)
+    crate::hygiene::client_cert_field(name.as_str().as_bytes())
+        || [
+            header::HOST,
+            header::CONTENT_LENGTH,
+            header::TRANSFER_ENCODING,
+            header::CONNECTION,
+            header::EXPECT,
+            header::TE,
+            header::UPGRADE,
+        ]
+        .contains(name)
         || name.as_str() == "keep-alive"
         || name.as_str() == "proxy-connection"
 }
@@ -176,6 +179,7 @@ mod tests {
                 (header::AUTHORIZATION, HeaderValue::from_static("Bearer t")),
                 (header::CONNECTION, HeaderValue::from_static("x-private")),
                 (HeaderName::from_static("x-forwarded-uri"), HeaderValue::from_static("/app/x")),
+                (HeaderName::from_static("x-client-cert-subject"), HeaderValue::from_static("CN=admin")),
             ],
             timeout: Duration::from_millis(timeout_ms),
         }
@@ -192,6 +196,7 @@ mod tests {
         assert!(head.starts_with("get /check?a=1 http/1.1\r\n"), "{head}");
         assert!(head.contains("authorization: bearer t") && head.contains("x-forwarded-uri: /app/x"), "{head}");
         assert!(!head.contains("x-private"), "the client's connection fields stay: {head}");
+        assert!(!head.contains("x-client-cert"), "a client's certificate fields never reach it: {head}");
     }
 
     #[tokio::test]

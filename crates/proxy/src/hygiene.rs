@@ -153,9 +153,18 @@ fn plain_host(host: &[u8]) -> bool {
 /// has an underscore: many backends (CGI, WSGI, Rack and the like) read
 /// `X_Forwarded_For` and `X-Forwarded-For` as the same variable, so such a
 /// name could stand in for a field the proxy sets or removes. nginx drops
-/// them too, by default.
+/// them too, by default. Never a client's `X-Client-Cert-*` field: only the
+/// proxy sets those, from a certificate it verified (a route's
+/// `client_cert.forward_headers`), whether or not the route asks for them.
 pub(crate) fn forwards_request_field(name: &[u8]) -> bool {
-    !name.contains(&b'_')
+    !name.contains(&b'_') && !client_cert_field(name)
+}
+
+/// Whether `name` is one of the `X-Client-Cert-*` fields, which only the
+/// proxy sets (any case).
+pub(crate) fn client_cert_field(name: &[u8]) -> bool {
+    let prefix = tidegate_model::CLIENT_CERT_HEADER_PREFIX.as_bytes();
+    name.get(..prefix.len()).is_some_and(|p| p.eq_ignore_ascii_case(prefix))
 }
 
 /// Whether the protocols of an `Upgrade` request field (`value`) may be
@@ -354,6 +363,11 @@ mod tests {
         assert!(forwards_request_field(b"X-Forwarded-For"));
         assert!(!forwards_request_field(b"X_Forwarded_For"));
         assert!(!forwards_request_field(b"content_length"));
+        assert!(!forwards_request_field(b"X-Client-Cert-Subject"));
+        assert!(!forwards_request_field(b"x-client-cert-fingerprint"));
+        assert!(!forwards_request_field(b"X-CLIENT-CERT-anything"));
+        assert!(forwards_request_field(b"x-client-cert"));
+        assert!(forwards_request_field(b"x-client"));
     }
 
     #[test]

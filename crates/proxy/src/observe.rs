@@ -159,7 +159,13 @@ fn blank(client: SocketAddr, protocol: &'static str) -> Line {
         request_id: None,
         user_agent: None,
         referer: None,
+        client_cert: None,
     }
+}
+
+/// The subject of the client's verified certificate, for the access log.
+pub(crate) fn client_cert_subject(client: &Peer) -> Option<String> {
+    client.client_cert.as_ref().map(|c| String::from_utf8_lossy(c.cert.subject.as_bytes()).into_owned())
 }
 
 /// Counts a finished request: in its route's duration histogram (or the
@@ -184,6 +190,7 @@ pub(crate) fn describe(req: &mut Request<Incoming>, client: &Peer) -> Line {
         _ => "HTTP/1.1",
     };
     let mut line = blank(client.addr, protocol);
+    line.client_cert = client_cert_subject(client);
     let text = |v: &HeaderValue| String::from_utf8_lossy(v.as_bytes()).into_owned();
     let h = req.headers();
     line.method = req.method().as_str().to_string();

@@ -20,7 +20,10 @@
 //! 3. the health path and ACME HTTP-01 challenges, answered before
 //!    routing;
 //! 4. the route, from the snapshot;
-//! 5. `redirect_https`, then the route's rule sets ([`tidegate_rules`]):
+//! 5. `redirect_https`, then the route's `client_cert` (403 without a
+//!    client certificate its host's CAs verified, when required; the
+//!    certificate's subject and fingerprint as request header edits, when
+//!    forwarded), then the route's rule sets ([`tidegate_rules`]):
 //!    each step either answers (a redirect, a refusal, a challenge, a
 //!    rate limit's 429) or edits what is forwarded (the path, request
 //!    headers) and what is answered (response headers); a step that needs
@@ -47,6 +50,14 @@ use tidegate_snapshot::{Entry, RequestView, ServiceRuntime, Snapshot};
 
 use crate::error::ErrorKind;
 use crate::limits::TrustedProxies;
+use crate::tls::VerifiedClient;
+
+/// The field that passes a verified client certificate's subject on.
+static CLIENT_CERT_SUBJECT: http::HeaderName =
+    http::HeaderName::from_static(tidegate_model::CLIENT_CERT_SUBJECT_HEADER);
+/// The field that passes a verified client certificate's fingerprint on.
+static CLIENT_CERT_FINGERPRINT: http::HeaderName =
+    http::HeaderName::from_static(tidegate_model::CLIENT_CERT_FINGERPRINT_HEADER);
 
 /// What the engine knows of a request, read its own way (the method is
 /// read apart: it is known even of a head the engine refuses).
@@ -69,6 +80,8 @@ pub(crate) struct Facts<'a> {
     pub peer: IpAddr,
     /// The body's declared length (`Content-Length`), if any.
     pub content_length: Option<u64>,
+    /// The client certificate the connection's TLS handshake verified.
+    pub client_cert: Option<&'a VerifiedClient>,
 }
 
 impl Facts<'_> {
@@ -138,6 +151,10 @@ pub(crate) enum Local {
     /// `200` with this key authorization: the answer to an ACME HTTP-01
     /// challenge of a managed certificate's order.
     AcmeChallenge(Arc<str>),
+    /// `403`: the route requires a verified client certificate
+    /// (`client_cert.required`) and the connection has none its host's
+    /// certificate accepts.
+    ClientCertRequired,
     /// `431`: more header fields than `--max-headers`, or a head larger
     /// than `--max-header-bytes`.
     HeadTooLarge,
@@ -186,8 +203,9 @@ pub(crate) enum Ruled {
     /// response plan.
     Forward(Box<tidegate_rules::Forward>),
     /// Work to do first ([`crate::rules_work::settle`]), then the chain
-    /// goes on.
-    Pending(Arc<Chain>, Box<tidegate_rules::Pending>),
+    /// goes on; the request header edits of the route's `client_cert`
+    /// follow the chain's.
+    Pending(Arc<Chain>, Box<tidegate_rules::Pending>, Vec<tidegate_rules::HeaderEdit>),
 }
 
 impl From<ErrorKind> for Local {
@@ -268,14 +286,33 @@ pub(crate) fn decide<'s>(
         let to = https_location(&facts.host, settings.https_port, facts.path_and_query);
         return decided(Action::Local(to.map_or_else(Local::Error, Local::HttpsRedirect)));
     }
+    // The route's client certificate: required (else 403), and passed
+    // on (a route that asks nothing pays one test).
+    let mut cert_edits = Vec::new();
+    let policy = route.spec.client_cert;
+    if !policy.is_default() {
+        let cert = accepted_client_cert(facts, snapshot);
+        if policy.required && cert.is_none() {
+            return decided(Action::Local(Local::ClientCertRequired));
+        }
+        if let (true, Some(cert)) = (policy.forward_headers, cert) {
+            cert_edits.push(tidegate_rules::HeaderEdit::Set(CLIENT_CERT_SUBJECT.clone(), cert.cert.subject.clone()));
+            cert_edits
+                .push(tidegate_rules::HeaderEdit::Set(CLIENT_CERT_FINGERPRINT.clone(), cert.cert.fingerprint.clone()));
+        }
+    }
     // The route's rule sets, in order (a route without any pays one test).
     let rules = match (route.spec.rules.is_empty(), snapshot.rules(route.name.as_str())) {
         (false, Some(chain)) => match chain.request(&facts.rules_view(method, settings), Instant::now()) {
-            Outcome::Forward(edits) => Ruled::Forward(Box::new(edits)),
+            Outcome::Forward(mut edits) => {
+                edits.request_headers.append(&mut cert_edits);
+                Ruled::Forward(Box::new(edits))
+            }
             Outcome::Answer(answer) => return decided(Action::Local(answer.into())),
-            Outcome::Pending(work) => Ruled::Pending(chain.clone(), Box::new(work)),
+            Outcome::Pending(work) => Ruled::Pending(chain.clone(), Box::new(work), cert_edits),
         },
-        _ => Ruled::None,
+        _ if cert_edits.is_empty() => Ruled::None,
+        _ => Ruled::Forward(Box::new(tidegate_rules::Forward { request_headers: cert_edits, ..Default::default() })),
     };
     let action = match &route.spec.action {
         RouteAction::Static(dir) => Action::Static { dir, prefix: &route.spec.matches.path },
@@ -302,10 +339,10 @@ where
     W: FnMut(tidegate_rules::Work) -> F,
     F: std::future::Future<Output = Option<tidegate_rules::WorkResult>>,
 {
-    let (chain, mut pending) = match ruled {
+    let (chain, mut pending, mut cert_edits) = match ruled {
         Ruled::None => return Ok(None),
         Ruled::Forward(edits) => return Ok(Some(edits)),
-        Ruled::Pending(chain, pending) => (chain, *pending),
+        Ruled::Pending(chain, pending, cert_edits) => (chain, *pending, cert_edits),
     };
     let view = facts.rules_view(method, settings);
     loop {
@@ -321,7 +358,10 @@ where
             tidegate_rules::WorkResult::Password(_) => None,
         };
         match chain.resume(&view, Instant::now(), resume, result) {
-            Outcome::Forward(edits) => return Ok(Some(Box::new(edits))),
+            Outcome::Forward(mut edits) => {
+                edits.request_headers.append(&mut cert_edits);
+                return Ok(Some(Box::new(edits)));
+            }
             Outcome::Answer(answer) => {
                 let body = auth_body.filter(|_| answer.relay_auth_body);
                 return Err(Local::Rule(RuleAnswer { answer: Box::new(answer), body }));
@@ -342,6 +382,18 @@ pub(crate) fn upstream_target<'a>(edits: Option<&tidegate_rules::Forward>, path_
             None => Cow::Owned(path.to_string()),
         },
     }
+}
+
+/// The connection's verified client certificate, if the certificate that
+/// serves the request's host (the one its name as an SNI name selects)
+/// verifies client certificates with the same CAs: a certificate verified
+/// for another server name (a client may send one name in its SNI and
+/// another in `Host`) is not taken.
+fn accepted_client_cert<'f>(facts: &Facts<'f>, snapshot: &Snapshot) -> Option<&'f VerifiedClient> {
+    let cert = facts.client_cert?;
+    let host = Some(facts.host.as_ref()).filter(|h| !h.is_empty());
+    let served = snapshot.certificates().select(host)?;
+    served.client_auth.as_ref().filter(|auth| auth.ca_id() == &cert.ca_id).map(|_| cert)
 }
 
 /// Where a `redirect_https` route sends a request that came over plain
@@ -385,6 +437,7 @@ mod tests {
         headers: HeaderMap,
         tls: bool,
         stopping: bool,
+        client_cert: Option<VerifiedClient>,
     }
 
     fn req(method: Method, host: &'static str, path: &'static str) -> Req {
@@ -397,6 +450,7 @@ mod tests {
             headers: HeaderMap::new(),
             tls: false,
             stopping: false,
+            client_cert: None,
         }
     }
 
@@ -411,6 +465,7 @@ mod tests {
                 stopping: self.stopping,
                 peer: self.peer,
                 content_length: None,
+                client_cert: self.client_cert.as_ref(),
             }
         }
 
@@ -662,5 +717,134 @@ mod tests {
             Err(Local::Rule(a)) => assert_eq!(a.answer.status, 401),
             other => panic!("a challenge, not {other:?}"),
         }
+    }
+
+    /// A CA certificate, PEM.
+    fn ca_pem(name: &str) -> String {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.distinguished_name.push(rcgen::DnType::CommonName, name);
+        params.self_signed(&key).unwrap().pem()
+    }
+
+    /// A `put_certificate` op for `host`, asking for client certificates
+    /// signed by `ca` when given.
+    fn cert_op(name: &str, host: &str, ca: Option<&str>) -> String {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec![host.to_string()]).unwrap().self_signed(&key).unwrap();
+        let mut spec = serde_json::json!({ "cert_pem": cert.pem(), "key_pem": key.serialize_pem() });
+        if let Some(ca) = ca {
+            spec["client_auth"] = serde_json::json!({ "ca_pem": ca, "mode": "optional" });
+        }
+        serde_json::json!({ "op": "put_certificate", "name": name, "spec": spec }).to_string()
+    }
+
+    #[test]
+    fn a_route_requiring_a_client_certificate_takes_one_its_host_s_cas_verified() {
+        let (a, b) = (ca_pem("CA A"), ca_pem("CA B"));
+        let snap = snapshot(&format!(
+            r#"{}, {}, {}, {{"op":"put_service","name":"web","spec":{{}}}},
+            {{"op":"put_route","name":"m","spec":{{"match":{{"host":"m.example"}},"service":"web",
+                "client_cert":{{"required":true,"forward_headers":true}}}}}},
+            {{"op":"put_route","name":"fwd","spec":{{"match":{{"host":"o.example"}},"service":"web",
+                "client_cert":{{"forward_headers":true}}}}}},
+            {{"op":"put_route","name":"plain","spec":{{"match":{{"host":"plain.example"}},"service":"web",
+                "client_cert":{{"required":true}}}}}}"#,
+            cert_op("m", "m.example", Some(&a)),
+            cert_op("o", "o.example", Some(&b)),
+            cert_op("p", "plain.example", None),
+        ));
+        let ca_id =
+            |host: &str| *snap.certificates().select(Some(host)).and_then(|s| s.client_auth.as_ref()).unwrap().ca_id();
+        let verified = |ca_id: [u8; 32]| VerifiedClient {
+            cert: tidegate_model::ClientCertificate {
+                subject: HeaderValue::from_static("CN=client"),
+                fingerprint: HeaderValue::from_static("ab12"),
+            },
+            ca_id,
+        };
+        let settings = Settings::default();
+        let mut r = req(Method::GET, "m.example", "/");
+        r.tls = true;
+        assert_eq!(local(&r.decide(&settings, &snap)), Some(&Local::ClientCertRequired), "none: 403");
+        r.client_cert = Some(verified(ca_id("o.example")));
+        assert_eq!(local(&r.decide(&settings, &snap)), Some(&Local::ClientCertRequired), "another host's CA: 403");
+        r.client_cert = Some(verified(ca_id("m.example")));
+        let d = r.decide(&settings, &snap);
+        assert!(matches!(d.action, Action::Forward(_)), "{:?}", d.action);
+        let Ruled::Forward(edits) = d.rules else { panic!("the headers, not {:?}", d.rules) };
+        let set: Vec<_> = edits
+            .request_headers
+            .iter()
+            .map(|e| match e {
+                tidegate_rules::HeaderEdit::Set(n, v) => (n.as_str().to_string(), v.clone()),
+                other => panic!("set, not {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            set,
+            vec![
+                ("x-client-cert-subject".to_string(), HeaderValue::from_static("CN=client")),
+                ("x-client-cert-fingerprint".to_string(), HeaderValue::from_static("ab12")),
+            ]
+        );
+        // Forwarded without being required; never one of another host's CAs.
+        r.host = "o.example";
+        assert!(matches!(r.decide(&settings, &snap).rules, Ruled::None), "verified for m, not for o");
+        r.client_cert = Some(verified(ca_id("o.example")));
+        assert!(matches!(r.decide(&settings, &snap).rules, Ruled::Forward(_)));
+        r.client_cert = None;
+        assert!(matches!(r.decide(&settings, &snap).action, Action::Forward(_)), "optional: served");
+        // A host whose certificate verifies none takes none.
+        r.host = "plain.example";
+        r.client_cert = Some(verified(ca_id("m.example")));
+        assert_eq!(local(&r.decide(&settings, &snap)), Some(&Local::ClientCertRequired));
+    }
+
+    #[tokio::test]
+    async fn forwarded_client_certificate_headers_follow_the_rules_settled_work() {
+        let a = ca_pem("CA A");
+        let snap = snapshot(&format!(
+            r#"{}, {{"op":"put_service","name":"web","spec":{{}}}},
+            {{"op":"put_rules","name":"auth","spec":{{"steps":[{{"kind":"basic_auth","realm":"r",
+                "users":[{{"name":"u","hash":"$2b$04$/uaF/uaF/uaF/uaF/uaF/uK7.eFDTHWTk03S8wqeyk9ZLEdfjGgEC"}}]}},
+                {{"kind":"set_request_header","name":"x-a","value":"1"}}]}}}},
+            {{"op":"put_route","name":"m","spec":{{"match":{{"host":"m.example"}},"service":"web","rules":["auth"],
+                "client_cert":{{"required":true,"forward_headers":true}}}}}}"#,
+            cert_op("m", "m.example", Some(&a)),
+        ));
+        let ca_id =
+            *snap.certificates().select(Some("m.example")).and_then(|s| s.client_auth.as_ref()).unwrap().ca_id();
+        let mut r = req(Method::GET, "m.example", "/");
+        r.client_cert = Some(VerifiedClient {
+            cert: tidegate_model::ClientCertificate {
+                subject: HeaderValue::from_static("CN=client"),
+                fingerprint: HeaderValue::from_static("ab12"),
+            },
+            ca_id,
+        });
+        // "u:s3cret"
+        r.headers.insert("authorization", HeaderValue::from_static("Basic dTpzM2NyZXQ="));
+        let settings = Settings::default();
+        let facts = r.facts();
+        let ruled = decide(&Method::GET, Ok(&facts), &settings, &snap).rules;
+        assert!(matches!(ruled, Ruled::Pending(..)), "{ruled:?}");
+        let run = |work| async move { crate::rules_work::run(work).await };
+        let edits = settle(ruled, &facts, &Method::GET, &settings, run).await.expect("let through").expect("edits");
+        let names: Vec<String> = edits
+            .request_headers
+            .iter()
+            .map(|e| match e {
+                tidegate_rules::HeaderEdit::Set(n, _) => format!("set {n}"),
+                tidegate_rules::HeaderEdit::Remove(n) => format!("remove {n}"),
+                other => panic!("set or remove, not {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            names,
+            ["remove authorization", "set x-a", "set x-client-cert-subject", "set x-client-cert-fingerprint"],
+            "the proxy's last"
+        );
     }
 }

@@ -63,6 +63,9 @@ pub(crate) fn local_response(answer: Local) -> Result<Response<ProxyBody>, Error
             resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
             resp
         }
+        Local::ClientCertRequired => {
+            plain(StatusCode::FORBIDDEN, "403 this route requires a verified client certificate\n")
+        }
         Local::HeadTooLarge => head_too_large(),
         Local::HttpsRedirect(location) => https_redirect(location),
         Local::Rule(answer) => rule_answer(&answer.answer, answer.body),

@@ -277,7 +277,7 @@ pub fn serve_on(
         ));
     }
     let acceptor = match tls_addr {
-        Some(_) => Some(tokio_rustls::TlsAcceptor::from(crate::tls::server_config(snapshots.clone())?)),
+        Some(_) => Some(Arc::new(crate::tls::TlsFront::new(snapshots.clone())?)),
         None => None,
     };
     let https_port = tls_addr.map(|a| a.port());
@@ -322,7 +322,7 @@ pub fn serve_on(
         let thread = std::thread::Builder::new().name(format!("tidegate-worker-{i}")).spawn(move || {
             runtime.block_on(async move {
                 let hyper = HyperServer::new(&opts.limits);
-                let run = |listener: std::net::TcpListener, tls: Option<tokio_rustls::TlsAcceptor>| {
+                let run = |listener: std::net::TcpListener, tls: Option<Arc<crate::tls::TlsFront>>| {
                     let (proxy, stop_rx, hyper) = (proxy.clone(), stop_rx.clone(), hyper.clone());
                     let (opts, slots) = (&opts, Slots { open: open.clone(), cut: cut.clone() });
                     async move {
@@ -355,10 +355,10 @@ struct Slots {
 /// One worker's accept loop: takes a connection slot, accepts, and spawns
 /// the connection's task; on stop, stops accepting and waits (at most the
 /// drain timeout) for its connections to finish.
-/// `tls`: the listener terminates TLS with this acceptor.
+/// `tls`: the listener terminates TLS with these handshakes.
 async fn accept_loop(
     listener: TcpListener,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    tls: Option<Arc<crate::tls::TlsFront>>,
     proxy: Arc<Proxy>,
     mut stop: watch::Receiver<bool>,
     opts: &ServerOptions,
@@ -413,10 +413,13 @@ async fn accept_loop(
                         serve_http(stream, engine, client, proxy, stop, limits, hyper).await;
                         drop((hold, per_client));
                     }),
-                    Some(acceptor) => tokio::spawn(async move {
-                        let handshake = acceptor.accept(stream);
+                    Some(front) => tokio::spawn(async move {
+                        let handshake = front.accept(stream);
                         let stream = match tokio::time::timeout(limits.first_request_timeout, handshake).await {
-                            Ok(Ok(s)) => s,
+                            Ok(Ok((s, verified))) => {
+                                client.client_cert = verified;
+                                s
+                            }
                             Ok(Err(e)) => {
                                 tracing::debug!(client = %client.addr, error = %e, "TLS handshake failed");
                                 proxy.metrics().tls_handshake(false);

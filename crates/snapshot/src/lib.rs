@@ -34,7 +34,7 @@ mod tls;
 pub use memory::{Memory, Recalled, RememberedBackend, ServiceMemory};
 pub use published::{Changes, Publications};
 pub use queue::{client_key, Joined, WaitQueue, Waiter};
-pub use tls::Certificates;
+pub use tls::{Certificates, Served};
 
 /// Live counters of a service, shared across snapshots like backend stats.
 #[derive(Debug, Default)]

@@ -5,17 +5,27 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use rustls::sign::CertifiedKey;
-use tidegate_model::{CertName, CertificateInfo, ChallengeAnswer, ConfigState};
+use tidegate_model::{CertName, CertificateInfo, ChallengeAnswer, ClientAuth, ConfigState};
+
+/// What a handshake that selects a certificate serves: its chain and key,
+/// and what it asks of the client's certificate.
+#[derive(Debug, Clone)]
+pub struct Served {
+    /// The chain and key.
+    pub key: Arc<CertifiedKey>,
+    /// The certificate's `client_auth`, if it has one.
+    pub client_auth: Option<Arc<ClientAuth>>,
+}
 
 /// Certificates by the names they serve. Rebuilt whole when a certificate
 /// changes (a configuration has a handful to hundreds of them; routes and
 /// services, which can be tens of thousands, are rebuilt incrementally).
 #[derive(Debug, Clone, Default)]
 pub struct Certificates {
-    exact: HashMap<String, Arc<CertifiedKey>>,
+    exact: HashMap<String, Served>,
     /// By the suffix a wildcard covers (`*.example.com` → `.example.com`).
-    wildcard: HashMap<String, Arc<CertifiedKey>>,
-    default: Option<Arc<CertifiedKey>>,
+    wildcard: HashMap<String, Served>,
+    default: Option<Served>,
     /// Every certificate served, for status and metrics.
     all: Vec<(CertName, Arc<CertificateInfo>)>,
     /// ACME HTTP-01 answers by token.
@@ -51,8 +61,9 @@ impl Certificates {
             let Some(served) = spec.served() else { continue };
             let (info, key) = (served.info(), served.certified_key());
             c.all.push((name.clone(), Arc::new(info.clone())));
+            let served = Served { key: key.clone(), client_auth: spec.client_auth().cloned().map(Arc::new) };
             if spec.is_default() {
-                c.default = Some(key.clone());
+                c.default = Some(served.clone());
             }
             for n in &info.names {
                 if best.get(n).is_some_and(|until| *until >= info.not_after) {
@@ -61,10 +72,10 @@ impl Certificates {
                 best.insert(n.clone(), info.not_after);
                 match n.strip_prefix('*') {
                     Some(suffix) if suffix.starts_with('.') => {
-                        c.wildcard.insert(suffix.to_string(), key.clone());
+                        c.wildcard.insert(suffix.to_string(), served.clone());
                     }
                     _ => {
-                        c.exact.insert(n.clone(), key.clone());
+                        c.exact.insert(n.clone(), served.clone());
                     }
                 }
             }
@@ -98,6 +109,12 @@ impl Certificates {
     /// `app.example`; RFC 6066 has clients send it without, and some do
     /// not).
     pub fn resolve(&self, sni: Option<&str>) -> Option<Arc<CertifiedKey>> {
+        self.select(sni).map(|s| s.key.clone())
+    }
+
+    /// What a client that asked for `sni` (or for none) is served: the
+    /// certificate [`Certificates::resolve`] picks, with its `client_auth`.
+    pub fn select(&self, sni: Option<&str>) -> Option<&Served> {
         if let Some(name) = sni {
             let name = name.strip_suffix('.').unwrap_or(name);
             let lower;
@@ -108,13 +125,23 @@ impl Certificates {
                 name
             };
             if let Some(k) = self.exact.get(name) {
-                return Some(k.clone());
+                return Some(k);
             }
             if let Some(k) = name.find('.').and_then(|dot| self.wildcard.get(&name[dot..])) {
-                return Some(k.clone());
+                return Some(k);
             }
         }
-        self.default.clone()
+        self.default.as_ref()
+    }
+
+    /// The `client_auth` of every certificate the index serves (repeated:
+    /// once per name that selects it).
+    pub fn client_auths(&self) -> impl Iterator<Item = &Arc<ClientAuth>> {
+        self.default
+            .iter()
+            .chain(self.exact.values())
+            .chain(self.wildcard.values())
+            .filter_map(|s| s.client_auth.as_ref())
     }
 
     /// Every certificate: its name and what it says of itself.
@@ -161,5 +188,22 @@ mod tests {
         assert!(same(c.resolve(Some("x.b.example")), "fallback"), "a wildcard covers one label");
         assert!(same(c.resolve(None), "fallback"));
         assert_eq!(c.all().len(), 3);
+    }
+
+    #[test]
+    fn a_selected_certificate_brings_its_client_auth() {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = ca.self_signed(&ca_key).unwrap();
+        let mut mtls = cert_op("m", &["m.example"], false);
+        mtls["spec"]["client_auth"] = serde_json::json!({ "ca_pem": ca.pem() });
+        let ops = serde_json::json!({ "ops": [mtls, cert_op("fallback", &["fallback.example"], true)] });
+        let cs = tidegate_model::parse_change_set(ops.to_string().as_bytes()).unwrap();
+        let (state, _) = ConfigState::default().apply(&cs, 0).unwrap();
+        let c = Certificates::build(&state);
+        let auth = c.select(Some("M.example.")).and_then(|s| s.client_auth.clone()).expect("m asks");
+        assert_eq!(auth.mode(), tidegate_model::ClientAuthMode::Required);
+        assert!(c.select(Some("other.example")).is_some_and(|s| s.client_auth.is_none()), "the default asks nothing");
     }
 }

@@ -156,6 +156,15 @@ pub enum RuntimeArg {
     MultiThread,
 }
 
+/// `tidegate ctl cert put --client-auth`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientAuthArg {
+    /// A client certificate the CAs signed is required.
+    Required,
+    /// A client may send none.
+    Optional,
+}
+
 /// Which code serves HTTP/1.1 clients.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Http1Arg {
@@ -491,6 +500,19 @@ pub enum CertCommand {
         /// Serve it to clients that send no SNI name or an unknown one.
         #[arg(long)]
         default: bool,
+        /// Ask the clients of its handshakes for a certificate signed by
+        /// one of these CAs (PEM); see --client-auth.
+        #[arg(long)]
+        client_ca: Option<PathBuf>,
+        /// With --client-ca: `required` (no handshake without a client
+        /// certificate the CAs signed) or `optional` (a client may send
+        /// none; routes with `client_cert.required` refuse it with 403).
+        #[arg(long, value_enum, default_value = "required", requires = "client_ca")]
+        client_auth: ClientAuthArg,
+        /// With --client-ca: revocation lists of those CAs (PEM), one for
+        /// each CA that signs client certificates.
+        #[arg(long, requires = "client_ca")]
+        client_crl: Option<PathBuf>,
     },
     /// Have a certificate obtained and renewed by ACME (Let's Encrypt or
     /// another CA): a managed certificate for these hosts.

@@ -180,7 +180,7 @@ impl Admin {
                     }
                     (M::PUT, format!("/v1/certificates/{name}"), Some(json!({ "acme": acme, "default": default })))
                 }
-                CertCommand::Put { name, cert, key, default } => {
+                CertCommand::Put { name, cert, key, default, client_ca, client_auth, client_crl } => {
                     let read = |p: &std::path::Path| {
                         std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
                     };
@@ -188,7 +188,17 @@ impl Admin {
                         Some(key) => read(&key)?,
                         None => tidegate_model::REDACTED.to_string(),
                     };
-                    let spec = json!({ "cert_pem": read(&cert)?, "key_pem": key_pem, "default": default });
+                    let mut spec = json!({ "cert_pem": read(&cert)?, "key_pem": key_pem, "default": default });
+                    if let Some(ca) = client_ca {
+                        let mode = match client_auth {
+                            crate::cli::ClientAuthArg::Required => "required",
+                            crate::cli::ClientAuthArg::Optional => "optional",
+                        };
+                        spec["client_auth"] = json!({ "ca_pem": read(&ca)?, "mode": mode });
+                        if let Some(crl) = client_crl {
+                            spec["client_auth"]["crl_pem"] = json!(read(&crl)?);
+                        }
+                    }
                     (M::PUT, format!("/v1/certificates/{name}"), Some(spec))
                 }
             },

@@ -216,6 +216,7 @@ fn table(value: &Value, view: View) -> Option<String> {
                         true => (cell(&acme["status"]), cell(&acme["renew_at"]), cell(&acme["last_error"])),
                         false => ("uploaded".to_string(), "-".to_string(), "-".to_string()),
                     };
+                    let client_auth = c["client_auth"]["mode"].as_str().unwrap_or("-").to_string();
                     let issuer = c["issuer"].as_str().map_or_else(|| "-".to_string(), str::to_string);
                     vec![
                         name.clone(),
@@ -223,6 +224,7 @@ fn table(value: &Value, view: View) -> Option<String> {
                         issuer,
                         cell(&c["not_after"]),
                         cell(&c["default"]),
+                        client_auth,
                         status,
                         renew,
                         error,
@@ -236,6 +238,7 @@ fn table(value: &Value, view: View) -> Option<String> {
                     "ISSUER",
                     "NOT AFTER (UNIX)",
                     "DEFAULT",
+                    "CLIENT AUTH",
                     "ACME",
                     "RENEW AT (UNIX)",
                     "LAST ERROR",

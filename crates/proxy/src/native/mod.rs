@@ -215,6 +215,7 @@ pub(crate) async fn serve<S: ClientIo>(
                 proxy.finish(&client.seen, Instant::now(), |seen, ended| {
                     let mut line = seen.line(peer.addr, "HTTP/1.1", ended);
                     line.method = "-".into();
+                    line.client_cert = crate::observe::client_cert_subject(&peer);
                     line.bytes_in = client.io.bytes_read() - consumed;
                     line.bytes_out = client.io.bytes_written() - sent;
                     line
@@ -341,6 +342,7 @@ fn log_line(
     line.bytes_out = bytes_out;
     line.user_agent = view.first("user-agent").map(text);
     line.referer = view.first("referer").map(text);
+    line.client_cert = crate::observe::client_cert_subject(peer);
     // The client's id when it was kept; else the generated one (already
     // in the line, from `Seen::fill`), if the request was forwarded.
     if let Some(id) = client_request_id(head, buf) {
@@ -572,6 +574,7 @@ async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Res
         tls: ctx.peer.https,
         stopping: ctx.stopping,
         peer: ctx.peer.addr.ip(),
+        client_cert: ctx.peer.client_cert.as_deref(),
         content_length: match head.body {
             RequestBody::Length(n) => Some(n),
             _ => None,

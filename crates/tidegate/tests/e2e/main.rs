@@ -8,6 +8,7 @@ mod acme;
 mod admin;
 mod autoscale;
 mod balancing;
+mod client_certs;
 mod cluster;
 mod config;
 mod contract;
