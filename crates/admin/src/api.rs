@@ -294,6 +294,9 @@ pub struct Status {
     pub services: BTreeMap<String, ServiceState>,
     /// Certificates that expire within 14 days (or have expired), soonest first.
     pub certificates_expiring: Vec<Expiring>,
+    /// Managed (ACME) certificates by name: where each stands.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub managed_certificates: BTreeMap<String, ManagedState>,
     /// The rule steps each route runs (routes without rules are left
     /// out), in order, with what each did since the route's chain was
     /// compiled.
@@ -303,6 +306,25 @@ pub struct Status {
     /// The instance this one took over (`serve --takeover`, `tidegate
     /// upgrade`), while it drains and after.
     pub predecessor: Option<PredecessorState>,
+}
+
+/// A managed certificate as `/v1/status` shows it.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ManagedState {
+    /// The names it is for.
+    pub hosts: Vec<String>,
+    /// `pending`, `ordering`, `valid`, `renewing` or `failing`.
+    pub status: AcmeStatus,
+    /// The issuer of the certificate served, once one is.
+    pub issuer: Option<String>,
+    /// End of validity of the certificate served (Unix seconds).
+    pub not_after: Option<i64>,
+    /// When its renewal is due (Unix seconds).
+    pub renew_at: Option<i64>,
+    /// Orders placed with the CA.
+    pub orders: u64,
+    /// Why the last order failed, while it is failing.
+    pub last_error: Option<String>,
 }
 
 /// The instance this one took over, as `/v1/status` shows it.

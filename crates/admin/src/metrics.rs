@@ -208,7 +208,35 @@ impl Collector for ConfigCollector {
         let certs = snapshot.certificates().all();
         let help = "End of validity of each TLS certificate (Unix time).";
         let samples = certs.iter().map(|(name, c)| ([("name", name.as_str())], c.not_after));
-        gauge(&mut enc, "tidegate_certificate_not_after_seconds", help, samples)
+        gauge(&mut enc, "tidegate_certificate_not_after_seconds", help, samples)?;
+        // Managed certificates, from the configuration every instance shares.
+        let config = control.config();
+        let managed: Vec<_> =
+            config.state.certificates().iter().filter_map(|(n, c)| c.managed().map(|m| (n.as_str(), m))).collect();
+        let help = "Orders placed with the CA for each managed (ACME) certificate.";
+        counter(
+            &mut enc,
+            "tidegate_acme_orders_total",
+            help,
+            managed.iter().map(|(n, m)| ([("name", *n)], m.state.orders as f64)),
+        )?;
+        let help = "Failed orders in a row of each managed certificate (0 once one is issued).";
+        gauge(
+            &mut enc,
+            "tidegate_acme_failures",
+            help,
+            managed.iter().map(|(n, m)| ([("name", *n)], i64::from(m.state.failures))),
+        )?;
+        let help = "When each managed certificate is due for renewal (Unix time; 0 before its first issuance).";
+        gauge(
+            &mut enc,
+            "tidegate_acme_renew_at_seconds",
+            help,
+            managed.iter().map(|(n, m)| ([("name", *n)], m.state.renew_at)),
+        )?;
+        let help = "1 when a managed certificate serves a certificate for exactly its hosts.";
+        let valid = managed.iter().map(|(n, m)| ([("name", *n)], i64::from(m.covers_hosts())));
+        gauge(&mut enc, "tidegate_acme_valid", help, valid)
     }
 }
 

@@ -7,8 +7,8 @@ use tidegate_balance::{clock, ActiveState};
 use tidegate_snapshot::ServiceRuntime;
 
 use crate::api::{
-    BackendState, Expiring, InstanceState, LoadState, RuleStepState, ServiceState, Sorted, Status, StoreFaultState,
-    StoreState,
+    BackendState, Expiring, InstanceState, LoadState, ManagedState, RuleStepState, ServiceState, Sorted, Status,
+    StoreFaultState, StoreState,
 };
 use crate::AdminState;
 
@@ -126,6 +126,7 @@ pub(crate) async fn get_status(State(state): State<AdminState>) -> Sorted<Status
         routes: snapshot.route_count(),
         services,
         certificates_expiring: expiring(&snapshot, tidegate_model::unix_now()),
+        managed_certificates: managed(&state.control.config().state),
         rules: rule_steps(&snapshot),
         config_file: state.config_file.as_ref().map(|f| f.state()),
         predecessor: state.predecessor.as_ref().and_then(|p| p.state()),
@@ -149,6 +150,31 @@ fn rule_steps(snapshot: &tidegate_snapshot::Snapshot) -> std::collections::BTree
                 })
                 .collect();
             Some((route.name.as_str().to_string(), steps))
+        })
+        .collect()
+}
+
+/// Every managed certificate and where it stands.
+fn managed(config: &tidegate_model::ConfigState) -> std::collections::BTreeMap<String, ManagedState> {
+    let positive = |t: i64| (t > 0).then_some(t);
+    config
+        .certificates()
+        .iter()
+        .filter_map(|(name, spec)| {
+            let m = spec.managed()?;
+            let info = spec.info();
+            Some((
+                name.as_str().to_string(),
+                ManagedState {
+                    hosts: m.acme.hosts().to_vec(),
+                    status: m.status(),
+                    issuer: info.map(|i| i.issuer.clone()),
+                    not_after: info.map(|i| i.not_after),
+                    renew_at: positive(m.state.renew_at),
+                    orders: m.state.orders,
+                    last_error: m.state.last_error.clone().filter(|_| m.state.failures > 0),
+                },
+            ))
         })
         .collect()
 }
