@@ -23,7 +23,7 @@ fn free_port() -> u16 {
 }
 
 /// Pebble and its DNS, killed on drop.
-struct Pebble {
+pub(crate) struct Pebble {
     children: Vec<Child>,
     /// The ACME directory URL.
     directory: String,
@@ -34,6 +34,8 @@ struct Pebble {
     dns_management: SocketAddr,
     /// `https_ca_pem`'s file (for curl).
     https_ca_file: std::path::PathBuf,
+    /// Where Pebble logs every request it handles.
+    log: std::path::PathBuf,
 }
 
 impl Drop for Pebble {
@@ -48,7 +50,7 @@ impl Drop for Pebble {
 impl Pebble {
     /// Starts challtestsrv (answering every name with 127.0.0.1) and Pebble,
     /// validating HTTP-01 at `http_port` and TLS-ALPN-01 at `tls_port`.
-    async fn start(dir: &Path, http_port: u16, tls_port: u16) -> Pebble {
+    pub(crate) async fn start(dir: &Path, http_port: u16, tls_port: u16) -> Pebble {
         // Pebble's own HTTPS: a CA and a certificate for 127.0.0.1.
         let ca_key = rcgen::KeyPair::generate().expect("key");
         let mut ca_params = rcgen::CertificateParams::new(Vec::new()).expect("params");
@@ -87,7 +89,8 @@ impl Pebble {
         let mut pebble = Command::new("pebble");
         pebble.arg("-config").arg(dir.join("pebble.json")).arg("-dnsserver").arg(format!("127.0.0.1:{dns}"));
         pebble.env("PEBBLE_VA_NOSLEEP", "1").env("PEBBLE_WFE_NONCEREJECT", "0").env("PEBBLE_AUTHZREUSE", "0");
-        quiet(&mut pebble);
+        let log = std::fs::File::create(dir.join("pebble.log")).expect("pebble's log");
+        pebble.stdout(log.try_clone().expect("log")).stderr(log);
         let pebble = pebble.spawn().expect("pebble (apt-get install pebble)");
         let p = Pebble {
             children: vec![chall, pebble],
@@ -96,6 +99,7 @@ impl Pebble {
             management: format!("127.0.0.1:{management}").parse().expect("addr"),
             dns_management: format!("127.0.0.1:{dns_management}").parse().expect("addr"),
             https_ca_file: dir.join("pebble-ca.pem"),
+            log: dir.join("pebble.log"),
         };
         for port in [listen, management, dns_management] {
             wait_for("pebble and challtestsrv listen", Duration::from_secs(20), async || {
@@ -106,8 +110,18 @@ impl Pebble {
         p
     }
 
+    /// Orders placed at Pebble so far (its log names each request).
+    pub(crate) fn orders(&self) -> usize {
+        std::fs::read_to_string(&self.log).unwrap_or_default().matches("POST /order-plz").count()
+    }
+
+    /// challtestsrv's management API (DNS records).
+    pub(crate) fn dns_management(&self) -> SocketAddr {
+        self.dns_management
+    }
+
     /// The root Pebble issues from (made at its start).
-    fn root(&self) -> CertificateDer<'static> {
+    pub(crate) fn root(&self) -> CertificateDer<'static> {
         let out = Command::new("curl")
             .args(["-sf", "--cacert"])
             .arg(&self.https_ca_file)
@@ -120,7 +134,7 @@ impl Pebble {
     }
 
     /// An `acme` block for `hosts` with `challenge`.
-    fn acme(&self, hosts: &[&str], challenge: &str) -> Value {
+    pub(crate) fn acme(&self, hosts: &[&str], challenge: &str) -> Value {
         json!({ "hosts": hosts, "directory": self.directory, "challenge": challenge,
             "contact": "mailto:ops@example.com", "directory_ca_pem": self.https_ca_pem })
     }
@@ -128,7 +142,11 @@ impl Pebble {
 
 /// A TLS handshake to `addr` for `sni`, verified against `root`; then a
 /// GET of `/` whose status line is returned.
-async fn get_verified(addr: SocketAddr, sni: &str, root: &CertificateDer<'static>) -> std::io::Result<String> {
+pub(crate) async fn get_verified(
+    addr: SocketAddr,
+    sni: &str,
+    root: &CertificateDer<'static>,
+) -> std::io::Result<String> {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(root.clone()).map_err(std::io::Error::other)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -171,7 +189,7 @@ async fn served_der(tg: &Tidegate, sni: &str, root: &CertificateDer<'static>) ->
 }
 
 /// Polls the certificate's view until its ACME status is `status`.
-async fn acme_status(tg: &Tidegate, name: &str, status: &str) -> Value {
+pub(crate) async fn acme_status(tg: &Tidegate, name: &str, status: &str) -> Value {
     wait_for(&format!("certificate {name} is {status}"), Duration::from_secs(90), async || {
         let (_, v) = tg.api("GET", &format!("/v1/certificates/{name}"), None).await;
         (v["certificate"]["acme"]["status"] == status).then_some(v)
@@ -257,6 +275,7 @@ async fn certificates_are_issued_through_http01_and_tls_alpn01_served_by_sni_and
     );
     let (_, v) = tg.api("GET", "/v1/certificates/shop", None).await;
     assert_eq!(v["certificate"]["acme"]["orders"], 2, "{v}");
+    assert_eq!(pebble.orders(), 3, "Pebble saw the two of shop and the one of alpn");
     assert_eq!(v["certificate"]["acme"]["renewal_requested"], false, "{v}");
     let out = tg.ctl(&["cert", "list", "-o", "table"]);
     let table = String::from_utf8_lossy(&out.stdout);

@@ -1113,3 +1113,78 @@ async fn wait_for_record(etcd: &Etcd, record: impl Fn(&Etcd) -> Option<(i64, i64
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Three instances on one etcd share a managed certificate: one order at
+/// the CA, whichever instance the CA reaches answers its challenge, all
+/// three serve the certificate; and when the instance ordering one dies
+/// mid-order, another completes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_instance_orders_each_managed_certificate_and_another_completes_it_when_it_dies() {
+    use crate::acme::{acme_status, get_verified, Pebble};
+    let etcd = Etcd::start(1);
+    let store = etcd.url(&[0], "tg");
+    let tls = ["--listen-tls", "127.0.0.1:0"];
+    let mut instances: Vec<(Tidegate, tempfile::TempDir)> =
+        ["a", "b", "c"].iter().map(|name| instance(&store, &[&tls[..], &["--instance-name", name]].concat())).collect();
+    let backend = Backend::start("acme-cluster", &[]);
+    let revision = service_with_route(&instances[0].0, &backend).await;
+    for (tg, _) in &instances {
+        converged(tg, revision).await;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The CA validates HTTP-01 through c's plain listener, whichever
+    // instance orders.
+    let c = &instances[2].0;
+    let pebble = Pebble::start(dir.path(), c.proxy.port(), c.proxy_tls.expect("TLS").port()).await;
+    let (s, v) = instances[0]
+        .0
+        .api("PUT", "/v1/certificates/one", Some(json!({ "acme": pebble.acme(&["one.test"], "http-01") })))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let root = pebble.root();
+    for (tg, _) in &instances {
+        let v = acme_status(tg, "one", "valid").await;
+        assert_eq!(v["certificate"]["acme"]["orders"], 1, "{v}");
+        let tls = tg.proxy_tls.expect("TLS");
+        assert_eq!(get_verified(tls, "one.test", &root).await.expect("served"), "HTTP/1.1 200 OK");
+    }
+    assert_eq!(pebble.orders(), 1, "one order at the CA for three instances");
+
+    // DNS-01 through a hook that waits for the test's word: the instance
+    // ordering is killed while its hook runs; another takes the role and
+    // orders again.
+    let hook = dir.path().join("hook");
+    let (pids, release) = (dir.path().join("hook-pids"), dir.path().join("release"));
+    let script = format!(
+        "#!/bin/sh\ncase \"$1\" in\n  set) echo $PPID >> {pids}\n    while [ ! -f {release} ]; do sleep 0.05; done\n    \
+         curl -sf -d \"{{\\\"host\\\":\\\"$2\\\",\\\"value\\\":\\\"$3\\\"}}\" http://{m}/set-txt ;;\n  \
+         clear) curl -sf -d \"{{\\\"host\\\":\\\"$2\\\"}}\" http://{m}/clear-txt ;;\nesac\n",
+        pids = pids.display(),
+        release = release.display(),
+        m = pebble.dns_management()
+    );
+    std::fs::write(&hook, script).expect("hook");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let mut acme = pebble.acme(&["two.test"], "dns-01");
+    acme["dns_hook"] = json!({ "command": [hook] });
+    let (s, v) = instances[0].0.api("PUT", "/v1/certificates/two", Some(json!({ "acme": acme }))).await;
+    assert_eq!(s, 200, "{v}");
+    let read_pids = || -> Vec<u32> {
+        std::fs::read_to_string(&pids).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect()
+    };
+    let first =
+        wait_for("an instance runs the hook", Duration::from_secs(30), async || read_pids().first().copied()).await;
+    let leader = instances.iter().position(|(tg, _)| tg.pid() == first).expect("the hook's parent is an instance");
+    let (killed, _dir) = instances.remove(leader);
+    killed.kill9();
+    std::fs::write(&release, "go").expect("release");
+    for (tg, _) in &instances {
+        acme_status(tg, "two", "valid").await;
+        let tls = tg.proxy_tls.expect("TLS");
+        assert_eq!(get_verified(tls, "two.test", &root).await.expect("served"), "HTTP/1.1 200 OK");
+    }
+    let ran = read_pids();
+    assert!(ran.len() >= 2 && ran[1] != first, "another instance ran the order: {ran:?}");
+    assert!(instances.iter().any(|(tg, _)| tg.pid() == ran[1]), "{ran:?}");
+}
