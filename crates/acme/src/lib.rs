@@ -13,14 +13,19 @@
 //! - [`plan`]: when an order is due (none yet, hosts changed, renewal
 //!   time, a user's request) and the back-off after a failure; pure.
 //! - [`order`]: one order, from the account to the chain.
+//! - [`on_demand`]: certificates for server names nobody configured,
+//!   issued during their first handshake when a template allows them.
 //! - [`spawn`]: the loop that runs them. In cluster mode each managed
 //!   certificate is a role (`acme/NAME`, an etcd lease): one instance
 //!   orders it, and another takes over when that one dies.
 
 mod client;
 mod hook;
+pub mod on_demand;
 pub mod order;
 pub mod plan;
+
+pub use on_demand::OnDemandIssuer;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -40,15 +45,19 @@ fn role(name: &CertName) -> String {
     format!("acme/{name}")
 }
 
-/// Runs the ACME manager until aborted.
-pub fn spawn(control: Control) -> JoinHandle<()> {
+/// Runs the ACME manager until aborted; `wake` makes it look at once
+/// (an on-demand certificate was just asked for).
+pub fn spawn(control: Control, wake: std::sync::Arc<tokio::sync::Notify>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut orders: BTreeMap<CertName, JoinHandle<()>> = BTreeMap::new();
         let mut asked: BTreeSet<CertName> = BTreeSet::new();
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = wake.notified() => {}
+            }
             let config = control.config();
             let managed: BTreeSet<CertName> = config
                 .state

@@ -43,6 +43,10 @@ pub enum Due {
 /// What to do about `m` at `now`. A failure's back-off holds every order
 /// but one a user asked for.
 pub fn due(m: &Managed, now: i64) -> Due {
+    if m.acme.on_demand().is_some() {
+        // A template: the certificates it issues are ordered, not it.
+        return Due::At(i64::MAX);
+    }
     let s = &m.state;
     if s.renew_requested > s.renewed {
         return Due::Now(Why::Requested);

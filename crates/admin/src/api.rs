@@ -152,7 +152,8 @@ pub struct AcmeView<'a> {
     pub directory: &'a str,
     /// `http-01`, `tls-alpn-01` or `dns-01`.
     pub challenge: &'static str,
-    /// `pending`, `ordering`, `valid`, `renewing` or `failing`.
+    /// `pending`, `ordering`, `valid`, `renewing`, `failing`, or
+    /// `on_demand` for a template.
     pub status: AcmeStatus,
     /// When the next renewal is due (Unix seconds), once one is issued.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -172,6 +173,9 @@ pub struct AcmeView<'a> {
     pub retry_at: Option<i64>,
     /// A renewal was asked for (`ctl cert renew`) and is not done yet.
     pub renewal_requested: bool,
+    /// An on-demand template's settings (its `ask` URL and patterns).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub on_demand: Option<&'a tidegate_model::OnDemand>,
 }
 
 impl<'a> AcmeView<'a> {
@@ -191,6 +195,7 @@ impl<'a> AcmeView<'a> {
             last_error: s.last_error.as_deref(),
             retry_at: positive(s.retry_at).filter(|_| s.failures > 0),
             renewal_requested: s.renew_requested > s.renewed,
+            on_demand: m.acme.on_demand(),
         }
     }
 }

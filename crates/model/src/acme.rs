@@ -72,6 +72,49 @@ fn default_hook_timeout() -> u32 {
     60
 }
 
+/// On-demand issuance: a certificate for a server name nobody configured,
+/// obtained during the first handshake that asks for it, when the name is
+/// allowed. Every name issued becomes a managed certificate of its own
+/// (named `TEMPLATE.NAME`), renewed like the others.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OnDemand {
+    /// `http://` URL asked before issuing for a name: `GET URL?domain=NAME`
+    /// answering 200 allows it, anything else (or no answer within 5 s)
+    /// refuses it. Answers are kept 10 minutes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ask: Option<String>,
+    /// Names allowed without asking: `shop.example` or `*.customers.example`
+    /// (one label). With `ask` as well, a name must match a pattern and be
+    /// allowed by the URL.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub patterns: Vec<String>,
+    /// Most certificates this template may issue (1..=100000, default
+    /// 1000).
+    #[serde(default = "default_on_demand_max")]
+    pub max_certificates: u32,
+}
+
+fn default_on_demand_max() -> u32 {
+    1000
+}
+
+impl OnDemand {
+    /// Whether `name` (lowercase, no trailing dot) matches a pattern (true
+    /// when there are none: then the `ask` URL alone decides).
+    pub fn matches(&self, name: &str) -> bool {
+        self.patterns.is_empty()
+            || self.patterns.iter().any(|p| match p.strip_prefix('*') {
+                Some(suffix) => {
+                    name.len() > suffix.len()
+                        && name.ends_with(suffix)
+                        && !name[..name.len() - suffix.len()].contains('.')
+                }
+                None => p == name,
+            })
+    }
+}
+
 /// The `acme` block of a managed certificate (`PUT
 /// /v1/certificates/{name}` with `{"acme": {...}}`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -117,6 +160,10 @@ struct AcmeWire {
     /// With `dns-01`: the command that sets and removes the TXT record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     dns_hook: Option<DnsHook>,
+    /// Issue for server names during their first handshake (a template:
+    /// `hosts` stays empty). See docs/tls.md, "On-demand TLS".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    on_demand: Option<OnDemand>,
 }
 
 fn default_renew_after() -> f64 {
@@ -161,6 +208,18 @@ impl AcmeSpec {
     pub fn dns_hook(&self) -> Option<&DnsHook> {
         self.wire.dns_hook.as_ref()
     }
+
+    /// The on-demand settings of a template.
+    pub fn on_demand(&self) -> Option<&OnDemand> {
+        self.wire.on_demand.as_ref()
+    }
+
+    /// The `acme` block of the certificate a template issues for `host`:
+    /// the template's, for that host alone.
+    pub fn for_host(&self, host: &str) -> Result<AcmeSpec, Invalid> {
+        let wire = AcmeWire { hosts: vec![host.to_string()], on_demand: None, ..self.wire.clone() };
+        AcmeSpec::try_from(wire)
+    }
 }
 
 impl From<AcmeSpec> for AcmeWire {
@@ -173,8 +232,19 @@ impl TryFrom<AcmeWire> for AcmeSpec {
     type Error = Invalid;
 
     fn try_from(mut w: AcmeWire) -> Result<Self, Invalid> {
-        if w.hosts.is_empty() || w.hosts.len() > MAX_HOSTS {
-            return Err(Invalid::range("hosts", format!("1..={MAX_HOSTS} names"), w.hosts.len()));
+        match &w.on_demand {
+            Some(_) if !w.hosts.is_empty() => {
+                return Err(Invalid::conflict(
+                    "hosts",
+                    "on_demand",
+                    "an on-demand template names no hosts: each name comes from a handshake",
+                ))
+            }
+            Some(od) => check_on_demand(od, w.challenge)?,
+            None if w.hosts.is_empty() || w.hosts.len() > MAX_HOSTS => {
+                return Err(Invalid::range("hosts", format!("1..={MAX_HOSTS} names"), w.hosts.len()));
+            }
+            None => {}
         }
         for (i, h) in w.hosts.iter_mut().enumerate() {
             *h = h.to_ascii_lowercase();
@@ -274,6 +344,43 @@ fn check_host(field: &str, h: &str, kind: ChallengeKind) -> Result<(), Invalid> 
     Ok(())
 }
 
+fn check_on_demand(od: &OnDemand, kind: ChallengeKind) -> Result<(), Invalid> {
+    if od.ask.is_none() && od.patterns.is_empty() {
+        return Err(Invalid::rule(
+            "on_demand",
+            "give an ask URL or patterns (or both): issuing for any name a client sends would let anyone \
+             exhaust the CA's rate limits",
+        ));
+    }
+    if let Some(ask) = &od.ask {
+        let ok = ask.parse::<http::Uri>().is_ok_and(|u| u.scheme_str() == Some("http") && u.authority().is_some());
+        if !ok || ask.contains('?') {
+            return Err(Invalid::malformed(
+                "on_demand.ask",
+                format!("{ask:?}"),
+                "is not an http://host[:port]/path URL without a query (Tidegate adds ?domain=NAME)",
+            ));
+        }
+    }
+    for (i, p) in od.patterns.iter().enumerate() {
+        if p != &p.to_ascii_lowercase() {
+            return Err(Invalid::malformed(format!("on_demand.patterns[{i}]"), format!("{p:?}"), "is not lowercase"));
+        }
+        check_host(&format!("on_demand.patterns[{i}]"), p, ChallengeKind::Dns01)?;
+    }
+    if !(1..=100_000).contains(&od.max_certificates) {
+        return Err(Invalid::range("on_demand.max_certificates", "1..=100000", od.max_certificates));
+    }
+    if kind == ChallengeKind::Dns01 {
+        return Err(Invalid::conflict(
+            "on_demand",
+            "challenge",
+            "on-demand certificates are validated during a handshake: use http-01 or tls-alpn-01",
+        ));
+    }
+    Ok(())
+}
+
 fn check_hook(hook: &DnsHook) -> Result<(), Invalid> {
     match hook.command.first() {
         None => return Err(Invalid::rule("dns_hook.command", "must name a program")),
@@ -309,6 +416,9 @@ pub enum AcmeStatus {
     /// The last order failed; another follows after `retry_at`. A
     /// certificate issued before, if any, is still served.
     Failing,
+    /// An on-demand template: it issues certificates of its own for the
+    /// names handshakes ask for.
+    OnDemand,
 }
 
 impl crate::certificate::Managed {
@@ -323,6 +433,9 @@ impl crate::certificate::Managed {
 
     /// Where it stands.
     pub fn status(&self) -> AcmeStatus {
+        if self.acme.on_demand().is_some() {
+            return AcmeStatus::OnDemand;
+        }
         let s = &self.state;
         match (s.ordering_since > 0, s.issued.is_some(), s.failures > 0) {
             (true, true, _) => AcmeStatus::Renewing,
@@ -661,6 +774,51 @@ mod tests {
             "challenge": "dns-01", "dns_hook": {"command": ["/usr/local/bin/dns", "zone1"], "wait_s": 5}}))
         .unwrap();
         assert_eq!(wild.dns_hook().unwrap().timeout_s, 60);
+    }
+
+    #[test]
+    fn on_demand_templates_are_checked_and_match_their_patterns() {
+        let template = |od: serde_json::Value, hosts: serde_json::Value, challenge: &str| {
+            spec(serde_json::json!({"hosts": hosts, "directory": DIR, "challenge": challenge, "on_demand": od}))
+        };
+        let ok = template(
+            serde_json::json!({"patterns": ["*.customers.example", "shop.example"]}),
+            serde_json::json!([]),
+            "tls-alpn-01",
+        )
+        .unwrap();
+        let od = ok.on_demand().unwrap();
+        assert_eq!(od.max_certificates, 1000);
+        assert!(od.matches("a.customers.example") && od.matches("shop.example"));
+        assert!(!od.matches("a.b.customers.example") && !od.matches("customers.example") && !od.matches("x.example"));
+        let child = ok.for_host("a.customers.example").unwrap();
+        assert_eq!((child.hosts(), child.on_demand()), (&["a.customers.example".to_string()][..], None));
+        let cases = [
+            (serde_json::json!({"patterns": ["a.example"]}), serde_json::json!(["a.example"]), "http-01", "hosts"),
+            (serde_json::json!({}), serde_json::json!([]), "http-01", "on_demand"),
+            (serde_json::json!({"ask": "https://x/ok"}), serde_json::json!([]), "http-01", "on_demand.ask"),
+            (serde_json::json!({"ask": "http://x/ok?a=1"}), serde_json::json!([]), "http-01", "on_demand.ask"),
+            (
+                serde_json::json!({"patterns": ["*.a.b.example", "A.example"]}),
+                serde_json::json!([]),
+                "http-01",
+                "on_demand.patterns[1]",
+            ),
+            (
+                serde_json::json!({"ask": "http://x/ok", "max_certificates": 0}),
+                serde_json::json!([]),
+                "http-01",
+                "on_demand.max_certificates",
+            ),
+        ];
+        for (od, hosts, challenge, field) in cases {
+            let e = template(od.clone(), hosts, challenge).unwrap_err();
+            assert_eq!(e.field, field, "{od}: {e}");
+        }
+        let e = spec(serde_json::json!({"hosts": [], "directory": DIR, "challenge": "dns-01",
+            "dns_hook": {"command": ["/bin/true"]}, "on_demand": {"ask": "http://x/ok"}}))
+        .unwrap_err();
+        assert_eq!(e.field, "on_demand", "{e}");
     }
 
     #[test]

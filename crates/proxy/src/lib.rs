@@ -64,4 +64,4 @@ pub use server::{
 /// against the same rules).
 pub use tidegate_model::normalize;
 pub use tidegate_static::never_serve;
-pub use tls::VerifiedClient;
+pub use tls::{OnDemandTls, VerifiedClient};

@@ -63,6 +63,9 @@ pub struct ServerOptions {
     pub health_path: Option<String>,
     /// Where a line per request goes, if anywhere.
     pub access_log: Option<Arc<crate::AccessLog>>,
+    /// Certificates issued during the handshake for names nobody
+    /// configured (on-demand TLS), when the binary gives it.
+    pub on_demand: Option<Arc<dyn crate::tls::OnDemandTls>>,
 }
 
 /// Listening sockets made elsewhere for the data plane to serve on: the
@@ -277,7 +280,7 @@ pub fn serve_on(
         ));
     }
     let acceptor = match tls_addr {
-        Some(_) => Some(Arc::new(crate::tls::TlsFront::new(snapshots.clone())?)),
+        Some(_) => Some(Arc::new(crate::tls::TlsFront::new(snapshots.clone(), opts.on_demand.clone())?)),
         None => None,
     };
     let https_port = tls_addr.map(|a| a.port());
@@ -525,6 +528,7 @@ mod tests {
             drain_timeout: Duration::from_secs(1),
             health_path: Some("/healthz".into()),
             access_log: None,
+            on_demand: None,
         };
         let handle = serve_on(opts, Listeners { plain, tls: Vec::new() }, snapshots, Arc::new(ProxyMetrics::default()))
             .expect("serves");

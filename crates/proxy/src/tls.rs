@@ -72,9 +72,22 @@ struct Chosen {
     client_auth: Option<Arc<ClientAuth>>,
 }
 
+/// Certificates issued during a handshake for a server name nobody
+/// configured (on-demand TLS): the binary gives the data plane the ACME
+/// manager's side of it.
+pub trait OnDemandTls: Send + Sync + std::fmt::Debug {
+    /// Obtains a certificate for `name` (lowercase, no trailing dot) if its
+    /// templates allow it; resolves once one is in the live snapshot
+    /// (true), or when the name is refused or the time bounded by the
+    /// implementation runs out (false).
+    fn obtain(&self, name: String) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>;
+}
+
 /// The TLS listener's handshakes: shared by every worker.
 pub(crate) struct TlsFront {
     snapshots: Arc<ArcSwap<Snapshot>>,
+    /// On-demand issuance, when the binary gives it.
+    on_demand: Option<Arc<dyn OnDemandTls>>,
     /// The configuration of handshakes that ask for no client certificate.
     plain: Arc<rustls::ServerConfig>,
     /// The configurations that verify client certificates, by setting
@@ -89,9 +102,12 @@ type Setting = [u8; 32];
 
 impl TlsFront {
     /// The TLS front of the listener, on the live snapshot.
-    pub(crate) fn new(snapshots: Arc<ArcSwap<Snapshot>>) -> std::io::Result<TlsFront> {
+    pub(crate) fn new(
+        snapshots: Arc<ArcSwap<Snapshot>>,
+        on_demand: Option<Arc<dyn OnDemandTls>>,
+    ) -> std::io::Result<TlsFront> {
         let plain = server_config(&snapshots, None)?;
-        Ok(TlsFront { snapshots, plain, verifying: Mutex::new(HashMap::new()) })
+        Ok(TlsFront { snapshots, on_demand, plain, verifying: Mutex::new(HashMap::new()) })
     }
 
     /// Runs the handshake of a client connection: reads its hello, chooses
@@ -105,6 +121,20 @@ impl TlsFront {
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     {
         let start = tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io).await?;
+        if let Some(on_demand) = &self.on_demand {
+            // A name no certificate serves, with an on-demand template:
+            // the handshake waits for the certificate (bounded), an ACME
+            // validation (acme-tls/1) never does.
+            let hello = start.client_hello();
+            let validation = hello.alpn().is_some_and(|mut offered| offered.any(|p| p == ACME_TLS_ALPN));
+            let wanted = hello
+                .server_name()
+                .filter(|name| !validation && self.snapshots.load().certificates().wants_on_demand(name))
+                .map(|name| name.trim_end_matches('.').to_ascii_lowercase());
+            if let Some(name) = wanted {
+                on_demand.obtain(name).await;
+            }
+        }
         let chosen = self.choose(&start.client_hello())?;
         let stream = start.into_stream(chosen.config).await?;
         let verified = match (chosen.client_auth, stream.get_ref().1.peer_certificates()) {
@@ -258,7 +288,7 @@ mod tests {
     async fn client_certificates_are_verified_by_a_configuration_kept_per_setting() {
         let (server, trusted, other) = (ca("Server CA"), ca("Clients A"), ca("Clients B"));
         let snapshots = Arc::new(ArcSwap::from_pointee(snapshot(&server, Some(&trusted.0))));
-        let front = TlsFront::new(snapshots.clone()).unwrap();
+        let front = TlsFront::new(snapshots.clone(), None).unwrap();
         let client_key = rcgen::KeyPair::generate().unwrap();
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         params.distinguished_name.push(rcgen::DnType::CommonName, "alice");

@@ -34,6 +34,8 @@ pub struct Certificates {
     tls_alpn01: HashMap<String, Arc<CertifiedKey>>,
     /// Managed certificates, issued or not.
     managed: usize,
+    /// Whether some managed certificate is an on-demand template.
+    on_demand: bool,
 }
 
 impl Certificates {
@@ -46,6 +48,7 @@ impl Certificates {
         for (name, spec) in state.certificates() {
             if let Some(managed) = spec.managed() {
                 c.managed += 1;
+                c.on_demand |= managed.acme.on_demand().is_some();
                 for answer in &managed.state.challenges {
                     match answer {
                         ChallengeAnswer::Http01 { token, key_authorization } => {
@@ -115,23 +118,29 @@ impl Certificates {
     /// What a client that asked for `sni` (or for none) is served: the
     /// certificate [`Certificates::resolve`] picks, with its `client_auth`.
     pub fn select(&self, sni: Option<&str>) -> Option<&Served> {
-        if let Some(name) = sni {
-            let name = name.strip_suffix('.').unwrap_or(name);
-            let lower;
-            let name = if name.bytes().any(|b| b.is_ascii_uppercase()) {
-                lower = name.to_ascii_lowercase();
-                lower.as_str()
-            } else {
-                name
-            };
-            if let Some(k) = self.exact.get(name) {
-                return Some(k);
-            }
-            if let Some(k) = name.find('.').and_then(|dot| self.wildcard.get(&name[dot..])) {
-                return Some(k);
-            }
-        }
-        self.default.as_ref()
+        sni.and_then(|name| self.named(name)).or(self.default.as_ref())
+    }
+
+    /// The certificate that serves `name` by name (exact, then wildcard),
+    /// not the default.
+    fn named(&self, name: &str) -> Option<&Served> {
+        let name = name.strip_suffix('.').unwrap_or(name);
+        let lower;
+        let name = if name.bytes().any(|b| b.is_ascii_uppercase()) {
+            lower = name.to_ascii_lowercase();
+            lower.as_str()
+        } else {
+            name
+        };
+        self.exact.get(name).or_else(|| name.find('.').and_then(|dot| self.wildcard.get(&name[dot..])))
+    }
+
+    /// Whether a handshake for `sni` may get a certificate issued on demand:
+    /// an on-demand template exists and no certificate serves the name
+    /// (the default aside). The templates' own rules (patterns, the ask
+    /// URL, limits) are the ACME manager's to apply.
+    pub fn wants_on_demand(&self, sni: &str) -> bool {
+        self.on_demand && self.named(sni).is_none()
     }
 
     /// The `client_auth` of every certificate the index serves (repeated:

@@ -136,6 +136,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         (None, activated) => activated,
     };
     let sockets = crate::takeover::Sockets::default();
+    // The ACME manager's wake-up, shared with on-demand issuance.
+    let acme_wake = Arc::new(tokio::sync::Notify::new());
+    let on_demand = tidegate_acme::OnDemandIssuer::new(control.clone(), acme_wake.clone());
     let options = ServerOptions {
         listen: match (args.listen, args.listen_tls) {
             (None, None) => Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
@@ -155,6 +158,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         drain_timeout: Duration::from_secs(args.drain_timeout_s),
         health_path: args.health_path.clone(),
         access_log: access_log.clone(),
+        on_demand: Some(Arc::new(OnDemand(Arc::new(on_demand)))),
     };
     let proxy = match received.as_mut().filter(|r| !r.plain.is_empty() || !r.tls.is_empty()) {
         Some(r) => {
@@ -177,7 +181,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 
     let events = Arc::new(tidegate_autoscale::Events::default());
     let scaling = tidegate_autoscale::StatusBoard::default();
-    let background = Background::start(&control, events.clone(), args.data_dir.join("instances"), scaling.clone())?;
+    let background =
+        Background::start(&control, events.clone(), args.data_dir.join("instances"), scaling.clone(), acme_wake)?;
 
     // The admin API and the writer's submitters share one small runtime,
     // apart from the data plane, so configuration stays responsive under load.
@@ -364,9 +369,21 @@ fn recall(control: &Control, memory: &tidegate_snapshot::Memory) {
     );
 }
 
+/// On-demand TLS for the data plane: the ACME manager's issuer behind the
+/// proxy's trait (the proxy does not depend on the ACME crate).
+#[derive(Debug)]
+struct OnDemand(Arc<tidegate_acme::OnDemandIssuer>);
+
+impl tidegate_proxy::OnDemandTls for OnDemand {
+    fn obtain(&self, name: String) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>> {
+        let issuer = self.0.clone();
+        Box::pin(async move { issuer.obtain(name).await })
+    }
+}
+
 /// The background work that follows the configuration: active health
-/// probes, load sources, the refresh of policies' dynamic weights, and the
-/// autoscaler. It runs on a runtime and a thread of its own, never on the
+/// probes, load sources, the refresh of policies' dynamic weights, the
+/// autoscaler and the ACME manager. It runs on a runtime and a thread of its own, never on the
 /// admin API's: after a change, its passes over every service take about
 /// 0.5-0.8 ms each with 10,000 services, and on a shared runtime every
 /// admin answer ready meanwhile waited for them (docs/benchmarks.md,
@@ -382,6 +399,7 @@ impl Background {
         events: Arc<tidegate_autoscale::Events>,
         instances: std::path::PathBuf,
         scaling: tidegate_autoscale::StatusBoard,
+        acme_wake: Arc<tokio::sync::Notify>,
     ) -> anyhow::Result<Background> {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         {
@@ -390,7 +408,7 @@ impl Background {
             tidegate_health::spawn(control.snapshots(), control.snapshot_changes());
             tidegate_sources::spawn(control.snapshots(), control.snapshot_changes());
             tidegate_autoscale::spawn(control.clone(), events, instances, scaling);
-            tidegate_acme::spawn(control.clone());
+            tidegate_acme::spawn(control.clone(), acme_wake);
         }
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new()

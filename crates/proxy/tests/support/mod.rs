@@ -68,6 +68,7 @@ impl Proxy {
             drain_timeout: Duration::from_secs(2),
             health_path: None,
             access_log: None,
+            on_demand: None,
         };
         let handle = serve(opts, snapshots, Arc::new(ProxyMetrics::default())).expect("the data plane starts");
         let addr = handle.local_addr().expect("a plain listener");

@@ -147,6 +147,16 @@ pub(crate) async fn get_verified(
     sni: &str,
     root: &CertificateDer<'static>,
 ) -> std::io::Result<String> {
+    get_verified_within(addr, sni, root, Duration::from_secs(5)).await
+}
+
+/// [`get_verified`] with a handshake that may take `within`.
+async fn get_verified_within(
+    addr: SocketAddr,
+    sni: &str,
+    root: &CertificateDer<'static>,
+    within: Duration,
+) -> std::io::Result<String> {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(root.clone()).map_err(std::io::Error::other)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -158,7 +168,7 @@ pub(crate) async fn get_verified(
     let tcp = TcpStream::connect(addr).await?;
     let name = ServerName::try_from(sni.to_string()).map_err(std::io::Error::other)?;
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let mut tls = tokio::time::timeout(Duration::from_secs(5), connector.connect(name, tcp))
+    let mut tls = tokio::time::timeout(within, connector.connect(name, tcp))
         .await
         .map_err(|_| std::io::Error::other("handshake timed out"))??;
     let req = format!("GET / HTTP/1.1\r\nhost: {sni}\r\nconnection: close\r\n\r\n");
@@ -348,4 +358,112 @@ async fn a_wildcard_is_issued_through_dns01_with_a_hook() {
     let (s, v) =
         tg.api("PUT", "/v1/certificates/w2", Some(json!({ "acme": pebble.acme(&["*.other.test"], "http-01") }))).await;
     assert_eq!((s, v["error"]["field"].as_str()), (400, Some("spec.acme.hosts[0]")), "{v}");
+}
+
+/// An `ask` endpoint: 200 for names starting with `allowed`, 403 for any
+/// other; counts the questions per name.
+async fn ask_server() -> (SocketAddr, Arc<std::sync::Mutex<std::collections::HashMap<String, u32>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let seen = Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
+    let counts = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let counts = counts.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 2048];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let text = String::from_utf8_lossy(&head).to_string();
+                let domain = text.split_once("domain=").map_or("", |(_, r)| r.split([' ', '&']).next().unwrap_or(""));
+                *counts.lock().expect("counts").entry(domain.to_string()).or_insert(0) += 1;
+                let status = if domain.starts_with("allowed") { "200 OK" } else { "403 Forbidden" };
+                let answer = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+                let _ = conn.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    (addr, seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_demand_issues_for_an_allowed_name_in_its_first_handshake_and_a_flood_of_refused_names_orders_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start_with(&dir.path().join("tg"), &["--listen-tls", "127.0.0.1:0"]);
+    let tls = tg.proxy_tls.expect("a TLS listener");
+    let b = Backend::start("acme-backend", &[]);
+    route_to(&tg, "web", &[&b], "round_robin").await;
+    let pebble = Pebble::start(dir.path(), tg.proxy.port(), tls.port()).await;
+    let (ask, asked) = ask_server().await;
+    let mut acme = pebble.acme(&[], "tls-alpn-01");
+    acme["on_demand"] = json!({ "ask": format!("http://{ask}/check") });
+    let (s, v) = tg.api("PUT", "/v1/certificates/customers", Some(json!({ "acme": acme }))).await;
+    assert_eq!(s, 200, "{v}");
+    let (_, v) = tg.api("GET", "/v1/certificates/customers", None).await;
+    assert_eq!(v["certificate"]["acme"]["status"], "on_demand", "{v}");
+
+    // A flood of made-up names the ask endpoint refuses, while a normal
+    // client keeps being served: no order, one question per name.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let normal = {
+        let (stop, ok, failed, url) = (stop.clone(), ok.clone(), failed.clone(), tg.url("/"));
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                match try_send("GET", &url, None, Vec::new(), &[]).await {
+                    Ok(r) if r.status == 200 => ok.fetch_add(1, Ordering::Relaxed),
+                    _ => failed.fetch_add(1, Ordering::Relaxed),
+                };
+            }
+        })
+    };
+    let root = pebble.root();
+    let mut flood = Vec::new();
+    for worker in 0..20 {
+        let root = root.clone();
+        flood.push(tokio::spawn(async move {
+            let mut refused = 0;
+            for i in 0..50 {
+                let name = format!("r{worker}x{i}.test");
+                if get_verified(tls, &name, &root).await.is_err() {
+                    refused += 1;
+                }
+            }
+            refused
+        }));
+    }
+    let mut refused = 0;
+    for f in flood {
+        refused += f.await.unwrap();
+    }
+    assert_eq!(refused, 1000, "no handshake for a refused name succeeds");
+    // The same names again: answered from the kept answers.
+    for i in 0..20 {
+        assert!(get_verified(tls, &format!("r0x{i}.test"), &root).await.is_err());
+    }
+    stop.store(true, Ordering::Relaxed);
+    normal.await.unwrap();
+    assert_eq!(failed.load(Ordering::Relaxed), 0, "the normal client failed ({} served)", ok.load(Ordering::Relaxed));
+    {
+        let asked = asked.lock().unwrap();
+        assert_eq!(asked.len(), 1000, "every name was asked about");
+        assert!(asked.values().all(|n| *n == 1), "a name asked about twice: {:?}", asked.iter().find(|(_, n)| **n > 1));
+    }
+    assert_eq!(pebble.orders(), 0, "a refused name costs no order");
+    let (_, v) = tg.api("GET", "/v1/certificates", None).await;
+    assert_eq!(v["certificates"].as_object().map(|c| c.len()), Some(1), "{v}");
+
+    // An allowed name: its first handshake completes with a valid certificate.
+    let line =
+        get_verified_within(tls, "allowed1.test", &root, Duration::from_secs(30)).await.expect("issued on demand");
+    assert_eq!(line, "HTTP/1.1 200 OK");
+    assert_eq!(pebble.orders(), 1);
+    let v = acme_status(&tg, "customers.allowed1.test", "valid").await;
+    assert_eq!(v["certificate"]["names"], json!(["allowed1.test"]), "{v}");
+    assert_eq!(asked.lock().unwrap().get("allowed1.test"), Some(&1));
 }
