@@ -14,7 +14,12 @@
 #              `protocol: http2`, HAProxy `proto h2` (nginx proxies HTTP/2
 #              only for gRPC, so it sits this one out; ratios are then to
 #              HAProxy)
-# and, for Tidegate alone, certificate churn: PUTS certificate replacements
+# In handshake mode a second Tidegate, `tidegate_acme`, serves a managed
+# certificate instead: issued at the start by Pebble (Debian's `pebble`,
+# Let's Encrypt's test CA, through TLS-ALPN-01 on loopback), the same key
+# type (ECDSA P-256), so the two show what a managed certificate costs a
+# handshake against an uploaded one (skipped without pebble).
+# And, for Tidegate alone, certificate churn: PUTS certificate replacements
 # through the API (two certificates for the same name, alternated), each
 # followed by a new verifying handshake that must be served the one just
 # put; the API's answer time (p50, p99) and how many handshakes saw it.
@@ -56,6 +61,8 @@ trap cleanup EXIT
 B1=$((PORT_BASE + 1)) B2=$((PORT_BASE + 2)) P_NGINX=$((PORT_BASE + 80)) P_HAPROXY=$((PORT_BASE + 81))
 P_TG=$((PORT_BASE + 82)) U_NGINX=$((PORT_BASE + 83)) U_HAPROXY=$((PORT_BASE + 84)) U_TG=$((PORT_BASE + 85))
 A_TG=$((PORT_BASE + 90))
+P_TGM=$((PORT_BASE + 86)) A_TGM=$((PORT_BASE + 91)) P_PEBBLE=$((PORT_BASE + 92)) M_PEBBLE=$((PORT_BASE + 93))
+D_CHALL=$((PORT_BASE + 94)) M_CHALL=$((PORT_BASE + 95))
 # The front door's certificate, and the HTTPS backend's from a private CA
 # the proxies trust.
 . bench/lib/certs.sh
@@ -143,7 +150,42 @@ print(json.dumps({"ops": [
 PY
 curl -sf -XPOST -H "Authorization: Bearer $TOKEN" "127.0.0.1:$A_TG/v1/changes" --data-binary @"$WORK/changes.json" >/dev/null
 sleep 0.5
-for p in $P_NGINX $P_HAPROXY $P_TG; do
+# The managed certificate's Tidegate and its CA.
+ACME=""
+if command -v pebble >/dev/null && [[ " $MODES " == *" handshake "* ]]; then
+  # Pebble's own HTTPS, signed by the private CA make_certs made.
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=pebble" \
+    -keyout "$WORK/pebble.key" -out "$WORK/pebble.csr" 2>/dev/null
+  printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' > "$WORK/pebble.ext"
+  openssl x509 -req -in "$WORK/pebble.csr" -CA "$WORK/ca.pem" -CAkey "$WORK/ca.key" -CAcreateserial -days 2 \
+    -extfile "$WORK/pebble.ext" -out "$WORK/pebble.pem" 2>/dev/null
+  printf '{"pebble": {"listenAddress": "127.0.0.1:%s", "managementListenAddress": "127.0.0.1:%s", "certificate": "%s", "privateKey": "%s", "httpPort": 1, "tlsPort": %s, "ocspResponderURL": "", "externalAccountBindingRequired": false}}' \
+    "$P_PEBBLE" "$M_PEBBLE" "$WORK/pebble.pem" "$WORK/pebble.key" "$P_TGM" > "$WORK/pebble.json"
+  pebble-challtestsrv -defaultIPv4 127.0.0.1 -defaultIPv6 "" -http01 "" -https01 "" -tlsalpn01 "" \
+    -dns01 127.0.0.1:$D_CHALL -management 127.0.0.1:$M_CHALL >/dev/null 2>&1 & PIDS+=($!)
+  PEBBLE_VA_NOSLEEP=1 PEBBLE_WFE_NONCEREJECT=0 pebble -config "$WORK/pebble.json" -dnsserver 127.0.0.1:$D_CHALL \
+    >"$WORK/pebble.out" 2>&1 & PIDS+=($!)
+  TIDEGATE_ADMIN_TOKEN=$TOKEN TIDEGATE_LOG=warn "$TG" serve --listen-tls 127.0.0.1:$P_TGM --admin 127.0.0.1:$A_TGM \
+    --data-dir "$WORK/tgm" --workers "$WORKERS" > "$WORK/tgm.out" & PID_TGM=$!; PIDS+=($PID_TGM)
+  for _ in $(seq 100); do grep -q ready "$WORK/tgm.out" 2>/dev/null && grep -q "Listening" "$WORK/pebble.out" 2>/dev/null && break; sleep 0.1; done
+  python3 - "$WORK" "$B1" "$P_PEBBLE" > "$WORK/managed.json" <<'PY'
+import json, sys
+work, b1, pebble = sys.argv[1], sys.argv[2], sys.argv[3]
+acme = {"hosts": ["bench.example"], "directory": f"https://127.0.0.1:{pebble}/dir", "challenge": "tls-alpn-01",
+        "directory_ca_pem": open(f"{work}/ca.pem").read()}
+print(json.dumps({"ops": [
+    {"op": "put_service", "name": "app", "spec": {"backends": [{"id": "b1", "addr": f"127.0.0.1:{b1}"}]}},
+    {"op": "put_route", "name": "app", "spec": {"match": {"path_prefix": "/"}, "service": "app"}},
+    {"op": "put_certificate", "name": "bench", "spec": {"acme": acme, "default": True}}]}))
+PY
+  curl -sf -XPOST -H "Authorization: Bearer $TOKEN" "127.0.0.1:$A_TGM/v1/changes" --data-binary @"$WORK/managed.json" >/dev/null
+  for _ in $(seq 300); do
+    curl -sf -H "Authorization: Bearer $TOKEN" "127.0.0.1:$A_TGM/v1/certificates/bench" | grep -q '"status":"valid"' && ACME=1 && break
+    sleep 0.1
+  done
+  [ -n "$ACME" ] || { echo "the managed certificate was not issued" >&2; curl -s -H "Authorization: Bearer $TOKEN" "127.0.0.1:$A_TGM/v1/certificates/bench" >&2; exit 1; }
+fi
+for p in $P_NGINX $P_HAPROXY $P_TG ${ACME:+$P_TGM}; do
   curl -sfk --http1.1 "https://127.0.0.1:$p/" >/dev/null || { echo "TLS server on $p not answering" >&2; exit 1; }
 done
 for p in $U_NGINX $U_HAPROXY $U_TG; do
@@ -205,6 +247,7 @@ PY
 for mode in $MODES; do
   peers=(tidegate nginx haproxy)
   [ "$mode" = up_h2 ] && peers=(tidegate haproxy)
+  [ "$mode" = handshake ] && [ -n "$ACME" ] && peers=(tidegate tidegate_acme nginx haproxy)
   for r in $(seq "$REPS"); do
     k=$(( (r - 1) % ${#peers[@]} ))
     for name in "${peers[@]:$k}" "${peers[@]:0:$k}"; do
@@ -212,6 +255,7 @@ for mode in $MODES; do
         tidegate:up_*) run tidegate $U_TG "$mode" "$r" $PID_TG;;
         nginx:up_*) run nginx $U_NGINX "$mode" "$r" $PID_NGINX;;
         haproxy:up_*) run haproxy $U_HAPROXY "$mode" "$r" $PID_HAPROXY;;
+        tidegate_acme:*) run tidegate_acme $P_TGM "$mode" "$r" $PID_TGM;;
         tidegate:*) run tidegate $P_TG "$mode" "$r" $PID_TG;;
         nginx:*) run nginx $P_NGINX "$mode" "$r" $PID_NGINX;;
         haproxy:*) run haproxy $P_HAPROXY "$mode" "$r" $PID_HAPROXY;;
@@ -259,11 +303,11 @@ med = lambda v, k: statistics.median(x.get(k) or 0 for x in v)
 for mode in ("handshake", "h1", "h2", "up_h1", "up_h2"):
     peer = "nginx" if (mode, "nginx") in rows else "haproxy"
     base = med(rows.get((mode, peer), [{}]), "rps") or float("nan")
-    for name in ("tidegate", "nginx", "haproxy"):
+    for name in ("tidegate", "tidegate_acme", "nginx", "haproxy"):
         v = rows.get((mode, name))
         if not v: continue
         rps = med(v, "rps")
-        print(f"{mode:9} {name:9} {rps:9.0f} req/s ({rps/base:4.2f}x {peer})  p99 {med(v, 'p99_ms'):7.2f} ms"
+        print(f"{mode:9} {name:13} {rps:9.0f} req/s ({rps/base:4.2f}x {peer})  p99 {med(v, 'p99_ms'):7.2f} ms"
               f"  cpu {med(v, 'cpu_us_per_req'):6.1f} us/req  errors {sum(x['errors'] for x in v)}")
 for c in rows.get(("cert_put", "tidegate"), []):
     print(f"cert_put  tidegate  {c['puts']} PUTs: answer p50 {c['answer_p50_ms']} ms, p99 {c['answer_p99_ms']} ms;"
