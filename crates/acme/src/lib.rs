@@ -27,10 +27,10 @@ pub mod plan;
 
 pub use on_demand::OnDemandIssuer;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tidegate_control::Control;
+use tidegate_control::{Campaigns, Control};
 use tidegate_model::{unix_now, CertName};
 use tokio::task::JoinHandle;
 
@@ -50,7 +50,7 @@ fn role(name: &CertName) -> String {
 pub fn spawn(control: Control, wake: std::sync::Arc<tokio::sync::Notify>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut orders: BTreeMap<CertName, JoinHandle<()>> = BTreeMap::new();
-        let mut asked: BTreeSet<CertName> = BTreeSet::new();
+        let mut campaigns = Campaigns::new(role);
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -59,25 +59,8 @@ pub fn spawn(control: Control, wake: std::sync::Arc<tokio::sync::Notify>) -> Joi
                 _ = wake.notified() => {}
             }
             let config = control.config();
-            let managed: BTreeSet<CertName> = config
-                .state
-                .certificates()
-                .iter()
-                .filter(|(_, c)| c.managed().is_some())
-                .map(|(n, _)| n.clone())
-                .collect();
-            for name in &managed {
-                if asked.insert(name.clone()) {
-                    control.campaign(&role(name));
-                }
-            }
-            asked.retain(|name| {
-                let keep = managed.contains(name);
-                if !keep {
-                    control.resign(&role(name));
-                }
-                keep
-            });
+            let managed = config.state.certificates().iter().filter(|(_, c)| c.managed().is_some()).map(|(n, _)| n);
+            campaigns.follow(&control, managed);
             // An order whose instance no longer leads its certificate is
             // stopped; the new leader orders again.
             orders.retain(|name, task| {

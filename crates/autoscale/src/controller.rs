@@ -135,7 +135,7 @@ fn role(service: &ServiceName) -> String {
 pub fn spawn(control: Control, events: Arc<Events>, state_dir: PathBuf, board: StatusBoard) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut scalers: BTreeMap<ServiceName, (ProviderSpec, JoinHandle<()>)> = BTreeMap::new();
-        let mut asked: std::collections::BTreeSet<ServiceName> = Default::default();
+        let mut campaigns = tidegate_control::Campaigns::new(role);
         let mut tick = tokio::time::interval(TICK);
         loop {
             tick.tick().await;
@@ -146,18 +146,7 @@ pub fn spawn(control: Control, events: Arc<Events>, state_dir: PathBuf, board: S
                 .iter()
                 .filter_map(|(n, s)| s.settings.autoscale.as_ref().map(|a| (n.clone(), a.provider.clone())))
                 .collect();
-            for name in wanted.keys() {
-                if asked.insert(name.clone()) {
-                    control.campaign(&role(name));
-                }
-            }
-            asked.retain(|name| {
-                let keep = wanted.contains_key(name);
-                if !keep {
-                    control.resign(&role(name));
-                }
-                keep
-            });
+            campaigns.follow(&control, wanted.keys());
             // A scaler whose service or provider changed ends by itself;
             // forget finished ones so they can be started afresh. One whose
             // instance no longer leads is stopped here.
@@ -179,7 +168,7 @@ pub fn spawn(control: Control, events: Arc<Events>, state_dir: PathBuf, board: S
                 if scalers.contains_key(&name) || !control.leads(&role(&name)) {
                     continue;
                 }
-                if asked.contains(&name) && control.store_status().kind != "embedded" {
+                if campaigns.contains(&name) && control.store_status().kind != "embedded" {
                     events.record(
                         name.as_str(),
                         EventKind::Leader,

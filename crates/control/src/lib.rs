@@ -25,6 +25,7 @@
 //! is refused by the store; the writer then catches up and validates the
 //! group again on top, so `if_revision` means the cluster's revision.
 
+mod campaigns;
 mod watch;
 mod writer;
 
@@ -39,6 +40,7 @@ use tidegate_snapshot::{Changes, Publications, Snapshot};
 use tidegate_store::{Store, StoreError};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
+pub use campaigns::Campaigns;
 pub use tidegate_store::AppliedChange;
 pub use watch::{WatchError, WatchItem, WatchLimits, WatchStats, WatchStream, Watchers};
 

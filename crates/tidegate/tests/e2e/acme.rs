@@ -198,6 +198,18 @@ async fn served_der(tg: &Tidegate, sni: &str, root: &CertificateDer<'static>) ->
     Some(tls.get_ref().1.peer_certificates()?.first()?.to_vec())
 }
 
+/// A Tidegate with a TLS listener and a route to a backend, and Pebble
+/// validating through its listeners.
+async fn setup() -> (tempfile::TempDir, Tidegate, SocketAddr, Backend, Pebble) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tg = Tidegate::start_with(&dir.path().join("tg"), &["--listen-tls", "127.0.0.1:0"]);
+    let tls = tg.proxy_tls.expect("a TLS listener");
+    let backend = Backend::start("acme-backend", &[]);
+    route_to(&tg, "web", &[&backend], "round_robin").await;
+    let pebble = Pebble::start(dir.path(), tg.proxy.port(), tls.port()).await;
+    (dir, tg, tls, backend, pebble)
+}
+
 /// Polls the certificate's view until its ACME status is `status`.
 pub(crate) async fn acme_status(tg: &Tidegate, name: &str, status: &str) -> Value {
     wait_for(&format!("certificate {name} is {status}"), Duration::from_secs(90), async || {
@@ -209,12 +221,7 @@ pub(crate) async fn acme_status(tg: &Tidegate, name: &str, status: &str) -> Valu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn certificates_are_issued_through_http01_and_tls_alpn01_served_by_sni_and_renewed_without_a_failed_handshake() {
-    let dir = tempfile::tempdir().unwrap();
-    let tg = Tidegate::start_with(&dir.path().join("tg"), &["--listen-tls", "127.0.0.1:0"]);
-    let tls = tg.proxy_tls.expect("a TLS listener");
-    let b = Backend::start("acme-backend", &[]);
-    route_to(&tg, "web", &[&b], "round_robin").await;
-    let pebble = Pebble::start(dir.path(), tg.proxy.port(), tls.port()).await;
+    let (dir, tg, tls, _backend, pebble) = setup().await;
 
     // HTTP-01, answered by the plain listener before routing.
     let (s, v) =
@@ -324,12 +331,7 @@ async fn certificates_are_issued_through_http01_and_tls_alpn01_served_by_sni_and
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wildcard_is_issued_through_dns01_with_a_hook() {
-    let dir = tempfile::tempdir().unwrap();
-    let tg = Tidegate::start_with(&dir.path().join("tg"), &["--listen-tls", "127.0.0.1:0"]);
-    let tls = tg.proxy_tls.expect("a TLS listener");
-    let b = Backend::start("acme-backend", &[]);
-    route_to(&tg, "web", &[&b], "round_robin").await;
-    let pebble = Pebble::start(dir.path(), tg.proxy.port(), tls.port()).await;
+    let (dir, tg, tls, _backend, pebble) = setup().await;
     // The hook talks to challtestsrv's management API, as a DNS provider's would.
     let hook = dir.path().join("dns-hook");
     let log = dir.path().join("dns-hook.log");
@@ -393,12 +395,7 @@ async fn ask_server() -> (SocketAddr, Arc<std::sync::Mutex<std::collections::Has
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_demand_issues_for_an_allowed_name_in_its_first_handshake_and_a_flood_of_refused_names_orders_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let tg = Tidegate::start_with(&dir.path().join("tg"), &["--listen-tls", "127.0.0.1:0"]);
-    let tls = tg.proxy_tls.expect("a TLS listener");
-    let b = Backend::start("acme-backend", &[]);
-    route_to(&tg, "web", &[&b], "round_robin").await;
-    let pebble = Pebble::start(dir.path(), tg.proxy.port(), tls.port()).await;
+    let (_dir, tg, tls, _backend, pebble) = setup().await;
     let (ask, asked) = ask_server().await;
     let mut acme = pebble.acme(&[], "tls-alpn-01");
     acme["on_demand"] = json!({ "ask": format!("http://{ask}/check") });
