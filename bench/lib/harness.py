@@ -45,6 +45,9 @@ class Ctx:
     # A second build of tidegate (a directory holding it) for the upgrade
     # scenario's alternation; None: a copy of the first.
     alt_bin_dir: Path | None = None
+    # `--pin`: scenarios that run attackers in the harness (hostile) keep
+    # them on CPUs of their own (see `pin_split`).
+    pin: bool = False
 
     @property
     def smoke(self) -> bool:
@@ -55,17 +58,21 @@ class Ctx:
 
 
 class Procs:
-    """Processes started by the harness, stopped by pid."""
+    """Processes started by the harness, stopped by pid. `cpus`, when set,
+    is the CPU set every process started from then on runs on."""
 
     def __init__(self) -> None:
         self.started: list[subprocess.Popen] = []
+        self.cpus: set[int] | None = None
 
     def start(self, argv: list[str], out: Path | None = None, env: dict | None = None, cwd=None) -> subprocess.Popen:
         full_env = dict(os.environ)
         full_env.update(env or {})
         stdout = open(out, "wb") if out else subprocess.DEVNULL
+        cpus = self.cpus
         p = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.STDOUT, env=full_env, cwd=cwd,
-                             stdin=subprocess.DEVNULL)
+                             stdin=subprocess.DEVNULL,
+                             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         if out:
             stdout.close()
         self.started.append(p)
@@ -94,6 +101,36 @@ class Procs:
                 self.stop(p)
             except Exception as e:  # keep stopping the others
                 log(f"stopping pid {p.pid}: {e}")
+
+
+class pin_split:
+    """`with pin_split(ctx):` when `ctx.pin`: the processes the harness
+    starts inside (proxies, backends, the normal traffic's generator) run
+    on the first CPU this process may use, and this thread and the threads
+    it starts inside (attackers, samplers) on the others; both are
+    restored on exit. Real attackers run on other machines: pinned, the
+    CPU their generators take is not taken from the proxy or from the
+    normal traffic's client. Without `ctx.pin` (or with fewer than 2
+    CPUs) it does nothing."""
+
+    def __init__(self, ctx: "Ctx") -> None:
+        self.ctx = ctx
+        self.saved: set[int] | None = None
+
+    def __enter__(self) -> "pin_split":
+        cpus = sorted(os.sched_getaffinity(0))
+        if self.ctx.pin and len(cpus) >= 2:
+            self.saved = set(cpus)
+            self.ctx.procs.cpus = {cpus[0]}
+            os.sched_setaffinity(0, set(cpus[1:]))
+            log(f"  pinned: proxies, backends and the normal traffic on CPU {cpus[0]}, "
+                f"attackers on CPU {','.join(map(str, cpus[1:]))}")
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        if self.saved is not None:
+            self.ctx.procs.cpus = None
+            os.sched_setaffinity(0, self.saved)
 
 
 def wait_for_line(path: Path, pattern: str, timeout: float = 15.0, proc: subprocess.Popen | None = None) -> re.Match:

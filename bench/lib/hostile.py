@@ -46,7 +46,7 @@ import socket
 import threading
 import time
 
-from harness import (Ctx, bench_async, free_port, log, read_json_output, start_emulator, start_nginx,
+from harness import (Ctx, bench_async, free_port, log, pin_split, read_json_output, start_emulator, start_nginx,
                      start_tidegate, stop_tidegate, wait_http, wait_port)
 
 # Where each attacker connects from. The normal traffic comes from
@@ -82,6 +82,25 @@ def tree_rss_kib(pid: int) -> int:
         for task in os.listdir(f"/proc/{pid}/task"):
             with open(f"/proc/{pid}/task/{task}/children") as f:
                 total += sum(rss_kib(int(c)) for c in f.read().split())
+    except OSError:
+        pass
+    return total
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) of a process and its children."""
+    def one(p: int) -> float:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            return 0.0
+    total = one(pid)
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                total += sum(one(int(c)) for c in f.read().split())
     except OSError:
         pass
     return total
@@ -484,10 +503,13 @@ class Sampler(threading.Thread):
 
 
 def window(ctx: Ctx, label: str, proxy: str, kind: str | None, p: dict, duration: float, rss, emu: str,
-           admin=None, h2_proxy: str | None = None) -> dict:
+           admin=None, h2_proxy: str | None = None, only: list[str] | None = None, cpu=None) -> dict:
     """One window: normal traffic for `duration` s, with the attackers of
-    `kind` (None: alone)."""
+    `kind` (None: alone), only those named in `only` when given. `cpu`:
+    the proxy's CPU seconds so far (its use in the window is reported, with
+    this process's own: the attackers')."""
     out = ctx.work / f"hostile-{label}.json"
+    cpu0, own0 = (cpu() if cpu else None), time.process_time()
     host, port = proxy.rsplit(":", 1)
     h2_host, h2_port = (h2_proxy or proxy).rsplit(":", 1)
     sampler = Sampler(rss, emu, admin)
@@ -498,6 +520,8 @@ def window(ctx: Ctx, label: str, proxy: str, kind: str | None, p: dict, duration
     attacks = []
     if kind:
         attacks = attackers(kind, p, (host, int(port)), (h2_host, int(h2_port)), time.monotonic() + duration)
+        if only is not None:
+            attacks = [a for a in attacks if a.name in only]
         for a in attacks:
             for t in a.threads:
                 t.start()
@@ -508,10 +532,14 @@ def window(ctx: Ctx, label: str, proxy: str, kind: str | None, p: dict, duration
             t.join(timeout=10)
     sampler.done.set()
     sampler.join(timeout=5)
+    proxy_cpu = round(cpu() - cpu0, 2) if cpu else None
+    own_cpu = round(time.process_time() - own0, 2)
     r = read_json_output(out)
     lat = r.get("latency_us", {})
     res = {
-        "attackers": kind or "none", "duration_s": duration, "sent": (r.get("sending") or {}).get("sent"),
+        "attackers": kind or "none", **({"only": only} if only is not None else {}), "duration_s": duration,
+        "pinned": ctx.procs.cpus is not None, "proxy_cpu_s": proxy_cpu, "attackers_cpu_s": own_cpu,
+        "sent": (r.get("sending") or {}).get("sent"),
         "ok": r.get("ok"), "non_200": r.get("non_200"), "errors": r.get("error_total"),
         "statuses": r.get("statuses"), "error_kinds": r.get("errors"),
         "p50_us": lat.get("p50"), "p99_us": lat.get("p99"), "max_us": lat.get("max"),
@@ -527,7 +555,8 @@ def window(ctx: Ctx, label: str, proxy: str, kind: str | None, p: dict, duration
     log(f"  {label:16}: ok {res['ok']} non-200 {res['non_200']} errors {res['errors']} p50 {res['p50_us']} us "
         f"p99 {res['p99_us']} us, RSS peak {(res['rss_peak_kib'] or 0) / 1024:.1f} MiB, backend conns peak "
         f"{res['backend_conns_peak']}, in flight peak {res['in_flight_peak']}, queued peak {res['queued_peak']} "
-        f"(clients {res['queued_clients_peak']}, displaced {res['queue_displaced']})")
+        f"(clients {res['queued_clients_peak']}, displaced {res['queue_displaced']}), CPU s proxy {proxy_cpu} "
+        f"attackers {own_cpu}")
     for a in attacks:
         log(f"    {a.name:15} {a.answers}" + (f" closed after {a.held} s" if a.held else ""))
     return res
@@ -596,7 +625,13 @@ def run(ctx: Ctx, p: dict) -> dict:
     Tidegate with its defaults alone (no cap) under the slow uploads; Tidegate
     with the old behaviour (`--request-buffer-bytes 0 --min-upload-rate 0`,
     no cap) under the slow uploads (the control); nginx quiet and under
-    the slow uploads."""
+    the slow uploads. With `ctx.pin` (`scripts/bench --pin`), every window
+    runs with the attackers on a CPU of their own (`pin_split`)."""
+    with pin_split(ctx):
+        return {**run_windows(ctx, p), "pinned": ctx.pin}
+
+
+def run_windows(ctx: Ctx, p: dict) -> dict:
     _, emu = start_emulator(ctx, "app")
     # The zero-window readers need answers larger than what the proxy and
     # the sockets buffer (the emulator serves one body size, so they get
@@ -607,15 +642,16 @@ def run(ctx: Ctx, p: dict) -> dict:
     runs = {}
     tg, sampler_admin = tidegate_up(ctx, "hostile", cap, emu, big, p["max_conns"])
     try:
-        rss = lambda: rss_kib(tg.proc.pid)  # noqa: E731
-        runs["quiet"] = window(ctx, "quiet", tg.proxy, None, p, p["duration"], rss, emu, sampler_admin)
-        runs["hostile"] = window(ctx, "hostile", tg.proxy, "all", p, p["hostile_duration"], rss, emu, sampler_admin)
+        rss, cpu = (lambda: rss_kib(tg.proc.pid)), (lambda: tree_cpu_s(tg.proc.pid))  # noqa: E731
+        runs["quiet"] = window(ctx, "quiet", tg.proxy, None, p, p["duration"], rss, emu, sampler_admin, cpu=cpu)
+        runs["hostile"] = window(ctx, "hostile", tg.proxy, "all", p, p["hostile_duration"], rss, emu, sampler_admin,
+                                 cpu=cpu)
         settle(emu, sampler_admin)
         runs["uploads"] = window(ctx, "uploads", tg.proxy, "uploads", p, p["side_duration"], rss, emu,
-                                 sampler_admin)
+                                 sampler_admin, cpu=cpu)
         settle(emu, sampler_admin)
         runs["slow_flood"] = window(ctx, "slow flood", tg.proxy, "slow_flood", p, p["side_duration"], rss, emu,
-                                    sampler_admin)
+                                    sampler_admin, cpu=cpu)
     finally:
         sampler_admin.close()
         stop_tidegate(ctx, tg)
@@ -623,28 +659,28 @@ def run(ctx: Ctx, p: dict) -> dict:
     # per-client cap).
     tg, sampler_admin = tidegate_up(ctx, "hostile-defaults", [], emu, big, p["max_conns"])
     try:
-        rss = lambda: rss_kib(tg.proc.pid)  # noqa: E731
+        rss, cpu = (lambda: rss_kib(tg.proc.pid)), (lambda: tree_cpu_s(tg.proc.pid))  # noqa: E731
         runs["uploads_no_cap"] = window(ctx, "uploads, no cap", tg.proxy, "uploads", p, p["side_duration"], rss,
-                                        emu, sampler_admin)
+                                        emu, sampler_admin, cpu=cpu)
     finally:
         sampler_admin.close()
         stop_tidegate(ctx, tg)
     old = ["--request-buffer-bytes", "0", "--min-upload-rate", "0"]
     tg, sampler_admin = tidegate_up(ctx, "hostile-control", old, emu, big, p["max_conns"])
     try:
-        rss = lambda: rss_kib(tg.proc.pid)  # noqa: E731
+        rss, cpu = (lambda: rss_kib(tg.proc.pid)), (lambda: tree_cpu_s(tg.proc.pid))  # noqa: E731
         runs["control_uploads"] = window(ctx, "control uploads", tg.proxy, "uploads", p, p["side_duration"], rss,
-                                         emu, sampler_admin)
+                                         emu, sampler_admin, cpu=cpu)
     finally:
         sampler_admin.close()
         stop_tidegate(ctx, tg)
     settle(emu)
     nginx, proxy, h2_proxy = nginx_up(ctx, emu, p["max_conns"])
     try:
-        rss = lambda: tree_rss_kib(nginx.pid)  # noqa: E731
-        runs["nginx_quiet"] = window(ctx, "nginx quiet", proxy, None, p, p["side_duration"], rss, emu)
+        rss, cpu = (lambda: tree_rss_kib(nginx.pid)), (lambda: tree_cpu_s(nginx.pid))  # noqa: E731
+        runs["nginx_quiet"] = window(ctx, "nginx quiet", proxy, None, p, p["side_duration"], rss, emu, cpu=cpu)
         runs["nginx_uploads"] = window(ctx, "nginx uploads", proxy, "uploads", p, p["side_duration"], rss, emu,
-                                       h2_proxy=h2_proxy)
+                                       h2_proxy=h2_proxy, cpu=cpu)
     finally:
         ctx.procs.stop(nginx)
     return {"params": p, "runs": runs, "summary": summarize(runs, p), "goal": goals(runs, p)}

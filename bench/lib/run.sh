@@ -55,17 +55,26 @@ CONF
 # function runs in a command substitution: kill that pid on exit).
 BENCH_TOKEN=bench-token-0123456789abcdef0123456789abcdef
 start_tidegate_web() { # binary name [spec] [flags]
-  # shellcheck disable=SC2086 # $4: flags, split on purpose
-  TIDEGATE_ADMIN_TOKEN=$BENCH_TOKEN TIDEGATE_LOG=warn "$1" serve --listen 127.0.0.1:0 --admin 127.0.0.1:0 \
-    --workers 2 --data-dir "$WORK/$2" ${4:-} > "$WORK/$2.out" 2> "$WORK/$2.err" &
-  echo $! > "$WORK/$2.pid"
-  for _ in $(seq 100); do grep -q ready "$WORK/$2.out" 2>/dev/null && break; sleep 0.05; done
-  local line; line=$(head -1 "$WORK/$2.out")
-  local proxy=${line#*proxy=}; proxy=${proxy%% *}; local admin=${line#*admin=}; admin=${admin%% *}
+  local proxy admin
+  read -r proxy admin < <(start_tidegate_bare "$1" "$2" "${4:-}")
   curl -sf -XPUT -H "Authorization: Bearer $BENCH_TOKEN" "http://$admin/v1/services/web" -d "{${3:-} \"backends\": [
     {\"id\":\"a\",\"addr\":\"127.0.0.1:$P1\"},{\"id\":\"b\",\"addr\":\"127.0.0.1:$P2\"},{\"id\":\"c\",\"addr\":\"127.0.0.1:$P3\"}]}" >/dev/null
   curl -sf -XPUT -H "Authorization: Bearer $BENCH_TOKEN" "http://$admin/v1/routes/web" -d '{"service":"web"}' >/dev/null
   echo "$proxy"
+}
+
+# Tidegate (BINARY, 2 workers, an empty configuration in $WORK/NAME), with
+# FLAGS: extra serve flags. Prints "PROXY ADMIN" (its addresses); its pid
+# goes to $WORK/NAME.pid (kill that pid on exit).
+start_tidegate_bare() { # binary name [flags]
+  # shellcheck disable=SC2086 # $3: flags, split on purpose
+  TIDEGATE_ADMIN_TOKEN=$BENCH_TOKEN TIDEGATE_LOG=warn "$1" serve --listen 127.0.0.1:0 --admin 127.0.0.1:0 \
+    --workers 2 --data-dir "$WORK/$2" ${3:-} > "$WORK/$2.out" 2> "$WORK/$2.err" &
+  echo $! > "$WORK/$2.pid"
+  for _ in $(seq 100); do grep -q ready "$WORK/$2.out" 2>/dev/null && break; sleep 0.05; done
+  local line; line=$(head -1 "$WORK/$2.out")
+  local proxy=${line#*proxy=}; proxy=${proxy%% *}; local admin=${line#*admin=}; admin=${admin%% *}
+  echo "$proxy $admin"
 }
 
 # An etcd cluster of N members on loopback, sized for large change sets;
