@@ -113,6 +113,14 @@ impl OnDemandIssuer {
             self.wake.notify_one();
             return self.served(&name).await;
         }
+        // Its first order failed and waits out its back-off: no handshake
+        // waits for it meanwhile.
+        let failing = config.state.certificates().get(&cert_name).and_then(|c| c.managed()).is_some_and(|m| {
+            m.state.issued.is_none() && m.state.failures > 0 && m.state.retry_at > tidegate_model::unix_now()
+        });
+        if failing {
+            return false;
+        }
         self.served(&name).await
     }
 

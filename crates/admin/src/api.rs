@@ -300,7 +300,6 @@ pub struct Status {
     /// Certificates that expire within 14 days (or have expired), soonest first.
     pub certificates_expiring: Vec<Expiring>,
     /// Managed (ACME) certificates by name: where each stands.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub managed_certificates: BTreeMap<String, ManagedState>,
     /// The rule steps each route runs (routes without rules are left
     /// out), in order, with what each did since the route's chain was
