@@ -70,7 +70,7 @@ impl OnDemandIssuer {
     /// Obtains a certificate for `name` (lowercase, no trailing dot) if a
     /// template allows it; true once one serves it, within [`WAIT`].
     pub async fn obtain(&self, name: String) -> bool {
-        if !is_dns_name(&name) {
+        if !tidegate_model::acme::issuable(&name) {
             return false;
         }
         let config = self.control.config();
@@ -188,33 +188,15 @@ impl std::fmt::Debug for OnDemandIssuer {
     }
 }
 
-/// A DNS name a CA can issue for: labels of letters, digits and hyphens,
-/// at least two, not an IP address.
-fn is_dns_name(name: &str) -> bool {
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
-    name.len() <= 253
-        && name.contains('.')
-        && name.split('.').all(label_ok)
-        && !name.rsplit('.').next().is_some_and(|tld| tld.bytes().all(|b| b.is_ascii_digit()))
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
-
     #[test]
     fn only_dns_names_are_issued_for() {
         for ok in ["shop.example", "a-b.c.example", "x1.example"] {
-            assert!(is_dns_name(ok), "{ok}");
+            assert!(tidegate_model::acme::issuable(ok), "{ok}");
         }
         for bad in ["10.0.0.1", "localhost", "a..example", "-a.example", "Shop.example", "a_b.example", "1.2.3.4"] {
-            assert!(!is_dns_name(bad), "{bad}");
+            assert!(!tidegate_model::acme::issuable(bad), "{bad}");
         }
     }
 }

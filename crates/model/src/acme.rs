@@ -344,6 +344,13 @@ fn check_host(field: &str, h: &str, kind: ChallengeKind) -> Result<(), Invalid> 
     Ok(())
 }
 
+/// Whether a CA can issue for `name` on demand: a lowercase DNS name of at
+/// least two labels, not an IP address, no wildcard (the checks a managed
+/// certificate's `hosts` get).
+pub fn issuable(name: &str) -> bool {
+    !name.bytes().any(|b| b.is_ascii_uppercase()) && check_host("", name, ChallengeKind::Http01).is_ok()
+}
+
 fn check_on_demand(od: &OnDemand, kind: ChallengeKind) -> Result<(), Invalid> {
     if od.ask.is_none() && od.patterns.is_empty() {
         return Err(Invalid::rule(
