@@ -44,7 +44,7 @@ PARAMS = {
         "full": {"requests": 1500, "reps": 3, "warmup": 200, "rate": 50},
     },
     "tls": {
-        "smoke": {"reps": 1, "duration": 2, "conns": 16, "workers": 2},
+        "smoke": {"reps": 1, "duration": 1, "conns": 16, "workers": 2},
         "full": {"reps": 3, "duration": 8, "conns": 64, "workers": 2},
     },
     # duration: the quiet window; hostile_duration: the window under every
@@ -76,8 +76,8 @@ PARAMS = {
     # closed-loop connections for limit_duration s; keys: distinct X-Key
     # values sent (by keys_conns connections, at most keys_max_s seconds).
     "rules": {
-        "smoke": {"reps": 1, "duration": 2, "conns": "16", "compress_conns": 16, "workers": 2, "gzip_level": 6,
-                  "gzip_level_field": None, "limit_rate": 500, "limit_burst": 10, "limit_duration": 2,
+        "smoke": {"reps": 1, "duration": 1, "conns": "16", "compress_conns": 16, "workers": 2, "gzip_level": 6,
+                  "gzip_level_field": None, "limit_rate": 500, "limit_burst": 10, "limit_duration": 1,
                   "limit_conns": 16, "keys": 2000, "keys_conns": 16, "keys_max_s": 60},
         "full": {"reps": 5, "duration": 8, "conns": "64 256", "compress_conns": 64, "workers": 2, "gzip_level": 6,
                  "gzip_level_field": None, "limit_rate": 2000, "limit_burst": 20, "limit_duration": 10,

@@ -17,13 +17,19 @@ use tidegate_store::{EtcdAccess, EtcdCredentials, EtcdStore, EtcdTls, EtcdUrl, R
 use crate::cli::{AccessLogFormat, ConfigMode, EtcdArgs, Http1Arg, LogFormat, RuntimeArg, ServeArgs};
 use crate::config_file;
 
-/// Logs to stderr, filtered by `TIDEGATE_LOG` (default `info`), in colour
-/// only on a terminal.
+/// `info`, but rustls only at `error`: its warnings describe what a client
+/// sent (an IP address as the server name, for one, which every client that
+/// connects by address sends), one line per handshake, so any client could
+/// fill the log with them.
+pub const DEFAULT_LOG_FILTER: &str = "info,rustls=error";
+
 /// Application logs on standard error, filtered by `TIDEGATE_LOG` (default
-/// `info`): readable text, or one JSON object per line with
-/// `TIDEGATE_LOG_FORMAT=json` (or `--log-format json`).
+/// [`DEFAULT_LOG_FILTER`]): readable text, in colour only on a terminal, or
+/// one JSON object per line with `TIDEGATE_LOG_FORMAT=json` (or
+/// `--log-format json`).
 pub fn init_logs(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("TIDEGATE_LOG").unwrap_or_else(|_| "info".into());
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("TIDEGATE_LOG").unwrap_or_else(|_| DEFAULT_LOG_FILTER.into());
     let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     if json {
         logs.json().with_current_span(false).init();
@@ -852,5 +858,35 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         std::os::unix::fs::symlink(dir.path().join("elsewhere"), &path).unwrap();
         assert!(admin_token(dir.path()).unwrap_err().to_string().contains("symbolic link"));
+    }
+
+    #[test]
+    fn the_default_filter_keeps_info_and_drops_what_clients_make_rustls_warn_about() {
+        use std::sync::{Arc, Mutex};
+        let lines = Arc::new(Mutex::new(Vec::<u8>::new()));
+        let sink = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER))
+            .with_writer(move || Sink(sink.clone()))
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(target: "tidegate::serve", "kept");
+            tracing::warn!(target: "rustls::msgs::handshake", "dropped: a client's IP address as SNI");
+            tracing::error!(target: "rustls::conn", "kept too");
+        });
+        let text = String::from_utf8(lines.lock().unwrap().clone()).unwrap();
+        assert!(text.contains("kept") && text.contains("kept too"), "{text}");
+        assert!(!text.contains("dropped"), "{text}");
+
+        struct Sink(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Sink {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
     }
 }

@@ -356,22 +356,30 @@ async fn health_becomes(tg: &Tidegate, id: &str, health: &str) {
 
 /// HAProxy's maxconn: requests over a backend's limit wait in a bounded
 /// queue, then either get a slot or a clear 503.
+///
+/// The request holding the slot takes `HOLD_MS`, long enough that the
+/// test's own steps (reading `/v1/status` until the queue holds what it
+/// should, then sending the next request) finish well before it on a
+/// loaded two-core machine; with 300 ms the slot was sometimes free again
+/// by the time the request meant to find it busy arrived.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_limits_queue_requests_and_bound_the_queue() {
+    const HOLD_MS: u64 = 2500;
     let dir = tempfile::tempdir().unwrap();
     let tg = Arc::new(Tidegate::start(dir.path()));
     let b = Backend::start("one", &[]);
     let spec = json!({
-        "queue": {"max": 1, "timeout_ms": 3000},
+        "queue": {"max": 1, "timeout_ms": 30_000},
         "backends": [{"id": "one", "addr": b.addr.to_string(), "max_conns": 1}],
     });
     put(&tg, spec).await;
-    let slow = |tg: Arc<Tidegate>| tokio::spawn(async move { get(&tg.url("/?delay_ms=300")).await });
-    let first = slow(tg.clone());
+    let send = |tg: Arc<Tidegate>, path: String| tokio::spawn(async move { get(&tg.url(&path)).await });
+    let hold = || format!("/?delay_ms={HOLD_MS}");
+    let first = send(tg.clone(), hold());
     in_flight_reaches(&tg, 1, "the first request holds the slot").await;
-    let second = slow(tg.clone()); // waits in the queue
+    let second = send(tg.clone(), "/".to_string()); // waits in the queue
     web_status_until(&tg, "the second request waits in the queue", |web| web["queued"] == 1).await;
-    let third = get(&tg.url("/?delay_ms=300")).await; // queue full
+    let third = get(&tg.url("/")).await; // queue full
     assert_eq!(third.status, 503);
     assert!(third.text().contains("queue is full"), "{}", third.text());
     assert_eq!(first.await.unwrap().status, 200);
@@ -383,10 +391,10 @@ async fn connection_limits_queue_requests_and_bound_the_queue() {
         "backends": [{"id": "one", "addr": b.addr.to_string(), "max_conns": 1}],
     });
     put(&tg, spec).await;
-    let busy = slow(tg.clone());
+    let busy = send(tg.clone(), hold());
     in_flight_reaches(&tg, 1, "the slow request holds the slot").await;
     let r = get(&tg.url("/")).await;
-    assert_eq!(r.status, 503);
+    assert_eq!(r.status, 503, "{}", r.text());
     assert!(r.text().contains("queue timeout") || r.text().contains("within the queue timeout"), "{}", r.text());
     assert_eq!(busy.await.unwrap().status, 200);
 }
