@@ -69,13 +69,22 @@ pub fn due(m: &Managed, now: i64) -> Due {
 /// When a certificate valid from `not_before` to `not_after` is to be
 /// renewed: after `fraction` of its lifetime, brought earlier by `jitter`
 /// (0..1) times 2 % of the lifetime so the certificates of a fleet do not
-/// all renew in the same second, and never later than a day before it
-/// expires (nor before `now`).
+/// all renew in the same second, and never later than [`last_margin`]
+/// before it expires (nor before `now`).
 pub fn renew_at(not_before: i64, not_after: i64, fraction: f64, jitter: f64, now: i64) -> i64 {
-    let lifetime = (not_after - not_before).max(0) as f64;
-    let planned = not_before as f64 + lifetime * fraction - lifetime * 0.02 * jitter.clamp(0.0, 1.0);
-    let last = not_after - 86_400;
+    let lifetime = (not_after - not_before).max(0);
+    let planned = not_before as f64 + lifetime as f64 * fraction - lifetime as f64 * 0.02 * jitter.clamp(0.0, 1.0);
+    let last = not_after - last_margin(lifetime);
     (planned as i64).min(last).max(now.min(last.max(not_before)))
+}
+
+/// How long before its expiry a certificate of `lifetime` seconds is
+/// renewed at the latest: a day, or a quarter of its lifetime when that is
+/// shorter (short-lived certificates: a 6-day one keeps its day, one of a
+/// few hours or seconds, as a test CA issues, still renews before it
+/// expires instead of at once and over again).
+pub fn last_margin(lifetime: i64) -> i64 {
+    86_400.min(lifetime.max(0) / 4)
 }
 
 /// Seconds to wait before the next order after `failures` failed in a row
@@ -166,6 +175,10 @@ mod tests {
         assert_eq!(renew_at(nb, na, 0.5, 0.0, 80 * DAY), 80 * DAY, "past its time: now");
         assert_eq!(renew_at(nb, na, 0.5, 0.0, 95 * DAY), na - DAY, "never after expiry's eve");
         assert_eq!(renew_at(nb, na, 0.5, 0.0, 50 * DAY), 50 * DAY, "never in the past");
+        // Short-lived certificates keep a quarter of their lifetime.
+        assert_eq!(renew_at(0, 6 * DAY, 0.95, 0.0, 0), 5 * DAY, "a 6-day certificate keeps its day");
+        assert_eq!(renew_at(1_000, 1_020, 0.5, 0.0, 1_000), 1_010, "a 20 s one renews half way");
+        assert_eq!(renew_at(1_000, 1_020, 0.95, 0.0, 1_000), 1_015, "and 5 s before it expires at the latest");
     }
 
     #[test]

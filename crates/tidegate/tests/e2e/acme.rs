@@ -51,6 +51,17 @@ impl Pebble {
     /// Starts challtestsrv (answering every name with 127.0.0.1) and Pebble,
     /// validating HTTP-01 at `http_port` and TLS-ALPN-01 at `tls_port`.
     pub(crate) async fn start(dir: &Path, http_port: u16, tls_port: u16) -> Pebble {
+        Pebble::start_issuing_for(dir, http_port, tls_port, None).await
+    }
+
+    /// [`Pebble::start`], issuing certificates valid for `validity_s`
+    /// seconds when given (Pebble's default is five years).
+    pub(crate) async fn start_issuing_for(
+        dir: &Path,
+        http_port: u16,
+        tls_port: u16,
+        validity_s: Option<u64>,
+    ) -> Pebble {
         // Pebble's own HTTPS: a CA and a certificate for 127.0.0.1.
         let ca_key = rcgen::KeyPair::generate().expect("key");
         let mut ca_params = rcgen::CertificateParams::new(Vec::new()).expect("params");
@@ -76,6 +87,10 @@ impl Pebble {
             "ocspResponderURL": "",
             "externalAccountBindingRequired": false,
         }});
+        let mut config = config;
+        if let Some(v) = validity_s {
+            config["pebble"]["certificateValidityPeriod"] = json!(v);
+        }
         std::fs::write(dir.join("pebble.json"), config.to_string()).expect("write");
         let quiet = |c: &mut Command| {
             c.stdout(Stdio::null()).stderr(Stdio::null());
@@ -201,13 +216,63 @@ async fn served_der(tg: &Tidegate, sni: &str, root: &CertificateDer<'static>) ->
 /// A Tidegate with a TLS listener and a route to a backend, and Pebble
 /// validating through its listeners.
 async fn setup() -> (tempfile::TempDir, Tidegate, SocketAddr, Backend, Pebble) {
+    setup_issuing_for(None).await
+}
+
+/// [`setup`] with Pebble issuing certificates valid for `validity_s`.
+async fn setup_issuing_for(validity_s: Option<u64>) -> (tempfile::TempDir, Tidegate, SocketAddr, Backend, Pebble) {
     let dir = tempfile::tempdir().expect("tempdir");
     let tg = Tidegate::start_with(&dir.path().join("tg"), &["--listen-tls", "127.0.0.1:0"]);
     let tls = tg.proxy_tls.expect("a TLS listener");
     let backend = Backend::start("acme-backend", &[]);
     route_to(&tg, "web", &[&backend], "round_robin").await;
-    let pebble = Pebble::start(dir.path(), tg.proxy.port(), tls.port()).await;
+    let pebble = Pebble::start_issuing_for(dir.path(), tg.proxy.port(), tls.port(), validity_s).await;
     (dir, tg, tls, backend, pebble)
+}
+
+/// A client making verified HTTPS requests to `sni` in a loop, each on a
+/// new handshake, counting those answered 200 and those that failed.
+struct Handshakes {
+    stop: Arc<AtomicBool>,
+    ok: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Handshakes {
+    fn start(tls: SocketAddr, sni: &'static str, root: &CertificateDer<'static>) -> Handshakes {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let task = {
+            let (stop, ok, failed, root) = (stop.clone(), ok.clone(), failed.clone(), root.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    match get_verified(tls, sni, &root).await {
+                        Ok(line) if line == "HTTP/1.1 200 OK" => ok.fetch_add(1, Ordering::Relaxed),
+                        other => {
+                            eprintln!("handshake during renewal: {other:?}");
+                            failed.fetch_add(1, Ordering::Relaxed)
+                        }
+                    };
+                }
+            })
+        };
+        Handshakes { stop, ok, failed, task }
+    }
+
+    /// Waits for a few more successful handshakes, stops, and asserts that
+    /// none failed.
+    async fn finish_with_none_failed(self, during: &str) {
+        let seen = self.ok.load(Ordering::Relaxed);
+        wait_for("more handshakes after the renewal", Duration::from_secs(10), async || {
+            (self.ok.load(Ordering::Relaxed) > seen + 5).then_some(())
+        })
+        .await;
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.expect("the handshake loop");
+        let (ok, failed) = (self.ok.load(Ordering::Relaxed), self.failed.load(Ordering::Relaxed));
+        assert_eq!(failed, 0, "handshakes failed during {during} ({ok} succeeded)");
+    }
 }
 
 /// Polls the certificate's view until its ACME status is `status`.
@@ -255,41 +320,14 @@ async fn certificates_are_issued_through_http01_and_tls_alpn01_served_by_sni_and
 
     // A forced renewal while a client keeps shaking hands: none fails.
     let before = served_der(&tg, "shop.test", &root).await.expect("served");
-    let stop = Arc::new(AtomicBool::new(false));
-    let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let client = {
-        let (stop, ok, failed, root) = (stop.clone(), ok.clone(), failed.clone(), root.clone());
-        tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                match get_verified(tls, "shop.test", &root).await {
-                    Ok(line) if line == "HTTP/1.1 200 OK" => ok.fetch_add(1, Ordering::Relaxed),
-                    other => {
-                        eprintln!("handshake during renewal: {other:?}");
-                        failed.fetch_add(1, Ordering::Relaxed)
-                    }
-                };
-            }
-        })
-    };
+    let client = Handshakes::start(tls, "shop.test", &root);
     let out = tg.ctl(&["cert", "renew", "shop"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     wait_for("the renewed certificate is served", Duration::from_secs(90), async || {
         served_der(&tg, "shop.test", &root).await.filter(|d| *d != before).map(|_| ())
     })
     .await;
-    let seen = ok.load(Ordering::Relaxed);
-    wait_for("more handshakes after the renewal", Duration::from_secs(10), async || {
-        (ok.load(Ordering::Relaxed) > seen + 5).then_some(())
-    })
-    .await;
-    stop.store(true, Ordering::Relaxed);
-    client.await.unwrap();
-    assert_eq!(
-        failed.load(Ordering::Relaxed),
-        0,
-        "handshakes failed during the renewal ({} succeeded)",
-        ok.load(Ordering::Relaxed)
-    );
+    client.finish_with_none_failed("the forced renewal").await;
     let (_, v) = tg.api("GET", "/v1/certificates/shop", None).await;
     assert_eq!(v["certificate"]["acme"]["orders"], 2, "{v}");
     assert_eq!(pebble.orders(), 3, "Pebble saw the two of shop and the one of alpn");
@@ -327,6 +365,39 @@ async fn certificates_are_issued_through_http01_and_tls_alpn01_served_by_sni_and
         (Some("valid"), Some(2)),
         "{v}"
     );
+}
+
+/// Renewal by time: Pebble issues certificates valid for 16 s and the
+/// certificate renews after half of that; a client shaking hands all along
+/// sees the new one served with no failed handshake, and nobody asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_renews_by_itself_when_its_time_comes_without_a_failed_handshake() {
+    let (_dir, tg, tls, _backend, pebble) = setup_issuing_for(Some(16)).await;
+    let mut acme = pebble.acme(&["soon.test"], "tls-alpn-01");
+    acme["renew_after"] = json!(0.5);
+    let (s, v) = tg.api("PUT", "/v1/certificates/soon", Some(json!({ "acme": acme }))).await;
+    assert_eq!(s, 200, "{v}");
+    let v = acme_status(&tg, "soon", "valid").await;
+    let issued = std::time::Instant::now();
+    let acme = &v["certificate"]["acme"];
+    let (renew_at, not_after) = (acme["renew_at"].as_i64().unwrap(), v["certificate"]["not_after"].as_i64());
+    assert!(not_after.is_some_and(|t| renew_at < t), "renews before it expires: {v}");
+    let root = pebble.root();
+    let before = served_der(&tg, "soon.test", &root).await.expect("served");
+    let client = Handshakes::start(tls, "soon.test", &root);
+    wait_for("the certificate renewed by time is served", Duration::from_secs(60), async || {
+        served_der(&tg, "soon.test", &root).await.filter(|d| *d != before).map(|_| ())
+    })
+    .await;
+    client.finish_with_none_failed("the renewal by time").await;
+    let (_, v) = tg.api("GET", "/v1/certificates/soon", None).await;
+    let acme = &v["certificate"]["acme"];
+    // Renewed when half its life is over, not again and again: one order
+    // per 8 s at most since the first (a margin for the rounding of
+    // seconds and the jitter).
+    let most = 2 + issued.elapsed().as_secs() / 6;
+    assert!(acme["orders"].as_u64().is_some_and(|n| (2..=most).contains(&n)), "at most {most} orders: {v}");
+    assert_eq!((acme["renewal_requested"].as_bool(), acme["failures"].as_u64()), (Some(false), Some(0)), "{v}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
