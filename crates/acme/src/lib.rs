@@ -76,14 +76,17 @@ pub fn spawn(control: Control, wake: std::sync::Arc<tokio::sync::Notify>) -> Joi
                 if orders.len() >= MAX_ORDERS || orders.contains_key(name) || !control.leads(&role(name)) {
                     continue;
                 }
-                let plan::Due::Now(why) = plan::due(m, now) else { continue };
                 let (control, name2) = (control.clone(), name.clone());
-                orders.insert(
-                    name.clone(),
-                    tokio::spawn(async move {
+                let task = match plan::due(m, now) {
+                    plan::Due::Now(why) => tokio::spawn(async move {
                         let _ = order::run(&control, &name2, why).await;
                     }),
-                );
+                    plan::Due::AskRenewalInfo => tokio::spawn(async move {
+                        let _ = order::ask_renewal_info(&control, &name2).await;
+                    }),
+                    plan::Due::At(_) => continue,
+                };
+                orders.insert(name.clone(), task);
             }
         }
     })

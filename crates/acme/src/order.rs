@@ -7,14 +7,16 @@
 use std::time::Duration;
 
 use instant_acme::{
-    Account, AuthorizationStatus, ChallengeType, Identifier, NewAccount, NewOrder, OrderStatus, RetryPolicy,
+    Account, AuthorizationStatus, CertificateIdentifier, ChallengeType, Identifier, NewAccount, NewOrder, OrderStatus,
+    RetryPolicy,
 };
 use tidegate_control::Control;
 use tidegate_model::{
     unix_now, AcmeAccount, AcmeSpec, AcmeState, CertName, ChallengeAnswer, ChallengeKind, ChangeSet, KeyedChain, Op,
+    RenewalInfo,
 };
 
-use crate::client::Client;
+use crate::client::{Client, RetryHint};
 use crate::plan::{self, Why};
 
 /// Why an order failed (its text is the certificate's `last_error`).
@@ -80,7 +82,8 @@ pub async fn run(control: &Control, name: &CertName, why: Why) -> Result<(), Ord
         s.orders += 1;
     })
     .await?;
-    let outcome = match tokio::time::timeout(ORDER_TIMEOUT, order(control, name, &acme)).await {
+    let hint = RetryHint::default();
+    let outcome = match tokio::time::timeout(ORDER_TIMEOUT, order(control, name, &acme, &hint)).await {
         Ok(outcome) => outcome,
         Err(_) => Err(OrderError::Timeout),
     };
@@ -100,16 +103,19 @@ pub async fn run(control: &Control, name: &CertName, why: Why) -> Result<(), Ord
                 s.retry_at = 0;
                 s.last_error = None;
                 s.ordering_since = 0;
+                // The CA is asked about the new certificate next.
+                s.renewal_info = None;
             })
             .await
         }
         Err(OrderError::Gone) => Err(OrderError::Gone),
         Err(e) => {
             let text = e.to_string();
-            tracing::warn!(certificate = %name, error = %text, "ACME order failed");
+            let ca_wait = hint.seconds();
+            tracing::warn!(certificate = %name, error = %text, ca_retry_after_s = ?ca_wait, "ACME order failed");
             let _ = write(control, name, |s| {
                 s.failures = s.failures.saturating_add(1);
-                s.retry_at = unix_now() + plan::retry_after(s.failures, None) as i64;
+                s.retry_at = unix_now() + plan::retry_after(s.failures, ca_wait) as i64;
                 s.last_error = Some(text.clone());
                 s.challenges.clear();
                 // A renewal asked for is answered by this attempt, failed
@@ -147,11 +153,85 @@ fn current_dns_records(control: &Control, name: &CertName) -> Vec<(String, Strin
         .collect()
 }
 
+/// Asks the CA's renewal information (ACME ARI, RFC 9773) about the
+/// certificate `name` serves, and records the window it suggests (or that
+/// the CA offers none, or that the question failed and when to ask again).
+pub async fn ask_renewal_info(control: &Control, name: &CertName) -> Result<(), OrderError> {
+    let (acme, issued) = {
+        let config = control.config();
+        let m = config.state.certificates().get(name).and_then(|c| c.managed().cloned()).ok_or(OrderError::Gone)?;
+        (m.acme, m.state.issued.ok_or(OrderError::Gone)?)
+    };
+    let now = unix_now();
+    let info = match renewal_window(control, name, &acme, &issued).await {
+        Ok(Some((start, end, retry_after))) => {
+            let renew_at = plan::in_window(start, end, fastrand::f64(), now);
+            let next_check = now + plan::renewal_info_recheck(Some(retry_after)) as i64;
+            tracing::info!(certificate = %name, start, end, renew_at, "the CA's renewal information read");
+            RenewalInfo::Window { start, end, renew_at, next_check }
+        }
+        Ok(None) => RenewalInfo::NotOffered,
+        Err(OrderError::Gone) => return Err(OrderError::Gone),
+        Err(e) => {
+            tracing::warn!(certificate = %name, error = %e, "asking the CA's renewal information failed");
+            RenewalInfo::Unanswered { next_check: now + plan::RENEWAL_INFO_RETRY as i64 }
+        }
+    };
+    write(control, name, move |s| s.renewal_info = Some(info)).await
+}
+
+/// The CA's suggested renewal window for `issued` (Unix seconds) and its
+/// `Retry-After` in seconds; None when the CA offers no renewal
+/// information.
+async fn renewal_window(
+    control: &Control,
+    name: &CertName,
+    acme: &AcmeSpec,
+    issued: &KeyedChain,
+) -> Result<Option<(i64, i64, u64)>, OrderError> {
+    let id = certificate_id(issued)?;
+    let account = account(control, name, acme, &RetryHint::default()).await?;
+    match account.renewal_info(&id).await {
+        Ok((info, retry_after)) => {
+            let window = info.suggested_window;
+            Ok(Some((window.start.unix_timestamp(), window.end.unix_timestamp(), retry_after.as_secs())))
+        }
+        Err(instant_acme::Error::Unsupported(_)) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The ARI identifier of the leaf of `chain`: its issuer's key identifier
+/// and its serial number.
+fn certificate_id(chain: &KeyedChain) -> Result<CertificateIdentifier<'static>, OrderError> {
+    let leaf = chain.certified_key().cert.first().ok_or_else(|| make("certificate identifier", "an empty chain"))?;
+    CertificateIdentifier::try_from(leaf).map_err(|e| make("certificate identifier", e))
+}
+
 /// The order itself: the account, the challenges, the chain.
-async fn order(control: &Control, name: &CertName, acme: &AcmeSpec) -> Result<KeyedChain, OrderError> {
-    let account = account(control, name, acme).await?;
+async fn order(
+    control: &Control,
+    name: &CertName,
+    acme: &AcmeSpec,
+    hint: &RetryHint,
+) -> Result<KeyedChain, OrderError> {
+    let account = account(control, name, acme, hint).await?;
     let identifiers: Vec<Identifier> = acme.hosts().iter().map(|h| Identifier::Dns(h.clone())).collect();
-    let mut order = account.new_order(&NewOrder::new(&identifiers)).await?;
+    // A renewal names the certificate it replaces when the CA keeps
+    // renewal information (RFC 9773 section 5): the CA may then exempt it
+    // from its rate limits. Should the CA refuse that (the certificate
+    // already replaced), the order goes again without.
+    let replaces = replaced(control, name)?;
+    let mut order = match replaces {
+        Some(id) => match account.new_order(&NewOrder::new(&identifiers).replaces(id)).await {
+            Ok(order) => order,
+            Err(e) => {
+                tracing::info!(certificate = %name, error = %e, "the CA refused the replacement; ordering anew");
+                account.new_order(&NewOrder::new(&identifiers)).await?
+            }
+        },
+        None => account.new_order(&NewOrder::new(&identifiers)).await?,
+    };
     let kind = match acme.challenge() {
         ChallengeKind::Http01 => ChallengeType::Http01,
         ChallengeKind::TlsAlpn01 => ChallengeType::TlsAlpn01,
@@ -221,6 +301,17 @@ async fn order(control: &Control, name: &CertName, acme: &AcmeSpec) -> Result<Ke
     KeyedChain::new(chain, key.serialize_pem()).map_err(|e| make("issued certificate", e))
 }
 
+/// The identifier of the certificate a new order of `name` replaces: the
+/// one served, when the CA offers renewal information.
+fn replaced(control: &Control, name: &CertName) -> Result<Option<CertificateIdentifier<'static>>, OrderError> {
+    let config = control.config();
+    let m = config.state.certificates().get(name).and_then(|c| c.managed()).ok_or(OrderError::Gone)?;
+    match (&m.state.issued, &m.state.renewal_info) {
+        (Some(issued), Some(info)) if info.offered() => certificate_id(issued).map(Some),
+        _ => Ok(None),
+    }
+}
+
 /// What the CA said of a refused authorization, when it said something.
 async fn refusal(order: &mut instant_acme::Order) -> Option<String> {
     let mut authorizations = order.authorizations();
@@ -244,8 +335,9 @@ fn make(what: &'static str, e: impl std::fmt::Display) -> OrderError {
 
 /// The account to order with: the one stored for this directory, or a new
 /// one (recorded at once, so a failed order does not create another).
-async fn account(control: &Control, name: &CertName, acme: &AcmeSpec) -> Result<Account, OrderError> {
-    let client = || Client::new(acme.directory_ca()).map(|c| Box::new(c) as Box<dyn instant_acme::HttpClient>);
+async fn account(control: &Control, name: &CertName, acme: &AcmeSpec, hint: &RetryHint) -> Result<Account, OrderError> {
+    let client =
+        || Client::new(acme.directory_ca(), hint.clone()).map(|c| Box::new(c) as Box<dyn instant_acme::HttpClient>);
     let stored = {
         let config = control.config();
         // Any managed certificate's account for the same directory and

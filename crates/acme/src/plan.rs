@@ -14,6 +14,8 @@ pub enum Why {
     HostsChanged,
     /// Its renewal time came.
     RenewalDue,
+    /// The CA's renewal information (RFC 9773) asked for it earlier.
+    CaSuggested,
     /// A user asked (`ctl cert renew`).
     Requested,
 }
@@ -25,6 +27,7 @@ impl Why {
             Why::First => "no certificate yet",
             Why::HostsChanged => "the hosts changed",
             Why::RenewalDue => "renewal is due",
+            Why::CaSuggested => "the CA's renewal information suggests it",
             Why::Requested => "a renewal was requested",
         }
     }
@@ -35,6 +38,9 @@ impl Why {
 pub enum Due {
     /// Place an order now.
     Now(Why),
+    /// Ask the CA's renewal information (RFC 9773) about the certificate
+    /// served: never asked about this one, or its time to ask again came.
+    AskRenewalInfo,
     /// Nothing before this time (Unix seconds): its renewal, or the end of
     /// a failure's back-off.
     At(i64),
@@ -60,11 +66,41 @@ pub fn due(m: &Managed, now: i64) -> Due {
     if !m.covers_hosts() {
         return Due::Now(Why::HostsChanged);
     }
-    if now >= s.renew_at {
-        return Due::Now(Why::RenewalDue);
+    let due_at = s.renewal_due_at();
+    if now >= due_at {
+        return Due::Now(if due_at < s.renew_at { Why::CaSuggested } else { Why::RenewalDue });
     }
-    Due::At(s.renew_at)
+    match s.renewal_info.as_ref().map(|r| r.next_check()) {
+        None => Due::AskRenewalInfo,
+        Some(Some(check)) if now >= check => Due::AskRenewalInfo,
+        Some(Some(check)) => Due::At(due_at.min(check)),
+        Some(None) => Due::At(due_at),
+    }
 }
+
+/// The time to renew at in the window `[start, end]` a CA suggests (RFC
+/// 9773, section 4.2): a uniformly random point of it (`random` in 0..1),
+/// so that a CA's renewals spread over the window; now when that point
+/// (or the whole window) is past.
+pub fn in_window(start: i64, end: i64, random: f64, now: i64) -> i64 {
+    let end = end.max(start);
+    let picked = start.saturating_add(((end - start) as f64 * random.clamp(0.0, 1.0)) as i64);
+    picked.max(now)
+}
+
+/// Seconds before asking a CA's renewal information again, after it
+/// answered with `retry_after` (its `Retry-After`): at least a minute, at
+/// most a day (RFC 9773 section 4.3 leaves the bounds to the client; a CA
+/// that says "now" must not be asked in a loop, and a renewal the CA
+/// brings forward should be seen the same day).
+pub fn renewal_info_recheck(retry_after: Option<u64>) -> u64 {
+    retry_after.unwrap_or(RENEWAL_INFO_RETRY).clamp(60, 86_400)
+}
+
+/// Seconds before asking a CA's renewal information again after the
+/// question failed, or when it gave no `Retry-After`: six hours, RFC 9773's
+/// suggested default.
+pub const RENEWAL_INFO_RETRY: u64 = 6 * 3_600;
 
 /// When a certificate valid from `not_before` to `not_after` is to be
 /// renewed: after `fraction` of its lifetime, brought earlier by `jitter`
@@ -119,6 +155,7 @@ mod tests {
                 let mut state = spec.managed().unwrap().state.clone();
                 state.issued = Some(KeyedChain::new(cert.pem(), key.serialize_pem()).unwrap());
                 state.renew_at = 1_000 * DAY;
+                state.renewal_info = Some(tidegate_model::RenewalInfo::NotOffered);
                 with_state(&spec, state)
             }
         }
@@ -163,6 +200,50 @@ mod tests {
         (cs, _) = cs.apply(&tidegate_model::ChangeSet { if_revision: None, ops }, 1).unwrap();
         let requested = cs.certificates().get("c").unwrap();
         assert_eq!(due(requested.managed().unwrap(), 10), Due::Now(Why::Requested), "a request skips the back-off");
+    }
+
+    #[test]
+    fn the_cas_renewal_information_is_asked_and_can_bring_the_renewal_forward() {
+        use tidegate_model::RenewalInfo;
+        let valid = managed(&["a.example"], Some(&["a.example"]));
+        let mut state = valid.managed().unwrap().state.clone();
+        state.renewal_info = None;
+        let never_asked = with_state(&valid, state.clone());
+        assert_eq!(due(never_asked.managed().unwrap(), 10), Due::AskRenewalInfo, "a new certificate is asked about");
+        // A window earlier than the certificate's own time: renewal then,
+        // and the CA asked again meanwhile.
+        state.renewal_info = Some(RenewalInfo::Window { start: 100, end: 200, renew_at: 150, next_check: 120 });
+        let advised = with_state(&valid, state.clone());
+        let m = advised.managed().unwrap();
+        assert_eq!(due(m, 10), Due::At(120), "the next question comes first");
+        assert_eq!(due(m, 120), Due::AskRenewalInfo);
+        assert_eq!(due(m, 150), Due::Now(Why::CaSuggested));
+        // A window later than its own time changes nothing.
+        state.renewal_info =
+            Some(RenewalInfo::Window { start: 2_000 * DAY, end: 2_001 * DAY, renew_at: 2_000 * DAY, next_check: DAY });
+        let later = with_state(&valid, state.clone());
+        assert_eq!(due(later.managed().unwrap(), 10), Due::At(DAY));
+        assert_eq!(due(later.managed().unwrap(), 1_000 * DAY), Due::Now(Why::RenewalDue));
+        // A failed question is asked again later; a CA without it never.
+        state.renewal_info = Some(RenewalInfo::Unanswered { next_check: 500 });
+        let unanswered = with_state(&valid, state.clone());
+        assert_eq!(due(unanswered.managed().unwrap(), 10), Due::At(500));
+        state.renewal_info = Some(RenewalInfo::NotOffered);
+        let none = with_state(&valid, state);
+        assert_eq!(due(none.managed().unwrap(), 999 * DAY), Due::At(1_000 * DAY));
+    }
+
+    #[test]
+    fn a_point_in_the_window_is_picked_at_random_or_now_when_past() {
+        assert_eq!(in_window(100, 200, 0.0, 0), 100);
+        assert_eq!(in_window(100, 200, 0.5, 0), 150);
+        assert_eq!(in_window(100, 200, 1.0, 0), 200);
+        assert_eq!(in_window(100, 200, 0.2, 170), 170, "a point already past: now");
+        assert_eq!(in_window(100, 200, 0.9, 500), 500, "a window already past: now");
+        assert_eq!(in_window(200, 100, 0.5, 0), 200, "an inverted window is its start");
+        assert_eq!(renewal_info_recheck(Some(0)), 60, "a CA saying now is not asked in a loop");
+        assert_eq!(renewal_info_recheck(Some(10 * 86_400)), 86_400);
+        assert_eq!(renewal_info_recheck(None), 6 * 3_600);
     }
 
     #[test]

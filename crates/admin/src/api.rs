@@ -155,9 +155,17 @@ pub struct AcmeView<'a> {
     /// `pending`, `ordering`, `valid`, `renewing`, `failing`, or
     /// `on_demand` for a template.
     pub status: AcmeStatus,
-    /// When the next renewal is due (Unix seconds), once one is issued.
+    /// When the next renewal is due (Unix seconds), once one is issued:
+    /// after `renew_after` of the lifetime, or earlier when the CA's
+    /// renewal information says so.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub renew_at: Option<i64>,
+    /// What the CA's renewal information (ARI, RFC 9773) said of the
+    /// certificate served: `not_offered`, its suggested `window` (`start`,
+    /// `end`, the `renew_at` picked in it, `next_check`), or `unanswered`
+    /// (`next_check`); absent until asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub renewal_info: Option<tidegate_model::RenewalInfo>,
     /// When the certificate served was issued (Unix seconds).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub issued_at: Option<i64>,
@@ -188,7 +196,8 @@ impl<'a> AcmeView<'a> {
             directory: m.acme.directory(),
             challenge: m.acme.challenge().as_str(),
             status: m.status(),
-            renew_at: positive(s.renew_at),
+            renew_at: positive(s.renewal_due_at()),
+            renewal_info: s.renewal_info,
             issued_at: positive(s.issued_at),
             orders: s.orders,
             failures: s.failures,

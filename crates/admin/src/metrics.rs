@@ -227,12 +227,12 @@ impl Collector for ConfigCollector {
             help,
             managed.iter().map(|(n, m)| ([("name", *n)], i64::from(m.state.failures))),
         )?;
-        let help = "When each managed certificate is due for renewal (Unix time; 0 before its first issuance).";
+        let help = "When each managed certificate is due for renewal, the CA's renewal information considered (Unix time; 0 before its first issuance).";
         gauge(
             &mut enc,
             "tidegate_acme_renew_at_seconds",
             help,
-            managed.iter().map(|(n, m)| ([("name", *n)], m.state.renew_at)),
+            managed.iter().map(|(n, m)| ([("name", *n)], m.state.renewal_due_at())),
         )?;
         let help = "1 when a managed certificate serves a certificate for exactly its hosts.";
         let valid = managed.iter().map(|(n, m)| ([("name", *n)], i64::from(m.covers_hosts())));

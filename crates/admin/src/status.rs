@@ -170,7 +170,7 @@ fn managed(config: &tidegate_model::ConfigState) -> std::collections::BTreeMap<S
                     status: m.status(),
                     issuer: info.map(|i| i.issuer.clone()),
                     not_after: info.map(|i| i.not_after),
-                    renew_at: positive(m.state.renew_at),
+                    renew_at: positive(m.state.renewal_due_at()),
                     orders: m.state.orders,
                     last_error: m.state.last_error.clone().filter(|_| m.state.failures > 0),
                 },

@@ -487,8 +487,66 @@ pub struct AcmeState {
     pub last_error: Option<String>,
     /// Since when an order is under way (Unix seconds; 0: none).
     pub ordering_since: i64,
+    /// What the CA's renewal information said of the certificate served
+    /// (None: not asked yet about this one).
+    pub renewal_info: Option<RenewalInfo>,
     /// Serialized with the secrets replaced (read APIs).
     redact: bool,
+}
+
+impl AcmeState {
+    /// When the certificate served is to be renewed (Unix seconds): its own
+    /// time (`renew_at`), or the time picked in the window the CA suggests
+    /// (RFC 9773) when that is earlier.
+    pub fn renewal_due_at(&self) -> i64 {
+        match &self.renewal_info {
+            Some(RenewalInfo::Window { renew_at, .. }) => self.renew_at.min(*renew_at),
+            _ => self.renew_at,
+        }
+    }
+}
+
+/// What a CA's ACME Renewal Information (ARI, RFC 9773) said of the
+/// certificate served. A CA uses it to ask for earlier renewals (a
+/// certificate about to be revoked, an incident), and to spread renewals
+/// over time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum RenewalInfo {
+    /// The CA offers none: not asked again until the next certificate.
+    NotOffered,
+    /// The CA's suggested window, and when to ask again.
+    Window {
+        /// Start of the suggested window (Unix seconds).
+        start: i64,
+        /// End of the suggested window (Unix seconds).
+        end: i64,
+        /// The time picked at random in it (now, when it has begun).
+        renew_at: i64,
+        /// When to ask again (the CA's `Retry-After`, within a minute and a
+        /// day).
+        next_check: i64,
+    },
+    /// The last question failed (the CA unreachable, a bad answer).
+    Unanswered {
+        /// When to ask again.
+        next_check: i64,
+    },
+}
+
+impl RenewalInfo {
+    /// When to ask the CA again, if ever.
+    pub fn next_check(&self) -> Option<i64> {
+        match self {
+            RenewalInfo::NotOffered => None,
+            RenewalInfo::Window { next_check, .. } | RenewalInfo::Unanswered { next_check } => Some(*next_check),
+        }
+    }
+
+    /// Whether the CA offers renewal information (as far as is known).
+    pub fn offered(&self) -> bool {
+        !matches!(self, RenewalInfo::NotOffered)
+    }
 }
 
 /// An ACME account: the directory it lives at and its credentials
@@ -565,6 +623,8 @@ pub(crate) struct AcmeStateWire {
     last_error: Option<String>,
     #[serde(default)]
     ordering_since: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    renewal_info: Option<RenewalInfo>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -629,6 +689,7 @@ impl AcmeState {
             retry_at: self.retry_at,
             last_error: self.last_error.clone(),
             ordering_since: self.ordering_since,
+            renewal_info: self.renewal_info,
         }
     }
 }
@@ -683,6 +744,7 @@ impl TryFrom<AcmeStateWire> for AcmeState {
             retry_at: w.retry_at,
             last_error: w.last_error,
             ordering_since: w.ordering_since,
+            renewal_info: w.renewal_info,
             redact: false,
         })
     }

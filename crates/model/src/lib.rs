@@ -29,7 +29,9 @@ mod service;
 mod state;
 pub mod static_root;
 
-pub use acme::{AcmeAccount, AcmeSpec, AcmeState, AcmeStatus, ChallengeAnswer, ChallengeKind, DnsHook, OnDemand};
+pub use acme::{
+    AcmeAccount, AcmeSpec, AcmeState, AcmeStatus, ChallengeAnswer, ChallengeKind, DnsHook, OnDemand, RenewalInfo,
+};
 pub use certificate::{unix_now, CertificateInfo, CertificateInput, CertificateSpec, KeptKey, KeyedChain, Managed};
 pub use change::{check_change_set, fold_field, parse_change_set, parse_json, ChangeSet, Op, ParseError};
 pub use client_auth::{

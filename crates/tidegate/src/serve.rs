@@ -23,13 +23,24 @@ use crate::config_file;
 /// fill the log with them.
 pub const DEFAULT_LOG_FILTER: &str = "info,rustls=error";
 
+/// The filter for a `TIDEGATE_LOG` value: the value, with rustls held at
+/// `error` unless the value names rustls itself; the default when unset.
+fn log_filter(value: Option<&str>) -> String {
+    match value.map(str::trim) {
+        None | Some("") => DEFAULT_LOG_FILTER.to_string(),
+        Some(v) if v.contains("rustls") => v.to_string(),
+        Some(v) => format!("{v},rustls=error"),
+    }
+}
+
 /// Application logs on standard error, filtered by `TIDEGATE_LOG` (default
 /// [`DEFAULT_LOG_FILTER`]): readable text, in colour only on a terminal, or
 /// one JSON object per line with `TIDEGATE_LOG_FORMAT=json` (or
 /// `--log-format json`).
 pub fn init_logs(json: bool) {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_env("TIDEGATE_LOG").unwrap_or_else(|_| DEFAULT_LOG_FILTER.into());
+    let value = std::env::var("TIDEGATE_LOG").ok();
+    let filter = tracing_subscriber::EnvFilter::try_new(log_filter(value.as_deref()))
+        .unwrap_or_else(|_| DEFAULT_LOG_FILTER.into());
     let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     if json {
         logs.json().with_current_span(false).init();
@@ -858,6 +869,14 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         std::os::unix::fs::symlink(dir.path().join("elsewhere"), &path).unwrap();
         assert!(admin_token(dir.path()).unwrap_err().to_string().contains("symbolic link"));
+    }
+
+    #[test]
+    fn a_filter_given_holds_rustls_at_error_unless_it_names_it() {
+        assert_eq!(log_filter(None), DEFAULT_LOG_FILTER);
+        assert_eq!(log_filter(Some(" ")), DEFAULT_LOG_FILTER);
+        assert_eq!(log_filter(Some("warn")), "warn,rustls=error");
+        assert_eq!(log_filter(Some("debug,rustls=debug")), "debug,rustls=debug");
     }
 
     #[test]

@@ -299,6 +299,14 @@ async fn certificates_are_issued_through_http01_and_tls_alpn01_served_by_sni_and
     assert!(v["certificate"]["acme"]["renew_at"].as_i64() > Some(0), "{v}");
     let root = pebble.root();
     assert_eq!(get_verified(tls, "shop.test", &root).await.unwrap(), "HTTP/1.1 200 OK");
+    // The CA is asked for its renewal information about the new
+    // certificate; Debian's Pebble (2.4) keeps none, which is recorded so
+    // that it is not asked again.
+    wait_for("the CA's renewal information is asked", Duration::from_secs(30), async || {
+        let (_, v) = tg.api("GET", "/v1/certificates/shop", None).await;
+        (v["certificate"]["acme"]["renewal_info"] == json!({"kind": "not_offered"})).then_some(())
+    })
+    .await;
 
     // TLS-ALPN-01, answered by the TLS listener's resolver.
     let (s, v) = tg
