@@ -18,7 +18,14 @@
 # certificate instead: issued at the start by Pebble (Debian's `pebble`,
 # Let's Encrypt's test CA, through TLS-ALPN-01 on loopback), the same key
 # type (ECDSA P-256), so the two show what a managed certificate costs a
-# handshake against an uploaded one (skipped without pebble).
+# handshake against an uploaded one (skipped without pebble). Then, on that
+# Tidegate, on-demand TLS under a flood (bench/lib/on_demand_flood.py):
+# FLOOD handshakes with made-up server names that an on-demand template's
+# `ask` endpoint refuses, started at FLOOD_RATE/s, while a normal client
+# makes HTTPS requests at NORMAL_RATE/s on new connections; its p50/p99
+# quiet, during a control flood for the certificate's own name, and during
+# the flood of refused names; the orders Pebble got (0 is the goal) and the
+# questions per name.
 # And, for Tidegate alone, certificate churn: PUTS certificate replacements
 # through the API (two certificates for the same name, alternated), each
 # followed by a new verifying handshake that must be served the one just
@@ -27,10 +34,11 @@
 # 127.0.0.1; every process it starts is stopped at exit.
 #
 #   bench/tls.sh [--reps N] [--duration S] [--conns N] [--workers N] [--out FILE.jsonl]
-#                [--bin-dir DIR] [--port-base N]
+#                [--bin-dir DIR] [--port-base N] [--flood N] [--flood-quiet S]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS=3 DURATION=8 CONNS=64 WORKERS=2 OUT="" BIN_DIR="" PORT_BASE=19400 MODES=${MODES:-"handshake h1 h2 up_h1 up_h2"} PUTS=${PUTS:-200}
+FLOOD=1000 FLOOD_QUIET=5 FLOOD_RATE=200 NORMAL_RATE=50
 while [ $# -gt 0 ]; do
   case "$1" in
     --reps) REPS=$2; shift 2;;
@@ -40,6 +48,8 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift 2;;
     --bin-dir) BIN_DIR=$2; shift 2;;
     --port-base) PORT_BASE=$2; shift 2;;
+    --flood) FLOOD=$2; shift 2;;
+    --flood-quiet) FLOOD_QUIET=$2; shift 2;;
     *) echo "unknown option $1" >&2; exit 2;;
   esac
 done
@@ -292,6 +302,13 @@ print(json.dumps({"proxy": "tidegate", "mode": "cert_put", "puts": puts, "live_o
                   "answer_p50_ms": pct(0.5), "answer_p99_ms": pct(0.99), "answer_max_ms": round(times[-1], 3),
                   "rps": 0.0, "requests": puts, "errors": puts - live}))
 PY
+# On-demand TLS under a flood of refused names (the managed certificate's Tidegate).
+if [ -n "$ACME" ] && [ "$FLOOD" -gt 0 ]; then
+  python3 bench/lib/on_demand_flood.py --admin "127.0.0.1:$A_TGM" --token "$TOKEN" --tls-port "$P_TGM" \
+    --sni bench.example --directory "https://127.0.0.1:$P_PEBBLE/dir" --directory-ca "$WORK/ca.pem" \
+    --pebble-log "$WORK/pebble.out" --work "$WORK" --flood "$FLOOD" --rate "$NORMAL_RATE" --flood-rate "$FLOOD_RATE" \
+    --quiet-s "$FLOOD_QUIET" | tee -a "$RESULTS" | cut -c1-200
+fi
 echo "== medians over $REPS runs of ${DURATION}s, $CONNS connections, $WORKERS workers each"
 python3 - "$RESULTS" <<'PY'
 import json, statistics, sys
@@ -309,6 +326,10 @@ for mode in ("handshake", "h1", "h2", "up_h1", "up_h2"):
         rps = med(v, "rps")
         print(f"{mode:9} {name:13} {rps:9.0f} req/s ({rps/base:4.2f}x {peer})  p99 {med(v, 'p99_ms'):7.2f} ms"
               f"  cpu {med(v, 'cpu_us_per_req'):6.1f} us/req  errors {sum(x['errors'] for x in v)}")
+for c in rows.get(("on_demand", "tidegate_acme"), []):
+    print(f"on_demand tidegate  {c['flood_handshakes']} refused names in {c['flood_s']} s: normal client p99"
+          f" {c['quiet_p99_ms']} ms quiet, {c['flood_p99_ms']} ms flooded ({c['p99_ratio']}x);"
+          f" {c['orders_during_flood']} orders, at most {c['most_questions_per_name']} question(s) per name")
 for c in rows.get(("cert_put", "tidegate"), []):
     print(f"cert_put  tidegate  {c['puts']} PUTs: answer p50 {c['answer_p50_ms']} ms, p99 {c['answer_p99_ms']} ms;"
           f" {c['live_on_next_handshake']}/{c['puts']} live on the next handshake")

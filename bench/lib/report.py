@@ -561,20 +561,32 @@ def md_tls(r):
          f"certificate put through the API), {p['conns']} connections, {p['duration']} s per run, {p['reps']} "
          "repetition(s) alternated, medians. CPU µs/req = the proxy's CPU time over the requests served.\n\n"]
     rows = []
+    names = {"tidegate_acme": "tidegate (managed certificate)"}
     for mode, label in TLS_MODES:
-        for proxy in ("tidegate", "nginx", "haproxy"):
+        for proxy in ("tidegate", "tidegate_acme", "nginx", "haproxy"):
             v = r["summary"].get(mode, {}).get(proxy)
             if not v:
                 continue
             ratio, peer = vs_peer(r["summary"][mode], proxy)
-            rows.append([label, proxy, v["rps"], v.get("p99_ms"), v.get("cpu_us_per_req"), v["errors"],
-                         f"{fmt(ratio, 2)}x {peer}" if ratio else "—"])
+            rows.append([label, names.get(proxy, proxy), v["rps"], v.get("p99_ms"), v.get("cpu_us_per_req"),
+                         v["errors"], f"{fmt(ratio, 2)}x {peer}" if ratio else "—"])
     s.append(table(["mode", "proxy", "req/s", "p99 ms", "CPU µs/req", "errors", "vs peer"], rows))
     for c in (x for x in r["runs"] if x.get("mode") == "cert_put"):
         s.append(f"\nCertificate churn (Tidegate): {c['puts']} replacements of one certificate through the API, each "
                  f"followed by a new verifying handshake: answer p50 {c['answer_p50_ms']} ms, p99 "
                  f"{c['answer_p99_ms']} ms, max {c['answer_max_ms']} ms; **{c['live_on_next_handshake']} of "
                  f"{c['puts']}** handshakes after the answer were served the new certificate.\n")
+    for c in (x for x in r["runs"] if x.get("mode") == "on_demand"):
+        s.append(f"\nOn-demand TLS under a flood (Tidegate with the managed certificate and an on-demand template "
+                 f"whose `ask` endpoint refuses every name): {c['flood_handshakes']} handshakes with made-up server "
+                 f"names over {c['flood_s']} s ({c['flood_per_s']}/s of {c['flood_rate']}/s offered), while a normal client made HTTPS requests on "
+                 f"new connections at {c['normal_rate']}/s: its p50/p99 {c['quiet_p50_ms']}/{c['quiet_p99_ms']} ms "
+                 f"quiet, {c['control_p50_ms']}/{c['control_p99_ms']} ms during the same flood for the certificate's "
+                 f"own name (the control: what the handshakes cost), {c['flood_p50_ms']}/{c['flood_p99_ms']} ms "
+                 f"during the flood of refused names (**p99 {c['p99_ratio']}x quiet**, goal ≤ 2x; "
+                 f"{c['p99_ratio_to_control']}x the control), {c['errors']} failed; "
+                 f"**{c['orders_during_flood']} orders** at Pebble; "
+                 f"{c['names_asked']} names asked, at most {c['most_questions_per_name']} question(s) each.\n")
     ratios = [(m, r["summary"].get(m, {}).get("tidegate", {}).get("vs_nginx")) for m in TLS_GOAL_MODES]
     ratios = [(m, v) for m, v in ratios if v]
     if ratios:

@@ -44,8 +44,8 @@ PARAMS = {
         "full": {"requests": 1500, "reps": 3, "warmup": 200, "rate": 50},
     },
     "tls": {
-        "smoke": {"reps": 1, "duration": 1, "conns": 16, "workers": 2},
-        "full": {"reps": 3, "duration": 8, "conns": 64, "workers": 2},
+        "smoke": {"reps": 1, "duration": 1, "conns": 16, "workers": 2, "flood": 200, "flood_quiet": 1},
+        "full": {"reps": 3, "duration": 8, "conns": 64, "workers": 2, "flood": 1000, "flood_quiet": 5},
     },
     # duration: the quiet window; hostile_duration: the window under every
     # attacker (longer than the 60 s write timeout in full, so that the
@@ -262,7 +262,8 @@ def tls(ctx: Ctx) -> dict:
     p = PARAMS["tls"][ctx.profile]
     out = ctx.work / "tls.jsonl"
     sh(ctx, "tls.sh", ["--reps", str(p["reps"]), "--duration", str(p["duration"]), "--conns", str(p["conns"]),
-                       "--workers", str(p["workers"]), "--port-base", str(free_port_block()), "--out", str(out)], "tls")
+                       "--workers", str(p["workers"]), "--port-base", str(free_port_block()), "--out", str(out),
+                       "--flood", str(p["flood"]), "--flood-quiet", str(p["flood_quiet"])], "tls")
     runs = jsonl(out)
     return {"params": p, "runs": runs, "summary": summarize(runs, lambda r: r["mode"], lambda rs: {})}
 
