@@ -15,11 +15,14 @@
 //! - [`order`]: one order, from the account to the chain.
 //! - [`on_demand`]: certificates for server names nobody configured,
 //!   issued during their first handshake when a template allows them.
+//! - [`events`]: what happened to each certificate (ordered, issued,
+//!   failed), read from the configuration's changes on every instance.
 //! - [`spawn`]: the loop that runs them. In cluster mode each managed
 //!   certificate is a role (`acme/NAME`, an etcd lease): one instance
 //!   orders it, and another takes over when that one dies.
 
 mod client;
+pub mod events;
 mod hook;
 pub mod on_demand;
 pub mod order;

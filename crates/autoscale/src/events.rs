@@ -1,4 +1,5 @@
-//! Autoscaling events: every decision and action, with why and the signals.
+//! The event log: every autoscaling decision and action, with why and the
+//! signals, and what happened to the managed certificates (their orders).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -37,6 +38,17 @@ pub enum EventKind {
     Leader,
     /// Another instance leads it now; this one stopped scaling it.
     Follower,
+    /// A managed certificate's order was placed with its CA.
+    CertificateOrdering,
+    /// A managed certificate was issued; it is served from the next
+    /// handshake.
+    CertificateIssued,
+    /// A managed certificate's order failed (the one issued before, if
+    /// any, is still served).
+    CertificateFailed,
+    /// The CA's renewal information (RFC 9773) brought a managed
+    /// certificate's renewal forward.
+    CertificateRenewalMoved,
 }
 
 /// One event.
@@ -46,8 +58,12 @@ pub struct Event {
     pub seq: u64,
     /// Wall-clock time, ms since the Unix epoch.
     pub at_unix_ms: u64,
-    /// The service.
+    /// The service (absent for a certificate's event).
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub service: String,
+    /// The managed certificate, for a certificate's event.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub certificate: Option<String>,
     /// What happened.
     pub kind: EventKind,
     /// The instance concerned, if any.
@@ -75,6 +91,10 @@ pub struct Events {
     next: AtomicU64,
     feed: broadcast::Sender<Event>,
     counts: Mutex<std::collections::BTreeMap<(String, &'static str), u64>>,
+}
+
+fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// How many events are kept for `GET /v1/events`.
@@ -105,6 +125,10 @@ fn kind_name(k: EventKind) -> &'static str {
         EventKind::Adopted => "adopted",
         EventKind::Leader => "leader",
         EventKind::Follower => "follower",
+        EventKind::CertificateOrdering => "certificate_ordering",
+        EventKind::CertificateIssued => "certificate_issued",
+        EventKind::CertificateFailed => "certificate_failed",
+        EventKind::CertificateRenewalMoved => "certificate_renewal_moved",
     }
 }
 
@@ -132,12 +156,11 @@ impl Events {
         decision: Option<Decision>,
         repeats: u64,
     ) {
-        let at_unix_ms =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let event = Event {
             seq: self.next.fetch_add(1, Relaxed),
-            at_unix_ms,
+            at_unix_ms: now_unix_ms(),
             service: service.to_string(),
+            certificate: None,
             kind,
             instance: instance.map(str::to_string),
             detail,
@@ -148,6 +171,27 @@ impl Events {
         if let Ok(mut c) = self.counts.lock() {
             *c.entry((service.to_string(), kind_name(kind))).or_default() += 1;
         }
+        self.keep(event);
+    }
+
+    /// Records an event of the managed certificate `name` (the ACME
+    /// manager's; logged by the manager itself).
+    pub fn record_certificate(&self, name: &str, kind: EventKind, detail: String) {
+        let event = Event {
+            seq: self.next.fetch_add(1, Relaxed),
+            at_unix_ms: now_unix_ms(),
+            service: String::new(),
+            certificate: Some(name.to_string()),
+            kind,
+            instance: None,
+            detail,
+            decision: None,
+            repeats: 0,
+        };
+        self.keep(event);
+    }
+
+    fn keep(&self, event: Event) {
         if let Ok(mut r) = self.recent.lock() {
             if r.len() == KEEP {
                 r.pop_front();

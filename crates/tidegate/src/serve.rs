@@ -424,8 +424,20 @@ impl Background {
             let _in = runtime.enter();
             tidegate_health::spawn(control.snapshots(), control.snapshot_changes());
             tidegate_sources::spawn(control.snapshots(), control.snapshot_changes());
+            let certificate_events = events.clone();
             tidegate_autoscale::spawn(control.clone(), events, instances, scaling);
             tidegate_acme::spawn(control.clone(), acme_wake);
+            tidegate_acme::events::follow(control.clone(), move |e| {
+                use tidegate_acme::events::Happened;
+                use tidegate_autoscale::EventKind;
+                let kind = match e.what {
+                    Happened::Ordering => EventKind::CertificateOrdering,
+                    Happened::Issued => EventKind::CertificateIssued,
+                    Happened::Failed => EventKind::CertificateFailed,
+                    Happened::RenewalMoved => EventKind::CertificateRenewalMoved,
+                };
+                certificate_events.record_certificate(e.name.as_str(), kind, e.detail);
+            });
         }
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new()

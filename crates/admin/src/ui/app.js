@@ -195,7 +195,7 @@ async function pollEvents() {
   for (const e of events) {
     lastEvent = Math.max(lastEvent, e.seq);
     addTimeline($("events"), el("li", { "data-kind": e.kind },
-      el("time", {}, clock(e.at_unix_ms)), el("strong", {}, e.service), " ",
+      el("time", {}, clock(e.at_unix_ms)), el("strong", {}, e.service || "certificate " + e.certificate), " ",
       el("span", { class: "badge" }, e.kind.replace(/_/g, " ")), " ", e.instance ? e.instance + ": " : "", e.detail),
     KEEP_EVENTS);
   }

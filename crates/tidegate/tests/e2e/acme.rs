@@ -362,6 +362,26 @@ async fn certificates_are_issued_through_http01_and_tls_alpn01_served_by_sni_and
     assert!(acme["last_error"].as_str().is_some_and(|e| e.contains("unreachable.test")), "{v}");
     assert!(acme["retry_at"].as_i64() > Some(0) && acme["failures"] == 1, "{v}");
 
+    // The event log (and the dashboard) tells each order, issuance and
+    // failure.
+    let kinds_of = async |name: &str| -> Vec<String> {
+        let (_, v) = tg.api("GET", "/v1/events", None).await;
+        v["events"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .filter(|e| e["certificate"] == name)
+            .map(|e| e["kind"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    let shop = kinds_of("shop").await;
+    let count = |k: &str| shop.iter().filter(|x| *x == k).count();
+    assert_eq!((count("certificate_ordering"), count("certificate_issued")), (2, 2), "{shop:?}");
+    wait_for("the failure is in the event log", Duration::from_secs(10), async || {
+        kinds_of("bad").await.contains(&"certificate_failed".to_string()).then_some(())
+    })
+    .await;
+
     // Issued certificates are durable: a restart serves them with no new order.
     drop(tg);
     let tg = Tidegate::start_with(&dir.path().join("tg"), &["--listen-tls", "127.0.0.1:0"]);
