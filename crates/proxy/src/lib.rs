@@ -40,6 +40,7 @@ mod native;
 mod observe;
 mod pipeline;
 mod prepared;
+mod proxy_header;
 mod reply;
 mod rules_work;
 mod server;

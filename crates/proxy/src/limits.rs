@@ -50,6 +50,14 @@ pub struct Limits {
     /// Peers whose forwarding headers (`X-Forwarded-For`, `Forwarded`,
     /// `X-Real-IP`) are kept and appended to. Default: none.
     pub trusted_proxies: TrustedProxies,
+    /// Balancers in front that put a PROXY protocol header (version 1 or
+    /// 2) before each connection's bytes: a connection from one of these
+    /// networks must start with one (read within `first_request_timeout`),
+    /// and the client it names is the connection's client for everything
+    /// (routing conditions, rules, rate limits, per-client caps, logs,
+    /// `X-Forwarded-For`). From anywhere else a header is not accepted (it
+    /// is not HTTP, nor TLS, and the connection is closed). Default: none.
+    pub proxy_protocol_from: TrustedProxies,
     /// A request body up to this size is read whole before a backend is
     /// chosen (a slow client holds no backend, and the body can be retried
     /// on another); a larger one has this much read first, then streams.
@@ -92,6 +100,7 @@ impl Default for Limits {
             max_headers: 100,
             h2_max_streams: 100,
             trusted_proxies: TrustedProxies::default(),
+            proxy_protocol_from: TrustedProxies::default(),
             request_buffer_bytes: 1024 * 1024,
             request_buffer_total_bytes: 256 * 1024 * 1024,
             min_upload_rate: 1024,

@@ -75,6 +75,10 @@ pub(crate) struct Counters {
     /// TLS handshakes that succeeded, and that failed (or timed out).
     tls_ok: AtomicU64,
     tls_failed: AtomicU64,
+    /// PROXY protocol headers read from trusted balancers, and connections
+    /// closed for a missing, malformed or late one.
+    proxy_headers_ok: AtomicU64,
+    proxy_headers_failed: AtomicU64,
     /// Durations of requests that matched no route.
     pub(crate) unrouted: RouteStats,
 }
@@ -107,6 +111,11 @@ impl Counters {
 
     pub(crate) fn tls_handshake(&self, ok: bool) {
         let c = if ok { &self.tls_ok } else { &self.tls_failed };
+        c.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn proxy_header(&self, ok: bool) {
+        let c = if ok { &self.proxy_headers_ok } else { &self.proxy_headers_failed };
         c.fetch_add(1, Relaxed);
     }
 }
@@ -169,6 +178,13 @@ impl Collector for DataPlaneCollector {
         counter(&mut enc, "tidegate_upstream_connections_opened", help, [([], sum(|c| &c.upstream_opened))])?;
         let tls = [([("result", "ok")], sum(|c| &c.tls_ok)), ([("result", "failed")], sum(|c| &c.tls_failed))];
         counter(&mut enc, "tidegate_tls_handshakes", "TLS handshakes on the TLS listener, by result.", tls)?;
+        let headers = [
+            ([("result", "ok")], sum(|c| &c.proxy_headers_ok)),
+            ([("result", "failed")], sum(|c| &c.proxy_headers_failed)),
+        ];
+        let help = "PROXY protocol headers from trusted balancers (--proxy-protocol-from), by result (failed: \
+                    missing, malformed or late; the connection was closed).";
+        counter(&mut enc, "tidegate_proxy_protocol_headers", help, headers)?;
         if let Some(b) = m.buffers.get() {
             let help = "Bytes of request bodies held in memory before a backend was chosen (all workers), \
                         out of --request-buffer-total-bytes.";

@@ -384,7 +384,7 @@ async fn accept_loop(
         };
         tokio::select! {
             accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
+                let (mut stream, peer) = match accepted {
                     Ok(x) => x,
                     Err(e) => {
                         // Out of file descriptors and the like: back off a little.
@@ -393,30 +393,42 @@ async fn accept_loop(
                         continue;
                     }
                 };
-                // A client at its connection cap is closed at once.
-                let per_client = match proxy.admission().connection(peer.ip()) {
-                    Ok(hold) => hold,
-                    Err(cap) => {
-                        tracing::debug!(client = %peer, %cap, "connection refused");
-                        proxy.metrics().error(crate::ErrorKind::ClientLimit);
-                        continue;
-                    }
+                // A connection from a balancer that sends the PROXY
+                // protocol is admitted once its header names the client.
+                // `admitted`: None until then.
+                let balanced = limits.proxy_protocol_from.contains(peer.ip());
+                let admitted = match balanced {
+                    true => None,
+                    false => match admit(&proxy, peer) {
+                        Ok(per_client) => Some(per_client),
+                        Err(_) => continue,
+                    },
                 };
                 let _ = stream.set_nodelay(true);
                 proxy.metrics().connection();
                 let hold = Arc::new(ConnHold::new(permit, alive_tx.clone()));
-                let mut client = Peer::new(peer);
-                client.trusted = limits.trusted_proxies.contains(peer.ip());
-                client.conn_slot = Some(hold.clone());
-                client.set_listener(port, tls.is_some());
                 let (proxy, stop, limits, hyper) = (proxy.clone(), stop.clone(), limits.clone(), hyper.clone());
                 let engine = opts.http1;
-                match tls.clone() {
-                    None => tokio::spawn(async move {
+                let tls = tls.clone();
+                tokio::spawn(async move {
+                    let (addr, per_client) = match admitted {
+                        Some(per_client) => (peer, per_client),
+                        None => {
+                            let Some(addr) = balanced_client(&mut stream, peer, &proxy, &limits).await else { return };
+                            let Ok(per_client) = admit(&proxy, addr) else { return };
+                            (addr, per_client)
+                        }
+                    };
+                    let mut client = Peer::new(addr);
+                    client.trusted = limits.trusted_proxies.contains(addr.ip());
+                    client.conn_slot = Some(hold.clone());
+                    client.set_listener(port, tls.is_some());
+                    match tls {
+                    None => {
                         serve_http(stream, engine, client, proxy, stop, limits, hyper).await;
                         drop((hold, per_client));
-                    }),
-                    Some(front) => tokio::spawn(async move {
+                    }
+                    Some(front) => {
                         let handshake = front.accept(stream);
                         let stream = match tokio::time::timeout(limits.first_request_timeout, handshake).await {
                             Ok(Ok((s, verified))) => {
@@ -444,8 +456,9 @@ async fn accept_loop(
                         };
                         serve_http(stream, engine, client, proxy, stop, limits, hyper).await;
                         drop((hold, per_client));
-                    }),
-                };
+                    }
+                    }
+                });
             }
             _ = stop.changed() => break,
         }
@@ -457,6 +470,36 @@ async fn accept_loop(
         tracing::info!(open, "the drain timeout closes the connections still open");
         slots.cut.fetch_max(open, std::sync::atomic::Ordering::Relaxed);
     }
+}
+
+/// The connection's place under `--max-connections-per-client` for the
+/// client at `addr` (None when there is no cap); an error when the client
+/// is at its cap: the connection is then closed.
+fn admit(proxy: &Proxy, addr: SocketAddr) -> Result<Option<crate::admission::ClientHold>, crate::admission::AtCap> {
+    proxy.admission().connection(addr.ip()).inspect_err(|cap| {
+        tracing::debug!(client = %addr, %cap, "connection refused");
+        proxy.metrics().error(crate::ErrorKind::ClientLimit);
+    })
+}
+
+/// The client a balancer's PROXY protocol header names on `stream` (the
+/// balancer itself, `peer`, for a header that names none); None when the
+/// header is missing, malformed or late (within the first request's
+/// timeout): the connection is then closed.
+async fn balanced_client(
+    stream: &mut tokio::net::TcpStream,
+    peer: SocketAddr,
+    proxy: &Proxy,
+    limits: &Limits,
+) -> Option<SocketAddr> {
+    let read = tokio::time::timeout(limits.first_request_timeout, crate::proxy_header::read(stream)).await;
+    let outcome = match read {
+        Ok(Ok(client)) => Ok(client.unwrap_or(peer)),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("no PROXY protocol header within the first request's timeout".to_string()),
+    };
+    proxy.metrics().proxy_header(outcome.is_ok());
+    outcome.map_err(|e| tracing::debug!(balancer = %peer, error = %e, "connection closed")).ok()
 }
 
 /// Serves one connection (plain or decrypted) with `engine`.

@@ -314,6 +314,15 @@ pub struct ServeArgs {
     /// Default: none; those headers from any other peer are replaced.
     #[arg(long, env = "TIDEGATE_TRUSTED_PROXIES", default_value = "")]
     pub trusted_proxies: tidegate_proxy::TrustedProxies,
+    /// Comma-separated IPs or CIDR blocks of TCP load balancers in front of
+    /// Tidegate that send the PROXY protocol (version 1 or 2; HAProxy's
+    /// `send-proxy`, an AWS NLB's proxy protocol v2): their connections, on
+    /// both listeners, must start with its header, read within
+    /// --first-request-timeout-s, and the client it names is the client for
+    /// routing, rules, caps, logs and X-Forwarded-For. From any other
+    /// address a header is refused. Default: none.
+    #[arg(long, env = "TIDEGATE_PROXY_PROTOCOL_FROM", default_value = "")]
+    pub proxy_protocol_from: tidegate_proxy::TrustedProxies,
     /// Seconds open connections may take to finish at shutdown.
     #[arg(long, env = "TIDEGATE_DRAIN_TIMEOUT_S", default_value_t = 10, value_parser = seconds())]
     pub drain_timeout_s: u64,

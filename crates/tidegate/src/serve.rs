@@ -744,6 +744,7 @@ fn limits(args: &ServeArgs, fd_cap: usize) -> Limits {
         max_headers: args.max_headers.max(16),
         h2_max_streams: args.h2_max_streams.max(1),
         trusted_proxies: args.trusted_proxies.clone(),
+        proxy_protocol_from: args.proxy_protocol_from.clone(),
         request_buffer_bytes: args.request_buffer_bytes,
         request_buffer_total_bytes: args.request_buffer_total_bytes,
         min_upload_rate: args.min_upload_rate,

@@ -20,6 +20,7 @@ mod hygiene;
 mod observability;
 mod operator;
 mod packaging;
+mod proxy_protocol;
 mod proxying;
 mod rules;
 mod slow_clients;
