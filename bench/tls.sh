@@ -38,7 +38,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS=3 DURATION=8 CONNS=64 WORKERS=2 OUT="" BIN_DIR="" PORT_BASE=19400 MODES=${MODES:-"handshake h1 h2 up_h1 up_h2"} PUTS=${PUTS:-200}
-FLOOD=1000 FLOOD_QUIET=5 FLOOD_RATE=200 NORMAL_RATE=50
+FLOOD=1000 FLOOD_QUIET=5 FLOOD_RATE=${FLOOD_RATE:-200} NORMAL_RATE=${NORMAL_RATE:-50}
 while [ $# -gt 0 ]; do
   case "$1" in
     --reps) REPS=$2; shift 2;;
