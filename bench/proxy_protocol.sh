@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# The PROXY protocol's cost (issue 40's goal: requests/s with it on within
+# 3 % of off, same run). One Tidegate (--proxy-protocol-from 127.0.0.2)
+# in front of one nginx backend (a 13-byte answer, upstream keep-alive);
+# HAProxy in TCP mode in front of it twice: frontend `on` connects from
+# 127.0.0.2 with `send-proxy-v2`, frontend `off` from 127.0.0.3 with no
+# header. Same Tidegate, same listener, same HAProxy: only the header
+# differs. wrk through each frontend, alternated, REPS repetitions,
+# medians, two modes:
+#   keepalive  64 keep-alive connections (one header per connection)
+#   close      `Connection: close`: a new connection, so a new header,
+#              per request (the protocol's whole cost)
+# Prints one JSON line per run and the medians with on/off ratios.
+#
+#   bench/proxy_protocol.sh [--reps N] [--duration S] [--conns N] [--workers N]
+#                           [--bin-dir DIR] [--port-base N] [--out FILE.jsonl]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPS=3 DURATION=8 CONNS=64 WORKERS=2 BIN_DIR="" PORT_BASE=19700 OUT=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --reps) REPS=$2; shift 2;;
+    --duration) DURATION=$2; shift 2;;
+    --conns) CONNS=$2; shift 2;;
+    --workers) WORKERS=$2; shift 2;;
+    --bin-dir) BIN_DIR=$2; shift 2;;
+    --port-base) PORT_BASE=$2; shift 2;;
+    --out) OUT=$2; shift 2;;
+    *) echo "unknown option $1" >&2; exit 2;;
+  esac
+done
+export PATH=$PATH:/usr/sbin
+for tool in nginx haproxy wrk; do
+  command -v $tool >/dev/null || { apt-get update -qq && RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq nginx haproxy wrk; break; }
+done
+TG=${BIN_DIR:-target/release}/tidegate
+[ -x "$TG" ] || { echo "no $TG (cargo build --release)" >&2; exit 1; }
+WORK=$(mktemp -d /tmp/tidegate-pp.XXXXXX)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; sleep 0.3; rm -rf "$WORK"; }
+trap cleanup EXIT
+B1=$((PORT_BASE + 1)) P_TG=$((PORT_BASE + 2)) A_TG=$((PORT_BASE + 3)) F_ON=$((PORT_BASE + 4)) F_OFF=$((PORT_BASE + 5))
+TOKEN=bench-token-0123456789abcdef0123456789
+
+cat > "$WORK/backend.conf" <<CONF
+worker_processes 2;
+daemon off; pid $WORK/backend.pid; error_log $WORK/backend.err warn;
+events { worker_connections 8192; }
+http { access_log off; keepalive_requests 1000000;
+  server { listen 127.0.0.1:$B1 reuseport; location / { return 200 "hello world!\n"; } } }
+CONF
+nginx -c "$WORK/backend.conf" -e "$WORK/backend.err" & PIDS+=($!)
+cat > "$WORK/haproxy.cfg" <<CONF
+global
+  nbthread $WORKERS
+  maxconn 8000
+defaults
+  mode tcp
+  timeout connect 5s
+  timeout client 30s
+  timeout server 30s
+frontend on
+  bind 127.0.0.1:$F_ON
+  default_backend tg_on
+backend tg_on
+  server tg 127.0.0.1:$P_TG send-proxy-v2 source 127.0.0.2
+frontend off
+  bind 127.0.0.1:$F_OFF
+  default_backend tg_off
+backend tg_off
+  server tg 127.0.0.1:$P_TG source 127.0.0.3
+CONF
+haproxy -f "$WORK/haproxy.cfg" -db >/dev/null 2>&1 & PIDS+=($!)
+TIDEGATE_ADMIN_TOKEN=$TOKEN TIDEGATE_LOG=warn "$TG" serve --listen 127.0.0.1:$P_TG --admin 127.0.0.1:$A_TG \
+  --proxy-protocol-from 127.0.0.2 --data-dir "$WORK/tg" --workers "$WORKERS" > "$WORK/tg.out" & PID_TG=$!; PIDS+=($PID_TG)
+for _ in $(seq 100); do grep -q ready "$WORK/tg.out" 2>/dev/null && break; sleep 0.1; done
+curl -sf -XPOST -H "Authorization: Bearer $TOKEN" "127.0.0.1:$A_TG/v1/changes" --data-binary @- >/dev/null <<JSON
+{"ops": [{"op": "put_service", "name": "app", "spec": {"backends": [{"id": "b1", "addr": "127.0.0.1:$B1"}]}},
+         {"op": "put_route", "name": "app", "spec": {"match": {"path_prefix": "/"}, "service": "app"}}]}
+JSON
+for p in $F_ON $F_OFF; do
+  for _ in $(seq 50); do curl -sf "http://127.0.0.1:$p/" >/dev/null && break; sleep 0.1; done
+  curl -sf "http://127.0.0.1:$p/" >/dev/null || { echo "no answer through HAProxy on $p" >&2; exit 1; }
+done
+RESULTS="$WORK/results.jsonl"; : > "$RESULTS"
+. bench/lib/proc.sh
+run() { # name port mode rep
+  local before after out
+  before=$(cpu_ticks $PID_TG)
+  case $3 in
+    keepalive) out=$(wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency "http://127.0.0.1:$2/" 2>&1);;
+    close) out=$(wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency -H "Connection: close" "http://127.0.0.1:$2/" 2>&1);;
+  esac
+  after=$(cpu_ticks $PID_TG)
+  python3 - "$1" "$3" "$4" "$DURATION" "$((after - before))" "$(getconf CLK_TCK)" "$out" <<'PY' | tee -a "$RESULTS"
+import json, re, sys
+name, mode, rep, duration, ticks, hz, out = sys.argv[1:]
+rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+m = re.search(r"99%\s+([\d.]+)(us|ms|s)", out)
+p99 = float(m.group(1)) * {"us": 1e-3, "ms": 1, "s": 1e3}[m.group(2)] if m else None
+non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+requests = int(re.search(r"(\d+) requests in", out).group(1))
+closes = int(sock.group(2)) if sock and mode == "close" else 0
+errors = (int(non2xx.group(1)) if non2xx else 0) + (sum(int(x) for x in sock.groups()) - closes if sock else 0)
+cpu = int(ticks) / int(hz)
+print(json.dumps({"proxy": "tidegate", "header": name, "mode": mode, "rep": int(rep), "rps": rps, "p99_ms": p99,
+                  "requests": requests, "errors": errors, "tidegate_cpu_us_per_req": round(cpu * 1e6 / max(requests, 1), 1)}))
+PY
+}
+for mode in keepalive close; do
+  for r in $(seq "$REPS"); do
+    if [ $((r % 2)) -eq 1 ]; then order="on off"; else order="off on"; fi
+    for name in $order; do
+      port=$F_ON; [ "$name" = off ] && port=$F_OFF
+      run "$name" "$port" "$mode" "$r"
+    done
+  done
+done
+echo "== medians over $REPS runs of ${DURATION}s, $CONNS connections through HAProxy (mode tcp)"
+python3 - "$RESULTS" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+for mode in ("keepalive", "close"):
+    med = {h: {k: statistics.median(r[k] for r in rows if r["mode"] == mode and r["header"] == h)
+               for k in ("rps", "p99_ms", "tidegate_cpu_us_per_req")} for h in ("on", "off")}
+    errors = sum(r["errors"] for r in rows if r["mode"] == mode)
+    print(f"{mode:9} header on {med['on']['rps']:8.0f} req/s, off {med['off']['rps']:8.0f} req/s:"
+          f" on/off {med['on']['rps'] / med['off']['rps']:.3f}; p99 {med['on']['p99_ms']:.2f} / {med['off']['p99_ms']:.2f} ms;"
+          f" Tidegate CPU {med['on']['tidegate_cpu_us_per_req']} / {med['off']['tidegate_cpu_us_per_req']} us/req;"
+          f" errors {errors}")
+PY
+[ -n "$OUT" ] && cp "$RESULTS" "$OUT" || true
