@@ -483,6 +483,12 @@ pub struct ServiceState {
     /// Its autoscaling, when it has an `autoscale` block.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scaling: Option<ScalingStatus>,
+    /// Its pool from DNS, when it has a `dns` block and this instance
+    /// resolves it: the name, the addresses of the last answer and when it
+    /// came, the TTL, the next resolution, and the error while resolving
+    /// fails (the last good set keeps serving).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns: Option<tidegate_dns::DnsStatus>,
 }
 
 /// One backend's live state.
@@ -498,6 +504,9 @@ pub struct BackendState {
     pub effective_weight: Option<f64>,
     /// A backup: used only when no primary can be.
     pub backup: bool,
+    /// Resolved from the service's `dns` name.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dns: bool,
     /// `up`, `down` (active checks fail), `ejected` (passive health) or
     /// `unchecked` (no active checks).
     pub health: String,

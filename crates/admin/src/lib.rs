@@ -48,6 +48,8 @@ pub struct AdminStateInner {
     data_plane: SharedCollector,
     events: Arc<Events>,
     scaling: StatusBoard,
+    /// The DNS pools' state, by service.
+    dns: tidegate_dns::DnsBoard,
     /// The bounds on `/v1/watch` streams, and what they hold.
     watchers: Watchers,
     /// Directories no static route may serve from or above (the data
@@ -168,6 +170,7 @@ struct Parts {
     data_plane: SharedCollector,
     events: Arc<Events>,
     scaling: StatusBoard,
+    dns: tidegate_dns::DnsBoard,
     watchers: Watchers,
     private_dirs: Arc<[PathBuf]>,
     config_file: Option<Arc<ConfigFileReport>>,
@@ -184,6 +187,7 @@ impl AdminState {
             data_plane: SharedCollector(data_plane),
             events: Arc::default(),
             scaling: StatusBoard::default(),
+            dns: tidegate_dns::DnsBoard::default(),
             watchers: Watchers::default(),
             private_dirs: Arc::from([]),
             config_file: None,
@@ -194,6 +198,11 @@ impl AdminState {
     /// Shows the autoscaler's events and per-service scaling state.
     pub fn with_autoscaler(self, events: Arc<Events>, scaling: StatusBoard) -> AdminState {
         AdminState::build(Parts { events, scaling, ..self.parts() })
+    }
+
+    /// Shows the DNS pools' state (`/v1/status`, per service).
+    pub fn with_dns(self, dns: tidegate_dns::DnsBoard) -> AdminState {
+        AdminState::build(Parts { dns, ..self.parts() })
     }
 
     /// Bounds `/v1/watch` streams by `limits` (default:
@@ -227,6 +236,7 @@ impl AdminState {
             data_plane: s.data_plane.clone(),
             events: s.events.clone(),
             scaling: s.scaling.clone(),
+            dns: s.dns.clone(),
             watchers: s.watchers.clone(),
             private_dirs: s.private_dirs.clone(),
             config_file: s.config_file.clone(),
@@ -246,6 +256,7 @@ impl AdminState {
             data_plane: p.data_plane,
             events: p.events,
             scaling: p.scaling,
+            dns: p.dns,
             watchers: p.watchers,
             private_dirs: p.private_dirs,
             config_file: p.config_file,

@@ -45,6 +45,7 @@ fn service_status(s: &ServiceRuntime) -> ServiceState {
                 weight: b.weight,
                 effective_weight: effective,
                 backup: b.backup,
+                dns: false,
                 health: health.to_string(),
                 available: b.stats.is_available(now),
                 ejected_for_ms: v.ejected_for_ms,
@@ -77,17 +78,29 @@ fn service_status(s: &ServiceRuntime) -> ServiceState {
         retries_refused: s.live.retries_refused.load(Relaxed),
         backends,
         scaling: None,
+        dns: None,
     }
 }
 
 pub(crate) async fn get_status(State(state): State<AdminState>) -> Sorted<Status> {
     let snapshot = state.control.snapshots().load_full();
     let mut scaling = state.scaling.lock().map(|b| b.clone()).unwrap_or_default();
+    let mut dns = state.dns.lock().map(|b| b.clone()).unwrap_or_default();
+    let config = state.control.config();
     let services = snapshot
         .services()
         .map(|s| {
             let mut v = service_status(s);
             v.scaling = scaling.remove(s.name.as_str());
+            v.dns = dns.remove(s.name.as_str());
+            if let Some(spec) = config.state.services().get(&s.name) {
+                for b in &mut v.backends {
+                    b.dns = tidegate_model::BackendId::new(&b.id)
+                        .ok()
+                        .and_then(|id| spec.backends.get(&id).map(|spec| spec.dns))
+                        .unwrap_or(false);
+                }
+            }
             (s.name.as_str().to_string(), v)
         })
         .collect();

@@ -106,6 +106,7 @@ fn service(n: usize, edit: impl FnOnce(&mut ServiceSettings, &mut BackendSpec)) 
         backup: false,
         max_conns: None,
         autoscaled: false,
+        dns: false,
     };
     edit(&mut settings, &mut template);
     let backends = (0..n)

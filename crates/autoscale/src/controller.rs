@@ -615,6 +615,7 @@ fn backend_op(service: &ServiceName, instance: &Instance, weight: u32) -> Result
             backup: false,
             max_conns: None,
             autoscaled: true,
+            dns: false,
         },
     })
 }

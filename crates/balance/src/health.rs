@@ -130,6 +130,7 @@ mod tests {
                     backup: false,
                     max_conns: None,
                     autoscaled: false,
+                    dns: false,
                 };
                 Arc::new(Backend::new(BackendId::new(&format!("b{i}")).unwrap(), &spec, None))
             })

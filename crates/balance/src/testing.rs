@@ -20,6 +20,7 @@ pub fn pool(weights: &[u32]) -> Arc<Pool> {
                     backup: false,
                     max_conns: None,
                     autoscaled: false,
+                    dns: false,
                 };
                 Arc::new(Backend::new(BackendId::new(&format!("b{i}")).unwrap(), &spec, None))
             })

@@ -210,7 +210,8 @@ impl std::fmt::Display for Change {
 ///
 /// Backends an autoscaler added (`autoscaled`) are not in any file: a
 /// service that keeps its `autoscale` block keeps them, unless the document
-/// lists a backend with the same id.
+/// lists a backend with the same id; so are the backends resolved for a
+/// `dns` block, kept while it names the same records.
 ///
 /// Order: services and certificates are put before the routes that may
 /// name them, and routes deleted before the services they named.
@@ -241,6 +242,7 @@ pub fn plan(current: &ConfigState, desired: &Document) -> (Vec<Op>, Vec<Change>)
                     }
                 }
             }
+            crate::dns::keep_resolved(old, &mut spec);
             if **old == spec {
                 continue;
             }

@@ -16,6 +16,7 @@ mod certificate;
 mod change;
 mod client_auth;
 mod desired;
+pub mod dns;
 mod headers;
 mod invalid;
 mod names;

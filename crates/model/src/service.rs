@@ -72,6 +72,10 @@ pub struct BackendSpec {
     /// Created and owned by the autoscaler (which may drain and remove it).
     #[serde(default, skip_serializing_if = "is_false")]
     pub autoscaled: bool,
+    /// Resolved from the service's `dns` name, and owned by the resolver
+    /// (which removes it once the records no longer name it).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub dns: bool,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -1402,6 +1406,10 @@ pub struct ServiceSettings {
     /// Autoscaling (off unless given).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscale: Option<AutoscaleSpec>,
+    /// Backends from a DNS name's records, followed at their TTL (off
+    /// unless given); beside or instead of `backends`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns: Option<crate::dns::DnsPool>,
 }
 
 fn default_retries() -> u32 {
@@ -1439,6 +1447,7 @@ impl Default for ServiceSettings {
             concurrency: ConcurrencySpec::default(),
             upstream: UpstreamSpec::default(),
             autoscale: None,
+            dns: None,
         }
     }
 }
@@ -1470,6 +1479,9 @@ impl ServiceSettings {
         }
         if let Some(a) = &self.autoscale {
             a.validate()?;
+        }
+        if let Some(d) = &self.dns {
+            d.validate()?;
         }
         if self.queue.max > 1_000_000 {
             return Err(Invalid::range("queue.max", "0..=1000000", self.queue.max));

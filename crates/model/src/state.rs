@@ -168,10 +168,13 @@ impl ConfigState {
         match op {
             Op::PutService { name, spec } => {
                 let previous = self.services.get(name).map(|p| &**p);
-                let spec = spec
+                let mut spec = spec
                     .with_secrets_of(previous)
                     .map_err(|e| ChangeError::at(Conflict, i, &format!("spec.{}", e.field), e.reason.to_string()))?
                     .into_owned();
+                if let Some(previous) = previous {
+                    crate::dns::keep_resolved(previous, &mut spec);
+                }
                 self.services.insert(name.clone(), Arc::new(spec));
                 delta.services.insert(name.clone());
             }

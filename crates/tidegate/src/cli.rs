@@ -323,6 +323,11 @@ pub struct ServeArgs {
     /// address a header is refused. Default: none.
     #[arg(long, env = "TIDEGATE_PROXY_PROTOCOL_FROM", default_value = "")]
     pub proxy_protocol_from: tidegate_proxy::TrustedProxies,
+    /// The DNS server services' `dns` pools are resolved with, `IP:PORT`
+    /// (UDP, and TCP for long answers). Default: the servers and search
+    /// domains of /etc/resolv.conf.
+    #[arg(long, env = "TIDEGATE_RESOLVER")]
+    pub resolver: Option<std::net::SocketAddr>,
     /// Seconds open connections may take to finish at shutdown.
     #[arg(long, env = "TIDEGATE_DRAIN_TIMEOUT_S", default_value_t = 10, value_parser = seconds())]
     pub drain_timeout_s: u64,

@@ -198,8 +198,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 
     let events = Arc::new(tidegate_autoscale::Events::default());
     let scaling = tidegate_autoscale::StatusBoard::default();
-    let background =
-        Background::start(&control, events.clone(), args.data_dir.join("instances"), scaling.clone(), acme_wake)?;
+    let dns = tidegate_dns::DnsBoard::default();
+    let pools = Pools { resolver: args.resolver, board: dns.clone() };
+    let background = Background::start(
+        &control,
+        events.clone(),
+        args.data_dir.join("instances"),
+        scaling.clone(),
+        acme_wake,
+        pools,
+    )?;
 
     // The admin API and the writer's submitters share one small runtime,
     // apart from the data plane, so configuration stays responsive under load.
@@ -263,6 +271,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         };
         let mut state = AdminState::new(control.clone(), &token, data_plane)
             .with_autoscaler(events, scaling)
+            .with_dns(dns)
             .with_watch_limits(watch_limits)
             .with_private_dir(&args.data_dir);
         if let Some(report) = report {
@@ -405,6 +414,13 @@ impl tidegate_proxy::OnDemandTls for OnDemand {
 /// 0.5-0.8 ms each with 10,000 services, and on a shared runtime every
 /// admin answer ready meanwhile waited for them (docs/benchmarks.md,
 /// churn). The runtime stops when this is dropped.
+/// What the DNS pools need: the server given with `--resolver` (else
+/// the system's), and where their state is shown.
+struct Pools {
+    resolver: Option<std::net::SocketAddr>,
+    board: tidegate_dns::DnsBoard,
+}
+
 struct Background {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -417,6 +433,7 @@ impl Background {
         instances: std::path::PathBuf,
         scaling: tidegate_autoscale::StatusBoard,
         acme_wake: Arc<tokio::sync::Notify>,
+        pools: Pools,
     ) -> anyhow::Result<Background> {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         {
@@ -427,6 +444,12 @@ impl Background {
             let certificate_events = events.clone();
             tidegate_autoscale::spawn(control.clone(), events, instances, scaling);
             tidegate_acme::spawn(control.clone(), acme_wake);
+            // Without a resolver (no /etc/resolv.conf and no --resolver)
+            // the proxy still serves; DNS pools keep the backends they had.
+            match tidegate_dns::resolver(pools.resolver) {
+                Ok(resolver) => drop(tidegate_dns::spawn(control.clone(), resolver, pools.board)),
+                Err(e) => tracing::error!(error = %e, "no DNS resolver: services' `dns` pools are not resolved"),
+            }
             tidegate_acme::events::follow(control.clone(), move |e| {
                 use tidegate_acme::events::Happened;
                 use tidegate_autoscale::EventKind;

@@ -71,6 +71,7 @@ fn an_answered_request_leaves_the_learned_limit_but_not_max_conns() {
         backup: false,
         max_conns: Some(tidegate_model::MaxConns::try_from(1).unwrap()),
         autoscaled: false,
+        dns: false,
     };
     let capped = Backend::new(tidegate_model::BackendId::new("capped").unwrap(), &spec, None);
     let mut stream = capped.stats.start();

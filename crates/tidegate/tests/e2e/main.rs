@@ -12,6 +12,7 @@ mod client_certs;
 mod cluster;
 mod config;
 mod contract;
+mod dns;
 mod durability;
 mod engines;
 mod external;
