@@ -249,6 +249,7 @@ impl AdminState {
         if let Some(report) = &p.predecessor {
             registry.register_collector(Box::new(metrics::PredecessorCollector(report.clone())));
         }
+        registry.register_collector(Box::new(metrics::DnsCollector(p.dns.clone())));
         let registry = Arc::new(registry);
         AdminState(Arc::new(AdminStateInner {
             control: p.control,

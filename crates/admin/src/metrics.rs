@@ -118,6 +118,30 @@ impl Collector for PredecessorCollector {
     }
 }
 
+/// The pools from DNS this instance resolves.
+#[derive(Debug)]
+pub(crate) struct DnsCollector(pub(crate) tidegate_dns::DnsBoard);
+
+impl Collector for DnsCollector {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> fmt::Result {
+        let board = self.0.lock().map(|b| b.clone()).unwrap_or_default();
+        let help = "Resolutions of each service's DNS pool (its `dns` block), by result (failed: the last good set kept serving).";
+        let results = board.iter().flat_map(|(service, s)| {
+            [
+                ([("service", service.as_str()), ("result", "ok")], s.resolutions.saturating_sub(s.failures)),
+                ([("service", service.as_str()), ("result", "failed")], s.failures),
+            ]
+        });
+        counter(&mut enc, "tidegate_dns_resolutions", help, results)?;
+        let help = "Addresses of each service's DNS pool in its last answer.";
+        let addresses = board.iter().map(|(service, s)| ([("service", service.as_str())], s.addresses.len() as u64));
+        gauge(&mut enc, "tidegate_dns_addresses", help, addresses)?;
+        let help = "1 while the last resolution of a service's DNS pool failed (the pool is the last good answer's).";
+        let stale = board.iter().map(|(service, s)| ([("service", service.as_str())], u64::from(s.error.is_some())));
+        gauge(&mut enc, "tidegate_dns_stale", help, stale)
+    }
+}
+
 /// The writer and the store.
 struct ConfigCollector(Control, Option<Arc<crate::ConfigFileReport>>);
 

@@ -205,6 +205,10 @@ async fn a_pool_follows_a_and_srv_records_drops_nothing_and_keeps_its_set_when_t
     load.await.expect("the load");
     let (ok, failed) = (ok.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
     assert_eq!(failed, 0, "requests failed while the pool changed ({ok} succeeded)");
+    let metrics = send("GET", &tg.admin_url("/metrics"), Some(TOKEN), vec![], &[]).await.text();
+    for line in ["tidegate_dns_stale{service=\"web\"} 1", "tidegate_dns_addresses{service=\"srv\"} 2"] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
 
     // A bad block is refused with the field at fault.
     let bad = json!({"dns": {"name": "app.test", "record": "a"}});
