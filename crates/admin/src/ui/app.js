@@ -112,6 +112,16 @@ function scalingLine(sc) {
   return el("div", { class: "scaling" }, el("span", { class: "badge" }, "autoscaling"), " ", parts.join(", "), why);
 }
 
+// A pool from DNS: the name, the last answer, and the error while
+// resolving fails (the last good set keeps serving).
+function dnsLine(d) {
+  if (!d) return null;
+  const when = d.resolved_at_unix_ms ? ` at ${clock(d.resolved_at_unix_ms)}` : "";
+  const parts = [`${d.name} (${d.record}): ${d.addresses.length} address(es)${when}, TTL ${d.ttl_s ?? "–"} s`];
+  if (d.error) parts.push(`failing: ${d.error}; the last answer serves`);
+  return el("div", { class: "scaling" }, el("span", { class: "badge" }, "DNS"), " ", parts.join("; "));
+}
+
 function renderServices(status) {
   const now = Date.now();
   const box = $("services");
@@ -125,7 +135,8 @@ function renderServices(status) {
       const weight = b.effective_weight !== null && b.effective_weight !== undefined
         ? `${b.weight} → ${fmt(b.effective_weight, 2)}` : String(b.weight);
       return el("tr", { "data-backend": b.id },
-        el("td", {}, b.id, b.backup ? el("span", { class: "muted" }, " (backup)") : null),
+        el("td", {}, b.id, b.backup ? el("span", { class: "muted" }, " (backup)") : null,
+          b.dns ? el("span", { class: "muted" }, " (DNS)") : null),
         el("td", { class: "muted" }, b.addr),
         el("td", {}, el("span", { class: "badge health health-" + b.health }, b.health)),
         el("td", { class: "num" }, weight),
@@ -149,7 +160,7 @@ function renderServices(status) {
         el("span", {}, "queued ", s.queued, s.queued_clients > 1 ? ` (${s.queued_clients} clients)` : ""),
         el("span", {}, s.learns_limits ? "learned limits" : "fixed limits"),
         el("span", {}, "retries refused ", s.retries_refused)),
-      scalingLine(s.scaling), table));
+      scalingLine(s.scaling), dnsLine(s.dns), table));
   }
   box.replaceChildren(...out);
   $("revision").textContent = "revision " + status.revision;
