@@ -505,19 +505,7 @@ async fn on_demand_issues_for_an_allowed_name_in_its_first_handshake_and_a_flood
 
     // A flood of made-up names the ask endpoint refuses, while a normal
     // client keeps being served: no order, one question per name.
-    let stop = Arc::new(AtomicBool::new(false));
-    let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let normal = {
-        let (stop, ok, failed, url) = (stop.clone(), ok.clone(), failed.clone(), tg.url("/"));
-        tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                match try_send("GET", &url, None, Vec::new(), &[]).await {
-                    Ok(r) if r.status == 200 => ok.fetch_add(1, Ordering::Relaxed),
-                    _ => failed.fetch_add(1, Ordering::Relaxed),
-                };
-            }
-        })
-    };
+    let normal = Requests::start(tg.url("/"));
     let root = pebble.root();
     let mut flood = Vec::new();
     for worker in 0..20 {
@@ -542,9 +530,8 @@ async fn on_demand_issues_for_an_allowed_name_in_its_first_handshake_and_a_flood
     for i in 0..20 {
         assert!(get_verified(tls, &format!("r0x{i}.test"), &root).await.is_err());
     }
-    stop.store(true, Ordering::Relaxed);
-    normal.await.unwrap();
-    assert_eq!(failed.load(Ordering::Relaxed), 0, "the normal client failed ({} served)", ok.load(Ordering::Relaxed));
+    let (ok, failed) = normal.stop().await;
+    assert_eq!(failed, 0, "the normal client failed ({ok} served)");
     {
         let asked = asked.lock().unwrap();
         assert_eq!(asked.len(), 1000, "every name was asked about");

@@ -6,7 +6,6 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -128,23 +127,8 @@ async fn a_pool_follows_a_and_srv_records_drops_nothing_and_keeps_its_set_when_t
     assert_eq!((d["name"].as_str(), d["error"].is_null()), (Some("app.test."), true), "{status}");
 
     // Load all along: not one request may fail.
-    let stop = Arc::new(AtomicBool::new(false));
-    let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let load = {
-        let (stop, ok, failed, url) = (stop.clone(), ok.clone(), failed.clone(), tg.url("/"));
-        tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                match try_send("GET", &url, None, Vec::new(), &[]).await {
-                    Ok(r) if r.status == 200 => ok.fetch_add(1, Ordering::Relaxed),
-                    other => {
-                        eprintln!("request failed: {:?}", other.map(|r| r.status));
-                        failed.fetch_add(1, Ordering::Relaxed)
-                    }
-                };
-            }
-        })
-    };
-    wait_for("requests flow", Duration::from_secs(10), async || (ok.load(Ordering::Relaxed) > 50).then_some(())).await;
+    let load = Requests::start(tg.url("/"));
+    load.more(50, "requests flow").await;
     let before_change = backends(&tg, "web").await;
     let requests_of =
         |set: &[(String, String, bool, bool, u64)], addr: &str| set.iter().find(|b| b.1 == addr).map_or(0, |b| b.4);
@@ -154,11 +138,7 @@ async fn a_pool_follows_a_and_srv_records_drops_nothing_and_keeps_its_set_when_t
     std::fs::write(&hosts, "127.0.0.2 app.test\n127.0.0.3 app.test\n").expect("write");
     dns.reload();
     addrs_become(&tg, "web", &[listen("127.0.0.2"), listen("127.0.0.3")]).await;
-    let seen = ok.load(Ordering::Relaxed);
-    wait_for("requests reach the new set", Duration::from_secs(10), async || {
-        (ok.load(Ordering::Relaxed) > seen + 50).then_some(())
-    })
-    .await;
+    load.more(50, "requests reach the new set").await;
     let after_change = backends(&tg, "web").await;
     assert!(
         requests_of(&after_change, &listen("127.0.0.2")) >= requests_of(&before_change, &listen("127.0.0.2")),
@@ -194,16 +174,10 @@ async fn a_pool_follows_a_and_srv_records_drops_nothing_and_keeps_its_set_when_t
         status["services"]["web"]["dns"]["error"].as_str().map(|_| ())
     })
     .await;
-    let seen = ok.load(Ordering::Relaxed);
-    wait_for("requests go on without DNS", Duration::from_secs(10), async || {
-        (ok.load(Ordering::Relaxed) > seen + 50).then_some(())
-    })
-    .await;
+    load.more(50, "requests go on without DNS").await;
     let addrs: BTreeSet<String> = backends(&tg, "web").await.into_iter().map(|b| b.1).collect();
     assert_eq!(addrs, [listen("127.0.0.2"), listen("127.0.0.3")].into_iter().collect::<BTreeSet<_>>());
-    stop.store(true, Ordering::Relaxed);
-    load.await.expect("the load");
-    let (ok, failed) = (ok.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
+    let (ok, failed) = load.stop().await;
     assert_eq!(failed, 0, "requests failed while the pool changed ({ok} succeeded)");
     let metrics = send("GET", &tg.admin_url("/metrics"), Some(TOKEN), vec![], &[]).await.text();
     for line in ["tidegate_dns_stale{service=\"web\"} 1", "tidegate_dns_addresses{service=\"srv\"} 2"] {

@@ -327,3 +327,53 @@ pub fn raw_exchange(addr: SocketAddr, bytes: &[u8], wait: Duration) -> String {
     }
     String::from_utf8_lossy(&out).into_owned()
 }
+
+/// A client sending GETs to a URL one after another until stopped,
+/// counting the answers 200 and the rest (errors included).
+pub struct Requests {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ok: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    failed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Requests {
+    pub fn start(url: String) -> Requests {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+        use std::sync::Arc;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let task = {
+            let (stop, ok, failed) = (stop.clone(), ok.clone(), failed.clone());
+            tokio::spawn(async move {
+                while !stop.load(Relaxed) {
+                    match try_send("GET", &url, None, Vec::new(), &[]).await {
+                        Ok(r) if r.status == 200 => ok.fetch_add(1, Relaxed),
+                        other => {
+                            eprintln!("request to {url} failed: {:?}", other.map(|r| r.status));
+                            failed.fetch_add(1, Relaxed)
+                        }
+                    };
+                }
+            })
+        };
+        Requests { stop, ok, failed, task }
+    }
+
+    /// Waits until `n` more requests than now were answered 200.
+    pub async fn more(&self, n: u64, what: &str) {
+        let seen = self.ok.load(std::sync::atomic::Ordering::Relaxed);
+        wait_for(what, Duration::from_secs(10), async || {
+            (self.ok.load(std::sync::atomic::Ordering::Relaxed) > seen + n).then_some(())
+        })
+        .await;
+    }
+
+    /// Stops, and gives (answered 200, the rest).
+    pub async fn stop(self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.stop.store(true, Relaxed);
+        self.task.await.expect("the request loop");
+        (self.ok.load(Relaxed), self.failed.load(Relaxed))
+    }
+}
