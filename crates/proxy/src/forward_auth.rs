@@ -99,7 +99,7 @@ pub(crate) async fn ask(req: &AuthRequest) -> Result<AuthAnswer, AuthError> {
         };
         AuthError { authority: req.authority.clone(), why }
     };
-    let asking = async {
+    let build = || {
         let mut request =
             Request::builder().method(Method::GET).uri(format!("http://{}{}", req.authority, req.path_and_query));
         if let Some(headers) = request.headers_mut() {
@@ -107,8 +107,16 @@ pub(crate) async fn ask(req: &AuthRequest) -> Result<AuthAnswer, AuthError> {
                 headers.append(name.clone(), value.clone());
             }
         }
-        let request = request.body(Full::new(Bytes::new())).map_err(HttpError::Build)?;
-        let answer = client().head(request, req.timeout).await?;
+        request.body(Full::new(Bytes::new())).map_err(HttpError::Build)
+    };
+    let asking = async {
+        let answer = match client().head(build()?, req.timeout).await {
+            // A kept-alive connection the service closed as the question
+            // went out (its idle timeout against ours): the question is a
+            // GET, asked once more on a new connection.
+            Err(HttpError::Exchange(e)) if !e.is_connect() => client().head(build()?, req.timeout).await?,
+            answer => answer?,
+        };
         let (head, mut body) = answer.into_parts();
         if head.status.is_informational() {
             return Err(Why::NotFinal(head.status));
@@ -214,6 +222,43 @@ mod tests {
         let (addr, _seen) = service(Some(raw)).await;
         let answer = ask(&request(&addr, 5_000)).await.expect("an answer");
         assert_eq!((answer.status, answer.body.len()), (403, MAX_BODY), "cut at the bound");
+    }
+
+    /// A service that answers a connection's first question, then reads
+    /// the next one and closes the connection without answering (as a
+    /// service does whose idle timeout ends as a question arrives).
+    async fn closing_service() -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("an address").to_string();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    for answered in [true, false] {
+                        let mut head = Vec::new();
+                        let mut buf = [0u8; 4096];
+                        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match s.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => head.extend_from_slice(&buf[..n]),
+                            }
+                        }
+                        if answered {
+                            let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn a_question_on_a_kept_connection_the_service_closes_is_asked_again_on_a_new_one() {
+        let addr = closing_service().await;
+        for _ in 0..3 {
+            let answer = ask(&request(&addr, 5_000)).await.expect("an answer, on a new connection if need be");
+            assert_eq!(answer.status, 200);
+        }
     }
 
     #[tokio::test]
