@@ -5,8 +5,10 @@
 # HAProxy in TCP mode in front of it twice: frontend `on` connects from
 # 127.0.0.2 with `send-proxy-v2`, frontend `off` from 127.0.0.3 with no
 # header. Same Tidegate, same listener, same HAProxy: only the header
-# differs. wrk through each frontend, alternated, REPS repetitions,
-# medians, two modes:
+# differs. The same for nginx as the proxy (the peer: a listener with
+# `proxy_protocol` and `set_real_ip_from`, and one without; 2 workers,
+# upstream keep-alive). wrk through each frontend, alternated, REPS
+# repetitions, medians, two modes:
 #   keepalive  64 keep-alive connections (one header per connection)
 #   close      `Connection: close`: a new connection, so a new header,
 #              per request (the protocol's whole cost)
@@ -41,6 +43,7 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; sleep 0.3; rm -rf "$WORK"; }
 trap cleanup EXIT
 B1=$((PORT_BASE + 1)) P_TG=$((PORT_BASE + 2)) A_TG=$((PORT_BASE + 3)) F_ON=$((PORT_BASE + 4)) F_OFF=$((PORT_BASE + 5))
+P_NG_ON=$((PORT_BASE + 6)) P_NG_OFF=$((PORT_BASE + 7)) F_NG_ON=$((PORT_BASE + 8)) F_NG_OFF=$((PORT_BASE + 9))
 TOKEN=bench-token-0123456789abcdef0123456789
 
 cat > "$WORK/backend.conf" <<CONF
@@ -51,6 +54,20 @@ http { access_log off; keepalive_requests 1000000;
   server { listen 127.0.0.1:$B1 reuseport; location / { return 200 "hello world!\n"; } } }
 CONF
 nginx -c "$WORK/backend.conf" -e "$WORK/backend.err" & PIDS+=($!)
+cat > "$WORK/nginx.conf" <<CONF
+worker_processes $WORKERS;
+daemon off; pid $WORK/nginx.pid; error_log $WORK/nginx.err warn;
+events { worker_connections 16384; }
+http { access_log off; keepalive_requests 1000000;
+  upstream app { server 127.0.0.1:$B1; keepalive 256; }
+  server { listen 127.0.0.1:$P_NG_ON proxy_protocol reuseport; set_real_ip_from 127.0.0.2; real_ip_header proxy_protocol;
+    location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection "";
+      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for; } }
+  server { listen 127.0.0.1:$P_NG_OFF reuseport;
+    location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection "";
+      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for; } } }
+CONF
+nginx -c "$WORK/nginx.conf" -e "$WORK/nginx.err" & PID_NGINX=$!; PIDS+=($PID_NGINX)
 cat > "$WORK/haproxy.cfg" <<CONF
 global
   nbthread $WORKERS
@@ -70,6 +87,16 @@ frontend off
   default_backend tg_off
 backend tg_off
   server tg 127.0.0.1:$P_TG source 127.0.0.3
+frontend ng_on
+  bind 127.0.0.1:$F_NG_ON
+  default_backend ng_on
+backend ng_on
+  server ng 127.0.0.1:$P_NG_ON send-proxy-v2 source 127.0.0.2
+frontend ng_off
+  bind 127.0.0.1:$F_NG_OFF
+  default_backend ng_off
+backend ng_off
+  server ng 127.0.0.1:$P_NG_OFF source 127.0.0.3
 CONF
 haproxy -f "$WORK/haproxy.cfg" -db >/dev/null 2>&1 & PIDS+=($!)
 TIDEGATE_ADMIN_TOKEN=$TOKEN TIDEGATE_LOG=warn "$TG" serve --listen 127.0.0.1:$P_TG --admin 127.0.0.1:$A_TG \
@@ -79,23 +106,24 @@ curl -sf -XPOST -H "Authorization: Bearer $TOKEN" "127.0.0.1:$A_TG/v1/changes" -
 {"ops": [{"op": "put_service", "name": "app", "spec": {"backends": [{"id": "b1", "addr": "127.0.0.1:$B1"}]}},
          {"op": "put_route", "name": "app", "spec": {"match": {"path_prefix": "/"}, "service": "app"}}]}
 JSON
-for p in $F_ON $F_OFF; do
-  for _ in $(seq 50); do curl -sf "http://127.0.0.1:$p/" >/dev/null && break; sleep 0.1; done
+for p in $F_ON $F_OFF $F_NG_ON $F_NG_OFF; do
+  for _ in $(seq 200); do curl -sf "http://127.0.0.1:$p/" >/dev/null && break; sleep 0.1; done
   curl -sf "http://127.0.0.1:$p/" >/dev/null || { echo "no answer through HAProxy on $p" >&2; exit 1; }
 done
 RESULTS="$WORK/results.jsonl"; : > "$RESULTS"
 . bench/lib/proc.sh
-run() { # name port mode rep
-  local before after out
-  before=$(cpu_ticks $PID_TG)
+run() { # proxy name port mode rep pid
+  local before after out proxy=$1 pid=$6
+  shift
+  before=$(cpu_ticks $pid)
   case $3 in
     keepalive) out=$(wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency "http://127.0.0.1:$2/" 2>&1);;
     close) out=$(wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency -H "Connection: close" "http://127.0.0.1:$2/" 2>&1);;
   esac
-  after=$(cpu_ticks $PID_TG)
-  python3 - "$1" "$3" "$4" "$DURATION" "$((after - before))" "$(getconf CLK_TCK)" "$out" <<'PY' | tee -a "$RESULTS"
+  after=$(cpu_ticks $pid)
+  python3 - "$proxy" "$1" "$3" "$4" "$DURATION" "$((after - before))" "$(getconf CLK_TCK)" "$out" <<'PY' | tee -a "$RESULTS"
 import json, re, sys
-name, mode, rep, duration, ticks, hz, out = sys.argv[1:]
+proxy, name, mode, rep, duration, ticks, hz, out = sys.argv[1:]
 rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
 m = re.search(r"99%\s+([\d.]+)(us|ms|s)", out)
 p99 = float(m.group(1)) * {"us": 1e-3, "ms": 1, "s": 1e3}[m.group(2)] if m else None
@@ -105,8 +133,8 @@ requests = int(re.search(r"(\d+) requests in", out).group(1))
 closes = int(sock.group(2)) if sock and mode == "close" else 0
 errors = (int(non2xx.group(1)) if non2xx else 0) + (sum(int(x) for x in sock.groups()) - closes if sock else 0)
 cpu = int(ticks) / int(hz)
-print(json.dumps({"proxy": "tidegate", "header": name, "mode": mode, "rep": int(rep), "rps": rps, "p99_ms": p99,
-                  "requests": requests, "errors": errors, "tidegate_cpu_us_per_req": round(cpu * 1e6 / max(requests, 1), 1)}))
+print(json.dumps({"proxy": proxy, "header": name, "mode": mode, "rep": int(rep), "rps": rps, "p99_ms": p99,
+                  "requests": requests, "errors": errors, "cpu_us_per_req": round(cpu * 1e6 / max(requests, 1), 1)}))
 PY
 }
 for mode in keepalive close; do
@@ -114,21 +142,24 @@ for mode in keepalive close; do
     if [ $((r % 2)) -eq 1 ]; then order="on off"; else order="off on"; fi
     for name in $order; do
       port=$F_ON; [ "$name" = off ] && port=$F_OFF
-      run "$name" "$port" "$mode" "$r"
+      run tidegate "$name" "$port" "$mode" "$r" $PID_TG
+      port=$F_NG_ON; [ "$name" = off ] && port=$F_NG_OFF
+      run nginx "$name" "$port" "$mode" "$r" $PID_NGINX
     done
   done
 done
-echo "== medians over $REPS runs of ${DURATION}s, $CONNS connections through HAProxy (mode tcp)"
+echo "== medians over $REPS runs of ${DURATION}s, $CONNS connections through HAProxy (mode tcp); CPU: the proxy's"
 python3 - "$RESULTS" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-for mode in ("keepalive", "close"):
-    med = {h: {k: statistics.median(r[k] for r in rows if r["mode"] == mode and r["header"] == h)
-               for k in ("rps", "p99_ms", "tidegate_cpu_us_per_req")} for h in ("on", "off")}
-    errors = sum(r["errors"] for r in rows if r["mode"] == mode)
-    print(f"{mode:9} header on {med['on']['rps']:8.0f} req/s, off {med['off']['rps']:8.0f} req/s:"
-          f" on/off {med['on']['rps'] / med['off']['rps']:.3f}; p99 {med['on']['p99_ms']:.2f} / {med['off']['p99_ms']:.2f} ms;"
-          f" Tidegate CPU {med['on']['tidegate_cpu_us_per_req']} / {med['off']['tidegate_cpu_us_per_req']} us/req;"
-          f" errors {errors}")
+for proxy in ("tidegate", "nginx"):
+    for mode in ("keepalive", "close"):
+        rs = [r for r in rows if r["mode"] == mode and r["proxy"] == proxy]
+        med = {h: {k: statistics.median(r[k] for r in rs if r["header"] == h) for k in ("rps", "p99_ms", "cpu_us_per_req")}
+               for h in ("on", "off")}
+        errors = sum(r["errors"] for r in rs)
+        print(f"{proxy:8} {mode:9} header on {med['on']['rps']:8.0f} req/s, off {med['off']['rps']:8.0f} req/s:"
+              f" on/off {med['on']['rps'] / med['off']['rps']:.3f}; p99 {med['on']['p99_ms']:.2f} / {med['off']['p99_ms']:.2f} ms;"
+              f" CPU {med['on']['cpu_us_per_req']} / {med['off']['cpu_us_per_req']} us/req; errors {errors}")
 PY
 [ -n "$OUT" ] && cp "$RESULTS" "$OUT" || true
