@@ -22,10 +22,26 @@ struct Dnsmasq {
 impl Dnsmasq {
     /// Answers from `hosts` (re-read on SIGHUP) and `extra` options, with
     /// a TTL of 1 s.
-    fn start(dir: &Path, hosts: &Path, extra: &[String]) -> Dnsmasq {
-        let port = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
-        let mut cmd = Command::new("dnsmasq");
-        cmd.args(["--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv", "--no-hosts", "--bind-interfaces"])
+    async fn start(dir: &Path, hosts: &Path, extra: &[String]) -> Dnsmasq {
+        // dnsmasq listens on UDP and TCP, on a port chosen here: another
+        // test may take it in between, and dnsmasq then exits at once; it
+        // is started again on another port.
+        for _ in 0..5 {
+            let port = loop {
+                let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+                let port = udp.local_addr().expect("addr").port();
+                if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                    break port;
+                }
+            };
+            let mut cmd = Command::new("dnsmasq");
+            cmd.args([
+                "--keep-in-foreground",
+                "--conf-file=/dev/null",
+                "--no-resolv",
+                "--no-hosts",
+                "--bind-interfaces",
+            ])
             .args(["--listen-address=127.0.0.1", "--local-ttl=1", "--user=root", "--log-facility=-"])
             .arg(format!("--port={port}"))
             .arg(format!("--addn-hosts={}", hosts.display()))
@@ -33,8 +49,19 @@ impl Dnsmasq {
             .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        let child = cmd.spawn().expect("dnsmasq (apt-get install dnsmasq-base)");
-        Dnsmasq { child: Some(child), port }
+            let mut child = cmd.spawn().expect("dnsmasq (apt-get install dnsmasq-base)");
+            let up = wait_for("dnsmasq listens or exits", Duration::from_secs(20), async || {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return Some(false);
+                }
+                tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok().map(|_| true)
+            })
+            .await;
+            if up {
+                return Dnsmasq { child: Some(child), port };
+            }
+        }
+        panic!("dnsmasq did not start on any of five free ports");
     }
 
     /// Makes it read its hosts file again.
@@ -109,7 +136,7 @@ async fn a_pool_follows_a_and_srv_records_drops_nothing_and_keeps_its_set_when_t
         "--host-record=t1.app.test,127.0.0.1".to_string(),
         "--host-record=t2.app.test,127.0.0.1".to_string(),
     ];
-    let mut dns = Dnsmasq::start(dir.path(), &hosts, &srv);
+    let mut dns = Dnsmasq::start(dir.path(), &hosts, &srv).await;
     let resolver = format!("127.0.0.1:{}", dns.port);
     let tg = Arc::new(Tidegate::start_with(&dir.path().join("tg"), &["--resolver", &resolver]));
 
