@@ -33,8 +33,7 @@ PARAMS = {
     },
     "heterogeneous": {
         "smoke": {"users": 50, "think_ms": 200, "duration": 1, "sweep": "0.8", "sweep_duration": 1, "pause": 0.2,
-                  "variants": "tidegate-default tidegate-least_conn tidegate-least_conn+learned nginx-rr "
-                              "haproxy-leastconn", "halve": False},
+                  "variants": "tidegate-default tidegate-least_conn nginx-rr haproxy-leastconn", "halve": False},
         "full": {"users": 500, "think_ms": 1800, "duration": 10, "sweep": "0.5 0.8 0.95 1.05", "sweep_duration": 8,
                  "pause": 1, "variants": "", "halve": True},
     },
