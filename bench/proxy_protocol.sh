@@ -77,27 +77,14 @@ defaults
   timeout connect 5s
   timeout client 30s
   timeout server 30s
-frontend on
-  bind 127.0.0.1:$F_ON
-  default_backend tg_on
-backend tg_on
-  server tg 127.0.0.1:$P_TG send-proxy-v2 source 127.0.0.2
-frontend off
-  bind 127.0.0.1:$F_OFF
-  default_backend tg_off
-backend tg_off
-  server tg 127.0.0.1:$P_TG source 127.0.0.3
-frontend ng_on
-  bind 127.0.0.1:$F_NG_ON
-  default_backend ng_on
-backend ng_on
-  server ng 127.0.0.1:$P_NG_ON send-proxy-v2 source 127.0.0.2
-frontend ng_off
-  bind 127.0.0.1:$F_NG_OFF
-  default_backend ng_off
-backend ng_off
-  server ng 127.0.0.1:$P_NG_OFF source 127.0.0.3
 CONF
+# One frontend per (proxy, header): NAME FRONT_PORT TARGET_PORT EXTRA.
+relay() { printf 'frontend %s\n  bind 127.0.0.1:%s\n  default_backend %s\nbackend %s\n  server s 127.0.0.1:%s %s\n' \
+  "$1" "$2" "$1" "$1" "$3" "$4" >> "$WORK/haproxy.cfg"; }
+relay tg_on "$F_ON" "$P_TG" "send-proxy-v2 source 127.0.0.2"
+relay tg_off "$F_OFF" "$P_TG" "source 127.0.0.3"
+relay ng_on "$F_NG_ON" "$P_NG_ON" "send-proxy-v2 source 127.0.0.2"
+relay ng_off "$F_NG_OFF" "$P_NG_OFF" "source 127.0.0.3"
 haproxy -f "$WORK/haproxy.cfg" -db >/dev/null 2>&1 & PIDS+=($!)
 TIDEGATE_ADMIN_TOKEN=$TOKEN TIDEGATE_LOG=warn "$TG" serve --listen 127.0.0.1:$P_TG --admin 127.0.0.1:$A_TG \
   --proxy-protocol-from 127.0.0.2 --data-dir "$WORK/tg" --workers "$WORKERS" > "$WORK/tg.out" & PID_TG=$!; PIDS+=($PID_TG)

@@ -53,7 +53,7 @@ pub struct DnsStatus {
     /// Why the last resolution failed, while it does: the last good set
     /// keeps serving.
     pub error: Option<String>,
-    /// Resolutions made, and failed, since the start.
+    /// Resolutions made since the start (failed ones included).
     pub resolutions: u64,
     /// Failed resolutions since the start.
     pub failures: u64,

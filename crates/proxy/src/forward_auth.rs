@@ -147,6 +147,19 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
+    /// A request head read from `s` (None when the connection ends first).
+    async fn read_head(s: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
+        let mut head = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => head.extend_from_slice(&buf[..n]),
+            }
+        }
+        Some(head)
+    }
+
     /// A service answering each connection's first request with `answer`
     /// (or never, for `None`); the request heads it read come on the
     /// channel.
@@ -158,14 +171,7 @@ mod tests {
             while let Ok((mut s, _)) = listener.accept().await {
                 let (tx, answer) = (tx.clone(), answer.clone());
                 tokio::spawn(async move {
-                    let mut head = Vec::new();
-                    let mut buf = [0u8; 4096];
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match s.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&buf[..n]),
-                        }
-                    }
+                    let Some(head) = read_head(&mut s).await else { return };
                     let _ = tx.send(String::from_utf8_lossy(&head).into_owned());
                     match answer {
                         Some(a) => {
@@ -234,13 +240,8 @@ mod tests {
             while let Ok((mut s, _)) = listener.accept().await {
                 tokio::spawn(async move {
                     for answered in [true, false] {
-                        let mut head = Vec::new();
-                        let mut buf = [0u8; 4096];
-                        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                            match s.read(&mut buf).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => head.extend_from_slice(&buf[..n]),
-                            }
+                        if read_head(&mut s).await.is_none() {
+                            return;
                         }
                         if answered {
                             let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
