@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Where the normal traffic's p99 under `scripts/bench hostile`'s
 every-attacker window comes from: the hostile scenario's Tidegate (its
-defaults and per-client caps, bench/lib/hostile.py's `tidegate_up`), its
+defaults and per-client caps and rate, bench/lib/hostile.py's
+`client_caps`), its
 backends and normal traffic (the full profile's rate and sources), in
 windows of `--duration` s: quiet, each attacker kind alone, every attacker
 at once, quiet again; with `--nginx`, nginx quiet and under every
@@ -11,7 +12,7 @@ and the attackers (this process's threads) used.
 
     bench/hostile_breakdown.py [--bin-dir DIR] [--duration 30] [--pin] [--nginx]
                                [--attackers NAME,...] [--without NAME,...] [--rate-limit N]
-                               [--out FILE.json]
+                               [--client-rate N] [--out FILE.json]
 
 --pin: as `scripts/bench hostile --pin`: the proxy, the backends and the
 normal traffic's generator on the first CPU, the attackers on the others,
@@ -21,8 +22,9 @@ slow_upload_h1, slow_upload_h2, zero_window_h2, flood); --without: one
 more window, every attacker but those named. --rate-limit N: the route
 to the service also gets a rule set limiting each client address to N
 requests/s (a `rate_limit` step keyed by `client_ip`, burst N; the normal
-traffic sends 1,000 requests/s from 64 addresses, about 16 each). The
-windows are
+traffic sends 1,000 requests/s from 64 addresses, about 16 each).
+--client-rate N: `--max-request-rate-per-client N` instead of the
+scenario's (0: none, as before that flag). The windows are
 shorter than the scenario's 80 s, so a zero-window reader is not cut at
 the 60 s write timeout here. Everything on 127.0.0.0/8; every process it
 starts is stopped by pid.
@@ -57,6 +59,7 @@ def main() -> int:
     ap.add_argument("--attackers", default=",".join(KINDS))
     ap.add_argument("--without", default="")
     ap.add_argument("--rate-limit", type=int, default=0)
+    ap.add_argument("--client-rate", type=int, default=None)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     kinds = [k for k in args.attackers.split(",") if k]
@@ -72,9 +75,9 @@ def main() -> int:
         with pin_split(ctx):
             _, emu = start_emulator(ctx, "app")
             _, big = start_emulator(ctx, "bulk", "--body-size", str(p["bulk_body_bytes"]))
-            cap = ["--max-requests-per-client", str(p["per_client_cap"]),
-                   "--max-connections-per-client", str(p["per_client_conns"])]
-            tg, admin = hostile.tidegate_up(ctx, "breakdown", cap, emu, big, p["max_conns"])
+            if args.client_rate is not None:
+                p["per_client_rate"] = args.client_rate
+            tg, admin = hostile.tidegate_up(ctx, "breakdown", hostile.client_caps(p), emu, big, p["max_conns"])
             if args.rate_limit:
                 tg.admin.call("POST", "/v1/changes", {"ops": [
                     {"op": "put_rules", "name": "per-client", "spec": {"steps": [

@@ -584,6 +584,14 @@ def settle(emu: str, admin=None, timeout: float = 20.0) -> None:
     log("  (the backend was still busy after the window; going on)")
 
 
+def client_caps(p: dict) -> list[str]:
+    """The per-client flags of the scenario's capped Tidegate: requests in
+    progress, connections and request rate per client address."""
+    return ["--max-requests-per-client", str(p["per_client_cap"]),
+            "--max-connections-per-client", str(p["per_client_conns"]),
+            "--max-request-rate-per-client", str(p["per_client_rate"])]
+
+
 def tidegate_up(ctx: Ctx, name: str, args: list[str], emu: str, big: str, max_conns: int):
     """Tidegate with `args`, the service `app` (one backend, the default
     policy, `max_conns`) at `/`, and `bulk` (the large-response backend)
@@ -619,7 +627,8 @@ http {{ access_log off;
 
 
 def run(ctx: Ctx, p: dict) -> dict:
-    """The windows, in order: Tidegate (defaults and the per-client caps)
+    """The windows, in order: Tidegate (defaults and the per-client caps
+    and rate)
     quiet, under every attacker, under the slow uploads alone, under a
     flood whose requests each hold the backend `slow_flood_delay_ms`;
     Tidegate with its defaults alone (no cap) under the slow uploads; Tidegate
@@ -637,10 +646,8 @@ def run_windows(ctx: Ctx, p: dict) -> dict:
     # the sockets buffer (the emulator serves one body size, so they get
     # their own backend, `/bulk`).
     _, big = start_emulator(ctx, "bulk", "--body-size", str(p["bulk_body_bytes"]))
-    cap = ["--max-requests-per-client", str(p["per_client_cap"]),
-           "--max-connections-per-client", str(p["per_client_conns"])]
     runs = {}
-    tg, sampler_admin = tidegate_up(ctx, "hostile", cap, emu, big, p["max_conns"])
+    tg, sampler_admin = tidegate_up(ctx, "hostile", client_caps(p), emu, big, p["max_conns"])
     try:
         rss, cpu = (lambda: rss_kib(tg.proc.pid)), (lambda: tree_cpu_s(tg.proc.pid))  # noqa: E731
         runs["quiet"] = window(ctx, "quiet", tg.proxy, None, p, p["duration"], rss, emu, sampler_admin, cpu=cpu)

@@ -52,7 +52,9 @@ PARAMS = {
     # slow uploads alone, the flood of slow requests, the control and
     # nginx. max_conns: the backend's cap (Tidegate and nginx);
     # per_client_cap: --max-requests-per-client; per_client_conns:
-    # --max-connections-per-client; normal_sources: the addresses the
+    # --max-connections-per-client; per_client_rate:
+    # --max-request-rate-per-client (12x what each normal address sends in
+    # full); normal_sources: the addresses the
     # normal traffic comes from, in turn (so that the caps and the fair
     # queue see many users, not one); zero_window_tries: connections each
     # zero-window reader opens in its window at most.
@@ -60,11 +62,11 @@ PARAMS = {
         "smoke": {"duration": 3, "hostile_duration": 3, "side_duration": 2, "rate": 200, "attackers_scale": 0.1,
                   "uploads_h1": 4, "uploads_h2_streams": 8, "zero_window_conns": 1, "zero_window_streams": 10,
                   "zero_window_tries": 2, "flood_workers": 48, "slow_flood_delay_ms": 20, "per_client_cap": 32,
-                  "per_client_conns": 64, "normal_sources": 16, "max_conns": 48, "bulk_body_bytes": 32 << 20},
+                  "per_client_conns": 64, "per_client_rate": 200, "normal_sources": 16, "max_conns": 48, "bulk_body_bytes": 32 << 20},
         "full": {"duration": 60, "hostile_duration": 80, "side_duration": 30, "rate": 1000, "attackers_scale": 1.0,
                  "uploads_h1": 20, "uploads_h2_streams": 40, "zero_window_conns": 1, "zero_window_streams": 10,
                  "zero_window_tries": 2, "flood_workers": 64, "slow_flood_delay_ms": 20, "per_client_cap": 32,
-                 "per_client_conns": 64, "normal_sources": 64, "max_conns": 48, "bulk_body_bytes": 32 << 20},
+                 "per_client_conns": 64, "per_client_rate": 200, "normal_sources": 64, "max_conns": 48, "bulk_body_bytes": 32 << 20},
     },
     # rules (issue 37): conns: part 1's wrk connections; compress_conns:
     # part 2's; gzip_level: nginx's gzip_comp_level, the level Tidegate's

@@ -69,6 +69,9 @@ pub enum ErrorKind {
     /// The client address has `--max-requests-per-client` requests in
     /// progress already.
     ClientLimit,
+    /// The client address sent requests faster than
+    /// `--max-request-rate-per-client`.
+    ClientRate,
     /// The request body carried more than its route's `max_body_bytes`
     /// rule takes (a body without `Content-Length`, counted as it came; a
     /// declared one over the limit is answered by the rule itself).
@@ -93,12 +96,19 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// Whether the client was refused for what it asked of its per-client
+    /// caps or rate, not for anything wrong with the request: it may ask
+    /// again on the same connection (after `Retry-After`).
+    pub fn client_over_its_share(self) -> bool {
+        matches!(self, ErrorKind::ClientLimit | ErrorKind::ClientRate)
+    }
+
     /// Where the failure came from.
     pub fn source(self) -> Source {
         use ErrorKind::*;
         match self {
             BadRequest | InvalidHost | InvalidPath | InvalidFraming(_) | ClientBody | ClientTimeout | ClientLimit
-            | BodyTooLarge => Source::Client,
+            | ClientRate | BodyTooLarge => Source::Client,
             NoRoute | NoBackend | QueueFull | QueueTimeout => Source::Local,
             ConnectFailed | ConnectTimeout | UpstreamTls | StaleConnection | UpstreamClosed | InvalidResponse
             | ResponseTimeout => Source::Upstream,
@@ -124,7 +134,7 @@ impl ErrorKind {
             // and retrying multiplies the load on a struggling service.
             ResponseTimeout => Retry::Never,
             NoRoute | NoBackend | QueueFull | QueueTimeout | BadRequest | InvalidHost | InvalidPath
-            | InvalidFraming(_) | ClientBody | ClientTimeout | ClientLimit | BodyTooLarge => Retry::Never,
+            | InvalidFraming(_) | ClientBody | ClientTimeout | ClientLimit | ClientRate | BodyTooLarge => Retry::Never,
         }
     }
 
@@ -143,6 +153,7 @@ impl ErrorKind {
             ClientBody => "client_body",
             ClientTimeout => "client_timeout",
             ClientLimit => "client_limit",
+            ClientRate => "client_rate",
             BodyTooLarge => "body_too_large",
             ConnectFailed => "connect_failed",
             ConnectTimeout => "connect_timeout",
@@ -156,7 +167,7 @@ impl ErrorKind {
 
     /// Every kind, in a fixed order (for metrics; one `InvalidFraming`
     /// stands for all its causes).
-    pub const ALL: [ErrorKind; 19] = [
+    pub const ALL: [ErrorKind; 20] = [
         ErrorKind::NoRoute,
         ErrorKind::NoBackend,
         ErrorKind::QueueFull,
@@ -168,6 +179,7 @@ impl ErrorKind {
         ErrorKind::ClientBody,
         ErrorKind::ClientTimeout,
         ErrorKind::ClientLimit,
+        ErrorKind::ClientRate,
         ErrorKind::BodyTooLarge,
         ErrorKind::ConnectFailed,
         ErrorKind::ConnectTimeout,
@@ -204,6 +216,7 @@ impl ErrorKind {
             ClientBody => (StatusCode::BAD_REQUEST, "400 the request body is malformed or incomplete\n"),
             ClientTimeout => (StatusCode::REQUEST_TIMEOUT, "408 the request body arrived too slowly\n"),
             ClientLimit => (StatusCode::TOO_MANY_REQUESTS, "429 this client has too many requests in progress\n"),
+            ClientRate => (StatusCode::TOO_MANY_REQUESTS, "429 this client sends requests faster than its rate\n"),
             BodyTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "413 the request body is larger than this route takes\n"),
             ConnectFailed | ConnectTimeout => (StatusCode::BAD_GATEWAY, "502 could not connect to a backend\n"),
             UpstreamTls => (StatusCode::BAD_GATEWAY, "502 the TLS handshake with the backend failed\n"),

@@ -16,6 +16,11 @@
 //!   progress per client address (IPv6 by /64), so that one address cannot
 //!   take a service's capacity. Off by default: clients behind one NAT or
 //!   proxy share an address.
+//! - **A per-client request rate** ([`Limits::max_request_rate_per_client`]):
+//!   a token bucket per client address, in a table of bounded size
+//!   (`tidegate_rules::bucket`, the `rate_limit` rule's). A client whose
+//!   requests the backend answers at once never has many in progress, so
+//!   the caps above do not bound it; its rate does. Off by default.
 //!
 //! The decisions ([`Pace`], and [`client_key`] in tidegate-snapshot) are pure; the counters are
 //! atomics and sharded maps.
@@ -26,6 +31,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tidegate_rules::bucket::{self, Admit, Buckets};
 use tidegate_snapshot::client_key;
 use tokio::time::Instant;
 
@@ -38,6 +44,8 @@ pub(crate) struct Admission {
     pub buffers: Arc<BufferBudget>,
     /// Per-client counters, when a cap is set.
     pub clients: Option<Arc<PerClient>>,
+    /// Per-client token buckets, when a rate is set.
+    rates: Option<Buckets>,
 }
 
 impl Admission {
@@ -47,6 +55,14 @@ impl Admission {
         Admission {
             buffers: Arc::new(BufferBudget::new(limits.request_buffer_total_bytes)),
             clients: (caps != (0, 0)).then(|| Arc::new(PerClient::new(caps.0, caps.1))),
+            rates: (limits.max_request_rate_per_client > 0).then(|| {
+                let rate = limits.max_request_rate_per_client;
+                let burst = match limits.request_burst_per_client {
+                    0 => rate,
+                    b => b,
+                };
+                Buckets::new(u64::from(rate) * 1000, burst, bucket::DEFAULT_KEYS)
+            }),
         }
     }
 
@@ -60,8 +76,14 @@ impl Admission {
     }
 
     /// Counts a request in progress from `ip` (`None`: no cap is set);
-    /// `Err` when the client is at its cap (answered `429`).
+    /// `Err` when the client is at its cap or over its rate (answered
+    /// `429`).
     pub(crate) fn request(&self, ip: IpAddr) -> Result<Option<ClientHold>, AtCap> {
+        if let Some(rates) = &self.rates {
+            if let Admit::No(_) = rates.take(client_key(ip), std::time::Instant::now()) {
+                return Err(AtCap::Rate);
+            }
+        }
         match &self.clients {
             None => Ok(None),
             Some(c) => c.take(ip, Kind::Request).map(Some),
@@ -120,6 +142,18 @@ pub(crate) enum AtCap {
     Connections(usize),
     #[error("the client has {0} requests in progress, its cap")]
     Requests(usize),
+    #[error("the client sends requests faster than its rate")]
+    Rate,
+}
+
+impl AtCap {
+    /// How a request refused for this is counted and answered.
+    pub(crate) fn kind(self) -> crate::ErrorKind {
+        match self {
+            AtCap::Rate => crate::ErrorKind::ClientRate,
+            AtCap::Connections(_) | AtCap::Requests(_) => crate::ErrorKind::ClientLimit,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -350,9 +384,35 @@ mod tests {
     }
 
     #[test]
+    fn a_client_over_its_rate_is_refused_and_others_are_not() {
+        let limits = Limits { max_request_rate_per_client: 2, request_burst_per_client: 3, ..Limits::default() };
+        let adm = Admission::new(&limits);
+        let (a, b): (IpAddr, IpAddr) = ("192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap());
+        for _ in 0..3 {
+            assert!(adm.request(a).is_ok(), "within the burst");
+        }
+        assert_eq!(adm.request(a).unwrap_err(), AtCap::Rate);
+        assert_eq!(AtCap::Rate.kind(), crate::ErrorKind::ClientRate);
+        assert!(adm.request(b).is_ok(), "another address has its own bucket");
+        // One /64 is one client.
+        let (v6a, v6b): (IpAddr, IpAddr) = ("2001:db8::1".parse().unwrap(), "2001:db8::2".parse().unwrap());
+        for _ in 0..3 {
+            assert!(adm.request(v6a).is_ok());
+        }
+        assert_eq!(adm.request(v6b).unwrap_err(), AtCap::Rate);
+    }
+
+    #[test]
+    fn the_burst_defaults_to_one_seconds_worth() {
+        let adm = Admission::new(&Limits { max_request_rate_per_client: 5, ..Limits::default() });
+        let a: IpAddr = "192.0.2.1".parse().unwrap();
+        assert_eq!((0..10).filter(|_| adm.request(a).is_ok()).count(), 5);
+    }
+
+    #[test]
     fn no_caps_no_counting() {
         let adm = Admission::new(&Limits::default());
-        assert!(adm.clients.is_none());
+        assert!(adm.clients.is_none() && adm.rates.is_none());
         assert!(adm.request("192.0.2.1".parse().unwrap()).unwrap().is_none());
     }
 

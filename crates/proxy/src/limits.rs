@@ -84,6 +84,18 @@ pub struct Limits {
     /// or being answered, until each answer's head; a body being read
     /// ahead does not count. More get `429`. 0: no cap (the default).
     pub max_requests_per_client: usize,
+    /// Requests per second one client address (IPv6: one /64) may send
+    /// on average to services, over all its connections: a token bucket
+    /// per address, holding `request_burst_per_client` tokens. A request
+    /// over it gets `429` with `Retry-After: 1` before a backend is
+    /// chosen. A cap on requests in progress does not bound a client whose
+    /// requests the backend answers at once; this does. 0: no limit (the
+    /// default, as for the caps: clients behind one NAT share an address).
+    pub max_request_rate_per_client: u32,
+    /// The requests one client address may send at once above its rate
+    /// (the bucket's size). 0: as many as `max_request_rate_per_client`
+    /// (one second's worth).
+    pub request_burst_per_client: u32,
 }
 
 impl Default for Limits {
@@ -107,6 +119,8 @@ impl Default for Limits {
             upload_rate_window: Duration::from_secs(10),
             max_connections_per_client: 0,
             max_requests_per_client: 0,
+            max_request_rate_per_client: 0,
+            request_burst_per_client: 0,
         }
     }
 }

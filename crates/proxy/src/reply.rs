@@ -12,7 +12,7 @@ use crate::pipeline::Local;
 pub(crate) fn error(kind: ErrorKind) -> Response<ProxyBody> {
     let (status, text) = kind.answer();
     let mut resp = plain(status, text);
-    if kind == ErrorKind::ClientLimit {
+    if kind.client_over_its_share() {
         resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
     resp
@@ -122,6 +122,7 @@ mod tests {
         assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
         assert_eq!(resp.headers()[header::CONTENT_TYPE], "text/plain; charset=utf-8");
+        assert_eq!(error(ErrorKind::ClientRate).headers()[header::RETRY_AFTER], "1");
         assert!(!error(ErrorKind::NoBackend).headers().contains_key(header::RETRY_AFTER));
     }
 }

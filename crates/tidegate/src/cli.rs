@@ -309,6 +309,19 @@ pub struct ServeArgs {
     /// with `Retry-After`. 0: no cap.
     #[arg(long, env = "TIDEGATE_MAX_REQUESTS_PER_CLIENT", default_value_t = 0)]
     pub max_requests_per_client: usize,
+    /// Requests per second one client address (IPv6: one /64) may send to
+    /// services, on average over all its connections (a token bucket per
+    /// address, at most 65,536 addresses tracked); more get 429 with
+    /// `Retry-After: 1` before a backend is chosen. Bounds a flood that the
+    /// backend answers at once, which a cap on requests in progress does
+    /// not. 0: no limit.
+    #[arg(long, env = "TIDEGATE_MAX_REQUEST_RATE_PER_CLIENT", default_value_t = 0)]
+    pub max_request_rate_per_client: u32,
+    /// Requests one client address may send at once above its
+    /// --max-request-rate-per-client (its bucket's size). 0: one second's
+    /// worth of its rate.
+    #[arg(long, env = "TIDEGATE_REQUEST_BURST_PER_CLIENT", default_value_t = 0)]
+    pub request_burst_per_client: u32,
     /// Comma-separated IPs or CIDR blocks of trusted proxies in front of
     /// Tidegate, whose X-Forwarded-For, Forwarded and X-Real-IP are kept.
     /// Default: none; those headers from any other peer are replaced.

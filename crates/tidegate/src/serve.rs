@@ -774,6 +774,8 @@ fn limits(args: &ServeArgs, fd_cap: usize) -> Limits {
         upload_rate_window: secs(args.min_upload_rate_window_s),
         max_connections_per_client: args.max_connections_per_client,
         max_requests_per_client: args.max_requests_per_client,
+        max_request_rate_per_client: args.max_request_rate_per_client,
+        request_burst_per_client: args.request_burst_per_client,
     }
 }
 

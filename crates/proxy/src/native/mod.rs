@@ -456,9 +456,8 @@ async fn handle<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> bool 
             client.seen.error = Some(kind);
             let resp = error_response(kind, ctx.proxy);
             // A client's error closes the connection (what follows may not
-            // be framed as it seems), except its cap: it may ask again.
-            let close =
-                ctx.closes(client) || (kind.source() == FailureSource::Client && kind != ErrorKind::ClientLimit);
+            // be framed as it seems), except its cap or rate: it may ask again.
+            let close = ctx.closes(client) || (kind.source() == FailureSource::Client && !kind.client_over_its_share());
             ctx.answer(client, resp, close).await
         }
     }
@@ -710,7 +709,7 @@ async fn forward<S: ClientIo>(
     let (body, buffered) = read_ahead(client, head.body, streaming, limits, budget, body_until, max_body).await?;
     // At most the client's cap of requests waiting for a backend or being
     // answered, until the answer's head (reading a body takes no backend).
-    let per_client = proxy.admission().request(peer.addr.ip()).map_err(|_| ErrorKind::ClientLimit)?;
+    let per_client = proxy.admission().request(peer.addr.ip()).map_err(crate::admission::AtCap::kind)?;
     let asked = Asked { method: req.method.as_str(), path: req.path_and_query, host: req.host };
     let first = proxy.upstreams().first_pick(service, asked, req.view, peer).await;
     if upgrade.is_none() && service.upstream.protocol() == UpstreamProtocol::Http2 {

@@ -61,6 +61,30 @@ fn response_head(s: &mut TcpStream, within: Duration) -> String {
     String::from_utf8_lossy(&reply).into_owned()
 }
 
+/// Reads one response framed by `Content-Length` from `s` (10 s at
+/// most): its status and its head, lowercased.
+fn whole_response(s: &mut TcpStream) -> (u16, String) {
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let (mut got, mut buf) = (Vec::new(), [0u8; 4096]);
+    loop {
+        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&got[..end]).to_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if got.len() >= end + 4 + len {
+                let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("a status");
+                return (status, head);
+            }
+        }
+        let n = s.read(&mut buf).expect("a response");
+        assert!(n > 0, "the connection closed mid-response: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
 /// An HTTP/2 (prior knowledge) connection to `addr`, with the client's
 /// stream flow-control window set to `window`.
 async fn h2_client<B>(
@@ -228,6 +252,52 @@ async fn one_address_is_held_to_its_connection_and_request_caps() {
         out.starts_with("HTTP/1.1 200").then_some(())
     })
     .await;
+}
+
+/// One address sending faster than `--max-request-rate-per-client` gets
+/// `429` with `Retry-After` for what goes over its bucket, on the same
+/// connection, while another address is served; the refusals are counted
+/// as `client_rate`. The backend answers at once, so a cap on requests in
+/// progress would never bind here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_is_held_to_its_request_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = Tidegate::start_with(
+        dir.path(),
+        &["--max-request-rate-per-client", "1", "--request-burst-per-client", "5", "--max-requests-per-client", "100"],
+    );
+    let b = Backend::start("calm", &[]);
+    capped_service(&tg, &b, 100, false).await;
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    sock.bind(&"127.0.0.2:0".parse::<SocketAddr>().expect("addr").into()).expect("bind");
+    sock.connect(&tg.proxy.into()).expect("connect");
+    let mut conn = TcpStream::from(sock);
+    // Twenty requests on one kept-alive connection, each answered before
+    // the next: the bucket's five, then (at one token a second) only the
+    // ones a refill allows.
+    let mut statuses = Vec::new();
+    for _ in 0..20 {
+        conn.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n").expect("write");
+        let (status, head) = whole_response(&mut conn);
+        if status == 429 {
+            assert!(head.contains("retry-after: 1"), "{head}");
+        }
+        statuses.push(status);
+    }
+    let ok = statuses.iter().filter(|s| **s == 200).count();
+    let refused = statuses.iter().filter(|s| **s == 429).count();
+    assert_eq!(ok + refused, 20, "{statuses:?}");
+    assert!(statuses[..5].iter().all(|s| *s == 200), "the burst is served: {statuses:?}");
+    assert!(refused >= 5, "the rate was not enforced: {statuses:?}");
+    // Another address is not affected.
+    assert_eq!(request_from("127.0.0.3", tg.proxy, "/").await, Some(200));
+    let metrics = send("GET", &tg.admin_url("/metrics"), Some(TOKEN), Vec::new(), &[]).await.text();
+    let counted = metrics
+        .lines()
+        .filter(|l| l.contains(r#"reason="client_rate""#) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>();
+    assert!(counted >= refused as f64, "{refused} refusals, {counted} counted: {metrics}");
 }
 
 /// HTTP/2 readers whose stream window is zero: their backends are
