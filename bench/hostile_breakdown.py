@@ -12,7 +12,7 @@ and the attackers (this process's threads) used.
 
     bench/hostile_breakdown.py [--bin-dir DIR] [--duration 30] [--pin] [--nginx]
                                [--attackers NAME,...] [--without NAME,...] [--rate-limit N]
-                               [--client-rate N] [--out FILE.json]
+                               [--client-rate N] [--tarpit-ms N] [--out FILE.json]
 
 --pin: as `scripts/bench hostile --pin`: the proxy, the backends and the
 normal traffic's generator on the first CPU, the attackers on the others,
@@ -24,7 +24,8 @@ to the service also gets a rule set limiting each client address to N
 requests/s (a `rate_limit` step keyed by `client_ip`, burst N; the normal
 traffic sends 1,000 requests/s from 64 addresses, about 16 each).
 --client-rate N: `--max-request-rate-per-client N` instead of the
-scenario's (0: none, as before that flag). The windows are
+scenario's (0: none, as before that flag); --tarpit-ms N:
+`--request-rate-tarpit-ms N` instead of the scenario's. The windows are
 shorter than the scenario's 80 s, so a zero-window reader is not cut at
 the 60 s write timeout here. Everything on 127.0.0.0/8; every process it
 starts is stopped by pid.
@@ -60,6 +61,7 @@ def main() -> int:
     ap.add_argument("--without", default="")
     ap.add_argument("--rate-limit", type=int, default=0)
     ap.add_argument("--client-rate", type=int, default=None)
+    ap.add_argument("--tarpit-ms", type=int, default=None)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     kinds = [k for k in args.attackers.split(",") if k]
@@ -77,6 +79,8 @@ def main() -> int:
             _, big = start_emulator(ctx, "bulk", "--body-size", str(p["bulk_body_bytes"]))
             if args.client_rate is not None:
                 p["per_client_rate"] = args.client_rate
+            if args.tarpit_ms is not None:
+                p["per_client_tarpit_ms"] = args.tarpit_ms
             tg, admin = hostile.tidegate_up(ctx, "breakdown", hostile.client_caps(p), emu, big, p["max_conns"])
             if args.rate_limit:
                 tg.admin.call("POST", "/v1/changes", {"ops": [

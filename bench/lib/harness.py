@@ -240,6 +240,21 @@ class Admin:
             raise RuntimeError(f"{method} {path}: HTTP {r.status}: {text[:500]!r}")
         return value
 
+    def text(self, path: str) -> str:
+        """`GET path` (its body as text), e.g. `/metrics`."""
+        for attempt in range(2):
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+            try:
+                self.conn.request("GET", path, headers={"Authorization": f"Bearer {self.token}"})
+                return self.conn.getresponse().read().decode(errors="replace")
+            except (OSError, http.client.HTTPException):
+                self.conn.close()
+                self.conn = None
+                if attempt == 1:
+                    raise
+        return ""
+
     def close(self) -> None:
         if self.conn is not None:
             self.conn.close()

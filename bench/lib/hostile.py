@@ -586,10 +586,12 @@ def settle(emu: str, admin=None, timeout: float = 20.0) -> None:
 
 def client_caps(p: dict) -> list[str]:
     """The per-client flags of the scenario's capped Tidegate: requests in
-    progress, connections and request rate per client address."""
+    progress, connections and request rate per client address, and the
+    wait of a refusal for the rate."""
     return ["--max-requests-per-client", str(p["per_client_cap"]),
             "--max-connections-per-client", str(p["per_client_conns"]),
-            "--max-request-rate-per-client", str(p["per_client_rate"])]
+            "--max-request-rate-per-client", str(p["per_client_rate"]),
+            "--request-rate-tarpit-ms", str(p["per_client_tarpit_ms"])]
 
 
 def tidegate_up(ctx: Ctx, name: str, args: list[str], emu: str, big: str, max_conns: int):

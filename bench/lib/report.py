@@ -265,7 +265,8 @@ def markdown(out: Path, results: dict, meta: dict, pngs: list[str]) -> str:
                             ("tls", "7. TLS at the front door and to backends (issue 10)", md_tls),
                             ("cluster", "8. Cluster mode through etcd (issue 11)", md_cluster),
                             ("rules", "9. Traffic rules (issue 37)", md_rules),
-                            ("upgrade", "10. Binary upgrades under load (issue 38)", md_upgrade)):
+                            ("upgrade", "10. Binary upgrades under load (issue 38)", md_upgrade),
+                            ("tracing", "11. Tracing (issue 40)", md_tracing)):
         if name not in results:
             continue
         md.append(f"\n## {title}\n")
@@ -921,3 +922,25 @@ def md_upgrade(r):
                  + table(["run", "upgrades", "requests", "failed", "503s + timeouts after the upgrades",
                           "failures per window", "p99 ms, whole run", "worst window p99 / max ms"], rows))
     return "".join(s)
+
+
+def md_tracing(r):
+    p, sm, st = r["params"], r["summary"], r["receiver_stopped"]
+    s = [f"wrk -t2 -c{p['conns']}, {p['duration']} s per run, {p['reps']} repetitions in a rotating order; "
+         "three Tidegate processes identical but for tracing, one nginx backend, an OTLP/HTTP sink that counts "
+         "what it is sent. Requests carry no `traceparent` (each starts a trace; the ratio decides).\n"]
+    rows = []
+    for name in ("off", "ratio_0.01", "ratio_1"):
+        x = sm[name]
+        spans = x.get("spans") or {}
+        rows.append([name, fmt(x["rps_median"], 0), f"{fmt(x['rps_min'], 0)}-{fmt(x['rps_max'], 0)}",
+                     fmt(x["vs_off"], 3), spans.get("exported", "-"),
+                     spans.get("dropped_queue_full", "-"), spans.get("dropped_export_failed", "-")])
+    s.append(table(["variant", "req/s (median)", "range", "/ off", "spans exported", "dropped (queue full)",
+                    "dropped (export failed)"], rows))
+    s.append(f"\nThe receiver stopped, tracing at 100 %: {fmt(st['rps'], 0)} req/s ({fmt(st['vs_off'], 3)} of off), "
+             f"spans dropped {st['dropped']}, exported {st['exported']}.\n")
+    g = r["goal"]
+    s.append(f"Goals: 1 % within 3 % of off: **{g['ratio_0.01_within_3pct']}**; 100 % within 15 %: "
+             f"**{g['ratio_1_within_15pct']}**.\n")
+    return "\n".join(s)

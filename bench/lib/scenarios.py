@@ -15,6 +15,7 @@ import hostile
 import overhead
 import peak
 import rules
+import tracing
 import upgrade
 from harness import ROOT, Ctx, free_port_block, log, median
 
@@ -54,7 +55,8 @@ PARAMS = {
     # per_client_cap: --max-requests-per-client; per_client_conns:
     # --max-connections-per-client; per_client_rate:
     # --max-request-rate-per-client (12x what each normal address sends in
-    # full); normal_sources: the addresses the
+    # full); per_client_tarpit_ms: --request-rate-tarpit-ms; normal_sources:
+    # the addresses the
     # normal traffic comes from, in turn (so that the caps and the fair
     # queue see many users, not one); zero_window_tries: connections each
     # zero-window reader opens in its window at most.
@@ -62,11 +64,11 @@ PARAMS = {
         "smoke": {"duration": 3, "hostile_duration": 3, "side_duration": 2, "rate": 200, "attackers_scale": 0.1,
                   "uploads_h1": 4, "uploads_h2_streams": 8, "zero_window_conns": 1, "zero_window_streams": 10,
                   "zero_window_tries": 2, "flood_workers": 48, "slow_flood_delay_ms": 20, "per_client_cap": 32,
-                  "per_client_conns": 64, "per_client_rate": 200, "normal_sources": 16, "max_conns": 48, "bulk_body_bytes": 32 << 20},
+                  "per_client_conns": 64, "per_client_rate": 200, "per_client_tarpit_ms": 1000, "normal_sources": 16, "max_conns": 48, "bulk_body_bytes": 32 << 20},
         "full": {"duration": 60, "hostile_duration": 80, "side_duration": 30, "rate": 1000, "attackers_scale": 1.0,
                  "uploads_h1": 20, "uploads_h2_streams": 40, "zero_window_conns": 1, "zero_window_streams": 10,
                  "zero_window_tries": 2, "flood_workers": 64, "slow_flood_delay_ms": 20, "per_client_cap": 32,
-                 "per_client_conns": 64, "per_client_rate": 200, "normal_sources": 64, "max_conns": 48, "bulk_body_bytes": 32 << 20},
+                 "per_client_conns": 64, "per_client_rate": 200, "per_client_tarpit_ms": 1000, "normal_sources": 64, "max_conns": 48, "bulk_body_bytes": 32 << 20},
     },
     # rules (issue 37): conns: part 1's wrk connections; compress_conns:
     # part 2's; gzip_level: nginx's gzip_comp_level, the level Tidegate's
@@ -109,6 +111,11 @@ PARAMS = {
                  "hetero": {"upgrades": 3, "warmup_s": 10, "interval_s": 8, "tail_s": 5, "conns": 32, "rate": 8.4,
                             "service": "exp:20ms"}},
     },
+    # tracing (issue 40): wrk at `conns` against tracing off, 1 % and 100 %.
+    "tracing": {
+        "smoke": {"reps": 1, "duration": 1, "conns": 16, "workers": 2},
+        "full": {"reps": 5, "duration": 8, "conns": 64, "workers": 2},
+    },
     "cluster": {
         "smoke": {"duration": 1, "rate": 100, "members": "1", "preload": 200, "clients": 4},
         "full": {"duration": 10, "rate": 600, "members": "1 3", "preload": 10000, "clients": 32},
@@ -127,6 +134,7 @@ EXPECTED = {
     "cluster": ["runs", "summary"],
     "rules": ["checks", "runs", "summary", "compression", "rate_limit", "goal"],
     "upgrade": ["builds", "peers", "summary"],
+    "tracing": ["runs", "summary", "receiver_stopped", "goal"],
 }
 
 
@@ -305,6 +313,10 @@ def rules_scenario(ctx: Ctx) -> dict:
     return rules.run(ctx, PARAMS["rules"][ctx.profile])
 
 
+def tracing_scenario(ctx: Ctx) -> dict:
+    return tracing.run(ctx, PARAMS["tracing"][ctx.profile])
+
+
 def upgrade_scenario(ctx: Ctx) -> dict:
     return upgrade.run(ctx, PARAMS["upgrade"][ctx.profile])
 
@@ -320,4 +332,5 @@ SCENARIOS = {
     "cluster": cluster,
     "rules": rules_scenario,
     "upgrade": upgrade_scenario,
+    "tracing": tracing_scenario,
 }

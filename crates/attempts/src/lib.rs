@@ -85,6 +85,27 @@ pub struct Trace {
     pub attempts: u32,
     /// The backend of the last attempt.
     pub backend: Option<Arc<Backend>>,
+    /// Each attempt, when the request is traced (`Some`, empty, before the
+    /// attempts run); `None`: not recorded.
+    pub record: Option<Vec<AttemptRecord>>,
+}
+
+/// One attempt as a trace records it.
+#[derive(Debug, Clone)]
+pub struct AttemptRecord {
+    /// The backend it went to.
+    pub backend: Arc<Backend>,
+    /// When it started waiting for room in the service's queue, if it had
+    /// to wait.
+    pub queued_at: Option<Instant>,
+    /// When it was sent.
+    pub sent: Instant,
+    /// When the backend's answer head came, or the attempt failed.
+    pub ended: Instant,
+    /// The backend's status, or why the attempt failed.
+    pub result: Result<u16, ErrorKind>,
+    /// Sent on a new connection after a kept-alive one was found closed.
+    pub fresh: bool,
 }
 
 /// How one attempt ended, as passive health sees it: `None` when the
@@ -127,6 +148,8 @@ pub async fn run<E: Exchange>(
     let mut same_backend: Option<Arc<Backend>> = None;
     loop {
         let fresh = same_backend.is_some();
+        // The queue's wait, for a traced request (one clock read more).
+        let asked = trace.record.is_some().then(Instant::now);
         let backend = match same_backend.take() {
             Some(b) => b,
             None => {
@@ -147,8 +170,23 @@ pub async fn run<E: Exchange>(
         let now = Instant::now();
         let slot = Slot::take(&backend, service, now.into_std());
         // The slot is taken: leaving the queue now passes the turn on.
-        queue.waiting = None;
+        let waited = queue.waiting.take().is_some();
         let (result, slot) = attempt(service, ex, &backend, fresh, slot, now).await;
+        if let Some(record) = &mut trace.record {
+            let queued_at = asked.filter(|_| waited);
+            let result = match &result {
+                Ok(answer) => Ok(E::status(answer)),
+                Err(kind) => Err(*kind),
+            };
+            record.push(AttemptRecord {
+                backend: backend.clone(),
+                queued_at,
+                sent: now,
+                ended: Instant::now(),
+                result,
+                fresh,
+            });
+        }
         let failure = match result {
             Ok(answer) => {
                 if reads_orca {

@@ -98,6 +98,9 @@ pub struct Line {
     pub rule: Option<String>,
     /// The request's `X-Request-Id` (the client's, or the generated one).
     pub request_id: Option<String>,
+    /// The request's trace id (32 hex digits: the client's `traceparent`'s,
+    /// or a new one), when tracing is on.
+    pub trace_id: Option<String>,
     /// `User-Agent`, if sent.
     pub user_agent: Option<String>,
     /// `Referer`, if sent.
@@ -311,6 +314,7 @@ fn json_line(out: &mut String, l: &Line) {
     opt(out, "error", l.error);
     opt(out, "rule", l.rule.as_deref());
     opt(out, "request_id", l.request_id.as_deref());
+    opt(out, "trace_id", l.trace_id.as_deref());
     opt(out, "user_agent", l.user_agent.as_deref());
     opt(out, "referer", l.referer.as_deref());
     opt(out, "client_cert", l.client_cert.as_deref());
@@ -470,6 +474,7 @@ mod tests {
             error: None,
             rule: None,
             request_id: Some("abc".into()),
+            trace_id: None,
             user_agent: Some("curl/8.0\n".into()),
             referer: None,
             client_cert: Some("CN=alice,O=Shop\\, Inc.".into()),
@@ -483,7 +488,7 @@ mod tests {
         assert!(out.ends_with("}\n") && out.lines().count() == 1, "{out}");
         assert_eq!(
             out.trim_end(),
-            r#"{"time":"2026-11-25T13:40:00.248Z","client":"127.0.0.1:40000","method":"GET","host":"shop.example","path":"/cart?id=\"7\"","protocol":"HTTP/1.1","status":200,"bytes_in":78,"bytes_out":140,"duration_ms":1.500,"route":"shop","service":"web","backend":"a","backend_addr":"127.0.0.1:9001","attempts":1,"error":null,"rule":null,"request_id":"abc","user_agent":"curl/8.0\n","referer":null,"client_cert":"CN=alice,O=Shop\\, Inc."}"#
+            r#"{"time":"2026-11-25T13:40:00.248Z","client":"127.0.0.1:40000","method":"GET","host":"shop.example","path":"/cart?id=\"7\"","protocol":"HTTP/1.1","status":200,"bytes_in":78,"bytes_out":140,"duration_ms":1.500,"route":"shop","service":"web","backend":"a","backend_addr":"127.0.0.1:9001","attempts":1,"error":null,"rule":null,"request_id":"abc","trace_id":null,"user_agent":"curl/8.0\n","referer":null,"client_cert":"CN=alice,O=Shop\\, Inc."}"#
         );
     }
 

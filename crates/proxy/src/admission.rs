@@ -46,6 +46,8 @@ pub(crate) struct Admission {
     pub clients: Option<Arc<PerClient>>,
     /// Per-client token buckets, when a rate is set.
     rates: Option<Buckets>,
+    /// How long a refusal for the rate waits before it is answered.
+    tarpit: Duration,
 }
 
 impl Admission {
@@ -63,6 +65,20 @@ impl Admission {
                 };
                 Buckets::new(u64::from(rate) * 1000, burst, bucket::DEFAULT_KEYS)
             }),
+            tarpit: limits.request_rate_tarpit.min(Duration::from_secs(1)),
+        }
+    }
+
+    /// Counts a request in progress from `ip`, as [`Admission::request`];
+    /// a refusal for the client's rate comes after the tarpit's wait.
+    pub(crate) async fn admit_request(&self, ip: IpAddr) -> Result<Option<ClientHold>, crate::ErrorKind> {
+        match self.request(ip) {
+            Ok(hold) => Ok(hold),
+            Err(AtCap::Rate) if !self.tarpit.is_zero() => {
+                tokio::time::sleep(self.tarpit).await;
+                Err(crate::ErrorKind::ClientRate)
+            }
+            Err(cap) => Err(cap.kind()),
         }
     }
 
@@ -400,6 +416,31 @@ mod tests {
             assert!(adm.request(v6a).is_ok());
         }
         assert_eq!(adm.request(v6b).unwrap_err(), AtCap::Rate);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_for_the_rate_waits_out_its_tarpit_and_other_refusals_do_not() {
+        let limits = Limits {
+            max_request_rate_per_client: 1,
+            max_requests_per_client: 1,
+            request_rate_tarpit: Duration::from_millis(700),
+            ..Limits::default()
+        };
+        let adm = Admission::new(&limits);
+        let (a, b): (IpAddr, IpAddr) = ("192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap());
+        let _held = adm.admit_request(a).await.expect("the first");
+        let t0 = Instant::now();
+        assert_eq!(adm.admit_request(a).await.unwrap_err(), crate::ErrorKind::ClientRate);
+        assert_eq!(t0.elapsed(), Duration::from_millis(700), "the refusal waited its tarpit");
+        // Over the cap on requests in progress (not the rate): at once.
+        let caps = Admission::new(&Limits { max_request_rate_per_client: 0, ..limits.clone() });
+        let _other = caps.admit_request(b).await.expect("b's first");
+        let t1 = Instant::now();
+        assert_eq!(caps.admit_request(b).await.unwrap_err(), crate::ErrorKind::ClientLimit);
+        assert_eq!(t1.elapsed(), Duration::ZERO);
+        // The tarpit is at most the Retry-After.
+        let long = Admission::new(&Limits { request_rate_tarpit: Duration::from_secs(9), ..limits });
+        assert_eq!(long.tarpit, Duration::from_secs(1));
     }
 
     #[test]

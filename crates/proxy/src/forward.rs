@@ -13,7 +13,7 @@ use tidegate_balance::{orca, Backend, RequestCtx};
 use tidegate_model::UpstreamProtocol;
 use tidegate_snapshot::ServiceRuntime;
 
-use crate::admission::{Admission, AtCap};
+use crate::admission::Admission;
 use crate::attempts::{self, Answered, Exchange, Trace};
 use crate::body::{Hold, ProxyBody};
 use crate::conn::Peer;
@@ -55,7 +55,7 @@ impl Upstreams {
         // At most the client's cap of requests waiting for a backend or
         // being answered, until the answer's head (reading a body takes no
         // backend).
-        let _per_client = admission.request(peer.addr.ip()).map_err(AtCap::kind)?;
+        let _per_client = admission.admit_request(peer.addr.ip()).await?;
         let host = req.parts.uri.authority().map(|a| a.as_str());
         let asked = Asked { method: req.parts.method.as_str(), path: req.path_and_query.as_str(), host };
         let first = self.first_pick(service, asked, &req.parts.headers, peer).await;

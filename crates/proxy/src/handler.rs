@@ -10,7 +10,6 @@ use tokio::time::Instant;
 
 use crate::access_log::{AccessLog, Line};
 use crate::admission::Admission;
-use crate::attempts::Trace;
 use crate::body::ProxyBody;
 use crate::conn::Peer;
 use crate::error::ErrorKind;
@@ -35,6 +34,8 @@ pub struct Proxy {
     access_log: Option<Arc<AccessLog>>,
     /// The body buffer budget and per-client caps, shared by the workers.
     admission: Arc<Admission>,
+    /// Traces, when they are on.
+    tracing: Option<crate::Tracing>,
 }
 
 impl Proxy {
@@ -56,6 +57,7 @@ impl Proxy {
             metrics,
             settings: Settings { health_path: None, https_port, trusted_proxies },
             access_log: None,
+            tracing: None,
         }
     }
 
@@ -78,6 +80,16 @@ impl Proxy {
     /// The access log, when it is on.
     pub(crate) fn access_log(&self) -> Option<&Arc<AccessLog>> {
         self.access_log.as_ref()
+    }
+
+    /// Traces requests (`None`: off).
+    pub fn set_tracing(&mut self, tracing: Option<crate::Tracing>) {
+        self.tracing = tracing;
+    }
+
+    /// Tracing, when it is on.
+    pub(crate) fn tracing(&self) -> Option<&crate::Tracing> {
+        self.tracing.as_ref()
     }
 
     /// Answers `path` itself, before routing, for load balancers' health
@@ -112,13 +124,12 @@ impl Proxy {
         let line = self.access_log.is_some().then(|| describe(&mut req, client));
         // Counted and logged when dropped: with the response body, or here
         // if the client goes away first (hyper drops this future).
-        let mut finish = Finish {
-            seen: Seen::new(tokio::time::Instant::now()),
-            line,
-            counters: self.metrics.clone(),
-            log: self.access_log.clone(),
-            bytes_out: 0,
-        };
+        let mut seen = Seen::new(tokio::time::Instant::now());
+        if let Some(tracing) = &self.tracing {
+            seen.trace = Some(crate::traces::trace_of_hyper(tracing, &req, client));
+        }
+        let mut finish =
+            Finish { seen, line, counters: self.metrics.clone(), log: self.access_log.clone(), bytes_out: 0 };
         let resp = match self.dispatch(req, client, &mut finish.seen).await {
             Ok(resp) => resp,
             Err(e) => {
@@ -196,7 +207,11 @@ impl Proxy {
             }
             Action::Forward(service) => {
                 drop(snapshot);
-                let mut trace = Trace::default();
+                if let Some(t) = &seen.trace {
+                    let up = crate::native::Upstream { traceparent: t.header, tracestate: t.ctx.keeps_tracestate() };
+                    up.set(req.headers_mut());
+                }
+                let mut trace = seen.attempts_trace();
                 let edits = rules.as_deref();
                 let forwarded = self.upstreams.forward(&service, req, client, &self.admission, &mut trace, edits).await;
                 seen.traced(trace);
@@ -249,6 +264,7 @@ impl Proxy {
     /// the line's duration is the histogram's).
     pub(crate) fn finish(&self, seen: &Seen, ended: Instant, describe: impl FnOnce(&Seen, Instant) -> Line) {
         crate::observe::count(seen, ended, self.metrics());
+        seen.finish_trace(ended);
         if let Some(log) = self.access_log() {
             log.send(describe(seen, ended));
         }

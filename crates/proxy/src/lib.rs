@@ -45,6 +45,7 @@ mod reply;
 mod rules_work;
 mod server;
 mod tls;
+mod traces;
 mod tunnel;
 mod upbody;
 mod upstream_error;
@@ -66,3 +67,4 @@ pub use server::{
 pub use tidegate_model::normalize;
 pub use tidegate_static::never_serve;
 pub use tls::{OnDemandTls, VerifiedClient};
+pub use traces::Tracing;

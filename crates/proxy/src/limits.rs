@@ -96,6 +96,12 @@ pub struct Limits {
     /// (the bucket's size). 0: as many as `max_request_rate_per_client`
     /// (one second's worth).
     pub request_burst_per_client: u32,
+    /// How long a request refused for its client's rate waits before its
+    /// `429` is written (at most 1 s, its `Retry-After`): a client that
+    /// sends its next request as soon as it has an answer then spends its
+    /// connections waiting, not the proxy's CPU on refusals (HAProxy's
+    /// tarpit). Zero (the default): answered at once.
+    pub request_rate_tarpit: Duration,
 }
 
 impl Default for Limits {
@@ -121,6 +127,7 @@ impl Default for Limits {
             max_requests_per_client: 0,
             max_request_rate_per_client: 0,
             request_burst_per_client: 0,
+            request_rate_tarpit: Duration::ZERO,
         }
     }
 }

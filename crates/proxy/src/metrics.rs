@@ -22,6 +22,8 @@ pub struct ProxyMetrics {
     access_log: OnceLock<Arc<AccessLog>>,
     /// The memory budget of request bodies read ahead.
     buffers: OnceLock<Arc<BufferBudget>>,
+    /// The span exporter, when tracing is on.
+    traces: OnceLock<tidegate_trace::Exporter>,
 }
 
 impl ProxyMetrics {
@@ -37,6 +39,11 @@ impl ProxyMetrics {
     /// Reports the access log's counters with the data plane's.
     pub(crate) fn set_access_log(&self, log: Arc<AccessLog>) {
         let _ = self.access_log.set(log);
+    }
+
+    /// Reports the span exporter's counters with the data plane's.
+    pub(crate) fn set_tracing(&self, exporter: tidegate_trace::Exporter) {
+        let _ = self.traces.set(exporter);
     }
 
     /// Reports the bodies read ahead with the data plane's metrics.
@@ -189,6 +196,23 @@ impl Collector for DataPlaneCollector {
             let help = "Bytes of request bodies held in memory before a backend was chosen (all workers), \
                         out of --request-buffer-total-bytes.";
             gauge(&mut enc, "tidegate_request_buffer_bytes", help, [([], b.used() as u64)])?;
+        }
+        if let Some(exporter) = m.traces.get() {
+            let st = exporter.stats();
+            let spans = [
+                ([("result", "exported")], st.exported.load(Relaxed)),
+                ([("result", "dropped_queue_full")], st.dropped_queue_full.load(Relaxed)),
+                ([("result", "dropped_export_failed")], st.dropped_export_failed.load(Relaxed)),
+            ];
+            let help = "Spans of recorded requests, by result (dropped_queue_full: the exporter was behind and \
+                        the queue full; dropped_export_failed: the OTLP receiver did not accept their batch).";
+            counter(&mut enc, "tidegate_trace_spans", help, spans)?;
+            let exports = [
+                ([("result", "ok")], st.exports_ok.load(Relaxed)),
+                ([("result", "failed")], st.exports_failed.load(Relaxed)),
+            ];
+            let help = "Batches of spans posted to the OTLP receiver, by result.";
+            counter(&mut enc, "tidegate_trace_exports", help, exports)?;
         }
         self.request_durations(&mut enc, &unrouted)?;
         self.rule_steps(&mut enc)?;

@@ -18,6 +18,7 @@ use crate::access_log::{AccessLog, Line};
 use crate::conn::Peer;
 use crate::error::ErrorKind;
 use crate::metrics::Counters;
+use crate::traces::Traced;
 
 /// One request, as seen.
 #[derive(Debug)]
@@ -44,6 +45,8 @@ pub(crate) struct Seen {
     /// What the route's rules hold while it is served (a
     /// `concurrency_limit`'s places), until its response ends.
     pub held: Vec<tidegate_rules::Permit>,
+    /// Its trace, when tracing is on.
+    pub trace: Option<Box<Traced>>,
 }
 
 impl Seen {
@@ -60,13 +63,37 @@ impl Seen {
             request_id: None,
             rule: None,
             held: Vec::new(),
+            trace: None,
+        }
+    }
+
+    /// Whether the route's and service's names are kept: for the access
+    /// log (`logging`), or for a recorded trace.
+    fn keeps_names(&self, logging: bool) -> bool {
+        logging || self.trace.as_ref().is_some_and(|t| t.records_attempts())
+    }
+
+    /// A new [`crate::attempts::Trace`] for the request's attempts: each
+    /// one recorded when the request's trace is.
+    pub(crate) fn attempts_trace(&self) -> crate::attempts::Trace {
+        crate::attempts::Trace {
+            record: self.trace.as_ref().filter(|t| t.records_attempts()).map(|_| Vec::new()),
+            ..crate::attempts::Trace::default()
+        }
+    }
+
+    /// The request ended at `ended`: its spans are exported, when it is
+    /// traced and recorded.
+    pub(crate) fn finish_trace(&self, ended: Instant) {
+        if let Some(t) = &self.trace {
+            t.finish(self, ended);
         }
     }
 
     /// The request matched `route`; its names are kept only if `logging`.
     pub(crate) fn routed(&mut self, route: &Entry, logging: bool) {
         self.route = Some(route.stats.clone());
-        if logging {
+        if self.keeps_names(logging) {
             self.names = Some((route.name.clone(), route.spec.service().cloned()));
         }
     }
@@ -93,6 +120,9 @@ impl Seen {
     pub(crate) fn traced(&mut self, trace: crate::attempts::Trace) {
         self.attempts = trace.attempts;
         self.backend = trace.backend;
+        if let (Some(t), Some(records)) = (&mut self.trace, trace.record) {
+            t.attempts(records);
+        }
     }
 
     /// The request id as text: the generated one (the client's own is in
@@ -129,6 +159,7 @@ impl Seen {
         if line.request_id.is_none() {
             line.request_id = self.generated_id();
         }
+        line.trace_id = self.trace.as_ref().map(|t| t.ctx.trace_id_hex());
     }
 }
 
@@ -157,6 +188,7 @@ fn blank(client: SocketAddr, protocol: &'static str) -> Line {
         error: None,
         rule: None,
         request_id: None,
+        trace_id: None,
         user_agent: None,
         referer: None,
         client_cert: None,
@@ -229,6 +261,7 @@ impl Drop for Finish {
         }
         let ended = Instant::now();
         count(&self.seen, ended, &self.counters);
+        self.seen.finish_trace(ended);
         if let (Some(log), Some(mut line)) = (&self.log, self.line.take()) {
             self.seen.fill(&mut line, ended);
             line.bytes_out = self.bytes_out;

@@ -66,6 +66,8 @@ pub struct ServerOptions {
     /// Certificates issued during the handshake for names nobody
     /// configured (on-demand TLS), when the binary gives it.
     pub on_demand: Option<Arc<dyn crate::tls::OnDemandTls>>,
+    /// Traces of requests, exported over OTLP, when they are on.
+    pub tracing: Option<crate::Tracing>,
 }
 
 /// Listening sockets made elsewhere for the data plane to serve on: the
@@ -250,6 +252,9 @@ pub fn serve_on(
     if let Some(log) = &opts.access_log {
         metrics.set_access_log(log.clone());
     }
+    if let Some(t) = &opts.tracing {
+        metrics.set_tracing(t.exporter.clone());
+    }
     let limits = Arc::new(opts.limits.clone());
     // One body buffer budget and one set of per-client counters for all
     // workers.
@@ -318,6 +323,7 @@ pub fn serve_on(
         proxy.set_health_path(opts.health_path.as_deref());
         proxy.share_admission(admission.clone());
         proxy.set_access_log(opts.access_log.clone());
+        proxy.set_tracing(opts.tracing.clone());
         let proxy = Arc::new(proxy);
         let (plain_listeners, tls_listeners) = (plain.next().unwrap_or_default(), tls.next().unwrap_or_default());
         let (stop_rx, opts, acceptor) = (stop_rx.clone(), opts.clone(), acceptor.clone());
@@ -572,6 +578,7 @@ mod tests {
             health_path: Some("/healthz".into()),
             access_log: None,
             on_demand: None,
+            tracing: None,
         };
         let handle = serve_on(opts, Listeners { plain, tls: Vec::new() }, snapshots, Arc::new(ProxyMetrics::default()))
             .expect("serves");

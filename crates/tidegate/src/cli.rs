@@ -322,6 +322,14 @@ pub struct ServeArgs {
     /// worth of its rate.
     #[arg(long, env = "TIDEGATE_REQUEST_BURST_PER_CLIENT", default_value_t = 0)]
     pub request_burst_per_client: u32,
+    /// Milliseconds a request refused for --max-request-rate-per-client
+    /// waits before its 429 is written (at most 1,000, its `Retry-After`):
+    /// a client that sends its next request as soon as it has an answer
+    /// then waits on its connections instead of spending the proxy's CPU
+    /// on refusals (HAProxy's tarpit). 0: answered at once.
+    #[arg(long, env = "TIDEGATE_REQUEST_RATE_TARPIT_MS", default_value_t = 0,
+          value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(0..=1000))]
+    pub request_rate_tarpit_ms: u64,
     /// Comma-separated IPs or CIDR blocks of trusted proxies in front of
     /// Tidegate, whose X-Forwarded-For, Forwarded and X-Real-IP are kept.
     /// Default: none; those headers from any other peer are replaced.
@@ -374,6 +382,24 @@ pub struct ServeArgs {
     /// named) or `combined` (Apache's and nginx's format).
     #[arg(long, env = "TIDEGATE_ACCESS_LOG_FORMAT", value_enum, default_value = "json")]
     pub access_log_format: AccessLogFormat,
+    /// Export traces of requests (OpenTelemetry spans: the request, each
+    /// attempt to a backend and its wait in the queue) to this OTLP/HTTP
+    /// receiver, in protobuf: `http://HOST:4318/v1/traces` (a URL with no
+    /// path gets `/v1/traces`). Backends then get a W3C `traceparent` naming
+    /// the proxy's span. Plain `http://` (a collector agent beside the
+    /// proxy). Default: no tracing; `traceparent` passes through untouched.
+    #[arg(long, env = "TIDEGATE_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+    /// With --otlp-endpoint: the share (0 to 1) of new traces recorded, for
+    /// requests that arrive without a `traceparent` (decided on the trace
+    /// id, as OpenTelemetry's TraceIdRatioBased sampler). A request whose
+    /// `traceparent` says sampled is always recorded, one that says not
+    /// sampled never.
+    #[arg(long, env = "TIDEGATE_TRACE_SAMPLE_RATIO", default_value_t = 0.01, value_parser = ratio)]
+    pub trace_sample_ratio: f64,
+    /// With --otlp-endpoint: the `service.name` of the spans' resource.
+    #[arg(long, env = "TIDEGATE_TRACE_SERVICE_NAME", default_value = "tidegate")]
+    pub trace_service_name: String,
 }
 
 /// How access-log lines are written.
@@ -687,6 +713,15 @@ pub enum RouteCommand {
 /// Seconds for a timeout flag: 1 s to 7 days (a startup error outside:
 /// zero would close everything at once, and a huge value overflows the
 /// clock it is added to).
+/// A number from 0 to 1.
+fn ratio(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        Ok(_) => Err("must be from 0 to 1".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 fn seconds() -> clap::builder::RangedU64ValueParser<u64> {
     clap::builder::RangedU64ValueParser::new().range(1..=7 * 86_400)
 }

@@ -100,6 +100,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             Some(Arc::new(log))
         }
     };
+    let tracing = match &args.otlp_endpoint {
+        None => None,
+        Some(url) => Some(start_tracing(url, &args).with_context(|| format!("--otlp-endpoint {url}"))?),
+    };
     // With --takeover, the running instance's sockets first: it closes the
     // embedded store before handing them over. Everything that may fail
     // on its own (flags, the access log) was checked before asking.
@@ -176,6 +180,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         health_path: args.health_path.clone(),
         access_log: access_log.clone(),
         on_demand: Some(Arc::new(OnDemand(Arc::new(on_demand)))),
+        tracing,
     };
     let proxy = match received.as_mut().filter(|r| !r.plain.is_empty() || !r.tls.is_empty()) {
         Some(r) => {
@@ -776,7 +781,24 @@ fn limits(args: &ServeArgs, fd_cap: usize) -> Limits {
         max_requests_per_client: args.max_requests_per_client,
         max_request_rate_per_client: args.max_request_rate_per_client,
         request_burst_per_client: args.request_burst_per_client,
+        request_rate_tarpit: Duration::from_millis(args.request_rate_tarpit_ms),
     }
+}
+
+/// Tracing to the OTLP receiver at `url`: its exporter started.
+fn start_tracing(url: &str, args: &ServeArgs) -> anyhow::Result<tidegate_proxy::Tracing> {
+    let mut endpoint = tidegate_upstream::parse_http_url(url)?;
+    if endpoint.path() == "/" {
+        // A collector's base URL: its traces path.
+        endpoint = format!("{}v1/traces", url.trim_end_matches('/').to_owned() + "/").parse()?;
+    }
+    let mut options = tidegate_trace::ExportOptions::new(endpoint);
+    options.resource = vec![
+        ("service.name", tidegate_trace::Value::from(args.trace_service_name.as_str())),
+        ("service.version", tidegate_trace::Value::from(env!("CARGO_PKG_VERSION"))),
+    ];
+    let exporter = tidegate_trace::Exporter::start(options).context("starting the span exporter")?;
+    Ok(tidegate_proxy::Tracing { sampler: tidegate_trace::Sampler::ratio(args.trace_sample_ratio), exporter })
 }
 
 /// The TLS and user settings for etcd, read from their files.

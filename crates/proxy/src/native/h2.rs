@@ -27,7 +27,7 @@ use tokio_util::sync::PollSender;
 use super::exchange::Body;
 use super::relay::{self, RelayError, Source};
 use super::{ClientIo, ClientSide, Ctx, Routed};
-use crate::attempts::{is_idempotent, Trace};
+use crate::attempts::is_idempotent;
 use crate::body::{Hold, ProxyBody};
 use crate::error::ErrorKind;
 use crate::headers;
@@ -63,7 +63,7 @@ pub(super) async fn forward<S: ClientIo>(
     };
     let picking = RequestCtx::new(Some(ctx.peer.addr), req.path_and_query, req.view);
     let upstreams = ctx.proxy.upstreams();
-    let mut trace = Trace::default();
+    let mut trace = client.seen.attempts_trace();
     let sending = crate::prepared::send_h2(&upstreams.h2, service, &prepared, replay, &picking, first, &mut trace);
     let answered = match feed {
         None => sending.await,
@@ -127,6 +127,9 @@ fn prepare(ctx: &Ctx<'_>, req: &Routed<'_>) -> Result<Prepared, ErrorKind> {
     // The id chosen for this request (the log records the same), in place
     // of whatever the client sent.
     headers.insert(&headers::X_REQUEST_ID, HeaderValue::from_bytes(req.request_id).map_err(|_| ErrorKind::BadRequest)?);
+    if let Some(t) = &req.trace {
+        t.set(headers);
+    }
     let te_trailers = req.view.any("te", &mut |v| wants_trailers(v));
     let (mut parts, ()) = builder.body(()).map_err(|_| ErrorKind::BadRequest)?.into_parts();
     headers::request_headers(&mut parts, ctx.peer, false);

@@ -39,7 +39,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::access_log::Line;
-use crate::attempts::{self, is_idempotent, Answered, Trace};
+use crate::attempts::{self, is_idempotent, Answered};
 use crate::body::ProxyBody;
 use crate::compress;
 use crate::conn::Peer;
@@ -53,10 +53,12 @@ use crate::pick::Slot;
 use crate::pipeline::{self, Action, Facts, Local};
 use crate::reply::local_response;
 use crate::rules_work;
+use crate::traces::{Said, Traced};
 use crate::upstreams::Asked;
 
 use exchange::{read_ahead, upstream_framing, NativeExchange};
 use relay::{fill, write_all, RelayError, Source};
+pub(crate) use rewrite::Upstream;
 use rewrite::{local_head, response_head, Forwarding, Framing};
 use tidegate_upstream::h1::{NativeAnswer, NativeConn};
 use timer::Timer;
@@ -226,6 +228,9 @@ pub(crate) async fn serve<S: ClientIo>(
         served += 1;
         client.seen = Seen::new(Instant::now());
         let buf = tidegate_upstream::buffers::take_head(&mut client.inbox, head.len);
+        if let Some(tracing) = proxy.tracing() {
+            client.seen.trace = Some(trace_of(tracing, &head, &buf, &peer));
+        }
         let stopping = *stop.borrow();
         // Boxed: the state of a request in progress (a few KiB) lives only
         // while the request does, not in every idle connection's task.
@@ -321,6 +326,32 @@ async fn next_head<S: ClientIo>(
             _ => return Next::Closed,
         }
     }
+}
+
+/// The trace of a request whose head is `head` (tracing is on).
+fn trace_of(tracing: &crate::Tracing, head: &RequestHead, buf: &[u8], peer: &Peer) -> Box<Traced> {
+    let named = |name: &'static str| {
+        head.headers
+            .iter()
+            .filter(move |h| h.kind == HeaderKind::Other && h.name.of(buf).eq_ignore_ascii_case(name.as_bytes()))
+            .map(move |h| h.value.of(buf))
+    };
+    Traced::start(tracing, named("traceparent"), || {
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        let target = head.target.of(buf);
+        let path = target.split(|b| *b == b'?').next().unwrap_or(target);
+        let states: Vec<&[u8]> = named("tracestate").collect();
+        Said {
+            method: text(head.method.of(buf)),
+            path: text(path),
+            host: head.host.map(|h| text(h.of(buf))),
+            scheme: peer.scheme(),
+            protocol: "1.1",
+            client: peer.addr,
+            request_id: client_request_id(head, buf).map(text),
+            trace_state: (!states.is_empty()).then(|| text(&states.join(&b","[..]))),
+        }
+    })
 }
 
 /// The access-log line of a request served on this connection that `ended`.
@@ -633,7 +664,13 @@ async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Res
             };
             let path_and_query = &pipeline::upstream_target(rules.as_deref(), &parsed.path_and_query);
             let edits = rules.as_deref();
-            let req = Routed { view: &view, method: &method, host: parsed.host, path_and_query, request_id, edits };
+            let trace = client
+                .seen
+                .trace
+                .as_ref()
+                .map(|t| Upstream { traceparent: t.header, tracestate: t.ctx.keeps_tracestate() });
+            let req =
+                Routed { view: &view, method: &method, host: parsed.host, path_and_query, request_id, edits, trace };
             forward(client, ctx, req, &service).await
         }
     }
@@ -662,6 +699,8 @@ struct Routed<'a> {
     /// What the route's rules change (the path is already in
     /// `path_and_query`).
     edits: Option<&'a tidegate_rules::Forward>,
+    /// The trace context the backend gets, when tracing is on.
+    trace: Option<Upstream>,
 }
 
 /// An `http::Request` for the static file server.
@@ -709,7 +748,7 @@ async fn forward<S: ClientIo>(
     let (body, buffered) = read_ahead(client, head.body, streaming, limits, budget, body_until, max_body).await?;
     // At most the client's cap of requests waiting for a backend or being
     // answered, until the answer's head (reading a body takes no backend).
-    let per_client = proxy.admission().request(peer.addr.ip()).map_err(crate::admission::AtCap::kind)?;
+    let per_client = proxy.admission().admit_request(peer.addr.ip()).await?;
     let asked = Asked { method: req.method.as_str(), path: req.path_and_query, host: req.host };
     let first = proxy.upstreams().first_pick(service, asked, req.view, peer).await;
     if upgrade.is_none() && service.upstream.protocol() == UpstreamProtocol::Http2 {
@@ -719,6 +758,7 @@ async fn forward<S: ClientIo>(
     }
     let forwarding = Forwarding {
         request_id: req.request_id,
+        trace: req.trace.as_ref(),
         host: req.host.unwrap_or(""),
         named_host: req.host.is_some(),
         peer,
@@ -728,6 +768,7 @@ async fn forward<S: ClientIo>(
     };
     let picking = RequestCtx::new(Some(peer.addr), req.path_and_query, req.view);
     let to_head = *req.method == Method::HEAD;
+    let mut trace = client.seen.attempts_trace();
     let mut ex = NativeExchange {
         pool: proxy.upstreams().native_pool(),
         client: &mut *client,
@@ -745,7 +786,6 @@ async fn forward<S: ClientIo>(
         body_sent: None,
         max_body,
     };
-    let mut trace = Trace::default();
     let answered = attempts::run(service, &mut ex, &picking, first, &mut trace).await;
     drop((ex, buffered, per_client));
     client.seen.traced(trace);

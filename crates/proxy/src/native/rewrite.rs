@@ -45,6 +45,36 @@ pub(crate) struct Forwarding<'a> {
     /// The route's rules' request header edits, made last (after the
     /// proxy's own fields: a rule may set `Host` or `X-Forwarded-For`).
     pub edits: &'a [HeaderEdit],
+    /// The trace context the backend gets, when tracing is on: the
+    /// client's `traceparent` is replaced, its `tracestate` kept only with
+    /// its own `traceparent`.
+    pub trace: Option<&'a Upstream>,
+}
+
+/// The trace context a backend gets.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Upstream {
+    /// The `traceparent` naming the proxy's span.
+    pub traceparent: [u8; tidegate_trace::TRACEPARENT_LEN],
+    /// Whether the client's `tracestate` goes on.
+    pub tracestate: bool,
+}
+
+impl Upstream {
+    /// Whether the client's field `name` is left out for this context.
+    fn replaces(&self, name: &[u8]) -> bool {
+        name.eq_ignore_ascii_case(b"traceparent") || (!self.tracestate && name.eq_ignore_ascii_case(b"tracestate"))
+    }
+
+    /// Sets the context in a header map (the HTTP/2 upstream).
+    pub(crate) fn set(&self, h: &mut http::HeaderMap) {
+        if !self.tracestate {
+            h.remove("tracestate");
+        }
+        if let Ok(v) = http::HeaderValue::from_bytes(&self.traceparent) {
+            h.insert("traceparent", v);
+        }
+    }
 }
 
 /// Whether `h` is dropped when a message is forwarded: hop-by-hop, or
@@ -110,8 +140,10 @@ pub(crate) fn request_head(out: &mut Vec<u8>, buf: &[u8], head: &RequestHead, ta
     let trusted = f.peer.trusted;
     let mut prior_xff: Option<&[u8]> = None;
     for h in headers {
-        let refused = h.kind == HeaderKind::Other && !crate::hygiene::forwards_request_field(h.name.of(buf));
-        if refused || dropped(buf, headers, h, has_connection) {
+        let other = h.kind == HeaderKind::Other;
+        let refused = other && !crate::hygiene::forwards_request_field(h.name.of(buf));
+        let traced = other && f.trace.is_some_and(|t| t.replaces(h.name.of(buf)));
+        if refused || traced || dropped(buf, headers, h, has_connection) {
             continue;
         }
         match h.kind {
@@ -148,6 +180,9 @@ pub(crate) fn request_head(out: &mut Vec<u8>, buf: &[u8], head: &RequestHead, ta
         field(out, b"x-forwarded-host", f.host.as_bytes());
     }
     field(out, b"x-request-id", f.request_id);
+    if let Some(t) = f.trace {
+        field(out, b"traceparent", &t.traceparent);
+    }
     framing_fields(out, f.body);
     if let Some(u) = f.upgrade {
         field(out, b"upgrade", u);
@@ -392,6 +427,10 @@ mod tests {
     }
 
     fn rewrite_with_id(raw: &str, trusted: bool, body: Framing, request_id: &[u8]) -> String {
+        rewrite_traced(raw, trusted, body, request_id, None)
+    }
+
+    fn rewrite_traced(raw: &str, trusted: bool, body: Framing, request_id: &[u8], trace: Option<&Upstream>) -> String {
         let mut head = RequestHead::default();
         parse_request(raw.as_bytes(), HeadLimits::default(), &mut head).unwrap().unwrap();
         let mut peer = Peer::new("192.0.2.9:5000".parse().unwrap());
@@ -405,6 +444,7 @@ mod tests {
             body,
             request_id,
             edits: &[],
+            trace,
         };
         let mut out = Vec::new();
         request_head(&mut out, raw.as_bytes(), &head, "/p?q", &f);
@@ -427,6 +467,31 @@ mod tests {
         let kept =
             rewrite_with_id("GET / HTTP/1.1\r\nHost: h\r\nX-Request-Id: abc\r\n\r\n", false, Framing::None, b"abc");
         assert_eq!(kept.to_ascii_lowercase().matches("x-request-id: abc\r\n").count(), 1, "{kept}");
+    }
+
+    #[test]
+    fn with_tracing_the_backend_gets_the_proxys_traceparent_and_tracestate_only_with_the_callers() {
+        let ours = *b"00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-01";
+        let raw =
+            "GET / HTTP/1.1\r\nHost: h\r\nTraceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n\
+                   TraceState: a=1\r\n\r\n";
+        let kept = Upstream { traceparent: ours, tracestate: true };
+        let out = rewrite_traced(raw, false, Framing::None, b"id", Some(&kept)).to_ascii_lowercase();
+        assert_eq!(out.matches("traceparent:").count(), 1, "{out}");
+        assert!(out.contains("traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-01\r\n"), "{out}");
+        assert!(out.contains("tracestate: a=1\r\n"), "{out}");
+        let dropped = Upstream { traceparent: ours, tracestate: false };
+        let out = rewrite_traced(raw, false, Framing::None, b"id", Some(&dropped)).to_ascii_lowercase();
+        assert!(!out.contains("tracestate"), "{out}");
+        // Tracing off: both pass as any field.
+        let out = rewrite(raw, false, Framing::None).to_ascii_lowercase();
+        assert!(out.contains("00f067aa0ba902b7") && out.contains("tracestate: a=1"), "{out}");
+        let mut map = http::HeaderMap::new();
+        map.insert("tracestate", http::HeaderValue::from_static("x=1"));
+        map.insert("traceparent", http::HeaderValue::from_static("junk"));
+        dropped.set(&mut map);
+        assert_eq!(map.get("traceparent").unwrap().as_bytes(), &ours[..]);
+        assert!(map.get("tracestate").is_none());
     }
 
     #[test]

@@ -69,6 +69,7 @@ impl Proxy {
             health_path: None,
             access_log: None,
             on_demand: None,
+            tracing: None,
         };
         let handle = serve(opts, snapshots, Arc::new(ProxyMetrics::default())).expect("the data plane starts");
         let addr = handle.local_addr().expect("a plain listener");

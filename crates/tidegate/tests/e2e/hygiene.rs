@@ -9,8 +9,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
 
 use crate::support::*;
@@ -56,29 +54,6 @@ fn ask(proxy: SocketAddr, head: &str) -> String {
 fn echo_of(reply: &str) -> Value {
     let body = reply.split("\r\n\r\n").nth(1).unwrap_or_else(|| panic!("no body in {reply:?}"));
     serde_json::from_str(body).unwrap_or_else(|_| panic!("not an echo: {reply:?}"))
-}
-
-/// One HTTP/2 request (prior knowledge) on a connection of its own:
-/// status, headers and body.
-async fn h2(proxy: SocketAddr, uri: &str, headers: &[(&str, &[u8])]) -> (u16, http::HeaderMap, Bytes) {
-    let tcp = tokio::net::TcpStream::connect(proxy).await.expect("connect");
-    let (mut client, conn) =
-        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(tcp))
-            .await
-            .expect("h2 handshake");
-    tokio::spawn(conn);
-    let mut req = http::Request::get(uri);
-    for (name, value) in headers {
-        req = req.header(*name, http::HeaderValue::from_bytes(value).expect("a header value"));
-    }
-    let req = req.body(http_body_util::Empty::<Bytes>::new()).expect("a request");
-    let resp = tokio::time::timeout(Duration::from_secs(10), client.send_request(req))
-        .await
-        .expect("an answer in time")
-        .expect("a response");
-    let (parts, body) = resp.into_parts();
-    let body = body.collect().await.expect("the body").to_bytes();
-    (parts.status.as_u16(), parts.headers, body)
 }
 
 /// The access log's lines, once it has at least `n`.

@@ -28,6 +28,7 @@ mod slow_clients;
 mod sources;
 mod takeover;
 mod tls;
+mod traces;
 mod upgrade;
 mod upstream;
 mod upstream_tls;

@@ -21,7 +21,7 @@ pub fn bin_dir() -> PathBuf {
 }
 
 /// Spawns `cmd`, reads its first stdout line, and kills it on drop.
-fn spawn_reading_first_line(mut cmd: Command) -> (Child, String) {
+pub fn spawn_reading_first_line(mut cmd: Command) -> (Child, String) {
     cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
     let mut child = cmd.spawn().expect("spawn");
     let stdout = child.stdout.take().expect("stdout");
@@ -376,4 +376,27 @@ impl Requests {
         self.task.await.expect("the request loop");
         (self.ok.load(Relaxed), self.failed.load(Relaxed))
     }
+}
+
+/// One HTTP/2 request (prior knowledge) on a connection of its own:
+/// status, headers and body.
+pub async fn h2(proxy: SocketAddr, uri: &str, headers: &[(&str, &[u8])]) -> (u16, http::HeaderMap, Bytes) {
+    let tcp = tokio::net::TcpStream::connect(proxy).await.expect("connect");
+    let (mut client, conn) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(conn);
+    let mut req = http::Request::get(uri);
+    for (name, value) in headers {
+        req = req.header(*name, http::HeaderValue::from_bytes(value).expect("a header value"));
+    }
+    let req = req.body(http_body_util::Empty::<Bytes>::new()).expect("a request");
+    let resp = tokio::time::timeout(Duration::from_secs(10), client.send_request(req))
+        .await
+        .expect("an answer in time")
+        .expect("a response");
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.expect("the body").to_bytes();
+    (parts.status.as_u16(), parts.headers, body)
 }
