@@ -11,7 +11,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tidegate_autoscale::{Event, ScalingStatus};
 use tidegate_model::{
-    AcmeStatus, BackendSpec, CertificateInfo, CertificateSpec, Change, Managed, RouteSpec, RuleSetSpec, ServiceSpec,
+    AcmeStatus, BackendSpec, CertificateInfo, CertificateSpec, Change, ListenerSpec, Managed, RouteSpec, RuleSetSpec,
+    ServiceSpec,
 };
 
 /// An answer as JSON with its keys in alphabetical order at every level
@@ -243,8 +244,11 @@ pub struct ConfigRead<'a> {
     pub certificates: BTreeMap<&'a str, CertificateSpec>,
     /// Rule sets by name (password hashes as `(redacted)`; applied back,
     /// each keeps its user's hash).
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub rules: BTreeMap<&'a str, Cow<'a, RuleSetSpec>>,
+    /// Named listeners by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub listeners: BTreeMap<&'a str, &'a ListenerSpec>,
 }
 
 /// `GET /healthz`.
@@ -319,6 +323,63 @@ pub struct Status {
     /// The instance this one took over (`serve --takeover`, `tidegate
     /// upgrade`), while it drains and after.
     pub predecessor: Option<PredecessorState>,
+    /// The named listeners, by name, as this instance serves them.
+    pub listeners: BTreeMap<String, ListenerStatus>,
+}
+
+/// A named listener as this instance serves it.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ListenerStatus {
+    /// `IP:PORT`.
+    pub addr: String,
+    /// It terminates TLS.
+    pub tls: bool,
+    /// It reads the PROXY protocol from its trusted networks.
+    pub proxy_protocol: bool,
+    /// `listening`, or `failed` (its socket could not be opened; tried
+    /// again every 5 s).
+    pub state: String,
+    /// Why it failed.
+    pub error: Option<String>,
+    /// Since when (Unix time, milliseconds).
+    pub since_ms: u64,
+}
+
+impl From<tidegate_snapshot::ListenerState> for ListenerStatus {
+    fn from(s: tidegate_snapshot::ListenerState) -> ListenerStatus {
+        ListenerStatus {
+            addr: s.addr.to_string(),
+            tls: s.tls,
+            proxy_protocol: s.proxy_protocol,
+            state: if s.error.is_none() { "listening" } else { "failed" }.to_string(),
+            error: s.error,
+            since_ms: s.since_ms,
+        }
+    }
+}
+
+/// One named listener, read back.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ListenerRead<'a> {
+    /// The revision read.
+    pub revision: u64,
+    /// The listener.
+    pub spec: &'a ListenerSpec,
+    /// The routes bound to it.
+    pub used_by: Vec<&'a str>,
+    /// How this instance serves it (absent until the data plane took the
+    /// revision that added it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<ListenerStatus>,
+}
+
+/// Every named listener, by name.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ListenersRead<'a> {
+    /// The revision read.
+    pub revision: u64,
+    /// Listeners by name.
+    pub listeners: BTreeMap<&'a str, &'a ListenerSpec>,
 }
 
 /// A managed certificate as `/v1/status` shows it.

@@ -10,14 +10,15 @@ use axum::response::{IntoResponse, Response};
 use tidegate_control::SubmitError;
 use tidegate_model::{
     check_static_root, document_paths, in_document, parse_change_set, parse_json, plan, unix_now, BackendId,
-    BackendSpec, CertName, CertificateInput, CertificateSpec, ChangeError, ChangeSet, ConfigState, Document, Op,
-    RouteAction, RouteName, RouteSpec, RuleSetName, RuleSetSpec, ServiceName, ServiceSpec,
+    BackendSpec, CertName, CertificateInput, CertificateSpec, ChangeError, ChangeSet, ConfigState, Document,
+    ListenerName, ListenerSpec, Op, RouteAction, RouteName, RouteSpec, RuleSetName, RuleSetSpec, ServiceName,
+    ServiceSpec,
 };
 
 use crate::api::{
     AcmeView, Alive, BackendRead, CertificateRead, CertificateView, CertificatesRead, ChangesApplied, ConfigApplied,
-    ConfigRead, Readiness, RouteRead, RoutesRead, RuleSetRead, RuleSetsRead, ServiceRead, ServicesRead, Sorted,
-    Written,
+    ConfigRead, ListenerRead, ListenersRead, Readiness, RouteRead, RoutesRead, RuleSetRead, RuleSetsRead, ServiceRead,
+    ServicesRead, Sorted, Written,
 };
 use crate::{AdminState, ApiError};
 
@@ -37,6 +38,10 @@ fn cert_name(s: &str) -> Result<CertName, ApiError> {
 
 fn rules_name(s: &str) -> Result<RuleSetName, ApiError> {
     RuleSetName::new(s).map_err(|e| ApiError::bad_field("path.name", e.to_string()))
+}
+
+fn listener_name(s: &str) -> Result<ListenerName, ApiError> {
+    ListenerName::new(s).map_err(|e| ApiError::bad_field("path.name", e.to_string()))
 }
 
 fn backend_id(s: &str) -> Result<BackendId, ApiError> {
@@ -192,7 +197,7 @@ pub(crate) async fn put_route(
 ) -> Answer<Written> {
     let name = route_name(&name)?;
     let spec: RouteSpec = body(bytes)?;
-    let ops = vec![Op::PutRoute { name, spec }];
+    let ops = vec![Op::PutRoute { name, spec: Box::new(spec) }];
     check_static_roots(&state, &ops, |_| "spec.static.root".into()).await?;
     submit(&state, ops).await
 }
@@ -278,6 +283,43 @@ pub(crate) async fn list_rules(State(state): State<AdminState>) -> Response {
     let view = state.control.config();
     let rules = view.state.rules().iter().map(|(k, v)| (k.as_str(), v.redacted())).collect();
     Sorted(RuleSetsRead { revision: view.revision, rules }).into_response()
+}
+
+pub(crate) async fn put_listener(
+    State(state): State<AdminState>,
+    Path(name): Path<String>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Answer<Written> {
+    let name = listener_name(&name)?;
+    let spec: ListenerSpec = body(bytes)?;
+    submit(&state, vec![Op::PutListener { name, spec }]).await
+}
+
+pub(crate) async fn delete_listener(State(state): State<AdminState>, Path(name): Path<String>) -> Answer<Written> {
+    let name = listener_name(&name)?;
+    submit(&state, vec![Op::DeleteListener { name }]).await
+}
+
+pub(crate) async fn get_listener(State(state): State<AdminState>, Path(name): Path<String>) -> Response {
+    let view = state.control.config();
+    let Some(spec) = view.state.listener(&name) else {
+        return ApiError::not_found(format!("no listener {name:?}")).into_response();
+    };
+    let used_by = view
+        .state
+        .routes()
+        .iter()
+        .filter(|(_, r)| r.listeners.iter().any(|l| l.as_str() == name))
+        .map(|(n, _)| n.as_str())
+        .collect();
+    let status = state.listeners.read().remove(&name).map(Into::into);
+    Sorted(ListenerRead { revision: view.revision, spec, used_by, status }).into_response()
+}
+
+pub(crate) async fn list_listeners(State(state): State<AdminState>) -> Response {
+    let view = state.control.config();
+    let listeners = view.state.listeners().iter().map(|(k, v)| (k.as_str(), &**v)).collect();
+    Sorted(ListenersRead { revision: view.revision, listeners }).into_response()
 }
 
 pub(crate) async fn put_certificate(
@@ -448,7 +490,8 @@ pub(crate) async fn get_config(State(state): State<AdminState>) -> Response {
     let routes: BTreeMap<&str, &RouteSpec> = view.state.routes().iter().map(|(k, v)| (k.as_str(), &**v)).collect();
     let certificates = view.state.certificates().iter().map(|(k, v)| (k.as_str(), v.redacted())).collect();
     let rules = view.state.rules().iter().map(|(k, v)| (k.as_str(), v.redacted())).collect();
-    Sorted(ConfigRead { revision: view.revision, services, routes, certificates, rules }).into_response()
+    let listeners = view.state.listeners().iter().map(|(k, v)| (k.as_str(), &**v)).collect();
+    Sorted(ConfigRead { revision: view.revision, services, routes, certificates, rules, listeners }).into_response()
 }
 
 #[cfg(test)]

@@ -50,6 +50,8 @@ pub struct AdminStateInner {
     scaling: StatusBoard,
     /// The DNS pools' state, by service.
     dns: tidegate_dns::DnsBoard,
+    /// The named listeners' state, as the data plane serves them.
+    listeners: tidegate_snapshot::ListenerBoard,
     /// The bounds on `/v1/watch` streams, and what they hold.
     watchers: Watchers,
     /// Directories no static route may serve from or above (the data
@@ -171,6 +173,7 @@ struct Parts {
     events: Arc<Events>,
     scaling: StatusBoard,
     dns: tidegate_dns::DnsBoard,
+    listeners: tidegate_snapshot::ListenerBoard,
     watchers: Watchers,
     private_dirs: Arc<[PathBuf]>,
     config_file: Option<Arc<ConfigFileReport>>,
@@ -188,6 +191,7 @@ impl AdminState {
             events: Arc::default(),
             scaling: StatusBoard::default(),
             dns: tidegate_dns::DnsBoard::default(),
+            listeners: tidegate_snapshot::ListenerBoard::default(),
             watchers: Watchers::default(),
             private_dirs: Arc::from([]),
             config_file: None,
@@ -203,6 +207,12 @@ impl AdminState {
     /// Shows the DNS pools' state (`/v1/status`, per service).
     pub fn with_dns(self, dns: tidegate_dns::DnsBoard) -> AdminState {
         AdminState::build(Parts { dns, ..self.parts() })
+    }
+
+    /// Shows the named listeners' state (`/v1/status`, `GET
+    /// /v1/listeners/{name}`), as the data plane writes it.
+    pub fn with_listeners(self, listeners: tidegate_snapshot::ListenerBoard) -> AdminState {
+        AdminState::build(Parts { listeners, ..self.parts() })
     }
 
     /// Bounds `/v1/watch` streams by `limits` (default:
@@ -237,6 +247,7 @@ impl AdminState {
             events: s.events.clone(),
             scaling: s.scaling.clone(),
             dns: s.dns.clone(),
+            listeners: s.listeners.clone(),
             watchers: s.watchers.clone(),
             private_dirs: s.private_dirs.clone(),
             config_file: s.config_file.clone(),
@@ -258,6 +269,7 @@ impl AdminState {
             events: p.events,
             scaling: p.scaling,
             dns: p.dns,
+            listeners: p.listeners,
             watchers: p.watchers,
             private_dirs: p.private_dirs,
             config_file: p.config_file,
@@ -286,6 +298,11 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/routes/{name}", put(handlers::put_route).get(handlers::get_route).delete(handlers::delete_route))
         .route("/v1/rules", get(handlers::list_rules))
         .route("/v1/rules/{name}", put(handlers::put_rules).get(handlers::get_rules).delete(handlers::delete_rules))
+        .route("/v1/listeners", get(handlers::list_listeners))
+        .route(
+            "/v1/listeners/{name}",
+            put(handlers::put_listener).get(handlers::get_listener).delete(handlers::delete_listener),
+        )
         .route("/v1/certificates", get(handlers::list_certificates))
         .route(
             "/v1/certificates/{name}",

@@ -10,7 +10,9 @@
 use schemars::generate::SchemaSettings;
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde_json::{json, Map, Value};
-use tidegate_model::{BackendSpec, CertificateSpec, ChangeSet, Document, RouteSpec, RuleSetSpec, ServiceSpec};
+use tidegate_model::{
+    BackendSpec, CertificateSpec, ChangeSet, Document, ListenerSpec, RouteSpec, RuleSetSpec, ServiceSpec,
+};
 
 use crate::api;
 
@@ -75,6 +77,10 @@ const ENDPOINTS: &[Endpoint] = &[
     Endpoint { method: "get", path: "/v1/rules/{name}", summary: "One rule set (password hashes as `(redacted)`) and the routes that run it.", auth: true, query: &[], request: None, ok: (200, "The rule set.", Body::Json(of::<api::RuleSetRead<'static>>)), errors: &[404] },
     Endpoint { method: "put", path: "/v1/rules/{name}", summary: "Create or replace a rule set (`{\"steps\": [...]}`; a hash given as `(redacted)` keeps the user's current one).", auth: true, query: &[], request: Some(of::<RuleSetSpec>), ok: (200, "Durable and live.", Body::Json(of::<api::Written>)), errors: WRITE },
     Endpoint { method: "delete", path: "/v1/rules/{name}", summary: "Delete a rule set (refused while a route runs it, naming the route).", auth: true, query: &[], request: None, ok: (200, "Durable and live.", Body::Json(of::<api::Written>)), errors: WRITE },
+    Endpoint { method: "get", path: "/v1/listeners", summary: "Every named listener, by name.", auth: true, query: &[], request: None, ok: (200, "The listeners.", Body::Json(of::<api::ListenersRead<'static>>)), errors: &[] },
+    Endpoint { method: "get", path: "/v1/listeners/{name}", summary: "One named listener, the routes bound to it, and how this instance serves it.", auth: true, query: &[], request: None, ok: (200, "The listener.", Body::Json(of::<api::ListenerRead<'static>>)), errors: &[404] },
+    Endpoint { method: "put", path: "/v1/listeners/{name}", summary: "Create or replace a named listener (`{\"addr\": \"127.0.0.1:8081\", \"tls\": false, \"proxy_protocol\": {\"trusted\": [...]}}`); the data plane opens it at once.", auth: true, query: &[], request: Some(of::<ListenerSpec>), ok: (200, "Durable and live.", Body::Json(of::<api::Written>)), errors: WRITE },
+    Endpoint { method: "delete", path: "/v1/listeners/{name}", summary: "Delete a named listener (refused while a route is bound to it, naming the route); its socket closes, its open connections finish.", auth: true, query: &[], request: None, ok: (200, "Durable and live.", Body::Json(of::<api::Written>)), errors: WRITE },
     Endpoint { method: "get", path: "/v1/certificates", summary: "Every TLS certificate (never its key).", auth: true, query: &[], request: None, ok: (200, "The certificates.", Body::Json(of::<api::CertificatesRead<'static>>)), errors: &[] },
     Endpoint { method: "get", path: "/v1/certificates/{name}", summary: "One TLS certificate (never its key).", auth: true, query: &[], request: None, ok: (200, "The certificate.", Body::Json(of::<api::CertificateRead<'static>>)), errors: &[404] },
     Endpoint { method: "post", path: "/v1/certificates/{name}/renew", summary: "Renew a managed (ACME) certificate now; the one served stays until the new one is issued.", auth: true, query: &[], request: None, ok: (200, "Durable and live: the instance that orders it starts within a second.", Body::Json(of::<api::Written>)), errors: WRITE },

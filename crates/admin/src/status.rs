@@ -143,6 +143,7 @@ pub(crate) async fn get_status(State(state): State<AdminState>) -> Sorted<Status
         rules: rule_steps(&snapshot),
         config_file: state.config_file.as_ref().map(|f| f.state()),
         predecessor: state.predecessor.as_ref().and_then(|p| p.state()),
+        listeners: state.listeners.read().into_iter().map(|(k, v)| (k, v.into())).collect(),
     })
 }
 

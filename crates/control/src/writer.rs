@@ -357,6 +357,7 @@ fn difference(old: &ConfigState, new: &ConfigState) -> Delta {
         routes: changed(old.routes(), new.routes()),
         certificates: changed(old.certificates(), new.certificates()),
         rules: changed(old.rules(), new.rules()),
+        listeners: changed(old.listeners(), new.listeners()),
     }
 }
 

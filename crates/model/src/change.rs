@@ -4,7 +4,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::acme::AcmeState;
 use crate::certificate::CertificateInput;
-use crate::names::{BackendId, CertName, RouteName, RuleSetName, ServiceName};
+use crate::listener::ListenerSpec;
+use crate::names::{BackendId, CertName, ListenerName, RouteName, RuleSetName, ServiceName};
 use crate::route::RouteSpec;
 use crate::rules::RuleSetSpec;
 use crate::service::{BackendSpec, ServiceSpec};
@@ -46,7 +47,7 @@ pub enum Op {
         /// The route.
         name: RouteName,
         /// Its conditions and target.
-        spec: RouteSpec,
+        spec: Box<RouteSpec>,
     },
     /// Remove a route.
     DeleteRoute {
@@ -91,6 +92,18 @@ pub enum Op {
     DeleteRules {
         /// The rule set.
         name: RuleSetName,
+    },
+    /// Create or replace a named listener.
+    PutListener {
+        /// The listener (not `default`).
+        name: ListenerName,
+        /// Its address, TLS and PROXY protocol.
+        spec: ListenerSpec,
+    },
+    /// Remove a named listener; fails while routes are bound to it.
+    DeleteListener {
+        /// The listener.
+        name: ListenerName,
     },
 }
 
@@ -150,9 +163,8 @@ impl<'de> Deserialize<'de> for Op {
                 sub::<BackendOp>(body).map(|w| Op::PutBackend { service: w.service, id: w.id, spec: w.spec })
             }
             "delete_backend" => sub::<BackendRef>(body).map(|w| Op::DeleteBackend { service: w.service, id: w.id }),
-            "put_route" => {
-                sub::<NameSpec<RouteName, RouteSpec>>(body).map(|w| Op::PutRoute { name: w.name, spec: w.spec })
-            }
+            "put_route" => sub::<NameSpec<RouteName, RouteSpec>>(body)
+                .map(|w| Op::PutRoute { name: w.name, spec: Box::new(w.spec) }),
             "delete_route" => sub::<Named<RouteName>>(body).map(|w| Op::DeleteRoute { name: w.name }),
             "put_certificate" => sub::<NameSpec<CertName, CertificateInput>>(body)
                 .map(|w| Op::PutCertificate { name: w.name, spec: Box::new(w.spec) }),
@@ -162,11 +174,14 @@ impl<'de> Deserialize<'de> for Op {
             "put_rules" => sub::<NameSpec<RuleSetName, RuleSetSpec>>(body)
                 .map(|w| Op::PutRules { name: w.name, spec: Box::new(w.spec) }),
             "delete_rules" => sub::<Named<RuleSetName>>(body).map(|w| Op::DeleteRules { name: w.name }),
+            "put_listener" => sub::<NameSpec<ListenerName, ListenerSpec>>(body)
+                .map(|w| Op::PutListener { name: w.name, spec: w.spec }),
+            "delete_listener" => sub::<Named<ListenerName>>(body).map(|w| Op::DeleteListener { name: w.name }),
             other => {
                 return Err(D::Error::custom(format!(
                     "op: unknown op {other:?}; expected one of put_service, delete_service, \
                      put_backend, delete_backend, put_route, delete_route, put_certificate, delete_certificate, \
-                     renew_certificate, put_rules, delete_rules"
+                     renew_certificate, put_rules, delete_rules, put_listener, delete_listener"
                 )))
             }
         };

@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::certificate::CertificateInput;
 use crate::change::{ChangeSet, Op, ParseError};
-use crate::names::{CertName, RouteName, RuleSetName, ServiceName};
+use crate::listener::ListenerSpec;
+use crate::names::{CertName, ListenerName, RouteName, RuleSetName, ServiceName};
 use crate::route::RouteSpec;
 use crate::rules::RuleSetSpec;
 use crate::service::ServiceSpec;
@@ -43,6 +44,9 @@ pub struct Document {
     /// the configuration has for that user.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub rules: BTreeMap<RuleSetName, RuleSetSpec>,
+    /// Named listeners by name (`listeners:`), besides the default ones.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub listeners: BTreeMap<ListenerName, ListenerSpec>,
     /// States that the document is empty on purpose. `serve --config-mode
     /// sync` refuses a file with no services, routes or certificates (an
     /// empty, comment-only or cut-off file would otherwise delete the whole
@@ -68,12 +72,13 @@ impl Document {
                 op: None,
                 field: "empty".into(),
                 message: format!(
-                    "says the document is empty, but it holds {} service(s), {} route(s), {} certificate(s) \
-                     and {} rule set(s)",
+                    "says the document is empty, but it holds {} service(s), {} route(s), {} certificate(s), \
+                     {} rule set(s) and {} listener(s)",
                     self.services.len(),
                     self.routes.len(),
                     self.certificates.len(),
-                    self.rules.len()
+                    self.rules.len(),
+                    self.listeners.len()
                 ),
             });
         }
@@ -110,7 +115,11 @@ impl Document {
 impl Document {
     /// Whether it has no service, route or certificate.
     pub fn holds_nothing(&self) -> bool {
-        self.services.is_empty() && self.routes.is_empty() && self.certificates.is_empty() && self.rules.is_empty()
+        self.services.is_empty()
+            && self.routes.is_empty()
+            && self.certificates.is_empty()
+            && self.rules.is_empty()
+            && self.listeners.is_empty()
     }
 
     /// The document's fields that keep a value from the configuration it
@@ -164,6 +173,8 @@ pub enum Kind {
     Certificate,
     /// A rule set.
     Rules,
+    /// A named listener.
+    Listener,
 }
 
 /// One object a plan creates, updates or deletes.
@@ -193,6 +204,7 @@ impl std::fmt::Display for Change {
             Kind::Route => "route",
             Kind::Certificate => "certificate",
             Kind::Rules => "rules",
+            Kind::Listener => "listener",
         };
         write!(f, "{sign} {kind} {}", self.name)?;
         if !self.fields.is_empty() {
@@ -283,13 +295,21 @@ pub fn plan(current: &ConfigState, desired: &Document) -> (Vec<Op>, Vec<Change>)
         put(Kind::Rules, name.as_str().to_string(), previous.map(|o| json(&o.redacted())), json(&spec.redacted()));
         ops.push(Op::PutRules { name: name.clone(), spec: Box::new(spec) });
     }
+    for (name, spec) in &desired.listeners {
+        let old = current.listeners().get(name);
+        if old.is_some_and(|o| **o == *spec) {
+            continue;
+        }
+        put(Kind::Listener, name.as_str().to_string(), old.map(|o| json(&**o)), json(spec));
+        ops.push(Op::PutListener { name: name.clone(), spec: spec.clone() });
+    }
     for (name, spec) in &desired.routes {
         let old = current.routes().get(name);
         if old.is_some_and(|o| **o == *spec) {
             continue;
         }
         put(Kind::Route, name.as_str().to_string(), old.map(|o| json(&**o)), json(spec));
-        ops.push(Op::PutRoute { name: name.clone(), spec: spec.clone() });
+        ops.push(Op::PutRoute { name: name.clone(), spec: Box::new(spec.clone()) });
     }
     let mut delete = |kind, name: &str| {
         changes.push(Change { action: Action::Delete, kind, name: name.to_string(), fields: Vec::new() });
@@ -297,6 +317,10 @@ pub fn plan(current: &ConfigState, desired: &Document) -> (Vec<Op>, Vec<Change>)
     for name in current.routes().keys().filter(|n| !desired.routes.contains_key(*n)) {
         delete(Kind::Route, name.as_str());
         ops.push(Op::DeleteRoute { name: name.clone() });
+    }
+    for name in current.listeners().keys().filter(|n| !desired.listeners.contains_key(*n)) {
+        delete(Kind::Listener, name.as_str());
+        ops.push(Op::DeleteListener { name: name.clone() });
     }
     for name in current.rules().keys().filter(|n| !desired.rules.contains_key(*n)) {
         delete(Kind::Rules, name.as_str());
@@ -341,6 +365,7 @@ fn document_path(op: &Op) -> String {
         Op::PutRoute { name, .. } => format!("routes.{}", name.as_str()),
         Op::PutCertificate { name, .. } => format!("certificates.{}", name.as_str()),
         Op::PutRules { name, .. } => format!("rules.{}", name.as_str()),
+        Op::PutListener { name, .. } => format!("listeners.{}", name.as_str()),
         _ => ".".to_string(),
     }
 }

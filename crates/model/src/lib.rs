@@ -19,6 +19,7 @@ mod desired;
 pub mod dns;
 mod headers;
 mod invalid;
+mod listener;
 mod names;
 pub mod normalize;
 #[cfg(test)]
@@ -42,7 +43,8 @@ pub use client_auth::{
 pub use desired::{document_paths, in_document, plan, Action, Change, Document, Kind};
 pub use headers::Headers;
 pub use invalid::{Invalid, Reason};
-pub use names::{BackendAddr, BackendId, CertName, NameError, RouteName, RuleSetName, ServiceName};
+pub use listener::{ListenerSpec, DEFAULT_LISTENERS};
+pub use names::{BackendAddr, BackendId, CertName, ListenerName, NameError, RouteName, RuleSetName, ServiceName};
 pub use route::{HeaderMatch, HeaderRegex, HostPattern, PathPattern, RouteAction, RouteMatch, RouteSpec, StaticDir};
 pub use rules::{RuleSetSpec, Step};
 pub use schema::config_file_schema;

@@ -101,6 +101,12 @@ name_type!(
     "rule set name"
 );
 name_type!(
+    /// The name of a listener (`PUT /v1/listeners/{name}`); `default`
+    /// stands for the default listeners in a route's `listeners`.
+    ListenerName,
+    "listener name"
+);
+name_type!(
     /// The id of a backend, unique within its service.
     BackendId,
     "backend id"

@@ -152,9 +152,23 @@ pub struct RouteSpec {
     /// What it asks of the client's TLS certificate (`"client_cert":
     /// {"required": true, "forward_headers": true}`); nothing by default.
     pub client_cert: crate::ClientCertPolicy,
+    /// The listeners whose requests it matches (`"listeners": ["name",
+    /// ...]`, at most 16, each once; `default` is the default listeners,
+    /// `--listen` and `--listen-tls`). Empty (the default): the default
+    /// listeners only.
+    pub listeners: Vec<crate::ListenerName>,
 }
 
 impl RouteSpec {
+    /// Whether requests that arrived on `listener` (`None`: a default
+    /// listener) can match it.
+    pub fn serves(&self, listener: Option<&str>) -> bool {
+        match listener {
+            None => self.listeners.is_empty() || self.listeners.iter().any(|l| l.as_str() == crate::DEFAULT_LISTENERS),
+            Some(name) => self.listeners.iter().any(|l| l.as_str() == name),
+        }
+    }
+
     /// The service this route sends traffic to, if it proxies.
     pub fn service(&self) -> Option<&ServiceName> {
         match &self.action {
@@ -189,6 +203,10 @@ struct RouteWire {
     /// backend).
     #[serde(default, skip_serializing_if = "crate::ClientCertPolicy::is_default")]
     client_cert: crate::ClientCertPolicy,
+    /// The listeners it is bound to (`default`: `--listen` and
+    /// `--listen-tls`); none: the default listeners.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    listeners: Vec<crate::ListenerName>,
 }
 
 #[derive(Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
@@ -397,6 +415,18 @@ impl TryFrom<RouteWire> for RouteSpec {
                 return Err(Invalid::rule(format!("rules[{i}]"), format!("rule set {r:?} is listed twice")));
             }
         }
+        if w.listeners.len() > MAX_ROUTE_RULES {
+            return Err(Invalid::too_large(
+                "listeners",
+                format!("{MAX_ROUTE_RULES} listeners"),
+                Some(w.listeners.len().to_string()),
+            ));
+        }
+        for (i, l) in w.listeners.iter().enumerate() {
+            if w.listeners[..i].contains(l) {
+                return Err(Invalid::rule(format!("listeners[{i}]"), format!("listener {l:?} is listed twice")));
+            }
+        }
         Ok(RouteSpec {
             matches: RouteMatch { host, path, methods, headers, header_present, header_regex, query },
             action,
@@ -404,6 +434,7 @@ impl TryFrom<RouteWire> for RouteSpec {
             redirect_https: w.redirect_https,
             rules: w.rules,
             client_cert: w.client_cert,
+            listeners: w.listeners,
         })
     }
 }
@@ -454,6 +485,7 @@ impl From<RouteSpec> for RouteWire {
             redirect_https: r.redirect_https,
             rules: r.rules,
             client_cert: r.client_cert,
+            listeners: r.listeners,
         }
     }
 }

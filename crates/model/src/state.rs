@@ -6,7 +6,8 @@ use imbl::{OrdMap, OrdSet};
 
 use crate::certificate::CertificateSpec;
 use crate::change::{ChangeSet, Op};
-use crate::names::{BackendId, CertName, RouteName, RuleSetName, ServiceName};
+use crate::listener::{ListenerSpec, DEFAULT_LISTENERS};
+use crate::names::{BackendId, CertName, ListenerName, RouteName, RuleSetName, ServiceName};
 use crate::route::RouteSpec;
 use crate::rules::RuleSetSpec;
 use crate::service::ServiceSpec;
@@ -52,6 +53,8 @@ pub struct Delta {
     pub certificates: OrdSet<CertName>,
     /// Rule sets that were put or deleted.
     pub rules: OrdSet<RuleSetName>,
+    /// Listeners that were put or deleted.
+    pub listeners: OrdSet<ListenerName>,
 }
 
 impl Delta {
@@ -61,11 +64,16 @@ impl Delta {
         self.routes.extend(other.routes);
         self.certificates.extend(other.certificates);
         self.rules.extend(other.rules);
+        self.listeners.extend(other.listeners);
     }
 
     /// True when nothing was touched.
     pub fn is_empty(&self) -> bool {
-        self.services.is_empty() && self.routes.is_empty() && self.certificates.is_empty() && self.rules.is_empty()
+        self.services.is_empty()
+            && self.routes.is_empty()
+            && self.certificates.is_empty()
+            && self.rules.is_empty()
+            && self.listeners.is_empty()
     }
 }
 
@@ -77,10 +85,13 @@ pub struct ConfigState {
     routes: OrdMap<RouteName, Arc<RouteSpec>>,
     certificates: OrdMap<CertName, Arc<CertificateSpec>>,
     rules: OrdMap<RuleSetName, Arc<RuleSetSpec>>,
+    listeners: OrdMap<ListenerName, Arc<ListenerSpec>>,
     /// Reverse index: which routes point at each service.
     users: OrdMap<ServiceName, OrdSet<RouteName>>,
     /// Reverse index: which routes run each rule set.
     rule_users: OrdMap<RuleSetName, OrdSet<RouteName>>,
+    /// Reverse index: which routes are bound to each listener.
+    listener_users: OrdMap<ListenerName, OrdSet<RouteName>>,
 }
 
 impl ConfigState {
@@ -129,6 +140,16 @@ impl ConfigState {
     /// The routes that run the rule set `name`.
     pub fn rule_set_users(&self, name: &str) -> Option<&OrdSet<RouteName>> {
         self.rule_users.get(name)
+    }
+
+    /// All named listeners, by name.
+    pub fn listeners(&self) -> &OrdMap<ListenerName, Arc<ListenerSpec>> {
+        &self.listeners
+    }
+
+    /// One named listener.
+    pub fn listener(&self, name: &str) -> Option<&Arc<ListenerSpec>> {
+        self.listeners.get(name)
     }
 
     /// One service.
@@ -228,8 +249,24 @@ impl ConfigState {
                         format!("route {name:?} runs rule set {set:?}, which does not exist"),
                     ));
                 }
-                let old = self.routes.insert(name.clone(), Arc::new(spec.clone()));
+                let unknown = spec
+                    .listeners
+                    .iter()
+                    .enumerate()
+                    .find(|(_, l)| l.as_str() != DEFAULT_LISTENERS && !self.listeners.contains_key(*l));
+                if let Some((k, l)) = unknown {
+                    return Err(ChangeError::at(
+                        NotFound,
+                        i,
+                        &format!("spec.listeners[{k}]"),
+                        format!("route {name:?} is bound to listener {l:?}, which does not exist"),
+                    ));
+                }
+                let old = self.routes.insert(name.clone(), Arc::new(RouteSpec::clone(spec)));
                 self.unlink(name, old.as_deref());
+                for l in spec.listeners.iter().filter(|l| l.as_str() != DEFAULT_LISTENERS) {
+                    self.listener_users.entry(l.clone()).or_default().insert(name.clone());
+                }
                 if let Some(target) = spec.service() {
                     self.users.entry(target.clone()).or_default().insert(name.clone());
                 }
@@ -315,6 +352,45 @@ impl ConfigState {
                 }
                 delta.rules.insert(name.clone());
             }
+            Op::PutListener { name, spec } => {
+                if name.as_str() == DEFAULT_LISTENERS {
+                    return Err(ChangeError::at(
+                        Conflict,
+                        i,
+                        "name",
+                        format!("{DEFAULT_LISTENERS:?} names the default listeners (--listen, --listen-tls)"),
+                    ));
+                }
+                if let Some((other, _)) = self.listeners.iter().find(|(n, l)| *n != name && l.addr == spec.addr) {
+                    return Err(ChangeError::at(
+                        Conflict,
+                        i,
+                        "spec.addr",
+                        format!("listener {other:?} already listens on {}", spec.addr),
+                    ));
+                }
+                self.listeners.insert(name.clone(), Arc::new(spec.clone()));
+                delta.listeners.insert(name.clone());
+            }
+            Op::DeleteListener { name } => {
+                if let Some(users) = self.listener_users.get(name).filter(|u| !u.is_empty()) {
+                    let list: Vec<&str> = users.iter().take(5).map(|r| r.as_str()).collect();
+                    return Err(ChangeError::at(
+                        Conflict,
+                        i,
+                        "name",
+                        format!(
+                            "listener {name:?} still has {} route(s) bound to it ({}); unbind or delete them first",
+                            users.len(),
+                            list.join(", ")
+                        ),
+                    ));
+                }
+                if self.listeners.remove(name).is_none() {
+                    return Err(ChangeError::at(NotFound, i, "name", format!("no listener {name:?}")));
+                }
+                delta.listeners.insert(name.clone());
+            }
         }
         Ok(())
     }
@@ -327,6 +403,14 @@ impl ConfigState {
     }
 
     fn unlink(&mut self, route: &RouteName, old: Option<&RouteSpec>) {
+        for l in old.map_or(&[][..], |o| &o.listeners[..]) {
+            if let Some(users) = self.listener_users.get_mut(l) {
+                users.remove(route);
+                if users.is_empty() {
+                    self.listener_users.remove(l);
+                }
+            }
+        }
         for set in old.map_or(&[][..], |o| &o.rules[..]) {
             if let Some(users) = self.rule_users.get_mut(set) {
                 users.remove(route);
@@ -514,5 +598,36 @@ mod tests {
         // Nothing to keep: refused, naming the key.
         let e = ConfigState::default().apply(&mutual_service(&cert, crate::REDACTED), 0).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("ops[0].spec.upstream.tls.client_key_pem"), "{e:?}");
+    }
+
+    #[test]
+    fn routes_bind_to_listeners_that_exist_and_a_bound_listener_stays() {
+        let s = ConfigState::default();
+        let missing = cs(r#"{"ops":[{"op":"put_service","name":"web","spec":{}},
+            {"op":"put_route","name":"r","spec":{"service":"web","listeners":["internal"]}}]}"#);
+        let e = s.apply(&missing, 0).unwrap_err();
+        assert_eq!((e.kind, e.field.as_deref()), (ChangeErrorKind::NotFound, Some("ops[1].spec.listeners[0]")));
+        let put = cs(r#"{"ops":[{"op":"put_service","name":"web","spec":{}},
+            {"op":"put_listener","name":"internal","spec":{"addr":"127.0.0.1:8081"}},
+            {"op":"put_route","name":"r","spec":{"service":"web","listeners":["internal","default"]}}]}"#);
+        let (s, delta) = s.apply(&put, 0).unwrap();
+        assert!(delta.listeners.contains("internal") && s.listener("internal").is_some());
+        let route = s.route("r").unwrap();
+        assert!(route.serves(Some("internal")) && route.serves(None) && !route.serves(Some("other")));
+        // Deleting a listener a route is bound to is refused, naming it.
+        let e = s.apply(&cs(r#"{"ops":[{"op":"delete_listener","name":"internal"}]}"#), 1).unwrap_err();
+        assert_eq!(e.kind, ChangeErrorKind::Conflict);
+        assert!(e.message.contains("(r)"), "{e:?}");
+        // Another listener on the same address, and `default` as a name.
+        let twice = cs(r#"{"ops":[{"op":"put_listener","name":"copy","spec":{"addr":"127.0.0.1:8081"}}]}"#);
+        assert_eq!(s.apply(&twice, 1).unwrap_err().field.as_deref(), Some("ops[0].spec.addr"));
+        let default = cs(r#"{"ops":[{"op":"put_listener","name":"default","spec":{"addr":"127.0.0.1:9"}}]}"#);
+        assert_eq!(s.apply(&default, 1).unwrap_err().field.as_deref(), Some("ops[0].name"));
+        // Rebound to the default listeners only, the route lets it go.
+        let unbind = cs(r#"{"ops":[{"op":"put_route","name":"r","spec":{"service":"web"}},
+            {"op":"delete_listener","name":"internal"}]}"#);
+        let (s, _) = s.apply(&unbind, 1).unwrap();
+        assert!(s.listeners().is_empty());
+        assert!(s.route("r").unwrap().serves(None) && !s.route("r").unwrap().serves(Some("internal")));
     }
 }

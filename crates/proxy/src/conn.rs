@@ -45,6 +45,9 @@ pub struct Peer {
     pub port_header: HeaderValue,
     /// The client certificate its TLS handshake verified, if any.
     pub client_cert: Option<Arc<crate::tls::VerifiedClient>>,
+    /// The named listener it came on (`None`: a default listener): only
+    /// the routes bound to it match its requests.
+    pub listener: Option<Arc<str>>,
 }
 
 impl Peer {
@@ -60,6 +63,7 @@ impl Peer {
             https: false,
             port_header: HeaderValue::from_static("0"),
             client_cert: None,
+            listener: None,
         }
     }
 

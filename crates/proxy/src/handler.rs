@@ -162,6 +162,7 @@ impl Proxy {
             stopping: false,
             peer: client.addr.ip(),
             client_cert: client.client_cert.as_deref(),
+            listener: client.listener.as_deref(),
             content_length: req.headers().get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok()),
         };
         let snapshot = self.snapshots.load_full();

@@ -36,6 +36,7 @@ mod hyper_conn;
 mod hyper_server;
 mod limits;
 mod metrics;
+mod named;
 mod native;
 mod observe;
 mod pipeline;

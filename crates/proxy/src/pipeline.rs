@@ -82,6 +82,8 @@ pub(crate) struct Facts<'a> {
     pub content_length: Option<u64>,
     /// The client certificate the connection's TLS handshake verified.
     pub client_cert: Option<&'a VerifiedClient>,
+    /// The named listener the connection came on (`None`: a default one).
+    pub listener: Option<&'a str>,
 }
 
 impl Facts<'_> {
@@ -277,7 +279,14 @@ pub(crate) fn decide<'s>(
         }
     }
     let query = facts.path_and_query.split_once('?').map(|(_, q)| q);
-    let view = RequestView { host: &facts.host, path: facts.path, method, headers: facts.headers, query };
+    let view = RequestView {
+        host: &facts.host,
+        path: facts.path,
+        method,
+        headers: facts.headers,
+        query,
+        listener: facts.listener,
+    };
     let Some(route) = snapshot.route(&view) else {
         return Decision::local(Local::Error(ErrorKind::NoRoute));
     };
@@ -466,6 +475,7 @@ mod tests {
                 peer: self.peer,
                 content_length: None,
                 client_cert: self.client_cert.as_ref(),
+                listener: None,
             }
         }
 

@@ -68,6 +68,12 @@ pub struct ServerOptions {
     pub on_demand: Option<Arc<dyn crate::tls::OnDemandTls>>,
     /// Traces of requests, exported over OTLP, when they are on.
     pub tracing: Option<crate::Tracing>,
+    /// The published snapshots' announcements: with them, the data plane
+    /// opens and closes the configuration's named listeners as they come
+    /// and go (`None`: only the default listeners are served).
+    pub listener_changes: Option<tidegate_snapshot::Changes>,
+    /// Where the named listeners' state is reported.
+    pub listener_board: tidegate_snapshot::ListenerBoard,
 }
 
 /// Listening sockets made elsewhere for the data plane to serve on: the
@@ -168,7 +174,7 @@ impl ServerHandle {
     }
 }
 
-fn bind(addr: SocketAddr, reuse_port: bool) -> std::io::Result<std::net::TcpListener> {
+pub(crate) fn bind(addr: SocketAddr, reuse_port: bool) -> std::io::Result<std::net::TcpListener> {
     let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
     socket.set_reuse_address(true)?;
     if reuse_port {
@@ -182,7 +188,7 @@ fn bind(addr: SocketAddr, reuse_port: bool) -> std::io::Result<std::net::TcpList
 
 /// Binds `addr` once per worker (with `SO_REUSEPORT`) in per-core mode,
 /// once otherwise. Returns the listeners and the address bound.
-fn bind_all(
+pub(crate) fn bind_all(
     addr: SocketAddr,
     per_core: bool,
     workers: usize,
@@ -302,6 +308,7 @@ pub fn serve_on(
         shares
     };
     let (mut plain, mut tls) = (share(plain).into_iter(), share(tls).into_iter());
+    let mut named_workers = Vec::new();
     for i in 0..runs {
         // Sockets and timers only: no signal or child-process driver to
         // poll each time a worker parks.
@@ -325,6 +332,14 @@ pub fn serve_on(
         proxy.set_access_log(opts.access_log.clone());
         proxy.set_tracing(opts.tracing.clone());
         let proxy = Arc::new(proxy);
+        // Named listeners' accept loops on this worker hold a sender; at
+        // shutdown the worker waits for them as for its own.
+        let (named_alive, mut named_done) = mpsc::channel::<()>(1);
+        named_workers.push(crate::named::Worker {
+            handle: runtime.handle().clone(),
+            proxy: proxy.clone(),
+            alive: named_alive,
+        });
         let (plain_listeners, tls_listeners) = (plain.next().unwrap_or_default(), tls.next().unwrap_or_default());
         let (stop_rx, opts, acceptor) = (stop_rx.clone(), opts.clone(), acceptor.clone());
         let (open, cut) = (open.clone(), cut.clone());
@@ -336,7 +351,7 @@ pub fn serve_on(
                     let (opts, slots) = (&opts, Slots { open: open.clone(), cut: cut.clone() });
                     async move {
                         match TcpListener::from_std(listener) {
-                            Ok(l) => accept_loop(l, tls, proxy, stop_rx, opts, slots, hyper).await,
+                            Ok(l) => accept_loop(l, tls, proxy, stop_rx, opts, slots, hyper, Bound::default()).await,
                             Err(e) => tracing::error!(error = %e, "cannot register the listener"),
                         }
                     }
@@ -346,16 +361,58 @@ pub fn serve_on(
                     .map(|l| run(l, None))
                     .chain(tls_listeners.into_iter().map(|l| run(l, acceptor.clone())));
                 futures_util::future::join_all(loops).await;
+                // The named listeners' loops drain on the same stop.
+                let _ = tokio::time::timeout(opts.drain_timeout + Duration::from_secs(1), named_done.recv()).await;
             });
         })?;
         threads.push(thread);
     }
+    if let (Some(changes), Some(first)) = (opts.listener_changes.clone(), named_workers.first()) {
+        let handle = first.handle.clone();
+        let manager = crate::named::Manager {
+            workers: named_workers,
+            per_core,
+            snapshots,
+            board: opts.listener_board.clone(),
+            opts,
+            slots: Slots { open: open.clone(), cut: cut.clone() },
+            tls: acceptor,
+            stop: stop_rx,
+        };
+        handle.spawn(manager.run(changes));
+    }
     Ok(ServerHandle { local_addr, tls_addr, stop, threads, sockets, open, cut })
+}
+
+/// Which listener an accept loop serves: a default one (all `None`), or a
+/// named one, with the balancers its PROXY protocol trusts and the signal
+/// that closes it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Bound {
+    /// The named listener's name (its connections match only the routes
+    /// bound to it).
+    pub name: Option<Arc<str>>,
+    /// The networks whose connections must start with a PROXY protocol
+    /// header (`None`: `--proxy-protocol-from`, the default listeners').
+    pub balancers: Option<Arc<[tidegate_model::rules::Cidr]>>,
+    /// Set when the listener is removed from the configuration.
+    pub closed: Option<watch::Receiver<bool>>,
+}
+
+/// Waits until `closed` is set (or its sender is gone); never for `None`.
+async fn until_closed(closed: &mut Option<watch::Receiver<bool>>) {
+    match closed {
+        None => std::future::pending().await,
+        Some(rx) => {
+            let _ = rx.wait_for(|c| *c).await;
+        }
+    }
 }
 
 /// The listeners' connection slots (shared by the workers), and what an
 /// accept loop reports of its drain.
-struct Slots {
+#[derive(Clone)]
+pub(crate) struct Slots {
     open: OpenConnections,
     /// The connections open when the drain timed out (the most seen).
     cut: Arc<std::sync::atomic::AtomicU64>,
@@ -365,7 +422,8 @@ struct Slots {
 /// the connection's task; on stop, stops accepting and waits (at most the
 /// drain timeout) for its connections to finish.
 /// `tls`: the listener terminates TLS with these handshakes.
-async fn accept_loop(
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn accept_loop(
     listener: TcpListener,
     tls: Option<Arc<crate::tls::TlsFront>>,
     proxy: Arc<Proxy>,
@@ -373,8 +431,15 @@ async fn accept_loop(
     opts: &ServerOptions,
     slots: Slots,
     hyper: HyperServer,
+    bound: Bound,
 ) {
     let limits = &opts.limits;
+    let Bound { name: listener_name, balancers, mut closed } = bound;
+    // A named listener's connections are told to finish when it is
+    // removed, as at shutdown.
+    let own_stop = closed.as_ref().map(|_| watch::channel(false));
+    let conn_stop = own_stop.as_ref().map_or_else(|| stop.clone(), |(_, rx)| rx.clone());
+    let mut removed = false;
     let port = listener.local_addr().map_or(0, |a| a.port());
     // Every connection holds a clone (in its `ConnHold`, which a tunnel
     // keeps too); `recv` returns None once all are gone.
@@ -387,6 +452,10 @@ async fn accept_loop(
                 Err(_) => break,
             },
             _ = stop.changed() => break,
+            () = until_closed(&mut closed) => {
+                removed = true;
+                break;
+            }
         };
         tokio::select! {
             accepted = listener.accept() => {
@@ -402,7 +471,10 @@ async fn accept_loop(
                 // A connection from a balancer that sends the PROXY
                 // protocol is admitted once its header names the client.
                 // `admitted`: None until then.
-                let balanced = limits.proxy_protocol_from.contains(peer.ip());
+                let balanced = match &balancers {
+                    None => limits.proxy_protocol_from.contains(peer.ip()),
+                    Some(nets) => nets.iter().any(|n| n.contains(peer.ip())),
+                };
                 let admitted = match balanced {
                     true => None,
                     false => match admit(&proxy, peer) {
@@ -413,9 +485,9 @@ async fn accept_loop(
                 let _ = stream.set_nodelay(true);
                 proxy.metrics().connection();
                 let hold = Arc::new(ConnHold::new(permit, alive_tx.clone()));
-                let (proxy, stop, limits, hyper) = (proxy.clone(), stop.clone(), limits.clone(), hyper.clone());
+                let (proxy, stop, limits, hyper) = (proxy.clone(), conn_stop.clone(), limits.clone(), hyper.clone());
                 let engine = opts.http1;
-                let tls = tls.clone();
+                let (tls, listener_name) = (tls.clone(), listener_name.clone());
                 tokio::spawn(async move {
                     let (addr, per_client) = match admitted {
                         Some(per_client) => (peer, per_client),
@@ -429,6 +501,7 @@ async fn accept_loop(
                     client.trusted = limits.trusted_proxies.contains(addr.ip());
                     client.conn_slot = Some(hold.clone());
                     client.set_listener(port, tls.is_some());
+                    client.listener = listener_name;
                     match tls {
                     None => {
                         serve_http(stream, engine, client, proxy, stop, limits, hyper).await;
@@ -467,9 +540,20 @@ async fn accept_loop(
                 });
             }
             _ = stop.changed() => break,
+            () = until_closed(&mut closed) => {
+                removed = true;
+                break;
+            }
         }
     }
     drop(listener);
+    if let Some((tx, _)) = &own_stop {
+        let _ = tx.send(true);
+    }
+    if removed {
+        // Its connections finish on their own; the data plane goes on.
+        return;
+    }
     drop(alive_tx);
     if tokio::time::timeout(opts.drain_timeout, alive_rx.recv()).await.is_err() {
         let open = slots.open.count();
@@ -579,6 +663,8 @@ mod tests {
             access_log: None,
             on_demand: None,
             tracing: None,
+            listener_changes: None,
+            listener_board: Default::default(),
         };
         let handle = serve_on(opts, Listeners { plain, tls: Vec::new() }, snapshots, Arc::new(ProxyMetrics::default()))
             .expect("serves");

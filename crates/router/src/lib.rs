@@ -70,6 +70,9 @@ pub struct RequestView<'a> {
     pub headers: &'a dyn Headers,
     /// The query, without `?` (`None` when the target has none).
     pub query: Option<&'a str>,
+    /// The named listener the request came on (`None`: a default
+    /// listener); a route matches only on the listeners it is bound to.
+    pub listener: Option<&'a str>,
 }
 
 /// An immutable, persistent route table.
@@ -187,7 +190,8 @@ impl Rank {
 
 fn conditions_hold(spec: &RouteSpec, req: &RequestView<'_>) -> bool {
     let m = &spec.matches;
-    (m.methods.is_empty() || m.methods.contains(req.method))
+    spec.serves(req.listener)
+        && (m.methods.is_empty() || m.methods.contains(req.method))
         && m.headers.iter().all(|h| req.headers.any(h.name.as_str(), &mut |v| v == h.value.as_bytes()))
         && m.header_present.iter().all(|h| req.headers.first(h.as_str()).is_some())
         && m.header_regex.iter().all(|h| {

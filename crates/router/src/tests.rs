@@ -16,7 +16,7 @@ fn find<'r>(r: &'r Router, host: &str, path: &str) -> Option<&'r str> {
 }
 
 fn find_with<'r>(r: &'r Router, host: &str, path: &str, method: &Method, headers: &HeaderMap) -> Option<&'r str> {
-    let view = RequestView { host, path, method, headers, query: None };
+    let view = RequestView { host, path, method, headers, query: None, listener: None };
     r.lookup(&view).map(|e| e.name.as_str())
 }
 
@@ -160,7 +160,7 @@ fn query_conditions_match_decoded_parameters() {
     r.insert(name("debug"), route(r#"{"match":{"path_prefix":"/x","query_present":["debug"]},"service":"s"}"#));
     let find_q = |query: Option<&str>| {
         let headers = HeaderMap::new();
-        let view = RequestView { host: "", path: "/x", method: &Method::GET, headers: &headers, query };
+        let view = RequestView { host: "", path: "/x", method: &Method::GET, headers: &headers, query, listener: None };
         r.lookup(&view).map(|e| e.name.to_string())
     };
     assert_eq!(find_q(None).as_deref(), Some("plain"));

@@ -27,10 +27,12 @@ use tidegate_router::Router;
 type HashMap<K, V> = imbl::GenericHashMap<K, V, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;
 pub use tidegate_router::{Entry, RequestView, RouteStats};
 
+mod listeners;
 mod memory;
 mod published;
 mod queue;
 mod tls;
+pub use listeners::{ListenerBoard, ListenerState};
 pub use memory::{Memory, Recalled, RememberedBackend, ServiceMemory};
 pub use published::{Changes, Publications};
 pub use queue::{client_key, Joined, WaitQueue, Waiter};
@@ -216,6 +218,9 @@ pub struct Snapshot {
     /// when the route or one of its rule sets changes (and so its limiter
     /// state starts afresh then).
     rules: HashMap<RouteName, Arc<tidegate_rules::Chain>>,
+    /// The named listeners (the data plane binds and closes them as they
+    /// come and go).
+    listeners: imbl::OrdMap<tidegate_model::ListenerName, Arc<tidegate_model::ListenerSpec>>,
 }
 
 impl Snapshot {
@@ -231,6 +236,7 @@ impl Snapshot {
             routes: state.routes().keys().cloned().collect(),
             certificates: state.certificates().keys().cloned().collect(),
             rules: state.rules().keys().cloned().collect(),
+            listeners: state.listeners().keys().cloned().collect(),
         };
         Snapshot::empty().next(state, &delta, revision)
     }
@@ -269,7 +275,15 @@ impl Snapshot {
             next.certificates = Arc::new(Certificates::build(state));
         }
         next.rebuild_rules(state, delta);
+        if !delta.listeners.is_empty() {
+            next.listeners = state.listeners().clone();
+        }
         next
+    }
+
+    /// The named listeners.
+    pub fn listeners(&self) -> &imbl::OrdMap<tidegate_model::ListenerName, Arc<tidegate_model::ListenerSpec>> {
+        &self.listeners
     }
 
     /// Compiles the rule chains of the routes `delta` touched, directly or
@@ -448,7 +462,14 @@ mod tests {
         let full = Snapshot::from_state(&s2, 2);
         assert_eq!(full.services().count(), snap2.services().count());
         let headers = HeaderMap::new();
-        let view = RequestView { host: "", path: "/a/1", method: &Method::GET, headers: &headers, query: None };
+        let view = RequestView {
+            host: "",
+            path: "/a/1",
+            method: &Method::GET,
+            headers: &headers,
+            query: None,
+            listener: None,
+        };
         assert_eq!(snap2.route(&view).unwrap().name.as_str(), "r");
         assert!(full.route(&view).is_some());
     }

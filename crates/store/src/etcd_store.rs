@@ -8,7 +8,7 @@
 //! | `rev` | the newest revision, in decimal |
 //! | `services/NAME` | the service's settings |
 //! | `backends/SERVICE/ID` | one backend |
-//! | `routes/NAME`, `certificates/NAME`, `rules/NAME` | one route, one certificate, one rule set |
+//! | `routes/NAME`, `certificates/NAME`, `rules/NAME`, `listeners/NAME` | one route, one certificate, one rule set, one listener |
 //! | `log/REVISION` (20 digits) | the change set that made that revision |
 //! | `instances/NAME` | a live instance's record, under its lease |
 //! | `leaders/ROLE` | the name of the instance that leads ROLE (one service's autoscaling), under its lease |
@@ -44,8 +44,8 @@ use tidegate_etcd::{
     prefix_end, Client, ClientOptions, Compare, Credentials, EtcdError, Event, EventKind, KeyValue, TlsOptions, TxnOp,
 };
 use tidegate_model::{
-    BackendId, CertName, CertificateInput, CertificateSpec, ChangeSet, ConfigState, Op, RouteName, RouteSpec,
-    RuleSetName, RuleSetSpec, ServiceName, ServiceSettings, ServiceSpec,
+    BackendId, CertName, CertificateInput, CertificateSpec, ChangeSet, ConfigState, ListenerName, ListenerSpec, Op,
+    RouteName, RouteSpec, RuleSetName, RuleSetSpec, ServiceName, ServiceSettings, ServiceSpec,
 };
 
 use crate::{
@@ -327,7 +327,7 @@ fn log_entry(kv: &KeyValue, number: u64) -> Result<AppliedChange, FaultKind> {
 }
 
 /// The kinds of keys that hold the configuration's objects.
-const OBJECT_KINDS: [&[u8]; 5] = [b"services", b"backends", b"routes", b"certificates", b"rules"];
+const OBJECT_KINDS: [&[u8]; 6] = [b"services", b"backends", b"routes", b"certificates", b"rules", b"listeners"];
 
 /// What the revision key and the newest log entry say, read at one etcd
 /// revision.
@@ -490,6 +490,7 @@ fn object_error(kind: &[u8], name: &[u8], value: &[u8]) -> Option<ObjectError> {
         },
         b"routes" => RouteName::new(name).map_err(ObjectError::from).and_then(|_| decodes::<RouteSpec>(value)),
         b"rules" => RuleSetName::new(name).map_err(ObjectError::from).and_then(|_| decodes::<RuleSetSpec>(value)),
+        b"listeners" => ListenerName::new(name).map_err(ObjectError::from).and_then(|_| decodes::<ListenerSpec>(value)),
         _ => CertName::new(name).map_err(ObjectError::from).and_then(|_| decodes::<CertificateSpec>(value)),
     };
     result.err()
@@ -522,6 +523,7 @@ fn names_object<'a>(ops: impl IntoIterator<Item = &'a Op>, rest: &str) -> bool {
         | Op::RenewCertificate { name }
         | Op::AcmeState { name, .. } => rest == format!("certificates/{name}"),
         Op::PutRules { name, .. } | Op::DeleteRules { name } => rest == format!("rules/{name}"),
+        Op::PutListener { name, .. } | Op::DeleteListener { name } => rest == format!("listeners/{name}"),
     })
 }
 
@@ -542,6 +544,7 @@ fn object_value(rest: &str, after: &ConfigState) -> Result<Option<Vec<u8>>, Stor
             after.certificates().get(&name).map(|c| json(&**c)).transpose()
         }
         "rules" => after.rule_set(name).map(|r| json(&**r)).transpose(),
+        "listeners" => after.listener(name).map(|l| json(&**l)).transpose(),
         _ => Err(corrupt(format!("{rest:?} names no object"))),
     }
 }
@@ -623,6 +626,8 @@ impl EtcdStore {
         self.object_writes(&certs, &empty, state, &[], &mut ops)?;
         let rules: Vec<_> = state.rules().keys().map(|n| Op::DeleteRules { name: n.clone() }).collect();
         self.object_writes(&rules, &empty, state, &[], &mut ops)?;
+        let listeners: Vec<_> = state.listeners().keys().map(|n| Op::DeleteListener { name: n.clone() }).collect();
+        self.object_writes(&listeners, &empty, state, &[], &mut ops)?;
         let guard = [Compare::Absent(self.key("rev"))];
         let outcome = self.runtime.block_on(self.client.txn(&guard, &ops)).map_err(unavailable)?;
         if !outcome.succeeded {
@@ -692,6 +697,10 @@ impl EtcdStore {
                 Op::PutRules { name, .. } | Op::DeleteRules { name } => {
                     let spec = after.rules().get(name);
                     writes.insert(self.key(&format!("rules/{name}")), spec.map(|s| json(&**s)).transpose()?);
+                }
+                Op::PutListener { name, .. } | Op::DeleteListener { name } => {
+                    let spec = after.listeners().get(name);
+                    writes.insert(self.key(&format!("listeners/{name}")), spec.map(|s| json(&**s)).transpose()?);
                 }
             }
         }
@@ -1108,6 +1117,7 @@ fn check_load(prefix: &[u8], kvs: &[KeyValue]) -> (Loaded, Vec<StoreFault>) {
     let mut routes = Vec::new();
     let mut certificates = Vec::new();
     let mut rules = Vec::new();
+    let mut listeners = Vec::new();
     let mut backends = Vec::new();
     for (kind, name, kv) in objects {
         let at = kv.mod_revision;
@@ -1133,10 +1143,9 @@ fn check_load(prefix: &[u8], kvs: &[KeyValue]) -> (Loaded, Vec<StoreFault>) {
                 Err(e) => fault(&kv.key, invalid(e)),
             },
             b"backends" => backends.push((name, kv)),
-            b"routes" => match tidegate_model::parse_json::<RouteSpec>(&kv.value)
-                .map_err(invalid)
-                .and_then(|spec| Ok(Op::PutRoute { name: RouteName::new(name).map_err(invalid)?, spec }))
-            {
+            b"routes" => match tidegate_model::parse_json::<RouteSpec>(&kv.value).map_err(invalid).and_then(|spec| {
+                Ok(Op::PutRoute { name: RouteName::new(name).map_err(invalid)?, spec: Box::new(spec) })
+            }) {
                 Ok(op) => {
                     routes.push(op);
                     keys.insert(format!("r/{name}"), &kv.key);
@@ -1150,6 +1159,18 @@ fn check_load(prefix: &[u8], kvs: &[KeyValue]) -> (Loaded, Vec<StoreFault>) {
                     Ok(op) => {
                         rules.push(op);
                         keys.insert(format!("u/{name}"), &kv.key);
+                    }
+                    Err(kind) => fault(&kv.key, kind),
+                }
+            }
+            b"listeners" => {
+                match tidegate_model::parse_json::<ListenerSpec>(&kv.value)
+                    .map_err(invalid)
+                    .and_then(|spec| Ok(Op::PutListener { name: ListenerName::new(name).map_err(invalid)?, spec }))
+                {
+                    Ok(op) => {
+                        listeners.push(op);
+                        keys.insert(format!("l/{name}"), &kv.key);
                     }
                     Err(kind) => fault(&kv.key, kind),
                 }
@@ -1201,10 +1222,11 @@ fn check_load(prefix: &[u8], kvs: &[KeyValue]) -> (Loaded, Vec<StoreFault>) {
             Err(e) => fault(key, FaultKind::ObjectInvalid { error: e.into() }),
         }
     }
-    // Rule sets before the routes that run them.
-    for op in rules.into_iter().chain(routes).chain(certificates) {
+    // Rule sets and listeners before the routes that use them.
+    for op in rules.into_iter().chain(listeners).chain(routes).chain(certificates) {
         let key = match &op {
             Op::PutRules { name, .. } => keys.get(&format!("u/{name}")),
+            Op::PutListener { name, .. } => keys.get(&format!("l/{name}")),
             Op::PutRoute { name, .. } => keys.get(&format!("r/{name}")),
             Op::PutCertificate { name, .. } => keys.get(&format!("c/{name}")),
             _ => None,

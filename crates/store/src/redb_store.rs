@@ -142,6 +142,9 @@ impl RedbStore {
             Op::PutRules { .. } | Op::DeleteRules { .. } => {
                 return Err(StoreError::Backend("the redb store does not hold rule sets; use the SQLite store".into()));
             }
+            Op::PutListener { .. } | Op::DeleteListener { .. } => {
+                return Err(StoreError::Unsupported("the redb store does not hold listeners; use the SQLite store"));
+            }
         }
         Ok(())
     }
@@ -181,7 +184,7 @@ impl Store for RedbStore {
             let key = format!("routes/{}", name.value());
             let name = tidegate_model::RouteName::new(name.value()).map_err(|e| invalid_object(&key, e))?;
             let spec: RouteSpec = decode_object(&key, spec.value())?;
-            ops.push(Op::PutRoute { name, spec });
+            ops.push(Op::PutRoute { name, spec: Box::new(spec) });
             keys.push(key);
         }
         let state = rebuild(ops, &keys)?;

@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex};
 use rusqlite::wal::CheckpointMode;
 use rusqlite::{params, Connection, OpenFlags, Transaction};
 use tidegate_model::{
-    BackendId, CertName, CertificateInput, CertificateSpec, ConfigState, Op, RouteName, RouteSpec, RuleSetName,
-    RuleSetSpec, ServiceName, ServiceSettings, ServiceSpec,
+    BackendId, CertName, CertificateInput, CertificateSpec, ConfigState, ListenerName, ListenerSpec, Op, RouteName,
+    RouteSpec, RuleSetName, RuleSetSpec, ServiceName, ServiceSettings, ServiceSpec,
 };
 
 use crate::{
@@ -38,14 +38,15 @@ const SCHEMA: &str = "
     CREATE TABLE IF NOT EXISTS routes (name TEXT PRIMARY KEY, spec BLOB NOT NULL, sum INTEGER) WITHOUT ROWID;
     CREATE TABLE IF NOT EXISTS certificates (name TEXT PRIMARY KEY, spec BLOB NOT NULL, sum INTEGER) WITHOUT ROWID;
     CREATE TABLE IF NOT EXISTS rules (name TEXT PRIMARY KEY, spec BLOB NOT NULL, sum INTEGER) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS listeners (name TEXT PRIMARY KEY, spec BLOB NOT NULL, sum INTEGER) WITHOUT ROWID;
     CREATE TABLE IF NOT EXISTS log (revision INTEGER PRIMARY KEY, change BLOB NOT NULL);
     CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 ";
 
 /// The tables every database this store ever created has; one without
 /// them was not written by Tidegate, or lost its tables (see
-/// [`check_schema`]). `certificates` and `rules` came later: an older
-/// database gets them on open.
+/// [`check_schema`]). `certificates`, `rules` and `listeners` came later:
+/// an older database gets them on open.
 const CORE_TABLES: [&str; 5] = ["services", "backends", "routes", "log", "meta"];
 
 /// Pages in the write-ahead log from which [`Store::maintain`] copies it
@@ -148,16 +149,22 @@ impl SqliteStore {
             )
             .chain(
                 state
+                    .listeners()
+                    .iter()
+                    .map(|(name, spec)| Op::PutListener { name: name.clone(), spec: ListenerSpec::clone(spec) }),
+            )
+            .chain(
+                state
                     .routes()
                     .iter()
-                    .map(|(name, spec)| Op::PutRoute { name: name.clone(), spec: RouteSpec::clone(spec) }),
+                    .map(|(name, spec)| Op::PutRoute { name: name.clone(), spec: Box::new(RouteSpec::clone(spec)) }),
             )
             .collect::<Vec<_>>();
         let mut conn = self.lock()?;
         let txn = conn.transaction().map_err(err)?;
         txn.execute_batch(
             "DELETE FROM services; DELETE FROM backends; DELETE FROM routes; DELETE FROM certificates; DELETE FROM rules; \
-             DELETE FROM log;",
+             DELETE FROM listeners; DELETE FROM log;",
         )
             .map_err(err)?;
         let whole = Commit { base: 0, changes: &[], before: state, after: state };
@@ -172,12 +179,13 @@ impl SqliteStore {
 
 /// The object tables: name, key columns (joined by `/` in a row's key),
 /// value column.
-const OBJECT_TABLES: [(&str, &str, &str); 5] = [
+const OBJECT_TABLES: [(&str, &str, &str); 6] = [
     ("services", "name", "settings"),
     ("backends", "service || '/' || id", "spec"),
     ("routes", "name", "spec"),
     ("certificates", "name", "spec"),
     ("rules", "name", "spec"),
+    ("listeners", "name", "spec"),
 ];
 
 /// The checksum of one object's row: FNV-1a (64 bits) over its table, key
@@ -372,6 +380,18 @@ fn write_op(txn: &Transaction<'_>, op: &Op, commit: &Commit<'_>) -> Result<(), S
         Op::DeleteRules { name } => {
             run("DELETE FROM rules WHERE name = ?1", &[&name.as_str()]).map_err(err)?;
         }
+        Op::PutListener { name, spec } => {
+            let value = json(spec)?;
+            let sum = row_sum("listeners", name.as_str(), &value);
+            run(
+                "INSERT OR REPLACE INTO listeners (name, spec, sum) VALUES (?1, ?2, ?3)",
+                &[&name.as_str(), &value, &sum],
+            )
+            .map_err(err)?;
+        }
+        Op::DeleteListener { name } => {
+            run("DELETE FROM listeners WHERE name = ?1", &[&name.as_str()]).map_err(err)?;
+        }
     }
     Ok(())
 }
@@ -506,13 +526,27 @@ impl Store for SqliteStore {
             ops.push(Op::PutRules { name, spec: Box::new(spec) });
             keys.push(key);
         }
+        // Listeners before the routes bound to them.
+        let mut listeners = conn.prepare("SELECT name, spec, sum FROM listeners ORDER BY name").map_err(err)?;
+        for r in listeners.query_map([], row).map_err(err)? {
+            let (name, spec, sum) = r.map_err(err)?;
+            let key = format!("listeners/{name}");
+            let spec = checked("listeners", name.clone(), spec, sum)?;
+            let spec: ListenerSpec = decode_object(&key, &spec)?;
+            let name = ListenerName::new(&name).map_err(|e| invalid_object(&key, e))?;
+            ops.push(Op::PutListener { name, spec });
+            keys.push(key);
+        }
         let mut routes = conn.prepare("SELECT name, spec, sum FROM routes ORDER BY name").map_err(err)?;
         for r in routes.query_map([], row).map_err(err)? {
             let (name, spec, sum) = r.map_err(err)?;
             let key = format!("routes/{name}");
             let spec = checked("routes", name.clone(), spec, sum)?;
             let spec: RouteSpec = decode_object(&key, &spec)?;
-            ops.push(Op::PutRoute { name: RouteName::new(&name).map_err(|e| invalid_object(&key, e))?, spec });
+            ops.push(Op::PutRoute {
+                name: RouteName::new(&name).map_err(|e| invalid_object(&key, e))?,
+                spec: Box::new(spec),
+            });
             keys.push(key);
         }
         let mut certificates = conn.prepare("SELECT name, spec, sum FROM certificates ORDER BY name").map_err(err)?;
@@ -620,6 +654,7 @@ mod tests {
     fn the_shared_suite_passes() {
         crate::suite::run(|p| SqliteStore::open(&p.with_extension("sqlite")));
         crate::suite::rule_sets_survive_reopening(|p| SqliteStore::open(&p.with_extension("sqlite")));
+        crate::suite::listeners_survive_reopening(|p| SqliteStore::open(&p.with_extension("sqlite")));
     }
 
     /// Commits the change sets `texts`, at the next revisions, in one

@@ -161,3 +161,30 @@ pub(crate) fn rule_sets_survive_reopening<S: Store>(open: impl Fn(&Path) -> Resu
     }
     assert!(open(&path).expect("reopens").load().expect("loads").state.rules().is_empty());
 }
+
+/// A listener and the route bound to it survive reopening, and deleting
+/// both leaves nothing. (Not for the redb store, which holds no
+/// listeners.)
+pub(crate) fn listeners_survive_reopening<S: Store>(open: impl Fn(&Path) -> Result<S, StoreError>) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("config");
+    {
+        let store = open(&path).expect("opens");
+        let put = r#"{"ops":[{"op":"put_service","name":"web","spec":{}},
+            {"op":"put_listener","name":"internal","spec":{"addr":"127.0.0.1:8081",
+              "proxy_protocol":{"trusted":["10.0.0.0/8"]}}},
+            {"op":"put_route","name":"r","spec":{"service":"web","listeners":["internal","default"]}}]}"#;
+        commit(&store, &[applied(1, put)]).expect("commits");
+    }
+    let loaded = open(&path).expect("reopens").load().expect("loads");
+    let l = loaded.state.listener("internal").expect("the listener");
+    assert_eq!(l.addr.to_string(), "127.0.0.1:8081");
+    assert!(l.trusts("10.1.1.1".parse().expect("an address")));
+    assert_eq!(loaded.state.route("r").map(|r| r.listeners.len()), Some(2));
+    {
+        let store = open(&path).expect("reopens");
+        let gone = r#"{"ops":[{"op":"delete_route","name":"r"},{"op":"delete_listener","name":"internal"}]}"#;
+        commit(&store, &[applied(2, gone)]).expect("commits");
+    }
+    assert!(open(&path).expect("reopens").load().expect("loads").state.listeners().is_empty());
+}

@@ -160,6 +160,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // The ACME manager's wake-up, shared with on-demand issuance.
     let acme_wake = Arc::new(tokio::sync::Notify::new());
     let on_demand = tidegate_acme::OnDemandIssuer::new(control.clone(), acme_wake.clone());
+    // The named listeners' state, written by the data plane, read by the
+    // admin API.
+    let listener_board = tidegate_snapshot::ListenerBoard::default();
     let options = ServerOptions {
         listen: match (args.listen, args.listen_tls) {
             (None, None) => Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
@@ -181,6 +184,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         access_log: access_log.clone(),
         on_demand: Some(Arc::new(OnDemand(Arc::new(on_demand)))),
         tracing,
+        listener_changes: Some(control.snapshot_changes()),
+        listener_board: listener_board.clone(),
     };
     let proxy = match received.as_mut().filter(|r| !r.plain.is_empty() || !r.tls.is_empty()) {
         Some(r) => {
@@ -277,6 +282,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let mut state = AdminState::new(control.clone(), &token, data_plane)
             .with_autoscaler(events, scaling)
             .with_dns(dns)
+            .with_listeners(listener_board.clone())
             .with_watch_limits(watch_limits)
             .with_private_dir(&args.data_dir);
         if let Some(report) = report {

@@ -605,6 +605,7 @@ async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Res
         stopping: ctx.stopping,
         peer: ctx.peer.addr.ip(),
         client_cert: ctx.peer.client_cert.as_deref(),
+        listener: ctx.peer.listener.as_deref(),
         content_length: match head.body {
             RequestBody::Length(n) => Some(n),
             _ => None,

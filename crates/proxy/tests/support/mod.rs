@@ -70,6 +70,8 @@ impl Proxy {
             access_log: None,
             on_demand: None,
             tracing: None,
+            listener_changes: None,
+            listener_board: Default::default(),
         };
         let handle = serve(opts, snapshots, Arc::new(ProxyMetrics::default())).expect("the data plane starts");
         let addr = handle.local_addr().expect("a plain listener");

@@ -18,6 +18,7 @@ mod engines;
 mod external;
 mod hostile;
 mod hygiene;
+mod listeners;
 mod observability;
 mod operator;
 mod packaging;
