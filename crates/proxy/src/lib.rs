@@ -60,6 +60,7 @@ pub use error::{ErrorKind, Source};
 pub use handler::Proxy;
 pub use limits::{Limits, TrustedProxies};
 pub use metrics::{DataPlaneCollector, ProxyMetrics};
+pub use named::NamedSockets;
 pub use server::{
     serve, serve_on, Http1Engine, Listeners, ListeningSocket, OpenConnections, RuntimeMode, ServerHandle, ServerOptions,
 };

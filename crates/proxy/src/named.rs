@@ -27,6 +27,68 @@ use crate::hyper_server::HyperServer;
 use crate::server::{accept_loop, Bound, ServerOptions, Slots};
 use crate::tls::TlsFront;
 
+/// The named listeners' sockets, for a hand-over to a new process
+/// (`serve --takeover`): the old process offers duplicates of the sockets
+/// it serves, the new one serves the ones it received instead of binding
+/// (the same kernel sockets: nothing in their queues is lost).
+#[derive(Debug, Clone, Default)]
+pub struct NamedSockets(Arc<std::sync::Mutex<NamedInner>>);
+
+#[derive(Debug, Default)]
+struct NamedInner {
+    /// Duplicates of the sockets served, by address.
+    serving: std::collections::BTreeMap<SocketAddr, Vec<std::os::fd::OwnedFd>>,
+    /// Sockets received from the previous process, not claimed yet.
+    inherited: HashMap<SocketAddr, Vec<std::net::TcpListener>>,
+}
+
+impl NamedSockets {
+    fn lock(&self) -> std::sync::MutexGuard<'_, NamedInner> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sockets a previous process handed over; each is served when the
+    /// configuration names a listener on its address, and closed if none
+    /// does.
+    pub fn inherit(&self, sockets: Vec<std::net::TcpListener>) {
+        let mut inner = self.lock();
+        for s in sockets {
+            if let Ok(addr) = s.local_addr() {
+                inner.inherited.entry(addr).or_default().push(s);
+            }
+        }
+    }
+
+    /// Duplicates of every socket served now, with its address, to offer
+    /// a successor.
+    pub fn offer(&self) -> Vec<(SocketAddr, std::os::fd::OwnedFd)> {
+        let inner = self.lock();
+        inner
+            .serving
+            .iter()
+            .flat_map(|(addr, fds)| fds.iter().filter_map(move |fd| Some((*addr, fd.try_clone().ok()?))))
+            .collect()
+    }
+
+    fn take_inherited(&self, addr: SocketAddr) -> Option<Vec<std::net::TcpListener>> {
+        self.lock().inherited.remove(&addr).filter(|s| !s.is_empty())
+    }
+
+    fn drop_unclaimed(&self) {
+        self.lock().inherited.clear();
+    }
+
+    fn serving(&self, addr: SocketAddr, sockets: &[std::net::TcpListener]) {
+        use std::os::fd::AsFd;
+        let fds = sockets.iter().filter_map(|s| s.as_fd().try_clone_to_owned().ok()).collect();
+        self.lock().serving.insert(addr, fds);
+    }
+
+    fn closed(&self, addr: SocketAddr) {
+        self.lock().serving.remove(&addr);
+    }
+}
+
 /// How often a listener whose socket could not be opened is tried again.
 pub(crate) const RETRY: Duration = Duration::from_secs(5);
 
@@ -52,6 +114,8 @@ pub(crate) struct Manager {
     /// listeners share them; made on first need otherwise).
     pub tls: Option<Arc<TlsFront>>,
     pub board: ListenerBoard,
+    /// Their sockets, for a hand-over.
+    pub sockets: NamedSockets,
     /// The data plane's stop.
     pub stop: watch::Receiver<bool>,
 }
@@ -68,9 +132,15 @@ impl Manager {
     /// Follows the snapshots until the data plane stops.
     pub(crate) async fn run(mut self, mut changes: Changes) {
         let mut running: HashMap<ListenerName, Running> = HashMap::new();
+        let mut first = true;
         loop {
             let snapshot = self.snapshots.load_full();
             self.reconcile(&snapshot, &mut running);
+            if std::mem::take(&mut first) {
+                // What a previous process handed over for listeners the
+                // configuration no longer has.
+                self.sockets.drop_unclaimed();
+            }
             let failing = running.values().any(|r| r.close.is_none());
             tokio::select! {
                 _ = changes.next() => {}
@@ -93,6 +163,7 @@ impl Manager {
                     let _ = close.send(true);
                 }
                 self.board.remove(name.as_str());
+                self.sockets.closed(r.spec.addr);
                 tracing::info!(listener = %name, addr = %r.spec.addr, "listener closed");
             }
             keep
@@ -147,7 +218,16 @@ impl Manager {
                 }
             }),
         };
-        let sockets = bind_named(spec.addr, self.per_core, self.workers.len())?;
+        let sockets = match self.sockets.take_inherited(spec.addr) {
+            Some(inherited) => {
+                for s in &inherited {
+                    s.set_nonblocking(true)?;
+                }
+                inherited
+            }
+            None => bind_named(spec.addr, self.per_core, self.workers.len())?,
+        };
+        self.sockets.serving(spec.addr, &sockets);
         let (close, closed) = watch::channel(false);
         let bound = Bound {
             name: Some(Arc::from(name.as_str())),

@@ -74,6 +74,9 @@ pub struct ServerOptions {
     pub listener_changes: Option<tidegate_snapshot::Changes>,
     /// Where the named listeners' state is reported.
     pub listener_board: tidegate_snapshot::ListenerBoard,
+    /// The named listeners' sockets, handed over and offered at a
+    /// takeover.
+    pub named_sockets: crate::named::NamedSockets,
 }
 
 /// Listening sockets made elsewhere for the data plane to serve on: the
@@ -374,6 +377,7 @@ pub fn serve_on(
             per_core,
             snapshots,
             board: opts.listener_board.clone(),
+            sockets: opts.named_sockets.clone(),
             opts,
             slots: Slots { open: open.clone(), cut: cut.clone() },
             tls: acceptor,
@@ -665,6 +669,7 @@ mod tests {
             tracing: None,
             listener_changes: None,
             listener_board: Default::default(),
+            named_sockets: Default::default(),
         };
         let handle = serve_on(opts, Listeners { plain, tls: Vec::new() }, snapshots, Arc::new(ProxyMetrics::default()))
             .expect("serves");

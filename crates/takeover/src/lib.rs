@@ -91,6 +91,9 @@ pub enum Kind {
     Admin,
     /// The separate `/metrics` listener.
     Metrics,
+    /// A named listener of the configuration (`/v1/listeners`), known by
+    /// its address (all of its per-core group).
+    Named,
 }
 
 impl std::fmt::Display for Kind {
@@ -100,6 +103,7 @@ impl std::fmt::Display for Kind {
             Kind::ProxyTls => "proxy_tls",
             Kind::Admin => "admin",
             Kind::Metrics => "metrics",
+            Kind::Named => "named",
         })
     }
 }

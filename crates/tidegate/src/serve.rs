@@ -186,7 +186,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         tracing,
         listener_changes: Some(control.snapshot_changes()),
         listener_board: listener_board.clone(),
+        named_sockets: tidegate_proxy::NamedSockets::default(),
     };
+    if let Some(r) = received.as_mut() {
+        options.named_sockets.inherit(std::mem::take(&mut r.named));
+    }
+    sockets.with_named(options.named_sockets.clone());
     let proxy = match received.as_mut().filter(|r| !r.plain.is_empty() || !r.tls.is_empty()) {
         Some(r) => {
             let listeners =

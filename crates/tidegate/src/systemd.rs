@@ -72,6 +72,7 @@ pub fn activated(args: &ServeArgs, workers: usize) -> anyhow::Result<Option<Rece
             Kind::ProxyTls => received.tls.push(socket),
             Kind::Admin => received.admin = Some(socket),
             Kind::Metrics => received.metrics = Some(socket),
+            Kind::Named => received.named.push(socket),
         }
     }
     for set in [&mut received.plain, &mut received.tls] {
@@ -88,6 +89,7 @@ fn kind_of(name: &str, addr: SocketAddr, args: &ServeArgs) -> anyhow::Result<Kin
         "proxy_tls" => Some(Kind::ProxyTls),
         "admin" => Some(Kind::Admin),
         "metrics" => Some(Kind::Metrics),
+        "named" => Some(Kind::Named),
         _ => None,
     };
     if let Some(kind) = named {

@@ -44,6 +44,9 @@ pub struct Received {
     pub admin: Option<std::net::TcpListener>,
     /// The separate `/metrics` listener's.
     pub metrics: Option<std::net::TcpListener>,
+    /// The named listeners' (served again if the configuration still has
+    /// them).
+    pub named: Vec<std::net::TcpListener>,
 }
 
 /// The successor's side, between the store and serving.
@@ -80,6 +83,7 @@ pub fn take_over(args: &ServeArgs) -> anyhow::Result<Taking> {
             Kind::ProxyTls => received.tls.push(socket),
             Kind::Admin => received.admin = Some(socket),
             Kind::Metrics => received.metrics = Some(socket),
+            Kind::Named => received.named.push(socket),
         }
     }
     tracing::info!(sockets = addrs.len(), "took the running instance's listening sockets over");
@@ -171,9 +175,23 @@ impl Taking {
 /// Every socket an instance listens on, duplicated, for a successor: kept
 /// until the instance stops.
 #[derive(Clone, Default)]
-pub struct Sockets(Arc<Mutex<Vec<(ListenerInfo, OwnedFd)>>>);
+pub struct Sockets(Arc<Mutex<Vec<(ListenerInfo, OwnedFd)>>>, Arc<Mutex<Option<tidegate_proxy::NamedSockets>>>);
 
 impl Sockets {
+    /// Offers the named listeners' sockets too, as they are when a
+    /// successor asks.
+    pub fn with_named(&self, named: tidegate_proxy::NamedSockets) {
+        *self.1.lock().unwrap_or_else(|p| p.into_inner()) = Some(named);
+    }
+
+    /// Duplicates of the named listeners' sockets served now.
+    fn named(&self) -> Vec<(ListenerInfo, OwnedFd)> {
+        let named = self.1.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        named.map_or_else(Vec::new, |n| {
+            n.offer().into_iter().map(|(addr, fd)| (ListenerInfo { kind: Kind::Named, addr }, fd)).collect()
+        })
+    }
+
     /// Keeps a duplicate of `socket` for a successor.
     pub fn add(&self, kind: Kind, addr: SocketAddr, socket: BorrowedFd<'_>) -> anyhow::Result<()> {
         let fd = socket.try_clone_to_owned().with_context(|| format!("duplicating the {kind} listener"))?;
@@ -418,7 +436,9 @@ impl Side {
     ) -> Result<(), TakeoverError> {
         {
             let sockets = self.sockets.0.lock().unwrap_or_else(|p| p.into_inner());
-            let offered: Vec<(ListenerInfo, BorrowedFd<'_>)> = sockets.iter().map(|(i, fd)| (*i, fd.as_fd())).collect();
+            let named = self.sockets.named();
+            let offered: Vec<(ListenerInfo, BorrowedFd<'_>)> =
+                sockets.iter().chain(named.iter()).map(|(i, fd)| (*i, fd.as_fd())).collect();
             peer.offer(&offered, released, self.control.lease())?;
         }
         peer.ready()?;

@@ -72,6 +72,7 @@ impl Proxy {
             tracing: None,
             listener_changes: None,
             listener_board: Default::default(),
+            named_sockets: Default::default(),
         };
         let handle = serve(opts, snapshots, Arc::new(ProxyMetrics::default())).expect("the data plane starts");
         let addr = handle.local_addr().expect("a plain listener");

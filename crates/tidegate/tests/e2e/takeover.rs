@@ -417,6 +417,43 @@ async fn every_listener_moves_tls_and_metrics_included() {
     written_again(&new, "/v1/services/after").await;
 }
 
+/// A named listener (`/v1/listeners`) moves with the others: its socket is
+/// handed over, not bound again, so a client sending requests to it all
+/// through the hand-over sees none fail (a new process binding it itself
+/// would find the address in use until the old one exits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_listener_moves_without_a_failed_request() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let old = Tidegate::start(dir.path());
+    let b = Backend::start("side", &[]);
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let changes = json!({ "ops": [
+        { "op": "put_service", "name": "side", "spec": { "backends": [{ "id": "b0", "addr": b.addr.to_string() }] } },
+        { "op": "put_listener", "name": "side", "spec": { "addr": format!("127.0.0.1:{port}") } },
+        { "op": "put_route", "name": "side", "spec": {
+            "match": { "path_prefix": "/" }, "service": "side", "listeners": ["side"] } },
+    ]});
+    let (s, v) = old.api("POST", "/v1/changes", Some(changes)).await;
+    assert_eq!(s, 200, "{v}");
+    let url = format!("http://127.0.0.1:{port}/");
+    wait_for("the named listener serves", Duration::from_secs(10), async || {
+        try_send("GET", &url, None, Vec::new(), &[]).await.ok().filter(|r| r.status == 200)
+    })
+    .await;
+    let load = Requests::start(url);
+    load.more(20, "requests to the named listener").await;
+    let new = Tidegate::start_with(dir.path(), &["--takeover"]);
+    assert!(exits(old, Duration::from_secs(30)).await.success());
+    load.more(20, "requests to the named listener, served by the new process").await;
+    let (ok, failed) = load.stop().await;
+    assert_eq!(failed, 0, "{failed} requests to the named listener failed ({ok} answered)");
+    let (_, status) = new.api("GET", "/v1/status", None).await;
+    assert_eq!(status["listeners"]["side"]["state"], "listening", "{status}");
+}
+
 /// Waits until `tg`, whose successor was refused, writes its store again:
 /// it takes the store back once it read the refusal, which may come after
 /// the refused process exited, and a change meanwhile gets 503 with
