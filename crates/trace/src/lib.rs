@@ -95,27 +95,27 @@ pub fn request_spans(
     let clock = WallClock::now();
     let mut spans = Vec::with_capacity(1 + attempts.len() * 2);
     let mut attributes: Vec<(&'static str, Value)> = vec![
-        ("http.request.method", req.method.into()),
-        ("url.path", req.path.into()),
-        ("url.scheme", req.scheme.into()),
-        ("network.protocol.version", req.protocol.into()),
+        ("http.request.method", known(req.method)),
+        ("url.path", Value::text(req.path)),
+        ("url.scheme", known(req.scheme)),
+        ("network.protocol.version", known(req.protocol)),
         ("client.address", req.client.ip().to_string().into()),
         ("client.port", Value::Int(i64::from(req.client.port()))),
     ];
     if let Some(host) = req.host {
-        attributes.push(("server.address", host.into()));
+        attributes.push(("server.address", Value::text(host)));
     }
     if req.status != 0 {
         attributes.push(("http.response.status_code", req.status.into()));
     }
     if let Some(route) = req.route {
-        attributes.push(("tidegate.route", route.into()));
+        attributes.push(("tidegate.route", Value::text(route)));
     }
     if let Some(service) = req.service {
-        attributes.push(("tidegate.service", service.into()));
+        attributes.push(("tidegate.service", Value::text(service)));
     }
     if let Some(id) = req.request_id {
-        attributes.push(("tidegate.request_id", id.into()));
+        attributes.push(("tidegate.request_id", Value::text(id)));
     }
     attributes.push(("tidegate.attempts", Value::Int(attempts.len() as i64)));
     // A server span fails on a 5xx (OpenTelemetry's HTTP conventions); the
@@ -166,9 +166,9 @@ pub fn request_spans(
             None => (a.addr, None),
         };
         let mut attributes: Vec<(&'static str, Value)> = vec![
-            ("http.request.method", req.method.into()),
-            ("server.address", host.into()),
-            ("tidegate.backend", a.backend.into()),
+            ("http.request.method", known(req.method)),
+            ("server.address", Value::text(host)),
+            ("tidegate.backend", Value::text(a.backend)),
             ("tidegate.attempt", Value::Int(number)),
             ("tidegate.queue_wait_us", Value::Int(a.queued_at.map_or(0, |q| micros(a.sent.duration_since(q))))),
             ("tidegate.time_to_first_byte_us", Value::Int(micros(a.ended.duration_since(a.sent)))),
@@ -203,6 +203,17 @@ pub fn request_spans(
         previous = a.error;
     }
     spans
+}
+
+/// A value that is most often one of a few constants (a method, a
+/// scheme, a protocol version): borrowed then, copied otherwise.
+fn known(s: &str) -> Value {
+    const KNOWN: [&str; 12] =
+        ["GET", "POST", "PUT", "DELETE", "HEAD", "PATCH", "OPTIONS", "http", "https", "1.1", "2", "1.0"];
+    match KNOWN.iter().find(|k| **k == s) {
+        Some(k) => Value::from(*k),
+        None => Value::text(s),
+    }
 }
 
 fn micros(d: std::time::Duration) -> i64 {

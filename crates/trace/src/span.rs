@@ -2,6 +2,7 @@
 //! (OpenTelemetry's semantic conventions for HTTP where they apply, and
 //! `tidegate.*` for the proxy's own facts).
 
+use std::borrow::Cow;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::context::{SpanId, TraceId};
@@ -20,22 +21,29 @@ pub enum Kind {
 /// An attribute's value.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
-    /// Text.
-    Str(String),
+    /// Text (a constant borrowed, anything else owned).
+    Str(Cow<'static, str>),
     /// A whole number.
     Int(i64),
     /// A flag.
     Bool(bool),
 }
 
-impl From<&str> for Value {
-    fn from(s: &str) -> Value {
-        Value::Str(s.to_owned())
+impl Value {
+    /// A copy of `s`.
+    pub fn text(s: &str) -> Value {
+        Value::Str(Cow::Owned(s.to_owned()))
+    }
+}
+
+impl From<&'static str> for Value {
+    fn from(s: &'static str) -> Value {
+        Value::Str(Cow::Borrowed(s))
     }
 }
 impl From<String> for Value {
     fn from(s: String) -> Value {
-        Value::Str(s)
+        Value::Str(Cow::Owned(s))
     }
 }
 impl From<i64> for Value {
