@@ -273,13 +273,13 @@ mod tests {
         pub enum Value {
             /// `string_value`.
             #[prost(string, tag = "1")]
-            StringValue(String),
+            Str(String),
             /// `bool_value`.
             #[prost(bool, tag = "2")]
-            BoolValue(bool),
+            Bool(bool),
             /// `int_value`.
             #[prost(int64, tag = "3")]
-            IntValue(i64),
+            Int(i64),
         }
     }
 
@@ -305,7 +305,7 @@ mod tests {
         assert_eq!((s.trace_id.len(), s.span_id.len(), &s.parent_span_id[..]), (16, 8, &[3u8; 8][..]));
         assert_eq!((s.kind, s.start_time_unix_nano, s.end_time_unix_nano), (2, 10, 20));
         assert_eq!(s.status.as_ref().map(|st| st.code), Some(2));
-        assert_eq!(s.attributes[0].value.as_ref().unwrap().value, Some(any_value::Value::IntValue(502)));
+        assert_eq!(s.attributes[0].value.as_ref().unwrap().value, Some(any_value::Value::Int(502)));
         // Long texts (lengths of several varint bytes), negative numbers,
         // many spans in one export.
         let long = "x".repeat(300);
@@ -320,9 +320,9 @@ mod tests {
         let spans = &back.resource_spans[0].scope_spans[0].spans;
         assert_eq!(spans.len(), 600);
         let attr = |i: usize| spans[599].attributes[i].value.as_ref().unwrap().value.clone();
-        assert_eq!(attr(0), Some(any_value::Value::IntValue(-7)));
-        assert_eq!(attr(1), Some(any_value::Value::StringValue(long.clone())));
-        assert_eq!(attr(2), Some(any_value::Value::BoolValue(false)));
+        assert_eq!(attr(0), Some(any_value::Value::Int(-7)));
+        assert_eq!(attr(1), Some(any_value::Value::Str(long.clone())));
+        assert_eq!(attr(2), Some(any_value::Value::Bool(false)));
         assert_eq!(spans[599].name, long);
         // A root span has no parent bytes at all.
         let root = Span { parent_id: None, error: None, ..span };
