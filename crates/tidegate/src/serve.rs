@@ -805,7 +805,7 @@ fn start_tracing(url: &str, args: &ServeArgs) -> anyhow::Result<tidegate_proxy::
     }
     let mut options = tidegate_trace::ExportOptions::new(endpoint);
     options.resource = vec![
-        ("service.name", tidegate_trace::Value::from(args.trace_service_name.as_str())),
+        ("service.name", tidegate_trace::Value::text(&args.trace_service_name)),
         ("service.version", tidegate_trace::Value::from(env!("CARGO_PKG_VERSION"))),
     ];
     let exporter = tidegate_trace::Exporter::start(options).context("starting the span exporter")?;
