@@ -205,7 +205,7 @@ impl Collector for DataPlaneCollector {
                 ([("result", "dropped_export_failed")], st.dropped_export_failed.load(Relaxed)),
             ];
             let help = "Spans of recorded requests, by result (dropped_queue_full: the exporter was behind and \
-                        the queue full; dropped_export_failed: the OTLP receiver did not accept their batch).";
+                        its buffer full; dropped_export_failed: the OTLP receiver did not accept their batch).";
             counter(&mut enc, "tidegate_trace_spans", help, spans)?;
             let exports = [
                 ([("result", "ok")], st.exports_ok.load(Relaxed)),

@@ -1,11 +1,14 @@
-//! Spans leave the request path through a bounded queue; one task batches
-//! them and posts each batch to an OTLP/HTTP receiver
-//! (`POST /v1/traces`, `application/x-protobuf`). When the receiver is
-//! slow or down, the queue fills and further spans are dropped and
-//! counted: tracing never holds a request or grows memory without bound.
+//! Spans leave the request path through a bounded buffer that the request
+//! path only appends to (under a lock no one holds for long, and without
+//! waking anyone: a wake-up per request would cost a system call each);
+//! one thread takes what is there every [`ExportOptions::interval`] and
+//! posts it in batches to an OTLP/HTTP receiver (`POST /v1/traces`,
+//! `application/x-protobuf`). When the receiver is slow or down, the
+//! buffer fills and further spans are dropped and counted: tracing never
+//! holds a request or grows memory without bound.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,7 +16,6 @@ use http::header::{HeaderValue, CONTENT_TYPE, USER_AGENT};
 use http::{Method, Request, Uri};
 use http_body_util::Full;
 use tidegate_upstream::{ErrorChain, HttpClient, HttpOptions};
-use tokio::sync::mpsc;
 
 use crate::otlp;
 use crate::span::{Span, Value};
@@ -23,11 +25,11 @@ use crate::span::{Span, Value};
 pub struct ExportOptions {
     /// The receiver's traces URL (`http://HOST:4318/v1/traces`).
     pub endpoint: Uri,
-    /// Requests whose spans may wait for export; past it, spans are dropped.
-    pub queue_requests: usize,
+    /// Spans that may wait for export; past it, spans are dropped.
+    pub max_pending: usize,
     /// Spans sent in one export at most.
     pub batch_spans: usize,
-    /// Spans waiting are sent at least this often.
+    /// How often the spans waiting are taken and sent.
     pub interval: Duration,
     /// An export not answered within this fails (its spans dropped).
     pub timeout: Duration,
@@ -36,15 +38,15 @@ pub struct ExportOptions {
 }
 
 impl ExportOptions {
-    /// The defaults for `endpoint`: a queue of 4,096 requests' spans,
-    /// batches of up to 512 spans sent at least every second, 10 s per
-    /// export, resource `service.name=tidegate`.
+    /// The defaults for `endpoint`: at most 16,384 spans waiting, taken
+    /// every 200 ms and sent in batches of up to 512, 10 s per export,
+    /// resource `service.name=tidegate`.
     pub fn new(endpoint: Uri) -> ExportOptions {
         ExportOptions {
             endpoint,
-            queue_requests: 4096,
+            max_pending: 16_384,
             batch_spans: 512,
-            interval: Duration::from_secs(1),
+            interval: Duration::from_millis(200),
             timeout: Duration::from_secs(10),
             resource: vec![("service.name", Value::from("tidegate"))],
         }
@@ -56,7 +58,7 @@ impl ExportOptions {
 pub struct ExportStats {
     /// Spans the receiver accepted.
     pub exported: AtomicU64,
-    /// Spans dropped because the queue was full (the receiver behind).
+    /// Spans dropped because the buffer was full (the receiver behind).
     pub dropped_queue_full: AtomicU64,
     /// Spans dropped because their export failed.
     pub dropped_export_failed: AtomicU64,
@@ -66,70 +68,73 @@ pub struct ExportStats {
     pub exports_failed: AtomicU64,
 }
 
-/// The request path's end of the exporter. Cloning shares the queue.
+/// What the request path and the export thread share.
+#[derive(Debug)]
+struct Shared {
+    pending: Mutex<Vec<Span>>,
+    max_pending: usize,
+    stats: ExportStats,
+}
+
+/// The request path's end of the exporter. Cloning shares the buffer; the
+/// export thread ends, after sending what is left, once every clone is
+/// dropped.
 #[derive(Debug, Clone)]
 pub struct Exporter {
-    tx: mpsc::Sender<Vec<Span>>,
-    stats: Arc<ExportStats>,
+    shared: Arc<Shared>,
+    /// Counts the clones (the thread watches it).
+    _handle: Arc<()>,
 }
 
 impl Exporter {
-    /// Starts the export task, on a thread of its own (export work never
-    /// runs on the data plane's workers). It ends when every `Exporter` is
-    /// dropped, after sending what is queued.
+    /// Starts the export thread (export work never runs on the data
+    /// plane's workers).
     pub fn start(options: ExportOptions) -> std::io::Result<Exporter> {
-        let (tx, rx) = mpsc::channel(options.queue_requests.max(1));
-        let stats = Arc::new(ExportStats::default());
+        let shared = Arc::new(Shared {
+            pending: Mutex::new(Vec::new()),
+            max_pending: options.max_pending.max(1),
+            stats: ExportStats::default(),
+        });
+        let handle = Arc::new(());
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let task_stats = stats.clone();
+        let (task_shared, watch) = (shared.clone(), Arc::downgrade(&handle));
         std::thread::Builder::new()
             .name("tidegate-traces".into())
-            .spawn(move || runtime.block_on(run(options, rx, task_stats)))?;
-        Ok(Exporter { tx, stats })
+            .spawn(move || runtime.block_on(run(options, task_shared, watch)))?;
+        Ok(Exporter { shared, _handle: handle })
     }
 
-    /// Queues one request's spans for export; drops (and counts) them when
-    /// the queue is full. Never waits.
+    /// Adds one request's spans to the buffer; drops (and counts) them
+    /// when it is full. Never waits for the export.
     pub fn record(&self, spans: Vec<Span>) {
-        if let Err(e) = self.tx.try_send(spans) {
-            let n = match e {
-                mpsc::error::TrySendError::Full(s) | mpsc::error::TrySendError::Closed(s) => s.len(),
-            };
-            self.stats.dropped_queue_full.fetch_add(n as u64, Relaxed);
+        let mut pending = self.shared.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if pending.len() + spans.len() > self.shared.max_pending {
+            drop(pending);
+            self.shared.stats.dropped_queue_full.fetch_add(spans.len() as u64, Relaxed);
+            return;
         }
+        pending.extend(spans);
     }
 
     /// What it did so far.
     pub fn stats(&self) -> &ExportStats {
-        &self.stats
+        &self.shared.stats
     }
 }
 
-async fn run(options: ExportOptions, mut rx: mpsc::Receiver<Vec<Span>>, stats: Arc<ExportStats>) {
+async fn run(options: ExportOptions, shared: Arc<Shared>, alive: std::sync::Weak<()>) {
     let client = HttpClient::new(HttpOptions { idle_per_host: 2, ..HttpOptions::default() });
     let batch = options.batch_spans.max(1);
-    let mut pending: Vec<Span> = Vec::new();
     let mut tick = tokio::time::interval(options.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        // A full batch goes at once; what is left goes at each tick, and
-        // everything when the exporter is dropped.
-        let (min, done) = tokio::select! {
-            got = rx.recv() => match got {
-                Some(spans) => {
-                    pending.extend(spans);
-                    (batch, false)
-                }
-                None => (1, true),
-            },
-            _ = tick.tick() => (1, false),
-        };
-        while pending.len() >= min {
-            let n = pending.len().min(batch);
-            let sent: Vec<Span> = pending.drain(..n).collect();
-            export(&client, &options, &sent, &stats).await;
+        tick.tick().await;
+        let last = alive.strong_count() == 0;
+        let taken = std::mem::take(&mut *shared.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        for chunk in taken.chunks(batch) {
+            export(&client, &options, chunk, &shared.stats).await;
         }
-        if done {
+        if last {
             return;
         }
     }
