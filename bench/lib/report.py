@@ -934,10 +934,12 @@ def md_tracing(r):
         x = sm[name]
         spans = x.get("spans") or {}
         rows.append([name, fmt(x["rps_median"], 0), f"{fmt(x['rps_min'], 0)}-{fmt(x['rps_max'], 0)}",
-                     fmt(x["vs_off"], 3), spans.get("exported", "-"),
+                     fmt(x["vs_off"], 3), fmt(x.get("cpu_us_per_req"), 2), fmt(x.get("cpu_vs_off"), 3),
+                     fmt(x.get("sink_cpu_s"), 2), spans.get("exported", "-"),
                      spans.get("dropped_queue_full", "-"), spans.get("dropped_export_failed", "-")])
-    s.append(table(["variant", "req/s (median)", "range", "/ off", "spans exported", "dropped (queue full)",
-                    "dropped (export failed)"], rows))
+    s.append(table(["variant", "req/s (median)", "range", "/ off", "Tidegate CPU µs/req", "off / this (CPU)",
+                    "receiver CPU s per run", "spans exported", "dropped (queue full)", "dropped (export failed)"],
+                   rows))
     s.append(f"\nThe receiver stopped, tracing at 100 %: {fmt(st['rps'], 0)} req/s ({fmt(st['vs_off'], 3)} of off), "
              f"spans dropped {st['dropped']}, exported {st['exported']}.\n")
     g = r["goal"]

@@ -13,7 +13,11 @@ variant in a rotating order per repetition; medians over repetitions;
 each variant's ratio to tracing off. Each variant's exporter counters
 (spans exported, dropped) are read from its `/metrics` after the runs.
 Then the receiver is stopped and the 100 % variant measured once more:
-its requests/s and the spans it dropped, counted.
+its requests/s and the spans it dropped, counted. Per run also
+Tidegate's CPU per request (its process's CPU ticks over wrk's requests)
+and the receiver's CPU seconds: the receiver shares the 2 cores, so the
+requests/s ratio includes its work; the CPU per request is the proxy's
+own cost.
 
 Everything on 127.0.0.1; every process is stopped by its pid.
 """
@@ -21,13 +25,21 @@ Everything on 127.0.0.1; every process is stopped by its pid.
 from __future__ import annotations
 
 import re
+import resource
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from harness import Ctx, free_port, log, median, start_nginx, start_tidegate, stop_tidegate, wait_http, which
-from rules import parse_wrk, rotate, wrk
+from rules import HZ, cpu_ticks, parse_wrk, rotate, wrk
 
 VARIANTS = (("off", None), ("ratio_0.01", 0.01), ("ratio_1", 1.0))
+
+
+def own_cpu_s() -> float:
+    """CPU seconds of this process (the sink's threads, and the harness
+    waiting on wrk)."""
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
 
 
 class Sink:
@@ -92,18 +104,31 @@ http {{ access_log off; keepalive_requests 1000000;
         names = [n for n, _ in VARIANTS]
         for rep in range(p["reps"]):
             for name in rotate(names, rep):
+                pid = proxies[name].proc.pid
+                ticks, sink_cpu = cpu_ticks(pid), own_cpu_s()
                 r = parse_wrk(wrk(f"http://{proxies[name].proxy}/", p["conns"], p["duration"]))
-                r.update({"variant": name, "rep": rep, "conns": p["conns"]})
-                log(f"  {name:12} rep {rep}: {r['rps']:.0f} req/s, p99 {r.get('p99_ms')} ms, errors {r.get('errors')}")
+                ticks, sink_cpu = cpu_ticks(pid) - ticks, own_cpu_s() - sink_cpu
+                r.update({"variant": name, "rep": rep, "conns": p["conns"],
+                          "cpu_us_per_req": round(ticks / HZ / max(r["requests"], 1) * 1e6, 2),
+                          "sink_cpu_s": round(sink_cpu, 2)})
+                log(f"  {name:12} rep {rep}: {r['rps']:.0f} req/s, p99 {r.get('p99_ms')} ms, errors {r.get('errors')}, "
+                    f"Tidegate {r['cpu_us_per_req']} µs CPU/request, receiver {r['sink_cpu_s']} CPU s")
                 runs.append(r)
         summary = {}
         for name in names:
             rps = [r["rps"] for r in runs if r["variant"] == name]
+            mine = [r for r in runs if r["variant"] == name]
             summary[name] = {"rps_median": median(rps), "rps_min": min(rps), "rps_max": max(rps),
+                             "cpu_us_per_req": median([r["cpu_us_per_req"] for r in mine]),
+                             "sink_cpu_s": median([r["sink_cpu_s"] for r in mine]),
                              "spans": span_counts(proxies[name]) if name != "off" else None}
         off = summary["off"]["rps_median"]
+        off_cpu = summary["off"]["cpu_us_per_req"]
         for name in names:
             summary[name]["vs_off"] = round(summary[name]["rps_median"] / off, 3) if off else None
+            # The proxy's own cost: CPU per request, tracing off over on
+            # (the receiver's CPU, on the same 2 cores, is left out).
+            summary[name]["cpu_vs_off"] = round(off_cpu / summary[name]["cpu_us_per_req"], 3) if off_cpu else None
         summary["sink"] = dict(sink.counts)
         # The receiver gone: the 100 % variant once more.
         sink.stop()
