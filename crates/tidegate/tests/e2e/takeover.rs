@@ -418,38 +418,56 @@ async fn every_listener_moves_tls_and_metrics_included() {
 }
 
 /// A named listener (`/v1/listeners`) moves with the others: its socket is
-/// handed over, not bound again, so a client sending requests to it all
-/// through the hand-over sees none fail (a new process binding it itself
-/// would find the address in use until the old one exits).
+/// handed over, not bound again, so clients sending requests to it all
+/// through the hand-over (kept-alive and a connection per request, as
+/// `under_load` does for the default listener) see none fail (a new
+/// process binding it itself would find the address in use until the old
+/// one exits, and refuse connections meanwhile).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_named_listener_moves_without_a_failed_request() {
     let dir = tempfile::tempdir().expect("tempdir");
     let old = Tidegate::start(dir.path());
-    let b = Backend::start("side", &[]);
-    let port = {
+    let b = Backend::start("b", &[]);
+    let addr: SocketAddr = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        l.local_addr().expect("addr").port()
+        l.local_addr().expect("addr")
     };
     let changes = json!({ "ops": [
         { "op": "put_service", "name": "side", "spec": { "backends": [{ "id": "b0", "addr": b.addr.to_string() }] } },
-        { "op": "put_listener", "name": "side", "spec": { "addr": format!("127.0.0.1:{port}") } },
+        { "op": "put_listener", "name": "side", "spec": { "addr": addr.to_string() } },
         { "op": "put_route", "name": "side", "spec": {
             "match": { "path_prefix": "/" }, "service": "side", "listeners": ["side"] } },
     ]});
     let (s, v) = old.api("POST", "/v1/changes", Some(changes)).await;
     assert_eq!(s, 200, "{v}");
-    let url = format!("http://127.0.0.1:{port}/");
+    let url = format!("http://{addr}/");
     wait_for("the named listener serves", Duration::from_secs(10), async || {
         try_send("GET", &url, None, Vec::new(), &[]).await.ok().filter(|r| r.status == 200)
     })
     .await;
-    let load = Requests::start(url);
-    load.more(20, "requests to the named listener").await;
+    let counts = Arc::new(Counts::default());
+    let (stop_tx, stop) = watch::channel(false);
+    let clients = [
+        tokio::spawn(keep_alive_client(addr, stop.clone(), counts.clone())),
+        tokio::spawn(new_connection_client(addr, stop.clone(), counts.clone())),
+    ];
+    answers_grow(&counts, 50).await;
     let new = Tidegate::start_with(dir.path(), &["--takeover"]);
     assert!(exits(old, Duration::from_secs(30)).await.success());
-    load.more(20, "requests to the named listener, served by the new process").await;
-    let (ok, failed) = load.stop().await;
-    assert_eq!(failed, 0, "{failed} requests to the named listener failed ({ok} answered)");
+    answers_grow(&counts, 50).await;
+    let _ = stop_tx.send(true);
+    for c in clients {
+        c.await.expect("client");
+    }
+    let failures = counts.failures();
+    assert!(
+        failures.is_empty(),
+        "{} failed of {} (resent after an idle close: {}): {:?}",
+        failures.len(),
+        counts.ok.load(Relaxed) + failures.len() as u64,
+        counts.resent.load(Relaxed),
+        &failures[..failures.len().min(10)]
+    );
     let (_, status) = new.api("GET", "/v1/status", None).await;
     assert_eq!(status["listeners"]["side"]["state"], "listening", "{status}");
 }
