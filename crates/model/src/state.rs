@@ -200,19 +200,9 @@ impl ConfigState {
                 delta.services.insert(name.clone());
             }
             Op::DeleteService { name } => {
-                if let Some(users) = self.users.get(name).filter(|u| !u.is_empty()) {
-                    let list: Vec<&str> = users.iter().take(5).map(|r| r.as_str()).collect();
-                    return Err(ChangeError::at(
-                        Conflict,
-                        i,
-                        "name",
-                        format!(
-                            "service {name:?} is still used by {} route(s) ({}); delete or move them first",
-                            users.len(),
-                            list.join(", ")
-                        ),
-                    ));
-                }
+                still_used(i, self.users.get(name), |n, list| {
+                    format!("service {name:?} is still used by {n} route(s) ({list}); delete or move them first")
+                })?;
                 if self.services.remove(name).is_none() {
                     return Err(ChangeError::at(NotFound, i, "name", format!("no service {name:?}")));
                 }
@@ -334,19 +324,9 @@ impl ConfigState {
                 delta.rules.insert(name.clone());
             }
             Op::DeleteRules { name } => {
-                if let Some(users) = self.rule_users.get(name).filter(|u| !u.is_empty()) {
-                    let list: Vec<&str> = users.iter().take(5).map(|r| r.as_str()).collect();
-                    return Err(ChangeError::at(
-                        Conflict,
-                        i,
-                        "name",
-                        format!(
-                            "rule set {name:?} is still run by {} route(s) ({}); remove it from them first",
-                            users.len(),
-                            list.join(", ")
-                        ),
-                    ));
-                }
+                still_used(i, self.rule_users.get(name), |n, list| {
+                    format!("rule set {name:?} is still run by {n} route(s) ({list}); remove it from them first")
+                })?;
                 if self.rules.remove(name).is_none() {
                     return Err(ChangeError::at(NotFound, i, "name", format!("no rule set {name:?}")));
                 }
@@ -373,19 +353,11 @@ impl ConfigState {
                 delta.listeners.insert(name.clone());
             }
             Op::DeleteListener { name } => {
-                if let Some(users) = self.listener_users.get(name).filter(|u| !u.is_empty()) {
-                    let list: Vec<&str> = users.iter().take(5).map(|r| r.as_str()).collect();
-                    return Err(ChangeError::at(
-                        Conflict,
-                        i,
-                        "name",
-                        format!(
-                            "listener {name:?} still has {} route(s) bound to it ({}); unbind or delete them first",
-                            users.len(),
-                            list.join(", ")
-                        ),
-                    ));
-                }
+                still_used(i, self.listener_users.get(name), |n, list| {
+                    format!(
+                        "listener {name:?} still has {n} route(s) bound to it ({list}); unbind or delete them first"
+                    )
+                })?;
                 if self.listeners.remove(name).is_none() {
                     return Err(ChangeError::at(NotFound, i, "name", format!("no listener {name:?}")));
                 }
@@ -394,7 +366,25 @@ impl ConfigState {
         }
         Ok(())
     }
+}
 
+/// Refuses op `i` (a delete) while `users` holds routes: `message` says so
+/// from their number and the first five, comma-separated.
+fn still_used(
+    i: usize,
+    users: Option<&OrdSet<RouteName>>,
+    message: impl FnOnce(usize, String) -> String,
+) -> Result<(), ChangeError> {
+    match users.filter(|u| !u.is_empty()) {
+        None => Ok(()),
+        Some(users) => {
+            let list: Vec<&str> = users.iter().take(5).map(|r| r.as_str()).collect();
+            Err(ChangeError::at(ChangeErrorKind::Conflict, i, "name", message(users.len(), list.join(", "))))
+        }
+    }
+}
+
+impl ConfigState {
     fn service_mut(&mut self, i: usize, name: &ServiceName) -> Result<&mut ServiceSpec, ChangeError> {
         match self.services.get_mut(name) {
             Some(arc) => Ok(Arc::make_mut(arc)),

@@ -41,6 +41,20 @@ impl Counts {
     fn failures(&self) -> Vec<String> {
         self.failures.lock().expect("lock").clone()
     }
+
+    /// Fails the test if any request failed (a request resent after an
+    /// idle close is not a failure), showing the first ten.
+    fn assert_none_failed(&self) {
+        let failures = self.failures();
+        assert!(
+            failures.is_empty(),
+            "{} failed of {} (resent after an idle close: {}): {:?}",
+            failures.len(),
+            self.ok.load(Relaxed) + failures.len() as u64,
+            self.resent.load(Relaxed),
+            &failures[..failures.len().min(10)]
+        );
+    }
 }
 
 /// One answer checked: 200 from the backend emulator `b`, whole body.
@@ -193,21 +207,13 @@ async fn under_load(flags: &[&str]) {
     for c in clients {
         c.await.expect("client");
     }
-    let failures = counts.failures();
     eprintln!(
         "takeover under load {flags:?}: {} answers, {} requests resent after an idle keep-alive close, {} failed",
         counts.ok.load(Relaxed),
         counts.resent.load(Relaxed),
-        failures.len()
+        counts.failures().len()
     );
-    assert!(
-        failures.is_empty(),
-        "{} failed of {} (resent after an idle close: {}): {:?}",
-        failures.len(),
-        counts.ok.load(Relaxed) + failures.len() as u64,
-        counts.resent.load(Relaxed),
-        &failures[..failures.len().min(10)]
-    );
+    counts.assert_none_failed();
 
     // The configuration carried over whole, and changes are live.
     let (s, after) = new.api("GET", "/v1/config", None).await;
@@ -459,15 +465,7 @@ async fn a_named_listener_moves_without_a_failed_request() {
     for c in clients {
         c.await.expect("client");
     }
-    let failures = counts.failures();
-    assert!(
-        failures.is_empty(),
-        "{} failed of {} (resent after an idle close: {}): {:?}",
-        failures.len(),
-        counts.ok.load(Relaxed) + failures.len() as u64,
-        counts.resent.load(Relaxed),
-        &failures[..failures.len().min(10)]
-    );
+    counts.assert_none_failed();
     let (_, status) = new.api("GET", "/v1/status", None).await;
     assert_eq!(status["listeners"]["side"]["state"], "listening", "{status}");
 }
