@@ -153,10 +153,12 @@ impl Body for CompressedBody {
 const FRAME: usize = 64 * 1024;
 
 /// A writer that compresses what is written to it and writes it on to
-/// `inner`, chunked (`chunked`: an HTTP/1.1 client) or as it is (until the
-/// connection closes, for HTTP/1.0). Each write is compressed and flushed
-/// at once; [`Compressing::finish`] ends the stream. The native engine's
-/// relay writes a backend's body through it.
+/// `inner` after the response's head, chunked (`chunked`: an HTTP/1.1
+/// client) or as it is (until the connection closes, for HTTP/1.0). Each
+/// write is compressed and flushed at once, and goes out in one write with
+/// what is still pending (the head, before the first);
+/// [`Compressing::finish`] ends the stream. The native engine's relay
+/// writes a backend's body through it.
 pub(crate) struct Compressing<'a, W> {
     inner: &'a mut W,
     encoder: Option<Compressor>,
@@ -167,8 +169,10 @@ pub(crate) struct Compressing<'a, W> {
 }
 
 impl<'a, W: AsyncWrite + Unpin> Compressing<'a, W> {
-    pub(crate) fn new(inner: &'a mut W, encoder: Compressor, chunked: bool) -> Compressing<'a, W> {
-        Compressing { inner, encoder: Some(encoder), chunked, pending: Vec::new(), written: 0 }
+    /// A writer whose stream follows `head` (the response head, written
+    /// with the first compressed bytes).
+    pub(crate) fn new(inner: &'a mut W, encoder: Compressor, chunked: bool, head: &[u8]) -> Compressing<'a, W> {
+        Compressing { inner, encoder: Some(encoder), chunked, pending: head.to_vec(), written: 0 }
     }
 
     /// Frames `data` (compressed bytes) into `pending`.
@@ -199,11 +203,14 @@ impl<'a, W: AsyncWrite + Unpin> Compressing<'a, W> {
         Poll::Ready(Ok(()))
     }
 
-    /// Ends the compressed stream (and the chunked body) and writes it.
-    pub(crate) async fn finish(mut self) -> io::Result<()> {
-        std::future::poll_fn(|cx| self.poll_drain(cx)).await?;
+    /// Compresses `last` (the rest of the body, maybe none), ends the
+    /// compressed stream (and the chunked body) and writes what is
+    /// pending: a body given whole here goes out with its head in one
+    /// write.
+    pub(crate) async fn finish(mut self, last: &[u8]) -> io::Result<()> {
         let mut out = Vec::new();
-        if let Some(encoder) = self.encoder.take() {
+        if let Some(mut encoder) = self.encoder.take() {
+            encoder.push(last, &mut out).map_err(io::Error::other)?;
             encoder.finish(&mut out).map_err(io::Error::other)?;
         }
         self.frame(&out);
@@ -218,8 +225,11 @@ impl<'a, W: AsyncWrite + Unpin> Compressing<'a, W> {
 impl<W: AsyncWrite + Unpin> AsyncWrite for Compressing<'_, W> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        // What an earlier write compressed goes out before more is taken.
-        ready!(this.poll_drain(cx))?;
+        // What an earlier write left pending goes out before more is
+        // taken, once it is a frame's worth (the head alone is not).
+        if this.pending.len() - this.written >= FRAME {
+            ready!(this.poll_drain(cx))?;
+        }
         let Some(encoder) = this.encoder.as_mut() else {
             return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
         };
@@ -308,13 +318,13 @@ mod tests {
     #[tokio::test]
     async fn the_writer_chunks_what_it_compresses_and_ends_the_body() {
         let mut sink: Vec<u8> = Vec::new();
-        let mut w = Compressing::new(&mut sink, Compressor::new(Algorithm::Gzip).unwrap(), true);
+        let mut w = Compressing::new(&mut sink, Compressor::new(Algorithm::Gzip).unwrap(), true, b"HEAD\r\n\r\n");
         w.write_all(b"hello ").await.unwrap();
         w.write_all(b"world").await.unwrap();
-        w.finish().await.unwrap();
-        // Dechunk what was written.
+        w.finish(b", again").await.unwrap();
+        // The head, then the body: dechunk what was written.
         let mut body = Vec::new();
-        let mut rest = &sink[..];
+        let mut rest = sink.strip_prefix(b"HEAD\r\n\r\n").expect("the head first");
         loop {
             let line_end = rest.windows(2).position(|w| w == b"\r\n").expect("a size line");
             let size = usize::from_str_radix(std::str::from_utf8(&rest[..line_end]).unwrap(), 16).unwrap();
@@ -326,6 +336,6 @@ mod tests {
             body.extend_from_slice(&rest[..size]);
             rest = &rest[size + 2..];
         }
-        assert_eq!(gunzip(&body), b"hello world");
+        assert_eq!(gunzip(&body), b"hello world, again");
     }
 }

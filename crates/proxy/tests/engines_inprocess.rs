@@ -287,6 +287,24 @@ async fn response_large(e: Engine) -> Observed {
     o
 }
 
+/// A body by length that arrives in pieces: relayed whole, and the
+/// backend's connection kept for the next request.
+async fn response_in_pieces(e: Engine) -> Observed {
+    let (b, p) = raw_rig(e, Script::Framings).await;
+    let first = e.send(&p, &Req::new("GET", "/r/pieces")).await;
+    let r = e.send(&p, &Req::new("GET", "/r/pieces")).await;
+    p.stop().await;
+    let mut o = observed(
+        &r,
+        vec![
+            ("first", intact(&first.body, &vec![b'y'; PIECES])),
+            ("backend connections", b.connections.load(Ordering::SeqCst).to_string()),
+        ],
+    );
+    o.body = intact(&r.body, &vec![b'y'; PIECES]);
+    o
+}
+
 async fn head_of_large_response(e: Engine) -> Observed {
     let (_b, p) = raw_rig(e, Script::Framings).await;
     let r = e.send(&p, &Req::new("HEAD", "/r/big")).await;
@@ -1311,6 +1329,14 @@ async fn rules_compress(e: Engine) -> Observed {
         );
         fields.push((accept, shape));
     }
+    // Larger than the native engine gathers whole: compressed as it streams.
+    let large: Vec<u8> = sent.iter().copied().cycle().take(100 * 1024).collect();
+    let req = Req::new("POST", "/zip/x")
+        .header("x-content-type", "application/json")
+        .header("accept-encoding", "gzip")
+        .body(large.clone());
+    let r = e.send(&p, &req).await;
+    fields.push(("gzip, 100 KiB", format!("{} {}", r.status, decoded(&r.header("content-encoding"), &r.body, &large))));
     let png = Req::new("POST", "/zip/x").header("x-content-type", "image/png").header("accept-encoding", "gzip");
     let r = e.send(&p, &png.body(sent.clone())).await;
     p.stop().await;
@@ -1454,6 +1480,11 @@ fn cases() -> Vec<Case> {
         case!(response_chunked, ALL, ok(&[], "hello, world")),
         case!(response_until_close, ALL, ok(&[], "until close")),
         case!(response_large, ALL, ok(&[("content-length", "1048576")], "<1048576 bytes, intact>")),
+        case!(
+            response_in_pieces,
+            ALL,
+            ok(&[("first", "<40960 bytes, intact>"), ("backend connections", "1")], "<40960 bytes, intact>")
+        ),
         case!(head_of_large_response, ALL, ok(&[("content-length", "1048576")], "")),
         case!(response_length_and_coding, ALL, ok(&[("content-length", "-")], "hello")),
         case!(backend_body_cut, ALL, ok(&[("by length", "cut"), ("chunked", "cut")], "")),
@@ -1889,6 +1920,7 @@ fn cases() -> Vec<Case> {
                     ("br;q=0.9, gzip;q=0.5", "200 br vary=Accept-Encoding length=- <20480 bytes, intact>"),
                     ("zstd, br, gzip", "200 zstd vary=Accept-Encoding length=- <20480 bytes, intact>"),
                     ("identity", "200 - vary=Accept-Encoding length=set <20480 bytes, intact>"),
+                    ("gzip, 100 KiB", "200 <102400 bytes, intact>"),
                     ("image/png", "200 - vary=-")
                 ],
                 body: ""

@@ -372,7 +372,10 @@ impl Stream {
     /// broke the protocol): an idle connection has nothing to say, so
     /// anything to read (bytes, the end of the stream, an error) means it
     /// is done. A plain connection answers from the readiness the reactor
-    /// already has, with no system call. A TLS connection may also receive
+    /// already has, with no system call, when it says not readable; when
+    /// it says readable, a read confirms it (the readiness stays set after
+    /// a read that filled its buffer, even when that read took the last
+    /// bytes). A TLS connection may also receive
     /// messages that are not data (TLS 1.3 session tickets, key updates):
     /// when its socket is readable, the records are read and only data, an
     /// alert or the end of the stream count.
@@ -382,7 +385,9 @@ impl Stream {
             return false;
         }
         match self {
-            Stream::Plain(_) => true,
+            // (Bytes read here would be a protocol error anyway: the
+            // connection is dropped.)
+            Stream::Plain(s) => !matches!(s.try_read(&mut [0u8; 1]), Err(e) if e.kind() == io::ErrorKind::WouldBlock),
             Stream::Tls(s) => {
                 let mut byte = [0u8; 1];
                 let mut buf = ReadBuf::new(&mut byte);
@@ -503,6 +508,31 @@ mod tests {
         let e = Profile::build(&tls(tidegate_model::REDACTED)).err().unwrap();
         assert!(matches!(&e, ProfileError::Invalid(i) if i.field == "upstream.tls.client_key_pem"), "{e:?}");
         assert_eq!(e.to_string(), "upstream.tls.client_key_pem: the placeholder, not a key");
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_drained_by_a_full_read_is_not_taken_for_closed() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut conn = Stream::Plain(TcpStream::connect(l.local_addr().unwrap()).await.unwrap());
+        let (mut backend, _) = l.accept().await.unwrap();
+        backend.write_all(b"0123456789").await.unwrap();
+        // A read whose buffer the answer fills exactly: the reactor still
+        // takes the socket for readable.
+        let Stream::Plain(s) = &mut conn else { unreachable!() };
+        s.readable().await.unwrap();
+        let mut answer = [0u8; 10];
+        s.read_exact(&mut answer).await.unwrap();
+        assert!(!conn.closed_while_idle(), "drained, still open");
+        backend.write_all(b"x").await.unwrap();
+        let Stream::Plain(s) = &conn else { unreachable!() };
+        s.readable().await.unwrap();
+        assert!(conn.closed_while_idle(), "bytes while idle");
+        let mut conn = Stream::Plain(TcpStream::connect(l.local_addr().unwrap()).await.unwrap());
+        drop(l.accept().await.unwrap());
+        let Stream::Plain(s) = &conn else { unreachable!() };
+        s.readable().await.unwrap();
+        assert!(conn.closed_while_idle(), "closed by the backend");
     }
 
     #[test]

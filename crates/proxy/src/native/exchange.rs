@@ -181,6 +181,7 @@ impl<S: ClientIo> NativeExchange<'_, S> {
             gap: self.body_gap,
             until: Some(self.body_until),
             pace: self.min_rate.map(Pace::new),
+            read_max: relay::READ_CHUNK,
         };
         let relayed = match framing {
             RequestBody::Empty => Ok(()),
@@ -222,6 +223,7 @@ pub(crate) async fn read_ahead<S: ClientIo>(
         gap: limits.body_read_timeout,
         until: Some(until),
         pace: None,
+        read_max: relay::READ_CHUNK,
     };
     let failed = |e: RelayError| match e {
         RelayError::Timeout | RelayError::TooSlow(_) => ErrorKind::ClientTimeout,

@@ -155,7 +155,7 @@ async fn pump<S: ClientIo>(
     max_body: Option<u64>,
 ) -> bool {
     let (stream, inbox, timer) = (&mut client.io, &mut client.inbox, &mut client.timer);
-    let mut src = Source { stream, inbox, timer, gap, until: Some(until), pace };
+    let mut src = Source { stream, inbox, timer, gap, until: Some(until), pace, read_max: relay::READ_CHUNK };
     let mut sink = ChannelWriter(PollSender::new(tx.clone()));
     let relayed = match framing {
         RequestBody::Empty => Ok(()),

@@ -909,6 +909,12 @@ async fn respond<S: ClientIo>(client: &mut ClientSide<S>, answer: NativeAnswer, 
 }
 
 /// Writes the response head `out` and the body after it.
+///
+/// A body of known length up to [`relay::GATHER`] that did not all come
+/// with the head is first read as far as the backend has sent it, without
+/// waiting: the head and the whole body then usually go out in one write
+/// (and, compressed, as one piece), where each piece read would otherwise
+/// be a write, and a wakeup of the client, of its own.
 async fn relay_body<S: ClientIo>(
     client: &mut ClientSide<S>,
     up: &mut NativeConn,
@@ -920,45 +926,67 @@ async fn relay_body<S: ClientIo>(
 ) -> Result<(), RelayError> {
     use tidegate_h1::ResponseBody as B;
     let dst = &mut client.io;
+    let mut src = Source {
+        stream: &mut up.stream,
+        inbox: &mut up.inbox,
+        timer: &mut client.timer,
+        gap,
+        until: None,
+        pace: None,
+        read_max: relay::GATHER,
+    };
+    // The body's length when all of it is in the inbox (after gathering).
+    let whole = match body {
+        B::Length(n) => usize::try_from(n).ok().filter(|&n| {
+            if n > src.inbox.len() && n <= relay::GATHER {
+                // (One byte more, as in `relay_length`: the read that
+                // ends the body leaves the socket known to be drained.)
+                src.inbox.reserve(n - src.inbox.len() + 1);
+                // (An error here is met again by the relay's next read.)
+                while src.inbox.len() < n && src.read_ready().unwrap_or(false) {}
+            }
+            n <= src.inbox.len()
+        }),
+        _ => None,
+    };
     if let Some(encoder) = encoder {
         // Compressed as it is relayed, chunked (or until the close).
-        write_all(dst, &mut [out]).await.map_err(RelayError::Write)?;
-        let mut w = compress::Compressing::new(dst, encoder, framing == Framing::Chunked);
-        let mut src = Source {
-            stream: &mut up.stream,
-            inbox: &mut up.inbox,
-            timer: &mut client.timer,
-            gap,
-            until: None,
-            pace: None,
-        };
+        let mut w = compress::Compressing::new(dst, encoder, framing == Framing::Chunked, out);
+        if let Some(n) = whole {
+            let last = w.finish(&src.inbox[..n]).await.map_err(RelayError::Write);
+            src.inbox.advance(n);
+            return last;
+        }
         match body {
             B::Length(n) => relay::relay_length(&mut src, &mut w, n).await?,
             B::Chunked => relay::relay_chunked(&mut src, &mut w, false, None).await?,
             B::UntilClose => relay::relay_until_close(&mut src, &mut w, false).await?,
             B::None => {}
         }
-        return w.finish().await.map_err(RelayError::Write);
+        return w.finish(&[]).await.map_err(RelayError::Write);
     }
-    let have = up.inbox.len() as u64;
-    match body {
-        B::None => return write_all(dst, &mut [out]).await.map_err(RelayError::Write),
-        // The common case: the whole body came with the head.
-        B::Length(n) if n <= have => {
-            let n = n as usize;
-            write_all(dst, &mut [out, &up.inbox[..n]]).await.map_err(RelayError::Write)?;
-            up.inbox.advance(n);
-            return Ok(());
+    match (body, whole) {
+        (B::None, _) => write_all(dst, &mut [out]).await.map_err(RelayError::Write),
+        (B::Length(_), Some(n)) => {
+            write_all(dst, &mut [out, &src.inbox[..n]]).await.map_err(RelayError::Write)?;
+            src.inbox.advance(n);
+            Ok(())
         }
-        B::Length(_) | B::Chunked | B::UntilClose => write_all(dst, &mut [out]).await.map_err(RelayError::Write)?,
-    }
-    let mut src =
-        Source { stream: &mut up.stream, inbox: &mut up.inbox, timer: &mut client.timer, gap, until: None, pace: None };
-    match body {
-        B::Length(n) => relay::relay_length(&mut src, dst, n).await,
-        B::Chunked => relay::relay_chunked(&mut src, dst, framing == Framing::Chunked, None).await,
-        B::UntilClose => relay::relay_until_close(&mut src, dst, framing == Framing::Chunked).await,
-        B::None => Ok(()),
+        (B::Length(n), None) => {
+            // What came so far goes with the head; the rest as it comes.
+            let have = src.inbox.len();
+            write_all(dst, &mut [out, &src.inbox[..have]]).await.map_err(RelayError::Write)?;
+            src.inbox.advance(have);
+            relay::relay_length(&mut src, dst, n - have as u64).await
+        }
+        (B::Chunked, _) => {
+            write_all(dst, &mut [out]).await.map_err(RelayError::Write)?;
+            relay::relay_chunked(&mut src, dst, framing == Framing::Chunked, None).await
+        }
+        (B::UntilClose, _) => {
+            write_all(dst, &mut [out]).await.map_err(RelayError::Write)?;
+            relay::relay_until_close(&mut src, dst, framing == Framing::Chunked).await
+        }
     }
 }
 

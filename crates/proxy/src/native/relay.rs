@@ -3,6 +3,7 @@
 //! under its framing (a length, chunked, or until the close), re-framing
 //! it when the two sides need different framings.
 
+use std::future::Future;
 use std::io::{self, IoSlice};
 use std::time::Duration;
 
@@ -15,6 +16,14 @@ use super::timer::Timer;
 use crate::admission::Pace;
 
 pub(crate) use tidegate_upstream::buffers::{fill, READ_CHUNK};
+
+/// The most one read takes of a backend's response body of known length,
+/// and the largest such body gathered whole before its head is written:
+/// a body of a few pieces then costs one read and one write instead of a
+/// read and a write per [`READ_CHUNK`] (and a wakeup of the client per
+/// write). A client's body is read in [`READ_CHUNK`]s, so a slow upload
+/// holds little.
+pub(crate) const GATHER: usize = 64 * 1024;
 
 /// Why a relay stopped early.
 #[derive(Debug)]
@@ -96,6 +105,9 @@ pub(crate) struct Source<'a, R> {
     /// The minimum pace the sender must keep, if any (a request body
     /// streamed to a backend).
     pub pace: Option<Pace>,
+    /// The most one read of a body of known length takes:
+    /// [`READ_CHUNK`] for a client's body, [`GATHER`] for a backend's.
+    pub read_max: usize,
 }
 
 impl<R: AsyncRead + Unpin> Source<'_, R> {
@@ -125,6 +137,23 @@ impl<R: AsyncRead + Unpin> Source<'_, R> {
                 },
                 Some(Err(e)) => Err(RelayError::Read(e)),
             };
+        }
+    }
+
+    /// Reads what the sender has sent already, without waiting: `true`
+    /// when bytes came, `false` when none are there yet.
+    pub(crate) fn read_ready(&mut self) -> Result<bool, RelayError> {
+        let read = std::pin::pin!(fill(self.stream, self.inbox));
+        // (A waker that does nothing: nobody waits on this poll; the
+        // stream's next poll, by a task, registers its own.)
+        match read.poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+            std::task::Poll::Pending => Ok(false),
+            std::task::Poll::Ready(Ok(0)) => Err(RelayError::Eof),
+            std::task::Poll::Ready(Ok(n)) => match &mut self.pace {
+                Some(p) => p.arrived(n, Instant::now()).map(|()| true).map_err(RelayError::TooSlow),
+                None => Ok(true),
+            },
+            std::task::Poll::Ready(Err(e)) => Err(RelayError::Read(e)),
         }
     }
 
@@ -188,6 +217,11 @@ pub(crate) async fn relay_length<W: AsyncWrite + Unpin>(
         }
         if n == 0 {
             return Ok(());
+        }
+        if src.read_max > READ_CHUNK {
+            // (One byte more: a read that ends the body then does not fill
+            // the buffer, which tells the reactor the socket is drained.)
+            src.inbox.reserve(usize::try_from(n).unwrap_or(usize::MAX).min(src.read_max) + 1);
         }
         src.more().await?;
     }
@@ -296,6 +330,7 @@ mod tests {
             gap: Duration::from_secs(5),
             until: None,
             pace: None,
+            read_max: READ_CHUNK,
         };
         let mut out = Vec::new();
         relay_chunked(&mut src, &mut out, true, None).await.unwrap();
@@ -315,7 +350,15 @@ mod tests {
         let (mut tx, mut rx) = pair().await;
         let (mut inbox, mut timer) = (BytesMut::new(), Timer::new());
         let gap = Duration::from_secs(5);
-        let mut src = Source { stream: &mut rx, inbox: &mut inbox, timer: &mut timer, gap, until: None, pace: None };
+        let mut src = Source {
+            stream: &mut rx,
+            inbox: &mut inbox,
+            timer: &mut timer,
+            gap,
+            until: None,
+            pace: None,
+            read_max: READ_CHUNK,
+        };
         tx.write_all(b"3\r\nabc\r\n").await.unwrap();
         tx.write_all(b"0\r\n\r\nNEXT").await.unwrap();
         assert!(src.read_ahead_chunked(1024).await.unwrap(), "complete");
@@ -343,6 +386,7 @@ mod tests {
             gap: Duration::from_secs(30),
             until: None,
             pace: Some(Pace::new(rate)),
+            read_max: READ_CHUNK,
         };
         let feeder = tokio::spawn(async move {
             // 5 bytes a second: half the pace, with no gap over 30 s.
@@ -370,6 +414,7 @@ mod tests {
             gap: Duration::from_millis(200),
             until: None,
             pace: None,
+            read_max: READ_CHUNK,
         };
         let r = relay_length(&mut src, &mut Vec::new(), 5).await;
         assert!(matches!(r, Err(RelayError::Timeout)), "{r:?}");

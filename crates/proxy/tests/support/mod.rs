@@ -304,7 +304,9 @@ pub enum Script {
     /// `/…/shortchunks`: a body cut short by the close (framed by length,
     /// chunked);
     /// `/…/close`: no length (the body ends with the connection);
-    /// `/…/big`: [`BIG`] bytes by length; `/…/hop`: hop-by-hop response
+    /// `/…/big`: [`BIG`] bytes by length; `/…/pieces`: [`PIECES`] bytes by
+    /// length, sent in three writes a moment apart (the head with the
+    /// first piece); `/…/hop`: hop-by-hop response
     /// headers; anything else: `200 fine` by length. Keep-alive.
     Framings,
     /// Answers the first request of each connection (`200 fine`, kept
@@ -317,6 +319,8 @@ pub enum Script {
 
 /// The length of `/…/big` (1 MiB of `x`).
 pub const BIG: usize = 1024 * 1024;
+/// The length of `/…/pieces` (40 KiB of `y`).
+pub const PIECES: usize = 40 * 1024;
 
 /// A backend written by hand on a tokio listener.
 pub struct RawBackend {
@@ -413,6 +417,19 @@ async fn raw_serve(mut s: TcpStream, script: Script, requests: Arc<AtomicUsize>)
                     r.resize(r.len() + BIG, b'x');
                 }
                 r
+            }
+            Script::Framings if path.ends_with("/pieces") => {
+                let mut first = format!("HTTP/1.1 200 OK\r\ncontent-length: {PIECES}\r\n\r\n").into_bytes();
+                first.resize(first.len() + PIECES / 4, b'y');
+                for piece in [&first[..], &[b'y'; PIECES / 2][..]] {
+                    if s.write_all(piece).await.is_err() {
+                        return;
+                    }
+                    // (The proxy may or may not have read the piece before
+                    // the next comes: the answer is the same either way.)
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+                vec![b'y'; PIECES / 4]
             }
             Script::Framings if path.ends_with("/hop") => b"HTTP/1.1 200 OK\r\nconnection: x-secret\r\n\
                   x-secret: 1\r\nkeep-alive: timeout=5\r\nx-kept: 1\r\ncontent-length: 2\r\n\r\nok"
