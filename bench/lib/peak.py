@@ -44,8 +44,8 @@ PROFILES = {
         "max": 4,
     },
     "smoke": {
-        "steps": [(50, 1), (250, 4), (50, 6)],
-        "fixed_steps": [(50, 1), (250, 2), (50, 1)],
+        "steps": [(50, 1), (250, 3), (50, 4)],
+        "fixed_steps": [(50, 1), (250, 1), (50, 1)],
         "autoscale": {"peak_hold_s": 2, "stable_window_s": 3, "panic_window_s": 1, "drain_timeout_s": 3},
         "max": 3,
     },

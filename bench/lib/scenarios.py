@@ -26,7 +26,7 @@ PARAMS = {
         "full": {"reps": 3, "duration": 8, "conns": "64 256 500 2000 5000", "workers": 2},
     },
     "churn": {
-        "smoke": {"duration": 1, "rates": "100 600", "suites": "empty loaded", "preload": 500, "live_rate": 200,
+        "smoke": {"duration": 1, "rates": "600", "suites": "empty loaded", "preload": 500, "live_rate": 200,
                   "clients": 8, "peer_rate": 10, "peer_duration": 2, "peer_reps": 1, "peer_live_rate": 100},
         "full": {"duration": 8, "rates": "100 600 2000", "suites": "empty loaded", "preload": 10000,
                  "live_rate": 1000, "clients": 64, "peer_rate": 10, "peer_duration": 10, "peer_reps": 3,
@@ -61,7 +61,7 @@ PARAMS = {
     # queue see many users, not one); zero_window_tries: connections each
     # zero-window reader opens in its window at most.
     "hostile": {
-        "smoke": {"duration": 3, "hostile_duration": 3, "side_duration": 2, "rate": 200, "attackers_scale": 0.1,
+        "smoke": {"duration": 2, "hostile_duration": 2, "side_duration": 1, "rate": 200, "attackers_scale": 0.1,
                   "uploads_h1": 4, "uploads_h2_streams": 8, "zero_window_conns": 1, "zero_window_streams": 10,
                   "zero_window_tries": 2, "flood_workers": 48, "slow_flood_delay_ms": 20, "per_client_cap": 32,
                   "per_client_conns": 64, "per_client_rate": 200, "per_client_tarpit_ms": 1000, "normal_sources": 16, "max_conns": 48, "bulk_body_bytes": 32 << 20},
