@@ -263,7 +263,7 @@ impl Proxy {
     /// histogram and, when the access log is on, sends its line (`describe`
     /// fills in what only the request knows, from the record and `ended`:
     /// the line's duration is the histogram's).
-    pub(crate) fn finish(&self, seen: &Seen, ended: Instant, describe: impl FnOnce(&Seen, Instant) -> Line) {
+    pub(crate) fn finish(&self, seen: &mut Seen, ended: Instant, describe: impl FnOnce(&Seen, Instant) -> Line) {
         crate::observe::count(seen, ended, self.metrics());
         seen.finish_trace(ended);
         if let Some(log) = self.access_log() {

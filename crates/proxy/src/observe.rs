@@ -84,9 +84,11 @@ impl Seen {
 
     /// The request ended at `ended`: its spans are exported, when it is
     /// traced and recorded.
-    pub(crate) fn finish_trace(&self, ended: Instant) {
-        if let Some(t) = &self.trace {
+    pub(crate) fn finish_trace(&mut self, ended: Instant) {
+        if let Some(mut t) = self.trace.take() {
             t.finish(self, ended);
+            // (Kept for the access log's trace id.)
+            self.trace = Some(t);
         }
     }
 

@@ -2,11 +2,15 @@
 //! engines use it: the context is decided from the request's
 //! `traceparent` when its head is read, the backend gets the proxy's
 //! `traceparent` (and the caller's `tracestate` with it), and when the
-//! request ends a recorded request's spans go to the exporter's queue.
+//! request ends a recorded request goes to the exporter's queue as what
+//! it saw ([`Finished`]); its spans are built on the export thread.
 
 use std::net::SocketAddr;
 
-use tidegate_trace::{AttemptFacts, Context, Exporter, RandomIds, RequestFacts, Sampler, TRACEPARENT_LEN};
+use tidegate_model::{RouteName, ServiceName};
+use tidegate_trace::{
+    AttemptFacts, Context, Exporter, RandomIds, Recording, RequestFacts, Sampler, Span, TRACEPARENT_LEN,
+};
 use tokio::time::Instant;
 
 use crate::attempts::AttemptRecord;
@@ -72,13 +76,48 @@ impl Traced {
         }
     }
 
-    /// The request, as `seen`, ended at `ended`: its spans go to the
-    /// exporter, when it is recorded.
-    pub(crate) fn finish(&self, seen: &Seen, ended: Instant) {
-        let Some((said, attempts, exporter)) = &self.recorded else { return };
-        let names = seen.names.as_ref();
+    /// The request, as `seen`, ended at `ended`: when it is recorded,
+    /// what it saw goes to the exporter (once; its spans are built there).
+    pub(crate) fn finish(&mut self, seen: &Seen, ended: Instant) {
+        let Some((mut said, attempts, exporter)) = self.recorded.take() else { return };
         // The client's id when it was kept, else the one generated for it.
-        let request_id = said.request_id.clone().or_else(|| seen.generated_id());
+        let request_id = said.request_id.take().or_else(|| seen.generated_id());
+        exporter.record_request(Box::new(Finished {
+            ctx: self.ctx,
+            said,
+            attempts,
+            names: seen.names.clone(),
+            request_id,
+            status: seen.status,
+            error: seen.error.map(crate::ErrorKind::name),
+            start: seen.start,
+            end: ended,
+        }));
+    }
+}
+
+/// A recorded request as it ended: what its spans are built from, on the
+/// export thread.
+#[derive(Debug)]
+pub(crate) struct Finished {
+    ctx: Context,
+    said: Said,
+    attempts: Vec<AttemptRecord>,
+    names: Option<(RouteName, Option<ServiceName>)>,
+    request_id: Option<String>,
+    status: u16,
+    error: Option<&'static str>,
+    start: Instant,
+    end: Instant,
+}
+
+impl Recording for Finished {
+    fn span_count(&self) -> usize {
+        1 + self.attempts.len() + self.attempts.iter().filter(|a| a.queued_at.is_some()).count()
+    }
+
+    fn spans(self: Box<Self>, out: &mut Vec<Span>) {
+        let (said, names) = (&self.said, self.names.as_ref());
         let req = RequestFacts {
             method: &said.method,
             path: &said.path,
@@ -88,14 +127,15 @@ impl Traced {
             protocol: said.protocol,
             route: names.map(|(r, _)| r.as_str()),
             service: names.and_then(|(_, s)| s.as_ref()).map(|s| s.as_str()),
-            request_id: request_id.as_deref(),
-            status: seen.status,
-            error: seen.error.map(crate::ErrorKind::name),
+            request_id: self.request_id.as_deref(),
+            status: self.status,
+            error: self.error,
             trace_state: said.trace_state.as_deref().filter(|_| self.ctx.keeps_tracestate()),
-            start: seen.start.into_std(),
-            end: ended.into_std(),
+            start: self.start.into_std(),
+            end: self.end.into_std(),
         };
-        let facts: Vec<AttemptFacts<'_>> = attempts
+        let facts: Vec<AttemptFacts<'_>> = self
+            .attempts
             .iter()
             .map(|a| AttemptFacts {
                 backend: a.backend.id.as_str(),
@@ -112,7 +152,7 @@ impl Traced {
                 fresh_connection: a.fresh,
             })
             .collect();
-        exporter.record(tidegate_trace::request_spans(&self.ctx, &req, &facts, &mut RandomIds));
+        out.extend(tidegate_trace::request_spans(&self.ctx, &req, &facts, &mut RandomIds));
     }
 }
 

@@ -511,6 +511,9 @@ pub enum CtlCommand {
     /// Traffic rule sets (docs/rules.md), run by the routes that name them.
     #[command(subcommand)]
     Rules(RulesCommand),
+    /// Named listeners (docs/api.md "Listeners"), beside the default ones.
+    #[command(subcommand)]
+    Listener(ListenerCommand),
     /// TLS certificates of the HTTPS listener.
     #[command(subcommand)]
     Cert(CertCommand),
@@ -531,6 +534,34 @@ pub enum RulesCommand {
         file: PathBuf,
     },
     /// Delete a rule set (refused while a route runs it).
+    Delete { name: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ListenerCommand {
+    /// List named listeners: address, TLS, PROXY protocol.
+    List,
+    /// Show one listener: its spec, the routes bound to it, its state.
+    Get { name: String },
+    /// Create or replace a listener (its socket opens when the change
+    /// applies; a changed one reopens and its connections finish).
+    Put {
+        name: String,
+        /// The spec as a YAML/JSON file; otherwise built from the flags.
+        #[arg(short = 'f', long = "file", conflicts_with_all = ["addr", "tls", "proxy_protocol_from"])]
+        file: Option<PathBuf>,
+        /// `IP:PORT` to listen on.
+        #[arg(long)]
+        addr: Option<String>,
+        /// Terminate TLS with the configuration's certificates.
+        #[arg(long)]
+        tls: bool,
+        /// Networks whose connections start with a PROXY protocol header
+        /// (comma-separated CIDRs); none: no PROXY protocol.
+        #[arg(long, value_delimiter = ',')]
+        proxy_protocol_from: Vec<String>,
+    },
+    /// Delete a listener (refused while a route is bound to it).
     Delete { name: String },
 }
 

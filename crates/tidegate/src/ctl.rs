@@ -11,7 +11,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 
-use crate::cli::{BackendCommand, CertCommand, CtlArgs, CtlCommand, RouteCommand, RulesCommand, ServiceCommand};
+use crate::cli::{
+    BackendCommand, CertCommand, CtlArgs, CtlCommand, ListenerCommand, RouteCommand, RulesCommand, ServiceCommand,
+};
 use crate::config_file;
 use crate::output::{render, Output, View};
 
@@ -77,6 +79,7 @@ impl Admin {
             CtlCommand::Route(RouteCommand::List) => View::Routes,
             CtlCommand::Cert(CertCommand::List) => View::Certificates,
             CtlCommand::Rules(RulesCommand::List) => View::Rules,
+            CtlCommand::Listener(ListenerCommand::List) => View::Listeners,
             _ => View::Other,
         };
         let (method, path, body) = match cmd {
@@ -208,6 +211,27 @@ impl Admin {
                 RulesCommand::Delete { name } => (M::DELETE, format!("/v1/rules/{name}"), None),
                 RulesCommand::Put { name, file } => {
                     (M::PUT, format!("/v1/rules/{name}"), Some(spec_file::<tidegate_model::RuleSetSpec>(&file)?))
+                }
+            },
+            CtlCommand::Listener(c) => match c {
+                ListenerCommand::List => (M::GET, "/v1/listeners".into(), None),
+                ListenerCommand::Get { name } => (M::GET, format!("/v1/listeners/{name}"), None),
+                ListenerCommand::Delete { name } => (M::DELETE, format!("/v1/listeners/{name}"), None),
+                ListenerCommand::Put { name, file, addr, tls, proxy_protocol_from } => {
+                    let spec = match file {
+                        Some(f) => spec_file::<tidegate_model::ListenerSpec>(&f)?,
+                        None => {
+                            let Some(addr) = addr else {
+                                bail!("listener put needs --addr (or -f FILE)");
+                            };
+                            let mut spec = json!({ "addr": addr, "tls": tls });
+                            if !proxy_protocol_from.is_empty() {
+                                spec["proxy_protocol"] = json!({ "trusted": proxy_protocol_from });
+                            }
+                            spec
+                        }
+                    };
+                    (M::PUT, format!("/v1/listeners/{name}"), Some(spec))
                 }
             },
             CtlCommand::Route(c) => match c {

@@ -1,7 +1,7 @@
 //! How `ctl` prints answers: JSON (the API's own), YAML, or tables for
 //! people. Tables exist for the lists an operator reads (status, services,
-//! routes, certificates, events); any other answer prints as YAML in table
-//! mode.
+//! routes, rule sets, listeners, certificates, events); any other answer
+//! prints as YAML in table mode.
 
 use clap::ValueEnum;
 use serde_json::Value;
@@ -41,6 +41,8 @@ pub enum View {
     Certificates,
     /// `/v1/rules`.
     Rules,
+    /// `/v1/listeners`.
+    Listeners,
     /// `/v1/events`.
     Events,
     /// Anything else.
@@ -206,6 +208,19 @@ fn table(value: &Value, view: View) -> Option<String> {
                 .collect();
             columns(&["RULES", "STEPS", "KINDS"], &rows)
         }
+        View::Listeners => {
+            let rows: Vec<Vec<String>> = entries(value, "listeners")
+                .into_iter()
+                .map(|(name, l)| {
+                    let trusted: Vec<String> =
+                        l["proxy_protocol"]["trusted"].as_array().into_iter().flatten().map(cell).collect();
+                    let proxy = if trusted.is_empty() { "-".to_string() } else { trusted.join(",") };
+                    let tls = if l["tls"].as_bool() == Some(true) { "yes" } else { "no" };
+                    vec![name.clone(), cell(&l["addr"]), tls.to_string(), proxy]
+                })
+                .collect();
+            columns(&["LISTENER", "ADDR", "TLS", "PROXY PROTOCOL FROM"], &rows)
+        }
         View::Certificates => {
             let rows: Vec<Vec<String>> = entries(value, "certificates")
                 .into_iter()
@@ -345,6 +360,22 @@ mod tests {
         assert_eq!(a, ["a", "10.0.0.1:9900", "9", "2"], "{t}");
         let embedded = json!({ "revision": 1, "routes": 0, "services": {}, "store": { "kind": "embedded" } });
         assert!(!render(&embedded, View::Status, Output::Table).contains("store"));
+    }
+
+    #[test]
+    fn listeners_are_a_table_of_addresses_tls_and_trusted_networks() {
+        let v = serde_json::json!({"revision": 4, "listeners": {
+            "internal": {"addr": "127.0.0.1:8081", "tls": false, "proxy_protocol": {"trusted": ["10.0.0.0/8", "127.0.0.1/32"]}},
+            "public": {"addr": "[::]:8443", "tls": true}}});
+        let t = render(&v, View::Listeners, Output::Table);
+        let line = |first: &str| t.lines().find(|l| l.starts_with(first)).unwrap_or_default();
+        assert!(line("LISTENER").contains("PROXY PROTOCOL FROM"), "{t}");
+        let internal = line("internal");
+        assert!(internal.contains("127.0.0.1:8081") && internal.contains(" no "), "{t}");
+        assert!(internal.ends_with("10.0.0.0/8,127.0.0.1/32"), "{t}");
+        let public = line("public");
+        assert!(public.contains("[::]:8443") && public.contains("yes") && public.trim_end().ends_with('-'), "{t}");
+        assert_eq!(line("revision"), "revision 4", "{t}");
     }
 
     #[test]

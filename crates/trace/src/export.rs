@@ -1,11 +1,13 @@
-//! Spans leave the request path through a bounded buffer that the request
-//! path only appends to (under a lock no one holds for long, and without
-//! waking anyone: a wake-up per request would cost a system call each);
-//! one thread takes what is there every [`ExportOptions::interval`] and
-//! posts it in batches to an OTLP/HTTP receiver (`POST /v1/traces`,
-//! `application/x-protobuf`). When the receiver is slow or down, the
-//! buffer fills and further spans are dropped and counted: tracing never
-//! holds a request or grows memory without bound.
+//! Recorded requests leave the request path through a bounded buffer that
+//! the request path only appends to (under a lock no one holds for long,
+//! and without waking anyone: a wake-up per request would cost a system
+//! call each); one thread takes what is there every
+//! [`ExportOptions::interval`], builds the spans ([`Recording::spans`]:
+//! their attributes, texts and ids are made there, not on the request
+//! path) and posts them in batches to an OTLP/HTTP receiver (`POST
+//! /v1/traces`, `application/x-protobuf`). When the receiver is slow or
+//! down, the buffer fills and further spans are dropped and counted:
+//! tracing never holds a request or grows memory without bound.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -68,12 +70,44 @@ pub struct ExportStats {
     pub exports_failed: AtomicU64,
 }
 
+/// What the request path hands the exporter for one recorded request:
+/// what it saw, from which the export thread builds the spans.
+pub trait Recording: Send {
+    /// How many spans it makes (what is counted when it is dropped).
+    fn span_count(&self) -> usize;
+    /// Appends its spans to `out`.
+    fn spans(self: Box<Self>, out: &mut Vec<Span>);
+}
+
+/// Spans already built.
+impl Recording for Vec<Span> {
+    fn span_count(&self) -> usize {
+        self.len()
+    }
+    fn spans(self: Box<Self>, out: &mut Vec<Span>) {
+        out.extend(*self);
+    }
+}
+
+/// The buffer between the request path and the export thread.
+#[derive(Default)]
+struct Pending {
+    records: Vec<Box<dyn Recording>>,
+    /// The spans they make.
+    spans: usize,
+}
+
 /// What the request path and the export thread share.
-#[derive(Debug)]
 struct Shared {
-    pending: Mutex<Vec<Span>>,
+    pending: Mutex<Pending>,
     max_pending: usize,
     stats: ExportStats,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").field("max_pending", &self.max_pending).finish_non_exhaustive()
+    }
 }
 
 /// The request path's end of the exporter. Cloning shares the buffer; the
@@ -91,7 +125,7 @@ impl Exporter {
     /// plane's workers).
     pub fn start(options: ExportOptions) -> std::io::Result<Exporter> {
         let shared = Arc::new(Shared {
-            pending: Mutex::new(Vec::new()),
+            pending: Mutex::new(Pending::default()),
             max_pending: options.max_pending.max(1),
             stats: ExportStats::default(),
         });
@@ -107,13 +141,22 @@ impl Exporter {
     /// Adds one request's spans to the buffer; drops (and counts) them
     /// when it is full. Never waits for the export.
     pub fn record(&self, spans: Vec<Span>) {
+        self.record_request(Box::new(spans));
+    }
+
+    /// Adds one recorded request to the buffer (its spans are built on
+    /// the export thread); drops it, counting its spans, when the buffer
+    /// is full. Never waits for the export.
+    pub fn record_request(&self, request: Box<dyn Recording>) {
+        let n = request.span_count();
         let mut pending = self.shared.pending.lock().unwrap_or_else(|p| p.into_inner());
-        if pending.len() + spans.len() > self.shared.max_pending {
+        if pending.spans + n > self.shared.max_pending {
             drop(pending);
-            self.shared.stats.dropped_queue_full.fetch_add(spans.len() as u64, Relaxed);
+            self.shared.stats.dropped_queue_full.fetch_add(n as u64, Relaxed);
             return;
         }
-        pending.extend(spans);
+        pending.spans += n;
+        pending.records.push(request);
     }
 
     /// What it did so far.
@@ -127,13 +170,26 @@ async fn run(options: ExportOptions, shared: Arc<Shared>, alive: std::sync::Weak
     let batch = options.batch_spans.max(1);
     let mut tick = tokio::time::interval(options.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Two buffers in turn: the one the request path appends to keeps the
+    // room the last interval needed, so that it does not grow (copying
+    // itself under the lock) every interval.
+    let mut taken: Vec<Box<dyn Recording>> = Vec::new();
+    let mut spans: Vec<Span> = Vec::new();
     loop {
         tick.tick().await;
         let last = alive.strong_count() == 0;
-        let taken = std::mem::take(&mut *shared.pending.lock().unwrap_or_else(|p| p.into_inner()));
-        for chunk in taken.chunks(batch) {
+        {
+            let mut pending = shared.pending.lock().unwrap_or_else(|p| p.into_inner());
+            std::mem::swap(&mut pending.records, &mut taken);
+            pending.spans = 0;
+        }
+        for request in taken.drain(..) {
+            request.spans(&mut spans);
+        }
+        for chunk in spans.chunks(batch) {
             export(&client, &options, chunk, &shared.stats).await;
         }
+        spans.clear();
         if last {
             return;
         }

@@ -10,8 +10,9 @@
 //!   and, when the attempt waited for room in its service's queue, an
 //!   internal `queue` span. Pure.
 //! - [`otlp`]: the OTLP protobuf messages; [`Exporter`]: a bounded queue
-//!   and one task that posts batches to an OTLP/HTTP receiver, dropping and
-//!   counting spans when it is behind.
+//!   of recorded requests ([`Recording`]) and one task that builds their
+//!   spans and posts them in batches to an OTLP/HTTP receiver, dropping
+//!   and counting spans when it is behind.
 
 pub mod context;
 mod export;
@@ -22,7 +23,7 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 pub use context::{Context, Ids, RandomIds, Sampler, TraceParent, TRACEPARENT_LEN};
-pub use export::{ExportOptions, ExportStats, Exporter};
+pub use export::{ExportOptions, ExportStats, Exporter, Recording};
 pub use span::{Kind, Span, Value, WallClock};
 
 /// What the proxy saw of one request, for its span.

@@ -214,7 +214,7 @@ pub(crate) async fn serve<S: ClientIo>(
             Next::Refused(e) => {
                 client.seen = Seen::new(Instant::now());
                 refuse(&mut client, e, &proxy).await;
-                proxy.finish(&client.seen, Instant::now(), |seen, ended| {
+                proxy.finish(&mut client.seen, Instant::now(), |seen, ended| {
                     let mut line = seen.line(peer.addr, "HTTP/1.1", ended);
                     line.method = "-".into();
                     line.client_cert = crate::observe::client_cert_subject(&peer);
@@ -242,7 +242,7 @@ pub(crate) async fn serve<S: ClientIo>(
         let used = client.io.bytes_read() - client.inbox.len() as u64;
         let (bytes_in, bytes_out) = (used - consumed, client.io.bytes_written() - sent);
         (consumed, sent) = (used, client.io.bytes_written());
-        proxy.finish(&client.seen, ended, |seen, ended| {
+        proxy.finish(&mut client.seen, ended, |seen, ended| {
             log_line(seen, ended, &head, &buf, &peer, (bytes_in, bytes_out))
         });
         // The response is written: a concurrency limit's places go now,

@@ -65,8 +65,12 @@ async fn listeners_come_and_go_at_runtime_with_their_own_routes_and_drop_nothing
     // A plain listener, and the route bound to it.
     let port = free_port();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let (s, v) = tg.api("PUT", "/v1/listeners/internal", Some(json!({ "addr": addr.to_string() }))).await;
-    assert_eq!(s, 200, "{v}");
+    let out = tg.ctl(&["listener", "put", "internal", "--addr", &addr.to_string()]);
+    assert!(out.status.success(), "ctl listener put: {}", String::from_utf8_lossy(&out.stderr));
+    let out = tg.ctl(&["-o", "table", "listener", "list"]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    let row = table.lines().find(|l| l.starts_with("internal")).unwrap_or_default();
+    assert!(row.contains(&addr.to_string()) && row.contains(" no "), "ctl listener list:\n{table}");
     let (s, v) = tg.api("PUT", "/v1/routes/int", Some(internal_route)).await;
     assert_eq!(s, 200, "{v}");
     let answer = wait_for("the new listener serves its route", Duration::from_secs(10), async || {
