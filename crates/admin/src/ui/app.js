@@ -185,10 +185,31 @@ function renderRoutes() {
     return el("tr", { "data-route": name }, el("td", {}, name), el("td", {}, m.host || "*"), el("td", {}, path),
       el("td", {}, r.service || (r.static ? "static files in " + r.static.root : "–")),
       el("td", { class: "rules" }, rules || "–"),
+      el("td", { class: "listeners" }, (r.listeners || ["default"]).join(", ")),
       el("td", { class: "num" }, r.priority || 0));
   });
-  if (rows.length === 0) rows.push(el("tr", {}, el("td", { class: "muted", colspan: "6" }, "No routes yet.")));
+  if (rows.length === 0) rows.push(el("tr", {}, el("td", { class: "muted", colspan: "7" }, "No routes yet.")));
   $("routes").tBodies[0].replaceChildren(...rows);
+}
+
+// Named listeners (the configuration's), with the state each instance
+// reports for its socket: listening, or failed with the error (retried).
+function renderListeners(status) {
+  if (!config) return;
+  const states = (status && status.listeners) || {};
+  const rows = Object.entries(config.listeners || {}).map(([name, l]) => {
+    const bound = Object.entries(config.routes).filter(([, r]) => (r.listeners || []).includes(name)).map(([n]) => n);
+    const st = states[name] || {};
+    const state = st.state ? st.state + (st.error ? ": " + st.error : "") : "–";
+    return el("tr", { "data-listener": name }, el("td", {}, name), el("td", {}, l.addr), el("td", {}, l.tls ? "yes" : "no"),
+      el("td", {}, ((l.proxy_protocol || {}).trusted || []).join(", ") || "–"),
+      el("td", {}, bound.join(", ") || "–"),
+      el("td", { class: "state" }, el("span", { class: "badge " + (st.state === "listening" ? "health-up" : "health-down") }, state)));
+  });
+  if (rows.length === 0) {
+    rows.push(el("tr", {}, el("td", { class: "muted", colspan: "6" }, "Only the default listeners (--listen, --listen-tls).")));
+  }
+  $("listeners").tBodies[0].replaceChildren(...rows);
 }
 
 // ---- events and changes ---------------------------------------------------
@@ -270,7 +291,9 @@ async function keepWatching(from) {
 
 async function refreshStatus() {
   const r = await api("/v1/status");
-  renderServices(await r.json());
+  const status = await r.json();
+  renderServices(status);
+  renderListeners(status);
   $("state").textContent = "live";
   $("state").className = "badge health-up";
 }

@@ -361,6 +361,11 @@ async fn the_dashboard_shows_backends_live_in_a_browser() {
     let route = serde_json::json!({ "match": { "path_prefix": "/" }, "service": "web", "rules": ["hsts"] });
     let (s, v) = tg.api("PUT", "/v1/routes/web", Some(route)).await;
     assert_eq!(s, 200, "{v}");
+    // A named listener: the listeners table shows it and its socket's state.
+    let internal = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let (s, v) =
+        tg.api("PUT", "/v1/listeners/internal", Some(serde_json::json!({ "addr": internal.to_string() }))).await;
+    assert_eq!(s, 200, "{v}");
     let traffic = tokio::spawn({
         let tg = tg.clone();
         async move {
@@ -381,6 +386,8 @@ async fn the_dashboard_shows_backends_live_in_a_browser() {
         points: Math.max(0, ...[...document.querySelectorAll('svg.chart')].map(s => +s.dataset.points)),
         routes: document.querySelectorAll('tr[data-route]').length,
         rules: [...document.querySelectorAll('tr[data-route] td.rules')].map(e => e.textContent),
+        route_listeners: [...document.querySelectorAll('tr[data-route] td.listeners')].map(e => e.textContent),
+        listeners: [...document.querySelectorAll('tr[data-listener]')].map(r => [...r.cells].map(c => c.textContent)),
         changes: document.querySelectorAll('#changes li').length,
         hash: location.hash,
     };"#;
@@ -388,7 +395,12 @@ async fn the_dashboard_shows_backends_live_in_a_browser() {
     for _ in 0..60 {
         seen = browser.eval(probe).await;
         let healthy = seen["health"] == serde_json::json!(["up", "up", "down"]);
-        if healthy && seen["points"].as_u64().unwrap_or(0) >= 3 && seen["changes"].as_u64().unwrap_or(0) >= 3 {
+        let listening = seen["listeners"][0][5] == "listening";
+        if healthy
+            && listening
+            && seen["points"].as_u64().unwrap_or(0) >= 3
+            && seen["changes"].as_u64().unwrap_or(0) >= 3
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -398,6 +410,9 @@ async fn the_dashboard_shows_backends_live_in_a_browser() {
     assert!(seen["points"].as_u64().unwrap_or(0) >= 3, "the charts update live: {seen}");
     assert_eq!(seen["routes"], 1, "{seen}");
     assert_eq!(seen["rules"], serde_json::json!(["hsts (set_response_header)"]), "{seen}");
+    assert_eq!(seen["route_listeners"], serde_json::json!(["default"]), "{seen}");
+    let row = serde_json::json!([["internal", internal.to_string(), "no", "–", "–", "listening"]]);
+    assert_eq!(seen["listeners"], row, "{seen}");
     assert!(seen["changes"].as_u64().unwrap_or(0) >= 3, "the service and route change sets: {seen}");
     assert_eq!(seen["hash"], "", "the token leaves the address bar: {seen}");
     assert!(seen["text"].as_str().unwrap_or("").contains("least_time"), "{seen}");
