@@ -5,7 +5,7 @@ nginx and HAProxy, each proxying keep-alive requests to the same nginx
 backends (13 bytes, three ports), at each connection count.
 
     python3 bench/budget.py BIN_DIR [--conns "64 256"] [--duration 6] [--body-bytes 0]
-                           [--reps 2] [--json OUT]
+                           [--reps 2] [--allocs] [--json OUT]
 
 BIN_DIR holds the `tidegate` binary to measure (a plain `cargo build
 --release --bins` copy, or scripts/build-release's). For each proxy and
@@ -19,8 +19,14 @@ proxies and variants run in turn, `--reps` times; medians are printed
 (and written as JSON with `--json`). Needs nginx, haproxy, wrk and perf;
 loopback only; everything it starts is stopped at the end.
 
-Allocations per request are not counted here (that needs a counting
-allocator in a benchmark build of Tidegate).
+`--allocs` then counts Tidegate's heap allocations per request in runs
+of their own: uprobes (`perf probe -x BIN_DIR/tidegate`) on the entries of
+mimalloc's `mi_malloc_aligned`, `mi_zalloc_aligned` and
+`mi_realloc_aligned`, which Rust's allocations all go through in
+Tidegate (each hit traps, so these runs' requests/s and CPU are not
+comparable and are not reported); the probes are removed at the end. nginx
+and HAProxy allocate from their own pools, which such a count would not
+see, so only Tidegate's is counted.
 """
 
 from __future__ import annotations
@@ -76,6 +82,36 @@ def measure(pids: list[int], url: str, conns: int, duration: int, events: list[s
     return out
 
 
+ALLOC_CALLS = ["mi_malloc_aligned", "mi_zalloc_aligned", "mi_realloc_aligned"]
+
+
+def count_allocs(binary: Path, tg, a) -> dict:
+    """Tidegate's allocations per request at each connection count, with
+    uprobes on mimalloc's entry points (added here, removed at the end)."""
+    group = "probe_" + re.sub(r"[^A-Za-z0-9_]", "_", binary.name)
+    out = {}
+    try:
+        for call in ALLOC_CALLS:
+            subprocess.run(["perf", "probe", "-q", "-x", str(binary.resolve()), "--add", call], check=True,
+                           capture_output=True, timeout=60)
+        events = [f"{group}:{c}" for c in ALLOC_CALLS]
+        for conns in [int(c) for c in a.conns.split()]:
+            argv = ["perf", "stat", "-x", ",", "-e", ",".join(events), "-p", str(tg.proc.pid), "--",
+                    "wrk", "-t2", f"-c{conns}", f"-d{a.duration}s", f"http://{tg.proxy}/"]
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=a.duration + 60)
+            n = max(parse_wrk(r.stdout).get("requests") or 0, 1)
+            by = {}
+            for line in r.stderr.splitlines():
+                f = line.split(",")
+                if len(f) >= 3 and f[0].isdigit():
+                    by[f[2].split(":")[-1]] = round(int(f[0]) / n, 3)
+            out[f"tidegate c={conns} allocations"] = {"allocs_per_req": round(sum(by.values()), 3), "by_call": by}
+            log(f"  tidegate c={conns:<4} allocations per request: {by}")
+    finally:
+        subprocess.run(["perf", "probe", "-q", "-d", f"{group}:*"], capture_output=True, timeout=60)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bin_dir")
@@ -84,6 +120,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--body-bytes", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--allocs", action="store_true")
     ap.add_argument("--json")
     a = ap.parse_args()
     for tool in ("nginx", "haproxy", "wrk", "perf"):
@@ -165,7 +202,12 @@ backend app
                                                 "syscalls_per_req": med("syscalls_total_per_req"),
                                                 "context_switches_per_req": med("context_switches_per_req"),
                                                 "by_call": calls}
+        if a.allocs:
+            summary.update(count_allocs(Path(a.bin_dir) / "tidegate", tg, a))
         for key, v in summary.items():
+            if "allocs_per_req" in v:
+                print(f"{key:16} {v['allocs_per_req']:6.2f} allocations per request ({v['by_call']})")
+                continue
             calls = ", ".join(f"{c} {n}" for c, n in v["by_call"].items() if n >= 0.01)
             print(f"{key:16} {v['rps']:>9.0f} req/s  {v['cpu_us_per_req']:6.2f} µs CPU  "
                   f"{v['syscalls_per_req']:5.2f} syscalls  {v['context_switches_per_req']:5.3f} switches  ({calls})")
