@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.dont_write_bytecode = True
 sys.path.insert(0, str(ROOT / "bench" / "lib"))
 
-from harness import (Ctx, Procs, free_port, log, start_haproxy, start_nginx, start_tidegate,  # noqa: E402
+from harness import (Ctx, Procs, free_port, log, start_haproxy_proxy, start_nginx, start_tidegate,  # noqa: E402
                      stop_tidegate, wait_http, which)
 from rules import family, parse_wrk  # noqa: E402
 
@@ -151,24 +151,8 @@ http {{ access_log off; keepalive_requests 1000000;
   server {{ listen 127.0.0.1:{nginx_port} reuseport;
     location / {{ proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; }} }} }}""",
                                workers=a.workers)
-        servers = "\n".join(f"  server b{i} 127.0.0.1:{b}" for i, b in enumerate(backends))
-        haproxy = start_haproxy(ctx, "budget-haproxy", f"""global
-  nbthread {a.workers}
-  maxconn 8000
-defaults
-  mode http
-  timeout connect 5s
-  timeout client 30s
-  timeout server 30s
-  option http-keep-alive
-  http-reuse always
-frontend fe
-  bind 127.0.0.1:{haproxy_port}
-  default_backend app
-backend app
-  balance roundrobin
-{servers}
-""")
+        haproxy = start_haproxy_proxy(ctx, "budget-haproxy", haproxy_port, [f"127.0.0.1:{b}" for b in backends],
+                                      threads=a.workers, maxconn=8000)
         tg = start_tidegate(ctx, "budget", workers=a.workers)
         tg.admin.call("PUT", "/v1/services/app", {"backends": [{"id": f"b{i}", "addr": f"127.0.0.1:{b}"}
                                                                for i, b in enumerate(backends)]})

@@ -376,6 +376,30 @@ def start_haproxy(ctx: Ctx, name: str, cfg: str) -> subprocess.Popen:
     return ctx.procs.start([which("haproxy") or "haproxy", "-f", str(path), "-db"], out=ctx.work / f"{name}.out")
 
 
+def start_haproxy_proxy(ctx: Ctx, name: str, port: int, servers: list[str], threads: int = 2,
+                        maxconn: int | None = None) -> subprocess.Popen:
+    """HAProxy as the peers' HTTP reverse proxy: `threads` threads,
+    keep-alive to the clients and `http-reuse always` to `servers`
+    (`HOST:PORT`, round robin), on 127.0.0.1:`port`."""
+    limit = f"  maxconn {maxconn}\n" if maxconn else ""
+    backends = "".join(f"  server s{i} {addr}\n" for i, addr in enumerate(servers))
+    return start_haproxy(ctx, name, f"""global
+  nbthread {threads}
+{limit}defaults
+  mode http
+  timeout connect 5s
+  timeout client 30s
+  timeout server 30s
+  option http-keep-alive
+  http-reuse always
+frontend fe
+  bind 127.0.0.1:{port}
+  default_backend app
+backend app
+  balance roundrobin
+{backends}""")
+
+
 def haproxy_command(sock: Path, command: str, timeout: float = 5.0) -> str:
     """One runtime API command over the stats socket; returns the answer."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:

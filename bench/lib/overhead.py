@@ -19,7 +19,7 @@ repetition, then the median over repetitions.
 
 from __future__ import annotations
 
-from harness import (Ctx, bench, free_port, log, median, start_emulator, start_haproxy, start_nginx,
+from harness import (Ctx, bench, free_port, log, median, start_emulator, start_haproxy_proxy, start_nginx,
                      start_tidegate, stop_tidegate, wait_for_line, wait_http)
 
 PAPER = {"direct": {"mean_ms": 78.5, "stddev_ms": 7.7}, "nginx": {"mean_ms": 80.2, "stddev_ms": 10.6, "added_pct": 2},
@@ -51,21 +51,7 @@ http {{ access_log off;
   upstream app {{ server {emu}; keepalive 16; }}
   server {{ listen 127.0.0.1:{nginx_port};
     location / {{ proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; }} }} }}""")
-    haproxy = start_haproxy(ctx, "haproxy-overhead", f"""global
-  nbthread 2
-defaults
-  mode http
-  timeout connect 5s
-  timeout client 30s
-  timeout server 30s
-  option http-keep-alive
-  http-reuse always
-frontend fe
-  bind 127.0.0.1:{haproxy_port}
-  default_backend app
-backend app
-  server app {emu}
-""")
+    haproxy = start_haproxy_proxy(ctx, "haproxy-overhead", haproxy_port, [emu])
     targets = {
         "direct": (emu, "/rr"),
         "tidegate": (tg.proxy, "/rr"),

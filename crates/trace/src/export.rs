@@ -79,16 +79,6 @@ pub trait Recording: Send {
     fn spans(self: Box<Self>, out: &mut Vec<Span>);
 }
 
-/// Spans already built.
-impl Recording for Vec<Span> {
-    fn span_count(&self) -> usize {
-        self.len()
-    }
-    fn spans(self: Box<Self>, out: &mut Vec<Span>) {
-        out.extend(*self);
-    }
-}
-
 /// The buffer between the request path and the export thread.
 #[derive(Default)]
 struct Pending {
@@ -136,12 +126,6 @@ impl Exporter {
             .name("tidegate-traces".into())
             .spawn(move || runtime.block_on(run(options, task_shared, watch)))?;
         Ok(Exporter { shared, _handle: handle })
-    }
-
-    /// Adds one request's spans to the buffer; drops (and counts) them
-    /// when it is full. Never waits for the export.
-    pub fn record(&self, spans: Vec<Span>) {
-        self.record_request(Box::new(spans));
     }
 
     /// Adds one recorded request to the buffer (its spans are built on

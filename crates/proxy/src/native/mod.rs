@@ -937,16 +937,7 @@ async fn relay_body<S: ClientIo>(
     };
     // The body's length when all of it is in the inbox (after gathering).
     let whole = match body {
-        B::Length(n) => usize::try_from(n).ok().filter(|&n| {
-            if n > src.inbox.len() && n <= relay::GATHER {
-                // (One byte more, as in `relay_length`: the read that
-                // ends the body leaves the socket known to be drained.)
-                src.inbox.reserve(n - src.inbox.len() + 1);
-                // (An error here is met again by the relay's next read.)
-                while src.inbox.len() < n && src.read_ready().unwrap_or(false) {}
-            }
-            n <= src.inbox.len()
-        }),
+        B::Length(n) => usize::try_from(n).ok().filter(|&n| src.gather(n)),
         _ => None,
     };
     if let Some(encoder) = encoder {

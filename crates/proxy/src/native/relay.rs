@@ -142,7 +142,7 @@ impl<R: AsyncRead + Unpin> Source<'_, R> {
 
     /// Reads what the sender has sent already, without waiting: `true`
     /// when bytes came, `false` when none are there yet.
-    pub(crate) fn read_ready(&mut self) -> Result<bool, RelayError> {
+    fn read_ready(&mut self) -> Result<bool, RelayError> {
         let read = std::pin::pin!(fill(self.stream, self.inbox));
         // (A waker that does nothing: nobody waits on this poll; the
         // stream's next poll, by a task, registers its own.)
@@ -155,6 +155,19 @@ impl<R: AsyncRead + Unpin> Source<'_, R> {
             },
             std::task::Poll::Ready(Err(e)) => Err(RelayError::Read(e)),
         }
+    }
+
+    /// Whether the inbox holds `n` bytes, after reading what the sender
+    /// has sent already (without waiting) when `n` is at most
+    /// [`GATHER`]. An error is left for the next read to meet.
+    pub(crate) fn gather(&mut self, n: usize) -> bool {
+        if n > self.inbox.len() && n <= GATHER {
+            // (One byte more, as in `relay_length`: the read that ends the
+            // body leaves the socket known to be drained.)
+            self.inbox.reserve(n - self.inbox.len() + 1);
+            while self.inbox.len() < n && self.read_ready().unwrap_or(false) {}
+        }
+        n <= self.inbox.len()
     }
 
     /// Reads until the inbox holds at least `n` bytes (the start of a body
