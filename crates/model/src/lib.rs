@@ -51,8 +51,9 @@ pub use schema::config_file_schema;
 pub use service::{
     ActiveCheck, AutoscaleSpec, BackendSpec, BalanceFactor, CheckKind, ConcurrencySpec, ExternalSpec, FeedbackFormula,
     FeedbackSpec, Gammas, GangliaSource, HeaderKey, HealthSpec, LoadSources, MaxConns, NodeExporterSource, OrcaSpec,
-    PassiveCheck, Percent, PolicySpec, PortRange, PrequalSpec, ProviderSpec, QueueSpec, ReadySpec, RetryBudget, Secret,
-    ServiceSettings, ServiceSpec, Timeouts, UpstreamProtocol, UpstreamSpec, UpstreamTls, Weight, REDACTED,
+    PassiveCheck, Percent, PolicySpec, PortRange, PrequalSpec, ProviderSpec, ProxyProtocolVersion, QueueSpec,
+    ReadySpec, RetryBudget, Secret, ServiceSettings, ServiceSpec, Timeouts, UpstreamProtocol, UpstreamSpec,
+    UpstreamTls, Weight, REDACTED,
 };
 pub use state::{ChangeError, ChangeErrorKind, ConfigState, Delta};
 pub use static_root::{check_static_root, StaticRootError};

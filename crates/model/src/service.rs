@@ -270,12 +270,34 @@ pub struct UpstreamSpec {
     /// TLS to the backends (default: none, plain TCP).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls: Option<UpstreamTls>,
+    /// Sends the PROXY protocol (`v1` text or `v2` binary) at the start of
+    /// every connection to the backends, before TLS if any, naming the
+    /// client and the address it connected to (default: none). Backends
+    /// behind it see the real client's address at the TCP level (an nginx
+    /// `listen ... proxy_protocol`, HAProxy's `accept-proxy`, another
+    /// Tidegate's listener). A connection so opened carries one client's
+    /// requests only: it is kept idle for that client connection alone and
+    /// closed with it. Health checks and probes send a header naming no
+    /// client (v1 `UNKNOWN`, v2 `LOCAL`). Not with `protocol: http2`, whose
+    /// one connection carries every client's requests.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proxy_protocol: Option<ProxyProtocolVersion>,
 }
 
 impl Default for UpstreamSpec {
     fn default() -> Self {
-        UpstreamSpec { max_idle: 256, protocol: UpstreamProtocol::Http1, tls: None }
+        UpstreamSpec { max_idle: 256, protocol: UpstreamProtocol::Http1, tls: None, proxy_protocol: None }
     }
+}
+
+/// The version of the PROXY protocol sent to a service's backends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ProxyProtocolVersion {
+    /// Version 1: one text line (`PROXY TCP4 ...`).
+    V1,
+    /// Version 2: binary.
+    V2,
 }
 
 /// The HTTP version the proxy speaks to a service's backends.
@@ -1495,6 +1517,13 @@ impl ServiceSettings {
         if let Some(tls) = &self.upstream.tls {
             tls.validate()?;
         }
+        if self.upstream.proxy_protocol.is_some() && self.upstream.protocol == UpstreamProtocol::Http2 {
+            return Err(Invalid::conflict(
+                "upstream.proxy_protocol",
+                "upstream.protocol",
+                "the PROXY protocol names one client per connection; an HTTP/2 connection carries every client's requests",
+            ));
+        }
         let h = &self.health;
         if let Some(a) = &h.active {
             if !request_path(&a.path) {
@@ -1876,6 +1905,7 @@ mod tests {
             (r#"{"health":{"slow_start_ms":86400001}}"#, "health.slow_start_ms"),
             (r#"{"concurrency":{"latency_tolerance_pct":5}}"#, "concurrency.latency_tolerance_pct"),
             (r#"{"upstream":{"max_idle":100001}}"#, "upstream.max_idle"),
+            (r#"{"upstream":{"protocol":"http2","proxy_protocol":"v2"}}"#, "upstream.proxy_protocol"),
         ];
         for (text, field) in bad {
             let settings = crate::parse_json::<ServiceSettings>(text.as_bytes()).unwrap_err();

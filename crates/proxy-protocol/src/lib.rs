@@ -6,7 +6,8 @@
 //!
 //! [`parse`] reads a header from the bytes received so far: pure, no IO.
 //! The caller reads only what [`Parsed::Header`] says the header took, so
-//! the client's first bytes after it stay unread.
+//! the client's first bytes after it stay unread. [`encode`] writes one,
+//! for a proxy that tells its own backends whom it relays.
 //!
 //! - Version 1 is text: `PROXY TCP4 192.0.2.1 198.51.100.2 56324 443\r\n`
 //!   (or `TCP6`, or `UNKNOWN` with anything up to the line's end), 107
@@ -81,6 +82,90 @@ pub enum Error {
     /// A version 2 header that does not follow the format.
     #[error("malformed PROXY protocol v2 header: {0}")]
     V2(&'static str),
+}
+
+/// Which version of the protocol to write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Version {
+    /// Text, one line.
+    V1,
+    /// Binary.
+    V2,
+}
+
+/// Writes `header` in `version`, to go before a connection's own bytes.
+///
+/// Both addresses of a header share one family: when one is IPv4 and the
+/// other IPv6, the IPv4 one is written as an IPv4-mapped IPv6 address (an
+/// IPv4-mapped address given with an IPv4 one is written as IPv4 first).
+/// [`Header::Local`] is version 1's `UNKNOWN` and version 2's `LOCAL`
+/// command: the connection is the proxy's own (a health check).
+pub fn encode(version: Version, header: &Header) -> Vec<u8> {
+    let (source, destination) = match *header {
+        Header::Local => return local(version),
+        Header::Proxied { source, destination } => one_family(source, destination),
+    };
+    match version {
+        Version::V1 => {
+            let family = if source.is_ipv4() { "TCP4" } else { "TCP6" };
+            let (s, d) = (source.ip(), destination.ip());
+            let (sp, dp) = (source.port(), destination.port());
+            format!("PROXY {family} {s} {d} {sp} {dp}\r\n").into_bytes()
+        }
+        Version::V2 => {
+            let mut out = V2_SIGNATURE.to_vec();
+            out.push(0x21); // version 2, PROXY
+            let addrs = match (source.ip(), destination.ip()) {
+                (IpAddr::V4(s), IpAddr::V4(d)) => {
+                    out.push(0x11);
+                    [s.octets().as_slice(), &d.octets()].concat()
+                }
+                (s, d) => {
+                    out.push(0x21);
+                    [v6(s).octets().as_slice(), &v6(d).octets()].concat()
+                }
+            };
+            out.extend_from_slice(&(addrs.len() as u16 + 4).to_be_bytes());
+            out.extend_from_slice(&addrs);
+            out.extend_from_slice(&source.port().to_be_bytes());
+            out.extend_from_slice(&destination.port().to_be_bytes());
+            out
+        }
+    }
+}
+
+/// A header that names no client.
+fn local(version: Version) -> Vec<u8> {
+    match version {
+        Version::V1 => b"PROXY UNKNOWN\r\n".to_vec(),
+        Version::V2 => {
+            let mut out = V2_SIGNATURE.to_vec();
+            out.extend_from_slice(&[0x20, 0x00, 0x00, 0x00]); // version 2, LOCAL, no address
+            out
+        }
+    }
+}
+
+/// The two addresses in one family: IPv4 when both are (or map to) IPv4,
+/// else both IPv6.
+fn one_family(source: SocketAddr, destination: SocketAddr) -> (SocketAddr, SocketAddr) {
+    let unmapped = |a: SocketAddr| match a.ip() {
+        IpAddr::V6(ip) => ip.to_ipv4_mapped().map_or(a, |v4| SocketAddr::new(IpAddr::V4(v4), a.port())),
+        IpAddr::V4(_) => a,
+    };
+    let (s, d) = (unmapped(source), unmapped(destination));
+    if s.is_ipv4() == d.is_ipv4() {
+        return (s, d);
+    }
+    let mapped = |a: SocketAddr| SocketAddr::new(IpAddr::V6(v6(a.ip())), a.port());
+    (mapped(s), mapped(d))
+}
+
+fn v6(ip: IpAddr) -> Ipv6Addr {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    }
 }
 
 /// Reads a PROXY protocol header (either version) from the start of `buf`.
@@ -315,6 +400,45 @@ mod tests {
         assert_eq!(parse(&v2(1, 0x11, &[0; 8])), Err(Error::V2("IPv4 addresses cut short")));
         assert_eq!(parse(&v2(1, 0x21, &[0; 12])), Err(Error::V2("IPv6 addresses cut short")));
         assert_eq!(parse(&v2(1, 0x11, &[0; 3000])), Err(Error::TooLong));
+    }
+
+    #[test]
+    fn an_encoded_header_parses_back_to_what_it_says_in_both_versions() {
+        let cases = [
+            (addr("192.0.2.1:56324"), addr("198.51.100.2:443")),
+            (addr("[2001:db8::1]:1"), addr("[2001:db8::2]:65535")),
+        ];
+        for version in [Version::V1, Version::V2] {
+            for (source, destination) in cases {
+                let header = Header::Proxied { source, destination };
+                let mut bytes = encode(version, &header);
+                let len = bytes.len();
+                bytes.extend_from_slice(b"GET / HTTP/1.1\r\n");
+                assert_eq!(done(&bytes), (header, len), "{version:?}");
+            }
+            assert_eq!(done(&encode(version, &Header::Local)).0, Header::Local);
+        }
+        assert_eq!(encode(Version::V1, &Header::Local), b"PROXY UNKNOWN\r\n");
+        assert_eq!(
+            encode(
+                Version::V1,
+                &Header::Proxied { source: addr("192.0.2.1:56324"), destination: addr("198.51.100.2:443") }
+            ),
+            b"PROXY TCP4 192.0.2.1 198.51.100.2 56324 443\r\n"
+        );
+    }
+
+    #[test]
+    fn addresses_of_two_families_are_written_in_one() {
+        // An IPv4 client on a dual-stack socket: mapped, written as IPv4.
+        let header = Header::Proxied { source: addr("[::ffff:192.0.2.1]:5"), destination: addr("198.51.100.2:443") };
+        assert_eq!(encode(Version::V1, &header), b"PROXY TCP4 192.0.2.1 198.51.100.2 5 443\r\n");
+        // An IPv4 client of an IPv6 address: both written as IPv6.
+        let header = Header::Proxied { source: addr("192.0.2.1:5"), destination: addr("[2001:db8::2]:443") };
+        let want = Header::Proxied { source: addr("[::ffff:192.0.2.1]:5"), destination: addr("[2001:db8::2]:443") };
+        for version in [Version::V1, Version::V2] {
+            assert_eq!(done(&encode(version, &header)).0, want, "{version:?}");
+        }
     }
 
     proptest::proptest! {

@@ -4,9 +4,11 @@
 //! request body kept for a replay.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use http::header::HeaderValue;
+use tidegate_upstream::h1::Upstream;
+use tidegate_upstream::pool::UpstreamPool;
 
 /// What a client connection holds while anything of it lives, a tunnel
 /// that outlives its request included: its place under
@@ -48,11 +50,34 @@ pub struct Peer {
     /// The named listener it came on (`None`: a default listener): only
     /// the routes bound to it match its requests.
     pub listener: Option<Arc<str>>,
+    /// What the connection holds for all its requests (behind one pointer:
+    /// every connection's task holds a `Peer`).
+    pub(crate) own: Arc<Own>,
+}
+
+/// What a client connection holds for all its requests.
+#[derive(Debug)]
+pub(crate) struct Own {
+    /// The address the client connected to: the listener's, or the one a
+    /// balancer's PROXY protocol header names.
+    pub(crate) local: SocketAddr,
+    /// Upstream connections that carry this connection's requests only:
+    /// those to services that send the PROXY protocol, whose header names
+    /// this client. Made on first use, shared by the connection's requests
+    /// (and HTTP/2 streams), closed when the connection ends.
+    pub(crate) upstream: OnceLock<UpstreamPool<Upstream>>,
 }
 
 impl Peer {
-    /// Describes a plain-HTTP client connection (untrusted).
+    /// Describes a plain-HTTP client connection (untrusted), its local
+    /// address unknown (unspecified).
     pub fn new(addr: SocketAddr) -> Peer {
+        Peer::with_local(addr, SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), 0))
+    }
+
+    /// Describes a plain-HTTP client connection (untrusted) from `addr` to
+    /// `local`.
+    pub fn with_local(addr: SocketAddr, local: SocketAddr) -> Peer {
         let ip_header =
             HeaderValue::from_str(&addr.ip().to_string()).unwrap_or_else(|_| HeaderValue::from_static("unknown"));
         Peer {
@@ -64,7 +89,13 @@ impl Peer {
             port_header: HeaderValue::from_static("0"),
             client_cert: None,
             listener: None,
+            own: Arc::new(Own { local, upstream: OnceLock::new() }),
         }
+    }
+
+    /// The address the client connected to.
+    pub fn local(&self) -> SocketAddr {
+        self.own.local
     }
 
     /// Records the listener the client came through: its port, and whether

@@ -77,6 +77,7 @@ impl Upstreams {
             };
             let mut ex = BridgeExchange {
                 pool: &self.native,
+                peer,
                 parts: &req.parts,
                 path_and_query: req.path_and_query.as_str(),
                 body,
@@ -86,7 +87,7 @@ impl Upstreams {
             let Answered { answer, slot } = attempts::run(service, &mut ex, &ctx, first, trace).await?;
             return bridge::response(answer, slot).map(|resp| resp.map(ProxyBody::Native));
         }
-        let mut ex = HyperExchange { pool: &self.pool, req: &req, body, upgrade: upgrade.is_some() };
+        let mut ex = HyperExchange { pool: &self.pool, peer, req: &req, body, upgrade: upgrade.is_some() };
         let Answered { answer: Sent { mut response, conn }, slot } =
             attempts::run(service, &mut ex, &ctx, first, trace).await?;
         let hold = Hold { slot, conn: Some(conn) };
@@ -111,6 +112,7 @@ impl Upstreams {
 /// A request carried by hyper, sent over the worker's hyper connections.
 struct HyperExchange<'a> {
     pool: &'a UpstreamPool<HyperConn>,
+    peer: &'a Peer,
     req: &'a Prepared,
     body: Replay,
     upgrade: bool,
@@ -138,7 +140,7 @@ impl Exchange for HyperExchange<'_> {
     ) -> Result<Sent, ErrorKind> {
         let body = self.body.take().ok_or(ErrorKind::ClientBody)?;
         let up = upstream_request(&self.req.parts, backend, &self.req.path_and_query, body)?;
-        let cs = crate::upstreams::conn_settings(service);
+        let cs = crate::upstreams::client_settings(service, self.peer);
         let sending = self.pool.send(&backend.addr, &service.upstream, cs, up, fresh, self.upgrade);
         self.body.settle(tokio::time::timeout_at(deadline, sending).await.unwrap_or(Err(Unsent::TIMED_OUT)))
     }

@@ -52,7 +52,10 @@ pub(crate) async fn connect(
     settings: ConnSettings,
     protocol: UpstreamProtocol,
 ) -> Result<Stream, ErrorKind> {
-    profile.connect_for(addr, settings.connect, protocol).await.map_err(|e| crate::upstream_error::connect_kind(&e))
+    profile
+        .connect_for(addr, settings.connect, protocol, settings.origin)
+        .await
+        .map_err(|e| crate::upstream_error::connect_kind(&e))
 }
 
 /// Opens a new connection to `addr`; `upgrades` keeps the socket usable
@@ -144,7 +147,13 @@ mod tests {
     use tokio::net::TcpListener;
 
     fn settings(idle_ms: u64, max_idle: usize) -> ConnSettings {
-        ConnSettings { connect: Duration::from_secs(1), idle: Duration::from_millis(idle_ms), max_idle, profile: 0 }
+        ConnSettings {
+            connect: Duration::from_secs(1),
+            idle: Duration::from_millis(idle_ms),
+            max_idle,
+            profile: 0,
+            origin: None,
+        }
     }
 
     fn get() -> http::Request<UpBody> {

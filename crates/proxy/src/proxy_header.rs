@@ -25,10 +25,10 @@ pub(crate) enum HeaderError {
     Io(#[from] std::io::Error),
 }
 
-/// Reads the header at the start of `stream`: the client it names, or
-/// None when it names none (a `LOCAL` or `UNKNOWN` header: the
-/// connection's own peer stands).
-pub(crate) async fn read(stream: &mut TcpStream) -> Result<Option<SocketAddr>, HeaderError> {
+/// Reads the header at the start of `stream`: the client it names and the
+/// address that client connected to, or None when it names none (a
+/// `LOCAL` or `UNKNOWN` header: the connection's own addresses stand).
+pub(crate) async fn read(stream: &mut TcpStream) -> Result<Option<(SocketAddr, SocketAddr)>, HeaderError> {
     // Bytes already read: all of them the header's.
     let mut head: Vec<u8> = Vec::new();
     let mut buf = vec![0u8; MAX_V2];
@@ -48,7 +48,7 @@ pub(crate) async fn read(stream: &mut TcpStream) -> Result<Option<SocketAddr>, H
                 let rest = len - head.len();
                 stream.read_exact(&mut buf[..rest]).await?;
                 return Ok(match header {
-                    Header::Proxied { source, .. } => Some(source),
+                    Header::Proxied { source, destination } => Some((source, destination)),
                     Header::Local => None,
                 });
             }
@@ -89,7 +89,7 @@ mod tests {
             balancer
         });
         let client = read(&mut server).await.unwrap();
-        assert_eq!(client, Some("192.0.2.1:5000".parse().unwrap()));
+        assert_eq!(client, Some(("192.0.2.1:5000".parse().unwrap(), "198.51.100.2:80".parse().unwrap())));
         let _balancer = send.await.unwrap();
         let mut rest = [0u8; 18];
         server.read_exact(&mut rest).await.unwrap();

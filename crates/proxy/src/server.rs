@@ -1,7 +1,7 @@
 //! Listeners and runtimes: thread-per-core (a current-thread runtime per
 //! worker, `SO_REUSEPORT` listeners) or one multi-thread runtime.
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -493,15 +493,19 @@ pub(crate) async fn accept_loop(
                 let engine = opts.http1;
                 let (tls, listener_name) = (tls.clone(), listener_name.clone());
                 tokio::spawn(async move {
-                    let (addr, per_client) = match admitted {
-                        Some(per_client) => (peer, per_client),
+                    let own = stream.local_addr().unwrap_or(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port));
+                    let (addr, local, per_client) = match admitted {
+                        Some(per_client) => (peer, own, per_client),
                         None => {
-                            let Some(addr) = balanced_client(&mut stream, peer, &proxy, &limits).await else { return };
+                            let Some((addr, local)) = balanced_client(&mut stream, (peer, own), &proxy, &limits).await
+                            else {
+                                return;
+                            };
                             let Ok(per_client) = admit(&proxy, addr) else { return };
-                            (addr, per_client)
+                            (addr, local, per_client)
                         }
                     };
-                    let mut client = Peer::new(addr);
+                    let mut client = Peer::with_local(addr, local);
                     client.trusted = limits.trusted_proxies.contains(addr.ip());
                     client.conn_slot = Some(hold.clone());
                     client.set_listener(port, tls.is_some());
@@ -576,19 +580,21 @@ fn admit(proxy: &Proxy, addr: SocketAddr) -> Result<Option<crate::admission::Cli
     })
 }
 
-/// The client a balancer's PROXY protocol header names on `stream` (the
-/// balancer itself, `peer`, for a header that names none); None when the
-/// header is missing, malformed or late (within the first request's
-/// timeout): the connection is then closed.
+/// The client a balancer's PROXY protocol header names on `stream`, and
+/// the address it connected to (the connection's own, `direct`, for a
+/// header that names none); None when the header is missing, malformed or
+/// late (within the first request's timeout): the connection is then
+/// closed.
 async fn balanced_client(
     stream: &mut tokio::net::TcpStream,
-    peer: SocketAddr,
+    direct: (SocketAddr, SocketAddr),
     proxy: &Proxy,
     limits: &Limits,
-) -> Option<SocketAddr> {
+) -> Option<(SocketAddr, SocketAddr)> {
     let read = tokio::time::timeout(limits.first_request_timeout, crate::proxy_header::read(stream)).await;
+    let peer = direct.0;
     let outcome = match read {
-        Ok(Ok(client)) => Ok(client.unwrap_or(peer)),
+        Ok(Ok(client)) => Ok(client.unwrap_or(direct)),
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err("no PROXY protocol header within the first request's timeout".to_string()),
     };

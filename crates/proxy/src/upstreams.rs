@@ -22,7 +22,7 @@ use tidegate_h1::HeadLimits;
 use tidegate_model::BackendAddr;
 use tidegate_upstream::h1;
 use tidegate_upstream::pool::{Conn, ConnSettings, UpstreamPool};
-use tidegate_upstream::Profile;
+use tidegate_upstream::{Origin, Profile};
 
 /// A worker's way to its backends: its connection pool and its
 /// external-distributor client.
@@ -66,7 +66,9 @@ impl Upstreams {
     }
 }
 
-/// What `service` asks of its connections.
+/// What `service` asks of its connections, shared by every client
+/// (HTTP/2 backends: a service that sends the PROXY protocol does not
+/// speak it).
 pub(crate) fn conn_settings(service: &ServiceRuntime) -> ConnSettings {
     let settings = &service.settings;
     ConnSettings {
@@ -74,6 +76,30 @@ pub(crate) fn conn_settings(service: &ServiceRuntime) -> ConnSettings {
         idle: Duration::from_millis(settings.timeouts.idle_ms),
         max_idle: settings.upstream.max_idle as usize,
         profile: service.upstream.key(),
+        origin: None,
+    }
+}
+
+/// What `service` asks of the connections that carry `peer`'s requests:
+/// for a service that sends the PROXY protocol, its header names `peer`.
+pub(crate) fn client_settings(service: &ServiceRuntime, peer: &Peer) -> ConnSettings {
+    let origin = service.upstream.sends_proxy_protocol().then_some(Origin { client: peer.addr, local: peer.local() });
+    ConnSettings { origin, ..conn_settings(service) }
+}
+
+/// Where `peer`'s request to `service` finds a native connection, and on
+/// what terms: the worker's pool, or, for a service that sends the PROXY
+/// protocol (each connection names one client), the client connection's
+/// own pool, which no other client's request sees.
+pub(crate) fn native_pool<'a>(
+    worker: &'a UpstreamPool<h1::Upstream>,
+    service: &ServiceRuntime,
+    peer: &'a Peer,
+) -> (&'a UpstreamPool<h1::Upstream>, ConnSettings) {
+    let settings = client_settings(service, peer);
+    match settings.origin {
+        None => (worker, settings),
+        Some(_) => (peer.own.upstream.get_or_init(|| worker.private()), settings),
     }
 }
 
@@ -165,4 +191,53 @@ pub(crate) async fn read_native(
     limits: HeadLimits,
 ) -> Result<(), ErrorKind> {
     h1::read_response(conn, to_head, limits).await.map_err(read_kind)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidegate_model::{ServiceName, ServiceSpec};
+    use tidegate_upstream::h1::NativeConn;
+    use tidegate_upstream::Stream;
+    use tokio::io::AsyncReadExt;
+
+    fn service(upstream: &str) -> ServiceRuntime {
+        let text = format!(r#"{{"backends":[{{"id":"a","addr":"127.0.0.1:1"}}],"upstream":{upstream}}}"#);
+        let spec = tidegate_model::parse_json::<ServiceSpec>(text.as_bytes()).unwrap();
+        ServiceRuntime::build(ServiceName::new("web").unwrap(), &spec, None)
+    }
+
+    /// A connection whose PROXY protocol header names one client stays
+    /// with that client's connection, out of the worker's pool, and closes
+    /// when the client connection ends; other services share the worker's.
+    #[tokio::test]
+    async fn connections_that_name_a_client_stay_with_it_and_close_with_it() {
+        let worker = UpstreamPool::<h1::Upstream>::new(Arc::<Counters>::default());
+        let peer = Peer::with_local("192.0.2.9:5000".parse().unwrap(), "198.51.100.1:80".parse().unwrap());
+        let (shared, sends) = (service("{}"), service(r#"{"proxy_protocol":"v2"}"#));
+
+        let (pool, cs) = native_pool(&worker, &shared, &peer);
+        assert!(std::ptr::eq(pool, &worker) && cs.origin.is_none());
+        let (pool, cs) = native_pool(&worker, &sends, &peer);
+        assert!(!std::ptr::eq(pool, &worker), "the client connection's own pool");
+        let origin = Origin { client: peer.addr, local: peer.local() };
+        assert_eq!(cs.origin, Some(origin));
+        let other = Peer::new("192.0.2.10:5000".parse().unwrap());
+        assert!(!std::ptr::eq(native_pool(&worker, &sends, &other).0, pool), "another client's is another");
+
+        // An idle connection given back waits in the client's pool only.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = BackendAddr::new(&listener.local_addr().unwrap().to_string()).unwrap();
+        let (tcp, accepted) =
+            tokio::join!(tokio::net::TcpStream::connect(listener.local_addr().unwrap()), listener.accept());
+        let (mut backend, _) = accepted.unwrap();
+        pool.fresh(NativeConn::new(Stream::Plain(tcp.unwrap())), &addr, cs).release();
+        assert_eq!(pool.idle(cs.profile, &addr), 1);
+        assert_eq!(worker.idle(cs.profile, &addr), 0, "never in the worker's pool");
+        // The client connection ends: its backend connection closes.
+        drop(peer);
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(10), backend.read(&mut byte)).await;
+        assert_eq!(read.expect("closed in time").expect("a clean close"), 0);
+    }
 }

@@ -126,7 +126,7 @@ pub async fn open(
         None => {
             // Native connections speak HTTP/1.1, whatever the service does
             // (an upgrade on an HTTP/2 service comes here).
-            let stream = profile.connect_for(addr, cs.connect, UpstreamProtocol::Http1).await?;
+            let stream = profile.connect_for(addr, cs.connect, UpstreamProtocol::Http1, cs.origin).await?;
             Ok(pool.fresh(NativeConn::new(stream), addr, cs))
         }
     }

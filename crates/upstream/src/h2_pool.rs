@@ -98,7 +98,7 @@ where
                 return Ok((s, true));
             }
         }
-        let stream = profile.connect_for(addr, cs.connect, UpstreamProtocol::Http2).await?;
+        let stream = profile.connect_for(addr, cs.connect, UpstreamProtocol::Http2, None).await?;
         if profile.is_tls() && !stream.negotiated_h2() {
             tracing::debug!(backend = %addr, "the backend did not agree to HTTP/2 (ALPN h2)");
             return Err(H2Error::NotH2);

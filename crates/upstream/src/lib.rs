@@ -8,7 +8,10 @@
 //! health prober and anything else that talks to backends open connections
 //! through [`Profile::connect`], so they agree on how a backend is reached.
 //! Connections opened under different profiles are never mixed:
-//! [`Profile::key`] tells pools apart.
+//! [`Profile::key`] tells pools apart. A profile that sends the PROXY
+//! protocol writes its header first on every connection: naming the
+//! request's client ([`Origin`]) on the request path, no client on the
+//! prober's.
 //!
 //! The small HTTP clients that are not requests to a service's backends
 //! (node_exporter scrapes, plain Prequal probes, the reference
@@ -41,8 +44,9 @@ use std::time::Duration;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
-use tidegate_model::{BackendAddr, Invalid, UpstreamProtocol, UpstreamSpec, UpstreamTls};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tidegate_model::{BackendAddr, Invalid, ProxyProtocolVersion, UpstreamProtocol, UpstreamSpec, UpstreamTls};
+use tidegate_proxy_protocol as proxy_protocol;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
@@ -70,6 +74,8 @@ pub enum ProfileError {
 pub struct Profile {
     protocol: UpstreamProtocol,
     tls: Option<TlsClient>,
+    /// The PROXY protocol version written first on every connection.
+    proxy_protocol: Option<proxy_protocol::Version>,
     key: u64,
     /// Settings that did not compile: every connect fails with this.
     refused: Option<Arc<str>>,
@@ -90,6 +96,7 @@ impl std::fmt::Debug for Profile {
         f.debug_struct("Profile")
             .field("protocol", &self.protocol)
             .field("tls", &self.tls.is_some())
+            .field("proxy_protocol", &self.proxy_protocol)
             .field("key", &self.key)
             .finish()
     }
@@ -98,35 +105,59 @@ impl std::fmt::Debug for Profile {
 impl Default for Profile {
     /// Plain HTTP/1.1 over TCP.
     fn default() -> Self {
-        Profile { protocol: UpstreamProtocol::Http1, tls: None, key: 0, refused: None }
+        Profile { protocol: UpstreamProtocol::Http1, tls: None, proxy_protocol: None, key: 0, refused: None }
     }
+}
+
+/// The client connection a backend connection is opened for, as a PROXY
+/// protocol header names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Origin {
+    /// The client's address.
+    pub client: SocketAddr,
+    /// The address the client connected to.
+    pub local: SocketAddr,
 }
 
 impl Profile {
     /// Compiles a service's `upstream` settings. Fails only on settings the
     /// model's validation refuses (a CA that is not one, a bad name).
     pub fn build(spec: &UpstreamSpec) -> Result<Profile, ProfileError> {
-        let Some(tls) = &spec.tls else {
-            let key = if spec.protocol == UpstreamProtocol::Http1 { 0 } else { 1 };
-            return Ok(Profile { protocol: spec.protocol, tls: None, key, refused: None });
-        };
+        let proxy_protocol = spec.proxy_protocol.map(|v| match v {
+            ProxyProtocolVersion::V1 => proxy_protocol::Version::V1,
+            ProxyProtocolVersion::V2 => proxy_protocol::Version::V2,
+        });
+        let plain = |key| Profile { protocol: spec.protocol, tls: None, proxy_protocol, key, refused: None };
         let mut hasher = std::hash::DefaultHasher::new();
-        (spec.protocol, tls).hash(&mut hasher);
-        // 0 and 1 are the plain profiles.
+        (spec.protocol, &spec.tls, spec.proxy_protocol).hash(&mut hasher);
+        // 0 and 1 are the plain profiles without the PROXY protocol.
         let key = hasher.finish() | 2;
+        let Some(tls) = &spec.tls else {
+            return Ok(match (proxy_protocol, spec.protocol) {
+                (Some(_), _) => plain(key),
+                (None, UpstreamProtocol::Http1) => plain(0),
+                (None, UpstreamProtocol::Http2) => plain(1),
+            });
+        };
         let mut config = client_config(tls)?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         let http1 = TlsConnector::from(Arc::new(config.clone()));
         config.alpn_protocols = vec![b"h2".to_vec()];
         let http2 = TlsConnector::from(Arc::new(config));
         let client = TlsClient { http1, http2, sni: tls.server_name()? };
-        Ok(Profile { protocol: spec.protocol, tls: Some(client), key, refused: None })
+        Ok(Profile { protocol: spec.protocol, tls: Some(client), proxy_protocol, key, refused: None })
     }
 
     /// A profile for settings that did not compile: it opens no connection
     /// (never falls back to plain TCP where TLS was asked for).
     pub fn refusing(reason: String) -> Profile {
-        Profile { protocol: UpstreamProtocol::Http1, tls: None, key: u64::MAX, refused: Some(reason.into()) }
+        Profile {
+            protocol: UpstreamProtocol::Http1,
+            tls: None,
+            proxy_protocol: None,
+            key: u64::MAX,
+            refused: Some(reason.into()),
+        }
     }
 
     /// The HTTP version spoken to the backends.
@@ -134,7 +165,14 @@ impl Profile {
         self.protocol
     }
 
-    /// Whether this is plain HTTP/1.1 over TCP, the default.
+    /// Whether connections start with a PROXY protocol header: then each
+    /// carries one client connection's requests only.
+    pub fn sends_proxy_protocol(&self) -> bool {
+        self.proxy_protocol.is_some()
+    }
+
+    /// Whether this is plain HTTP/1.1 over TCP, the default (no TLS, no
+    /// PROXY protocol).
     pub fn is_plain_http1(&self) -> bool {
         self.key == 0
     }
@@ -159,26 +197,37 @@ impl Profile {
         self.key
     }
 
-    /// Opens a connection to `addr` for the service's HTTP version (TCP,
-    /// then the TLS handshake if any), all within `timeout`.
+    /// Opens a connection of the proxy's own to `addr` (a health check, a
+    /// probe) for the service's HTTP version (TCP, a PROXY protocol header
+    /// naming no client if the service sends it, then the TLS handshake if
+    /// any), all within `timeout`.
     pub async fn connect(&self, addr: &BackendAddr, timeout: Duration) -> Result<Stream, ConnectError> {
-        self.connect_for(addr, timeout, self.protocol).await
+        self.connect_for(addr, timeout, self.protocol, None).await
     }
 
     /// Opens a connection to `addr` to speak `protocol` on (over TLS, the
     /// ALPN offer says which): HTTP/1.1 for upgrades, which HTTP/2 does not
-    /// carry, whatever the service speaks.
+    /// carry, whatever the service speaks. A service that sends the PROXY
+    /// protocol names `origin` in its header (none when `None`).
     pub async fn connect_for(
         &self,
         addr: &BackendAddr,
         timeout: Duration,
         protocol: UpstreamProtocol,
+        origin: Option<Origin>,
     ) -> Result<Stream, ConnectError> {
         if let Some(reason) = &self.refused {
             return Err(ConnectError::Tls(io::Error::new(io::ErrorKind::InvalidInput, reason.to_string())));
         }
         let opening = async {
-            let tcp = open_tcp(addr).await.map_err(ConnectError::Failed)?;
+            let mut tcp = open_tcp(addr).await.map_err(ConnectError::Failed)?;
+            if let Some(version) = self.proxy_protocol {
+                let header = match origin {
+                    Some(o) => proxy_protocol::Header::Proxied { source: o.client, destination: o.local },
+                    None => proxy_protocol::Header::Local,
+                };
+                tcp.write_all(&proxy_protocol::encode(version, &header)).await.map_err(ConnectError::Failed)?;
+            }
             let Some(tls) = &self.tls else {
                 return Ok(Stream::Plain(tcp));
             };

@@ -49,6 +49,11 @@ pub struct ConnSettings {
     /// The [`Profile::key`] of the service's upstream settings: connections
     /// of different profiles (plain, TLS with other trust) never mix.
     pub profile: u64,
+    /// The client connection new connections are opened for, when the
+    /// service sends the PROXY protocol (their header names it); `None`
+    /// otherwise. Such connections go to that client connection's own
+    /// pool, never the worker's.
+    pub origin: Option<crate::Origin>,
 }
 
 /// A connection the pool can hold while it is idle.
@@ -80,10 +85,23 @@ pub struct UpstreamPool<C> {
     inner: Arc<Inner<C>>,
 }
 
+impl<C> std::fmt::Debug for UpstreamPool<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamPool").finish_non_exhaustive()
+    }
+}
+
 impl<C> UpstreamPool<C> {
     /// A worker's pool, counting the connections it opens in `counters`.
     pub fn new(counters: Arc<dyn OpenCounter>) -> Self {
         UpstreamPool::with_grace(SURPLUS_GRACE, counters)
+    }
+
+    /// An empty pool of its own that counts the connections it opens where
+    /// this one does: one client connection's, for connections that may
+    /// carry its requests only (they close when it is dropped).
+    pub fn private(&self) -> Self {
+        UpstreamPool::with_grace(self.inner.grace, self.inner.counters.clone())
     }
 
     /// A pool keeping connections past `max_idle` for `grace`.
@@ -126,8 +144,24 @@ pub struct Conn<C> {
     /// Whether it served a request before this one.
     pub reused: bool,
     addr: BackendAddr,
-    settings: ConnSettings,
+    /// What `release` needs of the settings (not the origin: a
+    /// connection is smaller than its settings).
+    keep: Keep,
     pool: Weak<Inner<C>>,
+}
+
+/// How a connection given back is kept.
+#[derive(Debug, Clone, Copy)]
+struct Keep {
+    idle: Duration,
+    max_idle: usize,
+    profile: u64,
+}
+
+impl From<ConnSettings> for Keep {
+    fn from(s: ConnSettings) -> Keep {
+        Keep { idle: s.idle, max_idle: s.max_idle, profile: s.profile }
+    }
 }
 
 impl<C> std::fmt::Debug for Conn<C> {
@@ -141,7 +175,7 @@ impl<C: Reusable> Conn<C> {
     /// the service keeps no idle connections. It is kept for the idle
     /// timeout, or for the surplus grace when `max_idle` are idle already.
     pub fn release(mut self) {
-        if self.settings.max_idle == 0 || self.conn.is_closed() {
+        if self.keep.max_idle == 0 || self.conn.is_closed() {
             return;
         }
         let Some(inner) = self.pool.upgrade() else {
@@ -149,15 +183,15 @@ impl<C: Reusable> Conn<C> {
         };
         let now = Instant::now();
         if let Ok(mut map) = inner.idle.lock() {
-            let list = map.entry(self.settings.profile).or_default().entry(self.addr).or_default();
+            let list = map.entry(self.keep.profile).or_default().entry(self.addr).or_default();
             // The least recently used are at the front: expire them here
             // (the sweeper finds those behind a live one).
             while list.front_mut().is_some_and(|c| !c.usable(now)) {
                 list.pop_front();
             }
-            let keep = match list.len() < self.settings.max_idle {
-                true => self.settings.idle,
-                false => self.settings.idle.min(inner.grace),
+            let keep = match list.len() < self.keep.max_idle {
+                true => self.keep.idle,
+                false => self.keep.idle.min(inner.grace),
             };
             list.push_back(Idle { conn: self.conn, expires: now + keep });
         }
@@ -221,7 +255,7 @@ impl<C: Reusable> UpstreamPool<C> {
                     conn: idle.conn,
                     reused: true,
                     addr: addr.clone(),
-                    settings,
+                    keep: settings.into(),
                     pool: Arc::downgrade(&self.inner),
                 });
             }
@@ -232,7 +266,7 @@ impl<C: Reusable> UpstreamPool<C> {
     /// Wraps a connection just opened to `addr`, and counts it.
     pub fn fresh(&self, conn: C, addr: &BackendAddr, settings: ConnSettings) -> Conn<C> {
         self.inner.counters.opened();
-        Conn { conn, reused: false, addr: addr.clone(), settings, pool: Arc::downgrade(&self.inner) }
+        Conn { conn, reused: false, addr: addr.clone(), keep: settings.into(), pool: Arc::downgrade(&self.inner) }
     }
 }
 
@@ -263,7 +297,7 @@ mod tests {
     }
 
     fn settings(max_idle: usize, profile: u64) -> ConnSettings {
-        ConnSettings { connect: Duration::from_secs(1), idle: Duration::from_secs(60), max_idle, profile }
+        ConnSettings { connect: Duration::from_secs(1), idle: Duration::from_secs(60), max_idle, profile, origin: None }
     }
 
     fn fake(id: usize) -> (Fake, Arc<AtomicBool>) {

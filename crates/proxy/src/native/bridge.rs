@@ -43,7 +43,11 @@ pub(crate) enum Payload {
 
 /// A request carried by hyper, sent over the worker's native connections.
 pub(crate) struct BridgeExchange<'a> {
+    /// The worker's connections (a service that sends the PROXY protocol
+    /// uses the client connection's own).
     pub pool: &'a UpstreamPool<Upstream>,
+    /// The client whose request this is.
+    pub peer: &'a crate::conn::Peer,
     /// The request with its forwarding headers.
     pub parts: &'a Parts,
     pub path_and_query: &'a str,
@@ -71,8 +75,8 @@ impl Exchange for BridgeExchange<'_> {
         fresh: bool,
         deadline: Instant,
     ) -> Result<NativeAnswer, ErrorKind> {
-        let cs = crate::upstreams::conn_settings(service);
-        let mut conn = open(self.pool, &backend.addr, &service.upstream, cs, fresh).await?;
+        let (pool, cs) = crate::upstreams::native_pool(self.pool, service, self.peer);
+        let mut conn = open(pool, &backend.addr, &service.upstream, cs, fresh).await?;
         let sending = self.write(&mut conn, backend);
         let written = tokio::time::timeout_at(deadline, sending).await.unwrap_or(Err(ErrorKind::ResponseTimeout));
         let limits = HeadLimits { max_bytes: 64 * 1024, max_headers: tidegate_h1::MAX_HEADERS };
@@ -80,7 +84,7 @@ impl Exchange for BridgeExchange<'_> {
         match written {
             Err(ErrorKind::StaleConnection) => {
                 // Closed while idle, nothing of the request sent: a new one.
-                conn = open(self.pool, &backend.addr, &service.upstream, cs, true).await?;
+                conn = open(pool, &backend.addr, &service.upstream, cs, true).await?;
                 let sending = self.write(&mut conn, backend);
                 tokio::time::timeout_at(deadline, sending).await.unwrap_or(Err(ErrorKind::ResponseTimeout))?;
             }

@@ -35,6 +35,8 @@ pub(crate) enum Body {
 
 /// A request as the native path sends it.
 pub(crate) struct NativeExchange<'a, S> {
+    /// The worker's connections (a service that sends the PROXY protocol
+    /// uses the client connection's own).
     pub pool: &'a UpstreamPool<Upstream>,
     pub client: &'a mut ClientSide<S>,
     /// The request head the client sent, and its parse.
@@ -75,15 +77,15 @@ impl<S: ClientIo> Exchange for NativeExchange<'_, S> {
         fresh: bool,
         deadline: Instant,
     ) -> Result<NativeAnswer, ErrorKind> {
-        let cs = crate::upstreams::conn_settings(service);
+        let (pool, cs) = crate::upstreams::native_pool(self.pool, service, self.forwarding.peer);
         let fresh = fresh || self.forwarding.upgrade.is_some();
-        let mut conn = open(self.pool, &backend.addr, &service.upstream, cs, fresh).await?;
+        let mut conn = open(pool, &backend.addr, &service.upstream, cs, fresh).await?;
         let host = (!self.forwarding.named_host).then_some(backend.authority.as_str());
         match self.write_head(&mut conn, host, deadline).await {
             // The backend closed the pooled connection while it was idle
             // and none of the request reached it: send it on a new one.
             Err(ErrorKind::StaleConnection) if self.sendable() => {
-                conn = open(self.pool, &backend.addr, &service.upstream, cs, true).await?;
+                conn = open(pool, &backend.addr, &service.upstream, cs, true).await?;
                 self.write_head(&mut conn, host, deadline).await?;
             }
             // The backend stopped reading the request: it may have
@@ -306,8 +308,13 @@ mod tests {
         let (tcp, accepted) = tokio::join!(tokio::net::TcpStream::connect(l.local_addr().unwrap()), l.accept());
         let (mut backend, _) = accepted.unwrap();
         let pool = UpstreamPool::<Upstream>::new(Arc::<crate::metrics::Counters>::default());
-        let settings =
-            ConnSettings { connect: Duration::from_secs(1), idle: Duration::from_secs(60), max_idle: 8, profile: 0 };
+        let settings = ConnSettings {
+            connect: Duration::from_secs(1),
+            idle: Duration::from_secs(60),
+            max_idle: 8,
+            profile: 0,
+            origin: None,
+        };
         let mut conn = pool.fresh(NativeConn::new(Stream::Plain(tcp.unwrap())), &addr, settings);
         let limits = HeadLimits { max_bytes: 8192, max_headers: 100 };
         {

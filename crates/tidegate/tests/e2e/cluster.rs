@@ -25,7 +25,7 @@ struct Member {
 }
 
 /// An etcd cluster of real `etcd` processes on loopback, removed on drop.
-struct Etcd {
+pub(crate) struct Etcd {
     members: Vec<Member>,
     initial: String,
     /// Extra flags for every member (TLS).
@@ -38,7 +38,7 @@ struct Etcd {
 }
 
 impl Etcd {
-    fn start(n: usize) -> Etcd {
+    pub(crate) fn start(n: usize) -> Etcd {
         Self::start_with(n, Vec::new(), "http", Vec::new())
     }
 
@@ -138,7 +138,7 @@ impl Etcd {
     }
 
     /// The store URL over these members.
-    fn url(&self, members: &[usize], prefix: &str) -> String {
+    pub(crate) fn url(&self, members: &[usize], prefix: &str) -> String {
         let hosts: Vec<String> = members.iter().map(|&i| format!("127.0.0.1:{}", self.members[i].client)).collect();
         format!("etcd://{}/{prefix}", hosts.join(","))
     }
@@ -183,7 +183,7 @@ impl Drop for Etcd {
 }
 
 /// A Tidegate instance in cluster mode.
-fn instance(store: &str, extra: &[&str]) -> (Tidegate, tempfile::TempDir) {
+pub(crate) fn instance(store: &str, extra: &[&str]) -> (Tidegate, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut args = vec!["--store", store];
     args.extend_from_slice(extra);

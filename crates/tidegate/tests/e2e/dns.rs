@@ -1,7 +1,8 @@
 //! Pools from DNS against a real DNS server on loopback: Debian's
 //! `dnsmasq`, started here on its own port with its own hosts file (A
 //! records, changed and reloaded with SIGHUP) and SRV records; Tidegate
-//! resolves through it (`--resolver`).
+//! resolves through it (`--resolver`), alone and as two instances of a
+//! cluster on a real etcd.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -216,4 +217,73 @@ async fn a_pool_follows_a_and_srv_records_drops_nothing_and_keeps_its_set_when_t
     let (s, v) = tg.api("PUT", "/v1/services/bad", Some(bad)).await;
     assert_eq!((s, v["error"]["field"].as_str()), (400, Some("spec.dns.port")), "{v}");
     drop(a);
+}
+
+/// This instance's count of resolutions of `service`'s name (0 when it
+/// does not resolve it).
+async fn resolutions(tg: &Tidegate, service: &str) -> u64 {
+    let (_, status) = tg.api("GET", "/v1/status", None).await;
+    status["services"][service]["dns"]["resolutions"].as_u64().unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_cluster_one_instance_resolves_every_instance_serves_the_set_and_another_takes_over() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let listen = |ip: &str| format!("{ip}:{port}");
+    let _backends: Vec<Backend> = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+        .iter()
+        .enumerate()
+        .map(|(i, ip)| Backend::start(&format!("c{}", i + 1), &["--listen", &listen(ip)]))
+        .collect();
+    let hosts = dir.path().join("hosts");
+    std::fs::write(&hosts, "127.0.0.1 app.test\n127.0.0.2 app.test\n").expect("write");
+    let dns = Dnsmasq::start(dir.path(), &hosts, &[]).await;
+    let resolver = format!("127.0.0.1:{}", dns.port);
+    let etcd = crate::cluster::Etcd::start(1);
+    let store = etcd.url(&[0], "tg");
+    let (a, _da) = crate::cluster::instance(&store, &["--instance-name", "a", "--resolver", &resolver]);
+    let (b, _db) = crate::cluster::instance(&store, &["--instance-name", "b", "--resolver", &resolver]);
+
+    let pool = json!({"dns": {"name": "app.test.", "record": "a", "port": port, "min_ttl_s": 1, "max_ttl_s": 2}});
+    let (s, v) = a.api("PUT", "/v1/services/web", Some(pool)).await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = a.api("PUT", "/v1/routes/web", Some(json!({"match": {"path_prefix": "/"}, "service": "web"}))).await;
+    assert_eq!(s, 200, "{v}");
+    let first = [listen("127.0.0.1"), listen("127.0.0.2")];
+    for tg in [&a, &b] {
+        addrs_become(tg, "web", &first).await;
+        assert_eq!(get(&tg.url("/")).await.status, 200);
+    }
+
+    // One instance resolves (the role's lease), for both: after several
+    // of its resolutions the other has made none.
+    let a_resolves = wait_for("one instance resolves", Duration::from_secs(20), async || {
+        match (resolutions(&a, "web").await, resolutions(&b, "web").await) {
+            (n, 0) if n >= 3 => Some(true),
+            (0, n) if n >= 3 => Some(false),
+            (x, y) if x > 0 && y > 0 => panic!("both instances resolve: {x} and {y}"),
+            _ => None,
+        }
+    })
+    .await;
+
+    // A record set changed at the server reaches both.
+    std::fs::write(&hosts, "127.0.0.2 app.test\n127.0.0.3 app.test\n").expect("write");
+    dns.reload();
+    let second = [listen("127.0.0.2"), listen("127.0.0.3")];
+    for tg in [&a, &b] {
+        addrs_become(tg, "web", &second).await;
+    }
+
+    // The resolving instance dies: the other takes the role over (its
+    // lease runs out) and follows the next change alone.
+    let (resolving, other) = if a_resolves { (a, b) } else { (b, a) };
+    assert_eq!(resolutions(&other, "web").await, 0, "the other instance does not resolve");
+    resolving.kill9();
+    std::fs::write(&hosts, "127.0.0.1 app.test\n127.0.0.3 app.test\n").expect("write");
+    dns.reload();
+    addrs_become(&other, "web", &[listen("127.0.0.1"), listen("127.0.0.3")]).await;
+    assert!(resolutions(&other, "web").await > 0, "the survivor resolves now");
+    assert_eq!(get(&other.url("/")).await.status, 200);
 }

@@ -4,12 +4,19 @@
 //! one address `--proxy-protocol-from` trusts; clients connect to it from
 //! 127.0.0.3, and that is the address Tidegate must tell the backend and
 //! the access log.
+//!
+//! And the PROXY protocol sent to a service's backends: Debian's HAProxy
+//! in HTTP mode with `accept-proxy` as the backend, answering every
+//! request with the client and destination addresses the header named.
 
 use std::net::{IpAddr, SocketAddr};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -151,4 +158,126 @@ async fn a_balancer_in_tcp_mode_tells_the_real_client_over_v1_and_v2_and_a_heade
     };
     // (The probes that waited for HAProxy to listen were relayed too.)
     assert!(count("ok") >= Some(2.0) && count("failed") == Some(1.0), "{metrics}");
+}
+
+/// One answer read off a kept-alive HTTP/1.1 connection (a
+/// `content-length` body), its body.
+async fn keep_alive_exchange(stream: &mut TcpStream, request: &[u8]) -> String {
+    stream.write_all(request).await.expect("write");
+    let mut got = Vec::new();
+    let mut byte = [0u8; 1024];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let len = head
+                .lines()
+                .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string()))
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or_else(|| panic!("no content-length: {text}"));
+            if body.len() >= len {
+                assert!(head.starts_with("HTTP/1.1 200"), "{text}");
+                return body.to_string();
+            }
+        }
+        let n =
+            tokio::time::timeout_at(deadline, stream.read(&mut byte)).await.expect("an answer in time").expect("read");
+        assert!(n > 0, "closed before the answer: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&byte[..n]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_tells_its_backends_each_client_over_v1_and_v2_on_connections_of_that_client_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tg = Tidegate::start(&dir.path().join("tg"));
+    // The backend: HAProxy reading the header (`accept-proxy`: a
+    // connection without one is refused) and answering with what it named.
+    let (v1_port, v2_port) = (free_port(), free_port());
+    let answer =
+        r#"http-request return status 200 content-type text/plain lf-string "%[src]:%[src_port] %[dst]:%[dst_port]""#;
+    let config = format!(
+        "global\n  maxconn 200\ndefaults\n  mode http\n  timeout connect 5s\n  timeout client 30s\n  timeout server 30s\n\
+         frontend v1\n  bind 127.0.0.1:{v1_port} accept-proxy\n  {answer}\n\
+         frontend v2\n  bind 127.0.0.1:{v2_port} accept-proxy\n  {answer}\n"
+    );
+    std::fs::write(dir.path().join("haproxy.cfg"), config).expect("write");
+    let _haproxy = Haproxy(
+        Command::new("haproxy")
+            .arg("-f")
+            .arg(dir.path().join("haproxy.cfg"))
+            .arg("-db")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("haproxy (apt-get install haproxy)"),
+    );
+    for port in [v1_port, v2_port] {
+        wait_for("haproxy listens", Duration::from_secs(20), async || {
+            TcpStream::connect(("127.0.0.1", port)).await.ok().map(|_| ())
+        })
+        .await;
+    }
+    // Health checks through the header that names no client.
+    let health = json!({"active": {"path": "/health", "interval_ms": 100, "timeout_ms": 100, "rise": 1, "fall": 1}});
+    for (version, port) in [("v1", v1_port), ("v2", v2_port)] {
+        let spec = json!({
+            "backends": [{"id": "hap", "addr": format!("127.0.0.1:{port}")}],
+            "upstream": {"proxy_protocol": version},
+            "health": health,
+        });
+        let (s, v) = tg.api("PUT", &format!("/v1/services/pp{version}"), Some(spec)).await;
+        assert_eq!(s, 200, "{v}");
+        let route = json!({"match": {"host": format!("{version}.test")}, "service": format!("pp{version}")});
+        let (s, v) = tg.api("PUT", &format!("/v1/routes/pp{version}"), Some(route)).await;
+        assert_eq!(s, 200, "{v}");
+    }
+    let (s, v) = tg.api("GET", "/v1/services/ppv2", None).await;
+    assert_eq!((s, &v["spec"]["upstream"]["proxy_protocol"]), (200, &json!("v2")), "{v}");
+    wait_for("health checks with a LOCAL/UNKNOWN header pass", Duration::from_secs(10), async || {
+        let (_, status) = tg.api("GET", "/v1/status", None).await;
+        let up = |s: &str| status["services"][s]["backends"][0]["health"] == "up";
+        (up("ppv1") && up("ppv2")).then_some(())
+    })
+    .await;
+
+    // Six clients on kept-alive connections, in turn: each answer names
+    // the client that asked. Over two workers, at least two of them share
+    // a worker; a connection pooled for the worker would carry one's
+    // request with the other's header.
+    for version in ["v1", "v2"] {
+        let mut clients = Vec::new();
+        for i in 3..9u8 {
+            let ip = IpAddr::from([127, 0, 0, i]);
+            clients.push((ip, connect_from(ip, tg.proxy).await));
+        }
+        for round in 0..3 {
+            for (ip, stream) in &mut clients {
+                let local = stream.local_addr().expect("addr");
+                let req = format!("GET /r{round} HTTP/1.1\r\nhost: {version}.test\r\n\r\n");
+                let body = keep_alive_exchange(stream, req.as_bytes()).await;
+                let want = format!("{}:{} {}", ip, local.port(), tg.proxy);
+                assert_eq!(body, want, "{version}, round {round}");
+            }
+        }
+    }
+    // HTTP/2 (h2c) streams of one connection share its connections.
+    let ip = IpAddr::from([127, 0, 0, 9]);
+    let tcp = connect_from(ip, tg.proxy).await;
+    let local = tcp.local_addr().expect("addr");
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp)).await.expect("h2 handshake");
+    tokio::spawn(conn);
+    for _ in 0..3 {
+        let req = http::Request::get("http://v2.test/h2").body(Full::new(Bytes::new())).expect("a request");
+        let resp = sender.send_request(req).await.expect("an answer");
+        assert_eq!(resp.status(), 200);
+        let body = resp.into_body().collect().await.expect("the body").to_bytes();
+        assert_eq!(String::from_utf8_lossy(&body), format!("{ip}:{} {}", local.port(), tg.proxy));
+    }
+
+    // HTTP/2 to the backends cannot carry it: refused, the field named.
+    let spec = json!({"backends": [{"id": "a", "addr": "127.0.0.1:1"}], "upstream": {"proxy_protocol": "v1", "protocol": "http2"}});
+    let (s, v) = tg.api("PUT", "/v1/services/pph2", Some(spec)).await;
+    assert_eq!(s, 400, "{v}");
+    assert!(v.to_string().contains("upstream.proxy_protocol"), "{v}");
 }
