@@ -8,7 +8,6 @@ use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode, Uri, Version};
-use hyper::body::Incoming;
 use tidegate_balance::{orca, Backend, RequestCtx};
 use tidegate_model::UpstreamProtocol;
 use tidegate_snapshot::ServiceRuntime;
@@ -23,7 +22,7 @@ use crate::hyper_conn::{HyperConn, HyperPool, Sent, Unsent};
 use crate::native::bridge::{self, BridgeExchange, Payload};
 use crate::prepared::{Prepared, Replay};
 use crate::tunnel;
-use crate::upbody::UpBody;
+use crate::upbody::{Inbound, UpBody};
 use crate::upstreams::{Asked, Upstreams};
 use tidegate_upstream::pool::UpstreamPool;
 
@@ -32,7 +31,7 @@ impl Upstreams {
     pub(crate) async fn forward(
         &self,
         service: &ServiceRuntime,
-        req: Request<Incoming>,
+        req: Request<Inbound>,
         peer: &Peer,
         admission: &Admission,
         trace: &mut Trace,

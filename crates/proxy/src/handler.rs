@@ -4,7 +4,6 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use http::{Request, Response};
-use hyper::body::Incoming;
 use tidegate_snapshot::Snapshot;
 use tokio::time::Instant;
 
@@ -19,6 +18,7 @@ use crate::metrics::{Counters, ProxyMetrics};
 use crate::observe::{describe, Finish, Seen};
 use crate::pipeline::{self, Action, Facts, Local, Settings};
 use crate::rules_work;
+use crate::upbody::Inbound;
 use crate::upstreams::Upstreams;
 
 /// The request handler. One per worker (or one shared, in the multi-thread
@@ -36,6 +36,9 @@ pub struct Proxy {
     admission: Arc<Admission>,
     /// Traces, when they are on.
     tracing: Option<crate::Tracing>,
+    /// `Alt-Svc` on the TLS listener's HTTP/1.1 and HTTP/2 responses,
+    /// when HTTP/3 is on: the value, and the line the native engine adds.
+    alt_svc: Option<(http::HeaderValue, Arc<[u8]>)>,
 }
 
 impl Proxy {
@@ -58,7 +61,22 @@ impl Proxy {
             settings: Settings { health_path: None, https_port, trusted_proxies },
             access_log: None,
             tracing: None,
+            alt_svc: None,
         }
+    }
+
+    /// Advertises HTTP/3 on `port` for `max_age_s` seconds in the TLS
+    /// listener's HTTP/1.1 and HTTP/2 responses (`Alt-Svc`, RFC 7838).
+    pub fn set_alt_svc(&mut self, port: u16, max_age_s: u64) {
+        let value = format!("h3=\":{port}\"; ma={max_age_s}");
+        let line: Arc<[u8]> = format!("alt-svc: {value}\r\n").into_bytes().into();
+        self.alt_svc = http::HeaderValue::from_str(&value).ok().map(|v| (v, line));
+    }
+
+    /// The `Alt-Svc` line the native engine adds to a client's responses
+    /// (a TLS client's, when HTTP/3 is on).
+    pub(crate) fn alt_svc_line(&self, client: &Peer) -> Option<Arc<[u8]>> {
+        self.alt_svc.as_ref().filter(|_| client.https).map(|(_, line)| line.clone())
     }
 
     /// Shares one body buffer budget and one set of per-client counters
@@ -120,8 +138,9 @@ impl Proxy {
 
     /// Serves one request. Its duration (and access-log line) is taken
     /// when the response body ends.
-    pub async fn handle(&self, mut req: Request<Incoming>, client: &Peer) -> Response<ProxyBody> {
+    pub async fn handle(&self, mut req: Request<Inbound>, client: &Peer) -> Response<ProxyBody> {
         let line = self.access_log.is_some().then(|| describe(&mut req, client));
+        let alt_svc = self.alt_svc.as_ref().filter(|_| client.https && req.version() != http::Version::HTTP_3);
         // Counted and logged when dropped: with the response body, or here
         // if the client goes away first (hyper drops this future).
         let mut seen = Seen::new(tokio::time::Instant::now());
@@ -130,7 +149,7 @@ impl Proxy {
         }
         let mut finish =
             Finish { seen, line, counters: self.metrics.clone(), log: self.access_log.clone(), bytes_out: 0 };
-        let resp = match self.dispatch(req, client, &mut finish.seen).await {
+        let mut resp = match self.dispatch(req, client, &mut finish.seen).await {
             Ok(resp) => resp,
             Err(e) => {
                 finish.seen.error = Some(e);
@@ -138,6 +157,9 @@ impl Proxy {
                 crate::reply::error(e)
             }
         };
+        if let Some((value, _)) = alt_svc {
+            resp.headers_mut().insert(http::header::ALT_SVC, value.clone());
+        }
         self.metrics.response(resp.status());
         finish.seen.status = resp.status().as_u16();
         resp.map(|body| ProxyBody::observed(body, finish))
@@ -145,7 +167,7 @@ impl Proxy {
 
     async fn dispatch(
         &self,
-        mut req: Request<Incoming>,
+        mut req: Request<Inbound>,
         client: &Peer,
         seen: &mut Seen,
     ) -> Result<Response<ProxyBody>, ErrorKind> {

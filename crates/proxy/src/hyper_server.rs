@@ -342,7 +342,7 @@ async fn serve_connection<I>(
             let h2 = req.version() == http::Version::HTTP_2;
             // In progress until the response body ends, not only its head:
             // a long download or stream is not an idle connection.
-            let resp = proxy.handle(req, &client).await;
+            let resp = proxy.handle(req.map(crate::upbody::Inbound::Hyper), &client).await;
             in_progress.answered = true;
             let body = |body: crate::body::ProxyBody| {
                 // HTTP/2 flow control can stall a stream that still holds

@@ -24,6 +24,8 @@ pub struct ProxyMetrics {
     buffers: OnceLock<Arc<BufferBudget>>,
     /// The span exporter, when tracing is on.
     traces: OnceLock<tidegate_trace::Exporter>,
+    /// The QUIC side, when HTTP/3 is on.
+    quic: OnceLock<Arc<crate::h3::QuicCounters>>,
 }
 
 impl ProxyMetrics {
@@ -39,6 +41,16 @@ impl ProxyMetrics {
     /// Reports the access log's counters with the data plane's.
     pub(crate) fn set_access_log(&self, log: Arc<AccessLog>) {
         let _ = self.access_log.set(log);
+    }
+
+    /// Reports the QUIC side's counters with the data plane's.
+    pub(crate) fn set_quic(&self, counters: Arc<crate::h3::QuicCounters>) {
+        let _ = self.quic.set(counters);
+    }
+
+    /// QUIC connections open now (HTTP/3), when it is on.
+    pub fn quic_open(&self) -> Option<u64> {
+        self.quic.get().map(|q| q.open.load(Relaxed) as u64)
     }
 
     /// Reports the span exporter's counters with the data plane's.
@@ -192,6 +204,17 @@ impl Collector for DataPlaneCollector {
         let help = "PROXY protocol headers from trusted balancers (--proxy-protocol-from), by result (failed: \
                     missing, malformed or late; the connection was closed).";
         counter(&mut enc, "tidegate_proxy_protocol_headers", help, headers)?;
+        if let Some(q) = m.quic.get() {
+            let help = "QUIC connections (HTTP/3) whose handshake completed.";
+            counter(&mut enc, "tidegate_quic_connections", help, [([], q.accepted.load(Relaxed) as u64)])?;
+            let help = "QUIC connections (HTTP/3) open now.";
+            gauge(&mut enc, "tidegate_quic_connections_open", help, [([], q.open.load(Relaxed) as u64)])?;
+            let help = "Retry packets sent: clients asked to prove their address while many handshakes were in \
+                        progress (--http3-retry-above).";
+            counter(&mut enc, "tidegate_quic_retries", help, [([], q.retries.load(Relaxed) as u64)])?;
+            let help = "QUIC connections refused at --max-connections.";
+            counter(&mut enc, "tidegate_quic_refused", help, [([], q.refused.load(Relaxed) as u64)])?;
+        }
         if let Some(b) = m.buffers.get() {
             let help = "Bytes of request bodies held in memory before a backend was chosen (all workers), \
                         out of --request-buffer-total-bytes.";

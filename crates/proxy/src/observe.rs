@@ -8,7 +8,6 @@ use std::time::{Duration, SystemTime};
 
 use http::header::{self, HeaderValue};
 use http::{Request, Version};
-use hyper::body::Incoming;
 use tidegate_balance::Backend;
 use tidegate_model::{RouteName, ServiceName};
 use tidegate_snapshot::{Entry, RouteStats};
@@ -19,6 +18,7 @@ use crate::conn::Peer;
 use crate::error::ErrorKind;
 use crate::metrics::Counters;
 use crate::traces::Traced;
+use crate::upbody::Inbound;
 
 /// One request, as seen.
 #[derive(Debug)]
@@ -217,10 +217,11 @@ pub(crate) fn count(seen: &Seen, ended: Instant, counters: &Counters) {
 /// request without one acceptable `X-Request-Id` gets a new one here
 /// ([`crate::headers::settle_request_id`]), so that the line and the
 /// backend see the same.
-pub(crate) fn describe(req: &mut Request<Incoming>, client: &Peer) -> Line {
+pub(crate) fn describe(req: &mut Request<Inbound>, client: &Peer) -> Line {
     let protocol = match req.version() {
         Version::HTTP_10 => "HTTP/1.0",
         Version::HTTP_2 => "HTTP/2.0",
+        Version::HTTP_3 => "HTTP/3",
         _ => "HTTP/1.1",
     };
     let mut line = blank(client.addr, protocol);

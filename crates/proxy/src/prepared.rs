@@ -23,7 +23,7 @@ use crate::headers;
 use crate::hyper_conn::Unsent;
 use crate::limits::Limits;
 use crate::pick::Slot;
-use crate::upbody::{ClientBody, UpBody};
+use crate::upbody::{ClientBody, Inbound, UpBody};
 use crate::upstream_error::ClientBodyError;
 use crate::upstream_h2::{self, H2Pool};
 
@@ -43,7 +43,7 @@ impl Prepared {
     /// client's side of an upgrade (WebSocket), if it asked for one.
     /// `max_body`: the most body bytes the route's rules take.
     pub(crate) async fn new(
-        mut req: Request<Incoming>,
+        mut req: Request<Inbound>,
         peer: &Peer,
         limits: &Limits,
         budget: &Arc<BufferBudget>,
@@ -145,7 +145,7 @@ impl Replay {
     /// larger one; nothing of a stream (`streaming`: gRPC). Returns the
     /// body and the part of the budget it holds.
     pub(crate) async fn new(
-        body: Incoming,
+        body: Inbound,
         limits: &Limits,
         budget: &Arc<BufferBudget>,
         streaming: impl FnOnce() -> bool,

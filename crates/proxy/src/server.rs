@@ -77,6 +77,9 @@ pub struct ServerOptions {
     /// The named listeners' sockets, handed over and offered at a
     /// takeover.
     pub named_sockets: crate::named::NamedSockets,
+    /// HTTP/3 on the TLS listener's address over UDP, when on
+    /// (`--http3`).
+    pub http3: Option<crate::Http3>,
 }
 
 /// Listening sockets made elsewhere for the data plane to serve on: the
@@ -298,6 +301,15 @@ pub fn serve_on(
         None => None,
     };
     let https_port = tls_addr.map(|a| a.port());
+    // HTTP/3: one UDP socket per worker on the TLS listener's address.
+    let quic = match (&opts.http3, tls_addr) {
+        (Some(settings), Some(addr)) => {
+            let counters = Arc::new(crate::h3::QuicCounters::default());
+            metrics.set_quic(counters.clone());
+            Some((settings.clone(), addr, crate::h3::server_config(&snapshots, &opts.limits)?, counters))
+        }
+        _ => None,
+    };
     let runs = if per_core { workers.min(plain.len().max(tls.len())) } else { 1 };
     if per_core && runs < workers {
         tracing::info!(workers, sockets = runs, "fewer listening sockets than workers: one worker per socket");
@@ -334,7 +346,24 @@ pub fn serve_on(
         proxy.share_admission(admission.clone());
         proxy.set_access_log(opts.access_log.clone());
         proxy.set_tracing(opts.tracing.clone());
+        if let Some((settings, addr, ..)) = quic.as_ref().filter(|q| q.0.alt_svc_max_age_s > 0) {
+            proxy.set_alt_svc(addr.port(), settings.alt_svc_max_age_s);
+        }
         let proxy = Arc::new(proxy);
+        let endpoint = match &quic {
+            Some((settings, addr, config, counters)) => Some(crate::h3::Endpoint {
+                socket: crate::h3::bind_udp(*addr, per_core)?,
+                config: config.clone(),
+                proxy: proxy.clone(),
+                limits: opts.limits.clone(),
+                settings: settings.clone(),
+                slots: slots.clone(),
+                counters: counters.clone(),
+                stop: stop_rx.clone(),
+                drain: opts.drain_timeout,
+            }),
+            None => None,
+        };
         // Named listeners' accept loops on this worker hold a sender; at
         // shutdown the worker waits for them as for its own.
         let (named_alive, mut named_done) = mpsc::channel::<()>(1);
@@ -363,7 +392,12 @@ pub fn serve_on(
                     .into_iter()
                     .map(|l| run(l, None))
                     .chain(tls_listeners.into_iter().map(|l| run(l, acceptor.clone())));
-                futures_util::future::join_all(loops).await;
+                let quic = async {
+                    if let Some(endpoint) = endpoint {
+                        endpoint.run().await;
+                    }
+                };
+                futures_util::future::join(futures_util::future::join_all(loops), quic).await;
                 // The named listeners' loops drain on the same stop.
                 let _ = tokio::time::timeout(opts.drain_timeout + Duration::from_secs(1), named_done.recv()).await;
             });
@@ -676,6 +710,7 @@ mod tests {
             listener_changes: None,
             listener_board: Default::default(),
             named_sockets: Default::default(),
+            http3: None,
         };
         let handle = serve_on(opts, Listeners { plain, tls: Vec::new() }, snapshots, Arc::new(ProxyMetrics::default()))
             .expect("serves");

@@ -176,6 +176,12 @@ impl TlsFront {
     }
 }
 
+/// The certificates of the live snapshot, chosen by SNI: the TLS
+/// listener's and HTTP/3's.
+pub(crate) fn resolver(snapshots: &Arc<ArcSwap<Snapshot>>) -> Arc<dyn rustls::server::ResolvesServerCert> {
+    Arc::new(SniResolver { snapshots: snapshots.clone() })
+}
+
 /// A server configuration of the TLS listener, verifying client
 /// certificates by `client_auth` when given.
 fn server_config(
@@ -190,7 +196,7 @@ fn server_config(
         Some(auth) => builder.with_client_cert_verifier(auth.verifier().clone()),
         None => builder.with_no_client_auth(),
     };
-    let mut config = builder.with_cert_resolver(Arc::new(SniResolver { snapshots: snapshots.clone() }));
+    let mut config = builder.with_cert_resolver(resolver(snapshots));
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec(), ACME_TLS_ALPN.to_vec()];
     config.session_storage = rustls::server::ServerSessionMemoryCache::new(SESSION_CACHE);
     config.ticketer = rustls::crypto::ring::Ticketer::new().map_err(std::io::Error::other)?;

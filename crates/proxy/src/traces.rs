@@ -159,7 +159,7 @@ impl Recording for Finished {
 /// The trace of a request that arrived over hyper (tracing is on).
 pub(crate) fn trace_of_hyper(
     tracing: &Tracing,
-    req: &http::Request<hyper::body::Incoming>,
+    req: &http::Request<crate::upbody::Inbound>,
     client: &crate::conn::Peer,
 ) -> Box<Traced> {
     let h = req.headers();

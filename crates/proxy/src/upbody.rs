@@ -1,6 +1,7 @@
-//! Request bodies as they go to a backend: the client's body read under
-//! the body timeouts ([`ClientBody`]), fed through a channel by the native
-//! engine ([`ChannelBody`]), or held in memory ([`UpBody::Buffered`]).
+//! Request bodies as they go to a backend: the client's body ([`Inbound`],
+//! hyper's or HTTP/3's) read under the body timeouts ([`ClientBody`]), fed
+//! through a channel by the native engine ([`ChannelBody`]), or held in
+//! memory ([`UpBody::Buffered`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -16,6 +17,66 @@ use tokio::sync::mpsc;
 use crate::admission::{MinRate, Pace};
 use crate::upstream_error::ClientBodyError;
 
+/// A client's request body as an engine hands it to the pipeline: hyper's
+/// (HTTP/1.1 and HTTP/2 clients) or an HTTP/3 stream's.
+#[derive(Debug)]
+pub enum Inbound {
+    /// hyper's.
+    Hyper(Incoming),
+    /// Any other engine's (HTTP/3).
+    Boxed(InboundBox),
+}
+
+/// Another engine's request body.
+pub struct InboundBox(Pin<Box<dyn Body<Data = Bytes, Error = BoxError> + Send + Sync>>);
+
+impl std::fmt::Debug for InboundBox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("InboundBox")
+    }
+}
+
+/// Why another engine's body broke off.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl Inbound {
+    /// Another engine's body.
+    pub fn boxed<B>(body: B) -> Inbound
+    where
+        B: Body<Data = Bytes> + Send + Sync + 'static,
+        B::Error: std::error::Error + Send + Sync + 'static,
+    {
+        use http_body_util::BodyExt;
+        Inbound::Boxed(InboundBox(Box::pin(body.map_err(|e| Box::new(e) as BoxError))))
+    }
+}
+
+impl Body for Inbound {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            Inbound::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(|e| Box::new(e) as BoxError),
+            Inbound::Boxed(b) => b.0.as_mut().poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Inbound::Hyper(b) => b.is_end_stream(),
+            Inbound::Boxed(b) => b.0.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Inbound::Hyper(b) => b.size_hint(),
+            Inbound::Boxed(b) => b.0.size_hint(),
+        }
+    }
+}
+
 /// A client's request body, read under the body timeouts: each piece must
 /// arrive within `gap` of the previous one, and the whole body by
 /// `deadline`; once it streams to a backend, at the minimum pace too
@@ -24,7 +85,7 @@ use crate::upstream_error::ClientBodyError;
 /// attempt can tell the client broke the exchange.
 #[derive(Debug)]
 pub struct ClientBody {
-    inner: Incoming,
+    inner: Inbound,
     /// Read ahead before a backend was chosen, sent first.
     ahead: std::collections::VecDeque<Bytes>,
     ahead_len: u64,
@@ -41,7 +102,7 @@ pub struct ClientBody {
 
 impl ClientBody {
     /// Wraps a request body; the clocks start now.
-    pub(crate) fn new(inner: Incoming, gap: Duration, total: Duration) -> ClientBody {
+    pub(crate) fn new(inner: Inbound, gap: Duration, total: Duration) -> ClientBody {
         let now = tokio::time::Instant::now();
         let deadline = now + total;
         let gap_at = deadline.min(now + gap);

@@ -32,7 +32,7 @@ pub(crate) fn read_kind(e: ReadError) -> ErrorKind {
 #[derive(Debug)]
 pub enum ClientBodyError {
     /// The body broke off or was malformed.
-    Read(hyper::Error),
+    Read(crate::upbody::BoxError),
     /// The body broke off or was malformed (read by the native path).
     Broken,
     /// The client sent too slowly (see [`crate::Limits`]' body timeouts).
@@ -66,7 +66,7 @@ impl std::fmt::Display for ClientBodyError {
 impl std::error::Error for ClientBodyError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            ClientBodyError::Read(e) => Some(e),
+            ClientBodyError::Read(e) => Some(&**e),
             ClientBodyError::TimedOut | ClientBodyError::Broken | ClientBodyError::TooLarge => None,
         }
     }

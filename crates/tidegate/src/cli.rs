@@ -188,6 +188,20 @@ pub struct ServeArgs {
     /// (`/v1/certificates`, `ctl cert put`).
     #[arg(long, env = "TIDEGATE_LISTEN_TLS")]
     pub listen_tls: Option<SocketAddr>,
+    /// Serves HTTP/3 (QUIC) on UDP at `--listen-tls`'s address too, with
+    /// the same certificates, routes and limits; responses over TCP on that
+    /// listener then carry `Alt-Svc: h3=":PORT"` (docs/http3.md).
+    #[arg(long, env = "TIDEGATE_HTTP3", requires = "listen_tls")]
+    pub http3: bool,
+    /// QUIC handshakes in progress on a worker above which a new client
+    /// whose address is not validated gets a Retry first (address
+    /// validation against floods of forged Initial packets; 0: always).
+    #[arg(long, default_value_t = 64, env = "TIDEGATE_HTTP3_RETRY_ABOVE")]
+    pub http3_retry_above: usize,
+    /// The max age of the `Alt-Svc` advertisement of HTTP/3, seconds (0:
+    /// not advertised).
+    #[arg(long, default_value_t = 86_400, env = "TIDEGATE_ALT_SVC_MAX_AGE_S")]
+    pub alt_svc_max_age_s: u64,
     /// An extra address serving only `GET /metrics`, with no token, for
     /// Prometheus and other scrapers (default: none; metrics stay on the
     /// admin API, behind the token).

@@ -187,6 +187,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         listener_changes: Some(control.snapshot_changes()),
         listener_board: listener_board.clone(),
         named_sockets: tidegate_proxy::NamedSockets::default(),
+        http3: args.http3.then_some(tidegate_proxy::Http3 {
+            retry_above: args.http3_retry_above,
+            alt_svc_max_age_s: args.alt_svc_max_age_s,
+        }),
     };
     if let Some(r) = received.as_mut() {
         options.named_sockets.inherit(std::mem::take(&mut r.named));

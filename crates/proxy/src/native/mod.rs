@@ -118,6 +118,9 @@ pub(crate) struct ClientSide<S> {
     /// ends with a reset, not with a clean close the client would take for
     /// the end of the body.
     pub cut_short: bool,
+    /// A line added to every response head (`Alt-Svc` on a TLS listener
+    /// when HTTP/3 is on).
+    pub extra: Option<Arc<[u8]>>,
 }
 
 impl<S: ClientIo> ClientSide<S> {
@@ -175,6 +178,7 @@ pub(crate) async fn serve<S: ClientIo>(
         body_done: true,
         seen: Seen::new(accepted),
         cut_short: false,
+        extra: proxy.alt_svc_line(&peer),
     };
     let head_limits = HeadLimits { max_bytes: limits.max_header_bytes, max_headers: limits.max_headers };
     // Bytes of the connection used by requests before the current one.
@@ -881,6 +885,9 @@ async fn respond<S: ClientIo>(client: &mut ClientSide<S>, answer: NativeAnswer, 
     let close = r.head.close || r.stopping || framing == Framing::UntilClose;
     let mut out = std::mem::take(&mut client.scratch);
     response_head(&mut out, &conn.conn.inbox, &resp, framing, close, minor == 0 && !close);
+    if let Some(line) = &client.extra {
+        rewrite::add_line(&mut out, line);
+    }
     if let Some(plan) = r.plan {
         rewrite::edit_head(&mut out, &plan.headers);
     }
@@ -1016,6 +1023,9 @@ async fn write_local<S: ClientIo>(
     let close = close || framing == Framing::UntilClose;
     let mut out = std::mem::take(&mut client.scratch);
     local_head(&mut out, parts.status, &parts.headers, framing, close, minor);
+    if let Some(line) = &client.extra {
+        rewrite::add_line(&mut out, line);
+    }
     let mut written = !to_head || write_all(&mut client.io, &mut [&out]).await.is_ok();
     let mut first = true;
     let mut line = [0u8; 18];
@@ -1110,6 +1120,7 @@ mod sizes {
             body_done: true,
             seen: Seen::new(tokio::time::Instant::now()),
             cut_short: false,
+            extra: None,
         };
         let (head, buf) = (RequestHead::default(), BytesMut::new());
         let peer = Peer::new("127.0.0.1:1".parse().unwrap());

@@ -370,6 +370,13 @@ pub(crate) fn response_head(
     out.extend_from_slice(b"\r\n");
 }
 
+/// Adds `line` (`name: value\r\n`) to the head written in `out`, before
+/// its empty line.
+pub(crate) fn add_line(out: &mut Vec<u8>, line: &[u8]) {
+    let end = out.len().saturating_sub(2);
+    out.splice(end..end, line.iter().copied());
+}
+
 /// Writes `HTTP/1.1 CODE REASON\r\n`; an empty reason becomes the
 /// standard one.
 pub(crate) fn status_line(out: &mut Vec<u8>, code: u16, reason: &[u8]) {

@@ -73,6 +73,7 @@ impl Proxy {
             listener_changes: None,
             listener_board: Default::default(),
             named_sockets: Default::default(),
+            http3: None,
         };
         let handle = serve(opts, snapshots, Arc::new(ProxyMetrics::default())).expect("the data plane starts");
         let addr = handle.local_addr().expect("a plain listener");

@@ -17,6 +17,7 @@ mod durability;
 mod engines;
 mod external;
 mod hostile;
+mod http3;
 mod hygiene;
 mod listeners;
 mod observability;

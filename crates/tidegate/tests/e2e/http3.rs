@@ -1,0 +1,197 @@
+//! HTTP/3 on the TLS listener's port (`serve --http3`), driven by a QUIC
+//! implementation from outside the project: aioquic (PyPI), through
+//! `h3_client.py`. Every request goes over one QUIC connection, each on
+//! its own stream, at once.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+/// A self-signed certificate for `name`: (certificate PEM, key PEM).
+fn certificate(name: &str) -> (String, String) {
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = rcgen::CertificateParams::new(vec![name.to_string()]).expect("params").self_signed(&key).expect("cert");
+    (cert.pem(), key.serialize_pem())
+}
+
+/// Runs the aioquic client against `addr` for `name`, trusting `ca`; its
+/// JSON output.
+fn h3(addr: std::net::SocketAddr, name: &str, ca: &Path, requests: Value) -> Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/h3_client.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(addr.to_string())
+        .arg(name)
+        .arg(ca)
+        .arg(requests.to_string())
+        .output()
+        .expect("python3 (pip install aioquic)");
+    assert!(out.status.success(), "the HTTP/3 client failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn header<'a>(answer: &'a Value, name: &str) -> Option<&'a str> {
+    answer["headers"].as_array()?.iter().find(|h| h[0] == name).and_then(|h| h[1].as_str())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http3_serves_the_routes_with_the_live_certificates_and_tcp_advertises_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
+    let args = ["--listen-tls", "127.0.0.1:0", "--http3", "--access-log", log.to_str().expect("a path")];
+    let tg = Tidegate::start_with(&dir.path().join("tg"), &args);
+    let tls = tg.proxy_tls.expect("a TLS listener");
+    let backend = Backend::start("h3-backend", &[]);
+    route_to(&tg, "web", &[&backend], "round_robin").await;
+    let (cert, key) = certificate("h3.test");
+    let (s, v) = tg.api("PUT", "/v1/certificates/h3", Some(json!({"cert_pem": cert, "key_pem": key}))).await;
+    assert_eq!(s, 200, "{v}");
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, &cert).expect("write");
+
+    // GET and POST with a body, and many streams at once.
+    let body = "x".repeat(100 * 1024);
+    let out = h3(
+        tls,
+        "h3.test",
+        &ca,
+        json!([
+            {"method": "GET", "path": "/echo?q=1"},
+            {"method": "POST", "path": "/echo", "body": body, "headers": [["content-type", "text/plain"]]},
+            {"method": "GET", "path": "/", "repeat": 50},
+        ]),
+    );
+    let answers = out["answers"].as_array().expect("answers");
+    assert_eq!(answers.len(), 52);
+    let echo: Value = serde_json::from_str(answers[0]["body"].as_str().expect("a body")).expect("the echo");
+    assert_eq!(answers[0]["status"], 200, "{out}");
+    assert_eq!(echo["path"], "/echo?q=1");
+    assert_eq!(echo["headers"]["x-forwarded-proto"], "https", "{echo}");
+    assert_eq!(echo["headers"]["host"], "h3.test", "{echo}");
+    let posted: Value = serde_json::from_str(answers[1]["body"].as_str().expect("a body")).expect("the echo");
+    assert_eq!(
+        (answers[1]["status"].as_u64(), posted["body_bytes"].as_u64()),
+        (Some(200), Some(100 * 1024)),
+        "{posted}"
+    );
+    assert!(answers[2..].iter().all(|a| a["status"] == 200 && a["reset"] == false), "{out}");
+    // No connection-specific field, and no advertisement of itself.
+    assert!(header(&answers[0], "connection").is_none() && header(&answers[0], "alt-svc").is_none(), "{out}");
+
+    // A request head over the limit is refused; the connection serves on.
+    let big: Vec<Value> = (0..40).map(|i| json!([format!("x-big-{i}"), "y".repeat(2000)])).collect();
+    let out = h3(tls, "h3.test", &ca, json!([{"path": "/", "headers": big}, {"path": "/echo"}]));
+    assert_eq!(out["answers"][0]["status"], 431, "{out}");
+    assert_eq!(out["answers"][1]["status"], 200, "{out}");
+
+    // The certificate changed at runtime serves the next handshake.
+    let (cert2, key2) = certificate("h3.test");
+    let (s, v) = tg.api("PUT", "/v1/certificates/h3", Some(json!({"cert_pem": cert2, "key_pem": key2}))).await;
+    assert_eq!(s, 200, "{v}");
+    let ca2 = dir.path().join("ca2.pem");
+    std::fs::write(&ca2, &cert2).expect("write");
+    let out = h3(tls, "h3.test", &ca2, json!([{"path": "/echo"}]));
+    assert_eq!(out["answers"][0]["status"], 200, "{out}");
+
+    // TCP on the TLS listener advertises it; the plain listener does not.
+    let over_tls = tls_get(tls, "h3.test", &cert2, "/echo").await;
+    let port = tls.port();
+    assert!(over_tls.contains(&format!("alt-svc: h3=\":{port}\"; ma=86400")), "{over_tls}");
+    let plain = get(&tg.url("/echo")).await;
+    assert!(plain.headers.get("alt-svc").is_none(), "{:?}", plain.headers);
+
+    // Metrics, status and the access log's protocol.
+    let metrics = send("GET", &tg.admin_url("/metrics"), Some(TOKEN), vec![], &[]).await.text();
+    let accepted = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("tidegate_quic_connections_total "))
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(accepted >= Some(3.0), "{metrics}");
+    let lines = wait_for("HTTP/3 in the access log", std::time::Duration::from_secs(10), async || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.lines().any(|l| l.contains("\"protocol\":\"HTTP/3\"")).then_some(text)
+    })
+    .await;
+    assert!(lines.lines().filter(|l| l.contains("\"protocol\":\"HTTP/3\"")).count() >= 52, "{lines}");
+}
+
+/// One GET over TLS (TCP) to `addr` for `name`, trusting `cert`: the whole
+/// answer, lowercased.
+async fn tls_get(addr: std::net::SocketAddr, name: &str, cert: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut roots = rustls::RootCertStore::empty();
+    use rustls::pki_types::pem::PemObject;
+    for c in rustls::pki_types::CertificateDer::pem_slice_iter(cert.as_bytes()) {
+        roots.add(c.expect("a certificate")).expect("root");
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let server = rustls::pki_types::ServerName::try_from(name.to_string()).expect("name");
+    let mut stream =
+        tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)).connect(server, tcp).await.expect("TLS");
+    let req = format!("GET {path} HTTP/1.1\r\nhost: {name}\r\nconnection: close\r\n\r\n");
+    stream.write_all(req.as_bytes()).await.expect("write");
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), stream.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).to_lowercase()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_handshake_flood_clients_prove_their_address_with_a_retry() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Retry above 0 handshakes: every new client is asked to prove its
+    // address first, as under a flood.
+    let args = ["--listen-tls", "127.0.0.1:0", "--http3", "--http3-retry-above", "0"];
+    let tg = Tidegate::start_with(&dir.path().join("tg"), &args);
+    let tls = tg.proxy_tls.expect("a TLS listener");
+    let backend = Backend::start("h3-retry", &[]);
+    route_to(&tg, "web", &[&backend], "round_robin").await;
+    let (cert, key) = certificate("h3.test");
+    let (s, v) = tg.api("PUT", "/v1/certificates/h3", Some(json!({"cert_pem": cert, "key_pem": key}))).await;
+    assert_eq!(s, 200, "{v}");
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, &cert).expect("write");
+
+    // A flood of Initial packets from addresses that never answer: each
+    // gets a Retry (a datagram), none a handshake.
+    let flood = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+    for i in 0..200u32 {
+        flood.send_to(&initial_packet(i), tls).expect("send");
+    }
+    let out = h3(tls, "h3.test", &ca, json!([{"path": "/echo"}]));
+    assert_eq!(out["answers"][0]["status"], 200, "{out}");
+    assert_eq!(out["retry"], true, "the client went through a Retry: {out}");
+    let metrics = send("GET", &tg.admin_url("/metrics"), Some(TOKEN), vec![], &[]).await.text();
+    let retries = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("tidegate_quic_retries_total "))
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(retries >= Some(2.0), "{metrics}");
+}
+
+/// A QUIC version 1 Initial packet of the minimum size (1,200 bytes) with
+/// a fresh destination connection id: its payload is not a valid
+/// handshake (it cannot be decrypted), but a server asking for address
+/// validation answers its header with a Retry before reading it.
+fn initial_packet(i: u32) -> Vec<u8> {
+    let mut p = vec![0xc0u8]; // long header, Initial, packet number length 1
+    p.extend_from_slice(&1u32.to_be_bytes()); // version 1
+    p.push(8);
+    p.extend_from_slice(&[0xd0, 0, 0, 0]);
+    p.extend_from_slice(&i.to_be_bytes()); // destination connection id
+    p.push(8);
+    p.extend_from_slice(&[0x5c; 8]); // source connection id
+    p.push(0); // no token
+    let rest = 1200 - p.len() - 2;
+    p.extend_from_slice(&(0x4000u16 | rest as u16).to_be_bytes()); // length, 2-byte varint
+    p.resize(1200, 0);
+    p
+}
