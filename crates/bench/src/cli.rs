@@ -68,6 +68,37 @@ pub enum Command {
     /// Serve as the minimal hyper proxy (the library ceiling of the
     /// throughput benchmark) until killed.
     MinimalProxy(MinimalProxyArgs),
+    /// HTTP/3 load against `--proxy` (its UDP port) on quinn and h3: busy
+    /// streams over a few connections, or handshakes per second.
+    H3(H3Args),
+}
+
+/// Options of `h3`.
+#[derive(Debug, Clone, Args)]
+pub struct H3Args {
+    /// QUIC connections (with `--handshakes`: loops opening one after
+    /// another).
+    #[arg(long, default_value_t = 8)]
+    pub connections: usize,
+    /// Request streams kept busy on each connection.
+    #[arg(long, default_value_t = 8)]
+    pub streams: usize,
+    /// How long to run, seconds.
+    #[arg(long, default_value_t = 8.0)]
+    pub duration_s: f64,
+    /// Path to GET.
+    #[arg(long, default_value = "/")]
+    pub path: String,
+    /// The server name (SNI and `:authority`).
+    #[arg(long)]
+    pub server_name: String,
+    /// The certificate authority (PEM) that signs the server's certificate.
+    #[arg(long)]
+    pub ca: std::path::PathBuf,
+    /// Measure handshakes: each loop opens a connection, sends one GET,
+    /// and closes it, over and over.
+    #[arg(long)]
+    pub handshakes: bool,
 }
 
 /// Options of the minimal hyper proxy.

@@ -27,6 +27,7 @@ mod churn;
 mod cli;
 mod client;
 mod disk_floor;
+mod h3load;
 mod minimal;
 mod open_loop;
 mod ramp;
@@ -97,6 +98,7 @@ async fn run(cli: &Cli) -> anyhow::Result<String> {
         Command::Ramp(args) => render(&ramp::run(&cli.target, args).await?),
         Command::Sequential(args) => render(&sequential::run(&cli.target, args).await?),
         Command::DiskFloor(args) => render(&disk_floor::run(args).await?),
+        Command::H3(args) => render(&h3load::run(&cli.target, args).await?),
         Command::MinimalProxy(_) => anyhow::bail!("minimal-proxy runs on its own runtimes"),
     }
 }
