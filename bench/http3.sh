@@ -14,13 +14,14 @@
 #   ab_h1     HTTP/1.1 over TLS (wrk -c64, keep-alive) to a Tidegate with
 #             --http3 and to one without (the same build): HTTP/3 being on
 #             must cost TCP clients nothing
+#   ab_h2     the same over HTTP/2 (h2load -c64 -m10)
 # Prints one JSON line per run and a median summary. Everything on
 # 127.0.0.1; every process it starts is stopped at exit.
 #
 #   bench/http3.sh [--reps N] [--duration S] [--bin-dir DIR] [--port-base N] [--out FILE.jsonl]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-REPS=3 DURATION=8 BIN_DIR="" PORT_BASE=19800 OUT="" MODES=${MODES:-"h3_64 h3_256 h3_hs tls_hs ab_h1"}
+REPS=3 DURATION=8 BIN_DIR="" PORT_BASE=19800 OUT="" MODES=${MODES:-"h3_64 h3_256 h3_hs tls_hs ab_h1 ab_h2"}
 while [ $# -gt 0 ]; do
   case "$1" in
     --reps) REPS=$2; shift 2;;
@@ -32,9 +33,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 export PATH=$PATH:/usr/sbin
-for tool in nginx caddy wrk openssl; do
+for tool in nginx caddy wrk h2load openssl; do
   command -v $tool >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-    apt-get install -y -qq nginx caddy wrk openssl; break; }
+    apt-get install -y -qq nginx caddy wrk nghttp2-client openssl; break; }
 done
 DIR=${BIN_DIR:-target/release}
 TG=$DIR/tidegate BENCH=$DIR/tidegate-bench
@@ -49,7 +50,9 @@ make_certs "$WORK"
 B1=$((PORT_BASE + 1)) TG_TLS=$((PORT_BASE + 2)) TG_ADMIN=$((PORT_BASE + 3)) CADDY=$((PORT_BASE + 4))
 TG0_TLS=$((PORT_BASE + 5)) TG0_ADMIN=$((PORT_BASE + 6)) TG_PLAIN=$((PORT_BASE + 7)) TG0_PLAIN=$((PORT_BASE + 8))
 TOKEN=bench-token-0123456789abcdef0123456789
-NAME=bench.example
+# The leaf signed by the private CA (webpki, quinn's verifier, refuses a
+# self-signed CA certificate as a server's).
+NAME=backend.example CERT=$WORK/backend.pem KEY=$WORK/backend.key
 
 cat > "$WORK/backend.conf" <<CONF
 worker_processes 1;
@@ -68,9 +71,11 @@ cat > "$WORK/Caddyfile" <<CONF
     protocols h1 h2 h3
   }
 }
-https://$NAME:$CADDY {
+# No host in the address: a handshake without SNI (wrk to an IP address)
+# is served this site's certificate too.
+https://:$CADDY {
   bind 127.0.0.1
-  tls $WORK/cert.pem $WORK/key.pem
+  tls $CERT $KEY
   reverse_proxy 127.0.0.1:$B1
 }
 CONF
@@ -82,14 +87,15 @@ start_tidegate() { # tls_port admin_port plain_port data_dir extra...
     --admin 127.0.0.1:$admin --data-dir "$data" --workers 2 "$@" > "$data.out" 2>&1 &
   local pid=$!; PIDS+=($pid)
   for _ in $(seq 100); do grep -q ready "$data.out" 2>/dev/null && break; sleep 0.1; done
-  python3 - "$admin" "$TOKEN" "$WORK/cert.pem" "$WORK/key.pem" "$B1" <<'PY'
+  python3 - "$admin" "$TOKEN" "$CERT" "$KEY" "$B1" <<'PY'
 import json, sys, urllib.request
 admin, token, cert, key, backend = sys.argv[1:]
 def call(method, path, body):
     req = urllib.request.Request(f"http://127.0.0.1:{admin}{path}", data=json.dumps(body).encode(), method=method,
                                  headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
     urllib.request.urlopen(req, timeout=10).read()
-call("PUT", "/v1/certificates/bench", {"cert_pem": open(cert).read(), "key_pem": open(key).read()})
+# The default certificate: wrk sends no SNI to an IP address.
+call("PUT", "/v1/certificates/bench", {"cert_pem": open(cert).read(), "key_pem": open(key).read(), "default": True})
 call("POST", "/v1/changes", {"ops": [
     {"op": "put_service", "name": "app", "spec": {"backends": [{"id": "b1", "addr": f"127.0.0.1:{backend}"}]}},
     {"op": "put_route", "name": "app", "spec": {"match": {"path_prefix": "/"}, "service": "app"}}]})
@@ -112,6 +118,10 @@ proxy, mode, rep, ticks, out, kind, hz = sys.argv[1:]
 if kind == "h3":
     r = json.loads(out.strip().splitlines()[-1])
     count, rate, p99, errors = r["ok"], r["per_s"], r["latency_us"]["p99"] / 1000, sum(r["errors"].values())
+elif kind == "h2load":
+    rate = float(re.search(r"finished in [\d.]+\w+, ([\d.]+) req/s", out).group(1))
+    m = re.search(r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored", out)
+    count, errors, p99 = int(m.group(2)), int(m.group(3)) + int(m.group(4)), 0.0  # h2load reports no percentiles
 else:
     rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     count = int(re.search(r"(\d+) requests in", out).group(1))
@@ -129,21 +139,22 @@ measure() { # proxy port pid mode rep
   before=$(cpu_ticks "$pid")
   case $mode in
     h3_64) out=$("$BENCH" --proxy 127.0.0.1:$port --threads 2 h3 --connections 8 --streams 8 \
-             --duration-s "$DURATION" --server-name $NAME --ca "$WORK/cert.pem");;
+             --duration-s "$DURATION" --server-name $NAME --ca "$WORK/ca.pem");;
     h3_256) out=$("$BENCH" --proxy 127.0.0.1:$port --threads 2 h3 --connections 32 --streams 8 \
-             --duration-s "$DURATION" --server-name $NAME --ca "$WORK/cert.pem");;
+             --duration-s "$DURATION" --server-name $NAME --ca "$WORK/ca.pem");;
     h3_hs) out=$("$BENCH" --proxy 127.0.0.1:$port --threads 2 h3 --handshakes --connections 8 \
-             --duration-s "$DURATION" --server-name $NAME --ca "$WORK/cert.pem");;
+             --duration-s "$DURATION" --server-name $NAME --ca "$WORK/ca.pem");;
     tls_hs) kind=wrk; out=$(wrk -t2 -c8 -d"${DURATION}s" --latency -H "Connection: close" -H "Host: $NAME" \
              "https://127.0.0.1:$port/" 2>&1);;
     ab_h1) kind=wrk; out=$(wrk -t2 -c64 -d"${DURATION}s" --latency -H "Host: $NAME" "https://127.0.0.1:$port/" 2>&1);;
+    ab_h2) kind=h2load; out=$(h2load -t2 -c64 -m10 -D"$DURATION" "https://127.0.0.1:$port/" 2>&1);;
   esac
   after=$(cpu_ticks "$pid")
   row "$proxy" "$mode" "$rep" "$((after - before))" "$out" "$kind"
 }
 for mode in $MODES; do
   for r in $(seq "$REPS"); do
-    if [ "$mode" = ab_h1 ]; then
+    if [ "$mode" = ab_h1 ] || [ "$mode" = ab_h2 ]; then
       pairs=("tidegate-h3 $TG_TLS $PID_TG" "tidegate-no-h3 $TG0_TLS $PID_TG0")
     else
       pairs=("tidegate $TG_TLS $PID_TG" "caddy $CADDY $PID_CADDY")
@@ -169,7 +180,7 @@ for mode in dict.fromkeys(r["mode"] for r in rows):
         print(f"{mode:7} {proxy:15} {meds[proxy]['per_s']:9.0f}/s  p99 {meds[proxy]['p99_ms']:7.2f} ms"
               f"  CPU {meds[proxy]['cpu_us_each']:6.1f} us  errors {errors}")
     names = list(meds)
-    if len(names) == 2:
+    if len(names) == 2 and all(m["per_s"] > 0 for m in meds.values()):
         a, b = names
         print(f"{mode:7} {a}/{b}: {meds[a]['per_s'] / meds[b]['per_s']:.3f}")
 PY

@@ -325,6 +325,10 @@ pub struct Status {
     pub predecessor: Option<PredecessorState>,
     /// The named listeners, by name, as this instance serves them.
     pub listeners: BTreeMap<String, ListenerStatus>,
+    /// QUIC (HTTP/3) connections open on this instance; absent when HTTP/3
+    /// is off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quic_connections_open: Option<u64>,
 }
 
 /// A named listener as this instance serves it.

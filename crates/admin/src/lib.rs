@@ -61,6 +61,8 @@ pub struct AdminStateInner {
     config_file: Option<Arc<ConfigFileReport>>,
     /// The instance this process took over, if it did.
     predecessor: Option<Arc<PredecessorReport>>,
+    /// QUIC connections open now, when HTTP/3 is on.
+    quic_open: Option<QuicOpen>,
     /// Everything `/metrics` shows.
     registry: Arc<tidegate_metrics::Registry>,
 }
@@ -178,7 +180,11 @@ struct Parts {
     private_dirs: Arc<[PathBuf]>,
     config_file: Option<Arc<ConfigFileReport>>,
     predecessor: Option<Arc<PredecessorReport>>,
+    quic_open: Option<QuicOpen>,
 }
+
+/// Reads how many QUIC connections are open (the data plane's count).
+pub type QuicOpen = Arc<dyn Fn() -> u64 + Send + Sync>;
 
 impl AdminState {
     /// State for the API: the configuration handle, the token every request
@@ -196,7 +202,13 @@ impl AdminState {
             private_dirs: Arc::from([]),
             config_file: None,
             predecessor: None,
+            quic_open: None,
         })
+    }
+
+    /// Shows the QUIC connections open (`/v1/status`), when HTTP/3 is on.
+    pub fn with_quic(self, open: QuicOpen) -> AdminState {
+        AdminState::build(Parts { quic_open: Some(open), ..self.parts() })
     }
 
     /// Shows the autoscaler's events and per-service scaling state.
@@ -252,6 +264,7 @@ impl AdminState {
             private_dirs: s.private_dirs.clone(),
             config_file: s.config_file.clone(),
             predecessor: s.predecessor.clone(),
+            quic_open: s.quic_open.clone(),
         }
     }
 
@@ -274,6 +287,7 @@ impl AdminState {
             private_dirs: p.private_dirs,
             config_file: p.config_file,
             predecessor: p.predecessor,
+            quic_open: p.quic_open,
             registry,
         }))
     }

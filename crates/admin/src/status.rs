@@ -144,6 +144,7 @@ pub(crate) async fn get_status(State(state): State<AdminState>) -> Sorted<Status
         config_file: state.config_file.as_ref().map(|f| f.state()),
         predecessor: state.predecessor.as_ref().and_then(|p| p.state()),
         listeners: state.listeners.read().into_iter().map(|(k, v)| (k, v.into())).collect(),
+        quic_connections_open: state.quic_open.as_ref().map(|open| open()),
     })
 }
 

@@ -297,6 +297,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         if let Some(report) = report {
             state = state.with_config_file(report);
         }
+        if args.http3 {
+            let metrics = metrics.clone();
+            state = state.with_quic(Arc::new(move || metrics.quic_open().unwrap_or(0)));
+        }
         let predecessor = taking.as_ref().map(|t| Arc::new(tidegate_admin::PredecessorReport::new(t.pid)));
         if let Some(report) = &predecessor {
             state = state.with_predecessor(report.clone());

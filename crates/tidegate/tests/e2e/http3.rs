@@ -81,6 +81,26 @@ async fn http3_serves_the_routes_with_the_live_certificates_and_tcp_advertises_i
     // No connection-specific field, and no advertisement of itself.
     assert!(header(&answers[0], "connection").is_none() && header(&answers[0], "alt-svc").is_none(), "{out}");
 
+    // A streamed answer (a 1 MiB static file), and a body longer than
+    // its content-length refused before the backend sees it.
+    let www = tempfile::tempdir().expect("tempdir");
+    std::fs::write(www.path().join("big.bin"), "z".repeat(1 << 20)).expect("write");
+    let spec = json!({"match": {"host": "h3.test", "path_prefix": "/files"}, "static": {"root": www.path()}});
+    let (s, v) = tg.api("PUT", "/v1/routes/files", Some(spec)).await;
+    assert_eq!(s, 200, "{v}");
+    let out = h3(
+        tls,
+        "h3.test",
+        &ca,
+        json!([
+            {"path": "/files/big.bin"},
+            {"method": "POST", "path": "/echo", "body": "0123456789abcdef", "headers": [["content-length", "8"]]},
+        ]),
+    );
+    let file = &out["answers"][0];
+    assert_eq!((file["status"].as_u64(), file["body"].as_str().map(str::len)), (Some(200), Some(1 << 20)));
+    assert_eq!(out["answers"][1]["status"], 400, "{}", out["answers"][1]);
+
     // A request head over the limit is refused; the connection serves on.
     let big: Vec<Value> = (0..40).map(|i| json!([format!("x-big-{i}"), "y".repeat(2000)])).collect();
     let out = h3(tls, "h3.test", &ca, json!([{"path": "/", "headers": big}, {"path": "/echo"}]));
@@ -110,6 +130,8 @@ async fn http3_serves_the_routes_with_the_live_certificates_and_tcp_advertises_i
         .find_map(|l| l.strip_prefix("tidegate_quic_connections_total "))
         .and_then(|v| v.parse::<f64>().ok());
     assert!(accepted >= Some(3.0), "{metrics}");
+    let (_, status) = tg.api("GET", "/v1/status", None).await;
+    assert!(status["quic_connections_open"].is_u64(), "{status}");
     let lines = wait_for("HTTP/3 in the access log", std::time::Duration::from_secs(10), async || {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         text.lines().any(|l| l.contains("\"protocol\":\"HTTP/3\"")).then_some(text)
