@@ -150,7 +150,8 @@ async fn requests(endpoint: &quinn::Endpoint, addr: SocketAddr, args: &H3Args, u
         let (mut sender, uri) = (sender.clone(), uri.clone());
         streams.push(tokio::spawn(async move {
             let mut t = Tally::default();
-            while Instant::now() < until {
+            // At least one request each, however long connecting took.
+            loop {
                 let start = Instant::now();
                 match get(&mut sender, &uri).await {
                     Ok(true) => {
@@ -162,6 +163,9 @@ async fn requests(endpoint: &quinn::Endpoint, addr: SocketAddr, args: &H3Args, u
                         t.errors.bump(format!("{e:#}"));
                         break;
                     }
+                }
+                if Instant::now() >= until {
+                    break;
                 }
             }
             t

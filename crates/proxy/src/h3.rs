@@ -18,8 +18,9 @@
 //! new one.
 //!
 //! Protections, besides the pipeline's limits:
-//! - a QUIC connection takes a place under `--max-connections`, like a
-//!   TCP one; past it, new connections are refused;
+//! - a QUIC connection takes a place under `--max-connections` and
+//!   `--max-connections-per-client`, like a TCP one; past them, new
+//!   connections are refused;
 //! - address validation: while more than [`Http3::retry_above`]
 //!   handshakes are in progress on a worker, a client whose address is not
 //!   validated yet gets a Retry (a token it must echo from that address),
@@ -113,7 +114,8 @@ pub(crate) fn server_config(
 }
 
 /// A UDP socket on `addr` that other workers' sockets may share
-/// (`SO_REUSEPORT`).
+/// (`SO_REUSEPORT`; in every runtime mode, so that a new process taking
+/// over can bind beside this one).
 pub(crate) fn bind_udp(addr: SocketAddr, reuse_port: bool) -> std::io::Result<std::net::UdpSocket> {
     let domain = socket2::Domain::for_address(addr);
     let socket = socket2::Socket::new(domain, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
@@ -130,7 +132,7 @@ pub(crate) struct Endpoint {
     pub socket: std::net::UdpSocket,
     pub config: quinn::ServerConfig,
     pub proxy: Arc<Proxy>,
-    pub limits: Limits,
+    pub limits: Arc<Limits>,
     pub settings: Http3,
     pub slots: Arc<tokio::sync::Semaphore>,
     pub counters: Arc<QuicCounters>,
@@ -179,6 +181,9 @@ impl Endpoint {
                 Ok(c) => c,
                 Err(_) => continue,
             };
+            // Counted before its task runs: a burst of new clients is
+            // seen at once by the next ones' Retry decision.
+            handshaking.fetch_add(1, Relaxed);
             let conn = Connection {
                 proxy: proxy.clone(),
                 limits: limits.clone(),
@@ -191,8 +196,9 @@ impl Endpoint {
             };
             tokio::spawn(conn.serve(connecting));
         }
-        // Stopping: no new connection; the open ones were told (GOAWAY)
-        // and finish their requests.
+        // Stopping: new connections are refused; the open ones were told
+        // (GOAWAY) and finish their requests.
+        endpoint.set_server_config(None);
         drop(done_tx);
         let _ = tokio::time::timeout(drain, done_rx.recv()).await;
         endpoint.close(0u32.into(), b"shutting down");
@@ -203,7 +209,7 @@ impl Endpoint {
 /// One QUIC connection and what it holds.
 struct Connection {
     proxy: Arc<Proxy>,
-    limits: Limits,
+    limits: Arc<Limits>,
     local: SocketAddr,
     counters: Arc<QuicCounters>,
     handshaking: Arc<AtomicUsize>,
@@ -217,7 +223,6 @@ struct Connection {
 
 impl Connection {
     async fn serve(mut self, connecting: quinn::Connecting) {
-        self.handshaking.fetch_add(1, Relaxed);
         let handshake = tokio::time::timeout(self.limits.first_request_timeout, connecting).await;
         self.handshaking.fetch_sub(1, Relaxed);
         let metrics = self.proxy.metrics();
@@ -229,14 +234,28 @@ impl Connection {
             }
         };
         metrics.tls_handshake(true);
+        // The client's place under `--max-connections-per-client`, taken
+        // once the handshake proved its address (a forged source never
+        // completes one, so it cannot take a victim's places).
+        let Ok(_per_client) = self.proxy.admission().connection(conn.remote_address().ip()) else {
+            self.counters.refused.fetch_add(1, Relaxed);
+            metrics.error(crate::ErrorKind::ClientLimit);
+            // H3_EXCESSIVE_LOAD (RFC 9114, section 8.1).
+            conn.close(0x107u32.into(), b"too many connections from this address");
+            return;
+        };
         self.counters.accepted.fetch_add(1, Relaxed);
         self.counters.open.fetch_add(1, Relaxed);
         let _open = OpenGuard(self.counters.clone());
-        let mut peer = Peer::with_local(conn.remote_address(), self.local);
+        // The address the client reached (the socket may be bound to a
+        // wildcard address).
+        let local = SocketAddr::new(conn.local_ip().unwrap_or(self.local.ip()), self.local.port());
+        let mut peer = Peer::with_local(conn.remote_address(), local);
         peer.set_listener(self.local.port(), true);
         peer.trusted = self.limits.trusted_proxies.contains(peer.addr.ip());
         let peer = Arc::new(peer);
         let field_section = u64::try_from(self.limits.max_header_bytes).unwrap_or(u64::MAX);
+        let quic = conn.clone();
         let mut h3 = match h3::server::builder()
             .max_field_section_size(field_section)
             .build::<_, Bytes>(h3_quinn::Connection::new(conn))
@@ -245,33 +264,78 @@ impl Connection {
             Ok(h) => h,
             Err(e) => return tracing::debug!(error = %e, "HTTP/3 connection setup failed"),
         };
-        let mut stopping = *self.stop.borrow();
+        // Requests in progress: a connection with none is closed after the
+        // idle timeout (QUIC's own idle timer restarts on any packet, a
+        // PING included) and at once when stopping.
+        let in_progress = Arc::new(AtomicUsize::new(0));
+        let mut stopping = false;
+        let mut idle_since = tokio::time::Instant::now();
         loop {
+            if *self.stop.borrow() && !stopping {
+                stopping = true;
+                // GOAWAY: the requests already sent are served.
+                let _ = h3.shutdown(0).await;
+            }
+            let busy = in_progress.load(Relaxed) > 0;
+            if busy {
+                idle_since = tokio::time::Instant::now();
+            } else if stopping || idle_since.elapsed() >= self.limits.idle_timeout {
+                quic.close(0u32.into(), b"idle");
+                break;
+            }
+            // Looked at again this often while requests are in progress or
+            // the connection drains; otherwise when the idle timeout is due.
+            let next = match (busy, stopping) {
+                (false, false) => idle_since + self.limits.idle_timeout,
+                _ => tokio::time::Instant::now() + Duration::from_millis(100),
+            };
             let accepted = tokio::select! {
                 a = h3.accept() => a,
-                _ = self.stop.changed(), if !stopping => {
-                    stopping = true;
-                    // GOAWAY: the requests already sent are served.
-                    let _ = h3.shutdown(0).await;
-                    continue;
-                }
+                _ = self.stop.changed(), if !stopping => continue,
+                () = tokio::time::sleep_until(next) => continue,
             };
             match accepted {
                 Ok(Some(resolver)) => {
-                    let (proxy, peer) = (self.proxy.clone(), peer.clone());
+                    let (proxy, peer, limits) = (self.proxy.clone(), peer.clone(), self.limits.clone());
+                    let held = InProgress::new(&in_progress);
                     tokio::spawn(async move {
-                        if let Ok((req, stream)) = resolver.resolve_request().await {
-                            request(proxy, &peer, req, stream).await;
+                        let head = tokio::time::timeout(limits.idle_timeout, resolver.resolve_request()).await;
+                        if let Ok(Ok((req, stream))) = head {
+                            request(proxy, &peer, &limits, req, stream).await;
                         }
+                        drop(held);
                     });
                 }
-                Ok(None) => break,
+                Ok(None) => {
+                    // No more requests: those in progress finish first
+                    // (each bounded by its own timeouts).
+                    while in_progress.load(Relaxed) > 0 {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    break;
+                }
                 Err(e) => {
                     tracing::debug!(client = %peer.addr, error = %e, "HTTP/3 connection ended");
                     break;
                 }
             }
         }
+    }
+}
+
+/// A request in progress on a connection, counted while it lives.
+struct InProgress(Arc<AtomicUsize>);
+
+impl InProgress {
+    fn new(count: &Arc<AtomicUsize>) -> InProgress {
+        count.fetch_add(1, Relaxed);
+        InProgress(count.clone())
+    }
+}
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
     }
 }
 
@@ -286,31 +350,38 @@ impl Drop for OpenGuard {
 
 type Stream = h3::server::RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>;
 
-/// Serves one request stream through the pipeline.
-async fn request(proxy: Arc<Proxy>, peer: &Peer, req: http::Request<()>, stream: Stream) {
+/// Serves one request stream through the pipeline. Each write to the
+/// client must be done within the write timeout (a client that never
+/// opens its flow-control window holds the stream that long at most).
+async fn request(proxy: Arc<Proxy>, peer: &Peer, limits: &Limits, req: http::Request<()>, stream: Stream) {
     let (mut send, recv) = stream.split();
-    let length = req.headers().get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok());
-    let body = RequestBody { recv, length, seen: 0, trailers: false, done: false };
-    let req = req.map(|()| crate::upbody::Inbound::boxed(body));
-    let resp = proxy.handle(req, peer).await;
+    let resp = match declared_length(req.headers()) {
+        Ok(length) => {
+            let body = RequestBody { recv, length, seen: 0, trailers: false, done: false };
+            proxy.handle(req.map(|()| crate::upbody::Inbound::boxed(body)), peer).await
+        }
+        Err(()) => crate::reply::error(crate::ErrorKind::BadRequest),
+    };
     let (mut parts, mut body) = resp.into_parts();
     // Connection-specific fields have no place in HTTP/3 (RFC 9114,
     // section 4.2).
     for name in CONNECTION_FIELDS {
         parts.headers.remove(name);
     }
-    if send.send_response(http::Response::from_parts(parts, ())).await.is_err() {
+    let timed = |r: Result<Result<(), h3::error::StreamError>, tokio::time::error::Elapsed>| matches!(r, Ok(Ok(())));
+    let write = limits.write_timeout;
+    if !timed(tokio::time::timeout(write, send.send_response(http::Response::from_parts(parts, ()))).await) {
         return;
     }
     while let Some(frame) = body.frame().await {
         let sent = match frame {
             Ok(f) if f.is_data() => match f.into_data() {
                 Ok(data) if data.is_empty() => continue,
-                Ok(data) => send.send_data(data).await,
+                Ok(data) => tokio::time::timeout(write, send.send_data(data)).await,
                 Err(_) => continue,
             },
             Ok(f) => match f.into_trailers() {
-                Ok(trailers) => send.send_trailers(trailers).await,
+                Ok(trailers) => tokio::time::timeout(write, send.send_trailers(trailers)).await,
                 Err(_) => continue,
             },
             Err(_) => {
@@ -319,11 +390,27 @@ async fn request(proxy: Arc<Proxy>, peer: &Peer, req: http::Request<()>, stream:
                 return;
             }
         };
-        if sent.is_err() {
+        if !timed(sent) {
+            // Too slow or gone: the stream is reset, its backend freed.
+            send.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
             return;
         }
     }
-    let _ = send.finish().await;
+    let _ = tokio::time::timeout(write, send.finish()).await;
+}
+
+/// A request's `content-length`: none, or one value (repeated values must
+/// agree); anything else is refused.
+fn declared_length(headers: &http::HeaderMap) -> Result<Option<u64>, ()> {
+    let mut length = None;
+    for v in headers.get_all(http::header::CONTENT_LENGTH) {
+        let n: u64 = v.to_str().map_err(drop)?.trim().parse().map_err(drop)?;
+        if length.is_some_and(|l| l != n) {
+            return Err(());
+        }
+        length = Some(n);
+    }
+    Ok(length)
 }
 
 /// Fields HTTP/3 forbids in a message.
@@ -414,8 +501,9 @@ impl Body for RequestBody {
     }
 
     fn size_hint(&self) -> SizeHint {
+        // What is still to come, as hyper's bodies tell it.
         match self.length {
-            Some(n) => SizeHint::with_exact(n),
+            Some(n) => SizeHint::with_exact(n.saturating_sub(self.seen)),
             None => SizeHint::default(),
         }
     }

@@ -38,7 +38,7 @@ pub struct Proxy {
     tracing: Option<crate::Tracing>,
     /// `Alt-Svc` on the TLS listener's HTTP/1.1 and HTTP/2 responses,
     /// when HTTP/3 is on: the value, and the line the native engine adds.
-    alt_svc: Option<(http::HeaderValue, Arc<[u8]>)>,
+    alt_svc: Option<(http::HeaderValue, Arc<Vec<u8>>)>,
 }
 
 impl Proxy {
@@ -69,14 +69,16 @@ impl Proxy {
     /// listener's HTTP/1.1 and HTTP/2 responses (`Alt-Svc`, RFC 7838).
     pub fn set_alt_svc(&mut self, port: u16, max_age_s: u64) {
         let value = format!("h3=\":{port}\"; ma={max_age_s}");
-        let line: Arc<[u8]> = format!("alt-svc: {value}\r\n").into_bytes().into();
+        // A thin pointer: every connection's task holds a copy.
+        let line = Arc::new(format!("alt-svc: {value}\r\n").into_bytes());
         self.alt_svc = http::HeaderValue::from_str(&value).ok().map(|v| (v, line));
     }
 
     /// The `Alt-Svc` line the native engine adds to a client's responses
-    /// (a TLS client's, when HTTP/3 is on).
-    pub(crate) fn alt_svc_line(&self, client: &Peer) -> Option<Arc<[u8]>> {
-        self.alt_svc.as_ref().filter(|_| client.https).map(|(_, line)| line.clone())
+    /// (a client of the default TLS listener, when HTTP/3 is on: a named
+    /// listener has routes of its own, which HTTP/3 does not serve).
+    pub(crate) fn alt_svc_line(&self, client: &Peer) -> Option<Arc<Vec<u8>>> {
+        self.alt_svc.as_ref().filter(|_| advertises(client)).map(|(_, line)| line.clone())
     }
 
     /// Shares one body buffer budget and one set of per-client counters
@@ -140,7 +142,7 @@ impl Proxy {
     /// when the response body ends.
     pub async fn handle(&self, mut req: Request<Inbound>, client: &Peer) -> Response<ProxyBody> {
         let line = self.access_log.is_some().then(|| describe(&mut req, client));
-        let alt_svc = self.alt_svc.as_ref().filter(|_| client.https && req.version() != http::Version::HTTP_3);
+        let alt_svc = self.alt_svc.as_ref().filter(|_| advertises(client) && req.version() != http::Version::HTTP_3);
         // Counted and logged when dropped: with the response body, or here
         // if the client goes away first (hyper drops this future).
         let mut seen = Seen::new(tokio::time::Instant::now());
@@ -158,7 +160,8 @@ impl Proxy {
             }
         };
         if let Some((value, _)) = alt_svc {
-            resp.headers_mut().insert(http::header::ALT_SVC, value.clone());
+            // Added beside a backend's own, as the native engine does.
+            resp.headers_mut().append(http::header::ALT_SVC, value.clone());
         }
         self.metrics.response(resp.status());
         finish.seen.status = resp.status().as_u16();
@@ -250,6 +253,12 @@ impl Proxy {
         }
         Ok(resp)
     }
+}
+
+/// Whether `client`'s answers advertise HTTP/3: a client of the default
+/// TLS listener, whose address HTTP/3 shares.
+fn advertises(client: &Peer) -> bool {
+    client.https && client.listener.is_none()
 }
 
 /// The hyper engine's checks of a request head, in place: the header

@@ -352,10 +352,10 @@ pub fn serve_on(
         let proxy = Arc::new(proxy);
         let endpoint = match &quic {
             Some((settings, addr, config, counters)) => Some(crate::h3::Endpoint {
-                socket: crate::h3::bind_udp(*addr, per_core)?,
+                socket: crate::h3::bind_udp(*addr, true)?,
                 config: config.clone(),
                 proxy: proxy.clone(),
-                limits: opts.limits.clone(),
+                limits: limits.clone(),
                 settings: settings.clone(),
                 slots: slots.clone(),
                 counters: counters.clone(),

@@ -205,11 +205,13 @@ impl Body for ClientBody {
 
     fn size_hint(&self) -> SizeHint {
         let inner = self.inner.size_hint();
-        match inner.exact() {
-            Some(n) => SizeHint::with_exact(n + self.ahead_len),
+        match inner.exact().and_then(|n| n.checked_add(self.ahead_len)) {
+            Some(n) => SizeHint::with_exact(n),
+            // (A length that overflows with what was read ahead is no
+            // length: the body goes chunked.)
             None => {
                 let mut hint = SizeHint::new();
-                hint.set_lower(inner.lower() + self.ahead_len);
+                hint.set_lower(inner.lower().saturating_add(self.ahead_len));
                 hint
             }
         }

@@ -101,13 +101,17 @@ impl<C> UpstreamPool<C> {
     /// this one does: one client connection's, for connections that may
     /// carry its requests only (they close when it is dropped).
     pub fn private(&self) -> Self {
-        UpstreamPool::with_grace(self.inner.grace, self.inner.counters.clone())
+        let mut pool = UpstreamPool::with_grace(self.inner.grace, self.inner.counters.clone());
+        if let Some(inner) = Arc::get_mut(&mut pool.inner) {
+            inner.private = true;
+        }
+        pool
     }
 
     /// A pool keeping connections past `max_idle` for `grace`.
     pub fn with_grace(grace: Duration, counters: Arc<dyn OpenCounter>) -> Self {
         let sweeper = AtomicBool::new(false);
-        UpstreamPool { inner: Arc::new(Inner { idle: Mutex::default(), sweeper, grace, counters }) }
+        UpstreamPool { inner: Arc::new(Inner { idle: Mutex::default(), sweeper, grace, counters, private: false }) }
     }
 }
 
@@ -123,6 +127,8 @@ struct Inner<C> {
     grace: Duration,
     /// The worker's counters (connections opened).
     counters: Arc<dyn OpenCounter>,
+    /// One client connection's pool ([`UpstreamPool::private`]).
+    private: bool,
 }
 
 struct Idle<C> {
@@ -156,11 +162,15 @@ struct Keep {
     idle: Duration,
     max_idle: usize,
     profile: u64,
+    /// It names no client (no PROXY protocol header): any request may
+    /// reuse it. One that names a client goes back only to a client
+    /// connection's own pool.
+    shareable: bool,
 }
 
 impl From<ConnSettings> for Keep {
     fn from(s: ConnSettings) -> Keep {
-        Keep { idle: s.idle, max_idle: s.max_idle, profile: s.profile }
+        Keep { idle: s.idle, max_idle: s.max_idle, profile: s.profile, shareable: s.origin.is_none() }
     }
 }
 
@@ -181,6 +191,9 @@ impl<C: Reusable> Conn<C> {
         let Some(inner) = self.pool.upgrade() else {
             return;
         };
+        if !self.keep.shareable && !inner.private {
+            return;
+        }
         let now = Instant::now();
         if let Ok(mut map) = inner.idle.lock() {
             let list = map.entry(self.keep.profile).or_default().entry(self.addr).or_default();
@@ -320,6 +333,20 @@ mod tests {
         let taken = pool.checkout(&addr, s).unwrap();
         assert_eq!((taken.conn.id, taken.reused), (2, true));
         assert_eq!(opened.0.load(Relaxed), 2);
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_names_a_client_goes_back_only_to_a_private_pool() {
+        let shared = UpstreamPool::new(Arc::new(Opened::default()));
+        let private = shared.private();
+        let addr = BackendAddr::new("127.0.0.1:1").unwrap();
+        let origin =
+            crate::Origin { client: "192.0.2.1:5".parse().unwrap(), local: "198.51.100.1:80".parse().unwrap() };
+        let named = ConnSettings { origin: Some(origin), ..settings(8, 0) };
+        shared.fresh(fake(1).0, &addr, named).release();
+        assert_eq!(shared.idle(0, &addr), 0, "never kept where another client could take it");
+        private.fresh(fake(2).0, &addr, named).release();
+        assert_eq!(private.idle(0, &addr), 1);
     }
 
     #[tokio::test]

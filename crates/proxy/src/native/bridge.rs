@@ -140,12 +140,21 @@ impl BridgeExchange<'_> {
                     return Err(failed(e));
                 }
                 let chunked = length.is_none();
+                // Never more than the length the backend was told: a byte
+                // past it would be the start of another request to it.
+                let mut left = length;
                 while let Some(frame) = body.frame().await {
                     let frame = frame.map_err(|e| e.kind())?;
                     let Ok(data) = frame.into_data() else { continue };
+                    if let Some(left) = &mut left {
+                        *left = left.checked_sub(data.len() as u64).ok_or(ErrorKind::ClientBody)?;
+                    }
                     if !data.is_empty() {
                         write_piece(stream, &data, chunked).await.map_err(|_| ErrorKind::UpstreamClosed)?;
                     }
+                }
+                if left.is_some_and(|n| n > 0) {
+                    return Err(ErrorKind::ClientBody);
                 }
                 if chunked {
                     write_all(stream, &mut [CHUNKED_END]).await.map_err(|_| ErrorKind::UpstreamClosed)?;

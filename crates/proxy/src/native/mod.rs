@@ -120,7 +120,7 @@ pub(crate) struct ClientSide<S> {
     pub cut_short: bool,
     /// A line added to every response head (`Alt-Svc` on a TLS listener
     /// when HTTP/3 is on).
-    pub extra: Option<Arc<[u8]>>,
+    pub extra: Option<Arc<Vec<u8>>>,
 }
 
 impl<S: ClientIo> ClientSide<S> {

@@ -4,7 +4,7 @@ implementation from outside the project.
     h3_client.py HOST:PORT SERVER_NAME CA_FILE REQUESTS_JSON
 
 REQUESTS_JSON is a list of {"method", "path", "headers": [[name, value]],
-"body": text, "repeat": n}; all requests go over one connection, at once
+"body": text, "body_times": n (the body is the text n times), "repeat": n}; all requests go over one connection, at once
 (each on its own stream). Prints one JSON object: {"answers": [{"status",
 "headers", "body", "reset"}], "retry": bool} with the answers in the
 order of the requests.
@@ -58,7 +58,7 @@ class Client(QuicConnectionProtocol):
 
     def send(self, authority, request):
         stream_id = self._quic.get_next_available_stream_id()
-        body = request.get("body", "").encode()
+        body = (request.get("body", "") * request.get("body_times", 1)).encode()
         headers = [
             (b":method", request.get("method", "GET").encode()),
             (b":scheme", b"https"),

@@ -62,10 +62,16 @@ async fn http3_serves_the_routes_with_the_live_certificates_and_tcp_advertises_i
             {"method": "GET", "path": "/echo?q=1"},
             {"method": "POST", "path": "/echo", "body": body, "headers": [["content-type", "text/plain"]]},
             {"method": "GET", "path": "/", "repeat": 50},
+            // Past the 1 MiB read ahead: the rest streams to the backend
+            // under the length it was told.
+            {"method": "POST", "path": "/echo", "body": "w", "body_times": 2_097_152,
+             "headers": [["content-length", "2097152"]]},
         ]),
     );
     let answers = out["answers"].as_array().expect("answers");
-    assert_eq!(answers.len(), 52);
+    assert_eq!(answers.len(), 53);
+    let large: Value = serde_json::from_str(answers[52]["body"].as_str().unwrap_or("")).unwrap_or(Value::Null);
+    assert_eq!((answers[52]["status"].as_u64(), large["body_bytes"].as_u64()), (Some(200), Some(2_097_152)), "{large}");
     let echo: Value = serde_json::from_str(answers[0]["body"].as_str().expect("a body")).expect("the echo");
     assert_eq!(answers[0]["status"], 200, "{out}");
     assert_eq!(echo["path"], "/echo?q=1");
@@ -77,7 +83,7 @@ async fn http3_serves_the_routes_with_the_live_certificates_and_tcp_advertises_i
         (Some(200), Some(100 * 1024)),
         "{posted}"
     );
-    assert!(answers[2..].iter().all(|a| a["status"] == 200 && a["reset"] == false), "{out}");
+    assert!(answers[2..52].iter().all(|a| a["status"] == 200 && a["reset"] == false), "{out}");
     // No connection-specific field, and no advertisement of itself.
     assert!(header(&answers[0], "connection").is_none() && header(&answers[0], "alt-svc").is_none(), "{out}");
 
@@ -137,7 +143,7 @@ async fn http3_serves_the_routes_with_the_live_certificates_and_tcp_advertises_i
         text.lines().any(|l| l.contains("\"protocol\":\"HTTP/3\"")).then_some(text)
     })
     .await;
-    assert!(lines.lines().filter(|l| l.contains("\"protocol\":\"HTTP/3\"")).count() >= 52, "{lines}");
+    assert!(lines.lines().filter(|l| l.contains("\"protocol\":\"HTTP/3\"")).count() >= 53, "{lines}");
 }
 
 /// One GET over TLS (TCP) to `addr` for `name`, trusting `cert`: the whole
@@ -170,8 +176,9 @@ async fn tls_get(addr: std::net::SocketAddr, name: &str, cert: &str, path: &str)
 async fn under_a_handshake_flood_clients_prove_their_address_with_a_retry() {
     let dir = tempfile::tempdir().expect("tempdir");
     // Retry above 0 handshakes: every new client is asked to prove its
-    // address first, as under a flood.
-    let args = ["--listen-tls", "127.0.0.1:0", "--http3", "--http3-retry-above", "0"];
+    // address first, as under a flood. One connection per client address.
+    let args =
+        ["--listen-tls", "127.0.0.1:0", "--http3", "--http3-retry-above", "0", "--max-connections-per-client", "1"];
     let tg = Tidegate::start_with(&dir.path().join("tg"), &args);
     let tls = tg.proxy_tls.expect("a TLS listener");
     let backend = Backend::start("h3-retry", &[]);
@@ -197,6 +204,28 @@ async fn under_a_handshake_flood_clients_prove_their_address_with_a_retry() {
         .find_map(|l| l.strip_prefix("tidegate_quic_retries_total "))
         .and_then(|v| v.parse::<f64>().ok());
     assert!(retries >= Some(2.0), "{metrics}");
+
+    // A second connection from the same address while one is open is
+    // refused (`--max-connections-per-client 1`); the first one serves.
+    // (Once the client above has gone: its connection's close is seen.)
+    wait_for("the first client's connection ends", std::time::Duration::from_secs(40), async || {
+        let (_, status) = tg.api("GET", "/v1/status", None).await;
+        (status["quic_connections_open"] == 0).then_some(())
+    })
+    .await;
+    let out = Command::new(bin_dir().join("tidegate-bench"))
+        .args(["--proxy", &tls.to_string(), "h3", "--connections", "2", "--streams", "1", "--duration-s", "1"])
+        .args(["--server-name", "h3.test", "--ca"])
+        .arg(&ca)
+        .output()
+        .expect("tidegate-bench (cargo build --workspace)");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    assert!(report["ok"].as_u64() > Some(0), "{report}");
+    let refused: u64 = report["errors"].as_object().map_or(0, |e| e.values().filter_map(Value::as_u64).sum());
+    assert_eq!(refused, 1, "one connection closed at the cap: {report}");
+    assert!(report.to_string().contains("H3_EXCESSIVE_LOAD"), "closed with H3_EXCESSIVE_LOAD: {report}");
+    let metrics = send("GET", &tg.admin_url("/metrics"), Some(TOKEN), vec![], &[]).await.text();
+    assert!(metrics.contains("tidegate_quic_refused_total 1"), "{metrics}");
 }
 
 /// A QUIC version 1 Initial packet of the minimum size (1,200 bytes) with

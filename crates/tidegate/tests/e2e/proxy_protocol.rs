@@ -218,7 +218,9 @@ async fn a_service_tells_its_backends_each_client_over_v1_and_v2_on_connections_
         .await;
     }
     // Health checks through the header that names no client.
-    let health = json!({"active": {"path": "/health", "interval_ms": 100, "timeout_ms": 100, "rise": 1, "fall": 1}});
+    // Generous timeouts: one slow check on a busy machine must not take
+    // the backend down mid-test.
+    let health = json!({"active": {"path": "/health", "interval_ms": 500, "timeout_ms": 500, "rise": 1, "fall": 3}});
     for (version, port) in [("v1", v1_port), ("v2", v2_port)] {
         let spec = json!({
             "backends": [{"id": "hap", "addr": format!("127.0.0.1:{port}")}],
