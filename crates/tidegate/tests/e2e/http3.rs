@@ -33,6 +33,31 @@ fn h3(addr: std::net::SocketAddr, name: &str, ca: &Path, requests: Value) -> Val
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
 }
 
+/// A Tidegate serving HTTP/3 for `h3.test` with a backend behind it.
+struct Served {
+    tg: Tidegate,
+    /// The TLS listener's address (UDP for HTTP/3).
+    tls: std::net::SocketAddr,
+    _backend: Backend,
+    /// A file holding the certificate, for the clients.
+    ca: std::path::PathBuf,
+}
+
+/// Starts Tidegate with `args` in `dir`, a backend routed to, and a
+/// self-signed certificate for `h3.test`.
+async fn served(dir: &Path, args: &[&str]) -> Served {
+    let tg = Tidegate::start_with(&dir.join("tg"), args);
+    let tls = tg.proxy_tls.expect("a TLS listener");
+    let backend = Backend::start("h3-backend", &[]);
+    route_to(&tg, "web", &[&backend], "round_robin").await;
+    let (cert, key) = certificate("h3.test");
+    let (s, v) = tg.api("PUT", "/v1/certificates/h3", Some(json!({"cert_pem": cert, "key_pem": key}))).await;
+    assert_eq!(s, 200, "{v}");
+    let ca = dir.join("ca.pem");
+    std::fs::write(&ca, &cert).expect("write");
+    Served { tg, tls, _backend: backend, ca }
+}
+
 fn header<'a>(answer: &'a Value, name: &str) -> Option<&'a str> {
     answer["headers"].as_array()?.iter().find(|h| h[0] == name).and_then(|h| h[1].as_str())
 }
@@ -42,15 +67,7 @@ async fn http3_serves_the_routes_with_the_live_certificates_and_tcp_advertises_i
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("access.log");
     let args = ["--listen-tls", "127.0.0.1:0", "--http3", "--access-log", log.to_str().expect("a path")];
-    let tg = Tidegate::start_with(&dir.path().join("tg"), &args);
-    let tls = tg.proxy_tls.expect("a TLS listener");
-    let backend = Backend::start("h3-backend", &[]);
-    route_to(&tg, "web", &[&backend], "round_robin").await;
-    let (cert, key) = certificate("h3.test");
-    let (s, v) = tg.api("PUT", "/v1/certificates/h3", Some(json!({"cert_pem": cert, "key_pem": key}))).await;
-    assert_eq!(s, 200, "{v}");
-    let ca = dir.path().join("ca.pem");
-    std::fs::write(&ca, &cert).expect("write");
+    let Served { tg, tls, _backend, ca } = served(dir.path(), &args).await;
 
     // GET and POST with a body, and many streams at once.
     let body = "x".repeat(100 * 1024);
@@ -179,15 +196,7 @@ async fn under_a_handshake_flood_clients_prove_their_address_with_a_retry() {
     // address first, as under a flood. One connection per client address.
     let args =
         ["--listen-tls", "127.0.0.1:0", "--http3", "--http3-retry-above", "0", "--max-connections-per-client", "1"];
-    let tg = Tidegate::start_with(&dir.path().join("tg"), &args);
-    let tls = tg.proxy_tls.expect("a TLS listener");
-    let backend = Backend::start("h3-retry", &[]);
-    route_to(&tg, "web", &[&backend], "round_robin").await;
-    let (cert, key) = certificate("h3.test");
-    let (s, v) = tg.api("PUT", "/v1/certificates/h3", Some(json!({"cert_pem": cert, "key_pem": key}))).await;
-    assert_eq!(s, 200, "{v}");
-    let ca = dir.path().join("ca.pem");
-    std::fs::write(&ca, &cert).expect("write");
+    let Served { tg, tls, _backend, ca } = served(dir.path(), &args).await;
 
     // A flood of Initial packets from addresses that never answer: each
     // gets a Retry (a datagram), none a handshake.

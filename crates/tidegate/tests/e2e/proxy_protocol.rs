@@ -30,6 +30,30 @@ fn free_port() -> u16 {
 /// HAProxy, killed on drop.
 struct Haproxy(Child);
 
+impl Haproxy {
+    /// Runs HAProxy on `config` (written into `dir`) until it listens on
+    /// every one of `ports`.
+    async fn start(dir: &std::path::Path, config: &str, ports: &[u16]) -> Haproxy {
+        let file = dir.join("haproxy.cfg");
+        std::fs::write(&file, config).expect("write");
+        let child = Command::new("haproxy")
+            .arg("-f")
+            .arg(&file)
+            .arg("-db")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("haproxy (apt-get install haproxy)");
+        let haproxy = Haproxy(child);
+        for &port in ports {
+            wait_for("haproxy listens", Duration::from_secs(20), async || {
+                TcpStream::connect(("127.0.0.1", port)).await.ok().map(|_| ())
+            })
+            .await;
+        }
+        haproxy
+    }
+}
+
 impl Drop for Haproxy {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -95,22 +119,7 @@ async fn a_balancer_in_tcp_mode_tells_the_real_client_over_v1_and_v2_and_a_heade
          backend tg_tls\n  server tg {tls} send-proxy-v2 source 127.0.0.2\n",
         plain = tg.proxy,
     );
-    std::fs::write(dir.path().join("haproxy.cfg"), config).expect("write");
-    let _haproxy = Haproxy(
-        Command::new("haproxy")
-            .arg("-f")
-            .arg(dir.path().join("haproxy.cfg"))
-            .arg("-db")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("haproxy (apt-get install haproxy)"),
-    );
-    for port in [plain_front, tls_front] {
-        wait_for("haproxy listens", Duration::from_secs(20), async || {
-            TcpStream::connect(("127.0.0.1", port)).await.ok().map(|_| ())
-        })
-        .await;
-    }
+    let _haproxy = Haproxy::start(dir.path(), &config, &[plain_front, tls_front]).await;
     let client: IpAddr = "127.0.0.3".parse().expect("ip");
 
     // Version 1 to the plain listener: the backend sees the client.
@@ -201,22 +210,7 @@ async fn a_service_tells_its_backends_each_client_over_v1_and_v2_on_connections_
          frontend v1\n  bind 127.0.0.1:{v1_port} accept-proxy\n  {answer}\n\
          frontend v2\n  bind 127.0.0.1:{v2_port} accept-proxy\n  {answer}\n"
     );
-    std::fs::write(dir.path().join("haproxy.cfg"), config).expect("write");
-    let _haproxy = Haproxy(
-        Command::new("haproxy")
-            .arg("-f")
-            .arg(dir.path().join("haproxy.cfg"))
-            .arg("-db")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("haproxy (apt-get install haproxy)"),
-    );
-    for port in [v1_port, v2_port] {
-        wait_for("haproxy listens", Duration::from_secs(20), async || {
-            TcpStream::connect(("127.0.0.1", port)).await.ok().map(|_| ())
-        })
-        .await;
-    }
+    let _haproxy = Haproxy::start(dir.path(), &config, &[v1_port, v2_port]).await;
     // Health checks through the header that names no client.
     // Generous timeouts: one slow check on a busy machine must not take
     // the backend down mid-test.
