@@ -21,7 +21,7 @@
 //! - a QUIC connection takes a place under `--max-connections` and
 //!   `--max-connections-per-client`, like a TCP one; past them, new
 //!   connections are refused;
-//! - address validation: while more than [`Http3::retry_above`]
+//! - address validation: while [`Http3::retry_above`] or more
 //!   handshakes are in progress on a worker, a client whose address is not
 //!   validated yet gets a Retry (a token it must echo from that address),
 //!   so a flood of Initial packets from forged addresses costs a stateless
@@ -59,7 +59,7 @@ const ALPN_H3: &[u8] = b"h3";
 /// HTTP/3's settings.
 #[derive(Debug, Clone)]
 pub struct Http3 {
-    /// Handshakes in progress on a worker above which clients whose
+    /// Handshakes in progress on a worker from which clients whose
     /// address is not validated get a Retry first (0: always).
     pub retry_above: usize,
     /// The `Alt-Svc` max age (seconds) advertised on the TLS listener's
@@ -84,6 +84,8 @@ pub struct QuicCounters {
     pub retries: AtomicUsize,
     /// Connections refused at `--max-connections`.
     pub refused: AtomicUsize,
+    /// Handshakes in progress now (all workers).
+    pub handshaking: AtomicUsize,
 }
 
 /// The rustls configuration of QUIC handshakes: TLS 1.3 only (QUIC's),
@@ -184,6 +186,7 @@ impl Endpoint {
             // Counted before its task runs: a burst of new clients is
             // seen at once by the next ones' Retry decision.
             handshaking.fetch_add(1, Relaxed);
+            counters.handshaking.fetch_add(1, Relaxed);
             let conn = Connection {
                 proxy: proxy.clone(),
                 limits: limits.clone(),
@@ -225,6 +228,7 @@ impl Connection {
     async fn serve(mut self, connecting: quinn::Connecting) {
         let handshake = tokio::time::timeout(self.limits.first_request_timeout, connecting).await;
         self.handshaking.fetch_sub(1, Relaxed);
+        self.counters.handshaking.fetch_sub(1, Relaxed);
         let metrics = self.proxy.metrics();
         let conn = match handshake {
             Ok(Ok(c)) => c,

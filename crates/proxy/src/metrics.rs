@@ -212,6 +212,9 @@ impl Collector for DataPlaneCollector {
             let help = "Retry packets sent: clients asked to prove their address while many handshakes were in \
                         progress (--http3-retry-above).";
             counter(&mut enc, "tidegate_quic_retries", help, [([], q.retries.load(Relaxed) as u64)])?;
+            let help =
+                "QUIC handshakes in progress now (above --http3-retry-above on a worker, new clients get a Retry).";
+            gauge(&mut enc, "tidegate_quic_handshakes_in_progress", help, [([], q.handshaking.load(Relaxed) as u64)])?;
             let help = "QUIC connections refused at --max-connections.";
             counter(&mut enc, "tidegate_quic_refused", help, [([], q.refused.load(Relaxed) as u64)])?;
         }

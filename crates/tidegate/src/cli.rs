@@ -193,9 +193,10 @@ pub struct ServeArgs {
     /// listener then carry `Alt-Svc: h3=":PORT"` (docs/http3.md).
     #[arg(long, env = "TIDEGATE_HTTP3", requires = "listen_tls")]
     pub http3: bool,
-    /// QUIC handshakes in progress on a worker above which a new client
-    /// whose address is not validated gets a Retry first (address
-    /// validation against floods of forged Initial packets; 0: always).
+    /// From this many QUIC handshakes in progress on a worker, a new
+    /// client whose address is not validated gets a Retry first (address
+    /// validation against handshake floods from forged addresses; 0:
+    /// always).
     #[arg(long, default_value_t = 64, env = "TIDEGATE_HTTP3_RETRY_ABOVE")]
     pub http3_retry_above: usize,
     /// The max age of the `Alt-Svc` advertisement of HTTP/3, seconds (0:

@@ -2,6 +2,7 @@
 implementation from outside the project.
 
     h3_client.py HOST:PORT SERVER_NAME CA_FILE REQUESTS_JSON
+    h3_client.py --half-open HOST:PORT SERVER_NAME COUNT HOLD_S
 
 REQUESTS_JSON is a list of {"method", "path", "headers": [[name, value]],
 "body": text, "body_times": n (the body is the text n times), "repeat": n}; all requests go over one connection, at once
@@ -20,6 +21,7 @@ from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.h3.connection import H3_ALPN, H3Connection
 from aioquic.h3.events import DataReceived, HeadersReceived
 from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
 from aioquic.quic.events import StreamReset
 
 TIMEOUT = 20
@@ -73,7 +75,31 @@ class Client(QuicConnectionProtocol):
         return stream_id
 
 
+def half_open(target, name, count, hold_s):
+    """Starts `count` handshakes from as many UDP ports, answers none of
+    them, and keeps the sockets for `hold_s` seconds."""
+    import socket
+    import time
+
+    host, port = target.rsplit(":", 1)
+    sockets = []
+    for _ in range(count):
+        config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name=name)
+        conn = QuicConnection(configuration=config)
+        now = time.time()
+        conn.connect((host, int(port)), now=now)
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind(("127.0.0.1", 0))
+        for data, addr in conn.datagrams_to_send(now=now):
+            s.sendto(data, addr)
+        sockets.append(s)
+    print(json.dumps({"sent": count}), flush=True)
+    time.sleep(hold_s)
+
+
 async def main():
+    if sys.argv[1] == "--half-open":
+        return half_open(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]))
     target, name, ca, requests = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
     host, port = target.rsplit(":", 1)
     config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name=name)
