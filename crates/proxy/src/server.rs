@@ -478,7 +478,8 @@ pub(crate) async fn accept_loop(
     let own_stop = closed.as_ref().map(|_| watch::channel(false));
     let conn_stop = own_stop.as_ref().map_or_else(|| stop.clone(), |(_, rx)| rx.clone());
     let mut removed = false;
-    let port = listener.local_addr().map_or(0, |a| a.port());
+    let bound = listener.local_addr().unwrap_or(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0));
+    let port = bound.port();
     // Every connection holds a clone (in its `ConnHold`, which a tunnel
     // keeps too); `recv` returns None once all are gone.
     let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
@@ -527,7 +528,12 @@ pub(crate) async fn accept_loop(
                 let engine = opts.http1;
                 let (tls, listener_name) = (tls.clone(), listener_name.clone());
                 tokio::spawn(async move {
-                    let own = stream.local_addr().unwrap_or(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port));
+                    // The address the client reached: the listener's, unless it
+                    // is bound to a wildcard address (then one system call).
+                    let own = match bound.ip().is_unspecified() {
+                        true => stream.local_addr().unwrap_or(bound),
+                        false => bound,
+                    };
                     let (addr, local, per_client) = match admitted {
                         Some(per_client) => (peer, own, per_client),
                         None => {
