@@ -264,7 +264,7 @@ mod tests {
     fn plan() -> ResponsePlan {
         let spec: tidegate_model::rules::Compress =
             serde_json::from_value(serde_json::json!({ "algorithms": ["gzip"], "min_bytes": 10 })).unwrap();
-        ResponsePlan { headers: Vec::new(), compress: Some(std::sync::Arc::new(spec)) }
+        ResponsePlan { compress: Some(std::sync::Arc::new(spec)) }
     }
 
     fn json_head() -> HeaderMap {

@@ -47,7 +47,7 @@ impl Upstreams {
                 let target = crate::pipeline::upstream_target(Some(edits), req.path_and_query.as_str());
                 req.path_and_query = PathAndQuery::try_from(target.as_ref()).map_err(|_| ErrorKind::InvalidPath)?;
             }
-            for edit in &edits.request_headers {
+            for edit in edits.request_edits() {
                 edit.apply(&mut req.parts.headers);
             }
         }

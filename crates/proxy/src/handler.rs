@@ -246,7 +246,7 @@ impl Proxy {
         };
         if let Some(edits) = &rules {
             if resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
-                edits.response.apply_headers(resp.headers_mut());
+                edits.apply_response_headers(resp.headers_mut());
                 let accept = accept_encoding.as_ref().map(http::HeaderValue::as_bytes);
                 resp = crate::compress::response(resp, &edits.response, accept, to_head);
             }

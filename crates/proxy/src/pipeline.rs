@@ -311,17 +311,25 @@ pub(crate) fn decide<'s>(
         }
     }
     // The route's rule sets, in order (a route without any pays one test).
-    let rules = match (route.spec.rules.is_empty(), snapshot.rules(route.name.as_str())) {
-        (false, Some(chain)) => match chain.request(&facts.rules_view(method, settings), Instant::now()) {
+    let chain = match route.spec.rules.is_empty() {
+        true => None,
+        false => snapshot.rules(route.name.as_str()),
+    };
+    let rules = match chain {
+        Some(chain) => match chain.request(&facts.rules_view(method, settings), Instant::now()) {
             Outcome::Forward(mut edits) => {
-                edits.request_headers.append(&mut cert_edits);
+                edits.add_request_edits(cert_edits);
                 Ruled::Forward(Box::new(edits))
             }
             Outcome::Answer(answer) => return decided(Action::Local(answer.into())),
             Outcome::Pending(work) => Ruled::Pending(chain.clone(), Box::new(work), cert_edits),
         },
         _ if cert_edits.is_empty() => Ruled::None,
-        _ => Ruled::Forward(Box::new(tidegate_rules::Forward { request_headers: cert_edits, ..Default::default() })),
+        _ => {
+            let mut edits = tidegate_rules::Forward::default();
+            edits.add_request_edits(cert_edits);
+            Ruled::Forward(Box::new(edits))
+        }
     };
     let action = match &route.spec.action {
         RouteAction::Static(dir) => Action::Static { dir, prefix: &route.spec.matches.path },
@@ -368,7 +376,7 @@ where
         };
         match chain.resume(&view, Instant::now(), resume, result) {
             Outcome::Forward(mut edits) => {
-                edits.request_headers.append(&mut cert_edits);
+                edits.add_request_edits(cert_edits.drain(..));
                 return Ok(Some(Box::new(edits)));
             }
             Outcome::Answer(answer) => {
@@ -383,12 +391,12 @@ where
 /// What the backend (or the static file server) is asked for: the path
 /// the rules left (`edits`), with the request's query, or the request's
 /// own path and query.
-pub(crate) fn upstream_target<'a>(edits: Option<&tidegate_rules::Forward>, path_and_query: &'a str) -> Cow<'a, str> {
+pub(crate) fn upstream_target<'a>(edits: Option<&'a tidegate_rules::Forward>, path_and_query: &'a str) -> Cow<'a, str> {
     match edits.and_then(|e| e.path.as_deref()) {
         None => Cow::Borrowed(path_and_query),
         Some(path) => match path_and_query.split_once('?') {
             Some((_, query)) => Cow::Owned(format!("{path}?{query}")),
-            None => Cow::Owned(path.to_string()),
+            None => Cow::Borrowed(path),
         },
     }
 }
@@ -663,7 +671,7 @@ mod tests {
         assert!(matches!(d.action, Action::Forward(_)));
         let Ruled::Forward(edits) = d.rules else { panic!("edits, not {:?}", d.rules) };
         assert_eq!(edits.path.as_deref(), Some("/x"));
-        assert_eq!(edits.request_headers.len(), 1);
+        assert_eq!(edits.request_edits().count(), 1);
         assert_eq!(upstream_target(Some(&edits), r.pq), "/x?q=1");
         assert_eq!(upstream_target(None, r.pq), "/api/x?q=1");
         // A route without rules leaves nothing to do.
@@ -785,8 +793,7 @@ mod tests {
         assert!(matches!(d.action, Action::Forward(_)), "{:?}", d.action);
         let Ruled::Forward(edits) = d.rules else { panic!("the headers, not {:?}", d.rules) };
         let set: Vec<_> = edits
-            .request_headers
-            .iter()
+            .request_edits()
             .map(|e| match e {
                 tidegate_rules::HeaderEdit::Set(n, v) => (n.as_str().to_string(), v.clone()),
                 other => panic!("set, not {other:?}"),
@@ -843,8 +850,7 @@ mod tests {
         let run = |work| async move { crate::rules_work::run(work).await };
         let edits = settle(ruled, &facts, &Method::GET, &settings, run).await.expect("let through").expect("edits");
         let names: Vec<String> = edits
-            .request_headers
-            .iter()
+            .request_edits()
             .map(|e| match e {
                 tidegate_rules::HeaderEdit::Set(n, _) => format!("set {n}"),
                 tidegate_rules::HeaderEdit::Remove(n) => format!("remove {n}"),

@@ -98,13 +98,21 @@ pub struct Answer {
 pub struct Forward {
     /// The path to send upstream, if a step changed it.
     pub path: Option<String>,
+    /// The chain whose steps the edits below point into (taken with the
+    /// first such edit: a chain that edits no header is not shared).
+    chain: Option<Arc<Chain>>,
     /// Request header edits, in order (`host` among them sets the Host
-    /// sent upstream).
-    pub request_headers: Vec<HeaderEdit>,
+    /// sent upstream): [`Forward::request_edits`].
+    request_headers: SmallVec<[EditAt; 4]>,
+    /// Response header edits, in order (CORS's among them):
+    /// [`Forward::response_edits`].
+    response_headers: SmallVec<[EditAt; 4]>,
+    /// The edits made for this request (not a step's own).
+    made: Vec<HeaderEdit>,
     /// The largest body to take (413 when `Content-Length` says more, and
     /// the stream is cut when it carries more).
     pub max_body: Option<u64>,
-    /// The response phase.
+    /// The response phase's compression.
     pub response: ResponsePlan,
     /// Held while the request is in flight (concurrency limits).
     pub permits: Vec<Permit>,
@@ -112,6 +120,76 @@ pub struct Forward {
     /// ([`Chain::changed_rules`] names them): indexes, not names, so that
     /// the request path copies nothing shared between cores.
     pub changed: SmallVec<[u16; 8]>,
+}
+
+/// Where one of a request's header edits is: a step of the chain (its
+/// edit is read where it was compiled, never copied per request: cloning
+/// a header's name and value would touch reference counts that every core
+/// serving the route shares), or one made for the request (a forward-auth
+/// answer's field, CORS's, a client certificate's) in [`Forward`]'s own
+/// list.
+#[derive(Debug, Clone, Copy)]
+enum EditAt {
+    Step(u16),
+    Made(u16),
+}
+
+impl Forward {
+    /// The request header edits, in order.
+    pub fn request_edits(&self) -> impl Iterator<Item = &HeaderEdit> + Clone + '_ {
+        self.resolve(&self.request_headers)
+    }
+
+    /// The response header edits, in order.
+    pub fn response_edits(&self) -> impl Iterator<Item = &HeaderEdit> + Clone + '_ {
+        self.resolve(&self.response_headers)
+    }
+
+    /// Whether any response header edit is to be made.
+    pub fn edits_response(&self) -> bool {
+        !self.response_headers.is_empty()
+    }
+
+    /// Adds a request header edit after those there.
+    pub fn add_request_edit(&mut self, edit: HeaderEdit) {
+        let at = self.made(edit);
+        self.request_headers.push(at);
+    }
+
+    /// Adds request header edits after those there, in order.
+    pub fn add_request_edits(&mut self, edits: impl IntoIterator<Item = HeaderEdit>) {
+        for edit in edits {
+            self.add_request_edit(edit);
+        }
+    }
+
+    /// Adds a response header edit after those there.
+    pub fn add_response_edit(&mut self, edit: HeaderEdit) {
+        let at = self.made(edit);
+        self.response_headers.push(at);
+    }
+
+    /// Applies the response header edits to a response's headers.
+    pub fn apply_response_headers(&self, headers: &mut http::HeaderMap) {
+        for e in self.response_edits() {
+            e.apply(headers);
+        }
+    }
+
+    fn made(&mut self, edit: HeaderEdit) -> EditAt {
+        self.made.push(edit);
+        EditAt::Made(u16::try_from(self.made.len() - 1).unwrap_or(u16::MAX))
+    }
+
+    fn resolve<'f>(&'f self, at: &'f [EditAt]) -> impl Iterator<Item = &'f HeaderEdit> + Clone + 'f {
+        at.iter().filter_map(move |a| match *a {
+            EditAt::Step(i) => match &self.chain.as_deref()?.steps.get(usize::from(i))?.step {
+                Compiled::ReqHeader(e) | Compiled::RespHeader(e) => Some(e),
+                _ => None,
+            },
+            EditAt::Made(i) => self.made.get(usize::from(i)),
+        })
+    }
 }
 
 /// Work to do off the request path before the chain goes on.
@@ -202,24 +280,43 @@ fn stripe() -> usize {
 }
 
 /// What each step of a chain did: per stripe, two counters per step
-/// (answered, changed), each stripe its own allocation.
+/// (answered, changed), each stripe in lines of its own (two stripes never
+/// share a cache line, however the allocator places them).
 struct Counts {
-    stripes: [Box<[AtomicU64]>; STRIPES],
+    stripes: [Box<[Line]>; STRIPES],
 }
+
+/// Counters on cache lines of their own (128 bytes: the pair of lines
+/// that adjacent-line prefetching moves together).
+#[repr(align(128))]
+struct Line([AtomicU64; PER_LINE]);
+
+/// Counters on one [`Line`].
+const PER_LINE: usize = 16;
 
 impl Counts {
     fn new(steps: usize) -> Counts {
-        Counts { stripes: std::array::from_fn(|_| (0..2 * steps).map(|_| AtomicU64::new(0)).collect()) }
+        let lines = (2 * steps).div_ceil(PER_LINE);
+        Counts {
+            stripes: std::array::from_fn(|_| {
+                (0..lines).map(|_| Line(std::array::from_fn(|_| AtomicU64::new(0)))).collect()
+            }),
+        }
+    }
+
+    fn counter(stripe: &[Line], at: usize, changed: bool) -> Option<&AtomicU64> {
+        let i = 2 * at + usize::from(changed);
+        stripe.get(i / PER_LINE).map(|line| &line.0[i % PER_LINE])
     }
 
     fn add(&self, at: usize, changed: bool) {
-        if let Some(c) = self.stripes[stripe()].get(2 * at + usize::from(changed)) {
+        if let Some(c) = Counts::counter(&self.stripes[stripe()], at, changed) {
             c.fetch_add(1, Relaxed);
         }
     }
 
     fn sum(&self, at: usize, changed: bool) -> u64 {
-        self.stripes.iter().filter_map(|s| s.get(2 * at + usize::from(changed))).map(|c| c.load(Relaxed)).sum()
+        self.stripes.iter().filter_map(|s| Counts::counter(s, at, changed)).map(|c| c.load(Relaxed)).sum()
     }
 }
 
@@ -386,18 +483,24 @@ impl Chain {
     }
 
     /// Runs the request phase from the first step.
-    pub fn request(&self, req: &RequestView<'_>, now: Instant) -> Outcome {
+    pub fn request(self: &Arc<Self>, req: &RequestView<'_>, now: Instant) -> Outcome {
         self.run(req, now, 0, Forward::default())
     }
 
     /// Goes on after [`Work`], with its result.
-    pub fn resume(&self, req: &RequestView<'_>, now: Instant, resume: Resume, result: WorkResult) -> Outcome {
+    pub fn resume(
+        self: &Arc<Self>,
+        req: &RequestView<'_>,
+        now: Instant,
+        resume: Resume,
+        result: WorkResult,
+    ) -> Outcome {
         let Resume { next, at, rule: _, mut forward } = resume;
         let Some(slot) = self.steps.get(at) else { return Outcome::Forward(forward) };
         match (&slot.step, result) {
             (Compiled::Basic(b), WorkResult::Password(true)) => {
                 if !b.forward_authorization {
-                    forward.request_headers.push(HeaderEdit::Remove(http::header::AUTHORIZATION));
+                    forward.add_request_edit(HeaderEdit::Remove(http::header::AUTHORIZATION));
                 }
             }
             (Compiled::Basic(b), _) => return Outcome::Answer(self.unauthorized(at, slot, &b.realm)),
@@ -420,10 +523,10 @@ impl Chain {
                 }
                 for name in &f.copy_headers {
                     match answer.headers.get(&name.0) {
-                        Some(v) => forward.request_headers.push(HeaderEdit::Set(name.0.clone(), v.clone())),
+                        Some(v) => forward.add_request_edit(HeaderEdit::Set(name.0.clone(), v.clone())),
                         // Never let a client supply what the auth service
                         // would have said.
-                        None => forward.request_headers.push(HeaderEdit::Remove(name.0.clone())),
+                        None => forward.add_request_edit(HeaderEdit::Remove(name.0.clone())),
                     }
                 }
                 self.changed(at, &mut forward);
@@ -451,7 +554,15 @@ impl Chain {
         self.answer(at, slot, 401, vec![(http::header::WWW_AUTHENTICATE, auth::challenge(realm))])
     }
 
-    fn run(&self, req: &RequestView<'_>, now: Instant, from: usize, mut fwd: Forward) -> Outcome {
+    /// The edit of the step at `at`, for `fwd` (which then holds the chain).
+    fn refer(self: &Arc<Self>, at: usize, fwd: &mut Forward) -> EditAt {
+        if fwd.chain.is_none() {
+            fwd.chain = Some(Arc::clone(self));
+        }
+        EditAt::Step(u16::try_from(at).unwrap_or(u16::MAX))
+    }
+
+    fn run(self: &Arc<Self>, req: &RequestView<'_>, now: Instant, from: usize, mut fwd: Forward) -> Outcome {
         for (at, slot) in self.steps.iter().enumerate().skip(from) {
             let path = fwd.path.as_deref().unwrap_or(req.path);
             match &slot.step {
@@ -473,11 +584,15 @@ impl Chain {
                         }
                     }
                 }
-                Compiled::ReqHeader(e) => {
-                    fwd.request_headers.push(e.clone());
+                Compiled::ReqHeader(_) => {
+                    let edit = self.refer(at, &mut fwd);
+                    fwd.request_headers.push(edit);
                     self.changed(at, &mut fwd);
                 }
-                Compiled::RespHeader(e) => fwd.response.headers.push(e.clone()),
+                Compiled::RespHeader(_) => {
+                    let edit = self.refer(at, &mut fwd);
+                    fwd.response_headers.push(edit);
+                }
                 Compiled::Redirect(r) => {
                     let caps = match &r.regex {
                         Some(re) => match re.0.captures(path) {
@@ -548,7 +663,9 @@ impl Chain {
                         response::CorsVerdict::Preflight(headers) => {
                             return Outcome::Answer(self.answer(at, slot, 204, headers));
                         }
-                        response::CorsVerdict::Simple(edits) => fwd.response.headers.extend(edits),
+                        response::CorsVerdict::Simple(edits) => {
+                            edits.into_iter().for_each(|e| fwd.add_response_edit(e))
+                        }
                         response::CorsVerdict::None => {}
                     }
                 }

@@ -40,23 +40,15 @@ impl HeaderEdit {
     }
 }
 
-/// What to do to the response of a request let through.
+/// How to compress the response of a request let through (its header
+/// edits are [`Forward::response_edits`](crate::Forward::response_edits)).
 #[derive(Debug, Clone, Default)]
 pub struct ResponsePlan {
-    /// Header edits, in order (CORS's headers among them).
-    pub headers: Vec<HeaderEdit>,
     /// How to compress, if a `compress` step ran.
     pub compress: Option<Arc<Compress>>,
 }
 
 impl ResponsePlan {
-    /// Applies the header edits to a response's headers.
-    pub fn apply_headers(&self, headers: &mut http::HeaderMap) {
-        for e in &self.headers {
-            e.apply(headers);
-        }
-    }
-
     /// The coding to compress this response with, if any: the request's
     /// `accept_encoding`; the response's `status`, `content_type`,
     /// `content_length` (`None`: unknown, streamed), whether it is already
@@ -273,7 +265,7 @@ mod tests {
     #[test]
     fn only_compressible_unencoded_responses_above_the_minimum() {
         let c: Compress = serde_json::from_value(serde_json::json!({"min_bytes": 100})).unwrap();
-        let plan = ResponsePlan { headers: Vec::new(), compress: Some(Arc::new(c)) };
+        let plan = ResponsePlan { compress: Some(Arc::new(c)) };
         let json = Some(&b"application/json; charset=utf-8"[..]);
         assert_eq!(plan.compression(Some(b"gzip"), 200, json, Some(1000), false), Some(Algorithm::Gzip));
         assert_eq!(plan.compression(Some(b"gzip"), 200, json, None, false), Some(Algorithm::Gzip));

@@ -98,7 +98,7 @@ pub(super) async fn forward<S: ClientIo>(
     let (mut response, slot) = answered?;
     headers::response_headers(response.headers_mut());
     if let Some(edits) = req.edits {
-        edits.response.apply_headers(response.headers_mut());
+        edits.apply_response_headers(response.headers_mut());
     }
     let mut resp = response.map(|b| ProxyBody::upstream(b, Hold { slot, conn: None }));
     if let Some(edits) = req.edits {
@@ -134,7 +134,7 @@ fn prepare(ctx: &Ctx<'_>, req: &Routed<'_>) -> Result<Prepared, ErrorKind> {
     let (mut parts, ()) = builder.body(()).map_err(|_| ErrorKind::BadRequest)?.into_parts();
     headers::request_headers(&mut parts, ctx.peer, false);
     if let Some(edits) = req.edits {
-        for edit in &edits.request_headers {
+        for edit in edits.request_edits() {
             edit.apply(&mut parts.headers);
         }
     }

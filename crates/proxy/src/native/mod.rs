@@ -647,7 +647,7 @@ async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Res
             let req = static_request(&method, &target, &view)?;
             let mut resp = tidegate_static::serve(dir, prefix, &req).await.map(ProxyBody::Static);
             if let Some(edits) = &rules {
-                edits.response.apply_headers(resp.headers_mut());
+                edits.apply_response_headers(resp.headers_mut());
                 let to_head = method == Method::HEAD;
                 resp = compress::response(resp, &edits.response, view.first("accept-encoding"), to_head);
             }
@@ -769,7 +769,7 @@ async fn forward<S: ClientIo>(
         peer,
         upgrade,
         body: upstream_framing(&body, head.body),
-        edits: req.edits.map_or(&[], |e| &e.request_headers[..]),
+        edits: req.edits,
     };
     let picking = RequestCtx::new(Some(peer.addr), req.path_and_query, req.view);
     let to_head = *req.method == Method::HEAD;
@@ -797,9 +797,9 @@ async fn forward<S: ClientIo>(
     let Answered { answer, slot } = answered?;
     client.seen.status = answer.conn.conn.head.code;
     let gap = std::time::Duration::from_millis(service.settings.timeouts.response_ms);
-    let plan = req.edits.map(|e| &e.response);
     let accept_encoding = req.view.first("accept-encoding");
-    let reply = Reply { head, upgrade, gap, tunnel_idle: limits.tunnel_idle_timeout, stopping, plan, accept_encoding };
+    let edits = req.edits;
+    let reply = Reply { head, upgrade, gap, tunnel_idle: limits.tunnel_idle_timeout, stopping, edits, accept_encoding };
     let keep = respond(client, answer, slot, reply).await;
     // What the client got (`respond` answers a broken exchange itself).
     if let Some(kind) = client.seen.error {
@@ -819,8 +819,8 @@ struct Reply<'a> {
     gap: std::time::Duration,
     tunnel_idle: std::time::Duration,
     stopping: bool,
-    /// The route's rules' response phase.
-    plan: Option<&'a tidegate_rules::ResponsePlan>,
+    /// The route's rules (their response phase).
+    edits: Option<&'a tidegate_rules::Forward>,
     /// The request's `Accept-Encoding` (for a `compress` step).
     accept_encoding: Option<&'a [u8]>,
 }
@@ -862,7 +862,7 @@ async fn respond<S: ClientIo>(client: &mut ClientSide<S>, answer: NativeAnswer, 
         return false;
     }
     // A `compress` step: decided from the head; a compressed body streams.
-    let choice = r.plan.filter(|p| p.compress.is_some()).map(|plan| {
+    let choice = r.edits.map(|e| &e.response).filter(|p| p.compress.is_some()).map(|plan| {
         let fields = response_fields(&resp, &conn.conn.inbox);
         let length = match resp.body {
             tidegate_h1::ResponseBody::Length(n) => Some(n),
@@ -888,8 +888,11 @@ async fn respond<S: ClientIo>(client: &mut ClientSide<S>, answer: NativeAnswer, 
     if let Some(line) = &client.extra {
         rewrite::add_line(&mut out, line);
     }
-    if let Some(plan) = r.plan {
-        rewrite::edit_head(&mut out, &plan.headers);
+    if let Some(edits) = r.edits.filter(|e| e.edits_response()) {
+        let (buf, extra) = (&conn.conn.inbox[..], client.extra.as_deref().map(Vec::as_slice));
+        rewrite::edit_head(&mut out, edits.response_edits(), |name| {
+            rewrite::response_may_have(buf, &resp, extra, name)
+        });
     }
     if let Some(compress::Choice::Compressible(coding)) = choice {
         let named = |n: &[u8]| compress::HEAD_FIELDS.iter().any(|f| f.as_bytes().eq_ignore_ascii_case(n));

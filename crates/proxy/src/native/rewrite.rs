@@ -42,9 +42,9 @@ pub(crate) struct Forwarding<'a> {
     /// ([`crate::headers::client_request_id`]), else a new one. The
     /// client's own fields are never copied.
     pub request_id: &'a [u8],
-    /// The route's rules' request header edits, made last (after the
-    /// proxy's own fields: a rule may set `Host` or `X-Forwarded-For`).
-    pub edits: &'a [HeaderEdit],
+    /// The route's rules, whose request header edits are made last (after
+    /// the proxy's own fields: a rule may set `Host` or `X-Forwarded-For`).
+    pub edits: Option<&'a tidegate_rules::Forward>,
     /// The trace context the backend gets, when tracing is on: the
     /// client's `traceparent` is replaced, its `tracestate` kept only with
     /// its own `traceparent`.
@@ -189,7 +189,40 @@ pub(crate) fn request_head(out: &mut Vec<u8>, buf: &[u8], head: &RequestHead, ta
         out.extend_from_slice(b"connection: upgrade\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    edit_head(out, f.edits);
+    if let Some(edits) = f.edits {
+        edit_head(out, edits.request_edits(), |name| {
+            REQUEST_FIELDS_WRITTEN.iter().any(|w| w.as_bytes() == name)
+                || headers.iter().any(|h| h.name.of(buf).eq_ignore_ascii_case(name))
+        });
+    }
+}
+
+/// The fields [`request_head`] may write of its own (lowercase), besides
+/// those it copies from the client's head.
+const REQUEST_FIELDS_WRITTEN: [&str; 11] = [
+    "host",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-port",
+    "x-forwarded-host",
+    "x-request-id",
+    "traceparent",
+    "content-length",
+    "transfer-encoding",
+    "upgrade",
+    "connection",
+];
+
+/// The fields [`response_head`] may write of its own (lowercase), besides
+/// those it copies from the backend's head.
+pub(crate) const RESPONSE_FIELDS_WRITTEN: [&str; 3] = ["content-length", "transfer-encoding", "connection"];
+
+/// Whether the field `name` (lowercase) may be in a response head written
+/// by [`response_head`] from `resp` (and `extra`, a line added to it).
+pub(crate) fn response_may_have(buf: &[u8], resp: &ResponseHead, extra: Option<&[u8]>, name: &[u8]) -> bool {
+    RESPONSE_FIELDS_WRITTEN.iter().any(|w| w.as_bytes() == name)
+        || resp.headers.iter().any(|h| h.name.of(buf).eq_ignore_ascii_case(name))
+        || extra.is_some_and(|line| line.get(..name.len()).is_some_and(|n| n.eq_ignore_ascii_case(name)))
 }
 
 /// The field an edit is about.
@@ -205,8 +238,20 @@ fn edited(edit: &HeaderEdit) -> &http::HeaderName {
 /// are unless a `Set` or `Remove` replaced them, and the values the edits
 /// add are written at the end of the head. Framing fields are never named
 /// (the model refuses them in a rule).
-pub(crate) fn edit_head(out: &mut Vec<u8>, edits: &[HeaderEdit]) {
-    if edits.is_empty() {
+///
+/// `may_have(name)` (a lowercase name) says whether the head may have the
+/// field: the writer of the head knows, from the fields it wrote, without
+/// reading the head again. The head is scanned for the fields it may have
+/// only; one it cannot have is taken as absent (so `may_have` must never
+/// say no for a field the head has; a yes for one it lacks only costs the
+/// scan).
+pub(crate) fn edit_head<'e, I>(out: &mut Vec<u8>, edits: I, may_have: impl Fn(&[u8]) -> bool)
+where
+    I: IntoIterator<Item = &'e HeaderEdit>,
+    I::IntoIter: Clone,
+{
+    let edits = edits.into_iter();
+    if edits.clone().next().is_none() {
         return;
     }
     let same = |n: &http::HeaderName, line_name: &[u8]| n.as_str().as_bytes().eq_ignore_ascii_case(line_name);
@@ -215,6 +260,7 @@ pub(crate) fn edit_head(out: &mut Vec<u8>, edits: &[HeaderEdit]) {
     // for the usual few edits.
     struct Named<'e> {
         name: &'e http::HeaderName,
+        may: bool,
         in_head: bool,
         keep: bool,
         has: bool,
@@ -223,15 +269,18 @@ pub(crate) fn edit_head(out: &mut Vec<u8>, edits: &[HeaderEdit]) {
     // The fields the edits name, in order of first mention, and in one
     // pass over the head's lines which of them it has.
     let mut named: SmallVec<[Named<'_>; 4]> = SmallVec::new();
-    for edit in edits {
+    for edit in edits.clone() {
         let name = edited(edit);
         if !named.iter().any(|n| n.name == name) {
-            named.push(Named { name, in_head: false, keep: true, has: false, added: SmallVec::new() });
+            let may = may_have(name.as_str().as_bytes());
+            named.push(Named { name, may, in_head: false, keep: true, has: false, added: SmallVec::new() });
         }
     }
-    for (line_name, _) in head_fields(out) {
-        for n in named.iter_mut().filter(|n| !n.in_head) {
-            n.in_head = same(n.name, line_name);
+    if named.iter().any(|n| n.may) {
+        for (line_name, _) in head_fields(out) {
+            for n in named.iter_mut().filter(|n| n.may && !n.in_head) {
+                n.in_head = same(n.name, line_name);
+            }
         }
     }
     for n in named.iter_mut() {
@@ -450,7 +499,7 @@ mod tests {
             upgrade: None,
             body,
             request_id,
-            edits: &[],
+            edits: None,
             trace,
         };
         let mut out = Vec::new();
@@ -578,7 +627,7 @@ mod tests {
             HeaderEdit::SetIfAbsent(n("x-keep"), v("no")),
             HeaderEdit::SetIfAbsent(n("x-new"), v("yes")),
         ];
-        edit_head(&mut out, &edits);
+        edit_head(&mut out, &edits, |_| true);
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "GET /p HTTP/1.1\r\nx-a: 1\r\nx-a: 3\r\nx-keep: k\r\ncontent-length: 0\r\nx-a: 4\r\n\
@@ -594,10 +643,10 @@ mod tests {
             HeaderEdit::Remove(n("z")),
             HeaderEdit::SetIfAbsent(n("z"), v("d")),
         ];
-        edit_head(&mut out, &edits);
+        edit_head(&mut out, &edits, |_| true);
         assert_eq!(String::from_utf8(out).unwrap(), "HTTP/1.1 200 OK\r\nx: b\r\ny: c\r\nz: d\r\n\r\n");
         let mut same = b"HTTP/1.1 200 OK\r\nx: 1\r\n\r\n".to_vec();
-        edit_head(&mut same, &[]);
+        edit_head(&mut same, &[] as &[HeaderEdit], |_| true);
         assert_eq!(same, b"HTTP/1.1 200 OK\r\nx: 1\r\n\r\n");
         // No line goes (new fields, an Add, a SetIfAbsent of a field the
         // head has): appended in place, the head not copied.
@@ -609,11 +658,84 @@ mod tests {
             HeaderEdit::Set(n("strict-transport-security"), v("max-age=1")),
             HeaderEdit::SetIfAbsent(n("x"), v("no")),
         ];
-        edit_head(&mut out, &edits);
+        edit_head(&mut out, &edits, |name| name == b"x");
         assert_eq!(
             String::from_utf8(out.clone()).unwrap(),
             "HTTP/1.1 200 OK\r\nx: 1\r\nx: 2\r\nstrict-transport-security: max-age=1\r\n\r\n"
         );
         assert_eq!(out.as_ptr(), at, "edited in place");
+    }
+
+    /// Every field a written request head has, named by a `Set`, a
+    /// `Remove` or a `SetIfAbsent` of the rules: the head edited as its
+    /// writer says it may have them equals the head edited after scanning
+    /// it for every field (the writer never says no for a field it wrote).
+    #[test]
+    fn the_writers_knowledge_of_its_head_never_misses_a_field() {
+        use http::{HeaderName, HeaderValue};
+        let raws = [
+            "GET /a HTTP/1.1\r\nHost: h\r\nX-Kept: 1\r\nx-forwarded-for: 203.0.113.1\r\nUser-Agent: u\r\n\r\n",
+            "POST /b HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nTraceparent: t\r\nX-Request-Id: r\r\n\r\n",
+            "GET /c HTTP/1.1\r\nHost: h\r\nConnection: X-Drop\r\nX-Drop: 1\r\nAccept: */*\r\n\r\n",
+        ];
+        let mut peer = Peer::new("192.0.2.9:5000".parse().unwrap());
+        peer.set_listener(8080, false);
+        let trace = Upstream { traceparent: [b'0'; tidegate_trace::TRACEPARENT_LEN], tracestate: false };
+        for raw in raws {
+            let mut head = RequestHead::default();
+            parse_request(raw.as_bytes(), HeadLimits::default(), &mut head).unwrap().unwrap();
+            let f = Forwarding {
+                host: "h.example",
+                named_host: true,
+                peer: &peer,
+                upgrade: Some(b"websocket"),
+                body: Framing::Length(3),
+                request_id: b"id",
+                edits: None,
+                trace: Some(&trace),
+            };
+            let mut plain = Vec::new();
+            request_head(&mut plain, raw.as_bytes(), &head, "/p", &f);
+            let names: Vec<String> = head_fields(&plain)
+                .map(|(n, _)| String::from_utf8_lossy(n).to_ascii_lowercase())
+                .chain(["x-absent".to_string()])
+                .collect();
+            for kind in 0..3 {
+                let mut edits = tidegate_rules::Forward::default();
+                for n in &names {
+                    let name = HeaderName::from_bytes(n.as_bytes()).unwrap();
+                    edits.add_request_edit(match kind {
+                        0 => HeaderEdit::Set(name, HeaderValue::from_static("s")),
+                        1 => HeaderEdit::Remove(name),
+                        _ => HeaderEdit::SetIfAbsent(name, HeaderValue::from_static("a")),
+                    });
+                }
+                let mut known = Vec::new();
+                request_head(&mut known, raw.as_bytes(), &head, "/p", &Forwarding { edits: Some(&edits), ..f });
+                let mut scanned = plain.clone();
+                edit_head(&mut scanned, edits.request_edits(), |_| true);
+                assert_eq!(String::from_utf8_lossy(&known), String::from_utf8_lossy(&scanned), "{raw} {kind}");
+            }
+        }
+        // The same for a response head, with a line added to it.
+        let raw = "HTTP/1.1 200 OK\r\nServer: s\r\nContent-Length: 2\r\nKeep-Alive: 5\r\nX-A: 1\r\n\r\n";
+        let mut resp = ResponseHead::default();
+        parse_response(raw.as_bytes(), HeadLimits::default(), false, &mut resp).unwrap().unwrap();
+        let mut plain = Vec::new();
+        response_head(&mut plain, raw.as_bytes(), &resp, Framing::Chunked, true, false);
+        let extra = b"alt-svc: h3=\":443\"\r\n";
+        add_line(&mut plain, extra);
+        let names: Vec<String> =
+            head_fields(&plain).map(|(n, _)| String::from_utf8_lossy(n).to_ascii_lowercase()).collect();
+        assert!(names.contains(&"alt-svc".to_string()) && names.contains(&"transfer-encoding".to_string()));
+        for n in &names {
+            let mut edits = tidegate_rules::Forward::default();
+            edits.add_response_edit(HeaderEdit::Remove(HeaderName::from_bytes(n.as_bytes()).unwrap()));
+            let mut known = plain.clone();
+            edit_head(&mut known, edits.response_edits(), |name| {
+                response_may_have(raw.as_bytes(), &resp, Some(extra), name)
+            });
+            assert!(!String::from_utf8_lossy(&known).to_ascii_lowercase().contains(&format!("\r\n{n}:")), "{n}");
+        }
     }
 }
