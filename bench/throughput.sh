@@ -41,7 +41,10 @@ fi
 # Peers: Tidegate (its default engine), Tidegate on hyper's HTTP/1
 # (--http1 hyper), the minimal hyper proxy (the library ceiling: no
 # routing, balancing, limits or metrics), nginx, HAProxy, and the backend
-# directly. PEERS narrows the list.
+# directly. PEERS narrows the list, or adds issue 42's io_uring
+# experiment: raw-epoll and raw-uring, one raw HTTP/1.1 relay (no
+# routing, rewriting or limits) on tokio's epoll and on monoio's io_uring
+# (`tidegate-bench minimal-proxy --engine epoll|uring`).
 PEERS=${PEERS:-"tidegate tidegate-hyper hyper-min nginx haproxy direct"}
 WORK=$(mktemp -d /tmp/tidegate-bench.XXXXXX)
 PIDS=()
@@ -51,6 +54,7 @@ trap cleanup EXIT
 B1=$((PORT_BASE + 1)) B2=$((PORT_BASE + 2)) B3=$((PORT_BASE + 3))
 P_NGINX=$((PORT_BASE + 80)) P_HAPROXY=$((PORT_BASE + 81)) P_TG=$((PORT_BASE + 82)) A_TG=$((PORT_BASE + 90))
 P_TGH=$((PORT_BASE + 83)) A_TGH=$((PORT_BASE + 91)) P_MIN=$((PORT_BASE + 84))
+P_RAWE=$((PORT_BASE + 85)) P_RAWU=$((PORT_BASE + 86))
 cat > "$WORK/backends.conf" <<CONF
 worker_processes 2;
 daemon off; pid $WORK/backends.pid; error_log $WORK/backends.err warn;
@@ -107,10 +111,21 @@ case " $PEERS " in *" tidegate-hyper "*) start_tidegate tgh $P_TGH $A_TGH --http
 case " $PEERS " in *" hyper-min "*)
   "$BENCH_BIN" minimal-proxy --listen 127.0.0.1:$P_MIN --upstream 127.0.0.1:$B1 --workers "$WORKERS" & PID_MIN=$!; PIDS+=($PID_MIN);;
 esac
+PID_RAWE=0 PID_RAWU=0
+case " $PEERS " in *" raw-epoll "*)
+  "$BENCH_BIN" minimal-proxy --engine epoll --listen 127.0.0.1:$P_RAWE --upstream 127.0.0.1:$B1 --workers "$WORKERS" &
+  PID_RAWE=$!; PIDS+=($PID_RAWE);;
+esac
+case " $PEERS " in *" raw-uring "*)
+  "$BENCH_BIN" minimal-proxy --engine uring --listen 127.0.0.1:$P_RAWU --upstream 127.0.0.1:$B1 --workers "$WORKERS" &
+  PID_RAWU=$!; PIDS+=($PID_RAWU);;
+esac
 sleep 0.5
 for p in $B1 $P_NGINX $P_HAPROXY $P_TG; do curl -sf "127.0.0.1:$p/" >/dev/null || { echo "server on $p not answering" >&2; exit 1; }; done
 [ "$PID_TGH" = 0 ] || curl -sf "127.0.0.1:$P_TGH/" >/dev/null || { echo "tidegate --http1 hyper not answering" >&2; exit 1; }
 [ "$PID_MIN" = 0 ] || curl -sf "127.0.0.1:$P_MIN/" >/dev/null || { echo "minimal hyper proxy not answering" >&2; exit 1; }
+[ "$PID_RAWE" = 0 ] || curl -sf "127.0.0.1:$P_RAWE/" >/dev/null || { echo "raw epoll relay not answering" >&2; exit 1; }
+[ "$PID_RAWU" = 0 ] || curl -sf "127.0.0.1:$P_RAWU/" >/dev/null || { echo "raw io_uring relay not answering" >&2; exit 1; }
 
 # A process and its children (nginx master + workers), for RSS and CPU.
 . bench/lib/proc.sh
@@ -156,6 +171,8 @@ for c in $CONNS; do
         tidegate) run tidegate $P_TG "$c" "$r" $PID_TG;;
         tidegate-hyper) run tidegate-hyper $P_TGH "$c" "$r" $PID_TGH;;
         hyper-min) run hyper-min $P_MIN "$c" "$r" $PID_MIN;;
+        raw-epoll) run raw-epoll $P_RAWE "$c" "$r" $PID_RAWE;;
+        raw-uring) run raw-uring $P_RAWU "$c" "$r" $PID_RAWU;;
         nginx) run nginx $P_NGINX "$c" "$r" $PID_NGINX;;
         haproxy) run haproxy $P_HAPROXY "$c" "$r" $PID_HAPROXY;;
         direct) run direct $B1 "$c" "$r" 0;;
@@ -173,7 +190,7 @@ for line in open(sys.argv[1]):
 med = lambda v, k: statistics.median(x.get(k) or 0 for x in v)
 for c in sorted({k[1] for k in rows}):
     base = med(rows.get(("nginx", c), [{}]), "rps") or float("nan")
-    for name in ("tidegate", "tidegate-hyper", "hyper-min", "nginx", "haproxy", "direct"):
+    for name in ("tidegate", "tidegate-hyper", "hyper-min", "raw-epoll", "raw-uring", "nginx", "haproxy", "direct"):
         v = rows.get((name, c))
         if not v: continue
         rps = med(v, "rps")

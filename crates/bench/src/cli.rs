@@ -113,6 +113,22 @@ pub struct MinimalProxyArgs {
     /// Worker threads, each with its own listener.
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
+    /// How it is written: `hyper` (the library ceiling), or a raw
+    /// HTTP/1.1 relay on `epoll` (tokio) or `uring` (monoio on io_uring),
+    /// issue 42's io_uring experiment.
+    #[arg(long, value_enum, default_value_t = MinimalEngine::Hyper)]
+    pub engine: MinimalEngine,
+}
+
+/// The engines of `minimal-proxy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MinimalEngine {
+    /// hyper's HTTP/1 server and client.
+    Hyper,
+    /// A raw relay on tokio (epoll).
+    Epoll,
+    /// The same relay on monoio (io_uring).
+    Uring,
 }
 
 /// Options of `ramp`.

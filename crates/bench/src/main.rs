@@ -29,6 +29,7 @@ mod client;
 mod disk_floor;
 mod h3load;
 mod minimal;
+mod minimal_raw;
 mod open_loop;
 mod ramp;
 mod raw;
@@ -50,7 +51,12 @@ use crate::cli::{Cli, Command};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Command::MinimalProxy(args) = &cli.command {
-        return match minimal::run(args) {
+        let served = match args.engine {
+            cli::MinimalEngine::Hyper => minimal::run(args),
+            cli::MinimalEngine::Epoll => minimal_raw::run_epoll(args),
+            cli::MinimalEngine::Uring => minimal_raw::run_uring(args),
+        };
+        return match served {
             Ok(()) => ExitCode::SUCCESS,
             Err(err) => {
                 eprintln!("tidegate-bench: {err:#}");

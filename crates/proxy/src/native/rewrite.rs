@@ -191,36 +191,35 @@ pub(crate) fn request_head(out: &mut Vec<u8>, buf: &[u8], head: &RequestHead, ta
     out.extend_from_slice(b"\r\n");
     if let Some(edits) = f.edits {
         edit_head(out, edits.request_edits(), |name| {
-            REQUEST_FIELDS_WRITTEN.iter().any(|w| w.as_bytes() == name)
-                || headers.iter().any(|h| h.name.of(buf).eq_ignore_ascii_case(name))
+            request_field_written(name) || headers.iter().any(|h| h.name.of(buf).eq_ignore_ascii_case(name))
         });
     }
 }
 
-/// The fields [`request_head`] may write of its own (lowercase), besides
-/// those it copies from the client's head.
-const REQUEST_FIELDS_WRITTEN: [&str; 11] = [
-    "host",
-    "x-forwarded-for",
-    "x-forwarded-proto",
-    "x-forwarded-port",
-    "x-forwarded-host",
-    "x-request-id",
-    "traceparent",
-    "content-length",
-    "transfer-encoding",
-    "upgrade",
-    "connection",
-];
-
-/// The fields [`response_head`] may write of its own (lowercase), besides
-/// those it copies from the backend's head.
-pub(crate) const RESPONSE_FIELDS_WRITTEN: [&str; 3] = ["content-length", "transfer-encoding", "connection"];
+/// Whether [`request_head`] may write the field `name` (lowercase) of
+/// its own, besides those it copies from the client's head.
+fn request_field_written(name: &[u8]) -> bool {
+    matches!(
+        name,
+        b"host"
+            | b"x-forwarded-for"
+            | b"x-forwarded-proto"
+            | b"x-forwarded-port"
+            | b"x-forwarded-host"
+            | b"x-request-id"
+            | b"traceparent"
+            | b"content-length"
+            | b"transfer-encoding"
+            | b"upgrade"
+            | b"connection"
+    )
+}
 
 /// Whether the field `name` (lowercase) may be in a response head written
 /// by [`response_head`] from `resp` (and `extra`, a line added to it).
 pub(crate) fn response_may_have(buf: &[u8], resp: &ResponseHead, extra: Option<&[u8]>, name: &[u8]) -> bool {
-    RESPONSE_FIELDS_WRITTEN.iter().any(|w| w.as_bytes() == name)
+    // The fields `response_head` may write of its own.
+    matches!(name, b"content-length" | b"transfer-encoding" | b"connection")
         || resp.headers.iter().any(|h| h.name.of(buf).eq_ignore_ascii_case(name))
         || extra.is_some_and(|line| line.get(..name.len()).is_some_and(|n| n.eq_ignore_ascii_case(name)))
 }
@@ -252,6 +251,24 @@ where
 {
     let edits = edits.into_iter();
     if edits.clone().next().is_none() {
+        return;
+    }
+    // The usual case: each edit sets or adds a field the head cannot have,
+    // and names a field no other edit names: the fields are appended in
+    // place, before the empty line.
+    let appended = |at: usize, e: &HeaderEdit| {
+        matches!(e, HeaderEdit::Set(..) | HeaderEdit::Add(..))
+            && !may_have(edited(e).as_str().as_bytes())
+            && edits.clone().take(at).all(|before| edited(before) != edited(e))
+    };
+    if edits.clone().enumerate().all(|(at, e)| appended(at, e)) && out.ends_with(b"\r\n\r\n") {
+        out.truncate(out.len() - 2);
+        for e in edits {
+            if let HeaderEdit::Set(n, v) | HeaderEdit::Add(n, v) = e {
+                field(out, n.as_str().as_bytes(), v.as_bytes());
+            }
+        }
+        out.extend_from_slice(b"\r\n");
         return;
     }
     let same = |n: &http::HeaderName, line_name: &[u8]| n.as_str().as_bytes().eq_ignore_ascii_case(line_name);
@@ -664,6 +681,18 @@ mod tests {
             "HTTP/1.1 200 OK\r\nx: 1\r\nx: 2\r\nstrict-transport-security: max-age=1\r\n\r\n"
         );
         assert_eq!(out.as_ptr(), at, "edited in place");
+        // Fields the head cannot have, set or added, once each or not:
+        // the same head whether the writer's word is taken or the head
+        // scanned.
+        let head = b"HTTP/1.1 200 OK\r\nx: 1\r\n\r\n".to_vec();
+        let once = [HeaderEdit::Set(n("a"), v("1")), HeaderEdit::Add(n("b"), v("2"))];
+        let twice = [HeaderEdit::Set(n("a"), v("1")), HeaderEdit::Add(n("b"), v("2")), HeaderEdit::Set(n("a"), v("3"))];
+        for edits in [&once[..], &twice[..]] {
+            let (mut known, mut scanned) = (head.clone(), head.clone());
+            edit_head(&mut known, edits, |name| name == b"x");
+            edit_head(&mut scanned, edits, |_| true);
+            assert_eq!(String::from_utf8_lossy(&known), String::from_utf8_lossy(&scanned));
+        }
     }
 
     /// Every field a written request head has, named by a `Set`, a
