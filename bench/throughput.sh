@@ -132,13 +132,13 @@ for p in $B1 $P_NGINX $P_HAPROXY $P_TG; do curl -sf "127.0.0.1:$p/" >/dev/null |
 
 RESULTS="$WORK/results.jsonl"; : > "$RESULTS"
 run() { # name port conns rep pid
-  local out before after rss
-  before=$(cpu_ticks "$5")
+  local out before after rss sys_before sys_after
+  before=$(cpu_ticks "$5"); sys_before=$(sys_ticks "$5")
   out=$(wrk -t2 -c"$3" -d"${DURATION}s" --latency "http://127.0.0.1:$2/" 2>&1)
-  after=$(cpu_ticks "$5"); rss=$(rss_kb "$5")
-  python3 - "$1" "$3" "$4" "$DURATION" "$((after - before))" "$HZ" "$rss" "$out" <<'PY' | tee -a "$RESULTS" | cut -c1-200
+  after=$(cpu_ticks "$5"); sys_after=$(sys_ticks "$5"); rss=$(rss_kb "$5")
+  python3 - "$1" "$3" "$4" "$DURATION" "$((after - before))" "$HZ" "$rss" "$out" "$((sys_after - sys_before))" <<'PY' | tee -a "$RESULTS" | cut -c1-200
 import json, re, sys
-name, conns, rep, duration, ticks, hz, rss, out = sys.argv[1:]
+name, conns, rep, duration, ticks, hz, rss, out, sys_ticks = sys.argv[1:]
 def ms(v):
     m = re.match(r"([\d.]+)(us|ms|s)$", v)
     return round(float(m.group(1)) * {"us": 0.001, "ms": 1, "s": 1000}[m.group(2)], 3) if m else None
@@ -158,7 +158,8 @@ print(json.dumps({"proxy": name, "conns": int(conns), "rep": int(rep), "duration
                   "rps": float(rps.group(1)) if rps else 0.0, "requests": int(requests.group(1)) if requests else 0,
                   **lat, "errors": errors, "rss_kb": int(rss),
                   "cpu_cores": round(int(ticks) / int(hz) / float(duration), 3),
-                  "cpu_us_per_req": round(int(ticks) / int(hz) / max(int(requests.group(1)) if requests else 1, 1) * 1e6, 2)}))
+                  "cpu_us_per_req": round(int(ticks) / int(hz) / max(int(requests.group(1)) if requests else 1, 1) * 1e6, 2),
+                  "sys_us_per_req": round(int(sys_ticks) / int(hz) / max(int(requests.group(1)) if requests else 1, 1) * 1e6, 2)}))
 PY
 }
 read -ra peers <<< "$PEERS"
@@ -196,6 +197,7 @@ for c in sorted({k[1] for k in rows}):
         rps = med(v, "rps")
         print(f"c={c:>4} {name:14} {rps:10.0f} req/s  p99 {med(v, 'p99_ms'):7.2f} ms  ({rps/base:5.2f}x nginx)"
               f"  rss {med(v, 'rss_kb')/1024:6.1f} MiB  cpu {med(v, 'cpu_cores'):4.2f} cores"
-              f"  {med(v, 'cpu_us_per_req'):5.1f} us/req  errors {sum(x.get('errors') or 0 for x in v)}")
+              f"  {med(v, 'cpu_us_per_req'):5.1f} us/req (sys {med(v, 'sys_us_per_req'):5.1f})"
+              f"  errors {sum(x.get('errors') or 0 for x in v)}")
 PY
 [ -n "$OUT" ] && cp "$RESULTS" "$OUT" || true
