@@ -19,9 +19,12 @@
 //!
 //! monoio because it is the most used thread-per-core io_uring runtime
 //! on the stable toolchain (tokio-uring has been without a release since
-//! 2024; compio is younger). Chunked bodies and pipelined requests are
-//! not supported (the connection is closed): the benchmark's backends
-//! answer with a `Content-Length`, and wrk does not pipeline.
+//! 2024; compio is younger). It relays what the benchmark sends only:
+//! `GET`s answered with a `Content-Length` body, one request at a time.
+//! Chunked bodies are refused (the connection is closed); a response
+//! without a length is taken as empty, and one to `HEAD`, 204 or 304 as
+//! carrying the body its length announces; pipelined requests are
+//! relayed one after another.
 
 use std::net::SocketAddr;
 
