@@ -111,11 +111,24 @@ impl Buckets {
     /// thousandth of a token still refill at the rate), or to `now` when
     /// it is full.
     fn refilled(&self, b: Bucket, now: Instant, rate: u64) -> Bucket {
-        let elapsed = now.saturating_duration_since(b.at).as_nanos();
+        let since = now.saturating_duration_since(b.at);
+        let room = self.capacity.saturating_sub(b.milli);
         // Full again: the usual case of a generous limit, decided with a
-        // multiplication (the divisions below cost more on 128 bits).
-        let room = u128::from(self.capacity.saturating_sub(b.milli));
-        if elapsed.saturating_mul(u128::from(rate)) >= room.saturating_mul(1_000_000_000) {
+        // multiplication, on 64 bits while the products fit (a refill
+        // asked for within the same second of a bucket with room for a
+        // few million tokens), else on 128 (the divisions below cost more
+        // on 128 bits).
+        let nanos = since.subsec_nanos();
+        if since.as_secs() == 0 {
+            if let (Some(gained), Some(needed)) = (u64::from(nanos).checked_mul(rate), room.checked_mul(1_000_000_000))
+            {
+                if gained >= needed {
+                    return Bucket { milli: self.capacity, at: now.max(b.at) };
+                }
+            }
+        }
+        let elapsed = since.as_nanos();
+        if elapsed.saturating_mul(u128::from(rate)) >= u128::from(room).saturating_mul(1_000_000_000) {
             return Bucket { milli: self.capacity, at: now.max(b.at) };
         }
         let added = elapsed.saturating_mul(u128::from(rate)) / 1_000_000_000;
@@ -256,6 +269,32 @@ impl Drop for Permit {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    proptest! {
+        /// The 64-bit test of a full bucket decides as the 128-bit one.
+        #[test]
+        fn the_quick_refill_decides_as_the_exact_one(
+            // Mostly where the 64-bit products fit (up to a million tokens
+            // a second and a burst of a million), sometimes past them.
+            rate in prop_oneof![4 => 1u64..1_000_000_000, 1 => 1u64..u64::MAX / 2],
+            burst in prop_oneof![4 => 1u32..1_000_000, 1 => 1u32..u32::MAX],
+            milli in any::<u64>(),
+            nanos in prop_oneof![4 => 0u64..1_000_000, 2 => 0u64..1_000_000_000, 1 => 0u64..3_000_000_000],
+        ) {
+            let b = Buckets::new(rate, burst, 1);
+            let at = Instant::now();
+            let bucket = Bucket { milli: milli % (b.capacity + 1), at };
+            let now = at + Duration::from_nanos(nanos);
+            let got = b.refilled(bucket, now, b.rate);
+            let room = u128::from(b.capacity - bucket.milli);
+            let full = u128::from(nanos) * u128::from(b.rate) >= room * 1_000_000_000;
+            if full {
+                prop_assert_eq!((got.milli, got.at), (b.capacity, now));
+            } else {
+                prop_assert!(got.milli < b.capacity, "not full: {} of {}", got.milli, b.capacity);
+            }
+        }
+    }
 
     #[test]
     fn a_bucket_admits_its_burst_then_its_rate() {
