@@ -43,8 +43,9 @@ impl Upstreams {
         if let Some(edits) = edits {
             // The route's rules: the path sent upstream, and header edits
             // after the proxy's own forwarding fields.
-            if edits.path.is_some() {
-                let target = crate::pipeline::upstream_target(Some(edits), req.path_and_query.as_str());
+            if edits.changes_path() {
+                let asked = crate::pipeline::Asked::of(&req.path_and_query);
+                let target = crate::pipeline::upstream_target(Some(edits), asked);
                 req.path_and_query = PathAndQuery::try_from(target.as_ref()).map_err(|_| ErrorKind::InvalidPath)?;
             }
             for edit in edits.request_edits() {

@@ -182,6 +182,8 @@ impl Proxy {
             host,
             path: req.uri().path(),
             path_and_query: req.uri().path_and_query().map_or("/", |pq| pq.as_str()),
+            query: req.uri().query(),
+            received: seen.start.into_std(),
             headers: req.headers(),
             tls: client.https,
             stopping: false,
@@ -220,8 +222,8 @@ impl Proxy {
         let to_head = req.method() == http::Method::HEAD;
         let target = rules
             .as_deref()
-            .and_then(|e| e.path.as_ref())
-            .map(|_| pipeline::upstream_target(rules.as_deref(), facts.path_and_query).into_owned());
+            .filter(|e| e.changes_path())
+            .map(|_| pipeline::upstream_target(rules.as_deref(), facts.asked()).into_owned());
         drop(facts);
         let mut resp = match decision.action {
             Action::Local(answer) => return crate::reply::local_response(answer),

@@ -69,6 +69,10 @@ pub(crate) struct Facts<'a> {
     pub path: &'a str,
     /// What the backend receives: the normalized path and the query.
     pub path_and_query: &'a str,
+    /// The query, without `?` (as the engine split it from the target).
+    pub query: Option<&'a str>,
+    /// When the request's head was read (rate limits refill to it).
+    pub received: Instant,
     /// The request's header fields.
     pub headers: &'a dyn Headers,
     /// The client came over TLS.
@@ -120,7 +124,7 @@ impl Facts<'_> {
             method,
             host: &self.host,
             path: self.path,
-            query: self.path_and_query.split_once('?').map(|(_, q)| q),
+            query: self.query,
             headers: self.headers,
             client: self.client(&settings.trusted_proxies),
             tls: self.tls,
@@ -278,13 +282,12 @@ pub(crate) fn decide<'s>(
             return Decision::local(Local::AcmeChallenge(answer.clone()));
         }
     }
-    let query = facts.path_and_query.split_once('?').map(|(_, q)| q);
     let view = RequestView {
         host: &facts.host,
         path: facts.path,
         method,
         headers: facts.headers,
-        query,
+        query: facts.query,
         listener: facts.listener,
     };
     let Some(route) = snapshot.route(&view) else {
@@ -316,10 +319,10 @@ pub(crate) fn decide<'s>(
         false => snapshot.rules(route.name.as_str()),
     };
     let rules = match chain {
-        Some(chain) => match chain.request(&facts.rules_view(method, settings), Instant::now()) {
+        Some(chain) => match chain.request(&facts.rules_view(method, settings), facts.received) {
             Outcome::Forward(mut edits) => {
                 edits.add_request_edits(cert_edits);
-                Ruled::Forward(Box::new(edits))
+                Ruled::Forward(edits)
             }
             Outcome::Answer(answer) => return decided(Action::Local(answer.into())),
             Outcome::Pending(work) => Ruled::Pending(chain.clone(), Box::new(work), cert_edits),
@@ -377,7 +380,7 @@ where
         match chain.resume(&view, Instant::now(), resume, result) {
             Outcome::Forward(mut edits) => {
                 edits.add_request_edits(cert_edits.drain(..));
-                return Ok(Some(Box::new(edits)));
+                return Ok(Some(edits));
             }
             Outcome::Answer(answer) => {
                 let body = auth_body.filter(|_| answer.relay_auth_body);
@@ -388,14 +391,39 @@ where
     }
 }
 
+/// A request's target, as the engine read it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Asked<'a> {
+    /// The normalized path (the one the rules were given).
+    pub path: &'a str,
+    /// The query, without `?`.
+    pub query: Option<&'a str>,
+    /// The two together.
+    pub path_and_query: &'a str,
+}
+
+impl<'a> Asked<'a> {
+    /// The target of an `http` request's URI.
+    pub(crate) fn of(pq: &'a http::uri::PathAndQuery) -> Asked<'a> {
+        Asked { path: pq.path(), query: pq.query(), path_and_query: pq.as_str() }
+    }
+}
+
+impl<'a> Facts<'a> {
+    /// The request's target.
+    pub(crate) fn asked(&self) -> Asked<'a> {
+        Asked { path: self.path, query: self.query, path_and_query: self.path_and_query }
+    }
+}
+
 /// What the backend (or the static file server) is asked for: the path
 /// the rules left (`edits`), with the request's query, or the request's
 /// own path and query.
-pub(crate) fn upstream_target<'a>(edits: Option<&'a tidegate_rules::Forward>, path_and_query: &'a str) -> Cow<'a, str> {
-    match edits.and_then(|e| e.path.as_deref()) {
-        None => Cow::Borrowed(path_and_query),
-        Some(path) => match path_and_query.split_once('?') {
-            Some((_, query)) => Cow::Owned(format!("{path}?{query}")),
+pub(crate) fn upstream_target<'a>(edits: Option<&'a tidegate_rules::Forward>, asked: Asked<'a>) -> Cow<'a, str> {
+    match edits.and_then(|e| e.path(asked.path)) {
+        None => Cow::Borrowed(asked.path_and_query),
+        Some(path) => match asked.query {
+            Some(query) => Cow::Owned(format!("{path}?{query}")),
             None => Cow::Borrowed(path),
         },
     }
@@ -477,6 +505,8 @@ mod tests {
                 host: Cow::Borrowed(self.host),
                 path: self.path,
                 path_and_query: self.pq,
+                query: self.pq.split_once('?').map(|(_, q)| q),
+                received: Instant::now(),
                 headers: &self.headers,
                 tls: self.tls,
                 stopping: self.stopping,
@@ -670,10 +700,12 @@ mod tests {
         let d = r.decide(&Settings::default(), &snap);
         assert!(matches!(d.action, Action::Forward(_)));
         let Ruled::Forward(edits) = d.rules else { panic!("edits, not {:?}", d.rules) };
-        assert_eq!(edits.path.as_deref(), Some("/x"));
+        assert_eq!(edits.path(r.path), Some("/x"));
         assert_eq!(edits.request_edits().count(), 1);
-        assert_eq!(upstream_target(Some(&edits), r.pq), "/x?q=1");
-        assert_eq!(upstream_target(None, r.pq), "/api/x?q=1");
+        assert_eq!(upstream_target(Some(&edits), r.facts().asked()), "/x?q=1");
+        assert_eq!(upstream_target(None, r.facts().asked()), "/api/x?q=1");
+        r.pq = r.path;
+        assert_eq!(upstream_target(Some(&edits), r.facts().asked()), "/x");
         // A route without rules leaves nothing to do.
         let plain = snapshot(WEB);
         assert!(matches!(req(Method::GET, "a", "/api").decide(&Settings::default(), &plain).rules, Ruled::None));

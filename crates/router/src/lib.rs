@@ -55,6 +55,44 @@ type Bucket = Arc<Vec<Entry>>;
 struct PathTable {
     exact: HashMap<Arc<str>, Bucket>,
     prefix: HashMap<Arc<str>, Bucket>,
+    /// The lengths of `exact`'s keys.
+    exact_lengths: Lengths,
+    /// The lengths of `prefix`'s keys.
+    prefix_lengths: Lengths,
+}
+
+/// How many keys of a map have each length (from [`Lengths::LONG`] bytes
+/// on, counted together): a lookup of a path no key is as long as is
+/// skipped. A request for `/a/b/c` probes its prefixes `/a/b/c`, `/a/b`,
+/// `/a` and `/`; most are no route's, and a length test costs less than
+/// hashing and looking one up.
+#[derive(Debug, Clone)]
+struct Lengths([u32; Lengths::LONG + 1]);
+
+impl Default for Lengths {
+    fn default() -> Lengths {
+        Lengths([0; Lengths::LONG + 1])
+    }
+}
+
+impl Lengths {
+    /// Lengths from here on share one count.
+    const LONG: usize = 127;
+
+    fn add(&mut self, len: usize) {
+        let n = &mut self.0[len.min(Lengths::LONG)];
+        *n = n.saturating_add(1);
+    }
+
+    fn remove(&mut self, len: usize) {
+        let n = &mut self.0[len.min(Lengths::LONG)];
+        *n = n.saturating_sub(1);
+    }
+
+    /// Whether a key may be `len` bytes long.
+    fn may(&self, len: usize) -> bool {
+        self.0[len.min(Lengths::LONG)] > 0
+    }
 }
 
 /// What a request looks like to the router.
@@ -242,15 +280,18 @@ fn bucket_order(a: &Entry, b: &Entry) -> Ordering {
 }
 
 impl PathTable {
-    fn map_for(&mut self, path: &PathPattern) -> (&mut HashMap<Arc<str>, Bucket>, Arc<str>) {
+    fn map_for(&mut self, path: &PathPattern) -> (&mut HashMap<Arc<str>, Bucket>, &mut Lengths, Arc<str>) {
         match path {
-            PathPattern::Exact(p) => (&mut self.exact, p.clone()),
-            PathPattern::Prefix(p) => (&mut self.prefix, p.clone()),
+            PathPattern::Exact(p) => (&mut self.exact, &mut self.exact_lengths, p.clone()),
+            PathPattern::Prefix(p) => (&mut self.prefix, &mut self.prefix_lengths, p.clone()),
         }
     }
 
     fn add(&mut self, entry: Entry) {
-        let (map, key) = self.map_for(&entry.spec.matches.path);
+        let (map, lengths, key) = self.map_for(&entry.spec.matches.path);
+        if !map.contains_key(&key) {
+            lengths.add(key.len());
+        }
         let bucket = map.entry(key).or_default();
         let list = Arc::make_mut(bucket);
         list.push(entry);
@@ -258,11 +299,12 @@ impl PathTable {
     }
 
     fn drop_route(&mut self, name: &RouteName, path: &PathPattern) {
-        let (map, key) = self.map_for(path);
+        let (map, lengths, key) = self.map_for(path);
         if let Some(bucket) = map.get_mut(&key) {
             Arc::make_mut(bucket).retain(|e| &e.name != name);
             if bucket.is_empty() {
                 map.remove(&key);
+                lengths.remove(key.len());
             }
         }
     }
@@ -286,13 +328,16 @@ impl PathTable {
         if self.exact.is_empty() && self.prefix.is_empty() {
             return;
         }
-        if let Some(bucket) = self.exact.get(path) {
-            bucket.iter().for_each(|e| f(e, u32::MAX));
+        if self.exact_lengths.may(path.len()) {
+            if let Some(bucket) = self.exact.get(path) {
+                bucket.iter().for_each(|e| f(e, u32::MAX));
+            }
         }
         if self.prefix.is_empty() {
             return;
         }
-        // Segment-wise prefixes of "/a/b/c": "/a/b/c", "/a/b", "/a", "/".
+        // Segment-wise prefixes of "/a/b/c": "/a/b/c", "/a/b", "/a", "/";
+        // only those as long as a key.
         let trimmed = path.trim_end_matches('/');
         let mut probe = |prefix: &str| {
             if let Some(bucket) = self.prefix.get(prefix) {
@@ -300,15 +345,21 @@ impl PathTable {
                 bucket.iter().for_each(|e| f(e, rank));
             }
         };
+        let may = |len: usize| self.prefix_lengths.may(len);
         if !trimmed.is_empty() {
-            probe(trimmed);
-            for (i, _) in trimmed.rmatch_indices('/') {
-                if i > 0 {
-                    probe(&trimmed[..i]);
+            if may(trimmed.len()) {
+                probe(trimmed);
+            }
+            let bytes = trimmed.as_bytes();
+            for end in (1..bytes.len()).rev() {
+                if may(end) && bytes[end] == b'/' {
+                    probe(&trimmed[..end]);
                 }
             }
         }
-        probe("/");
+        if may(1) {
+            probe("/");
+        }
     }
 }
 

@@ -142,6 +142,39 @@ proptest! {
 }
 
 proptest! {
+    /// Routes added and removed again (exact paths, prefixes, some longer
+    /// than the lengths counted one by one): a lookup finds what a scan of
+    /// the routes left finds.
+    #[test]
+    fn lookups_agree_with_a_scan_after_removals(
+        routes in proptest::collection::vec(("(/[ab]{1,2}){0,3}|/a{120,130}(/b)?", any::<bool>(), any::<bool>()), 1..12),
+        path in "(/[ab]{1,2}){0,4}/?|/a{120,130}(/b)?",
+    ) {
+        let mut r = Router::new();
+        for (i, (p, exact, _)) in routes.iter().enumerate() {
+            let p = if p.is_empty() { "/" } else { p.as_str() };
+            let field = if *exact { "path" } else { "path_prefix" };
+            r.insert(name(&format!("r{i:02}")), route(&format!(r#"{{"match":{{"{field}":"{p}"}},"service":"s"}}"#)));
+        }
+        let mut kept = Vec::new();
+        for (i, (p, exact, remove)) in routes.iter().enumerate() {
+            let n = format!("r{i:02}");
+            if *remove {
+                prop_assert!(r.remove(&name(&n)));
+            } else {
+                kept.push((n, if p.is_empty() { "/".to_string() } else { p.clone() }, *exact));
+            }
+        }
+        let path = if path.is_empty() { "/".to_string() } else { path };
+        let got = find(&r, "", &path).map(str::to_string);
+        let exact = kept.iter().filter(|(_, p, e)| *e && *p == path).map(|(n, _, _)| n.clone()).min();
+        let prefixes: Vec<(String, String)> = kept.iter().filter(|(_, _, e)| !e).map(|(n, p, _)| (n.clone(), p.clone())).collect();
+        let want = exact.or_else(|| reference(&prefixes, path.trim_end_matches('/')));
+        prop_assert_eq!(got, want);
+    }
+}
+
+proptest! {
     /// Any host and path, against a table with every kind of route: a
     /// lookup answers or not, and never panics.
     #[test]

@@ -36,8 +36,14 @@ pub struct Buckets {
     capacity: u64,
     per_shard: usize,
     hasher: foldhash::fast::RandomState,
-    shards: Vec<Mutex<HashMap<u64, Bucket, Hashed>>>,
+    shards: Vec<Shard>,
 }
+
+/// One shard of a table, on cache lines of its own (the shards of keys
+/// that different cores take are not passed back and forth together).
+#[derive(Debug)]
+#[repr(align(128))]
+struct Shard(Mutex<HashMap<u64, Bucket, Hashed>>);
 
 /// The tables' keys are already 64-bit hashes (foldhash, seeded per
 /// process): the maps use them as they are instead of hashing them again.
@@ -96,7 +102,7 @@ impl Buckets {
             per_shard,
             hasher: foldhash::fast::RandomState::default(),
             shards: (0..SHARDS)
-                .map(|_| Mutex::new(HashMap::with_capacity_and_hasher(per_shard.min(1024), Hashed)))
+                .map(|_| Shard(Mutex::new(HashMap::with_capacity_and_hasher(per_shard.min(1024), Hashed))))
                 .collect(),
         }
     }
@@ -152,11 +158,11 @@ impl Buckets {
         let rate = (self.rate / u64::from(share.max(1))).max(1);
         let h = self.hasher.hash_one(key);
         let shard = &self.shards[shard_of(h)];
-        let mut map = match shard.lock() {
+        let mut map = match shard.0.lock() {
             Ok(m) => m,
             Err(poisoned) => poisoned.into_inner(),
         };
-        if !map.contains_key(&h) && map.len() >= self.per_shard {
+        if map.len() >= self.per_shard && !map.contains_key(&h) {
             let victim = map.iter().take(SAMPLE).max_by_key(|(_, b)| self.refill(**b, now, rate)).map(|(k, _)| *k);
             if let Some(k) = victim {
                 map.remove(&k);
@@ -178,7 +184,7 @@ impl Buckets {
 
     /// Keys held now.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().map_or(0, |m| m.len())).sum()
+        self.shards.iter().map(|s| s.0.lock().map_or(0, |m| m.len())).sum()
     }
 
     /// Whether no key is held.
@@ -221,7 +227,7 @@ impl InFlight {
             Ok(m) => m,
             Err(poisoned) => poisoned.into_inner(),
         };
-        if !map.contains_key(&h) && map.len() >= self.keys {
+        if map.len() >= self.keys && !map.contains_key(&h) {
             return None;
         }
         let n = map.entry(h).or_insert(0);

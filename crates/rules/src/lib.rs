@@ -96,11 +96,12 @@ pub struct Answer {
 /// What to do to a request that goes on to the backend.
 #[derive(Debug, Default)]
 pub struct Forward {
-    /// The path to send upstream, if a step changed it.
-    pub path: Option<String>,
-    /// The chain whose steps the edits below point into (taken with the
-    /// first such edit: a chain that edits no header is not shared).
-    chain: Option<Arc<Chain>>,
+    /// The path to send upstream, if a step changed it:
+    /// [`Forward::path`].
+    path: NewPath,
+    /// The chain's header edits that the edits below point into (the
+    /// calling thread's copy, taken with the first such edit).
+    edits: Option<Arc<Edits>>,
     /// Request header edits, in order (`host` among them sets the Host
     /// sent upstream): [`Forward::request_edits`].
     request_headers: SmallVec<[EditAt; 4]>,
@@ -122,12 +123,37 @@ pub struct Forward {
     pub changed: SmallVec<[u16; 8]>,
 }
 
+/// The path a chain left.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+enum NewPath {
+    /// No step changed it.
+    #[default]
+    Same,
+    /// The request's own path from this byte on (a stripped prefix: no
+    /// copy is made), and its length then.
+    Tail(usize, usize),
+    /// A path made for the request.
+    Made(String),
+}
+
+impl NewPath {
+    /// `new`, as a tail of `request_path` when it is one (no copy), else
+    /// copied.
+    fn of(request_path: &str, new: &str) -> NewPath {
+        let from = (new.as_ptr() as usize).wrapping_sub(request_path.as_ptr() as usize);
+        match request_path.get(from..) {
+            Some(tail) if std::ptr::eq(tail, new) => NewPath::Tail(from, new.len()),
+            _ => NewPath::Made(new.to_string()),
+        }
+    }
+}
+
 /// Where one of a request's header edits is: a step of the chain (its
-/// edit is read where it was compiled, never copied per request: cloning
-/// a header's name and value would touch reference counts that every core
-/// serving the route shares), or one made for the request (a forward-auth
-/// answer's field, CORS's, a client certificate's) in [`Forward`]'s own
-/// list.
+/// edit is read in the chain's [`Edits`], never copied per request:
+/// cloning a header's name and value would touch reference counts that
+/// every core serving the route shares), or one made for the request (a
+/// forward-auth answer's field, CORS's, a client certificate's) in
+/// [`Forward`]'s own list.
 #[derive(Debug, Clone, Copy)]
 enum EditAt {
     Step(u16),
@@ -135,6 +161,25 @@ enum EditAt {
 }
 
 impl Forward {
+    /// The path to send upstream, if a step changed it; `request_path` is
+    /// the path the chain was given ([`RequestView::path`]).
+    pub fn path<'a>(&'a self, request_path: &'a str) -> Option<&'a str> {
+        match &self.path {
+            NewPath::Same => None,
+            // A tail of the path it was taken from; of another path (never
+            // given), "/" rather than a wrong slice.
+            NewPath::Tail(from, len) => {
+                Some(request_path.get(*from..).filter(|t| t.len() == *len && t.starts_with('/')).unwrap_or("/"))
+            }
+            NewPath::Made(p) => Some(p),
+        }
+    }
+
+    /// Whether a step changed the path.
+    pub fn changes_path(&self) -> bool {
+        self.path != NewPath::Same
+    }
+
     /// The request header edits, in order.
     pub fn request_edits(&self) -> impl Iterator<Item = &HeaderEdit> + Clone + '_ {
         self.resolve(&self.request_headers)
@@ -183,10 +228,7 @@ impl Forward {
 
     fn resolve<'f>(&'f self, at: &'f [EditAt]) -> impl Iterator<Item = &'f HeaderEdit> + Clone + 'f {
         at.iter().filter_map(move |a| match *a {
-            EditAt::Step(i) => match &self.chain.as_deref()?.steps.get(usize::from(i))?.step {
-                Compiled::ReqHeader(e) | Compiled::RespHeader(e) => Some(e),
-                _ => None,
-            },
+            EditAt::Step(i) => self.edits.as_deref()?.0.get(usize::from(i)),
             EditAt::Made(i) => self.made.get(usize::from(i)),
         })
     }
@@ -218,14 +260,15 @@ pub struct Resume {
     next: usize,
     at: usize,
     rule: RuleRef,
-    forward: Forward,
+    forward: Box<Forward>,
 }
 
 /// What the request phase decided.
 #[derive(Debug)]
 pub enum Outcome {
-    /// Forward it, with these edits.
-    Forward(Forward),
+    /// Forward it, with these edits (boxed: the engines keep it for the
+    /// whole exchange, and it moves through the chain as one pointer).
+    Forward(Box<Forward>),
     /// Answer it.
     Answer(Answer),
     /// Do this first, then resume.
@@ -244,8 +287,10 @@ pub enum WorkResult {
 enum Compiled {
     StripPrefix(model::PathPrefix),
     Rewrite(model::RewritePath),
-    ReqHeader(HeaderEdit),
-    RespHeader(HeaderEdit),
+    /// The index of its edit in the chain's [`Edits`].
+    ReqHeader(u16),
+    /// The same, of a response header edit.
+    RespHeader(u16),
     Redirect(model::Redirect),
     Deny(u16),
     IpAllow(cidr::CidrSet),
@@ -265,12 +310,20 @@ struct Slot {
     step: Compiled,
 }
 
+/// A chain's header edits, in step order. The chain keeps one copy per
+/// stripe, each on cache lines of its own: a request holds the copy of
+/// its thread, so that the reference count it takes and drops is not
+/// passed back and forth between the cores serving the route.
+#[derive(Debug)]
+#[repr(align(128))]
+struct Edits(Vec<HeaderEdit>);
+
 /// Stripes of a chain's counters: each thread adds to its own stripe
 /// (threads past this many share), so that the cores serving one route do
 /// not pass its counters' cache lines back and forth on every request.
 const STRIPES: usize = 4;
 
-/// The stripe of the calling thread.
+/// The stripe of the calling thread (of counters and edits).
 fn stripe() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
@@ -310,7 +363,11 @@ impl Counts {
     }
 
     fn add(&self, at: usize, changed: bool) {
-        if let Some(c) = Counts::counter(&self.stripes[stripe()], at, changed) {
+        Counts::add_to(&self.stripes[stripe()], at, changed);
+    }
+
+    fn add_to(stripe: &[Line], at: usize, changed: bool) {
+        if let Some(c) = Counts::counter(stripe, at, changed) {
             c.fetch_add(1, Relaxed);
         }
     }
@@ -336,6 +393,8 @@ pub struct StepCounts<'a> {
 pub struct Chain {
     route: Arc<str>,
     steps: Vec<Slot>,
+    /// The steps' header edits, one copy per stripe.
+    edits: [Arc<Edits>; STRIPES],
     /// What each step did.
     counts: Counts,
     /// Live instances sharing `per_instance_share` rates, when set for
@@ -349,19 +408,24 @@ impl std::fmt::Debug for Chain {
     }
 }
 
-fn compile_step(step: &Step) -> Compiled {
+/// Compiles a step; its header edit, if any, goes to `edits`.
+fn compile_step(step: &Step, edits: &mut Vec<HeaderEdit>) -> Compiled {
+    let mut edit = |e: HeaderEdit| {
+        edits.push(e);
+        u16::try_from(edits.len() - 1).unwrap_or(u16::MAX)
+    };
     match step {
         Step::StripPrefix(s) => Compiled::StripPrefix(s.prefix.clone()),
         Step::RewritePath(r) => Compiled::Rewrite(r.clone()),
-        Step::SetRequestHeader(h) => Compiled::ReqHeader(HeaderEdit::Set(h.name.0.clone(), h.value.0.clone())),
-        Step::AddRequestHeader(h) => Compiled::ReqHeader(HeaderEdit::Add(h.name.0.clone(), h.value.0.clone())),
-        Step::RemoveRequestHeader(h) => Compiled::ReqHeader(HeaderEdit::Remove(h.name.0.clone())),
-        Step::SetResponseHeader(h) => Compiled::RespHeader(match h.only_if_absent {
+        Step::SetRequestHeader(h) => Compiled::ReqHeader(edit(HeaderEdit::Set(h.name.0.clone(), h.value.0.clone()))),
+        Step::AddRequestHeader(h) => Compiled::ReqHeader(edit(HeaderEdit::Add(h.name.0.clone(), h.value.0.clone()))),
+        Step::RemoveRequestHeader(h) => Compiled::ReqHeader(edit(HeaderEdit::Remove(h.name.0.clone()))),
+        Step::SetResponseHeader(h) => Compiled::RespHeader(edit(match h.only_if_absent {
             true => HeaderEdit::SetIfAbsent(h.name.0.clone(), h.value.0.clone()),
             false => HeaderEdit::Set(h.name.0.clone(), h.value.0.clone()),
-        }),
-        Step::AddResponseHeader(h) => Compiled::RespHeader(HeaderEdit::Add(h.name.0.clone(), h.value.0.clone())),
-        Step::RemoveResponseHeader(h) => Compiled::RespHeader(HeaderEdit::Remove(h.name.0.clone())),
+        })),
+        Step::AddResponseHeader(h) => Compiled::RespHeader(edit(HeaderEdit::Add(h.name.0.clone(), h.value.0.clone()))),
+        Step::RemoveResponseHeader(h) => Compiled::RespHeader(edit(HeaderEdit::Remove(h.name.0.clone()))),
         Step::Redirect(r) => Compiled::Redirect(r.clone()),
         Step::Deny(d) => Compiled::Deny(d.status.get()),
         Step::IpAllow(l) => Compiled::IpAllow(cidr::CidrSet::new(&l.cidrs)),
@@ -426,15 +490,21 @@ impl Chain {
     /// Compiles `sets` (the route's rule sets, in its order) for the
     /// route `route`. Values were checked when decoded: this cannot fail.
     pub fn compile(route: &str, sets: &[(RuleSetName, Arc<RuleSetSpec>)]) -> Chain {
-        let mut steps = Vec::new();
+        let (mut steps, mut edits) = (Vec::new(), Vec::new());
         for (name, spec) in sets {
             for (i, step) in spec.steps.iter().enumerate() {
                 let rule = RuleRef { set: name.clone(), step: i, kind: step.kind() };
-                steps.push(Slot { rule, step: compile_step(step) });
+                steps.push(Slot { rule, step: compile_step(step, &mut edits) });
             }
         }
         let counts = Counts::new(steps.len());
-        Chain { route: Arc::from(route), steps, counts, instances: std::sync::atomic::AtomicU32::new(0) }
+        Chain {
+            route: Arc::from(route),
+            steps,
+            edits: std::array::from_fn(|_| Arc::new(Edits(edits.clone()))),
+            counts,
+            instances: std::sync::atomic::AtomicU32::new(0),
+        }
     }
 
     /// Sets how many instances this chain's shared rates are divided
@@ -471,9 +541,10 @@ impl Chain {
         fwd.changed.iter().filter_map(|&at| self.steps.get(usize::from(at)).map(|s| &s.rule))
     }
 
-    /// Counts that the step at `at` changed the request, and notes it.
-    fn changed(&self, at: usize, fwd: &mut Forward) {
-        self.counts.add(at, true);
+    /// Counts (on the calling thread's `stripe`) that the step at `at`
+    /// changed the request, and notes it.
+    fn changed(&self, stripe: &[Line], at: usize, fwd: &mut Forward) {
+        Counts::add_to(stripe, at, true);
         fwd.changed.push(u16::try_from(at).unwrap_or(u16::MAX));
     }
 
@@ -484,7 +555,7 @@ impl Chain {
 
     /// Runs the request phase from the first step.
     pub fn request(self: &Arc<Self>, req: &RequestView<'_>, now: Instant) -> Outcome {
-        self.run(req, now, 0, Forward::default())
+        self.run(req, now, 0, Box::default())
     }
 
     /// Goes on after [`Work`], with its result.
@@ -529,7 +600,7 @@ impl Chain {
                         None => forward.add_request_edit(HeaderEdit::Remove(name.0.clone())),
                     }
                 }
-                self.changed(at, &mut forward);
+                self.changed(&self.counts.stripes[stripe()], at, &mut forward);
             }
             _ => return Outcome::Answer(self.answer(at, slot, 503, Vec::new())),
         }
@@ -554,46 +625,56 @@ impl Chain {
         self.answer(at, slot, 401, vec![(http::header::WWW_AUTHENTICATE, auth::challenge(realm))])
     }
 
-    /// The edit of the step at `at`, for `fwd` (which then holds the chain).
-    fn refer(self: &Arc<Self>, at: usize, fwd: &mut Forward) -> EditAt {
-        if fwd.chain.is_none() {
-            fwd.chain = Some(Arc::clone(self));
+    /// The chain's edit `index`, for `fwd` (which then holds the copy of
+    /// the edits of `stripe`).
+    fn refer(&self, stripe: usize, index: u16, fwd: &mut Forward) -> EditAt {
+        if fwd.edits.is_none() {
+            fwd.edits = Some(Arc::clone(&self.edits[stripe]));
         }
-        EditAt::Step(u16::try_from(at).unwrap_or(u16::MAX))
+        EditAt::Step(index)
     }
 
-    fn run(self: &Arc<Self>, req: &RequestView<'_>, now: Instant, from: usize, mut fwd: Forward) -> Outcome {
+    /// The path as the steps before left it (read only by the steps that
+    /// read it).
+    fn path<'a>(fwd: &'a Forward, req: &RequestView<'a>) -> &'a str {
+        fwd.path(req.path).unwrap_or(req.path)
+    }
+
+    fn run(self: &Arc<Self>, req: &RequestView<'_>, now: Instant, from: usize, mut fwd: Box<Forward>) -> Outcome {
+        let stripe = stripe();
+        let counts = &self.counts.stripes[stripe];
         for (at, slot) in self.steps.iter().enumerate().skip(from) {
-            let path = fwd.path.as_deref().unwrap_or(req.path);
             match &slot.step {
                 Compiled::StripPrefix(p) => {
-                    if let Some(rest) = path::strip_prefix(path, p.as_str()) {
-                        fwd.path = Some(rest.to_string());
-                        self.changed(at, &mut fwd);
+                    if let Some(rest) = path::strip_prefix(Chain::path(&fwd, req), p.as_str()) {
+                        fwd.path = NewPath::of(req.path, rest);
+                        self.changed(counts, at, &mut fwd);
                     }
                 }
                 Compiled::Rewrite(r) => {
+                    let path = Chain::path(&fwd, req);
                     if let Some(caps) = r.regex.0.captures(path) {
                         let parts = self.parts(req, path);
                         match path::checked(path::expand(&r.replacement, &parts, Some(&caps))) {
                             Ok(p) => {
-                                fwd.path = Some(p);
-                                self.changed(at, &mut fwd);
+                                fwd.path = NewPath::Made(p);
+                                self.changed(counts, at, &mut fwd);
                             }
                             Err(_) => return Outcome::Answer(self.answer(at, slot, 400, Vec::new())),
                         }
                     }
                 }
-                Compiled::ReqHeader(_) => {
-                    let edit = self.refer(at, &mut fwd);
+                Compiled::ReqHeader(index) => {
+                    let edit = self.refer(stripe, *index, &mut fwd);
                     fwd.request_headers.push(edit);
-                    self.changed(at, &mut fwd);
+                    self.changed(counts, at, &mut fwd);
                 }
-                Compiled::RespHeader(_) => {
-                    let edit = self.refer(at, &mut fwd);
+                Compiled::RespHeader(index) => {
+                    let edit = self.refer(stripe, *index, &mut fwd);
                     fwd.response_headers.push(edit);
                 }
                 Compiled::Redirect(r) => {
+                    let path = Chain::path(&fwd, req);
                     let caps = match &r.regex {
                         Some(re) => match re.0.captures(path) {
                             Some(c) => Some(c),
@@ -630,7 +711,7 @@ impl Chain {
                     };
                 }
                 Compiled::ForwardAuth(f) => {
-                    let call = auth::forward_request(f, req, path);
+                    let call = auth::forward_request(f, req, Chain::path(&fwd, req));
                     return Outcome::Pending(Pending {
                         work: Work::ForwardAuth(call),
                         resume: Resume { next: at + 1, at, rule: slot.rule.clone(), forward: fwd },

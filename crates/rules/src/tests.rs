@@ -23,7 +23,7 @@ fn view<'a>(path: &'a str, headers: &'a http::HeaderMap, client: &str) -> Reques
 
 fn forward(o: Outcome) -> Forward {
     match o {
-        Outcome::Forward(f) => f,
+        Outcome::Forward(f) => *f,
         other => panic!("expected forward, got {other:?}"),
     }
 }
@@ -46,7 +46,7 @@ fn paths_and_headers_are_edited_in_order() {
     ]));
     let h = http::HeaderMap::new();
     let f = forward(c.request(&view("/api/v1/users", &h, "10.0.0.1"), Instant::now()));
-    assert_eq!(f.path.as_deref(), Some("/v2/users"));
+    assert_eq!(f.path("/api/v1/users"), Some("/v2/users"));
     assert_eq!(c.changed_rules(&f).map(|r| r.step).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
     let mut req = http::HeaderMap::new();
     req.insert("x-secret", HeaderValue::from_static("1"));
@@ -251,4 +251,31 @@ fn each_step_counts_what_it_answered_and_changed() {
     answer(c.request(&view("/api/x", &h, "192.0.2.1"), Instant::now()));
     let counts: Vec<_> = c.counts().map(|s| (s.rule.kind, s.answered, s.changed)).collect();
     assert_eq!(counts, vec![("strip_prefix", 0, 2), ("ip_deny", 1, 0)]);
+}
+
+#[test]
+fn a_stripped_prefix_leaves_the_request_path_s_tail_and_any_path_after_a_rewrite() {
+    let h = http::HeaderMap::new();
+    let strip = chain(serde_json::json!([{"kind": "strip_prefix", "prefix": "/api"}]));
+    for (path, left) in [("/api/x/y", Some("/x/y")), ("/api", Some("/")), ("/api/", Some("/")), ("/apix", None)] {
+        let f = forward(strip.request(&view(path, &h, "10.0.0.1"), Instant::now()));
+        assert_eq!(f.path(path), left, "{path}");
+        assert_eq!(f.changes_path(), left.is_some(), "{path}");
+    }
+    // Twice in a row, and after a rewrite (a path made for the request).
+    let twice = chain(serde_json::json!([
+        {"kind": "strip_prefix", "prefix": "/a"},
+        {"kind": "strip_prefix", "prefix": "/b"},
+    ]));
+    let f = forward(twice.request(&view("/a/b/c", &h, "10.0.0.1"), Instant::now()));
+    assert_eq!(f.path("/a/b/c"), Some("/c"));
+    let after = chain(serde_json::json!([
+        {"kind": "rewrite_path", "regex": "^/old/(.*)$", "replacement": "/new/api/$1"},
+        {"kind": "strip_prefix", "prefix": "/new"},
+        {"kind": "strip_prefix", "prefix": "/api"},
+    ]));
+    let f = forward(after.request(&view("/old/v", &h, "10.0.0.1"), Instant::now()));
+    assert_eq!(f.path("/old/v"), Some("/v"));
+    let f = forward(after.request(&view("/old/", &h, "10.0.0.1"), Instant::now()));
+    assert_eq!(f.path("/old/"), Some("/"));
 }

@@ -511,12 +511,12 @@ struct Target<'a> {
 /// routed on the path before it while the backend read past it (or the
 /// reverse) would let `/public/a#/../../internal` reach `/internal`.
 fn split_target(target: &str) -> Result<Target<'_>, ErrorKind> {
-    if target.contains('#') {
-        return Err(ErrorKind::InvalidPath);
-    }
     let (authority, rest) = if target.starts_with('/') {
         (None, target)
     } else {
+        if target.contains('#') {
+            return Err(ErrorKind::InvalidPath);
+        }
         let after_scheme = ["http://", "https://"]
             .iter()
             .find_map(|s| target.get(..s.len()).filter(|p| p.eq_ignore_ascii_case(s)).map(|_| &target[s.len()..]))
@@ -529,9 +529,14 @@ fn split_target(target: &str) -> Result<Target<'_>, ErrorKind> {
         }
         (Some(authority), &after_scheme[end..])
     };
-    let (path, query) = match rest.split_once('?') {
-        Some((p, q)) => (p, Some(q)),
+    // One pass for the query's `?` and a fragment's `#` (anywhere).
+    let bytes = rest.as_bytes();
+    let (path, query) = match memchr::memchr2(b'?', b'#', bytes) {
         None => (rest, None),
+        Some(at) if bytes[at] == b'?' && memchr::memchr(b'#', &bytes[at + 1..]).is_none() => {
+            (&rest[..at], Some(&rest[at + 1..]))
+        }
+        Some(_) => return Err(ErrorKind::InvalidPath),
     };
     Ok(Target { authority, path: if path.is_empty() { "/" } else { path }, query })
 }
@@ -574,6 +579,15 @@ struct Parsed<'a> {
     path: Cow<'a, str>,
     /// What the backend receives: the normalized path and the query.
     path_and_query: Cow<'a, str>,
+    /// The query, without `?`.
+    query: Option<&'a str>,
+}
+
+impl Parsed<'_> {
+    /// The target, as the pipeline reads it.
+    fn asked(&self) -> pipeline::Asked<'_> {
+        pipeline::Asked { path: &self.path, query: self.query, path_and_query: &self.path_and_query }
+    }
 }
 
 /// Reads a request's target and host, and checks them.
@@ -588,7 +602,7 @@ fn parse_target<'a>(head: &RequestHead, buf: &'a [u8]) -> Result<Parsed<'a>, Err
         (p, Some(q)) => Cow::Owned(format!("{p}?{q}")),
         (p, None) => Cow::Owned(p.to_string()),
     };
-    Ok(Parsed { host, path, path_and_query })
+    Ok(Parsed { host, path, path_and_query, query: target.query })
 }
 
 /// Decides what to do with a request ([`crate::pipeline`]) and does it;
@@ -604,6 +618,8 @@ async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Res
         host: hygiene::routing_host(p.host.unwrap_or("")),
         path: &p.path,
         path_and_query: &p.path_and_query,
+        query: p.query,
+        received: client.seen.start.into_std(),
         headers: &view,
         tls: ctx.peer.https,
         stopping: ctx.stopping,
@@ -643,7 +659,7 @@ async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Res
         Action::Static { dir, prefix } => {
             // (The pipeline serves and forwards only requests with facts.)
             let parsed = parsed.as_ref().map_err(|kind| *kind)?;
-            let target = pipeline::upstream_target(rules.as_deref(), &parsed.path_and_query);
+            let target = pipeline::upstream_target(rules.as_deref(), parsed.asked());
             let req = static_request(&method, &target, &view)?;
             let mut resp = tidegate_static::serve(dir, prefix, &req).await.map(ProxyBody::Static);
             if let Some(edits) = &rules {
@@ -667,7 +683,7 @@ async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Res
                     &generated[..]
                 }
             };
-            let path_and_query = &pipeline::upstream_target(rules.as_deref(), &parsed.path_and_query);
+            let path_and_query = &pipeline::upstream_target(rules.as_deref(), parsed.asked());
             let edits = rules.as_deref();
             let trace = client
                 .seen
@@ -1077,7 +1093,11 @@ mod tests {
         assert_eq!(split_target("*").err(), Some(ErrorKind::InvalidPath));
         assert_eq!(split_target("a.example:443").err(), Some(ErrorKind::InvalidPath));
         assert_eq!(split_target("http://a b/").err(), Some(ErrorKind::InvalidHost));
-        for fragment in ["/public/a#/../../internal", "/a?q#f", "http://a.example/#x", "#"] {
+        let t = split_target("/a?b?c=/d").unwrap();
+        assert_eq!((t.path, t.query), ("/a", Some("b?c=/d")), "the first `?` ends the path");
+        let t = split_target("/a?").unwrap();
+        assert_eq!((t.path, t.query), ("/a", Some("")));
+        for fragment in ["/public/a#/../../internal", "/a?q#f", "/a#?q", "/a?q?#", "http://a.example/#x", "#"] {
             assert_eq!(split_target(fragment).err(), Some(ErrorKind::InvalidPath), "{fragment}");
         }
     }
