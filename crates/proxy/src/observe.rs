@@ -104,7 +104,9 @@ impl Seen {
     /// when logging (`chain`: the route's chain then), the steps that
     /// changed it.
     pub(crate) fn rules_changed(&mut self, edits: &mut tidegate_rules::Forward, chain: Option<&tidegate_rules::Chain>) {
-        self.held = std::mem::take(&mut edits.permits);
+        if !edits.permits.is_empty() {
+            self.held = std::mem::take(&mut edits.permits);
+        }
         if let Some(chain) = chain.filter(|_| !edits.changed.is_empty()) {
             let steps: Vec<String> = chain.changed_rules(edits).map(describe_rule).collect();
             self.rule = Some(steps.join(","));

@@ -321,7 +321,9 @@ pub(crate) fn decide<'s>(
     let rules = match chain {
         Some(chain) => match chain.request(&facts.rules_view(method, settings), facts.received) {
             Outcome::Forward(mut edits) => {
-                edits.add_request_edits(cert_edits);
+                if !cert_edits.is_empty() {
+                    edits.add_request_edits(cert_edits);
+                }
                 Ruled::Forward(edits)
             }
             Outcome::Answer(answer) => return decided(Action::Local(answer.into())),
