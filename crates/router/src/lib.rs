@@ -61,37 +61,47 @@ struct PathTable {
     prefix_lengths: Lengths,
 }
 
-/// How many keys of a map have each length (from [`Lengths::LONG`] bytes
-/// on, counted together): a lookup of a path no key is as long as is
-/// skipped. A request for `/a/b/c` probes its prefixes `/a/b/c`, `/a/b`,
-/// `/a` and `/`; most are no route's, and a length test costs less than
-/// hashing and looking one up.
-#[derive(Debug, Clone)]
-struct Lengths([u32; Lengths::LONG + 1]);
-
-impl Default for Lengths {
-    fn default() -> Lengths {
-        Lengths([0; Lengths::LONG + 1])
-    }
+/// The lengths of a map's keys (from [`Lengths::LONG`] bytes on, one
+/// class): a lookup of a path no key is as long as is skipped. A request
+/// for `/a/b/c` probes its prefixes `/a/b/c`, `/a/b`, `/a` and `/`; most
+/// are no route's, and a bit test costs less than hashing and looking one
+/// up.
+#[derive(Debug, Clone, Default)]
+struct Lengths {
+    /// Bit `n`: some key is in length class `n`.
+    bits: u128,
+    /// How many keys each class has (a few classes per table).
+    counts: std::collections::BTreeMap<u8, u32>,
 }
 
 impl Lengths {
-    /// Lengths from here on share one count.
+    /// Lengths from here on are one class.
     const LONG: usize = 127;
 
+    fn class(len: usize) -> u8 {
+        len.min(Lengths::LONG) as u8
+    }
+
     fn add(&mut self, len: usize) {
-        let n = &mut self.0[len.min(Lengths::LONG)];
-        *n = n.saturating_add(1);
+        let class = Lengths::class(len);
+        *self.counts.entry(class).or_insert(0) += 1;
+        self.bits |= 1 << class;
     }
 
     fn remove(&mut self, len: usize) {
-        let n = &mut self.0[len.min(Lengths::LONG)];
-        *n = n.saturating_sub(1);
+        let class = Lengths::class(len);
+        if let Some(n) = self.counts.get_mut(&class) {
+            *n -= 1;
+            if *n == 0 {
+                self.counts.remove(&class);
+                self.bits &= !(1 << class);
+            }
+        }
     }
 
     /// Whether a key may be `len` bytes long.
     fn may(&self, len: usize) -> bool {
-        self.0[len.min(Lengths::LONG)] > 0
+        self.bits >> Lengths::class(len) & 1 == 1
     }
 }
 
