@@ -13,7 +13,6 @@ Run it for two builds in turn, several times, and compare medians.
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,17 +20,12 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, str(ROOT / "bench" / "lib"))
 
 import rules  # noqa: E402
-import scenarios  # noqa: E402
-from harness import Ctx, Procs  # noqa: E402
 
 
 def main() -> None:
     bin_dir = Path(sys.argv[1])
     secs = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-    work = Path(tempfile.mkdtemp(prefix="json-relay-"))
-    ctx = Ctx(profile="full", bin_dir=bin_dir, out_dir=work, work=work, procs=Procs())
-    s = rules.Setup(ctx, dict(scenarios.PARAMS["rules"]["full"]))
-    try:
+    with rules.standalone(bin_dir, "json-relay-") as s:
         for rep in range(int(os.environ.get("REPS", "2"))):
             for coding in ("identity", "gzip"):
                 headers = {"Accept-Encoding": "gzip"} if coding == "gzip" else {}
@@ -39,11 +33,6 @@ def main() -> None:
                     r = rules.measured(s, proxy, rules.JSON_PATH, 64, secs, headers)
                     print(f"{rep} {proxy:8} {coding:8} {r['rps']:9.0f} req/s {r['cpu_us_per_req']:7.1f} us/req",
                           flush=True)
-    finally:
-        s.stop()
-        for p in ctx.procs.started:
-            if p.poll() is None:
-                p.kill()
 
 
 if __name__ == "__main__":

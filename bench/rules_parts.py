@@ -15,7 +15,6 @@ per request, and the CPU each route adds to the rule-less route's
 
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,8 +22,6 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, str(ROOT / "bench" / "lib"))
 
 import rules  # noqa: E402
-import scenarios  # noqa: E402
-from harness import Ctx, Procs  # noqa: E402
 
 PARTS = {
     "norate": [s for s in rules.TYPICAL_STEPS if s["kind"] != "rate_limit"],
@@ -38,10 +35,7 @@ def main() -> None:
     bin_dir = Path(sys.argv[1])
     given = sys.argv[2:5]
     secs, reps, conns = (int(a) for a in given + ["4", "8", "64"][len(given):])
-    work = Path(tempfile.mkdtemp(prefix="rules-parts-"))
-    ctx = Ctx(profile="full", bin_dir=bin_dir, out_dir=work, work=work, procs=Procs())
-    s = rules.Setup(ctx, dict(scenarios.PARAMS["rules"]["full"]))
-    try:
+    with rules.standalone(bin_dir, "rules-parts-") as s:
         for name, steps in PARTS.items():
             status, answer = rules.post_json(s.tg.admin_addr, "/v1/changes", {"ops": [
                 {"op": "put_rules", "name": name, "spec": {"steps": steps}},
@@ -60,11 +54,6 @@ def main() -> None:
         for k, v in got.items():
             cpu = statistics.median(c for _, c in v)
             print(f"{k:8} {statistics.median(r for r, _ in v):9.0f} req/s {cpu:6.2f} us/req  {cpu - base:+5.2f} us")
-    finally:
-        s.stop()
-        for p in ctx.procs.started:
-            if p.poll() is None:
-                p.kill()
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ the data plane ran every step kind refused routes naming such steps with
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import http.client
 import json
@@ -54,9 +55,12 @@ import random
 import re
 import signal
 import subprocess
+import tempfile
 import time
+from pathlib import Path
+from typing import Iterator
 
-from harness import TOKEN, Ctx, free_port, log, median, start_nginx, start_tidegate, stop_tidegate, wait_http, which
+from harness import TOKEN, Ctx, Procs, free_port, log, median, start_nginx, start_tidegate, stop_tidegate, wait_http, which
 from hostile import rss_kib, tree_rss_kib
 
 HSTS = "max-age=63072000"
@@ -360,6 +364,25 @@ http {{ access_log off; keepalive_requests 1000000;
 
     def pid(self, proxy: str) -> int:
         return self.tg.proc.pid if proxy == "tidegate" else self.nginx.pid
+
+
+@contextlib.contextmanager
+def standalone(bin_dir: Path, prefix: str) -> Iterator[Setup]:
+    """The scenario's setup for a script of its own (bench/json_relay.py,
+    bench/rules_parts.py): the full profile's parameters, a fresh work
+    directory, every process it started stopped at the end."""
+    import scenarios  # (it imports this module: read when called)
+
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    ctx = Ctx(profile="full", bin_dir=bin_dir, out_dir=work, work=work, procs=Procs())
+    s = Setup(ctx, dict(scenarios.PARAMS["rules"]["full"]))
+    try:
+        yield s
+    finally:
+        s.stop()
+        for proc in ctx.procs.started:
+            if proc.poll() is None:
+                proc.kill()
 
 
 def checks(s: Setup) -> dict:
