@@ -180,9 +180,7 @@ impl Proxy {
         let host = hygiene::request_routing_host(&req);
         let facts = Facts {
             host,
-            path: req.uri().path(),
-            path_and_query: req.uri().path_and_query().map_or("/", |pq| pq.as_str()),
-            query: req.uri().query(),
+            target: pipeline::Asked::of_uri(req.uri()),
             received: seen.start.into_std(),
             headers: req.headers(),
             tls: client.https,
@@ -223,7 +221,7 @@ impl Proxy {
         let target = rules
             .as_deref()
             .filter(|e| e.changes_path())
-            .map(|_| pipeline::upstream_target(rules.as_deref(), facts.asked()).into_owned());
+            .map(|_| pipeline::upstream_target(rules.as_deref(), facts.target).into_owned());
         drop(facts);
         let mut resp = match decision.action {
             Action::Local(answer) => return crate::reply::local_response(answer),

@@ -65,12 +65,9 @@ pub(crate) struct Facts<'a> {
     /// The host routes match: lowercase, without its port or one trailing
     /// dot (empty for an HTTP/1.0 request that names none).
     pub host: Cow<'a, str>,
-    /// The normalized path, without the query.
-    pub path: &'a str,
-    /// What the backend receives: the normalized path and the query.
-    pub path_and_query: &'a str,
-    /// The query, without `?` (as the engine split it from the target).
-    pub query: Option<&'a str>,
+    /// The target: the normalized path, and the query as the engine
+    /// split it.
+    pub target: Asked<'a>,
     /// When the request's head was read (rate limits refill to it).
     pub received: Instant,
     /// The request's header fields.
@@ -123,8 +120,8 @@ impl Facts<'_> {
         tidegate_rules::RequestView {
             method,
             host: &self.host,
-            path: self.path,
-            query: self.query,
+            path: self.target.path,
+            query: self.target.query,
             headers: self.headers,
             client: self.client(&settings.trusted_proxies),
             tls: self.tls,
@@ -270,24 +267,24 @@ pub(crate) fn decide<'s>(
         Ok(f) => f,
         Err(refused) => return Decision::local(refused),
     };
-    if settings.health_path.as_deref() == Some(facts.path) && matches!(*method, Method::GET | Method::HEAD) {
+    if settings.health_path.as_deref() == Some(facts.target.path) && matches!(*method, Method::GET | Method::HEAD) {
         return Decision::local(Local::Health { draining: facts.stopping });
     }
     // An ACME HTTP-01 challenge of a managed certificate's order, before
     // routing (the CA asks for any host's path, whatever the routes). A
     // token no order waits for goes on to the routes: a backend may run
     // its own ACME client.
-    if let Some(token) = facts.path.strip_prefix(ACME_CHALLENGE_PATH) {
+    if let Some(token) = facts.target.path.strip_prefix(ACME_CHALLENGE_PATH) {
         if let Some(answer) = snapshot.certificates().http01(token).filter(|_| *method == Method::GET) {
             return Decision::local(Local::AcmeChallenge(answer.clone()));
         }
     }
     let view = RequestView {
         host: &facts.host,
-        path: facts.path,
+        path: facts.target.path,
         method,
         headers: facts.headers,
-        query: facts.query,
+        query: facts.target.query,
         listener: facts.listener,
     };
     let Some(route) = snapshot.route(&view) else {
@@ -295,7 +292,7 @@ pub(crate) fn decide<'s>(
     };
     let decided = |action| Decision { route: Some(route), action, rules: Ruled::None };
     if route.spec.redirect_https && !facts.tls {
-        let to = https_location(&facts.host, settings.https_port, facts.path_and_query);
+        let to = https_location(&facts.host, settings.https_port, facts.target.path_and_query);
         return decided(Action::Local(to.map_or_else(Local::Error, Local::HttpsRedirect)));
     }
     // The route's client certificate: required (else 403), and passed
@@ -396,25 +393,24 @@ where
 /// A request's target, as the engine read it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Asked<'a> {
-    /// The normalized path (the one the rules were given).
+    /// The normalized path, without the query (the one the rules were
+    /// given).
     pub path: &'a str,
     /// The query, without `?`.
     pub query: Option<&'a str>,
-    /// The two together.
+    /// What the backend receives: the two together.
     pub path_and_query: &'a str,
 }
 
 impl<'a> Asked<'a> {
-    /// The target of an `http` request's URI.
+    /// The target of an `http` request's path and query.
     pub(crate) fn of(pq: &'a http::uri::PathAndQuery) -> Asked<'a> {
         Asked { path: pq.path(), query: pq.query(), path_and_query: pq.as_str() }
     }
-}
 
-impl<'a> Facts<'a> {
-    /// The request's target.
-    pub(crate) fn asked(&self) -> Asked<'a> {
-        Asked { path: self.path, query: self.query, path_and_query: self.path_and_query }
+    /// The target of an `http` request's URI (`/` when it names none).
+    pub(crate) fn of_uri(uri: &'a http::Uri) -> Asked<'a> {
+        uri.path_and_query().map_or(Asked { path: "/", query: None, path_and_query: "/" }, Asked::of)
     }
 }
 
@@ -505,9 +501,11 @@ mod tests {
         fn facts(&self) -> Facts<'_> {
             Facts {
                 host: Cow::Borrowed(self.host),
-                path: self.path,
-                path_and_query: self.pq,
-                query: self.pq.split_once('?').map(|(_, q)| q),
+                target: Asked {
+                    path: self.path,
+                    path_and_query: self.pq,
+                    query: self.pq.split_once('?').map(|(_, q)| q),
+                },
                 received: Instant::now(),
                 headers: &self.headers,
                 tls: self.tls,
@@ -704,10 +702,10 @@ mod tests {
         let Ruled::Forward(edits) = d.rules else { panic!("edits, not {:?}", d.rules) };
         assert_eq!(edits.path(r.path), Some("/x"));
         assert_eq!(edits.request_edits().count(), 1);
-        assert_eq!(upstream_target(Some(&edits), r.facts().asked()), "/x?q=1");
-        assert_eq!(upstream_target(None, r.facts().asked()), "/api/x?q=1");
+        assert_eq!(upstream_target(Some(&edits), r.facts().target), "/x?q=1");
+        assert_eq!(upstream_target(None, r.facts().target), "/api/x?q=1");
         r.pq = r.path;
-        assert_eq!(upstream_target(Some(&edits), r.facts().asked()), "/x");
+        assert_eq!(upstream_target(Some(&edits), r.facts().target), "/x");
         // A route without rules leaves nothing to do.
         let plain = snapshot(WEB);
         assert!(matches!(req(Method::GET, "a", "/api").decide(&Settings::default(), &plain).rules, Ruled::None));

@@ -616,9 +616,7 @@ async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Res
     let view = HeadView { buf, headers: &head.headers };
     let facts = parsed.as_ref().map_err(|kind| Local::Error(*kind)).map(|p| Facts {
         host: hygiene::routing_host(p.host.unwrap_or("")),
-        path: &p.path,
-        path_and_query: &p.path_and_query,
-        query: p.query,
+        target: p.asked(),
         received: client.seen.start.into_std(),
         headers: &view,
         tls: ctx.peer.https,
