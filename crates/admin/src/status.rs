@@ -153,7 +153,7 @@ fn rule_steps(snapshot: &tidegate_snapshot::Snapshot) -> std::collections::BTree
     snapshot
         .routes()
         .filter_map(|route| {
-            let chain = snapshot.rules(route.name.as_str())?;
+            let chain = route.attached.as_ref()?;
             let steps = chain
                 .counts()
                 .map(|c| RuleStepState {

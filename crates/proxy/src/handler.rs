@@ -209,7 +209,7 @@ impl Proxy {
             }
         };
         if let Some(edits) = rules.as_deref_mut() {
-            let chain = decision.route.filter(|_| logging).and_then(|r| snapshot.rules(r.name.as_str()));
+            let chain = decision.route.filter(|_| logging).and_then(|r| r.attached.as_ref());
             seen.rules_changed(edits, chain.map(|c| &**c));
         }
         // What a `compress` step reads of the request.

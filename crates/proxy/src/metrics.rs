@@ -263,7 +263,7 @@ impl DataPlaneCollector {
         let snapshot = self.snapshots.load_full();
         let mut rows = Vec::new();
         for route in snapshot.routes() {
-            let Some(chain) = snapshot.rules(route.name.as_str()) else { continue };
+            let Some(chain) = &route.attached else { continue };
             for c in chain.counts() {
                 let (set, step) = (c.rule.set.as_str().to_string(), c.rule.step.to_string());
                 for (outcome, n) in [("answered", c.answered), ("changed", c.changed)] {

@@ -310,12 +310,8 @@ pub(crate) fn decide<'s>(
                 .push(tidegate_rules::HeaderEdit::Set(CLIENT_CERT_FINGERPRINT.clone(), cert.cert.fingerprint.clone()));
         }
     }
-    // The route's rule sets, in order (a route without any pays one test).
-    let chain = match route.spec.rules.is_empty() {
-        true => None,
-        false => snapshot.rules(route.name.as_str()),
-    };
-    let rules = match chain {
+    // The route's rule sets, in order, compiled and found with the route.
+    let rules = match &route.attached {
         Some(chain) => match chain.request(&facts.rules_view(method, settings), facts.received) {
             Outcome::Forward(mut edits) => {
                 if !cert_edits.is_empty() {

@@ -20,9 +20,11 @@ use tidegate_model::{Headers, HostPattern, PathPattern, RouteName, RouteSpec};
 /// key. The keys are configured, not sent by clients.
 type HashMap<K, V> = imbl::GenericHashMap<K, V, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;
 
-/// A route as stored in the table.
+/// A route as stored in the table, with what its user attached to it
+/// (`A`: the snapshot attaches the route's compiled rule chain, so that a
+/// request finds it with its route, not by a second lookup).
 #[derive(Debug, Clone)]
-pub struct Entry {
+pub struct Entry<A = ()> {
     /// The route's name.
     pub name: RouteName,
     /// The route.
@@ -30,6 +32,8 @@ pub struct Entry {
     /// Its live counters, shared by every snapshot in which the route
     /// keeps its service.
     pub stats: Arc<RouteStats>,
+    /// What was attached to it ([`Router::insert_with`]).
+    pub attached: A,
 }
 
 /// What the proxy measured of a route's requests.
@@ -48,17 +52,32 @@ impl RouteStats {
 }
 
 /// The routes at one (host, path) key, best first.
-type Bucket = Arc<Vec<Entry>>;
+type Bucket<A> = Arc<Vec<Entry<A>>>;
 
 /// The routes of one host pattern, keyed by path.
-#[derive(Debug, Clone, Default)]
-struct PathTable {
-    exact: HashMap<Arc<str>, Bucket>,
-    prefix: HashMap<Arc<str>, Bucket>,
+#[derive(Debug, Clone)]
+struct PathTable<A> {
+    exact: HashMap<Arc<str>, Bucket<A>>,
+    prefix: HashMap<Arc<str>, Bucket<A>>,
     /// The lengths of `exact`'s keys.
     exact_lengths: Lengths,
     /// The lengths of `prefix`'s keys.
     prefix_lengths: Lengths,
+    /// How many of its routes have each priority: once a match has the
+    /// highest, no shorter prefix can beat it and the probes stop.
+    priorities: std::collections::BTreeMap<i32, u32>,
+}
+
+impl<A> Default for PathTable<A> {
+    fn default() -> Self {
+        PathTable {
+            exact: HashMap::default(),
+            prefix: HashMap::default(),
+            exact_lengths: Lengths::default(),
+            prefix_lengths: Lengths::default(),
+            priorities: std::collections::BTreeMap::new(),
+        }
+    }
 }
 
 /// The lengths of a map's keys (from [`Lengths::LONG`] bytes on, one
@@ -123,21 +142,44 @@ pub struct RequestView<'a> {
     pub listener: Option<&'a str>,
 }
 
-/// An immutable, persistent route table.
-#[derive(Debug, Clone, Default)]
-pub struct Router {
-    exact_hosts: HashMap<Arc<str>, PathTable>,
-    wildcard_hosts: HashMap<Arc<str>, PathTable>,
-    any_host: PathTable,
-    by_name: HashMap<RouteName, Entry>,
+/// An immutable, persistent route table; `A` is what each route carries
+/// besides its spec and counters ([`Entry::attached`]).
+#[derive(Debug, Clone)]
+pub struct Router<A = ()> {
+    exact_hosts: HashMap<Arc<str>, PathTable<A>>,
+    wildcard_hosts: HashMap<Arc<str>, PathTable<A>>,
+    any_host: PathTable<A>,
+    by_name: HashMap<RouteName, Entry<A>>,
+}
+
+impl<A> Default for Router<A> {
+    fn default() -> Self {
+        Router {
+            exact_hosts: HashMap::default(),
+            wildcard_hosts: HashMap::default(),
+            any_host: PathTable::default(),
+            by_name: HashMap::default(),
+        }
+    }
+}
+
+impl<A: Clone + Default> Router<A> {
+    /// Inserts or replaces a route, with nothing attached. A replaced
+    /// route that keeps its service keeps its statistics.
+    pub fn insert(&mut self, name: RouteName, spec: Arc<RouteSpec>) {
+        self.insert_with(name, spec, A::default());
+    }
 }
 
 impl Router {
-    /// An empty table.
+    /// An empty table, of routes with nothing attached (`default()` for
+    /// one that attaches something).
     pub fn new() -> Self {
         Self::default()
     }
+}
 
+impl<A: Clone> Router<A> {
     /// Number of routes.
     pub fn len(&self) -> usize {
         self.by_name.len()
@@ -148,22 +190,27 @@ impl Router {
         self.by_name.is_empty()
     }
 
-    /// Inserts or replaces a route. A replaced route that keeps its
-    /// service keeps its statistics.
-    pub fn insert(&mut self, name: RouteName, spec: Arc<RouteSpec>) {
+    /// Inserts or replaces a route, with `attached`. A replaced route
+    /// that keeps its service keeps its statistics.
+    pub fn insert_with(&mut self, name: RouteName, spec: Arc<RouteSpec>, attached: A) {
         let stats = match self.by_name.get(&name) {
             Some(old) if old.spec.service() == spec.service() => old.stats.clone(),
             _ => Arc::default(),
         };
         self.remove(&name);
-        let entry = Entry { name: name.clone(), spec: spec.clone(), stats };
+        let entry = Entry { name: name.clone(), spec: spec.clone(), stats, attached };
         self.table_mut(&spec.matches.host).add(entry.clone());
         self.by_name.insert(name, entry);
     }
 
     /// Every route, in no particular order.
-    pub fn entries(&self) -> impl Iterator<Item = &Entry> {
+    pub fn entries(&self) -> impl Iterator<Item = &Entry<A>> {
         self.by_name.values()
+    }
+
+    /// A route by name.
+    pub fn get(&self, name: &str) -> Option<&Entry<A>> {
+        self.by_name.get(name)
     }
 
     /// Removes a route; returns whether it existed.
@@ -173,7 +220,7 @@ impl Router {
         };
         let host = old.spec.matches.host.clone();
         let table = self.table_mut(&host);
-        table.drop_route(name, &old.spec.matches.path);
+        table.drop_route(name, &old.spec);
         let empty = table.exact.is_empty() && table.prefix.is_empty();
         if empty {
             match &host {
@@ -189,7 +236,7 @@ impl Router {
         true
     }
 
-    fn table_mut(&mut self, host: &HostPattern) -> &mut PathTable {
+    fn table_mut(&mut self, host: &HostPattern) -> &mut PathTable<A> {
         match host {
             HostPattern::Any => &mut self.any_host,
             HostPattern::Exact(h) => self.exact_hosts.entry(h.clone()).or_default(),
@@ -198,8 +245,8 @@ impl Router {
     }
 
     /// The best route for a request, if any matches.
-    pub fn lookup(&self, req: &RequestView<'_>) -> Option<&Entry> {
-        let mut best: Option<(&Entry, Rank)> = None;
+    pub fn lookup(&self, req: &RequestView<'_>) -> Option<&Entry<A>> {
+        let mut best: Option<(&Entry<A>, Rank)> = None;
         if !req.host.is_empty() {
             if let Some(t) = self.exact_hosts.get(req.host) {
                 t.consider(req, u32::MAX, &mut best);
@@ -283,21 +330,22 @@ fn form_decoded_is(raw: &str, want: &str) -> bool {
 }
 
 /// Orders a bucket: best first, ties broken by name for determinism.
-fn bucket_order(a: &Entry, b: &Entry) -> Ordering {
+fn bucket_order<A>(a: &Entry<A>, b: &Entry<A>) -> Ordering {
     let ra = Rank::new(&a.spec, 0, 0);
     let rb = Rank::new(&b.spec, 0, 0);
     rb.cmp(&ra).then_with(|| a.name.cmp(&b.name))
 }
 
-impl PathTable {
-    fn map_for(&mut self, path: &PathPattern) -> (&mut HashMap<Arc<str>, Bucket>, &mut Lengths, Arc<str>) {
+impl<A: Clone> PathTable<A> {
+    fn map_for(&mut self, path: &PathPattern) -> (&mut HashMap<Arc<str>, Bucket<A>>, &mut Lengths, Arc<str>) {
         match path {
             PathPattern::Exact(p) => (&mut self.exact, &mut self.exact_lengths, p.clone()),
             PathPattern::Prefix(p) => (&mut self.prefix, &mut self.prefix_lengths, p.clone()),
         }
     }
 
-    fn add(&mut self, entry: Entry) {
+    fn add(&mut self, entry: Entry<A>) {
+        *self.priorities.entry(entry.spec.priority).or_insert(0) += 1;
         let (map, lengths, key) = self.map_for(&entry.spec.matches.path);
         if !map.contains_key(&key) {
             lengths.add(key.len());
@@ -308,62 +356,74 @@ impl PathTable {
         list.sort_by(bucket_order);
     }
 
-    fn drop_route(&mut self, name: &RouteName, path: &PathPattern) {
-        let (map, lengths, key) = self.map_for(path);
+    fn drop_route(&mut self, name: &RouteName, spec: &RouteSpec) {
+        let (map, lengths, key) = self.map_for(&spec.matches.path);
+        let mut dropped = false;
         if let Some(bucket) = map.get_mut(&key) {
+            let before = bucket.len();
             Arc::make_mut(bucket).retain(|e| &e.name != name);
+            dropped = bucket.len() < before;
             if bucket.is_empty() {
                 map.remove(&key);
                 lengths.remove(key.len());
             }
         }
+        if let Some(n) = self.priorities.get_mut(&spec.priority).filter(|_| dropped) {
+            *n -= 1;
+            if *n == 0 {
+                self.priorities.remove(&spec.priority);
+            }
+        }
     }
 
-    /// Keeps in `best` the best of its current value and this table's matches.
-    fn consider<'t>(&'t self, req: &RequestView<'_>, host_rank: u32, best: &mut Option<(&'t Entry, Rank)>) {
-        self.each_candidate(req.path, |entry, path_rank| {
-            if !conditions_hold(&entry.spec, req) {
-                return;
-            }
-            let rank = Rank::new(&entry.spec, host_rank, path_rank);
-            if best.as_ref().is_none_or(|(_, b)| rank > *b) {
-                *best = Some((entry, rank));
-            }
-        });
-    }
-
-    /// Calls `f` with every route whose path pattern matches `path`, and a
-    /// path rank: exact above all prefixes, longer prefixes above shorter.
-    fn each_candidate<'t>(&'t self, path: &str, mut f: impl FnMut(&'t Entry, u32)) {
+    /// Keeps in `best` the best of its current value and this table's
+    /// matches (`host_rank`: how specific this table's host pattern is).
+    /// Candidates come from the most specific path down: exact, then the
+    /// segment-wise prefixes of "/a/b/c" ("/a/b/c", "/a/b", "/a", "/"),
+    /// only those as long as some key. Once `best` has this table's highest
+    /// priority and a host and path at least as specific as what is left,
+    /// nothing left can beat it and the probes stop.
+    fn consider<'t>(&'t self, req: &RequestView<'_>, host_rank: u32, best: &mut Option<(&'t Entry<A>, Rank)>) {
         if self.exact.is_empty() && self.prefix.is_empty() {
             return;
         }
+        let top = self.priorities.last_key_value().map_or(i32::MIN, |(p, _)| *p);
+        // Considers a bucket of routes at `path_rank`; says whether the
+        // probes can stop.
+        let mut bucket = |bucket: &'t Bucket<A>, path_rank: u32| {
+            for entry in bucket.iter() {
+                if !conditions_hold(&entry.spec, req) {
+                    continue;
+                }
+                let rank = Rank::new(&entry.spec, host_rank, path_rank);
+                if best.as_ref().is_none_or(|(_, b)| rank > *b) {
+                    *best = Some((entry, rank));
+                }
+            }
+            best.as_ref().is_some_and(|(_, b)| b.priority >= top && b.host >= host_rank && b.path >= path_rank)
+        };
+        let path = req.path;
         if self.exact_lengths.may(path.len()) {
-            if let Some(bucket) = self.exact.get(path) {
-                bucket.iter().for_each(|e| f(e, u32::MAX));
+            if let Some(b) = self.exact.get(path) {
+                if bucket(b, u32::MAX) {
+                    return;
+                }
             }
         }
         if self.prefix.is_empty() {
             return;
         }
-        // Segment-wise prefixes of "/a/b/c": "/a/b/c", "/a/b", "/a", "/";
-        // only those as long as a key.
-        let trimmed = path.trim_end_matches('/');
-        let mut probe = |prefix: &str| {
-            if let Some(bucket) = self.prefix.get(prefix) {
-                let rank = prefix.len() as u32;
-                bucket.iter().for_each(|e| f(e, rank));
-            }
-        };
         let may = |len: usize| self.prefix_lengths.may(len);
+        let mut probe = |prefix: &str| self.prefix.get(prefix).is_some_and(|b| bucket(b, prefix.len() as u32));
+        let trimmed = path.trim_end_matches('/');
         if !trimmed.is_empty() {
-            if may(trimmed.len()) {
-                probe(trimmed);
+            if may(trimmed.len()) && probe(trimmed) {
+                return;
             }
             let bytes = trimmed.as_bytes();
             for end in (1..bytes.len()).rev() {
-                if may(end) && bytes[end] == b'/' {
-                    probe(&trimmed[..end]);
+                if may(end) && bytes[end] == b'/' && probe(&trimmed[..end]) {
+                    return;
                 }
             }
         }

@@ -214,3 +214,64 @@ fn form_decoding_compares_bytes() {
     assert!(!form_decoded_is("ab", "abc") && !form_decoded_is("abc", "ab"));
     assert!(form_decoded_is("", ""));
 }
+
+proptest! {
+    /// Routes of several priorities, host patterns and conditions, on
+    /// exact paths and prefixes, some removed again: a lookup (whose
+    /// probes stop once nothing left can beat the best so far) finds the
+    /// best of a scan that ranks every matching route.
+    #[test]
+    fn lookups_agree_with_a_ranked_scan(
+        routes in proptest::collection::vec(
+            ("(/[ab]{1,2}){0,3}", any::<bool>(), -1i32..3, 0usize..3, any::<bool>(), any::<bool>()), 1..14),
+        path in "(/[ab]{1,2}){0,4}/?",
+        host in "[ab]\\.example\\.com",
+        post in any::<bool>(),
+    ) {
+        let hosts = ["", r#""host":"a.example.com","#, r#""host":"*.example.com","#];
+        let mut r = Router::new();
+        for (i, (p, exact, priority, h, get_only, _)) in routes.iter().enumerate() {
+            let p = if p.is_empty() { "/" } else { p.as_str() };
+            let field = if *exact { "path" } else { "path_prefix" };
+            let methods = if *get_only { r#","methods":["GET"]"# } else { "" };
+            r.insert(name(&format!("r{i:02}")), route(&format!(
+                r#"{{"match":{{{}"{field}":"{p}"{methods}}},"priority":{priority},"service":"s"}}"#, hosts[*h])));
+        }
+        for (i, (.., remove)) in routes.iter().enumerate() {
+            if *remove {
+                let n = format!("r{i:02}");
+                prop_assert!(r.remove(&name(&n)));
+            }
+        }
+        let path = if path.is_empty() { "/".to_string() } else { path };
+        let method = if post { Method::POST } else { Method::GET };
+        let got = find_with(&r, &host, &path, &method, &HeaderMap::new()).map(str::to_string);
+        let trimmed = path.trim_end_matches('/');
+        let want = routes
+            .iter()
+            .enumerate()
+            .filter(|(_, (.., get_only, remove))| !(*remove || (*get_only && post)))
+            .filter_map(|(i, (p, exact, priority, h, get_only, _))| {
+                let p = if p.is_empty() { "/" } else { p.as_str() };
+                let host_rank = match h {
+                    0 => 0,
+                    1 if host == "a.example.com" => u32::MAX,
+                    2 => ".example.com".len() as u32,
+                    _ => return None,
+                };
+                let key = p.trim_end_matches('/');
+                let path_rank = match exact {
+                    true if p == path => u32::MAX,
+                    true => return None,
+                    false if key.is_empty() => 1,
+                    false if trimmed == key || trimmed.starts_with(&format!("{key}/")) => key.len() as u32,
+                    false => return None,
+                };
+                let rank = (*priority, host_rank, path_rank, usize::from(*get_only));
+                Some((rank, std::cmp::Reverse(format!("r{i:02}"))))
+            })
+            .max()
+            .map(|(_, std::cmp::Reverse(n))| n);
+        prop_assert_eq!(got, want);
+    }
+}

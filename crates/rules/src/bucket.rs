@@ -21,11 +21,13 @@ pub const SAMPLE: usize = 16;
 /// 3 MiB with the map's overhead).
 pub const DEFAULT_KEYS: usize = 65_536;
 
-/// One token bucket, in thousandths of a token.
+/// One token bucket, in thousandths of a token, refilled until `at`
+/// (nanoseconds since its table's origin: a subtraction of two integers
+/// per refill, not of two clock readings).
 #[derive(Debug, Clone, Copy)]
 struct Bucket {
     milli: u64,
-    at: Instant,
+    at: u64,
 }
 
 /// A rate limit's buckets: `rate` thousandths of a token per second, at
@@ -37,6 +39,8 @@ pub struct Buckets {
     per_shard: usize,
     hasher: foldhash::fast::RandomState,
     shards: Vec<Shard>,
+    /// The time the buckets' clocks count from.
+    origin: Instant,
 }
 
 /// One shard of a table, on cache lines of its own (the shards of keys
@@ -104,10 +108,17 @@ impl Buckets {
             shards: (0..SHARDS)
                 .map(|_| Shard(Mutex::new(HashMap::with_capacity_and_hasher(per_shard.min(1024), Hashed))))
                 .collect(),
+            origin: Instant::now(),
         }
     }
 
-    fn refill(&self, b: Bucket, now: Instant, rate: u64) -> u64 {
+    /// `now` on the buckets' clock (0 before the table was made: a
+    /// request read before its chain compiled).
+    fn clock(&self, now: Instant) -> u64 {
+        u64::try_from(now.saturating_duration_since(self.origin).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn refill(&self, b: Bucket, now: u64, rate: u64) -> u64 {
         self.refilled(b, now, rate).milli
     }
 
@@ -116,35 +127,31 @@ impl Buckets {
     /// kept for the next refill, so requests that come faster than a
     /// thousandth of a token still refill at the rate), or to `now` when
     /// it is full.
-    fn refilled(&self, b: Bucket, now: Instant, rate: u64) -> Bucket {
-        let since = now.saturating_duration_since(b.at);
+    fn refilled(&self, b: Bucket, now: u64, rate: u64) -> Bucket {
+        let since = now.saturating_sub(b.at);
         let room = self.capacity.saturating_sub(b.milli);
+        let full = Bucket { milli: self.capacity, at: now.max(b.at) };
         // Full again: the usual case of a generous limit, decided with a
         // multiplication, on 64 bits while the products fit (a refill
-        // asked for within the same second of a bucket with room for a
-        // few million tokens), else on 128 (the divisions below cost more
-        // on 128 bits).
-        let nanos = since.subsec_nanos();
-        if since.as_secs() == 0 {
-            if let (Some(gained), Some(needed)) = (u64::from(nanos).checked_mul(rate), room.checked_mul(1_000_000_000))
-            {
-                if gained >= needed {
-                    return Bucket { milli: self.capacity, at: now.max(b.at) };
-                }
+        // asked for within seconds of the last, of a bucket with room for
+        // a few million tokens), else on 128 (the divisions below cost
+        // more on 128 bits).
+        if let (Some(gained), Some(needed)) = (since.checked_mul(rate), room.checked_mul(1_000_000_000)) {
+            if gained >= needed {
+                return full;
             }
         }
-        let elapsed = since.as_nanos();
+        let elapsed = u128::from(since);
         if elapsed.saturating_mul(u128::from(rate)) >= u128::from(room).saturating_mul(1_000_000_000) {
-            return Bucket { milli: self.capacity, at: now.max(b.at) };
+            return full;
         }
         let added = elapsed.saturating_mul(u128::from(rate)) / 1_000_000_000;
         let level = u128::from(b.milli) + added;
         if level >= u128::from(self.capacity) {
-            return Bucket { milli: self.capacity, at: now.max(b.at) };
+            return full;
         }
         let spent = added.saturating_mul(1_000_000_000) / u128::from(rate);
-        let at = b.at + Duration::from_nanos(u64::try_from(spent).unwrap_or(u64::MAX));
-        Bucket { milli: level as u64, at }
+        Bucket { milli: level as u64, at: b.at.saturating_add(u64::try_from(spent).unwrap_or(u64::MAX)) }
     }
 
     /// Takes a token for `key` at `now`, or says how long until one.
@@ -156,6 +163,7 @@ impl Buckets {
     /// live instances of a cluster, for a per-instance share; at least 1).
     pub fn take_share(&self, key: impl Hash, now: Instant, share: u32) -> Admit {
         let rate = (self.rate / u64::from(share.max(1))).max(1);
+        let now = self.clock(now);
         let h = self.hasher.hash_one(key);
         let shard = &self.shards[shard_of(h)];
         let mut map = match shard.0.lock() {
@@ -288,9 +296,9 @@ mod tests {
             nanos in prop_oneof![4 => 0u64..1_000_000, 2 => 0u64..1_000_000_000, 1 => 0u64..3_000_000_000],
         ) {
             let b = Buckets::new(rate, burst, 1);
-            let at = Instant::now();
+            let at = 1_000_000;
             let bucket = Bucket { milli: milli % (b.capacity + 1), at };
-            let now = at + Duration::from_nanos(nanos);
+            let now = at + nanos;
             let got = b.refilled(bucket, now, b.rate);
             let room = u128::from(b.capacity - bucket.milli);
             let full = u128::from(nanos) * u128::from(b.rate) >= room * 1_000_000_000;

@@ -190,6 +190,24 @@ impl Forward {
         self.resolve(&self.response_headers)
     }
 
+    /// The request header edits as lines ([`Lines`]), when they are the
+    /// chain's request header steps' and nothing else.
+    pub fn request_lines(&self) -> Option<&Lines> {
+        self.lines(&self.request_headers, self.edits.as_deref().and_then(|e| e.request.as_ref()))
+    }
+
+    /// The same, of the response header edits.
+    pub fn response_lines(&self) -> Option<&Lines> {
+        self.lines(&self.response_headers, self.edits.as_deref().and_then(|e| e.response.as_ref()))
+    }
+
+    fn lines<'f>(&self, at: &[EditAt], lines: Option<&'f Lines>) -> Option<&'f Lines> {
+        lines.filter(|l| {
+            at.len() == l.steps.len()
+                && at.iter().zip(&l.steps[..]).all(|(a, s)| matches!(a, EditAt::Step(i) if i == s))
+        })
+    }
+
     /// Whether any response header edit is to be made.
     pub fn edits_response(&self) -> bool {
         !self.response_headers.is_empty()
@@ -228,7 +246,7 @@ impl Forward {
 
     fn resolve<'f>(&'f self, at: &'f [EditAt]) -> impl Iterator<Item = &'f HeaderEdit> + Clone + 'f {
         at.iter().filter_map(move |a| match *a {
-            EditAt::Step(i) => self.edits.as_deref()?.0.get(usize::from(i)),
+            EditAt::Step(i) => self.edits.as_deref()?.list.get(usize::from(i)),
             EditAt::Made(i) => self.made.get(usize::from(i)),
         })
     }
@@ -316,7 +334,74 @@ struct Slot {
 /// passed back and forth between the cores serving the route.
 #[derive(Debug)]
 #[repr(align(128))]
-struct Edits(Vec<HeaderEdit>);
+struct Edits {
+    /// Every step's edit, by index.
+    list: Vec<HeaderEdit>,
+    /// The request header steps' edits as lines, when they can be.
+    request: Option<Lines>,
+    /// The same, of the response header steps.
+    response: Option<Lines>,
+}
+
+impl Edits {
+    /// The edits `list`; `request` and `response` the indexes of the
+    /// request and response header steps' edits in it, in step order.
+    fn new(list: Vec<HeaderEdit>, request: &[u16], response: &[u16]) -> Edits {
+        let request = Lines::of(&list, request);
+        let response = Lines::of(&list, response);
+        Edits { list, request, response }
+    }
+}
+
+/// A chain's header edits of one side (request or response) written out
+/// once, when it compiles: each sets or adds a field no other of them
+/// names, so that in a head which has none of their fields (the usual
+/// case: fields the client or the backend did not send) they are these
+/// lines added at its end, one copy. [`Forward::request_lines`] and
+/// [`Forward::response_lines`] give them when a request's edits are
+/// exactly these.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Lines {
+    /// The edits they stand for, by index in the chain's list, in order.
+    steps: Box<[u16]>,
+    /// The fields they name (lowercase, as [`HeaderName`]s are).
+    names: Box<[HeaderName]>,
+    /// `name: value` and CRLF for each edit, in order.
+    bytes: Box<[u8]>,
+}
+
+impl Lines {
+    /// The lines of the edits at `steps` of `list`, if they are all sets
+    /// or adds of distinct fields (at least one).
+    fn of(list: &[HeaderEdit], steps: &[u16]) -> Option<Lines> {
+        let (mut names, mut bytes) = (Vec::new(), Vec::new());
+        for &at in steps {
+            let (HeaderEdit::Set(n, v) | HeaderEdit::Add(n, v) | HeaderEdit::SetIfAbsent(n, v)) =
+                list.get(usize::from(at))?
+            else {
+                return None;
+            };
+            if names.contains(n) {
+                return None;
+            }
+            names.push(n.clone());
+            for part in [n.as_str().as_bytes(), b": ", v.as_bytes(), b"\r\n"] {
+                bytes.extend_from_slice(part);
+            }
+        }
+        (!names.is_empty()).then(|| Lines { steps: steps.into(), names: names.into(), bytes: bytes.into() })
+    }
+
+    /// The fields the edits name (lowercase).
+    pub fn names(&self) -> impl Iterator<Item = &[u8]> {
+        self.names.iter().map(|n| n.as_str().as_bytes())
+    }
+
+    /// The lines to add to a head that has none of [`Lines::names`].
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+}
 
 /// Stripes of a chain's counters: each thread adds to its own stripe
 /// (threads past this many share), so that the cores serving one route do
@@ -498,10 +583,18 @@ impl Chain {
             }
         }
         let counts = Counts::new(steps.len());
+        let (mut request, mut response) = (Vec::new(), Vec::new());
+        for s in &steps {
+            match s.step {
+                Compiled::ReqHeader(i) => request.push(i),
+                Compiled::RespHeader(i) => response.push(i),
+                _ => {}
+            }
+        }
         Chain {
             route: Arc::from(route),
             steps,
-            edits: std::array::from_fn(|_| Arc::new(Edits(edits.clone()))),
+            edits: std::array::from_fn(|_| Arc::new(Edits::new(edits.clone(), &request, &response))),
             counts,
             instances: std::sync::atomic::AtomicU32::new(0),
         }

@@ -279,3 +279,47 @@ fn a_stripped_prefix_leaves_the_request_path_s_tail_and_any_path_after_a_rewrite
     let f = forward(after.request(&view("/old/", &h, "10.0.0.1"), Instant::now()));
     assert_eq!(f.path("/old/"), Some("/"));
 }
+
+#[test]
+fn header_steps_of_distinct_fields_are_written_out_once() {
+    let c = chain(serde_json::json!([
+        {"kind": "set_request_header", "name": "X-A", "value": "1"},
+        {"kind": "strip_prefix", "prefix": "/api"},
+        {"kind": "add_request_header", "name": "X-B", "value": "2"},
+        {"kind": "set_response_header", "name": "Strict-Transport-Security", "value": "max-age=1", "only_if_absent": true},
+    ]));
+    let h = http::HeaderMap::new();
+    let f = forward(c.request(&view("/api/x", &h, "10.0.0.1"), Instant::now()));
+    let lines = f.request_lines().expect("two request fields, distinct");
+    assert_eq!(lines.bytes(), b"x-a: 1\r\nx-b: 2\r\n");
+    assert_eq!(lines.names().collect::<Vec<_>>(), vec![&b"x-a"[..], b"x-b"]);
+    let lines = f.response_lines().expect("one response field");
+    assert_eq!(lines.bytes(), b"strict-transport-security: max-age=1\r\n");
+
+    // A request with an edit of its own besides the steps' has no lines.
+    let mut f = forward(c.request(&view("/api/x", &h, "10.0.0.1"), Instant::now()));
+    f.add_request_edit(HeaderEdit::Remove(http::header::AUTHORIZATION));
+    assert!(f.request_lines().is_none());
+    assert!(f.response_lines().is_some(), "the other side keeps its lines");
+
+    // A field named twice, or removed: no lines.
+    for steps in [
+        serde_json::json!([
+            {"kind": "set_request_header", "name": "X-A", "value": "1"},
+            {"kind": "add_request_header", "name": "x-a", "value": "2"},
+        ]),
+        serde_json::json!([
+            {"kind": "set_request_header", "name": "X-A", "value": "1"},
+            {"kind": "remove_request_header", "name": "X-B"},
+        ]),
+    ] {
+        let c = chain(steps);
+        let f = forward(c.request(&view("/", &h, "10.0.0.1"), Instant::now()));
+        assert!(f.request_lines().is_none());
+        assert_eq!(f.request_edits().count(), 2, "the edits are still there");
+    }
+    // No header step: no lines, on either side.
+    let c = chain(serde_json::json!([{"kind": "strip_prefix", "prefix": "/api"}]));
+    let f = forward(c.request(&view("/api/x", &h, "10.0.0.1"), Instant::now()));
+    assert!(f.request_lines().is_none() && f.response_lines().is_none());
+}

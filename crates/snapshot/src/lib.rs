@@ -25,7 +25,12 @@ use tidegate_router::Router;
 /// here, and SipHash (imbl's default) costs several times more per short
 /// key. The keys are configured, not sent by clients.
 type HashMap<K, V> = imbl::GenericHashMap<K, V, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;
-pub use tidegate_router::{Entry, RequestView, RouteStats};
+pub use tidegate_router::{RequestView, RouteStats};
+
+/// A route as the data plane finds it: its spec, its counters, and
+/// attached to it the compiled rule chain it runs, if any (found with the
+/// route, without a second lookup by name).
+pub type Entry = tidegate_router::Entry<Option<Arc<tidegate_rules::Chain>>>;
 
 mod listeners;
 mod memory;
@@ -208,16 +213,15 @@ fn limit_params(settings: &ServiceSettings) -> Option<LimitParams> {
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     revision: u64,
-    router: Router,
+    /// The routes, each with its compiled rule chain (rebuilt when the
+    /// route or one of its rule sets changes, and so its limiter state
+    /// starts afresh then).
+    router: Router<Option<Arc<tidegate_rules::Chain>>>,
     services: HashMap<ServiceName, Arc<ServiceRuntime>>,
     /// The services whose policy has dynamic weights to refresh (a few,
     /// usually), so the background pass need not visit every service.
     refreshing: HashMap<ServiceName, Arc<ServiceRuntime>>,
     certificates: Arc<Certificates>,
-    /// The compiled rule chain of each route that runs rule sets, rebuilt
-    /// when the route or one of its rule sets changes (and so its limiter
-    /// state starts afresh then).
-    rules: HashMap<RouteName, Arc<tidegate_rules::Chain>>,
     /// The named listeners (the data plane binds and closes them as they
     /// come and go).
     listeners: imbl::OrdMap<tidegate_model::ListenerName, Arc<tidegate_model::ListenerSpec>>,
@@ -263,18 +267,10 @@ impl Snapshot {
                 }
             }
         }
-        for name in &delta.routes {
-            match state.route(name.as_str()) {
-                Some(spec) => next.router.insert(name.clone(), spec.clone()),
-                None => {
-                    next.router.remove(name);
-                }
-            }
-        }
         if !delta.certificates.is_empty() {
             next.certificates = Arc::new(Certificates::build(state));
         }
-        next.rebuild_rules(state, delta);
+        next.rebuild_routes(state, delta);
         if !delta.listeners.is_empty() {
             next.listeners = state.listeners().clone();
         }
@@ -286,32 +282,33 @@ impl Snapshot {
         &self.listeners
     }
 
-    /// Compiles the rule chains of the routes `delta` touched, directly or
-    /// through a rule set they run.
-    fn rebuild_rules(&mut self, state: &ConfigState, delta: &Delta) {
+    /// Puts in the router the routes `delta` touched, directly or through
+    /// a rule set they run, each with its rule chain compiled; removes
+    /// those gone.
+    fn rebuild_routes(&mut self, state: &ConfigState, delta: &Delta) {
         let mut routes: Vec<RouteName> = delta.routes.iter().cloned().collect();
         for set in &delta.rules {
             routes.extend(state.rule_set_users(set.as_str()).into_iter().flatten().cloned());
         }
+        routes.sort_unstable();
+        routes.dedup();
         for name in routes {
-            let sets: Option<Vec<_>> = state.route(name.as_str()).filter(|r| !r.rules.is_empty()).map(|r| {
-                r.rules.iter().filter_map(|n| Some((n.clone(), state.rule_set(n.as_str())?.clone()))).collect()
+            let Some(spec) = state.route(name.as_str()) else {
+                self.router.remove(&name);
+                continue;
+            };
+            let chain = (!spec.rules.is_empty()).then(|| {
+                let sets: Vec<_> =
+                    spec.rules.iter().filter_map(|n| Some((n.clone(), state.rule_set(n.as_str())?.clone()))).collect();
+                Arc::new(tidegate_rules::Chain::compile(name.as_str(), &sets))
             });
-            match sets {
-                Some(sets) => {
-                    let chain = tidegate_rules::Chain::compile(name.as_str(), &sets);
-                    self.rules.insert(name, Arc::new(chain));
-                }
-                None => {
-                    self.rules.remove(&name);
-                }
-            }
+            self.router.insert_with(name, spec.clone(), chain);
         }
     }
 
     /// The compiled rule chain of the route `name`, if it runs rule sets.
     pub fn rules(&self, route: &str) -> Option<&Arc<tidegate_rules::Chain>> {
-        self.rules.get(route)
+        self.router.get(route)?.attached.as_ref()
     }
 
     /// The TLS certificates, indexed for SNI.

@@ -643,7 +643,7 @@ async fn dispatch<S: ClientIo>(client: &mut ClientSide<S>, ctx: &Ctx<'_>) -> Res
             match settled {
                 Ok(mut edits) => {
                     if let Some(edits) = edits.as_deref_mut() {
-                        let chain = route.filter(|_| logging).and_then(|r| snapshot.rules(r.name.as_str()));
+                        let chain = route.filter(|_| logging).and_then(|r| r.attached.as_ref());
                         client.seen.rules_changed(edits, chain.map(|c| &**c));
                     }
                     edits
@@ -904,7 +904,7 @@ async fn respond<S: ClientIo>(client: &mut ClientSide<S>, answer: NativeAnswer, 
     }
     if let Some(edits) = r.edits.filter(|e| e.edits_response()) {
         let (buf, extra) = (&conn.conn.inbox[..], client.extra.as_deref().map(Vec::as_slice));
-        rewrite::edit_head(&mut out, edits.response_edits(), |name| {
+        rewrite::edit_head(&mut out, edits.response_lines(), edits.response_edits(), |name| {
             rewrite::response_may_have(buf, &resp, extra, name)
         });
     }

@@ -190,7 +190,7 @@ pub(crate) fn request_head(out: &mut Vec<u8>, buf: &[u8], head: &RequestHead, ta
     }
     out.extend_from_slice(b"\r\n");
     if let Some(edits) = f.edits {
-        edit_head(out, edits.request_edits(), |name| {
+        edit_head(out, edits.request_lines(), edits.request_edits(), |name| {
             request_field_written(name) || headers.iter().any(|h| h.name.of(buf).eq_ignore_ascii_case(name))
         });
     }
@@ -244,11 +244,27 @@ fn edited(edit: &HeaderEdit) -> &http::HeaderName {
 /// only; one it cannot have is taken as absent (so `may_have` must never
 /// say no for a field the head has; a yes for one it lacks only costs the
 /// scan).
-pub(crate) fn edit_head<'e, I>(out: &mut Vec<u8>, edits: I, may_have: impl Fn(&[u8]) -> bool)
-where
+///
+/// `lines`: the same edits written out when the chain compiled
+/// ([`tidegate_rules::Lines`]), if they can be: a head that may have none
+/// of their fields gets them in one copy.
+pub(crate) fn edit_head<'e, I>(
+    out: &mut Vec<u8>,
+    lines: Option<&tidegate_rules::Lines>,
+    edits: I,
+    may_have: impl Fn(&[u8]) -> bool,
+) where
     I: IntoIterator<Item = &'e HeaderEdit>,
     I::IntoIter: Clone,
 {
+    if let Some(lines) = lines.filter(|l| !l.names().any(&may_have)) {
+        if out.ends_with(b"\r\n\r\n") {
+            out.truncate(out.len() - 2);
+            out.extend_from_slice(lines.bytes());
+            out.extend_from_slice(b"\r\n");
+            return;
+        }
+    }
     let edits = edits.into_iter();
     if edits.clone().next().is_none() {
         return;
@@ -644,7 +660,7 @@ mod tests {
             HeaderEdit::SetIfAbsent(n("x-keep"), v("no")),
             HeaderEdit::SetIfAbsent(n("x-new"), v("yes")),
         ];
-        edit_head(&mut out, &edits, |_| true);
+        edit_head(&mut out, None, &edits, |_| true);
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "GET /p HTTP/1.1\r\nx-a: 1\r\nx-a: 3\r\nx-keep: k\r\ncontent-length: 0\r\nx-a: 4\r\n\
@@ -660,10 +676,10 @@ mod tests {
             HeaderEdit::Remove(n("z")),
             HeaderEdit::SetIfAbsent(n("z"), v("d")),
         ];
-        edit_head(&mut out, &edits, |_| true);
+        edit_head(&mut out, None, &edits, |_| true);
         assert_eq!(String::from_utf8(out).unwrap(), "HTTP/1.1 200 OK\r\nx: b\r\ny: c\r\nz: d\r\n\r\n");
         let mut same = b"HTTP/1.1 200 OK\r\nx: 1\r\n\r\n".to_vec();
-        edit_head(&mut same, &[] as &[HeaderEdit], |_| true);
+        edit_head(&mut same, None, &[] as &[HeaderEdit], |_| true);
         assert_eq!(same, b"HTTP/1.1 200 OK\r\nx: 1\r\n\r\n");
         // No line goes (new fields, an Add, a SetIfAbsent of a field the
         // head has): appended in place, the head not copied.
@@ -675,7 +691,7 @@ mod tests {
             HeaderEdit::Set(n("strict-transport-security"), v("max-age=1")),
             HeaderEdit::SetIfAbsent(n("x"), v("no")),
         ];
-        edit_head(&mut out, &edits, |name| name == b"x");
+        edit_head(&mut out, None, &edits, |name| name == b"x");
         assert_eq!(
             String::from_utf8(out.clone()).unwrap(),
             "HTTP/1.1 200 OK\r\nx: 1\r\nx: 2\r\nstrict-transport-security: max-age=1\r\n\r\n"
@@ -689,10 +705,61 @@ mod tests {
         let twice = [HeaderEdit::Set(n("a"), v("1")), HeaderEdit::Add(n("b"), v("2")), HeaderEdit::Set(n("a"), v("3"))];
         for edits in [&once[..], &twice[..]] {
             let (mut known, mut scanned) = (head.clone(), head.clone());
-            edit_head(&mut known, edits, |name| name == b"x");
-            edit_head(&mut scanned, edits, |_| true);
+            edit_head(&mut known, None, edits, |name| name == b"x");
+            edit_head(&mut scanned, None, edits, |_| true);
             assert_eq!(String::from_utf8_lossy(&known), String::from_utf8_lossy(&scanned));
         }
+    }
+
+    /// A chain's header steps written out when it compiled edit a head as
+    /// the steps one by one do, whether the head has their fields or not.
+    #[test]
+    fn a_chains_lines_edit_a_head_as_its_steps_do() {
+        let spec: tidegate_model::RuleSetSpec = serde_json::from_value(serde_json::json!({"steps": [
+            {"kind": "set_request_header", "name": "X-A", "value": "1"},
+            {"kind": "add_request_header", "name": "X-B", "value": "2"},
+            {"kind": "set_response_header", "name": "Strict-Transport-Security", "value": "max-age=1",
+             "only_if_absent": true},
+        ]}))
+        .unwrap();
+        let name = tidegate_model::RuleSetName::new("s").unwrap();
+        let chain = std::sync::Arc::new(tidegate_rules::Chain::compile("r", &[(name, std::sync::Arc::new(spec))]));
+        let headers = http::HeaderMap::new();
+        let view = tidegate_rules::RequestView {
+            method: &http::Method::GET,
+            host: "h",
+            path: "/",
+            query: None,
+            headers: &headers,
+            client: std::net::Ipv4Addr::LOCALHOST.into(),
+            tls: false,
+            content_length: None,
+        };
+        let tidegate_rules::Outcome::Forward(f) = chain.request(&view, std::time::Instant::now()) else {
+            panic!("forwarded")
+        };
+        let (req, resp) = (f.request_lines().expect("request lines"), f.response_lines().expect("response lines"));
+        for head in [
+            "GET / HTTP/1.1\r\nhost: a\r\n\r\n",
+            "GET / HTTP/1.1\r\nhost: a\r\nX-A: 0\r\nx-b: 0\r\n\r\n",
+            "GET / HTTP/1.1\r\nx-b: 0\r\n\r\n",
+        ] {
+            let scan = |name: &[u8]| head_fields(head.as_bytes()).any(|(n, _)| n.eq_ignore_ascii_case(name));
+            let (mut fast, mut slow) = (head.as_bytes().to_vec(), head.as_bytes().to_vec());
+            edit_head(&mut fast, Some(req), f.request_edits(), scan);
+            edit_head(&mut slow, None, f.request_edits(), scan);
+            assert_eq!(String::from_utf8_lossy(&fast), String::from_utf8_lossy(&slow), "{head}");
+        }
+        for head in ["HTTP/1.1 200 OK\r\nx: 1\r\n\r\n", "HTTP/1.1 200 OK\r\nStrict-Transport-Security: kept\r\n\r\n"] {
+            let scan = |name: &[u8]| head_fields(head.as_bytes()).any(|(n, _)| n.eq_ignore_ascii_case(name));
+            let (mut fast, mut slow) = (head.as_bytes().to_vec(), head.as_bytes().to_vec());
+            edit_head(&mut fast, Some(resp), f.response_edits(), scan);
+            edit_head(&mut slow, None, f.response_edits(), scan);
+            assert_eq!(String::from_utf8_lossy(&fast), String::from_utf8_lossy(&slow), "{head}");
+        }
+        let mut out = b"HTTP/1.1 200 OK\r\n\r\n".to_vec();
+        edit_head(&mut out, Some(resp), f.response_edits(), |_| false);
+        assert_eq!(out, b"HTTP/1.1 200 OK\r\nstrict-transport-security: max-age=1\r\n\r\n");
     }
 
     /// Every field a written request head has, named by a `Set`, a
@@ -742,7 +809,7 @@ mod tests {
                 let mut known = Vec::new();
                 request_head(&mut known, raw.as_bytes(), &head, "/p", &Forwarding { edits: Some(&edits), ..f });
                 let mut scanned = plain.clone();
-                edit_head(&mut scanned, edits.request_edits(), |_| true);
+                edit_head(&mut scanned, None, edits.request_edits(), |_| true);
                 assert_eq!(String::from_utf8_lossy(&known), String::from_utf8_lossy(&scanned), "{raw} {kind}");
             }
         }
@@ -761,7 +828,7 @@ mod tests {
             let mut edits = tidegate_rules::Forward::default();
             edits.add_response_edit(HeaderEdit::Remove(HeaderName::from_bytes(n.as_bytes()).unwrap()));
             let mut known = plain.clone();
-            edit_head(&mut known, edits.response_edits(), |name| {
+            edit_head(&mut known, None, edits.response_edits(), |name| {
                 response_may_have(raw.as_bytes(), &resp, Some(extra), name)
             });
             assert!(!String::from_utf8_lossy(&known).to_ascii_lowercase().contains(&format!("\r\n{n}:")), "{n}");
