@@ -767,13 +767,19 @@ def md_rules(r):
                                                        "RSS MiB", "errors"], rows))
     rows = [[c, row.get("tidegate_fraction"), row.get("nginx_fraction"), row.get("fraction_ratio"),
              row.get("tidegate_fraction_paired"), row.get("nginx_fraction_paired"), row.get("fraction_ratio_paired"),
+             row.get("fraction_ratio_rep_median"),
              row.get("tidegate_cpu_fraction"), row.get("nginx_cpu_fraction"), row.get("cpu_fraction_ratio"),
              row.get("plain_vs_nginx")] for c, row in sorted(r["summary"].items(), key=lambda x: int(x[0]))]
-    s.append("\nFractions: rules/plain requests/s (of the medians; then the median of each repetition's own), and "
-             "the same from CPU time per request (plain µs/rules µs)\n"
-             + table(["conns", "Tidegate rules/plain", "nginx rules/plain", "ratio (goal ≥ 1)",
-                      "Tidegate, per rep", "nginx, per rep", "ratio, per rep", "Tidegate CPU", "nginx CPU",
-                      "CPU ratio", "plain: Tidegate/nginx"], rows))
+    s.append("\nFractions: rules/plain requests/s (of the medians; then the median of each repetition's own), "
+             "Tidegate's over nginx's within each repetition (the median of those is the goal's reading: the four "
+             "runs of a repetition are the closest in time), and the same from CPU time per request "
+             "(plain µs/rules µs)\n"
+             + table(["conns", "Tidegate rules/plain", "nginx rules/plain", "ratio of medians",
+                      "Tidegate, per rep", "nginx, per rep", "ratio of those", "ratio within reps (goal ≥ 1)",
+                      "Tidegate CPU", "nginx CPU", "CPU ratio", "plain: Tidegate/nginx"], rows))
+    per_rep = [f"c={c}: " + ", ".join(fmt(v, 3) for v in row.get("fraction_ratio_per_rep") or [])
+               for c, row in sorted(r["summary"].items(), key=lambda x: int(x[0]))]
+    s.append("\nRatio within each repetition, in order: " + "; ".join(per_rep) + ".\n")
     rows = []
     for key, v in r["compression"].items():
         proxy, enc = key.split("_", 1)

@@ -82,7 +82,7 @@ PARAMS = {
         "smoke": {"reps": 1, "duration": 1, "conns": "16", "compress_conns": 16, "workers": 2, "gzip_level": 6,
                   "gzip_level_field": None, "limit_rate": 500, "limit_burst": 10, "limit_duration": 1,
                   "limit_conns": 16, "keys": 2000, "keys_conns": 16, "keys_max_s": 60},
-        "full": {"reps": 5, "duration": 8, "conns": "64 256", "compress_conns": 64, "workers": 2, "gzip_level": 6,
+        "full": {"reps": 10, "duration": 4, "conns": "64 256", "compress_conns": 64, "workers": 2, "gzip_level": 6,
                  "gzip_level_field": None, "limit_rate": 2000, "limit_burst": 20, "limit_duration": 10,
                  "limit_conns": 64, "keys": 100000, "keys_conns": 64, "keys_max_s": 300},
     },
