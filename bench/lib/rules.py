@@ -29,7 +29,9 @@ a repetition in a rotating order, medians over repetitions:
 
 1. requests/s at each `conns` for plain and rules on both proxies; each
    proxy's rules/plain fraction, and Tidegate's fraction over nginx's (the
-   goal: at least 1);
+   goal: at least 1), of the medians and within each repetition (the
+   goal's reading is the median of the latter: a repetition's four runs
+   are back to back, so the machine's drift between repetitions cancels);
 2. requests/s at `compress_conns` for the JSON document sent as it is
    (no `Accept-Encoding`, both proxies), gzip (both), br and zstd (Tidegate
    only), and each answer's size;

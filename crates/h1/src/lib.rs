@@ -54,6 +54,11 @@ impl Span {
     pub fn is_empty(&self) -> bool {
         self.start == self.end
     }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.end.saturating_sub(self.start) as usize
+    }
 }
 
 /// One header field of a parsed head.

@@ -253,6 +253,50 @@ fn each_step_counts_what_it_answered_and_changed() {
     assert_eq!(counts, vec![("strip_prefix", 0, 2), ("ip_deny", 1, 0)]);
 }
 
+/// Header steps of both sides, in a row and apart: each counts, names and
+/// orders its edit as a step of its own.
+#[test]
+fn header_steps_count_and_edit_each_as_a_step() {
+    let c = chain(serde_json::json!([
+        {"kind": "set_response_header", "name": "X-R1", "value": "1"},
+        {"kind": "set_request_header", "name": "X-A", "value": "1"},
+        {"kind": "add_request_header", "name": "X-A", "value": "2"},
+        {"kind": "ip_deny", "cidrs": ["192.0.2.0/24"]},
+        {"kind": "remove_request_header", "name": "X-B"},
+        {"kind": "add_response_header", "name": "X-R2", "value": "2"},
+    ]));
+    let h = http::HeaderMap::new();
+    let f = forward(c.request(&view("/", &h, "10.0.0.1"), Instant::now()));
+    forward(c.request(&view("/", &h, "10.0.0.2"), Instant::now()));
+    answer(c.request(&view("/", &h, "192.0.2.1"), Instant::now()));
+    let counts: Vec<_> = c.counts().map(|s| (s.rule.kind, s.answered, s.changed)).collect();
+    assert_eq!(
+        counts,
+        vec![
+            ("set_response_header", 0, 0),
+            ("set_request_header", 0, 3),
+            ("add_request_header", 0, 3),
+            ("ip_deny", 1, 0),
+            ("remove_request_header", 0, 2),
+            ("add_response_header", 0, 0),
+        ]
+    );
+    assert_eq!(c.changed_rules(&f).map(|r| r.step).collect::<Vec<_>>(), vec![1, 2, 4]);
+    let request: Vec<_> = f.request_edits().cloned().collect();
+    let n = |s: &'static str| HeaderName::from_static(s);
+    assert_eq!(
+        request,
+        vec![
+            HeaderEdit::Set(n("x-a"), HeaderValue::from_static("1")),
+            HeaderEdit::Add(n("x-a"), HeaderValue::from_static("2")),
+            HeaderEdit::Remove(n("x-b")),
+        ]
+    );
+    let response: Vec<_> = f.response_edits().map(|e| format!("{e:?}")).collect();
+    assert_eq!(response.len(), 2);
+    assert!(response[0].contains("x-r1") && response[1].contains("x-r2"), "{response:?}");
+}
+
 #[test]
 fn a_stripped_prefix_leaves_the_request_path_s_tail_and_any_path_after_a_rewrite() {
     let h = http::HeaderMap::new();

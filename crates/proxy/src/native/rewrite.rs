@@ -191,9 +191,15 @@ pub(crate) fn request_head(out: &mut Vec<u8>, buf: &[u8], head: &RequestHead, ta
     out.extend_from_slice(b"\r\n");
     if let Some(edits) = f.edits {
         edit_head(out, edits.request_lines(), edits.request_edits(), |name| {
-            request_field_written(name) || headers.iter().any(|h| h.name.of(buf).eq_ignore_ascii_case(name))
+            request_field_written(name) || has_field(buf, headers, name)
         });
     }
+}
+
+/// Whether one of `headers` (of a head parsed from `buf`) is named `name`,
+/// in any case. Lengths are compared first, without reading the buffer.
+fn has_field(buf: &[u8], headers: &[Header], name: &[u8]) -> bool {
+    headers.iter().any(|h| h.name.len() == name.len() && h.name.of(buf).eq_ignore_ascii_case(name))
 }
 
 /// Whether [`request_head`] may write the field `name` (lowercase) of
@@ -220,7 +226,7 @@ fn request_field_written(name: &[u8]) -> bool {
 pub(crate) fn response_may_have(buf: &[u8], resp: &ResponseHead, extra: Option<&[u8]>, name: &[u8]) -> bool {
     // The fields `response_head` may write of its own.
     matches!(name, b"content-length" | b"transfer-encoding" | b"connection")
-        || resp.headers.iter().any(|h| h.name.of(buf).eq_ignore_ascii_case(name))
+        || has_field(buf, &resp.headers, name)
         || extra.is_some_and(|line| line.get(..name.len()).is_some_and(|n| n.eq_ignore_ascii_case(name)))
 }
 
