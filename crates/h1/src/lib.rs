@@ -72,6 +72,25 @@ pub struct Header {
     pub kind: HeaderKind,
 }
 
+impl Header {
+    /// The field's whole line in `buf`, its CRLF included, when it was sent
+    /// as the name, a colon, one space, the value and CRLF: exactly what
+    /// writing the field as `name: value` would give, so a proxy copies it
+    /// in one piece. `None` for any other form (no space or more, space
+    /// after the value, a bare LF).
+    pub fn line<'a>(&self, buf: &'a [u8]) -> Option<&'a [u8]> {
+        let (name_end, value_start, value_end) =
+            (self.name.end as usize, self.value.start as usize, self.value.end as usize);
+        let sent_so = value_start == name_end + 2
+            && buf.get(name_end..value_start) == Some(b": ".as_slice())
+            && buf.get(value_end..value_end + 2) == Some(b"\r\n".as_slice());
+        if !sent_so {
+            return None;
+        }
+        buf.get(self.name.start as usize..value_end + 2)
+    }
+}
+
 /// Limits of a head.
 #[derive(Debug, Clone, Copy)]
 pub struct HeadLimits {
@@ -212,5 +231,30 @@ mod proptests {
             prop_assert_eq!(head.target.of(raw.as_bytes()), path.as_bytes());
             prop_assert_eq!(head.headers[1].value.of(raw.as_bytes()), value.trim_matches([' ', '\t']).as_bytes());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_field_sent_as_it_would_be_written_is_one_line() {
+        let raw = b"GET / HTTP/1.1\r\nHost: a\r\nX-A:b\r\nX-B: c \r\nX-C:  d\r\nX-D: \r\nX-E: e f\r\n\r\n";
+        let mut head = RequestHead::default();
+        parse_request(raw, HeadLimits::default(), &mut head).unwrap().unwrap();
+        let lines: Vec<_> =
+            head.headers.iter().map(|h| h.line(raw).map(|l| String::from_utf8_lossy(l).into_owned())).collect();
+        assert_eq!(
+            lines,
+            vec![
+                Some("Host: a\r\n".to_string()),
+                None,
+                None,
+                None,
+                Some("X-D: \r\n".to_string()),
+                Some("X-E: e f\r\n".to_string())
+            ]
+        );
     }
 }

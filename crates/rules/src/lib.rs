@@ -366,8 +366,12 @@ pub struct Lines {
     steps: Box<[u16]>,
     /// The fields they name (lowercase, as [`HeaderName`]s are).
     names: Box<[HeaderName]>,
-    /// `name: value` and CRLF for each edit, in order.
+    /// `name: value` and CRLF for each edit, in order, then the CRLF of
+    /// the empty line that ends a head.
     bytes: Box<[u8]>,
+    /// Bit `n % 64` set for a name `n` bytes long: most fields of a head
+    /// are told apart from the names by their length alone.
+    lengths: u64,
 }
 
 impl Lines {
@@ -389,7 +393,19 @@ impl Lines {
                 bytes.extend_from_slice(part);
             }
         }
-        (!names.is_empty()).then(|| Lines { steps: steps.into(), names: names.into(), bytes: bytes.into() })
+        bytes.extend_from_slice(b"\r\n");
+        let lengths = names.iter().fold(0u64, |m, n| m | 1 << (n.as_str().len() % 64));
+        (!names.is_empty()).then(|| Lines { steps: steps.into(), names: names.into(), bytes: bytes.into(), lengths })
+    }
+
+    /// Whether `name` (any case) is one of [`Lines::names`]. A name of a
+    /// length none of them has is told apart without reading it: `name`
+    /// is only called then.
+    pub fn names_field<'n>(&self, len: usize, name: impl FnOnce() -> &'n [u8]) -> bool {
+        self.lengths >> (len % 64) & 1 == 1 && {
+            let name = name();
+            self.names.iter().any(|n| n.as_str().as_bytes().eq_ignore_ascii_case(name))
+        }
     }
 
     /// The fields the edits name (lowercase).
@@ -397,8 +413,10 @@ impl Lines {
         self.names.iter().map(|n| n.as_str().as_bytes())
     }
 
-    /// The lines to add to a head that has none of [`Lines::names`].
-    pub fn bytes(&self) -> &[u8] {
+    /// The lines to add to a head that has none of [`Lines::names`],
+    /// followed by the empty line that ends a head: what replaces the
+    /// head's own empty line.
+    pub fn head_end(&self) -> &[u8] {
         &self.bytes
     }
 }

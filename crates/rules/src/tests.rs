@@ -335,10 +335,10 @@ fn header_steps_of_distinct_fields_are_written_out_once() {
     let h = http::HeaderMap::new();
     let f = forward(c.request(&view("/api/x", &h, "10.0.0.1"), Instant::now()));
     let lines = f.request_lines().expect("two request fields, distinct");
-    assert_eq!(lines.bytes(), b"x-a: 1\r\nx-b: 2\r\n");
+    assert_eq!(lines.head_end(), b"x-a: 1\r\nx-b: 2\r\n\r\n");
     assert_eq!(lines.names().collect::<Vec<_>>(), vec![&b"x-a"[..], b"x-b"]);
     let lines = f.response_lines().expect("one response field");
-    assert_eq!(lines.bytes(), b"strict-transport-security: max-age=1\r\n");
+    assert_eq!(lines.head_end(), b"strict-transport-security: max-age=1\r\n\r\n");
 
     // A request with an edit of its own besides the steps' has no lines.
     let mut f = forward(c.request(&view("/api/x", &h, "10.0.0.1"), Instant::now()));

@@ -113,6 +113,16 @@ pub(crate) fn field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// Writes a field of the head parsed from `buf` as [`field`] would: its
+/// line copied in one piece when it came in that very form (the usual
+/// case), else name and value.
+pub(crate) fn copy_field(out: &mut Vec<u8>, buf: &[u8], h: &Header) {
+    match h.line(buf) {
+        Some(line) => out.extend_from_slice(line),
+        None => field(out, h.name.of(buf), h.value.of(buf)),
+    }
+}
+
 /// Writes the field that announces `framing`, if any.
 pub(crate) fn framing_fields(out: &mut Vec<u8>, framing: Framing) {
     match framing {
@@ -162,7 +172,7 @@ pub(crate) fn request_head(out: &mut Vec<u8>, buf: &[u8], head: &RequestHead, ta
                 continue;
             }
             HeaderKind::Forwarded | HeaderKind::XRealIp if !trusted => continue,
-            _ => field(out, h.name.of(buf), h.value.of(buf)),
+            _ => copy_field(out, buf, h),
         }
     }
     out.extend_from_slice(b"x-forwarded-for: ");
@@ -190,7 +200,9 @@ pub(crate) fn request_head(out: &mut Vec<u8>, buf: &[u8], head: &RequestHead, ta
     }
     out.extend_from_slice(b"\r\n");
     if let Some(edits) = f.edits {
-        edit_head(out, edits.request_lines(), edits.request_edits(), |name| {
+        let lines =
+            edits.request_lines().filter(|l| !l.names().any(request_field_written) && !any_field_of(l, buf, headers));
+        edit_head(out, lines, edits.request_edits(), |name| {
             request_field_written(name) || has_field(buf, headers, name)
         });
     }
@@ -200,6 +212,12 @@ pub(crate) fn request_head(out: &mut Vec<u8>, buf: &[u8], head: &RequestHead, ta
 /// in any case. Lengths are compared first, without reading the buffer.
 fn has_field(buf: &[u8], headers: &[Header], name: &[u8]) -> bool {
     headers.iter().any(|h| h.name.len() == name.len() && h.name.of(buf).eq_ignore_ascii_case(name))
+}
+
+/// Whether one of `headers` (of a head parsed from `buf`) is named by
+/// `lines`.
+pub(crate) fn any_field_of(lines: &tidegate_rules::Lines, buf: &[u8], headers: &[Header]) -> bool {
+    headers.iter().any(|h| lines.names_field(h.name.len(), || h.name.of(buf)))
 }
 
 /// Whether [`request_head`] may write the field `name` (lowercase) of
@@ -224,9 +242,13 @@ fn request_field_written(name: &[u8]) -> bool {
 /// Whether the field `name` (lowercase) may be in a response head written
 /// by [`response_head`] from `resp` (and `extra`, a line added to it).
 pub(crate) fn response_may_have(buf: &[u8], resp: &ResponseHead, extra: Option<&[u8]>, name: &[u8]) -> bool {
-    // The fields `response_head` may write of its own.
+    response_field_written(extra, name) || has_field(buf, &resp.headers, name)
+}
+
+/// Whether [`response_head`] may write the field `name` (lowercase) of
+/// its own, or `extra` (a line added to the head) is one.
+pub(crate) fn response_field_written(extra: Option<&[u8]>, name: &[u8]) -> bool {
     matches!(name, b"content-length" | b"transfer-encoding" | b"connection")
-        || has_field(buf, &resp.headers, name)
         || extra.is_some_and(|line| line.get(..name.len()).is_some_and(|n| n.eq_ignore_ascii_case(name)))
 }
 
@@ -252,8 +274,9 @@ fn edited(edit: &HeaderEdit) -> &http::HeaderName {
 /// scan).
 ///
 /// `lines`: the same edits written out when the chain compiled
-/// ([`tidegate_rules::Lines`]), if they can be: a head that may have none
-/// of their fields gets them in one copy.
+/// ([`tidegate_rules::Lines`]), given only when the head has none of
+/// their fields (the caller knows, as `may_have` does): they are added
+/// in one copy.
 pub(crate) fn edit_head<'e, I>(
     out: &mut Vec<u8>,
     lines: Option<&tidegate_rules::Lines>,
@@ -263,11 +286,10 @@ pub(crate) fn edit_head<'e, I>(
     I: IntoIterator<Item = &'e HeaderEdit>,
     I::IntoIter: Clone,
 {
-    if let Some(lines) = lines.filter(|l| !l.names().any(&may_have)) {
+    if let Some(lines) = lines {
         if out.ends_with(b"\r\n\r\n") {
             out.truncate(out.len() - 2);
-            out.extend_from_slice(lines.bytes());
-            out.extend_from_slice(b"\r\n");
+            out.extend_from_slice(lines.head_end());
             return;
         }
     }
@@ -441,7 +463,7 @@ pub(crate) fn response_head(
     let upgrade = resp.code == 101;
     for h in &resp.headers {
         if (upgrade && h.kind == HeaderKind::Upgrade) || forwards_response_field(buf, resp, h) {
-            field(out, h.name.of(buf), h.value.of(buf));
+            copy_field(out, buf, h);
         }
     }
     match announced_length(resp, framing) {
@@ -717,6 +739,20 @@ mod tests {
         }
     }
 
+    /// A field copied in one piece is the field written name by value.
+    #[test]
+    fn a_copied_field_is_the_field_written() {
+        let raw = "GET / HTTP/1.1\r\nHost: a\r\nX-A:b\r\nX-B: c \r\nX-C:\td\r\nX-D: \r\nX-E: e f\r\n\r\n";
+        let mut head = RequestHead::default();
+        tidegate_h1::parse_request(raw.as_bytes(), HeadLimits::default(), &mut head).unwrap().unwrap();
+        for h in &head.headers {
+            let (mut copied, mut written) = (Vec::new(), Vec::new());
+            copy_field(&mut copied, raw.as_bytes(), h);
+            field(&mut written, h.name.of(raw.as_bytes()), h.value.of(raw.as_bytes()));
+            assert_eq!(String::from_utf8_lossy(&copied), String::from_utf8_lossy(&written));
+        }
+    }
+
     /// A chain's header steps written out when it compiled edit a head as
     /// the steps one by one do, whether the head has their fields or not.
     #[test]
@@ -751,15 +787,25 @@ mod tests {
             "GET / HTTP/1.1\r\nx-b: 0\r\n\r\n",
         ] {
             let scan = |name: &[u8]| head_fields(head.as_bytes()).any(|(n, _)| n.eq_ignore_ascii_case(name));
+            // Given when the head has none of their fields, as the
+            // writer tells by the fields' lengths first.
+            let mut parsed = RequestHead::default();
+            parse_request(head.as_bytes(), HeadLimits::default(), &mut parsed).unwrap().unwrap();
+            let named = any_field_of(req, head.as_bytes(), &parsed.headers);
+            assert_eq!(named, req.names().any(scan), "{head}");
             let (mut fast, mut slow) = (head.as_bytes().to_vec(), head.as_bytes().to_vec());
-            edit_head(&mut fast, Some(req), f.request_edits(), scan);
+            edit_head(&mut fast, Some(req).filter(|_| !named), f.request_edits(), scan);
             edit_head(&mut slow, None, f.request_edits(), scan);
             assert_eq!(String::from_utf8_lossy(&fast), String::from_utf8_lossy(&slow), "{head}");
         }
         for head in ["HTTP/1.1 200 OK\r\nx: 1\r\n\r\n", "HTTP/1.1 200 OK\r\nStrict-Transport-Security: kept\r\n\r\n"] {
             let scan = |name: &[u8]| head_fields(head.as_bytes()).any(|(n, _)| n.eq_ignore_ascii_case(name));
+            let mut parsed = ResponseHead::default();
+            parse_response(head.as_bytes(), HeadLimits::default(), false, &mut parsed).unwrap().unwrap();
+            let named = any_field_of(resp, head.as_bytes(), &parsed.headers);
+            assert_eq!(named, resp.names().any(scan), "{head}");
             let (mut fast, mut slow) = (head.as_bytes().to_vec(), head.as_bytes().to_vec());
-            edit_head(&mut fast, Some(resp), f.response_edits(), scan);
+            edit_head(&mut fast, Some(resp).filter(|_| !named), f.response_edits(), scan);
             edit_head(&mut slow, None, f.response_edits(), scan);
             assert_eq!(String::from_utf8_lossy(&fast), String::from_utf8_lossy(&slow), "{head}");
         }
