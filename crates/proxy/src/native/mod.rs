@@ -904,10 +904,8 @@ async fn respond<S: ClientIo>(client: &mut ClientSide<S>, answer: NativeAnswer, 
     }
     if let Some(edits) = r.edits.filter(|e| e.edits_response()) {
         let (buf, extra) = (&conn.conn.inbox[..], client.extra.as_deref().map(Vec::as_slice));
-        let lines = edits.response_lines().filter(|l| {
-            !l.names().any(|n| rewrite::response_field_written(extra, n))
-                && !rewrite::any_field_of(l, buf, &resp.headers)
-        });
+        let written = |n: &[u8]| rewrite::response_field_written(extra, n);
+        let lines = rewrite::fitting(edits.response_lines(), written, buf, &resp.headers);
         rewrite::edit_head(&mut out, lines, edits.response_edits(), |name| {
             rewrite::response_may_have(buf, &resp, extra, name)
         });
