@@ -421,23 +421,23 @@ impl Stream {
     /// broke the protocol): an idle connection has nothing to say, so
     /// anything to read (bytes, the end of the stream, an error) means it
     /// is done. A plain connection answers from the readiness the reactor
-    /// already has, with no system call, when it says not readable; when
-    /// it says readable, a read confirms it (the readiness stays set after
-    /// a read that filled its buffer, even when that read took the last
-    /// bytes). A TLS connection may also receive
-    /// messages that are not data (TLS 1.3 session tickets, key updates):
-    /// when its socket is readable, the records are read and only data, an
-    /// alert or the end of the stream count.
+    /// already has, with no system call and no waker registered, when it
+    /// says not readable (`try_read`); when it says readable, the read
+    /// confirms it (the readiness stays set after a read that filled its
+    /// buffer, even when that read took the last bytes). A TLS connection
+    /// may also receive messages that are not data (TLS 1.3 session
+    /// tickets, key updates): when its socket is readable, the records are
+    /// read and only data, an alert or the end of the stream count.
     pub fn closed_while_idle(&mut self) -> bool {
-        let mut cx = Context::from_waker(std::task::Waker::noop());
-        if self.tcp().poll_read_ready(&mut cx).is_pending() {
-            return false;
-        }
         match self {
             // (Bytes read here would be a protocol error anyway: the
             // connection is dropped.)
             Stream::Plain(s) => !matches!(s.try_read(&mut [0u8; 1]), Err(e) if e.kind() == io::ErrorKind::WouldBlock),
             Stream::Tls(s) => {
+                let mut cx = Context::from_waker(std::task::Waker::noop());
+                if s.get_ref().0.poll_read_ready(&mut cx).is_pending() {
+                    return false;
+                }
                 let mut byte = [0u8; 1];
                 let mut buf = ReadBuf::new(&mut byte);
                 !Pin::new(s.as_mut()).poll_read(&mut cx, &mut buf).is_pending()
@@ -449,9 +449,14 @@ impl Stream {
     /// stream, an error), so that a connection waiting for an answer needs
     /// no read buffer meanwhile. A TLS stream answers at once: it may hold
     /// decrypted bytes that the socket no longer shows.
+    ///
+    /// Waits in the socket's read waker slot (`poll_read_ready`, the slot a
+    /// read uses), not in `TcpStream::readable`'s list of waiters: one
+    /// task owns the connection, and the list costs a lock to join and
+    /// another to leave on every answer.
     pub async fn readable(&self) -> io::Result<()> {
         match self {
-            Stream::Plain(s) => s.readable().await,
+            Stream::Plain(s) => std::future::poll_fn(|cx| s.poll_read_ready(cx)).await,
             Stream::Tls(_) => Ok(()),
         }
     }
@@ -568,19 +573,17 @@ mod tests {
         backend.write_all(b"0123456789").await.unwrap();
         // A read whose buffer the answer fills exactly: the reactor still
         // takes the socket for readable.
+        conn.readable().await.unwrap();
         let Stream::Plain(s) = &mut conn else { unreachable!() };
-        s.readable().await.unwrap();
         let mut answer = [0u8; 10];
         s.read_exact(&mut answer).await.unwrap();
         assert!(!conn.closed_while_idle(), "drained, still open");
         backend.write_all(b"x").await.unwrap();
-        let Stream::Plain(s) = &conn else { unreachable!() };
-        s.readable().await.unwrap();
+        conn.readable().await.unwrap();
         assert!(conn.closed_while_idle(), "bytes while idle");
         let mut conn = Stream::Plain(TcpStream::connect(l.local_addr().unwrap()).await.unwrap());
         drop(l.accept().await.unwrap());
-        let Stream::Plain(s) = &conn else { unreachable!() };
-        s.readable().await.unwrap();
+        conn.readable().await.unwrap();
         assert!(conn.closed_while_idle(), "closed by the backend");
     }
 

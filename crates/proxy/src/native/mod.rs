@@ -80,8 +80,12 @@ pub(crate) trait ClientIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin 
 }
 
 impl ClientIo for TcpStream {
+    /// In the socket's read waker slot, as `tidegate_upstream::Stream::readable`
+    /// waits: the connection's one task both waits and reads, so the
+    /// waiters' list of `TcpStream::readable` (two locks a request) buys
+    /// nothing.
     fn readable(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send {
-        TcpStream::readable(self)
+        std::future::poll_fn(move |cx| self.poll_read_ready(cx))
     }
 
     fn reset_on_close(&self) {
