@@ -148,14 +148,24 @@ pub async fn run<E: Exchange>(
     let mut same_backend: Option<Arc<Backend>> = None;
     loop {
         let fresh = same_backend.is_some();
-        // The queue's wait, for a traced request (one clock read more).
-        let asked = trace.record.is_some().then(Instant::now);
+        // One clock read for the pick and the attempt (its latency and its
+        // deadline), and a traced request's queue wait; read again below
+        // when the pick waited in the queue.
+        let mut now = Instant::now();
+        let asked = trace.record.is_some().then_some(now);
         let backend = match same_backend.take() {
             Some(b) => b,
             None => {
                 let picked = match first.take() {
                     Some(b) => Some(b),
-                    None => pick_or_wait(service, ctx, &tried, &mut queue).await?,
+                    None => {
+                        let at = clock::ms_at(now.into_std());
+                        let picked = pick_or_wait(service, ctx, &tried, &mut queue, at).await?;
+                        if queue.waiting.is_some() {
+                            now = Instant::now();
+                        }
+                        picked
+                    }
                 };
                 let Some(b) = picked else { break };
                 tried.push(b.clone());
@@ -166,8 +176,6 @@ pub async fn run<E: Exchange>(
             break;
         }
         trace.attempts += 1;
-        // One clock read for the attempt: its latency and its deadline.
-        let now = Instant::now();
         let slot = Slot::take(&backend, service, now.into_std());
         // The slot is taken: leaving the queue now passes the turn on.
         let waited = queue.waiting.take().is_some();

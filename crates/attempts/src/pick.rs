@@ -102,7 +102,8 @@ impl Drop for Waiting<'_> {
 const RECHECK: Duration = Duration::from_millis(50);
 
 /// Picks a backend, waiting in the service's bounded queue while every
-/// available backend is at its limit (HAProxy's maxconn queue).
+/// available backend is at its limit (HAProxy's maxconn queue). `now_ms`:
+/// the caller's reading of [`clock::now_ms`].
 ///
 /// The queue is fair between client addresses (they take turns; a full
 /// queue gives a greedy client's newest place to a newcomer of a client
@@ -118,8 +119,12 @@ pub(crate) async fn pick_or_wait<'a>(
     ctx: &RequestCtx<'_>,
     tried: &[Arc<Backend>],
     queue: &mut Queue<'a>,
+    now_ms: u64,
 ) -> Result<Option<Arc<Backend>>, ErrorKind> {
     let waiters = &service.live.queue;
+    // The caller's clock reading serves the first pick; a pick after a
+    // wait reads the clock again.
+    let mut at = Some(now_ms);
     // A first attempt that finds others waiting joins them (a retry has
     // waited its turn already).
     let mut behind_others = tried.is_empty() && !waiters.is_empty();
@@ -127,7 +132,7 @@ pub(crate) async fn pick_or_wait<'a>(
     let mut out = false;
     loop {
         if !std::mem::take(&mut behind_others) {
-            match pick(service, ctx, tried, clock::now_ms()) {
+            match pick(service, ctx, tried, at.take().unwrap_or_else(clock::now_ms)) {
                 Pick::Backend(b) => {
                     if let Some(w) = &mut queue.waiting {
                         w.took_room = true;
