@@ -5,6 +5,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use tokio::time::{Instant, Sleep};
 
@@ -20,26 +21,47 @@ impl Timer {
     }
 
     /// Runs `fut` until it completes (`Some`) or `deadline` passes (`None`).
-    pub(crate) async fn run<F: Future>(&mut self, deadline: Instant, fut: F) -> Option<F::Output> {
+    ///
+    /// A future of its own rather than an `async fn`: `fut` stays where
+    /// the caller's future put it (an `async fn` would hold it and pin a
+    /// second copy of it: a few hundred bytes moved on every read a
+    /// connection waits for).
+    pub(crate) fn run<F: Future>(&mut self, deadline: Instant, fut: F) -> Run<'_, F> {
         if self.sleep.deadline() > deadline {
             self.sleep.as_mut().reset(deadline);
         }
-        let mut fut = std::pin::pin!(fut);
-        loop {
-            tokio::select! {
-                biased;
-                out = &mut fut => return Some(out),
-                () = self.sleep.as_mut() => {
-                    if Instant::now() >= deadline {
-                        // Parked far away until the next deadline is set.
-                        self.sleep.as_mut().reset(far_future());
-                        return None;
-                    }
-                    // It fired for an older, earlier deadline.
-                    self.sleep.as_mut().reset(deadline);
-                }
-            }
+        Run { sleep: self.sleep.as_mut(), deadline, fut }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// [`Timer::run`]'s future.
+    pub(crate) struct Run<'t, F> {
+        sleep: Pin<&'t mut Sleep>,
+        deadline: Instant,
+        #[pin]
+        fut: F,
+    }
+}
+
+impl<F: Future> Future for Run<'_, F> {
+    type Output = Option<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Poll::Ready(out) = this.fut.poll(cx) {
+            return Poll::Ready(Some(out));
         }
+        while this.sleep.as_mut().poll(cx).is_ready() {
+            if Instant::now() >= *this.deadline {
+                // Parked far away until the next deadline is set.
+                this.sleep.as_mut().reset(far_future());
+                return Poll::Ready(None);
+            }
+            // It fired for an older, earlier deadline.
+            this.sleep.as_mut().reset(*this.deadline);
+        }
+        Poll::Pending
     }
 }
 
