@@ -5,7 +5,7 @@ nginx and HAProxy, each proxying keep-alive requests to the same nginx
 backends (13 bytes, three ports), at each connection count.
 
     python3 bench/budget.py BIN_DIR [--conns "64 256"] [--duration 6] [--body-bytes 0]
-                           [--reps 2] [--allocs] [--json OUT]
+                           [--reps 2] [--allocs] [--where [--top 25]] [--json OUT]
 
 BIN_DIR holds the `tidegate` binary to measure (a plain `cargo build
 --release --bins` copy, or scripts/build-release's). For each proxy and
@@ -27,6 +27,15 @@ Tidegate (each hit traps, so these runs' requests/s and CPU are not
 comparable and are not reported); the probes are removed at the end. nginx
 and HAProxy allocate from their own pools, which such a count would not
 see, so only Tidegate's is counted.
+
+`--where` then samples where each proxy's CPU goes, in runs of their own
+(`perf record -e cpu-clock -F 4999 -p PIDS` for the length of a `wrk`
+run, no call graphs): each function's samples turned into microseconds
+per request, the kernel's functions and the process's own apart, and the
+kernel's side by side for the three proxies (the same system calls can
+cost the kernel different work: how many events an `epoll_wait` returns,
+what a write wakes). Sampling is at most a few percent of the CPU; the
+microseconds are the sampled share of the run's CPU per request.
 """
 
 from __future__ import annotations
@@ -112,6 +121,50 @@ def count_allocs(binary: Path, tg, a) -> dict:
     return out
 
 
+SAMPLE_HZ = 4999
+
+
+def where(pids: list[int], url: str, conns: int, duration: int, out: Path) -> dict:
+    """One wrk run with perf sampling `pids`: microseconds of CPU per
+    request by function, `[k]` the kernel's and `[.]` the process's."""
+    argv = ["perf", "record", "-q", "-e", "cpu-clock", "-F", str(SAMPLE_HZ), "-o", str(out),
+            "-p", ",".join(map(str, pids)), "--", "wrk", "-t2", f"-c{conns}", f"-d{duration}s", url]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 120)
+    n = max(parse_wrk(r.stdout).get("requests") or 0, 1)
+    rep = subprocess.run(["perf", "report", "-i", str(out), "--stdio", "--no-children", "--sort", "sym",
+                          "-F", "sample,sym", "--percent-limit", "0"], capture_output=True, text=True, timeout=300)
+    by: dict[str, float] = {}
+    for line in rep.stdout.splitlines():
+        m = re.match(r"\s*(\d+)\s+\[([k.])\]\s+(.*\S)", line)
+        if m:
+            key = f"[{m.group(2)}] {m.group(3)}"
+            by[key] = by.get(key, 0.0) + int(m.group(1)) * 1e6 / SAMPLE_HZ / n
+    kernel = sum(v for k, v in by.items() if k.startswith("[k]"))
+    return {"requests": n, "us_per_req": round(sum(by.values()), 2), "kernel_us_per_req": round(kernel, 2),
+            "by_function": {k: round(v, 3) for k, v in sorted(by.items(), key=lambda kv: -kv[1])}}
+
+
+def print_where(found: dict, top: int) -> None:
+    """The kernel's top functions side by side, then each proxy's own."""
+    for conns in sorted({c for _, c in found}):
+        names = [p for p, c in found if c == conns]
+        rows = {}
+        for p in names:
+            for k, v in found[(p, conns)]["by_function"].items():
+                rows.setdefault(k, {})[p] = v
+        totals = "  ".join(f"{p} {found[(p, conns)]['us_per_req']} µs ({found[(p, conns)]['kernel_us_per_req']} "
+                           f"kernel)" for p in names)
+        print(f"\nc={conns}: sampled CPU per request: {totals}")
+        print(f"{'kernel function':44}" + "".join(f"{p:>10}" for p in names))
+        kern = sorted((k for k in rows if k.startswith("[k]")), key=lambda k: -max(rows[k].values()))
+        for k in kern[:top]:
+            print(f"{k[4:][:44]:44}" + "".join(f"{rows[k].get(p, 0):10.3f}" for p in names))
+        for p in names:
+            own = [(k, v) for k, v in found[(p, conns)]["by_function"].items() if k.startswith("[.]")]
+            print(f"{p}'s own, {sum(v for _, v in own):.2f} µs: " +
+                  ", ".join(f"{k[4:][:60]} {v:.3f}" for k, v in own[:12]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bin_dir")
@@ -121,6 +174,8 @@ def main() -> None:
     ap.add_argument("--body-bytes", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--allocs", action="store_true")
+    ap.add_argument("--where", action="store_true")
+    ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--json")
     a = ap.parse_args()
     for tool in ("nginx", "haproxy", "wrk", "perf"):
@@ -179,6 +234,8 @@ http {{ access_log off; keepalive_requests 1000000;
         for conns in [int(c) for c in a.conns.split()]:
             for name in proxies:
                 rs = [r for r in runs if r["proxy"] == name and r["conns"] == conns]
+                if not rs:  # --reps 0: only the allocation or sampling runs
+                    continue
                 med = lambda k: round(statistics.median(r[k] for r in rs), 3)  # noqa: E731
                 calls = {c: round(statistics.median(r["syscalls_per_req"].get(c, 0) for r in rs), 3)
                          for c in SYSCALLS if any(c in r["syscalls_per_req"] for r in rs)}
@@ -188,7 +245,19 @@ http {{ access_log off; keepalive_requests 1000000;
                                                 "by_call": calls}
         if a.allocs:
             summary.update(count_allocs(Path(a.bin_dir) / "tidegate", tg, a))
+        if a.where:
+            found = {}
+            for conns in [int(c) for c in a.conns.split()]:
+                for name, (addr, pids) in proxies.items():
+                    found[(name, conns)] = where(pids(), f"http://{addr}/", conns, a.duration,
+                                                 work / f"perf-{name}-{conns}.data")
+                    log(f"  {name:8} c={conns:<4} sampled: {found[(name, conns)]['us_per_req']} µs per request")
+            summary.update({f"{p} c={c} where": v for (p, c), v in found.items()})
+        if a.where:
+            print_where(found, a.top)
         for key, v in summary.items():
+            if "by_function" in v:
+                continue
             if "allocs_per_req" in v:
                 print(f"{key:16} {v['allocs_per_req']:6.2f} allocations per request ({v['by_call']})")
                 continue
