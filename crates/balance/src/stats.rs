@@ -324,7 +324,9 @@ impl BackendStats {
             self.failures.fetch_add(1, Relaxed);
         }
         self.attempts.observe(latency);
-        let sample = (latency.as_nanos() as f64).max(1.0);
+        // (Through u64: the same value, and a conversion to f64 of a few
+        // instructions where a u128's is a call.)
+        let sample = (u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX) as f64).max(1.0);
         let old = self.latency_ewma.get();
         self.latency_ewma.set(if old > 0.0 { old + EWMA_ALPHA * (sample - old) } else { sample });
         // Peak EWMA: jumps up to a slower sample at once, decays otherwise.

@@ -107,14 +107,25 @@ pub(crate) fn settle_request_id(h: &mut HeaderMap) -> HeaderValue {
 /// generator is fast, not cryptographic): it only has to be unique enough
 /// to follow one request through the logs of the proxy and its backends.
 pub(crate) fn new_request_id() -> [u8; 32] {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut id = [0u8; 32];
-    let bits = fastrand::u128(..);
-    for (i, d) in id.iter_mut().enumerate() {
-        *d = HEX[((bits >> (4 * i)) & 0xf) as usize];
+    for (digits, byte) in id.chunks_exact_mut(2).zip(fastrand::u128(..).to_le_bytes()) {
+        digits.copy_from_slice(&HEX_PAIRS[byte as usize]);
     }
     id
 }
+
+/// The two lowercase hex digits of each byte value: a request id takes
+/// 16 lookups instead of 32 shifts of a 128-bit number.
+const HEX_PAIRS: [[u8; 2]; 256] = {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut pairs = [[0u8; 2]; 256];
+    let mut i = 0;
+    while i < 256 {
+        pairs[i] = [HEX[i >> 4], HEX[i & 0xf]];
+        i += 1;
+    }
+    pairs
+};
 
 /// Joins several `Cookie` fields into one, `; ` between them: an HTTP/2
 /// client may send each cookie as a field of its own, and an HTTP/1.1
@@ -186,6 +197,15 @@ pub(crate) fn request_headers(parts: &mut Parts, peer: &Peer, upgrade: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn request_ids_are_32_lowercase_hex_digits_of_every_byte() {
+        for (i, pair) in HEX_PAIRS.iter().enumerate() {
+            assert_eq!(pair, format!("{i:02x}").as_bytes());
+        }
+        let id = new_request_id();
+        assert!(id.iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b)), "{id:?}");
+    }
 
     fn forwarded_for(trusted: bool) -> HeaderMap {
         let req = http::Request::builder()
