@@ -919,7 +919,7 @@ async fn respond<S: ClientIo>(client: &mut ClientSide<S>, answer: NativeAnswer, 
         rewrite::edit_fields(&mut out, named, |fields| tidegate_rules::response::compression_head(fields, coding));
     }
     conn.conn.inbox.advance(resp.len);
-    let relayed = relay_body(client, &mut conn.conn, &out, resp.body, framing, r.gap, encoder).await;
+    let relayed = relay_body(client, &mut conn.conn, &mut out, resp.body, framing, r.gap, encoder).await;
     client.scratch = out;
     if let Err(e) = &relayed {
         tracing::debug!(error = %e, status = resp.code, "response relay ended early");
@@ -938,17 +938,26 @@ async fn respond<S: ClientIo>(client: &mut ClientSide<S>, answer: NativeAnswer, 
     complete && !close
 }
 
+/// The largest whole body [`relay_body`] copies after its head: one buffer
+/// goes out with `send`, two with `writev`, whose import of the buffers
+/// costs the kernel more than copying a small body costs here
+/// (docs/benchmarks.md, "Waits without tokio's waiter list"). Within the
+/// scratch buffer a connection keeps (`serve` frees one over 4 KiB).
+const ONE_BUFFER_MAX: usize = 1024;
+
 /// Writes the response head `out` and the body after it.
 ///
 /// A body of known length up to [`relay::GATHER`] that did not all come
 /// with the head is first read as far as the backend has sent it, without
 /// waiting: the head and the whole body then usually go out in one write
 /// (and, compressed, as one piece), where each piece read would otherwise
-/// be a write, and a wakeup of the client, of its own.
+/// be a write, and a wakeup of the client, of its own. A whole body of up
+/// to [`ONE_BUFFER_MAX`] bytes is copied after the head in `out`, so that
+/// both go out in one single-buffer write.
 async fn relay_body<S: ClientIo>(
     client: &mut ClientSide<S>,
     up: &mut NativeConn,
-    out: &[u8],
+    out: &mut Vec<u8>,
     body: tidegate_h1::ResponseBody,
     framing: Framing,
     gap: std::time::Duration,
@@ -988,6 +997,12 @@ async fn relay_body<S: ClientIo>(
     }
     match (body, whole) {
         (B::None, _) => write_all(dst, &mut [out]).await.map_err(RelayError::Write),
+        (B::Length(_), Some(n)) if n <= ONE_BUFFER_MAX => {
+            out.extend_from_slice(&src.inbox[..n]);
+            write_all(dst, &mut [out]).await.map_err(RelayError::Write)?;
+            src.inbox.advance(n);
+            Ok(())
+        }
         (B::Length(_), Some(n)) => {
             write_all(dst, &mut [out, &src.inbox[..n]]).await.map_err(RelayError::Write)?;
             src.inbox.advance(n);

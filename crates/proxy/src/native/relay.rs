@@ -59,7 +59,11 @@ impl std::fmt::Display for RelayError {
 }
 
 /// Writes every slice, in order, with as few writes as the socket allows.
+/// Empty slices at the end are no part of the writes (a request head with
+/// no body is one `write`, not a `writev` of two buffers).
 pub(crate) async fn write_all<W: AsyncWrite + Unpin>(w: &mut W, parts: &mut [&[u8]]) -> io::Result<()> {
+    let end = parts.iter().rposition(|p| !p.is_empty()).map_or(0, |last| last + 1);
+    let parts = &mut parts[..end];
     let mut first = 0;
     while first < parts.len() {
         if parts[first].is_empty() {
@@ -314,6 +318,8 @@ pub(crate) async fn relay_until_close<W: AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
     use tokio::net::TcpStream;
 
     #[tokio::test]
@@ -321,6 +327,52 @@ mod tests {
         let mut out = Vec::new();
         write_all(&mut out, &mut [b"ab", b"", b"cd", b"e", b"f", b"gh"]).await.unwrap();
         assert_eq!(out, b"abcdefgh");
+    }
+
+    /// Records the buffers of each write it gets (0: a plain `write`).
+    #[derive(Default)]
+    struct Calls(Vec<usize>, Vec<u8>);
+
+    impl AsyncWrite for Calls {
+        fn poll_write(mut self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+            self.0.push(0);
+            self.1.extend_from_slice(buf);
+            Poll::Ready(Ok(buf.len()))
+        }
+        fn poll_write_vectored(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            bufs: &[IoSlice<'_>],
+        ) -> Poll<io::Result<usize>> {
+            self.0.push(bufs.len());
+            let n = bufs.iter().map(|b| b.len()).sum();
+            for b in bufs {
+                self.1.extend_from_slice(b);
+            }
+            Poll::Ready(Ok(n))
+        }
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn empty_slices_at_the_end_make_no_vectored_write() {
+        let mut w = Calls::default();
+        write_all(&mut w, &mut [b"head", b""]).await.unwrap();
+        assert_eq!((w.0, w.1), (vec![0], b"head".to_vec()), "one plain write");
+        let mut w = Calls::default();
+        write_all(&mut w, &mut [b"head", b"", b"body", b""]).await.unwrap();
+        assert_eq!((w.0, w.1), (vec![3], b"headbody".to_vec()), "one write of the slices up to the last");
+        let mut w = Calls::default();
+        write_all(&mut w, &mut [b"", b""]).await.unwrap();
+        assert!(w.0.is_empty(), "nothing to write");
     }
 
     async fn pair() -> (TcpStream, TcpStream) {
