@@ -939,10 +939,11 @@ async fn respond<S: ClientIo>(client: &mut ClientSide<S>, answer: NativeAnswer, 
 }
 
 /// The largest whole body [`relay_body`] copies after its head: one buffer
-/// goes out with `send`, two with `writev`, whose import of the buffers
-/// costs the kernel more than copying a small body costs here
-/// (docs/benchmarks.md, "Waits without tokio's waiter list"). Within the
-/// scratch buffer a connection keeps (`serve` frees one over 4 KiB).
+/// goes out with `send`, two with `writev` (through the file layer, and an
+/// import of the buffers), and copying a small body costs little
+/// (docs/benchmarks.md, "No `writev` for a small answer": the sampled
+/// difference is within the runs' spread). Within the scratch buffer a
+/// connection keeps (`serve` frees one over 4 KiB).
 const ONE_BUFFER_MAX: usize = 1024;
 
 /// Writes the response head `out` and the body after it.
