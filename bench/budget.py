@@ -34,8 +34,9 @@ run, no call graphs): each function's samples turned into microseconds
 per request, the kernel's functions and the process's own apart, and the
 kernel's side by side for the three proxies (the same system calls can
 cost the kernel different work: how many events an `epoll_wait` returns,
-what a write wakes). Sampling is at most a few percent of the CPU; the
-microseconds are the sampled share of the run's CPU per request.
+what a write wakes). The sampling adds CPU of its own, so the totals are
+higher than `perf stat`'s and compare the proxies within one invocation
+only.
 """
 
 from __future__ import annotations
@@ -71,10 +72,15 @@ def perf_events() -> list[str]:
     return ["task-clock", "context-switches"] + calls
 
 
+def wrk(conns: int, duration: int, url: str) -> list[str]:
+    """The load of every run: `wrk -t2`, closed loop, keep-alive."""
+    return ["wrk", "-t2", f"-c{conns}", f"-d{duration}s", "--latency", url]
+
+
 def measure(pids: list[int], url: str, conns: int, duration: int, events: list[str]) -> dict:
     """One wrk run with perf counting `pids` meanwhile; per request."""
     argv = ["perf", "stat", "-x", ",", "-e", ",".join(events), "-p", ",".join(map(str, pids)), "--",
-            "wrk", "-t2", f"-c{conns}", f"-d{duration}s", "--latency", url]
+            *wrk(conns, duration, url)]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60)
     w = parse_wrk(r.stdout)
     n = max(w.get("requests") or 0, 1)
@@ -106,7 +112,7 @@ def count_allocs(binary: Path, tg, a) -> dict:
         events = [f"{group}:{c}" for c in ALLOC_CALLS]
         for conns in [int(c) for c in a.conns.split()]:
             argv = ["perf", "stat", "-x", ",", "-e", ",".join(events), "-p", str(tg.proc.pid), "--",
-                    "wrk", "-t2", f"-c{conns}", f"-d{a.duration}s", f"http://{tg.proxy}/"]
+                    *wrk(conns, a.duration, f"http://{tg.proxy}/")]
             r = subprocess.run(argv, capture_output=True, text=True, timeout=a.duration + 60)
             n = max(parse_wrk(r.stdout).get("requests") or 0, 1)
             by = {}
@@ -128,7 +134,7 @@ def where(pids: list[int], url: str, conns: int, duration: int, out: Path) -> di
     """One wrk run with perf sampling `pids`: microseconds of CPU per
     request by function, `[k]` the kernel's and `[.]` the process's."""
     argv = ["perf", "record", "-q", "-e", "cpu-clock", "-F", str(SAMPLE_HZ), "-o", str(out),
-            "-p", ",".join(map(str, pids)), "--", "wrk", "-t2", f"-c{conns}", f"-d{duration}s", url]
+            "-p", ",".join(map(str, pids)), "--", *wrk(conns, duration, url)]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 120)
     n = max(parse_wrk(r.stdout).get("requests") or 0, 1)
     rep = subprocess.run(["perf", "report", "-i", str(out), "--stdio", "--no-children", "--sort", "sym",
@@ -253,7 +259,6 @@ http {{ access_log off; keepalive_requests 1000000;
                                                  work / f"perf-{name}-{conns}.data")
                     log(f"  {name:8} c={conns:<4} sampled: {found[(name, conns)]['us_per_req']} µs per request")
             summary.update({f"{p} c={c} where": v for (p, c), v in found.items()})
-        if a.where:
             print_where(found, a.top)
         for key, v in summary.items():
             if "by_function" in v:
