@@ -681,7 +681,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_member_that_cannot_be_reached_says_why() {
-        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        // Bound, never listening, held to the end: connecting is refused,
+        // and no listener of a test running beside can take the port.
+        let held = tokio::net::TcpSocket::new_v4().unwrap();
+        held.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let closed = held.local_addr().unwrap();
         let client = Client::new(ClientOptions::new(vec![closed.to_string()])).unwrap();
         let e = client.connect(0).await.map(|_| ()).unwrap_err();
         assert!(matches!(&e, ConnectError::Tcp(io) if io.kind() == std::io::ErrorKind::ConnectionRefused), "{e:?}");

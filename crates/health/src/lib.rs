@@ -232,14 +232,19 @@ mod tests {
         }
     }
 
-    async fn closed_port() -> String {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        listener.local_addr().unwrap().to_string()
+    /// A port that refuses connections: bound, never listening, and held
+    /// by the socket returned (a released port could be a listener of a
+    /// test running beside by the time it is probed).
+    fn closed_port() -> (tokio::net::TcpSocket, String) {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = socket.local_addr().unwrap().to_string();
+        (socket, addr)
     }
 
     #[tokio::test]
     async fn reconcile_follows_the_snapshots() {
-        let (p1, p2, p3) = (closed_port().await, closed_port().await, closed_port().await);
+        let ((_h1, p1), (_h2, p2), (_h3, p3)) = (closed_port(), closed_port(), closed_port());
         let health = |interval: u32| format!(r#""health":{{"active":{{"kind":"tcp","interval_ms":{interval}}}}}"#);
         let mut world = World::new();
         let mut checker = HealthChecker::new();
@@ -407,7 +412,7 @@ mod tests {
 
     #[tokio::test]
     async fn tcp_probe_of_a_closed_port_goes_down_and_aborting_stops_probing() {
-        let addr = closed_port().await;
+        let (_held, addr) = closed_port();
         let mut world = World::new();
         let snapshots = Arc::new(ArcSwap::new(world.apply(&format!(
             r#"{{"op":"put_service","name":"db","spec":{{

@@ -238,11 +238,14 @@ mod tests {
         ActiveCheck { kind, path: "/".into(), expect_status: vec![], interval_ms: 1_000, timeout_ms, rise: 1, fall: 1 }
     }
 
-    async fn closed_port() -> BackendAddr {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        drop(listener);
-        BackendAddr::new(&addr.to_string()).unwrap()
+    /// A port that refuses connections: bound, never listening, and held
+    /// by the socket returned (a released port could be a listener of a
+    /// test running beside by the time it is probed).
+    fn closed_port() -> (tokio::net::TcpSocket, BackendAddr) {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = BackendAddr::new(&socket.local_addr().unwrap().to_string()).unwrap();
+        (socket, addr)
     }
 
     #[test]
@@ -265,7 +268,8 @@ mod tests {
         let client = ProbeClient::new();
         let v = probe(&client, &open, &Profile::default(), &check(CheckKind::Tcp, 500)).await;
         assert!(v.passed, "{v:?}");
-        let v = probe(&client, &closed_port().await, &Profile::default(), &check(CheckKind::Tcp, 500)).await;
+        let (_held, closed) = closed_port();
+        let v = probe(&client, &closed, &Profile::default(), &check(CheckKind::Tcp, 500)).await;
         assert!(!v.passed);
         assert!(v.detail.starts_with("connect: "), "{v:?}");
     }
@@ -273,7 +277,8 @@ mod tests {
     #[tokio::test]
     async fn http_probe_fails_on_refusal_and_on_silence() {
         let client = ProbeClient::new();
-        let v = probe(&client, &closed_port().await, &Profile::default(), &check(CheckKind::Http, 500)).await;
+        let (_held, closed) = closed_port();
+        let v = probe(&client, &closed, &Profile::default(), &check(CheckKind::Http, 500)).await;
         assert!(!v.passed);
         assert!(v.detail.contains("refused"), "{v:?}");
 
@@ -292,7 +297,7 @@ mod tests {
 
     #[tokio::test]
     async fn get_via_says_which_step_failed() {
-        let closed = closed_port().await;
+        let (_held, closed) = closed_port();
         let e = get_via(&closed, &Profile::default(), "/", PROBE_USER_AGENT, Duration::from_millis(500)).await;
         assert!(matches!(e, Err(GetError::Connect(ConnectError::Failed(_)))), "{e:?}");
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -1253,15 +1253,14 @@ async fn auth_service() -> (std::net::SocketAddr, Arc<std::sync::Mutex<Vec<Strin
 async fn rules_forward_auth(e: Engine) -> Observed {
     let b = HyperBackend::start("b0", Behaviour::Echo).await;
     let (auth, asked) = auth_service().await;
-    let down = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        l.local_addr().expect("an address")
-    };
+    // Held to the end: a released port could be a listener of a case
+    // running beside this one by the time the rule connects to it.
+    let down = DownPort::new();
     let mut ops = ruled(
         "fa",
         json!([{ "kind": "forward_auth", "url": format!("http://{auth}/check"), "copy_headers": ["X-User"] }]),
     );
-    ops.extend(ruled("fadown", json!([{ "kind": "forward_auth", "url": format!("http://{down}/check") }])));
+    ops.extend(ruled("fadown", json!([{ "kind": "forward_auth", "url": format!("http://{}/check", down.addr) }])));
     let p = e.start(Limits::default(), config(&[("e", &[b.addr])], ops));
     let refused = e.send(&p, &Req::new("GET", "/fa/x")).await;
     let allowed =

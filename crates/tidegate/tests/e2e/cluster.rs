@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::support::{get, send, try_send, wait_for, Backend, Tidegate, TOKEN};
+use crate::support::{get, send, try_send, wait_for, Backend, DownPort, Tidegate, TOKEN};
 
 /// A port nobody listens on right now.
 fn free_port() -> u16 {
@@ -550,11 +550,11 @@ fn a_bad_store_url_or_an_unreachable_etcd_stops_the_start_with_the_reason() {
     let out = run("etcd://127.0.0.1:2379");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("key prefix"), "{}", String::from_utf8_lossy(&out.stderr));
-    let port = free_port();
-    let out = run(&format!("etcd://127.0.0.1:{port}/tg"));
+    let down = DownPort::new();
+    let out = run(&format!("etcd://{}/tg", down.addr));
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("unavailable") && err.contains(&port.to_string()), "{err}");
+    assert!(err.contains("unavailable") && err.contains(&down.addr.port().to_string()), "{err}");
 }
 
 /// Shell scripts standing in for shared infrastructure: they start backend

@@ -14,6 +14,25 @@ use serde_json::Value;
 
 pub const TOKEN: &str = "e2e-secret-token-0123456789abcdef0123";
 
+/// A loopback port that refuses connections: bound, never listening, and
+/// kept bound while this lives, so that no listener of a test running
+/// beside can take it (a released port could be given to the next bind).
+pub struct DownPort {
+    _socket: tokio::net::TcpSocket,
+    /// The port's address.
+    pub addr: SocketAddr,
+}
+
+impl DownPort {
+    /// Binds one.
+    pub fn new() -> DownPort {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        socket.bind(SocketAddr::from(([127, 0, 0, 1], 0))).expect("bind");
+        let addr = socket.local_addr().expect("local address");
+        DownPort { _socket: socket, addr }
+    }
+}
+
 /// Where the workspace's binaries are (the emulator among them).
 pub fn bin_dir() -> PathBuf {
     let exe = PathBuf::from(env!("CARGO_BIN_EXE_tidegate"));

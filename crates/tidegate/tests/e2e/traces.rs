@@ -154,15 +154,12 @@ async fn a_retried_request_shows_each_attempt_and_spans_are_counted_when_the_rec
         Tidegate::start_with(&dir.path().join("data"), &["--otlp-endpoint", &endpoint, "--trace-sample-ratio", "1"]);
     let live = Backend::start("live", &[]);
     // A backend address nothing listens on: its attempts fail to connect.
-    let dead = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        l.local_addr().expect("addr")
-    };
+    let dead = DownPort::new();
     let spec = json!({
         "policy": { "kind": "round_robin" },
         "retries": 2,
         "backends": [
-            { "id": "dead", "addr": dead.to_string() },
+            { "id": "dead", "addr": dead.addr.to_string() },
             { "id": "live", "addr": live.addr.to_string() },
         ],
     });
