@@ -112,11 +112,13 @@ mod tests {
     use crate::Outcome;
     use std::time::Duration;
 
-    /// Gives backend `i` a latency history of `ms`.
+    /// Gives backend `i` a latency history of `ms`: requests started that
+    /// long ago and answered now (a real sleep could overshoot on a busy
+    /// machine and invert two histories).
     fn teach(p: &Pool, i: usize, ms: u64) {
         for _ in 0..5 {
-            let mut g = p.backends()[i].stats.start();
-            std::thread::sleep(Duration::from_millis(ms));
+            let started = std::time::Instant::now().checked_sub(Duration::from_millis(ms)).expect("a past instant");
+            let mut g = p.backends()[i].stats.start_at(started);
             g.record(Outcome::Success);
         }
     }

@@ -268,10 +268,11 @@ mod tests {
         let e = ask(&request(&silent, 200)).await.expect_err("no answer");
         assert!(matches!(e.why, Why::Timeout(_)), "{e}");
         assert!(e.to_string().contains(&silent), "names the service: {e}");
-        let closed = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-            l.local_addr().expect("an address").to_string()
-        };
+        // Bound and never listening, held to the end: refused, and no
+        // listener of a test running beside can take the port.
+        let held = tokio::net::TcpSocket::new_v4().expect("a socket");
+        held.bind(([127, 0, 0, 1], 0).into()).expect("bind");
+        let closed = held.local_addr().expect("an address").to_string();
         let e = ask(&request(&closed, 5_000)).await.expect_err("refused");
         assert!(matches!(e.why, Why::Http(_)), "{e}");
         let (garbage, _seen) = service(Some(b"SSH-2.0-OpenSSH\r\n\r\n".to_vec())).await;

@@ -246,21 +246,30 @@ mod tests {
         pool.idle(0, addr)
     }
 
+    /// Waits (10 s at most) until `addr` has `n` idle connections.
+    async fn idle_becomes(pool: &UpstreamPool<HyperConn>, addr: &BackendAddr, n: usize, what: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while idle(pool, addr) != n {
+            assert!(tokio::time::Instant::now() < deadline, "{what}: still {} idle", idle(pool, addr));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     #[tokio::test]
     async fn idle_connections_expire() {
         let (addr, _) = backend(usize::MAX).await;
         let pool = UpstreamPool::<HyperConn>::new(Arc::<Counters>::default());
         burst(&pool, &addr, settings(50, 8), 3).await;
         assert_eq!(idle(&pool, &addr), 3);
-        tokio::time::sleep(Duration::from_millis(1_300)).await;
-        assert_eq!(idle(&pool, &addr), 0, "the sweeper closes expired connections");
+        idle_becomes(&pool, &addr, 0, "the sweeper closes expired connections").await;
     }
 
     #[tokio::test]
     async fn past_max_idle_a_burst_keeps_its_connections_for_the_grace_only() {
         let (addr, accepted) = backend(usize::MAX).await;
         let counters = Arc::<Counters>::default();
-        let pool = UpstreamPool::<HyperConn>::with_grace(Duration::from_millis(400), counters.clone());
+        // A grace long enough for the second burst on a busy machine.
+        let pool = UpstreamPool::<HyperConn>::with_grace(Duration::from_secs(3), counters.clone());
         let s = settings(60_000, 2);
         burst(&pool, &addr, s, 5).await;
         assert_eq!(idle(&pool, &addr), 5, "the surplus is not closed at once");
@@ -269,8 +278,7 @@ mod tests {
         assert_eq!(accepted.load(Relaxed), 5);
         assert_eq!(counters.upstream_opened_total(), 5, "the worker counts what it opens");
         // After the grace, the sweeper leaves max_idle of them.
-        tokio::time::sleep(Duration::from_millis(1_500)).await;
-        assert_eq!(idle(&pool, &addr), 2);
+        idle_becomes(&pool, &addr, 2, "the surplus closed after the grace").await;
         burst(&pool, &addr, s, 3).await;
         assert_eq!(accepted.load(Relaxed), 6, "two reused, one new");
     }
@@ -288,9 +296,11 @@ mod tests {
 
     #[tokio::test]
     async fn connect_errors_are_typed() {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = BackendAddr::new(&l.local_addr().unwrap().to_string()).unwrap();
-        drop(l);
+        // Bound and never listening, held to the end: refused, and no
+        // listener of a test running beside can take the port.
+        let held = tokio::net::TcpSocket::new_v4().unwrap();
+        held.bind(([127, 0, 0, 1], 0).into()).unwrap();
+        let addr = BackendAddr::new(&held.local_addr().unwrap().to_string()).unwrap();
         let pool = UpstreamPool::<HyperConn>::new(Arc::<Counters>::default());
         let Err(unsent) = pool.send(&addr, &Profile::default(), settings(1_000, 8), get(), false, false).await else {
             panic!("connected to a closed port");

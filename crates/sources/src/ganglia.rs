@@ -132,10 +132,11 @@ mod tests {
 
     #[tokio::test]
     async fn fetch_says_why_there_is_no_dump() {
-        let closed = {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            listener.local_addr().unwrap()
-        };
+        // Bound and never listening, held to the end: refused, and no
+        // listener of a test running beside can take the port.
+        let held = tokio::net::TcpSocket::new_v4().unwrap();
+        held.bind(([127, 0, 0, 1], 0).into()).unwrap();
+        let closed = held.local_addr().unwrap();
         let e = fetch(closed, Duration::from_secs(2)).await.unwrap_err();
         assert!(matches!(e, FetchError::Connect(_)), "{e:?}");
         let empty = gmond(b"<GANGLIA_XML></GANGLIA_XML>", 1).await;

@@ -609,6 +609,11 @@ mod tests {
         let e = tls.connect(&addr, Duration::from_secs(5)).await.unwrap_err();
         assert!(matches!(e, ConnectError::Tls(_)), "{e}");
         server.join().unwrap();
+        // A refusal: a port bound and never listening, held to the end (the
+        // listener's port, released, could be another test's by now).
+        let held = tokio::net::TcpSocket::new_v4().unwrap();
+        held.bind(([127, 0, 0, 1], 0).into()).unwrap();
+        let addr = BackendAddr::new(&held.local_addr().unwrap().to_string()).unwrap();
         let e = Profile::default().connect(&addr, Duration::from_secs(5)).await.unwrap_err();
         assert!(matches!(e, ConnectError::Failed(_)), "{e}");
     }

@@ -391,19 +391,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut cleanup = Cleanup::default();
         let command = ["python3", "-m", "http.server", "{port}", "--bind", "127.0.0.1"];
-        let p = provider(dir.path(), &command, 47_100, 5);
+        let p = provider(dir.path(), &command, 27_100, 5);
         // A port in use is skipped.
-        let busy = TcpListener::bind("127.0.0.1:47100");
+        let busy = TcpListener::bind("127.0.0.1:27100");
         let a = p.start(req("a")).await.unwrap();
         let a_pid = cleanup.add(&a);
         if busy.is_ok() {
-            assert_ne!(a.addr, "127.0.0.1:47100");
+            assert_ne!(a.addr, "127.0.0.1:27100");
         }
         let b = p.start(req("b")).await.unwrap();
         cleanup.add(&b);
         assert_ne!(a.addr, b.addr);
-        assert!(a.addr.starts_with("127.0.0.1:471"), "{}", a.addr);
-        assert!(eventually(Duration::from_secs(5), || TcpStream::connect(&a.addr).is_ok()).await, "nobody answers");
+        assert!(a.addr.starts_with("127.0.0.1:271"), "{}", a.addr);
+        assert!(eventually(Duration::from_secs(20), || TcpStream::connect(&a.addr).is_ok()).await, "nobody answers");
         assert_eq!(p.alive(&a).await, Some(true));
         let mut listed: Vec<String> = p.list().await.unwrap().into_iter().map(|i| i.id).collect();
         listed.sort();
@@ -426,7 +426,7 @@ mod tests {
     async fn an_instance_that_exits_is_not_alive() {
         let dir = tempfile::tempdir().unwrap();
         let mut cleanup = Cleanup::default();
-        let p = provider(dir.path(), &["sh", "-c", "echo bye {id} {service} {port}; exit 3"], 47_110, 1);
+        let p = provider(dir.path(), &["sh", "-c", "echo bye {id} {service} {port}; exit 3"], 27_110, 1);
         let i = p.start(req("x")).await.unwrap();
         cleanup.add(&i);
         let mut alive = Some(true);
@@ -475,7 +475,7 @@ mod tests {
         // About 20 MiB of output in 4 s, and it keeps running.
         let loud =
             "i=0; while [ $i -lt 40 ]; do head -c 524288 /dev/zero | tr '\\0' x; sleep 0.1; i=$((i+1)); done; sleep 30";
-        let p = provider(dir.path(), &["sh", "-c", loud], 47_150, 1);
+        let p = provider(dir.path(), &["sh", "-c", loud], 27_150, 1);
         let i = p.start(req("loud")).await.unwrap();
         cleanup.add(&i);
         let log = p.log_path("loud");
@@ -496,7 +496,7 @@ mod tests {
     #[tokio::test]
     async fn a_missing_program_fails_to_start() {
         let dir = tempfile::tempdir().unwrap();
-        let p = provider(dir.path(), &["/nonexistent/tidegate-server", "{port}"], 47_120, 1);
+        let p = provider(dir.path(), &["/nonexistent/tidegate-server", "{port}"], 27_120, 1);
         let e = p.start(req("x")).await.unwrap_err();
         assert!(
             matches!(&e.kind, ProviderErrorKind::Spawn { doing: "starting", program, .. } if program.ends_with("tidegate-server")),
@@ -510,9 +510,9 @@ mod tests {
         assert!(!p.log_path("x").exists());
         assert!(std::fs::read_to_string(p.last_log_path()).unwrap().contains("starting instance x"));
         assert!(p.list().await.unwrap().is_empty());
-        let empty = ProcessProvider::new("web", vec![], PortRange { from: 47_120, to: 47_121 }, 1, dir.path());
+        let empty = ProcessProvider::new("web", vec![], PortRange { from: 27_120, to: 27_121 }, 1, dir.path());
         assert!(matches!(empty.start(req("x")).await.unwrap_err().kind, ProviderErrorKind::NotConfigured("command")));
-        for (from, to) in [(0, 0), (47_122, 47_121)] {
+        for (from, to) in [(0, 0), (27_122, 27_121)] {
             let none = ProcessProvider::new("web", vec!["true".into()], PortRange { from, to }, 1, dir.path());
             let e = none.start(req("x")).await.unwrap_err();
             assert!(matches!(e.kind, ProviderErrorKind::NoFreePort { .. }), "{e:?}");
@@ -524,11 +524,13 @@ mod tests {
     async fn sigterm_is_followed_by_sigkill_after_the_grace_period() {
         let dir = tempfile::tempdir().unwrap();
         let mut cleanup = Cleanup::default();
-        let p = provider(dir.path(), &["sh", "-c", "trap '' TERM; sleep 60; true"], 47_130, 1);
+        let p = provider(dir.path(), &["sh", "-c", "trap '' TERM; echo trapped; sleep 60; true"], 27_130, 1);
         let i = p.start(req("stubborn")).await.unwrap();
         let pid = cleanup.add(&i);
-        // Let the shell install its trap.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Once the shell says so, its trap is installed.
+        let log = p.log_path("stubborn");
+        let trapped = || std::fs::read_to_string(&log).is_ok_and(|l| l.contains("trapped"));
+        assert!(eventually(Duration::from_secs(10), trapped).await, "the shell never installed its trap");
         let began = Instant::now();
         p.stop(&i).await.unwrap();
         let took = began.elapsed();
@@ -541,7 +543,7 @@ mod tests {
     async fn a_new_provider_adopts_what_the_state_file_lists() {
         let dir = tempfile::tempdir().unwrap();
         let mut cleanup = Cleanup::default();
-        let first = provider(dir.path(), &["sh", "-c", "sleep 30; true"], 47_140, 2);
+        let first = provider(dir.path(), &["sh", "-c", "sleep 30; true"], 27_140, 2);
         let i = first.start(req("kept")).await.unwrap();
         let pid = cleanup.add(&i);
         let state = std::fs::read_to_string(dir.path().join("web.instances.json")).unwrap();
@@ -551,7 +553,7 @@ mod tests {
         assert_eq!(json["instances"][0]["addr"], i.addr.as_str());
 
         // "Restart": a new provider on the same directory.
-        let second = provider(dir.path(), &["sh", "-c", "sleep 30; true"], 47_140, 2);
+        let second = provider(dir.path(), &["sh", "-c", "sleep 30; true"], 27_140, 2);
         assert_eq!(second.list().await.unwrap(), vec![i.clone()]);
         assert_eq!(second.alive(&i).await, Some(true));
         // It does not hand out the adopted instance's port again.
@@ -572,6 +574,6 @@ mod tests {
         let start_time = proc_info(me).map(|info| info.start + 1);
         let stale = |id: &str, pid| Record { id: id.into(), addr: "127.0.0.1:1".into(), port: 1, pid, start_time };
         store.update(|r| r.extend([stale("reused", me), stale("init", 1), stale("gone", i32::MAX)])).unwrap();
-        assert!(provider(dir.path(), &["true"], 47_140, 1).list().await.unwrap().is_empty());
+        assert!(provider(dir.path(), &["true"], 27_140, 1).list().await.unwrap().is_empty());
     }
 }

@@ -230,10 +230,10 @@ async fn secrets_never_leave_through_read_apis_and_an_export_applies_back() {
         assert!(!r.text().contains(secret), "{path} shows the secret: {}", r.text());
         assert!(r.text().contains("(redacted)"), "{path}: {}", r.text());
     }
-    let watched = raw_exchange(
+    let watched = read_event(
         tg.admin,
         format!("GET /v1/watch?from=0 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n").as_bytes(),
-        std::time::Duration::from_millis(800),
+        "put_certificate",
     );
     assert!(watched.contains("put_service") && !watched.contains(secret), "{watched}");
     // The exported configuration applies back as it is.

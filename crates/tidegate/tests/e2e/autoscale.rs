@@ -141,6 +141,11 @@ fn load(tg: &Arc<Tidegate>, clients: usize, path: &'static str) -> Load {
 }
 
 impl Load {
+    /// Whether `backend` has answered one of the requests yet.
+    fn has_served(&self, backend: &str) -> bool {
+        self.served.lock().expect("lock").iter().any(|(_, b)| b == backend)
+    }
+
     async fn finish(self) -> (u64, u64, Vec<(u64, String)>) {
         self.stop.store(true, Ordering::Relaxed);
         for t in self.tasks {
@@ -164,10 +169,11 @@ async fn overload_scales_out_after_the_probe_and_scale_in_drains_without_failure
     // Overload: 8 clients against 2 slots.
     let heavy = load(&tg, 8, "/");
     let ready = wait_event(&tg, "ready", 20).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let new_id = ready["instance"].as_str().unwrap().to_string();
+    wait_for("the new instance serves", Duration::from_secs(20), async || heavy.has_served(&new_id).then_some(()))
+        .await;
     let (ok, failed, served) = heavy.finish().await;
     assert_eq!(failed, 0, "{ok} ok");
-    let new_id = ready["instance"].as_str().unwrap().to_string();
     let ready_at = ready["at_unix_ms"].as_u64().unwrap();
     let first = served.iter().find(|(_, b)| *b == new_id).map(|(t, _)| *t);
     let first = first.unwrap_or_else(|| panic!("{new_id} never served"));

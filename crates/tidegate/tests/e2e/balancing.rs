@@ -135,9 +135,20 @@ async fn a_backend_killed_under_load_costs_no_failed_get() {
             }
         }));
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    victim.kill();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let served = |n: u64| {
+        let ok = ok.clone();
+        async move {
+            wait_for("requests served", Duration::from_secs(20), async || {
+                (ok.load(Ordering::Relaxed) >= n).then_some(())
+            })
+            .await
+        }
+    };
+    served(50).await;
+    let _victim = victim.kill();
+    health_becomes(&tg, "victim", "ejected").await;
+    // And the load goes on without it for a while.
+    served(ok.load(Ordering::Relaxed) + 50).await;
     stop.store(true, Ordering::Relaxed);
     for c in clients {
         c.await.unwrap();
@@ -157,12 +168,13 @@ async fn an_ejected_backend_returns_after_its_backoff() {
     let port = flaky.addr;
     let passive = json!({"health": {"passive": {"consecutive_failures": 2, "base_ejection_ms": 400}}});
     put(&tg, service(&[("a", &a), ("flaky", &flaky)], json!({"kind": "round_robin"}), passive)).await;
-    flaky.kill();
+    let down = flaky.kill();
     for _ in 0..10 {
         assert_eq!(get(&tg.url("/")).await.status, 200);
     }
     health_becomes(&tg, "flaky", "ejected").await;
     // It comes back on the same address; after the backoff it serves again.
+    drop(down);
     let _back = Backend::start("flaky", &["--listen", &port.to_string()]);
     wait_for("the recovered backend serves a request", Duration::from_secs(5), async || {
         (served_by(&get(&tg.url("/")).await) == "flaky").then_some(())
@@ -190,7 +202,7 @@ async fn retries_leave_the_round_robin_to_first_attempts() {
     let dead = Backend::start("dead", &[]);
     let no_ejection = json!({"health": {"passive": {"consecutive_failures": 0}}});
     put(&tg, service(&[("dead", &dead), ("live", &live)], json!({"kind": "round_robin"}), no_ejection)).await;
-    dead.kill();
+    let _dead = dead.kill();
     for _ in 0..20 {
         let r = get(&tg.url("/")).await;
         assert_eq!((r.status, served_by(&r)), (200, "live".to_string()));
@@ -582,17 +594,16 @@ async fn a_limit_set_on_a_busy_service_does_not_stall_its_queue() {
     in_flight_reaches(&tg, 10, "the ten slow requests are in flight").await;
     let (s, v) = tg.api("PUT", "/v1/services/web/backends/b", Some(json!({"addr": addr, "max_conns": 1}))).await;
     assert_eq!(s, 200, "{v}");
-    let started = std::time::Instant::now();
     let waiting: Vec<_> = (0..5)
         .map(|_| {
             let tg = tg.clone();
             tokio::spawn(async move { get(&tg.url("/?delay_ms=10")).await.status })
         })
         .collect();
+    // A stalled queue answers 503 after its 3 s: each gets its 200.
     for w in waiting {
         assert_eq!(w.await.unwrap(), 200, "a queued request timed out");
     }
-    assert!(started.elapsed() < Duration::from_millis(2500), "took {:?}", started.elapsed());
     for s in slow {
         assert_eq!(s.await.unwrap(), 200);
     }

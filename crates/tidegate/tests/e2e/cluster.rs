@@ -291,18 +291,24 @@ async fn three_instances_serve_what_any_of_them_was_told() {
     }
 
     // Each instance lists the others in its status.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let (_, status) = c.api("GET", "/v1/status", None).await;
+    let names = |status: &Value| {
+        let mut names: Vec<String> = status["store"]["instances"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|i| i["name"].as_str().unwrap_or("").to_string())
+            .collect();
+        names.sort();
+        names
+    };
+    // The list comes from each instance's heartbeat (every second).
+    let status = wait_for("c lists a, b and c", Duration::from_secs(20), async || {
+        let (_, status) = c.api("GET", "/v1/status", None).await;
+        (names(&status) == ["a", "b", "c"]).then_some(status)
+    })
+    .await;
     assert_eq!(status["store"]["kind"], "etcd", "{status}");
     assert_eq!(status["store"]["connected"], true, "{status}");
-    let mut names: Vec<String> = status["store"]["instances"]
-        .as_array()
-        .expect("instances")
-        .iter()
-        .map(|i| i["name"].as_str().unwrap_or("").to_string())
-        .collect();
-    names.sort();
-    assert_eq!(names, ["a", "b", "c"], "{status}");
 }
 
 /// Sends requests through every proxy until stopped; counts failures.
@@ -357,15 +363,19 @@ async fn losing_etcd_never_stops_the_proxies() {
     for i in 0..3 {
         etcd.kill(i);
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
     let (s, v) = a.api("PUT", "/v1/services/web/backends/lost", Some(json!({"addr": "127.0.0.1:9"}))).await;
     assert_eq!(s, 503, "{v}");
     assert!(v["error"]["message"].as_str().unwrap_or("").contains("unavailable"), "{v}");
-    let r = get(&a.admin_url("/readyz")).await;
-    assert_eq!(r.status, 503, "{}", r.text());
-    let (_, status) = b.api("GET", "/v1/status", None).await;
-    assert_eq!(status["store"]["connected"], false, "{status}");
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Each instance tells once its watch has seen the connection go.
+    wait_for("a's readiness says the store is gone", Duration::from_secs(20), async || {
+        (get(&a.admin_url("/readyz")).await.status == 503).then_some(())
+    })
+    .await;
+    wait_for("b's status says the store is gone", Duration::from_secs(20), async || {
+        let (_, status) = b.api("GET", "/v1/status", None).await;
+        (status["store"]["connected"] == false).then_some(())
+    })
+    .await;
 
     // etcd comes back: both instances reconnect, and writes flow again.
     for i in 0..3 {
@@ -665,9 +675,16 @@ async fn one_instance_scales_a_service_and_another_takes_over_when_it_dies() {
         assert!(Instant::now() < deadline, "no takeover: {:?}", event_kinds(&follower).await);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let adopted = |kinds: &[String]| kinds.iter().filter(|k| *k == "adopted").count();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while adopted(&event_kinds(&follower).await) < 2 {
+        assert!(Instant::now() < deadline, "the new leader adopted: {:?}", event_kinds(&follower).await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // What it did not do, a moment after it adopted both.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let kinds = event_kinds(&follower).await;
-    assert_eq!(kinds.iter().filter(|k| *k == "adopted").count(), 2, "{kinds:?}");
+    assert_eq!(adopted(&kinds), 2, "{kinds:?}");
     assert!(!kinds.contains(&"started".to_string()), "{kinds:?}");
     assert_eq!(records.count(), 2, "no duplicate instances");
     let (_, v) = follower.api("GET", "/v1/services/app", None).await;

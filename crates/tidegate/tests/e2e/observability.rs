@@ -192,7 +192,9 @@ async fn access_log_lines_are_json_with_every_field_and_follow_a_rotation() {
     std::fs::rename(&log, dir.path().join("access.log.1")).unwrap();
     let kill = std::process::Command::new("kill").args(["-USR1", &tg.pid().to_string()]).status().unwrap();
     assert!(kill.success());
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The writer has reopened once the file is there again (its idle tick
+    // follows a rotation when no line comes).
+    wait_for("access.log reopened after SIGUSR1", Duration::from_secs(10), async || log.exists().then_some(())).await;
     assert_eq!(get(&tg.url("/after")).await.status, 502);
     let fresh = self::lines(&log, 1).await;
     assert!(fresh[0].contains("\"/after\""), "{fresh:?}");

@@ -51,7 +51,7 @@ async fn a_dead_backend_costs_no_failed_get() {
     let live = [Backend::start("a", &[]), Backend::start("b", &[])];
     let dead = Backend::start("dead", &[]);
     route_to(&tg, "web", &[&live[0], &dead, &live[1]], "round_robin").await;
-    dead.kill();
+    let _dead = dead.kill();
     for _ in 0..90 {
         let r = get(&tg.url("/")).await;
         assert_eq!(r.status, 200);

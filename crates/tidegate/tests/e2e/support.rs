@@ -26,8 +26,15 @@ pub struct DownPort {
 impl DownPort {
     /// Binds one.
     pub fn new() -> DownPort {
+        DownPort::at(SocketAddr::from(([127, 0, 0, 1], 0)))
+    }
+
+    /// Binds `addr`, the port of a backend just stopped (its connections'
+    /// `TIME_WAIT` do not stand in the way).
+    pub fn at(addr: SocketAddr) -> DownPort {
         let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
-        socket.bind(SocketAddr::from(([127, 0, 0, 1], 0))).expect("bind");
+        socket.set_reuseaddr(true).expect("SO_REUSEADDR");
+        socket.bind(addr).unwrap_or_else(|e| panic!("{addr} taken by another test as soon as it was free: {e}"));
         let addr = socket.local_addr().expect("local address");
         DownPort { _socket: socket, addr }
     }
@@ -197,9 +204,14 @@ impl Backend {
         Backend { child, addr }
     }
 
-    pub fn kill(mut self) {
+    /// Stops the backend; what it returns keeps its port refusing
+    /// connections while held (released, the port could be a listener of a
+    /// test running beside; drop it to start a backend on the port again).
+    #[must_use = "the port is free for anyone once this is dropped"]
+    pub fn kill(mut self) -> DownPort {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        DownPort::at(self.addr)
     }
 }
 
@@ -343,6 +355,34 @@ pub fn raw_exchange(addr: SocketAddr, bytes: &[u8], wait: Duration) -> String {
             break;
         }
         out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Sends raw bytes on a new connection (a watch stream's request) and
+/// reads until the event that holds `marker` is whole (the blank line
+/// after it), the peer closes, or 20 s pass. Returns what came back.
+pub fn read_event(addr: SocketAddr, bytes: &[u8], marker: &str) -> String {
+    use std::io::{Read, Write};
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.write_all(bytes).expect("write");
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let whole = |out: &[u8]| {
+        let text = String::from_utf8_lossy(out);
+        text.find(marker).is_some_and(|at| text[at..].contains("\n\n"))
+    };
+    while !whole(&out) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        s.set_read_timeout(Some(left)).expect("timeout");
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
     }
     String::from_utf8_lossy(&out).into_owned()
 }

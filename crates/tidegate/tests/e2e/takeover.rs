@@ -541,13 +541,13 @@ async fn what_was_learned_about_the_backends_carries_over() {
         let now = learned(&tg).await;
         now.iter().any(|(i, v)| i == id && v["health"] == want).then_some(())
     };
-    dead.kill();
+    let _dead = dead.kill();
     wait_for("probed/dead is down", Duration::from_secs(20), async || {
         health_is(old.clone(), "probed/dead", "down").await
     })
     .await;
     // The passive check ejects flaky at its first failed request.
-    flaky.kill();
+    let _flaky = flaky.kill();
     wait_for("web/flaky is ejected", Duration::from_secs(20), async || {
         let _ = get(&old.url("/")).await;
         health_is(old.clone(), "web/flaky", "ejected").await
@@ -577,7 +577,14 @@ async fn what_was_learned_about_the_backends_carries_over() {
     for c in clients {
         c.await.expect("client");
     }
-    let before = learned(&old).await;
+    // A client has its answer a moment before the proxy has recorded the
+    // exchange: the state the new process must show is the settled one.
+    let before = wait_for("the learned state settles", Duration::from_secs(20), async || {
+        let first = learned(&old).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        (learned(&old).await == first).then_some(first)
+    })
+    .await;
     let fast = &before.iter().find(|(i, _)| i == "web/fast").expect("fast").1;
     assert!(fast["no_load_latency_ms"].as_f64().is_some(), "{fast}");
 
@@ -642,13 +649,13 @@ async fn the_new_process_shows_the_old_ones_drain() {
     assert_eq!((r.status, r.text()), (200, "held".to_string()));
     backend.join().expect("backend");
     assert!(exits(old, Duration::from_secs(30)).await.success());
-    let (_, status) = new.api("GET", "/v1/status", None).await;
-    let p = &status["predecessor"];
-    assert_eq!(
-        (p["state"].as_str(), p["connections"].as_u64(), p["cut"].as_u64()),
-        (Some("exited"), Some(0), Some(0)),
-        "{p}"
-    );
+    // The new process learns of the exit from its own watch of the old one.
+    let p = wait_for("the predecessor shown as exited", Duration::from_secs(20), async || {
+        let (_, status) = new.api("GET", "/v1/status", None).await;
+        (status["predecessor"]["state"] == "exited").then(|| status["predecessor"].clone())
+    })
+    .await;
+    assert_eq!((p["connections"].as_u64(), p["cut"].as_u64()), (Some(0), Some(0)), "{p}");
 }
 
 /// Sends `request` on `conn` and reads one whole answer (its head, and a

@@ -253,7 +253,7 @@ async fn bad_pairs_are_refused_keys_never_read_back_and_certificates_survive_a_r
     let admin = tg.admin;
     let watched = tokio::task::spawn_blocking(move || {
         let req = format!("GET /v1/watch?from=0 HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\n\r\n");
-        raw_exchange(admin, req.as_bytes(), Duration::from_millis(700))
+        read_event(admin, req.as_bytes(), "put_certificate")
     })
     .await
     .expect("the watch stream");

@@ -135,10 +135,10 @@ async fn client_certificates_open_backends_that_require_them_and_their_key_is_ne
         let r = send("GET", &tg.admin_url(path), Some(TOKEN), Vec::new(), &[]).await;
         assert!(!r.text().contains("PRIVATE KEY"), "{path} shows the key: {}", r.text());
     }
-    let watched = raw_exchange(
+    let watched = read_event(
         tg.admin,
         format!("GET /v1/watch?from=0 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n").as_bytes(),
-        Duration::from_millis(800),
+        "client_cert_pem",
     );
     assert!(watched.contains("client_cert_pem"), "the watch stream shows the change: {watched}");
     assert!(!watched.contains("PRIVATE KEY"), "the watch stream shows the key: {watched}");
