@@ -527,9 +527,10 @@ mod tests {
         let p = provider(dir.path(), &["sh", "-c", "trap '' TERM; echo trapped; sleep 60; true"], 27_130, 1);
         let i = p.start(req("stubborn")).await.unwrap();
         let pid = cleanup.add(&i);
-        // Once the shell says so, its trap is installed.
+        // Once the shell says so, its trap is installed (a line of its own:
+        // the log's first line quotes the command).
         let log = p.log_path("stubborn");
-        let trapped = || std::fs::read_to_string(&log).is_ok_and(|l| l.contains("trapped"));
+        let trapped = || std::fs::read_to_string(&log).is_ok_and(|l| l.lines().any(|l| l == "trapped"));
         assert!(eventually(Duration::from_secs(10), trapped).await, "the shell never installed its trap");
         let began = Instant::now();
         p.stop(&i).await.unwrap();
