@@ -174,6 +174,7 @@ fn release(key: &ProbeKey, target: &Target) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::probe::tests::closed_port;
     use std::sync::atomic::{AtomicU16, Ordering};
     use std::sync::Mutex;
     use std::time::Instant;
@@ -232,16 +233,6 @@ mod tests {
         }
     }
 
-    /// A port that refuses connections: bound, never listening, and held
-    /// by the socket returned (a released port could be a listener of a
-    /// test running beside by the time it is probed).
-    fn closed_port() -> (tokio::net::TcpSocket, String) {
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
-        let addr = socket.local_addr().unwrap().to_string();
-        (socket, addr)
-    }
-
     #[tokio::test]
     async fn reconcile_follows_the_snapshots() {
         let ((_h1, p1), (_h2, p2), (_h3, p3)) = (closed_port(), closed_port(), closed_port());
@@ -276,7 +267,7 @@ mod tests {
             sorted(checker.reconcile(&snap)),
             (vec![key("web", "a"), key("web", "b")], vec![key("web", "b"), key("web", "d")])
         );
-        assert_eq!(checker.target(&key("web", "b")).unwrap().backend.addr.as_str(), p3);
+        assert_eq!(checker.target(&key("web", "b")).unwrap().backend.addr.as_str(), p3.as_str());
 
         // A changed check restarts every prober of the service.
         let snap = world.apply(&format!(

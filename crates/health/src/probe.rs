@@ -229,7 +229,7 @@ async fn tcp_probe(addr: &BackendAddr) -> Verdict {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use tokio::io::AsyncReadExt;
     use tokio::net::TcpListener;
@@ -241,7 +241,7 @@ mod tests {
     /// A port that refuses connections: bound, never listening, and held
     /// by the socket returned (a released port could be a listener of a
     /// test running beside by the time it is probed).
-    fn closed_port() -> (tokio::net::TcpSocket, BackendAddr) {
+    pub(crate) fn closed_port() -> (tokio::net::TcpSocket, BackendAddr) {
         let socket = tokio::net::TcpSocket::new_v4().unwrap();
         socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = BackendAddr::new(&socket.local_addr().unwrap().to_string()).unwrap();
